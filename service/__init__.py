@@ -1,0 +1,1 @@
+"""Towerboard's service: API, job store, scheduler, workers, TensorBoard. Never imports TensorFlow."""

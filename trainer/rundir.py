@@ -1,0 +1,155 @@
+"""The run directory: the file contract between the service and a worker.
+
+    runs/<job_id>/
+      spec.json        validated spec, written by the service before the worker starts
+      progress.jsonl   one JSON object a line, appended and flushed by the worker
+      result.json      final outcome and metrics, written atomically by the worker
+      worker.log       stdout+stderr of the worker
+      tb/              TensorBoard logdir (train/, eval/, plugins/profile/<run>/)
+      checkpoints/     tf.train.CheckpointManager directory
+      export/          SavedModel written at the end of a successful job
+
+No TensorFlow here: the service reads these files with this module too.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class ExitCode(enum.IntEnum):
+    """How a worker process ends; the service maps these to job states."""
+
+    SUCCEEDED = 0
+    FAILED = 1
+    INVALID_SPEC = 2
+    CANCELLED = 3  # stopped by SIGTERM after writing a checkpoint
+
+
+class Outcome(str, enum.Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INVALID_SPEC = "invalid_spec"
+    CANCELLED = "cancelled"
+
+
+OUTCOME_EXIT_CODES = {
+    Outcome.SUCCEEDED: ExitCode.SUCCEEDED,
+    Outcome.FAILED: ExitCode.FAILED,
+    Outcome.INVALID_SPEC: ExitCode.INVALID_SPEC,
+    Outcome.CANCELLED: ExitCode.CANCELLED,
+}
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths of one job's run directory."""
+
+    root: Path
+
+    @property
+    def spec(self) -> Path:
+        return self.root / "spec.json"
+
+    @property
+    def progress(self) -> Path:
+        return self.root / "progress.jsonl"
+
+    @property
+    def result(self) -> Path:
+        return self.root / "result.json"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "worker.log"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tb"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def export(self) -> Path:
+        return self.root / "export"
+
+    @property
+    def profile(self) -> Path:
+        """Where the profiler writes traces (TensorBoard's profile plugin reads it)."""
+        return self.tensorboard / "plugins" / "profile"
+
+    def read_result(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.result.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    """Write JSON to a temp file beside `path`, then rename: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(payload, f, indent=2, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class ProgressWriter:
+    """Appends one JSON object a line to progress.jsonl and flushes it at once.
+
+    Every line carries `time` (unix seconds) and `event` (`start`, `progress`, `eval`,
+    `checkpoint`, `trace`, `end`); the rest are the fields the event has, among them
+    step, total, loss, accuracy, examples_per_sec, eta_seconds, phase, checkpoint,
+    learning_rate, tower_ms, eval_loss, eval_accuracy.
+    """
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "a", buffering=1)  # noqa: SIM115 - held for the run
+
+    def write(self, event: str, **fields: Any) -> None:
+        line = {"time": round(time.time(), 3), "event": event, **fields}
+        self._file.write(json.dumps(line, sort_keys=True) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_progress(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """Complete lines of progress.jsonl from byte `offset`; returns them and the new offset.
+
+    A line still being written (no newline yet) is left for the next read.
+    """
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n")
+    if end < 0:
+        return [], offset
+    events = []
+    for raw in data[: end + 1].splitlines():
+        try:
+            events.append(json.loads(raw))
+        except json.JSONDecodeError:
+            continue  # a torn line from a killed worker: skip it, keep the rest
+    return events, offset + end + 1

@@ -1,0 +1,292 @@
+"""The job spec: the public JSON contract between users, the service and the trainer.
+
+Defined once, here, as pydantic models. This module must never import TensorFlow: the
+service validates submissions with exactly the code the worker runs. Unknown keys are
+errors everywhere, every field except ``data`` has a default, and every error names the
+field, what was expected and what was received.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+# Names the registries know. The trainer's builders are keyed by exactly these names; a
+# test checks that the two stay in step.
+MODEL_NAMES = ("mlp", "cnn", "resnet", "logistic")
+DATA_FORMATS = ("synthetic", "idx", "npz", "tfrecord")
+OPTIMIZER_NAMES = ("sgd", "momentum", "adam")
+SCHEDULE_NAMES = ("constant", "exponential_decay", "polynomial", "cosine")
+
+# `package.module:function`, each part a Python identifier.
+_CUSTOM_MODEL = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*$")
+
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+
+
+class _Strict(BaseModel):
+    """Base of every spec model: unknown keys are errors, defaults are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+# --- model ---------------------------------------------------------------------------
+
+
+class MlpParams(_Strict):
+    """`mlp`: flatten, hidden dense layers with ReLU, logits."""
+
+    hidden: list[PositiveInt] = Field(default_factory=lambda: [500], min_length=1)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+
+
+class CnnParams(_Strict):
+    """`cnn`: the classic MNIST tower model (conv32, pool, conv64, pool, dense, logits)."""
+
+    filters: tuple[PositiveInt, PositiveInt] = (32, 64)
+    dense: PositiveInt = 512
+    dropout: float = Field(0.4, ge=0.0, lt=1.0)
+
+
+class ResnetParams(_Strict):
+    """`resnet`: a small residual network with batch norm."""
+
+    width: PositiveInt = 16
+    blocks_per_stage: list[PositiveInt] = Field(default_factory=lambda: [1, 1, 1], min_length=1)
+    bn_momentum: float = Field(0.9, gt=0.0, lt=1.0)
+
+
+class LogisticParams(_Strict):
+    """`logistic`: one sigmoid output, for two-class data."""
+
+
+_MODEL_PARAMS: dict[str, type[_Strict]] = {
+    "mlp": MlpParams,
+    "cnn": CnnParams,
+    "resnet": ResnetParams,
+    "logistic": LogisticParams,
+}
+
+
+class ModelSpec(_Strict):
+    """Which model to build and the parameters its builder takes."""
+
+    name: str = "cnn"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _known_model(cls, name: str) -> str:
+        if name in MODEL_NAMES or _CUSTOM_MODEL.match(name):
+            return name
+        raise ValueError(
+            f"Expected one of {', '.join(MODEL_NAMES)} or 'module:function'. Received: {name!r}"
+        )
+
+    @model_validator(mode="after")
+    def _check_params(self) -> ModelSpec:
+        # Built-in models check their params here, so the service rejects a bad one;
+        # a custom builder checks its own when the worker calls it.
+        params_model = _MODEL_PARAMS.get(self.name)
+        if params_model is not None:
+            self.params = params_model.model_validate(self.params).model_dump()
+        return self
+
+    @property
+    def is_custom(self) -> bool:
+        return self.name not in MODEL_NAMES
+
+
+# --- data ----------------------------------------------------------------------------
+
+
+class AugmentSpec(_Strict):
+    """Augmentations applied to training images (never to eval images)."""
+
+    flip_left_right: bool = False
+    random_crop_padding: NonNegativeInt = Field(0, le=64)
+    brightness: float = Field(0.0, ge=0.0, le=1.0)
+    contrast: float = Field(0.0, ge=0.0, lt=1.0)
+
+    @property
+    def any(self) -> bool:
+        return (
+            self.flip_left_right
+            or self.random_crop_padding > 0
+            or self.brightness > 0
+            or self.contrast > 0
+        )
+
+
+class SyntheticParams(_Strict):
+    """`synthetic` data: class prototypes plus noise, learnable, generated from the seed."""
+
+    shape: list[PositiveInt] = Field(default_factory=lambda: [28, 28, 1], min_length=2, max_length=3)
+    classes: int = Field(10, ge=2, le=10_000)
+    size: int = Field(4096, ge=2, le=10_000_000)
+    noise: float = Field(0.3, ge=0.0, le=10.0)
+
+
+class DataSpec(_Strict):
+    """Where training data comes from and how it is fed."""
+
+    format: Literal["synthetic", "idx", "npz", "tfrecord"]
+    path: str | None = None
+    eval_fraction: float = Field(0.2, ge=0.0, lt=1.0)
+    shuffle_buffer: PositiveInt = 10_000
+    augment: AugmentSpec = Field(default_factory=AugmentSpec)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_source(self) -> DataSpec:
+        if self.format == "synthetic":
+            if self.path is not None:
+                raise ValueError(f"`path` must be empty for synthetic data. Received: {self.path!r}")
+            self.params = SyntheticParams.model_validate(self.params).model_dump()
+        else:
+            if not self.path:
+                raise ValueError(f"`path` is required for {self.format!r} data. Received: {self.path!r}")
+            if self.params:
+                raise ValueError(
+                    f"`params` is only for synthetic data. Received: {sorted(self.params)}"
+                )
+        return self
+
+
+# --- optimisation --------------------------------------------------------------------
+
+
+class ScheduleSpec(_Strict):
+    """Learning-rate schedule after warm-up."""
+
+    name: Literal["constant", "exponential_decay", "polynomial", "cosine"] = "constant"
+    decay_steps: PositiveInt = 1000
+    decay_rate: float = Field(0.96, gt=0.0, le=1.0)
+    staircase: bool = False
+    power: float = Field(1.0, gt=0.0)
+    end_learning_rate: float = Field(0.0, ge=0.0)
+    alpha: float = Field(0.0, ge=0.0, le=1.0)  # cosine: final LR as a fraction of the initial
+
+
+class OptimizerSpec(_Strict):
+    """Optimizer, learning rate and its schedule."""
+
+    name: Literal["sgd", "momentum", "adam"] = "adam"
+    learning_rate: float = Field(0.001, gt=0.0, le=10.0)
+    momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    beta_1: float = Field(0.9, ge=0.0, lt=1.0)
+    beta_2: float = Field(0.999, ge=0.0, lt=1.0)
+    epsilon: float = Field(1e-7, gt=0.0)
+    schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
+    warmup_steps: NonNegativeInt = 0
+
+
+# --- cadences ------------------------------------------------------------------------
+
+
+class EvalSpec(_Strict):
+    """How often, and on how much held-out data, to evaluate."""
+
+    every_steps: NonNegativeInt = 500
+    batches: PositiveInt = 20
+
+
+class SummariesSpec(_Strict):
+    """TensorBoard cadence per kind; 0 turns a kind off."""
+
+    scalars_every: NonNegativeInt = 10
+    histograms_every: NonNegativeInt = 500
+    images_every: NonNegativeInt = 500
+    max_images: int = Field(8, ge=1, le=64)
+    trace_steps: list[PositiveInt] = Field(default_factory=lambda: [20, 21, 22], max_length=100)
+    graph: bool = True
+
+    @field_validator("trace_steps")
+    @classmethod
+    def _sorted_unique(cls, steps: list[int]) -> list[int]:
+        return sorted(set(steps))
+
+
+class CheckpointSpec(_Strict):
+    """Checkpoint cadence (steps and/or seconds; 0 turns one off) and retention."""
+
+    every_steps: NonNegativeInt = 500
+    every_seconds: NonNegativeInt = 300
+    keep: PositiveInt = 5
+
+
+# --- the job -------------------------------------------------------------------------
+
+
+class JobSpec(_Strict):
+    """A whole training job: the body of `POST /api/v1/jobs` and the worker's spec.json."""
+
+    name: str = Field("job", min_length=1, max_length=200)
+    priority: int = Field(0, ge=-1000, le=1000)
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    data: DataSpec
+    towers: int = Field(1, ge=1, le=64)
+    parameter_device: Literal["cpu", "gpu0"] = "cpu"
+    batch_size: int = Field(256, ge=1, le=1_000_000)
+    steps: int | None = Field(None, ge=1, le=100_000_000)
+    epochs: int | None = Field(None, ge=1, le=1_000_000)
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0)
+    clip_norm: float | None = Field(None, gt=0.0)
+    ema_decay: float | None = Field(None, gt=0.0, lt=1.0)
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+    summaries: SummariesSpec = Field(default_factory=SummariesSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    deterministic: bool = False
+
+    @model_validator(mode="after")
+    def _check_job(self) -> JobSpec:
+        if self.steps is not None and self.epochs is not None:
+            raise ValueError(
+                f"Give `steps` or `epochs`, not both. Received: steps={self.steps}, epochs={self.epochs}"
+            )
+        if self.steps is None and self.epochs is None:
+            self.steps = 1000
+        if self.batch_size < self.towers:
+            raise ValueError(
+                "Expected `batch_size` to be at least `towers`, so every tower gets an example. "
+                f"Received: batch_size={self.batch_size}, towers={self.towers}"
+            )
+        if self.model.name == "logistic" and self.data.format == "synthetic":
+            classes = self.data.params["classes"]
+            if classes != 2:
+                raise ValueError(
+                    "Model `logistic` needs two-class data. "
+                    f"Received: data.params.classes={classes}"
+                )
+        return self
+
+
+def field_errors(error: ValidationError) -> list[dict[str, str]]:
+    """Every error of a failed validation as ``{"field": "a.b", "message": ...}``."""
+    errors = []
+    for item in error.errors(include_url=False):
+        field = ".".join(str(part) for part in item["loc"]) or "(spec)"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "Unknown key. Remove it or check its spelling."
+        elif "input" in item and item["type"] not in ("missing",) and "Received" not in message:
+            message = f"{message}. Received: {item['input']!r}"
+        errors.append({"field": field, "message": message})
+    return errors
+
+
+def format_errors(error: ValidationError) -> str:
+    """One line per field error, for logs and `result.json`."""
+    return "\n".join(f"{e['field']}: {e['message']}" for e in field_errors(error))

@@ -33,7 +33,7 @@ class ExitCode(enum.IntEnum):
     CANCELLED = 3  # stopped by SIGTERM after writing a checkpoint
 
 
-class Outcome(str, enum.Enum):
+class Outcome(enum.StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     INVALID_SPEC = "invalid_spec"

@@ -1,0 +1,157 @@
+"""The tower step on real logical CPU devices: equivalence with one device, uneven batches,
+batch-norm statistics, clipping, weight decay and EMA."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from trainer.models import build_model
+from trainer.optim import make_optimizer
+from trainer.spec import ModelSpec, OptimizerSpec
+from trainer.towers import TowerTrainer, tower_sizes
+
+SHAPE = (8, 8, 1)
+CLASSES = 4
+
+
+def make_trainer(towers: int, *, optimizer: str = "sgd", lr: float = 0.01, model: str = "mlp", params=None, **kw):
+    keras.utils.set_random_seed(7)  # same initial weights for every trainer
+    with tf.device("/CPU:0"):
+        net = build_model(ModelSpec(name=model, params=params or {}), SHAPE, CLASSES)
+        return TowerTrainer(
+            model=net,
+            optimizer=make_optimizer(OptimizerSpec(name=optimizer, learning_rate=lr)),
+            tower_devices=[f"/CPU:{i}" for i in range(towers)],
+            parameter_device="/CPU:0",
+            **kw,
+        )
+
+
+def batch(n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return rng.random((n, *SHAPE), dtype=np.float32), rng.integers(0, CLASSES, n).astype(np.int32)
+
+
+def max_weight_difference(a: TowerTrainer, b: TowerTrainer) -> float:
+    return max(
+        float(np.abs(u.numpy() - v.numpy()).max())
+        for u, v in zip(a.model.trainable_variables, b.model.trainable_variables, strict=True)
+    )
+
+
+def test_split_tower_sizes_uneven():
+    assert tower_sizes(tf.constant(250), 4).numpy().tolist() == [63, 63, 62, 62]
+    assert tower_sizes(tf.constant(3), 4).numpy().tolist() == [1, 1, 1, 0]
+
+
+@pytest.mark.parametrize(("optimizer", "tolerance"), [("sgd", 1e-6), ("adam", 1e-5)])
+def test_train_step_four_towers_equals_one(optimizer, tolerance):
+    one, four = make_trainer(1, optimizer=optimizer), make_trainer(4, optimizer=optimizer)
+    x, y = batch(64)
+    before = max_weight_difference(one, four)
+    out_one, out_four = one.train_step(x, y), four.train_step(x, y)
+    assert before == 0.0
+    # The step moved the weights, so equality below is not the trivial kind.
+    assert max(float(np.abs(v.numpy()).max()) for v in out_one["grads"]) > 1e-4
+    assert max_weight_difference(one, four) <= tolerance
+    assert float(out_four["loss"]) == pytest.approx(float(out_one["loss"]), abs=1e-6)
+    assert out_four["tower_loss"].shape == (4,)
+
+
+def test_train_step_uneven_batch_weights_towers_by_share():
+    one, four = make_trainer(1), make_trainer(4)
+    x, y = batch(250)
+    one.train_step(x, y)
+    out = four.train_step(x, y)
+    assert max_weight_difference(one, four) <= 1e-6
+    # Tower losses are means over shards of 63, 63, 62, 62; weighted, they are the batch mean.
+    shares = np.array([63, 63, 62, 62]) / 250
+    assert float(np.dot(shares, out["tower_loss"].numpy())) == pytest.approx(float(out["loss"]), abs=1e-5)
+
+
+def test_train_step_batch_smaller_than_towers_stays_finite():
+    trainer = make_trainer(4, model="resnet", params={"width": 4, "blocks_per_stage": [1]})
+    x, y = batch(3)
+    out = trainer.train_step(x, y)
+    assert np.isfinite(float(out["loss"]))
+    assert all(np.isfinite(v.numpy()).all() for v in trainer.model.variables)
+
+
+def test_batch_norm_moving_mean_matches_one_device():
+    params = {"width": 4, "blocks_per_stage": [1], "bn_momentum": 0.5}
+    one = make_trainer(1, model="resnet", params=params)
+    two = make_trainer(2, model="resnet", params=params)
+    x, y = batch(64)
+    one.train_step(x, y)
+    two.train_step(x, y)
+    first_bn = lambda t: next(layer for layer in t.model.layers if isinstance(layer, keras.layers.BatchNormalization))  # noqa: E731
+    # The first BN layer sees the same conv outputs in both, so the averaged update of the
+    # moving mean equals the single-device update on the whole batch.
+    m1, m2 = first_bn(one).moving_mean.numpy(), first_bn(two).moving_mean.numpy()
+    assert np.abs(m1).max() > 1e-3
+    np.testing.assert_allclose(m2, m1, atol=1e-6)
+    # Sequential per-tower updates would have given 0.5 * (0.5 * 0 + 0.5 * b0) + 0.5 * b1,
+    # visibly different from the average.
+    v1, v2 = first_bn(one).moving_variance.numpy(), first_bn(two).moving_variance.numpy()
+    np.testing.assert_allclose(v2, v1, rtol=0.1)
+
+
+def test_clip_norm_bounds_the_update():
+    free, clipped = make_trainer(1, lr=1.0), make_trainer(1, lr=1.0, clip_norm=1e-3)
+    x, y = batch(32)
+    start = [v.numpy().copy() for v in clipped.model.trainable_variables]
+    free.train_step(x, y)
+    out = clipped.train_step(x, y)
+    assert float(out["grad_norm"]) > 1e-3
+    moved = np.sqrt(sum(((v.numpy() - s) ** 2).sum() for v, s in zip(clipped.model.trainable_variables, start, strict=True)))
+    assert moved == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_weight_decay_shrinks_kernels_only():
+    plain, decayed = make_trainer(1, lr=0.1), make_trainer(1, lr=0.1, weight_decay=0.5)
+    x, y = batch(32)
+    plain.train_step(x, y)
+    decayed.train_step(x, y)
+    for p, d in zip(plain.model.trainable_variables, decayed.model.trainable_variables, strict=True):
+        if len(p.shape) > 1:
+            # SGD: w' = w - lr * (g + wd * w), so the difference is lr * wd * w_before.
+            assert not np.allclose(p.numpy(), d.numpy())
+        else:
+            np.testing.assert_allclose(p.numpy(), d.numpy(), atol=1e-7)
+
+
+def test_ema_tracks_weights_and_swaps_in():
+    trainer = make_trainer(2, lr=0.5, ema_decay=0.9)
+    x, y = batch(32)
+    for _ in range(3):
+        trainer.train_step(x, y)
+    trained = [v.numpy().copy() for v in trainer.model.trainable_variables]
+    shadows = [s.numpy() for s in trainer.ema.shadows]
+    assert any(not np.allclose(a, b) for a, b in zip(trained, shadows, strict=True))
+    with trainer.ema.swapped_in():
+        for v, s in zip(trainer.model.trainable_variables, shadows, strict=True):
+            np.testing.assert_array_equal(v.numpy(), s)
+    for v, t in zip(trainer.model.trainable_variables, trained, strict=True):
+        np.testing.assert_array_equal(v.numpy(), t)
+
+
+def test_learning_rate_warmup_then_schedule():
+    from trainer.optim import make_schedule
+
+    spec = OptimizerSpec(
+        learning_rate=0.1,
+        warmup_steps=10,
+        schedule={"name": "exponential_decay", "decay_steps": 5, "decay_rate": 0.5, "staircase": True},
+    )
+    schedule = make_schedule(spec)
+    assert float(schedule(0)) == pytest.approx(0.01)
+    assert float(schedule(9)) == pytest.approx(0.1)
+    assert float(schedule(14)) == pytest.approx(0.1)  # staircase: still the first stair
+    assert float(schedule(15)) == pytest.approx(0.05)
+    cosine = make_schedule(OptimizerSpec(learning_rate=0.1, schedule={"name": "cosine", "decay_steps": 10}))
+    assert float(cosine(10)) == pytest.approx(0.0, abs=1e-7)
+    poly = make_schedule(
+        OptimizerSpec(learning_rate=0.1, schedule={"name": "polynomial", "decay_steps": 10, "end_learning_rate": 0.02})
+    )
+    assert float(poly(5)) == pytest.approx(0.06)

@@ -1,0 +1,36 @@
+"""`python -m trainer run --job-dir DIR [--spec FILE]`: run one job, exit with its code.
+
+Exit codes: 0 succeeded, 1 failed, 2 invalid spec, 3 stopped by SIGTERM after a checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description="Towerboard's tower trainer.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="train the job in a run directory")
+    run.add_argument("--job-dir", type=Path, required=True, help="the run directory (reads spec.json there)")
+    run.add_argument("--spec", type=Path, help="read the spec from this file instead (copied to the job dir)")
+    args = parser.parse_args(argv)
+
+    # TensorFlow's C++ start-up chatter (CUDA probes on CPU hosts) would bury the job's log.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    from trainer.run import run_job
+
+    return int(run_job(args.job_dir, args.spec))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

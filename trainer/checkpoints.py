@@ -1,0 +1,71 @@
+"""Checkpoints: what goes in one, when to save, and restoring the latest on start.
+
+A checkpoint holds the model, the optimizer (slots and iteration count), the step, the
+EMA shadows, the Keras seed-generator states (dropout masks; `tf.train.Checkpoint` does
+not reach them through the model) and the data iterator, so a resumed run continues
+exactly where it stopped. Files are `checkpoints/ckpt-<step>.*`, kept by
+`tf.train.CheckpointManager`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+
+from trainer.spec import CheckpointSpec
+from trainer.towers import TowerTrainer
+
+
+def _seed_states(model: keras.Model) -> list[tf.Variable]:
+    return [v.value for v in model.non_trainable_variables if "seed_generator" in v.path]
+
+
+class Checkpointer:
+    """Saves every `every_steps` steps and/or `every_seconds` seconds, keeping `keep`."""
+
+    def __init__(self, directory: Path, trainer: TowerTrainer, iterator: tf.data.Iterator, spec: CheckpointSpec) -> None:
+        items: dict[str, object] = {
+            "model": trainer.model,
+            "optimizer": trainer.optimizer,
+            "step": trainer.step,
+            "iterator": iterator,
+            "seed_states": _seed_states(trainer.model),
+        }
+        if trainer.ema is not None:
+            items["ema"] = trainer.ema
+        self.checkpoint = tf.train.Checkpoint(**items)
+        self.manager = tf.train.CheckpointManager(
+            self.checkpoint, str(directory), max_to_keep=spec.keep, checkpoint_name="ckpt"
+        )
+        self.spec = spec
+        self._trainer = trainer
+        self._last_step = -1
+        self._last_time = time.monotonic()
+
+    def restore_latest(self) -> int | None:
+        """Restore the newest checkpoint, if any; return its step."""
+        latest = self.manager.latest_checkpoint
+        if latest is None:
+            return None
+        self.checkpoint.restore(latest).assert_existing_objects_matched()
+        self._last_step = int(self._trainer.step.numpy())
+        self._last_time = time.monotonic()
+        return self._last_step
+
+    def due(self, step: int) -> bool:
+        if step == self._last_step:
+            return False
+        by_steps = self.spec.every_steps > 0 and step % self.spec.every_steps == 0
+        by_time = self.spec.every_seconds > 0 and time.monotonic() - self._last_time >= self.spec.every_seconds
+        return by_steps or by_time
+
+    def save(self, step: int) -> str:
+        """Save at `step` (once per step); returns the checkpoint's path prefix."""
+        if step != self._last_step:
+            self.manager.save(checkpoint_number=step)
+            self._last_step = step
+            self._last_time = time.monotonic()
+        return self.manager.latest_checkpoint

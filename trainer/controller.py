@@ -1,0 +1,274 @@
+"""The outer training loop: everything around the step that touches files or the clock.
+
+The `TowerTrainer` computes; the controller decides when to write summaries, capture a
+device trace, evaluate, checkpoint and report progress, and how the loop ends (done,
+SIGTERM, non-finite loss). Steps are counted from 1: step s is the s-th update.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from trainer.checkpoints import Checkpointer
+from trainer.profiling import TraceCapture, tower_times_ms
+from trainer.rundir import Outcome, ProgressWriter, RunDir
+from trainer.spec import JobSpec
+from trainer.summaries import SummaryManager, variable_tag
+from trainer.towers import TowerTrainer
+
+log = logging.getLogger(__name__)
+
+PROGRESS_EVERY_SECONDS = 2.0
+
+# The service asks for a trace of a running job by writing this file in the run directory:
+# {"steps": N}. The controller takes it (deletes it) at its next progress report.
+PROFILE_REQUEST = "profile_request.json"
+
+
+class NonFiniteLoss(RuntimeError):
+    def __init__(self, step: int, loss: float) -> None:
+        super().__init__(f"Loss became non-finite ({loss}) at step {step}.")
+        self.step = step
+
+
+@dataclass
+class RunSummary:
+    """How the loop ended and the last metrics it saw."""
+
+    outcome: Outcome
+    step: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    eval: dict[str, float] | None = None
+    checkpoint: str | None = None
+
+
+class Controller:
+    def __init__(
+        self,
+        *,
+        spec: JobSpec,
+        trainer: TowerTrainer,
+        train_batches: Iterator[tuple[tf.Tensor, tf.Tensor]],
+        eval_data: tf.data.Dataset | None,
+        total_steps: int,
+        rundir: RunDir,
+        progress: ProgressWriter,
+        summaries: SummaryManager,
+        checkpointer: Checkpointer,
+        stop: threading.Event,
+    ) -> None:
+        self.spec = spec
+        self.trainer = trainer
+        self.train_batches = train_batches
+        self.eval_data = eval_data
+        self.total_steps = total_steps
+        self.rundir = rundir
+        self.progress = progress
+        self.summaries = summaries
+        self.checkpointer = checkpointer
+        self.stop = stop
+        self.trace = TraceCapture(rundir.tensorboard)
+        self._trace_steps = set(spec.summaries.trace_steps)
+        self._traced_steps = 0
+        self._tower_ms: list[float] | None = None
+        self._last_eval: dict[str, float] | None = None
+        self._checkpoint_path: str | None = None
+
+    # -- the loop --------------------------------------------------------------------
+
+    def run(self) -> RunSummary:
+        step = int(self.trainer.step.numpy())
+        s = self.spec.summaries
+        self.progress.write("start", step=step, total=self.total_steps, phase="starting", towers=self.trainer.num_towers)
+        metrics: dict[str, float] = {}
+        window_start, window_step = time.monotonic(), step
+        scalar_start, scalar_step = time.monotonic(), step
+        examples_per_sec = 0.0
+        graph_written = False
+
+        while step < self.total_steps:
+            if self.stop.is_set():
+                return self._finish_cancelled(step, metrics)
+            if step + 1 in self._trace_steps and not self.trace.active:
+                self.trace.start()
+            images, labels = next(self.train_batches)
+            out = self.trainer.train_step(images, labels)
+            step += 1
+            loss = float(out["loss"])  # note: a host-device sync point, once a step
+            if not math.isfinite(loss):
+                raise NonFiniteLoss(step, loss)
+            if self.trace.active:
+                self._traced_steps += 1
+                if step + 1 not in self._trace_steps:
+                    self._finish_trace(step)
+            if s.graph and not graph_written:
+                self.summaries.graph("train", self.trainer.train_step.get_concrete_function().graph)
+                graph_written = True
+
+            metrics = {"loss": loss, "accuracy": float(out["accuracy"])}
+            if s.scalars_every and step % s.scalars_every == 0:
+                now = time.monotonic()
+                step_seconds = (now - scalar_start) / max(step - scalar_step, 1)
+                scalar_start, scalar_step = now, step
+                self._write_scalars(step, out, step_seconds, self.spec.batch_size / step_seconds)
+            if s.histograms_every and step % s.histograms_every == 0:
+                self._write_histograms(step, out["grads"])
+            if s.images_every and step % s.images_every == 0:
+                self._write_images(step, images)
+
+            now = time.monotonic()
+            if now - window_start >= PROGRESS_EVERY_SECONDS or step == self.total_steps:
+                examples_per_sec = (step - window_step) * self.spec.batch_size / (now - window_start)
+                self._report(step, metrics, examples_per_sec, float(out["learning_rate"]))
+                window_start, window_step = now, step
+                self._take_profile_request(step)
+
+            e = self.spec.eval
+            if e.every_steps and step % e.every_steps == 0 and step < self.total_steps:
+                self._evaluate(step)
+            if self.checkpointer.due(step) and step < self.total_steps:
+                self._save(step)
+
+        if self.trace.active:
+            self._finish_trace(step)
+        metrics["examples_per_sec"] = round(examples_per_sec, 2)
+        if self.eval_data is not None and self.spec.eval.every_steps:
+            self._evaluate(step)
+        self._save(step)
+        return RunSummary(Outcome.SUCCEEDED, step, metrics, self._last_eval, self._checkpoint_path)
+
+    # -- pieces of the loop ----------------------------------------------------------
+
+    def _report(self, step: int, metrics: dict[str, float], examples_per_sec: float, learning_rate: float) -> None:
+        remaining = self.total_steps - step
+        steps_per_sec = examples_per_sec / self.spec.batch_size if examples_per_sec else 0.0
+        fields: dict[str, Any] = {
+            "step": step,
+            "total": self.total_steps,
+            "loss": round(metrics["loss"], 6),
+            "accuracy": round(metrics["accuracy"], 6),
+            "examples_per_sec": round(examples_per_sec, 2),
+            "eta_seconds": round(remaining / steps_per_sec, 1) if steps_per_sec else None,
+            "learning_rate": learning_rate,
+            "phase": "training",
+        }
+        if self._tower_ms is not None:
+            fields["tower_ms"] = self._tower_ms
+        self.progress.write("progress", **fields)
+
+    def _write_scalars(self, step: int, out: dict[str, tf.Tensor], step_seconds: float, examples_per_sec: float) -> None:
+        values: dict[str, float] = {
+            "loss": float(out["loss"]),
+            "accuracy": float(out["accuracy"]),
+            "learning_rate": float(out["learning_rate"]),
+            "grad_norm": float(out["grad_norm"]),
+            "step_time_ms": step_seconds * 1000.0,
+            "examples_per_sec": examples_per_sec,
+        }
+        for i, tower_loss in enumerate(out["tower_loss"].numpy()):
+            values[f"tower_{i}/loss"] = float(tower_loss)
+        self.summaries.scalars("train", values, step)
+
+    def _write_histograms(self, step: int, grads: list[tf.Tensor]) -> None:
+        tensors: dict[str, tf.Tensor] = {}
+        for var, grad in zip(self.trainer.model.trainable_variables, grads, strict=True):
+            tag = variable_tag(var.path)
+            tensors[f"weights/{tag}"] = tf.convert_to_tensor(var)
+            tensors[f"gradients/{tag}"] = grad
+        self.summaries.histograms("train", tensors, step)
+
+    def _write_images(self, step: int, images: tf.Tensor) -> None:
+        towers = self.trainer.num_towers
+        batch = int(images.shape[0])
+        sizes = [batch // towers + (1 if i < batch % towers else 0) for i in range(towers)]
+        shards = tf.split(images, sizes)
+        self.summaries.images(
+            "train",
+            {f"tower_{i}/inputs": shard for i, shard in enumerate(shards) if sizes[i] > 0},
+            step,
+            self.spec.summaries.max_images,
+        )
+
+    def _finish_trace(self, step: int) -> None:
+        path = self.trace.stop()
+        steps, self._traced_steps = self._traced_steps, 0
+        if path is None:
+            return
+        try:
+            self._tower_ms = tower_times_ms(path, self.trainer.num_towers, steps)
+        except Exception as e:  # noqa: BLE001 - a trace we cannot read must not stop training
+            log.warning("could not read the trace %s: %s", path, e)
+            return
+        self.summaries.scalars(
+            "train", {f"tower_{i}/compute_ms": ms for i, ms in enumerate(self._tower_ms)}, step
+        )
+        self.progress.write(
+            "trace", step=step, tower_ms=self._tower_ms, trace_dir=str(path.parent.relative_to(self.rundir.root))
+        )
+
+    def _take_profile_request(self, step: int) -> None:
+        request = self.rundir.root / PROFILE_REQUEST
+        if not request.exists():
+            return
+        try:
+            steps = int(json.loads(request.read_text()).get("steps", 3))
+        except (ValueError, AttributeError, json.JSONDecodeError):
+            steps = 3
+        finally:
+            request.unlink(missing_ok=True)
+        steps = max(1, min(steps, 100))
+        self._trace_steps.update(range(step + 1, step + 1 + steps))
+
+    def _evaluate(self, step: int) -> None:
+        if self.eval_data is None:
+            return
+        self.progress.write("phase", step=step, total=self.total_steps, phase="eval")
+        loss_sum = correct = count = 0.0
+        if self.trainer.ema is not None:
+            with self.trainer.ema.swapped_in():
+                loss_sum, correct, count = self._eval_sums()
+        else:
+            loss_sum, correct, count = self._eval_sums()
+        if count == 0:
+            return
+        self._last_eval = {"loss": loss_sum / count, "accuracy": correct / count}
+        self.summaries.scalars("eval", self._last_eval, step)
+        self.progress.write(
+            "eval",
+            step=step,
+            total=self.total_steps,
+            eval_loss=round(self._last_eval["loss"], 6),
+            eval_accuracy=round(self._last_eval["accuracy"], 6),
+            phase="eval",
+        )
+
+    def _eval_sums(self) -> tuple[float, float, float]:
+        assert self.eval_data is not None
+        totals = np.zeros(3)
+        for images, labels in self.eval_data.take(self.spec.eval.batches):
+            out = self.trainer.eval_step(images, labels)
+            totals += [float(out["loss_sum"]), float(out["correct"]), float(out["count"])]
+        return float(totals[0]), float(totals[1]), float(totals[2])
+
+    def _save(self, step: int) -> None:
+        path = self.checkpointer.save(step)
+        self._checkpoint_path = str(Path(path).relative_to(self.rundir.root))
+        self.summaries.flush()
+        self.progress.write("checkpoint", step=step, total=self.total_steps, checkpoint=self._checkpoint_path, phase="checkpoint")
+
+    def _finish_cancelled(self, step: int, metrics: dict[str, float]) -> RunSummary:
+        if self.trace.active:
+            self._finish_trace(step)
+        self._save(step)
+        return RunSummary(Outcome.CANCELLED, step, metrics, self._last_eval, self._checkpoint_path)

@@ -1,0 +1,70 @@
+"""Which devices the towers run on, and where the shared variables live.
+
+Must run before TensorFlow creates any tensor: logical-device configuration and memory
+growth can only be set on an uninitialised runtime.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Devices:
+    """The tower devices (one per tower) and the parameter device."""
+
+    towers: tuple[str, ...]
+    parameter: str
+    kind: str  # "GPU" or "CPU"
+
+    def describe(self) -> list[str]:
+        return list(self.towers)
+
+
+def setup_devices(towers: int, parameter_device: str, *, split_gpu_mb: int | None = None) -> Devices:
+    """Give each of `towers` towers a device of its own.
+
+    GPUs when there are enough (memory growth on, so one job does not grab a whole card
+    before it needs it); otherwise the CPU split into `towers` logical devices, which
+    runs the same multi-device code on a machine without accelerators. `split_gpu_mb`
+    splits the first GPU into logical GPUs of that much memory each (benchmarks on a
+    single card).
+    """
+    if towers < 1:
+        raise ValueError(f"Expected `towers` to be a positive integer. Received: towers={towers}")
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus and split_gpu_mb:
+        tf.config.set_logical_device_configuration(
+            gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=split_gpu_mb)] * towers
+        )
+        gpus = gpus[:1]
+        kind = "GPU"
+    elif gpus:
+        for gpu in gpus:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        if len(gpus) < towers:
+            raise ValueError(
+                f"Expected at most {len(gpus)} towers, one per visible GPU. Received: towers={towers}"
+            )
+        kind = "GPU"
+    else:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(towers)]
+        )
+        kind = "CPU"
+
+    tower_devices = tuple(f"/{kind}:{i}" for i in range(towers))
+    if parameter_device == "gpu0" and kind == "GPU":
+        parameter = "/GPU:0"
+    else:
+        if parameter_device == "gpu0":
+            log.warning("parameter_device 'gpu0' asked for, but no GPU is visible: using the CPU")
+        parameter = "/CPU:0"
+    log.info("towers on %s; parameters on %s", ", ".join(tower_devices), parameter)
+    return Devices(towers=tower_devices, parameter=parameter, kind=kind)

@@ -1,0 +1,47 @@
+"""Exponential moving average of the trainable weights, used for eval and export."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+import tensorflow as tf
+
+
+class WeightEMA(tf.Module):
+    """Shadow copies of `variables`, on the parameter device, updated after each step.
+
+    The effective decay ramps up as `min(decay, (1 + step) / (10 + step))`, as
+    `tf.train.ExponentialMovingAverage` does with `num_updates`, so early shadows are not
+    dominated by the random initialisation.
+    """
+
+    def __init__(self, variables: Sequence[tf.Variable], decay: float, device: str) -> None:
+        super().__init__(name="ema")
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"Expected `decay` in (0, 1). Received: decay={decay}")
+        self.decay = decay
+        self._variables = list(variables)
+        with tf.device(device):
+            self.shadows = [
+                tf.Variable(tf.convert_to_tensor(v), trainable=False, name=f"ema_{i}")
+                for i, v in enumerate(self._variables)
+            ]
+
+    def update(self, step: tf.Tensor) -> None:
+        step = tf.cast(step, tf.float32)
+        decay = tf.minimum(self.decay, (1.0 + step) / (10.0 + step))
+        for shadow, var in zip(self.shadows, self._variables, strict=True):
+            shadow.assign(decay * shadow + (1.0 - decay) * tf.convert_to_tensor(var))
+
+    @contextlib.contextmanager
+    def swapped_in(self) -> Iterator[None]:
+        """Use the averaged weights inside the block; the trained ones come back after."""
+        backup = [tf.identity(tf.convert_to_tensor(v)) for v in self._variables]
+        for var, shadow in zip(self._variables, self.shadows, strict=True):
+            var.assign(shadow)
+        try:
+            yield
+        finally:
+            for var, saved in zip(self._variables, backup, strict=True):
+                var.assign(saved)

@@ -1,0 +1,125 @@
+"""The model registry: builders keyed by the names in `trainer.spec.MODEL_NAMES`.
+
+A builder takes the input shape (H, W, C), the class count and the validated params, and
+returns a Keras model that outputs logits: `num_classes` of them, or one for `logistic`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import keras
+
+from trainer.spec import ModelSpec
+
+
+class ModelError(ValueError):
+    """A model that cannot be built from its spec (bad custom builder, wrong data)."""
+
+
+def _mlp(input_shape: tuple[int, ...], num_classes: int, hidden: list[int], dropout: float) -> keras.Model:
+    inputs = keras.Input(input_shape, name="images")
+    x = keras.layers.Flatten()(inputs)
+    for width in hidden:
+        x = keras.layers.Dense(width, activation="relu")(x)
+        if dropout:
+            x = keras.layers.Dropout(dropout)(x)
+    return keras.Model(inputs, keras.layers.Dense(num_classes, name="logits")(x), name="mlp")
+
+
+def _cnn(
+    input_shape: tuple[int, ...], num_classes: int, filters: tuple[int, int], dense: int, dropout: float
+) -> keras.Model:
+    inputs = keras.Input(input_shape, name="images")
+    x = keras.layers.Conv2D(filters[0], 3, padding="same", activation="relu")(inputs)
+    x = keras.layers.MaxPooling2D()(x)
+    x = keras.layers.Conv2D(filters[1], 3, padding="same", activation="relu")(x)
+    x = keras.layers.MaxPooling2D()(x)
+    x = keras.layers.Flatten()(x)
+    x = keras.layers.Dense(dense, activation="relu")(x)
+    if dropout:
+        x = keras.layers.Dropout(dropout)(x)
+    return keras.Model(inputs, keras.layers.Dense(num_classes, name="logits")(x), name="cnn")
+
+
+def _resnet(
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    width: int,
+    blocks_per_stage: list[int],
+    bn_momentum: float,
+) -> keras.Model:
+    def bn() -> keras.layers.Layer:
+        return keras.layers.BatchNormalization(momentum=bn_momentum)
+
+    inputs = keras.Input(input_shape, name="images")
+    x = keras.layers.Conv2D(width, 3, padding="same", use_bias=False)(inputs)
+    x = keras.layers.ReLU()(bn()(x))
+    for stage, blocks in enumerate(blocks_per_stage):
+        channels = width * 2**stage
+        for block in range(blocks):
+            stride = 2 if stage > 0 and block == 0 else 1
+            shortcut = x
+            y = keras.layers.Conv2D(channels, 3, strides=stride, padding="same", use_bias=False)(x)
+            y = keras.layers.ReLU()(bn()(y))
+            y = keras.layers.Conv2D(channels, 3, padding="same", use_bias=False)(y)
+            y = bn()(y)
+            if stride != 1 or shortcut.shape[-1] != channels:
+                shortcut = keras.layers.Conv2D(channels, 1, strides=stride, use_bias=False)(shortcut)
+                shortcut = bn()(shortcut)
+            x = keras.layers.ReLU()(keras.layers.Add()([y, shortcut]))
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, keras.layers.Dense(num_classes, name="logits")(x), name="resnet")
+
+
+def _logistic(input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
+    if num_classes != 2:
+        raise ModelError(f"Model `logistic` needs two-class data. Received: {num_classes} classes")
+    inputs = keras.Input(input_shape, name="images")
+    x = keras.layers.Flatten()(inputs)
+    return keras.Model(inputs, keras.layers.Dense(1, name="logit")(x), name="logistic")
+
+
+BUILDERS: dict[str, Callable[..., keras.Model]] = {
+    "mlp": _mlp,
+    "cnn": _cnn,
+    "resnet": _resnet,
+    "logistic": _logistic,
+}
+
+
+def _custom_builder(name: str) -> Callable[..., Any]:
+    module_name, function_name = name.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ModelError(f"Cannot import module {module_name!r} of model {name!r}: {e}") from e
+    builder = getattr(module, function_name, None)
+    if not callable(builder):
+        raise ModelError(f"Module {module_name!r} has no function {function_name!r} (model {name!r})")
+    return builder
+
+
+def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
+    """Build the model of `spec` for images of `input_shape` (H, W, C) and `num_classes`."""
+    if spec.is_custom:
+        builder = _custom_builder(spec.name)
+        try:
+            model = builder(input_shape=input_shape, num_classes=num_classes, **spec.params)
+        except TypeError as e:
+            raise ModelError(f"Model {spec.name!r} rejected its params {spec.params}: {e}") from e
+        if not isinstance(model, keras.Model):
+            raise ModelError(
+                f"Expected {spec.name!r} to return a keras.Model. Received: {type(model).__name__}"
+            )
+    else:
+        model = BUILDERS[spec.name](input_shape, num_classes, **spec.params)
+    expected = 1 if spec.name == "logistic" else num_classes
+    if model.output_shape[-1] != expected:
+        raise ModelError(
+            f"Expected model {spec.name!r} to output {expected} logits. "
+            f"Received: output shape {model.output_shape}"
+        )
+    return model

@@ -1,0 +1,213 @@
+"""Run one job: read its spec, build data, model and towers, train, and write the run dir.
+
+`run_job` returns the process exit code (`trainer.rundir.ExitCode`). Everything that can
+be wrong with a job before training starts (the spec, its data, its model, the devices it
+asks for) is checked first and ends with exit code 2 and a result.json saying why, and
+nothing else written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from trainer.rundir import OUTCOME_EXIT_CODES, ExitCode, Outcome, RunDir, write_json_atomic
+from trainer.spec import JobSpec, field_errors, format_errors
+
+log = logging.getLogger("trainer")
+
+
+class InvalidJob(ValueError):
+    """A job that cannot start: exit code 2. `errors` are field errors where known."""
+
+    def __init__(self, message: str, errors: list[dict[str, str]] | None = None) -> None:
+        super().__init__(message)
+        self.errors = errors or []
+
+
+def load_spec(path: Path) -> JobSpec:
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError as e:
+        raise InvalidJob(f"Spec file not found: {path}") from e
+    except json.JSONDecodeError as e:
+        raise InvalidJob(f"Spec file {path} is not valid JSON: {e}") from e
+    try:
+        return JobSpec.model_validate(raw)
+    except ValidationError as e:
+        raise InvalidJob(f"Invalid job spec:\n{format_errors(e)}", field_errors(e)) from e
+
+
+def _write_result(rundir: RunDir, outcome: Outcome, message: str, **fields: Any) -> ExitCode:
+    code = OUTCOME_EXIT_CODES[outcome]
+    write_json_atomic(
+        rundir.result,
+        {
+            "outcome": outcome.value,
+            "exit_code": int(code),
+            "message": message,
+            "finished_at": round(time.time(), 3),
+            **fields,
+        },
+    )
+    return code
+
+
+def run_job(job_dir: Path, spec_path: Path | None = None) -> ExitCode:
+    """Train the job in `job_dir` (spec from `spec_path`, else `job_dir/spec.json`)."""
+    rundir = RunDir(job_dir)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        spec = load_spec(spec_path or rundir.spec)
+        job = _prepare(spec)
+    except InvalidJob as e:
+        log.error("%s", e)
+        return _write_result(rundir, Outcome.INVALID_SPEC, str(e), errors=e.errors)
+    if spec_path is not None and spec_path.resolve() != rundir.spec.resolve():
+        write_json_atomic(rundir.spec, spec.model_dump(mode="json"))
+    return _train(spec, job, rundir)
+
+
+def _prepare(spec: JobSpec) -> dict[str, Any]:
+    """Everything that can reject the job, before anything is written."""
+    from trainer.datafiles import DataFilesError, resolve_files
+
+    if spec.data.format != "synthetic":
+        try:
+            resolve_files(spec.data)
+        except DataFilesError as e:
+            raise InvalidJob(str(e), [{"field": "data.path", "message": str(e)}]) from e
+
+    # TensorFlow only now: a spec error above is reported without paying its import.
+    from trainer.data import DataError, load_arrays
+    from trainer.devices import setup_devices
+    from trainer.models import ModelError, build_model
+
+    try:
+        devices = setup_devices(spec.towers, spec.parameter_device)
+    except ValueError as e:
+        raise InvalidJob(str(e), [{"field": "towers", "message": str(e)}]) from e
+    try:
+        arrays = load_arrays(spec.data, spec.seed)
+    except (DataError, ValueError, OSError) as e:
+        raise InvalidJob(f"Cannot load the data: {e}", [{"field": "data", "message": str(e)}]) from e
+
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(spec.seed)
+    if spec.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    try:
+        with tf.device(devices.parameter):
+            model = build_model(spec.model, arrays.image_shape, arrays.num_classes)
+    except (ModelError, ValueError, TypeError) as e:
+        raise InvalidJob(str(e), [{"field": "model", "message": str(e)}]) from e
+    return {"devices": devices, "arrays": arrays, "model": model}
+
+
+def _train(spec: JobSpec, job: dict[str, Any], rundir: RunDir) -> ExitCode:
+    import tensorflow as tf
+
+    from trainer.checkpoints import Checkpointer
+    from trainer.controller import Controller, NonFiniteLoss
+    from trainer.data import eval_dataset, steps_per_epoch, train_dataset
+    from trainer.optim import make_optimizer
+    from trainer.rundir import ProgressWriter
+    from trainer.summaries import SummaryManager
+    from trainer.towers import TowerTrainer
+
+    devices, arrays, model = job["devices"], job["arrays"], job["model"]
+    stop = threading.Event()
+    # SIGTERM (the service's cancel) and Ctrl-C finish the step, checkpoint, and exit 3.
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    total = spec.steps or spec.epochs * steps_per_epoch(arrays.num_train, spec.batch_size)
+    progress = ProgressWriter(rundir.progress)
+    summaries = SummaryManager(rundir.tensorboard)
+    step = 0
+    try:
+        with tf.device(devices.parameter):
+            trainer = TowerTrainer(
+                model=model,
+                optimizer=make_optimizer(spec.optimizer),
+                tower_devices=devices.towers,
+                parameter_device=devices.parameter,
+                binary=spec.model.name == "logistic",
+                weight_decay=spec.weight_decay,
+                clip_norm=spec.clip_norm,
+                ema_decay=spec.ema_decay,
+            )
+        with tf.device("/CPU:0"):
+            batches = iter(train_dataset(arrays, spec.data, spec.batch_size, spec.seed))
+        evals = eval_dataset(arrays, spec.batch_size) if arrays.num_eval else None
+        checkpointer = Checkpointer(rundir.checkpoints, trainer, batches, spec.checkpoint)
+        resumed = checkpointer.restore_latest()
+        if resumed is not None:
+            log.info("resumed from step %d", resumed)
+        step = int(trainer.step.numpy())
+        controller = Controller(
+            spec=spec,
+            trainer=trainer,
+            train_batches=batches,
+            eval_data=evals,
+            total_steps=total,
+            rundir=rundir,
+            progress=progress,
+            summaries=summaries,
+            checkpointer=checkpointer,
+            stop=stop,
+        )
+        summary = controller.run()
+        step = summary.step
+        fields = {
+            "step": summary.step,
+            "total": total,
+            "metrics": summary.metrics,
+            "eval": summary.eval,
+            "checkpoint": summary.checkpoint,
+            "export": None,
+        }
+        if summary.outcome is Outcome.CANCELLED:
+            progress.write("end", step=step, total=total, outcome="cancelled", phase="done")
+            return _write_result(rundir, Outcome.CANCELLED, f"Stopped by SIGTERM at step {step}, after a checkpoint.", **fields)
+        progress.write("phase", step=step, total=total, phase="exporting")
+        _export(trainer, rundir.export)
+        fields["export"] = "export"
+        progress.write("end", step=step, total=total, outcome="succeeded", phase="done")
+        return _write_result(rundir, Outcome.SUCCEEDED, f"Trained {step} steps.", **fields)
+    except NonFiniteLoss as e:
+        log.error("%s", e)
+        progress.write("end", step=e.step, total=total, outcome="failed", phase="done")
+        return _write_result(rundir, Outcome.FAILED, str(e), step=e.step, total=total)
+    except Exception as e:  # noqa: BLE001 - any crash becomes a failed result, not a stuck job
+        log.error("training failed:\n%s", traceback.format_exc())
+        progress.write("end", step=step, total=total, outcome="failed", phase="done")
+        return _write_result(rundir, Outcome.FAILED, f"{type(e).__name__}: {e}", step=step, total=total)
+    finally:
+        summaries.close()
+        progress.close()
+
+
+def _export(trainer: Any, export_dir: Path) -> None:
+    """SavedModel of the model (EMA weights when enabled), written whole then renamed."""
+    tmp = export_dir.with_name(f".{export_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if trainer.ema is not None:
+        with trainer.ema.swapped_in():
+            trainer.model.export(str(tmp), format="tf_saved_model", verbose=False)
+    else:
+        trainer.model.export(str(tmp), format="tf_saved_model", verbose=False)
+    shutil.rmtree(export_dir, ignore_errors=True)
+    os.replace(tmp, export_dir)

@@ -1,0 +1,212 @@
+"""The tower trainer: one global batch, split across devices, one shared set of variables.
+
+Each tower runs forward and backward on its shard under `tf.device(tower)` and
+`tf.name_scope("tower_i")`. Each tower differentiates `sum(per-example loss) / global
+batch`, so adding the towers' gradients on the parameter device gives the gradient of
+the global mean loss exactly, whatever the shard sizes: a batch that does not divide
+evenly is weighted by each tower's share. A tower whose shard would be empty (a last
+batch smaller than the tower count) runs on one stand-in example with weight zero, since
+layers such as batch norm cannot differentiate an empty batch. The sum is applied once.
+All of it is one `tf.function`.
+
+Batch-norm moving statistics: every tower normalises with its own shard's moments (as
+separate GPUs would), and the moving statistics are set to the share-weighted average of
+the towers' updates: `m' = momentum*m + (1-momentum) * sum_i(w_i * moment_i)`. For the
+mean that is exactly the single-device update on the whole batch; for the variance it is
+the mean of the per-tower variances (it leaves out the spread between tower means).
+
+This module only computes. Summaries, checkpoints and progress belong to the controller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import keras
+import tensorflow as tf
+
+from trainer.ema import WeightEMA
+
+
+def tower_sizes(batch: tf.Tensor, towers: int) -> tf.Tensor:
+    """Split `batch` examples over `towers`: the first `batch % towers` get one extra."""
+    base = batch // towers
+    extra = tf.cast(tf.range(towers) < batch % towers, batch.dtype)
+    return base + extra
+
+
+def _shards(images: tf.Tensor, labels: tf.Tensor, sizes: tf.Tensor, towers: int) -> list[tuple[tf.Tensor, tf.Tensor, tf.Tensor]]:
+    """Each tower's (images, labels, weight); an empty shard becomes example 0 at weight 0."""
+    image_shards = tf.split(images, sizes, num=towers)
+    label_shards = tf.split(labels, sizes, num=towers)
+    shards = []
+    for i in range(towers):
+        present = sizes[i] > 0
+        shard_images = tf.cond(present, lambda i=i: image_shards[i], lambda: images[:1])
+        shard_labels = tf.cond(present, lambda i=i: label_shards[i], lambda: labels[:1])
+        shards.append((shard_images, shard_labels, tf.cast(present, tf.float32)))
+    return shards
+
+
+def _batch_norm_layers(model: keras.Model) -> list[keras.layers.BatchNormalization]:
+    return [layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.BatchNormalization)]
+
+
+def _is_weight_decayed(var: keras.Variable) -> bool:
+    # L2 on kernels only: decaying biases and batch-norm scales/offsets hurts more than it helps.
+    return len(var.shape) > 1
+
+
+class TowerTrainer:
+    """Builds the train and eval steps of `model` over `tower_devices`.
+
+    `train_step(x, y)` returns a dict of tensors: loss (mean cross-entropy over the global
+    batch), accuracy, tower_loss (each tower's mean loss), grad_norm (global norm of the
+    averaged gradient, before clipping), learning_rate (the rate this step used), grads
+    (the averaged gradients, before clipping).
+    """
+
+    def __init__(
+        self,
+        *,
+        model: keras.Model,
+        optimizer: keras.optimizers.Optimizer,
+        tower_devices: Sequence[str],
+        parameter_device: str,
+        binary: bool = False,
+        weight_decay: float = 0.0,
+        clip_norm: float | None = None,
+        ema_decay: float | None = None,
+    ) -> None:
+        if not tower_devices:
+            raise ValueError("Expected at least one tower device. Received: []")
+        if weight_decay < 0:
+            raise ValueError(f"Expected `weight_decay` >= 0. Received: weight_decay={weight_decay}")
+        if clip_norm is not None and clip_norm <= 0:
+            raise ValueError(f"Expected `clip_norm` > 0 or None. Received: clip_norm={clip_norm}")
+        self.model = model
+        self.optimizer = optimizer
+        self.tower_devices = tuple(tower_devices)
+        self.parameter_device = parameter_device
+        self.binary = binary
+        self.weight_decay = weight_decay
+        self.clip_norm = clip_norm
+
+        self._variables = list(model.trainable_variables)
+        self._bn_variables = [
+            var for layer in _batch_norm_layers(model) for var in (layer.moving_mean, layer.moving_variance)
+        ]
+        with tf.device(parameter_device):
+            # Built now, not on the first step, so slots exist (on the parameter device)
+            # before a checkpoint is restored into them.
+            optimizer.build(self._variables)
+            self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        self.ema = WeightEMA(self._variables, ema_decay, parameter_device) if ema_decay else None
+
+        image_spec = tf.TensorSpec([None, *model.input_shape[1:]], tf.float32)
+        label_spec = tf.TensorSpec([None], tf.int32)
+        self.train_step = tf.function(self._train_step, input_signature=[image_spec, label_spec])
+        self.eval_step = tf.function(self._eval_step, input_signature=[image_spec, label_spec])
+
+    @property
+    def num_towers(self) -> int:
+        return len(self.tower_devices)
+
+    # -- the step ------------------------------------------------------------------
+
+    def _per_example(self, labels: tf.Tensor, logits: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """Per-example loss and correctness (float 0/1) from logits."""
+        if self.binary:
+            logits = tf.squeeze(logits, -1)
+            target = tf.cast(labels, logits.dtype)
+            loss = tf.nn.sigmoid_cross_entropy_with_logits(labels=target, logits=logits)
+            correct = tf.cast(tf.equal(tf.cast(logits > 0, tf.int32), labels), tf.float32)
+        else:
+            loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+            correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32)
+        return loss, correct
+
+    def _train_step(self, images: tf.Tensor, labels: tf.Tensor) -> dict[str, tf.Tensor]:
+        batch = tf.shape(images)[0]
+        batch_f = tf.cast(batch, tf.float32)
+        sizes = tower_sizes(batch, self.num_towers)
+        shards = _shards(images, labels, sizes, self.num_towers)
+
+        bn_before = [tf.identity(v) for v in self._bn_variables]
+        tower_grads, loss_sums, correct_sums, bn_updates = [], [], [], []
+        for i, device in enumerate(self.tower_devices):
+            with tf.device(device), tf.name_scope(f"tower_{i}"):
+                shard_images, shard_labels, weight = shards[i]
+                with tf.GradientTape() as tape:
+                    logits = self.model(shard_images, training=True)
+                    loss, correct = self._per_example(shard_labels, logits)
+                    loss_sum = weight * tf.reduce_sum(loss)
+                    scaled = loss_sum / batch_f
+                tower_grads.append(tape.gradient(scaled, self._variables))
+                loss_sums.append(loss_sum)
+                correct_sums.append(weight * tf.reduce_sum(correct))
+            if self._bn_variables:
+                # This tower's moving-statistics update, then put the old values back so the
+                # next tower updates from the same starting point.
+                bn_updates.append([tf.identity(v) for v in self._bn_variables])
+                for var, old in zip(self._bn_variables, bn_before, strict=True):
+                    var.assign(old)
+
+        with tf.device(self.parameter_device), tf.name_scope("average"):
+            grads = [
+                tf.add_n([tf.convert_to_tensor(g[k]) for g in tower_grads]) for k in range(len(self._variables))
+            ]
+            if self.weight_decay:
+                grads = [
+                    g + self.weight_decay * tf.convert_to_tensor(v) if _is_weight_decayed(v) else g
+                    for g, v in zip(grads, self._variables, strict=True)
+                ]
+            averaged = grads
+            grad_norm = tf.linalg.global_norm(grads)
+            if self.clip_norm is not None:
+                grads, _ = tf.clip_by_global_norm(grads, self.clip_norm, use_norm=grad_norm)
+            learning_rate = self.current_learning_rate()
+            self.optimizer.apply_gradients(zip(grads, self._variables, strict=True))
+            if self._bn_variables:
+                shares = tf.cast(sizes, tf.float32) / batch_f
+                for k, var in enumerate(self._bn_variables):
+                    # A stand-in shard has share zero, so it does not move the statistics.
+                    var.assign(tf.add_n([shares[i] * bn_updates[i][k] for i in range(self.num_towers)]))
+            self.step.assign_add(1)
+            if self.ema is not None:
+                self.ema.update(self.step)
+            tower_counts = tf.maximum(tf.cast(sizes, tf.float32), 1.0)
+            return {
+                "loss": tf.add_n(loss_sums) / batch_f,
+                "accuracy": tf.add_n(correct_sums) / batch_f,
+                "tower_loss": tf.stack(loss_sums) / tower_counts,
+                "grad_norm": grad_norm,
+                "learning_rate": learning_rate,
+                # For histograms; unused outputs cost nothing beyond keeping them alive.
+                "grads": averaged,
+            }
+
+    def _eval_step(self, images: tf.Tensor, labels: tf.Tensor) -> dict[str, tf.Tensor]:
+        """Sums of loss and correct predictions over a batch (the caller divides)."""
+        batch = tf.shape(images)[0]
+        shards = _shards(images, labels, tower_sizes(batch, self.num_towers), self.num_towers)
+        loss_sums, correct_sums = [], []
+        for i, device in enumerate(self.tower_devices):
+            shard_images, shard_labels, weight = shards[i]
+            with tf.device(device), tf.name_scope(f"tower_{i}"):
+                logits = self.model(shard_images, training=False)
+                loss, correct = self._per_example(shard_labels, logits)
+                loss_sums.append(weight * tf.reduce_sum(loss))
+                correct_sums.append(weight * tf.reduce_sum(correct))
+        return {
+            "loss_sum": tf.add_n(loss_sums),
+            "correct": tf.add_n(correct_sums),
+            "count": tf.cast(batch, tf.float32),
+        }
+
+    def current_learning_rate(self) -> tf.Tensor:
+        """The rate the next update uses (the schedule at the optimizer's iteration count)."""
+        schedule = self.optimizer._learning_rate
+        if callable(schedule):
+            return tf.cast(schedule(self.optimizer.iterations), tf.float32)
+        return tf.cast(tf.convert_to_tensor(schedule), tf.float32)

@@ -34,6 +34,18 @@ PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 
 
+def _validate_nested(model: type[BaseModel], raw: dict[str, Any], field: str) -> BaseModel:
+    """Validate a free-form dict field against `model`, reporting errors under `field.`."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        line_errors = [
+            {"type": err["type"], "loc": (field, *err["loc"]), "input": err["input"], "ctx": err.get("ctx", {})}
+            for err in e.errors(include_url=False)
+        ]
+        raise ValidationError.from_exception_data(model.__name__, line_errors) from None  # type: ignore[arg-type]
+
+
 class _Strict(BaseModel):
     """Base of every spec model: unknown keys are errors, defaults are validated."""
 
@@ -99,7 +111,7 @@ class ModelSpec(_Strict):
         # a custom builder checks its own when the worker calls it.
         params_model = _MODEL_PARAMS.get(self.name)
         if params_model is not None:
-            self.params = params_model.model_validate(self.params).model_dump()
+            self.params = _validate_nested(params_model, self.params, "params").model_dump()
         return self
 
     @property
@@ -152,7 +164,7 @@ class DataSpec(_Strict):
         if self.format == "synthetic":
             if self.path is not None:
                 raise ValueError(f"`path` must be empty for synthetic data. Received: {self.path!r}")
-            self.params = SyntheticParams.model_validate(self.params).model_dump()
+            self.params = _validate_nested(SyntheticParams, self.params, "params").model_dump()
         else:
             if not self.path:
                 raise ValueError(f"`path` is required for {self.format!r} data. Received: {self.path!r}")

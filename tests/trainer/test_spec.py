@@ -1,0 +1,139 @@
+"""The job spec: defaults, every kind of mistake named by field, and no TensorFlow import."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from pydantic import ValidationError
+
+from trainer.models import BUILDERS
+from trainer.spec import MODEL_NAMES, JobSpec, field_errors
+
+SYNTHETIC = {"format": "synthetic"}
+
+
+def errors_of(raw: dict) -> dict[str, str]:
+    with pytest.raises(ValidationError) as info:
+        JobSpec.model_validate(raw)
+    return {e["field"]: e["message"] for e in field_errors(info.value)}
+
+
+def test_parse_spec_defaults():
+    spec = JobSpec.model_validate({"data": SYNTHETIC})
+    assert spec.steps == 1000 and spec.epochs is None
+    assert spec.model.name == "cnn" and spec.model.params == {"filters": (32, 64), "dense": 512, "dropout": 0.4}
+    assert spec.summaries.trace_steps == [20, 21, 22]
+    assert spec.data.params["shape"] == [28, 28, 1]
+
+
+def test_parse_spec_design_example():
+    # The example of ../shared/design/JOB_SPEC.md, which users copy.
+    raw = {
+        "name": "mnist-cnn-2towers",
+        "priority": 0,
+        "model": {"name": "cnn", "params": {"dropout": 0.4}},
+        "data": {
+            "format": "idx",
+            "path": "/data/mnist",
+            "eval_fraction": 0.2,
+            "shuffle_buffer": 10000,
+            "augment": {"flip_left_right": False, "random_crop_padding": 0, "brightness": 0.0, "contrast": 0.0},
+        },
+        "towers": 2,
+        "parameter_device": "cpu",
+        "batch_size": 256,
+        "steps": 2000,
+        "optimizer": {
+            "name": "adam",
+            "learning_rate": 0.001,
+            "schedule": {"name": "exponential_decay", "decay_steps": 1000, "decay_rate": 0.96, "staircase": True},
+            "warmup_steps": 0,
+        },
+        "weight_decay": 0.0001,
+        "clip_norm": None,
+        "ema_decay": None,
+        "eval": {"every_steps": 500, "batches": 20},
+        "summaries": {"scalars_every": 10, "histograms_every": 500, "images_every": 500, "max_images": 8, "trace_steps": [20, 21, 22]},
+        "checkpoint": {"every_steps": 500, "every_seconds": 300, "keep": 5},
+        "seed": 0,
+        "deterministic": False,
+    }
+    spec = JobSpec.model_validate(raw)
+    assert spec.towers == 2 and spec.optimizer.schedule.staircase is True
+    # A dumped spec reads back to the same spec (the service writes spec.json this way).
+    assert JobSpec.model_validate(json.loads(spec.model_dump_json())) == spec
+
+
+def test_parse_spec_unknown_key():
+    assert errors_of({"data": SYNTHETIC, "tower": 2}) == {"tower": "Unknown key. Remove it or check its spelling."}
+    assert errors_of({"data": {**SYNTHETIC, "augment": {"flip": True}}}) == {
+        "data.augment.flip": "Unknown key. Remove it or check its spelling."
+    }
+
+
+def test_parse_spec_missing_data():
+    assert errors_of({}) == {"data": "Field required"}
+
+
+def test_parse_spec_bad_ranges_lists_every_field():
+    errors = errors_of({"data": SYNTHETIC, "towers": 0, "batch_size": -1, "optimizer": {"learning_rate": 0}})
+    assert errors == {
+        "towers": "Input should be greater than or equal to 1. Received: 0",
+        "batch_size": "Input should be greater than or equal to 1. Received: -1",
+        "optimizer.learning_rate": "Input should be greater than 0. Received: 0",
+    }
+
+
+def test_parse_spec_unknown_model_name():
+    assert errors_of({"data": SYNTHETIC, "model": {"name": "transformer"}}) == {
+        "model.name": "Expected one of mlp, cnn, resnet, logistic or 'module:function'. Received: 'transformer'"
+    }
+
+
+def test_parse_spec_bad_model_params():
+    assert errors_of({"data": SYNTHETIC, "model": {"name": "cnn", "params": {"dropout": 1.5}}}) == {
+        "model.params.dropout": "Input should be less than 1. Received: 1.5"
+    }
+    assert errors_of({"data": {**SYNTHETIC, "params": {"classes": 1, "colour": 1}}}) == {
+        "data.params.classes": "Input should be greater than or equal to 2. Received: 1",
+        "data.params.colour": "Unknown key. Remove it or check its spelling.",
+    }
+
+
+def test_parse_spec_unknown_data_format():
+    errors = errors_of({"data": {"format": "csv", "path": "/x"}})
+    assert errors == {"data.format": "Input should be 'synthetic', 'idx', 'npz' or 'tfrecord'. Received: 'csv'"}
+
+
+def test_parse_spec_file_data_needs_path():
+    assert errors_of({"data": {"format": "idx"}}) == {"data": "`path` is required for 'idx' data. Received: None"}
+
+
+def test_parse_spec_steps_and_epochs_conflict():
+    assert errors_of({"data": SYNTHETIC, "steps": 10, "epochs": 2}) == {
+        "(spec)": "Give `steps` or `epochs`, not both. Received: steps=10, epochs=2"
+    }
+
+
+def test_parse_spec_batch_smaller_than_towers():
+    assert errors_of({"data": SYNTHETIC, "towers": 4, "batch_size": 2}) == {
+        "(spec)": "Expected `batch_size` to be at least `towers`, so every tower gets an example. "
+        "Received: batch_size=2, towers=4"
+    }
+
+
+def test_parse_spec_logistic_needs_two_classes():
+    assert errors_of({"data": SYNTHETIC, "model": {"name": "logistic"}}) == {
+        "(spec)": "Model `logistic` needs two-class data. Received: data.params.classes=10"
+    }
+
+
+def test_registry_names_match_builders():
+    assert set(MODEL_NAMES) == set(BUILDERS)
+
+
+def test_import_spec_without_tensorflow():
+    code = "import sys, trainer.spec, trainer.rundir, trainer.datafiles; print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'tensorboard')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,224 @@
+"""`python -m trainer run` as the service runs it: real worker processes, real run dirs."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorboard.backend.event_processing import event_accumulator
+
+from trainer.profiling import tower_times_ms, trace_op_names
+from trainer.rundir import read_progress
+
+REPO = Path(__file__).resolve().parents[2]
+
+TINY = {
+    "name": "tiny",
+    "model": {"name": "mlp", "params": {"hidden": [32], "dropout": 0.2}},
+    "data": {"format": "synthetic", "params": {"shape": [8, 8], "classes": 4, "size": 512}},
+    "towers": 2,
+    "batch_size": 32,
+    "steps": 40,
+    "eval": {"every_steps": 20, "batches": 2},
+    "summaries": {"scalars_every": 5, "histograms_every": 20, "images_every": 20, "trace_steps": [6, 7]},
+    "checkpoint": {"every_steps": 20, "every_seconds": 0, "keep": 3},
+}
+
+
+def with_(base: dict, **changes) -> dict:
+    spec = json.loads(json.dumps(base))
+    spec.update(changes)
+    return spec
+
+
+def start_worker(job_dir: Path, spec: dict | None = None, spec_file: Path | None = None, env=None) -> subprocess.Popen:
+    job_dir.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, "-m", "trainer", "run", "--job-dir", str(job_dir)]
+    if spec is not None:
+        (job_dir / "spec.json").write_text(json.dumps(spec))
+    if spec_file is not None:
+        args += ["--spec", str(spec_file)]
+    return subprocess.Popen(
+        args, cwd=REPO, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def run_worker(job_dir: Path, spec: dict | None = None, **kw) -> tuple[int, dict, str]:
+    proc = start_worker(job_dir, spec, **kw)
+    log, _ = proc.communicate(timeout=300)
+    return proc.returncode, json.loads((job_dir / "result.json").read_text()), log
+
+
+def tags_by_plugin(logdir: Path) -> dict[str, set[str]]:
+    acc = event_accumulator.EventAccumulator(str(logdir), size_guidance={event_accumulator.TENSORS: 0})
+    acc.Reload()
+    found: dict[str, set[str]] = {}
+    for tag in acc.Tags()["tensors"]:
+        plugin = acc.SummaryMetadata(tag).plugin_data.plugin_name
+        found.setdefault(plugin, set()).add(tag)
+    if acc.Tags()["graph"]:
+        found["graph"] = {"train_step"}
+    return found
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> tuple[Path, int, dict]:
+    job_dir = tmp_path_factory.mktemp("tiny")
+    code, result, log = run_worker(job_dir, TINY)
+    assert code == 0, log
+    return job_dir, code, result
+
+
+def test_run_job_succeeds_and_writes_run_dir(tiny_run):
+    job_dir, _, result = tiny_run
+    assert result["outcome"] == "succeeded" and result["step"] == 40 and result["total"] == 40
+    assert result["checkpoint"] == "checkpoints/ckpt-40" and result["export"] == "export"
+    assert 0.0 <= result["eval"]["accuracy"] <= 1.0
+    assert sorted(p.name for p in (job_dir / "checkpoints").glob("*.index")) == ["ckpt-20.index", "ckpt-40.index"]
+    assert (job_dir / "export" / "saved_model.pb").exists()
+    restored = tf.saved_model.load(str(job_dir / "export"))
+    logits = restored.serve(tf.zeros([3, 8, 8, 1]))
+    assert logits.shape == (3, 4)
+
+
+def test_run_job_reports_progress(tiny_run):
+    job_dir, _, _ = tiny_run
+    events, _ = read_progress(job_dir / "progress.jsonl")
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "start" and kinds[-1] == "end"
+    assert {"progress", "eval", "checkpoint", "trace"} <= set(kinds)
+    last = [e for e in events if e["event"] == "progress"][-1]
+    assert last["step"] == 40 and last["total"] == 40
+    assert set(last) >= {"loss", "accuracy", "examples_per_sec", "eta_seconds", "learning_rate", "phase", "tower_ms"}
+    checkpoints = [e["checkpoint"] for e in events if e["event"] == "checkpoint"]
+    assert checkpoints == ["checkpoints/ckpt-20", "checkpoints/ckpt-40"]
+
+
+def test_run_job_writes_every_summary_kind(tiny_run):
+    job_dir, _, _ = tiny_run
+    train = tags_by_plugin(job_dir / "tb" / "train")
+    assert train["scalars"] >= {
+        "loss", "accuracy", "learning_rate", "grad_norm", "examples_per_sec", "step_time_ms",
+        "tower_0/loss", "tower_1/loss", "tower_0/compute_ms", "tower_1/compute_ms",
+    }  # fmt: skip
+    assert train["histograms"] == {
+        f"{kind}/{layer}/{var}" for kind in ("weights", "gradients") for layer in ("dense", "logits") for var in ("kernel", "bias")
+    }
+    assert train["images"] == {"tower_0/inputs", "tower_1/inputs"}
+    assert "graph" in train
+    assert tags_by_plugin(job_dir / "tb" / "eval")["scalars"] == {"loss", "accuracy"}
+
+
+def test_run_job_traces_each_tower(tiny_run):
+    job_dir, _, _ = tiny_run
+    traces = list((job_dir / "tb" / "plugins" / "profile").glob("*/*.xplane.pb"))
+    assert len(traces) == 1
+    names = trace_op_names(traces[0])
+    assert any(n.startswith("tower_0/") for n in names) and any(n.startswith("tower_1/") for n in names)
+    # The compute time the job reported is the one the trace holds (2 traced steps).
+    reported = [e for e in read_progress(job_dir / "progress.jsonl")[0] if e["event"] == "trace"][0]["tower_ms"]
+    assert reported == tower_times_ms(traces[0], towers=2, steps=2)
+    assert all(ms > 0 for ms in reported)
+
+
+def test_resume_after_sigterm_equals_uninterrupted(tmp_path):
+    spec = with_(
+        TINY,
+        steps=1500,
+        deterministic=True,
+        summaries={"scalars_every": 50, "histograms_every": 0, "images_every": 0, "trace_steps": []},
+        eval={"every_steps": 0, "batches": 1},
+        checkpoint={"every_steps": 100, "every_seconds": 0, "keep": 2},
+    )
+    code, whole, log = run_worker(tmp_path / "whole", spec)
+    assert code == 0, log
+
+    interrupted = tmp_path / "interrupted"
+    proc = start_worker(interrupted, spec)
+    deadline = time.monotonic() + 120
+    while not (interrupted / "checkpoints" / "ckpt-100.index").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "worker ended before its first checkpoint"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    log, _ = proc.communicate(timeout=120)
+    stopped = json.loads((interrupted / "result.json").read_text())
+    assert proc.returncode == 3, log
+    assert stopped["outcome"] == "cancelled"
+    assert 100 <= stopped["step"] < 1500, "SIGTERM must land mid-run for this test to mean anything"
+    assert stopped["checkpoint"] == f"checkpoints/ckpt-{stopped['step']}"
+
+    code, resumed, log = run_worker(interrupted)
+    assert code == 0, log
+    assert resumed["step"] == 1500
+    a = tf.train.load_checkpoint(str(tmp_path / "whole" / "checkpoints" / "ckpt-1500"))
+    b = tf.train.load_checkpoint(str(interrupted / "checkpoints" / "ckpt-1500"))
+    names = [n for n in a.get_variable_to_shape_map() if n.startswith(("model/", "seed_states/", "optimizer/"))]
+    assert any(n.startswith("seed_states/") for n in names)
+    for name in names:
+        np.testing.assert_array_equal(a.get_tensor(name), b.get_tensor(name), err_msg=name)
+    assert resumed["metrics"]["loss"] == whole["metrics"]["loss"]
+
+
+BAD_SPECS = {
+    "not_json": ("{not json", "is not valid JSON"),
+    "unknown_key": (json.dumps(with_(TINY, tower=2)), "tower: Unknown key. Remove it or check its spelling."),
+    "unknown_model": (
+        json.dumps(with_(TINY, model={"name": "transformer"})),
+        "model.name: Expected one of mlp, cnn, resnet, logistic or 'module:function'. Received: 'transformer'",
+    ),
+    "missing_data_path": (
+        json.dumps(with_(TINY, data={"format": "idx", "path": "/nonexistent/mnist"})),
+        "/nonexistent/mnist",
+    ),
+    "custom_model_not_importable": (
+        json.dumps(with_(TINY, model={"name": "no_such_module:build"})),
+        "Cannot import module 'no_such_module' of model 'no_such_module:build'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SPECS))
+def test_run_job_bad_spec_exits_2(tmp_path, case):
+    text, expected = BAD_SPECS[case]
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(text)
+    job_dir = tmp_path / "job"
+    code, result, log = run_worker(job_dir, spec_file=spec_file)
+    assert code == 2, log
+    assert result["outcome"] == "invalid_spec" and result["exit_code"] == 2
+    assert expected in result["message"]
+    assert sorted(p.name for p in job_dir.iterdir()) == ["result.json"]
+
+
+def test_run_job_logistic_on_many_classes_exits_2(tmp_path):
+    data = tmp_path / "ten.npz"
+    rng = np.random.default_rng(0)
+    np.savez(data, x=rng.random((64, 4, 4), dtype=np.float32), y=np.arange(64) % 10)
+    spec = with_(TINY, model={"name": "logistic"}, data={"format": "npz", "path": str(data)})
+    code, result, log = run_worker(tmp_path / "job", spec)
+    assert code == 2, log
+    assert result["message"] == "Model `logistic` needs two-class data. Received: 10 classes"
+
+
+def test_run_job_non_finite_loss_fails_naming_step(tmp_path):
+    # A custom `module:function` model whose output turns infinite once its weights move.
+    (tmp_path / "exploding.py").write_text(
+        "import keras\n"
+        "def build(input_shape, num_classes):\n"
+        "    inputs = keras.Input(input_shape)\n"
+        "    x = keras.layers.Flatten()(inputs)\n"
+        "    x = keras.layers.Dense(num_classes, kernel_initializer='ones')(x)\n"
+        "    return keras.Model(inputs, keras.layers.Lambda(lambda t: t * 1e38)(x))\n"
+    )
+    spec = with_(TINY, model={"name": "exploding:build"}, towers=1)
+    code, result, log = run_worker(tmp_path / "job", spec, env={"PYTHONPATH": f"{tmp_path}:{REPO}"})
+    assert code == 1, log
+    assert result["outcome"] == "failed"
+    assert result["message"].startswith("Loss became non-finite (")
+    assert result["message"].endswith(f"at step {result['step']}.")

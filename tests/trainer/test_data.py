@@ -1,0 +1,699 @@
+"""Tests of `trainer.data`: loading every format, and the train and eval pipelines."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from trainer.data import (
+    Arrays,
+    DataError,
+    eval_dataset,
+    load_arrays,
+    read_idx,
+    steps_per_epoch,
+    train_dataset,
+)
+from trainer.datafiles import DataFilesError
+from trainer.spec import DataSpec
+
+MNIST_T10K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "mnist-t10k"
+
+IDX_TYPES = {np.dtype(np.uint8): 0x08, np.dtype(">i4"): 0x0C, np.dtype(">f4"): 0x0D}
+
+
+# --- writers of real files -------------------------------------------------------------
+
+
+def write_idx(path: Path, array: np.ndarray, dtype: str = "u1") -> Path:
+    """An IDX file (gzip-compressed when the name ends `.gz`), as MNIST's are written."""
+    data = np.ascontiguousarray(array, dtype=np.dtype(dtype).newbyteorder(">"))
+    header = bytes([0, 0, IDX_TYPES[data.dtype], data.ndim]) + struct.pack(
+        f">{data.ndim}I", *data.shape
+    )
+    raw = header + data.tobytes()
+    path.write_bytes(gzip.compress(raw) if path.name.endswith(".gz") else raw)
+    return path
+
+
+def write_idx_pair(
+    folder: Path, prefix: str, x: np.ndarray, y: np.ndarray, gz: bool = True
+) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    suffix = ".gz" if gz else ""
+    write_idx(folder / f"{prefix}-images-idx3-ubyte{suffix}", x)
+    write_idx(folder / f"{prefix}-labels-idx1-ubyte{suffix}", y)
+
+
+def write_tfrecord(path: Path, x: np.ndarray, y: np.ndarray, shape_features: str = "hwc") -> Path:
+    """`image_raw` bytes, `label`, and `pixels` or `height`/`width`/`channels` per record."""
+
+    def ints(*values: int) -> tf.train.Feature:
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=list(values)))
+
+    options = tf.io.TFRecordOptions(compression_type="GZIP" if path.name.endswith(".gz") else "")
+    with tf.io.TFRecordWriter(str(path), options) as writer:
+        for image, label in zip(x, y, strict=True):
+            feature = {
+                "image_raw": tf.train.Feature(
+                    bytes_list=tf.train.BytesList(value=[image.astype(np.uint8).tobytes()])
+                ),
+                "label": ints(int(label)),
+            }
+            if shape_features == "pixels":
+                feature["pixels"] = ints(image.size)
+            elif shape_features == "hwc":
+                height, width, channels = image.shape
+                feature |= {
+                    "height": ints(height),
+                    "width": ints(width),
+                    "channels": ints(channels),
+                }
+            example = tf.train.Example(features=tf.train.Features(feature=feature))
+            writer.write(example.SerializeToString())
+    return path
+
+
+def images(n: int, shape: tuple[int, ...] = (4, 4), seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size=(n, *shape), dtype=np.uint8)
+
+
+def spec(fmt: str, path: Path | str, **fields: Any) -> DataSpec:
+    return DataSpec(format=fmt, path=str(path), **fields)
+
+
+def arrays_of(n: int, shape: tuple[int, int, int] = (4, 4, 1), n_eval: int = 0) -> Arrays:
+    """uint8 images whose label is their index, so a batch shows which examples it holds."""
+    x = images(n + n_eval, shape)
+    y = np.arange(n + n_eval, dtype=np.int32)
+    return Arrays(x[:n], y[:n], x[n:], y[n:], num_classes=n + n_eval)
+
+
+def batches(dataset: tf.data.Dataset, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [(x.numpy(), y.numpy()) for x, y in dataset.take(count)]
+
+
+def assert_same_batches(a: list, b: list) -> None:
+    assert len(a) == len(b)
+    for (xa, ya), (xb, yb) in zip(a, b, strict=True):
+        np.testing.assert_array_equal(xa, xb)
+        np.testing.assert_array_equal(ya, yb)
+
+
+# --- idx -------------------------------------------------------------------------------
+
+
+def test_load_arrays_reads_idx_train_and_eval_pairs(tmp_path: Path) -> None:
+    x, x_test = images(6, (5, 7)), images(3, (5, 7), seed=1)
+    write_idx_pair(tmp_path, "train", x, np.array([0, 1, 2, 3, 4, 1]))
+    write_idx_pair(tmp_path, "t10k", x_test, np.array([2, 0, 6]))
+
+    arrays = load_arrays(spec("idx", tmp_path, eval_fraction=0.5), seed=0)
+
+    assert (arrays.x_train.shape, arrays.x_eval.shape) == ((6, 5, 7, 1), (3, 5, 7, 1))
+    assert (arrays.x_train.dtype, arrays.y_train.dtype) == (np.uint8, np.int32)
+    np.testing.assert_array_equal(arrays.x_train[..., 0], x)
+    np.testing.assert_array_equal(arrays.y_eval, [2, 0, 6])
+    assert (arrays.num_classes, arrays.image_shape) == (7, (5, 7, 1))
+    assert (arrays.num_train, arrays.num_eval) == (6, 3)
+
+
+def test_load_arrays_holds_out_last_fraction_of_single_idx_pair(tmp_path: Path) -> None:
+    x = images(10)
+    write_idx_pair(tmp_path, "t10k", x, np.arange(10) % 3)
+
+    arrays = load_arrays(spec("idx", tmp_path, eval_fraction=0.3), seed=0)
+
+    np.testing.assert_array_equal(arrays.y_train, [0, 1, 2, 0, 1, 2, 0])
+    np.testing.assert_array_equal(arrays.y_eval, [1, 2, 0])
+    np.testing.assert_array_equal(arrays.x_eval[..., 0], x[7:])
+
+
+def test_load_arrays_reads_plain_and_gz_idx_alike(tmp_path: Path) -> None:
+    x, y = images(5), np.array([1, 0, 1, 1, 0])
+    write_idx_pair(tmp_path / "gz", "train", x, y, gz=True)
+    write_idx_pair(tmp_path / "plain", "train", x, y, gz=False)
+
+    packed = load_arrays(spec("idx", tmp_path / "gz"), seed=0)
+    plain = load_arrays(spec("idx", tmp_path / "plain" / "train-images-idx3-ubyte"), seed=0)
+
+    np.testing.assert_array_equal(packed.x_train, plain.x_train)
+    np.testing.assert_array_equal(packed.x_train[..., 0], x[:4])
+    np.testing.assert_array_equal(plain.y_eval, [0])  # default eval_fraction 0.2 of 5
+
+
+def test_load_arrays_concatenates_idx_glob_in_name_order(tmp_path: Path) -> None:
+    write_idx_pair(tmp_path, "b", images(2), np.array([2, 3]))
+    write_idx_pair(tmp_path, "a", images(2), np.array([0, 1]))
+
+    arrays = load_arrays(spec("idx", tmp_path / "*.gz", eval_fraction=0.0), seed=0)
+
+    np.testing.assert_array_equal(arrays.y_train, [0, 1, 2, 3])
+
+
+def test_read_idx_big_endian_types(tmp_path: Path) -> None:
+    ints = write_idx(tmp_path / "ints", np.array([[1, -2], [70000, 3]]), dtype=">i4")
+    floats = write_idx(tmp_path / "floats.gz", np.array([0.5, 0.25]), dtype=">f4")
+
+    np.testing.assert_array_equal(read_idx(ints), [[1, -2], [70000, 3]])
+    np.testing.assert_array_equal(read_idx(floats), [0.5, 0.25])
+    assert read_idx(floats).dtype == np.float32
+
+
+def test_load_arrays_reads_mnist_t10k() -> None:
+    if not MNIST_T10K.is_dir():
+        pytest.skip(f"MNIST test set not found at {MNIST_T10K}")
+
+    arrays = load_arrays(spec("idx", MNIST_T10K), seed=0)
+
+    assert (arrays.x_train.shape, arrays.x_eval.shape) == ((8000, 28, 28, 1), (2000, 28, 28, 1))
+    assert (arrays.num_classes, int(arrays.x_train.max())) == (10, 255)
+    counts = np.bincount(np.concatenate([arrays.y_train, arrays.y_eval]))
+    assert counts.tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+    assert arrays.y_train[:3].tolist() == [7, 2, 1]
+
+
+def test_load_arrays_idx_count_mismatch(tmp_path: Path) -> None:
+    write_idx_pair(tmp_path, "train", images(3), np.array([0, 1]))
+
+    with pytest.raises(DataError) as error:
+        load_arrays(spec("idx", tmp_path), seed=0)
+
+    images_path = tmp_path / "train-images-idx3-ubyte.gz"
+    labels_path = tmp_path / "train-labels-idx1-ubyte.gz"
+    assert str(error.value) == (
+        "Expected `images` and `labels` to have the same number of examples. "
+        f"Received: images has 3, labels has 2 ({images_path}, {labels_path})"
+    )
+
+
+def test_load_arrays_idx_truncated_data(tmp_path: Path) -> None:
+    write_idx_pair(tmp_path, "train", images(3), np.array([0, 1, 2]), gz=False)
+    path = tmp_path / "train-images-idx3-ubyte"
+    path.write_bytes(path.read_bytes()[:-5])
+
+    with pytest.raises(DataError) as error:
+        load_arrays(spec("idx", tmp_path), seed=0)
+
+    assert str(error.value) == (
+        f"Expected 48 bytes of data for dims (3, 4, 4). Received: 43 bytes ({path})"
+    )
+
+
+def test_load_arrays_idx_not_idx(tmp_path: Path) -> None:
+    write_idx_pair(tmp_path, "train", images(3), np.array([0, 1, 2]), gz=False)
+    path = tmp_path / "train-labels-idx1-ubyte"
+    path.write_bytes(b"hello world")
+
+    with pytest.raises(DataError) as error:
+        load_arrays(spec("idx", tmp_path), seed=0)
+
+    assert str(error.value) == (
+        f"Expected an IDX file starting 0x00 0x00 <type 0x08-0x0E> <dims>. Received: 68 65 6c 6c ({path})"
+    )
+
+
+def test_load_arrays_idx_wrong_dims(tmp_path: Path) -> None:
+    write_idx(tmp_path / "train-images-idx3-ubyte", images(3, (16,)))
+    write_idx(tmp_path / "train-labels-idx1-ubyte", np.array([0, 1, 2]))
+
+    with pytest.raises(DataError) as error:
+        load_arrays(spec("idx", tmp_path), seed=0)
+
+    assert str(error.value) == (
+        "Expected an images file of dims (N, H, W) or (N, H, W, C). "
+        f"Received: dims (3, 16) ({tmp_path / 'train-images-idx3-ubyte'})"
+    )
+
+
+# --- npz -------------------------------------------------------------------------------
+
+
+def test_load_arrays_reads_npz_and_holds_out_last_fraction(tmp_path: Path) -> None:
+    x = images(5, (3, 2))
+    np.savez(tmp_path / "set.npz", x=x, y=np.array([4, 3, 2, 1, 0]))
+
+    arrays = load_arrays(spec("npz", tmp_path / "set.npz", eval_fraction=0.4), seed=0)
+
+    assert (arrays.x_train.shape, arrays.x_train.dtype) == ((3, 3, 2, 1), np.uint8)
+    np.testing.assert_array_equal(arrays.y_train, [4, 3, 2])
+    np.testing.assert_array_equal(arrays.y_eval, [1, 0])
+    np.testing.assert_array_equal(arrays.x_eval[..., 0], x[3:])
+    assert arrays.num_classes == 5
+
+
+def test_load_arrays_reads_npz_eval_arrays(tmp_path: Path) -> None:
+    x = np.linspace(0.0, 1.0, 4 * 2 * 2 * 3).reshape(4, 2, 2, 3)
+    np.savez(tmp_path / "set.npz", x=x, y=[0, 1, 0, 1], x_eval=x[:2], y_eval=[[1], [1]])
+
+    arrays = load_arrays(spec("npz", tmp_path / "set.npz", eval_fraction=0.5), seed=0)
+
+    assert (arrays.x_train.shape, arrays.x_train.dtype) == ((4, 2, 2, 3), np.float32)
+    np.testing.assert_array_equal(arrays.x_train, x.astype(np.float32))
+    np.testing.assert_array_equal(arrays.y_eval, [1, 1])
+    assert arrays.y_eval.dtype == np.int32
+
+
+def test_load_arrays_reads_npz_integer_pixels_as_uint8(tmp_path: Path) -> None:
+    np.savez(tmp_path / "set.npz", x=np.array([[[0, 255]], [[7, 8]]]), y=[0, 1])
+
+    arrays = load_arrays(spec("npz", tmp_path / "set.npz", eval_fraction=0.0), seed=0)
+
+    assert arrays.x_train.dtype == np.uint8
+    assert arrays.x_train[:, 0, :, 0].tolist() == [[0, 255], [7, 8]]
+
+
+def test_load_arrays_reads_npz_folder_with_eval_file(tmp_path: Path) -> None:
+    np.savez(tmp_path / "b.npz", x=images(2), y=[2, 3])
+    np.savez(tmp_path / "a.npz", x=images(2), y=[0, 1])
+    np.savez(tmp_path / "test.npz", x=images(1), y=[9])
+
+    arrays = load_arrays(spec("npz", tmp_path), seed=0)
+
+    np.testing.assert_array_equal(arrays.y_train, [0, 1, 2, 3])
+    np.testing.assert_array_equal(arrays.y_eval, [9])
+    assert arrays.num_classes == 10
+
+
+def _npz_error(tmp_path: Path, **arrays: Any) -> str:
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(DataError) as error:
+        load_arrays(spec("npz", tmp_path / "bad.npz"), seed=0)
+    return str(error.value)
+
+
+def test_load_arrays_npz_count_mismatch(tmp_path: Path) -> None:
+    message = _npz_error(tmp_path, x=images(100), y=np.zeros(99, np.int64))
+
+    assert message == (
+        "Expected `x` and `y` to have the same number of examples. "
+        f"Received: x has 100, y has 99 ({tmp_path / 'bad.npz'})"
+    )
+
+
+def test_load_arrays_npz_negative_label(tmp_path: Path) -> None:
+    message = _npz_error(tmp_path, x=images(3), y=[0, -1, 2])
+
+    assert message == f"Expected labels `y` >= 0. Received: a label of -1 ({tmp_path / 'bad.npz'})"
+
+
+def test_load_arrays_npz_wrong_dims(tmp_path: Path) -> None:
+    message = _npz_error(tmp_path, x=images(3, (16,)), y=[0, 1, 2])
+
+    assert message == (
+        "Expected `x` of shape (N, H, W) or (N, H, W, C). "
+        f"Received: shape (3, 16) ({tmp_path / 'bad.npz'})"
+    )
+
+
+def test_load_arrays_npz_one_hot_labels(tmp_path: Path) -> None:
+    message = _npz_error(tmp_path, x=images(2), y=np.eye(2))
+
+    assert message == (
+        f"Expected `y` of shape (N,) holding class ids. Received: shape (2, 2) ({tmp_path / 'bad.npz'})"
+    )
+
+
+def test_load_arrays_npz_float_pixels_outside_unit_range(tmp_path: Path) -> None:
+    message = _npz_error(tmp_path, x=np.full((2, 2, 2), 255.0), y=[0, 1])
+
+    assert message == (
+        "Expected float pixels `x` in [0, 1]. "
+        f"Received: values 255.0 to 255.0 ({tmp_path / 'bad.npz'})"
+    )
+
+
+def test_load_arrays_npz_missing_y(tmp_path: Path) -> None:
+    message = _npz_error(tmp_path, x=images(2), labels=[0, 1])
+
+    assert message == (
+        "Expected arrays `x` and `y` in the .npz file. "
+        f"Received: ['labels', 'x'] ({tmp_path / 'bad.npz'})"
+    )
+
+
+def test_load_arrays_npz_x_eval_without_y_eval(tmp_path: Path) -> None:
+    message = _npz_error(tmp_path, x=images(2), y=[0, 1], x_eval=images(1))
+
+    assert message == (
+        "Expected both `x_eval` and `y_eval`, or neither. "
+        f"Received: ['x', 'x_eval', 'y'] ({tmp_path / 'bad.npz'})"
+    )
+
+
+def test_load_arrays_npz_empty_train_set(tmp_path: Path) -> None:
+    message = _npz_error(tmp_path, x=np.zeros((0, 4, 4), np.uint8), y=np.zeros(0, np.int64))
+
+    assert message == (
+        f"Expected at least one training example. Received: 0 examples in {tmp_path / 'bad.npz'}"
+    )
+
+
+def test_load_arrays_npz_shapes_differ_between_files(tmp_path: Path) -> None:
+    np.savez(tmp_path / "a.npz", x=images(2, (4, 4)), y=[0, 1])
+    np.savez(tmp_path / "b.npz", x=images(2, (5, 5)), y=[0, 1])
+
+    with pytest.raises(DataError) as error:
+        load_arrays(spec("npz", tmp_path), seed=0)
+
+    assert str(error.value) == (
+        "Expected every file to hold images of one shape. "
+        f"Received: (4, 4, 1) in {tmp_path / 'a.npz'}, (5, 5, 1) in {tmp_path / 'b.npz'}"
+    )
+
+
+def test_load_arrays_npz_pickled_object_array(tmp_path: Path) -> None:
+    message = _npz_error(tmp_path, x=np.array([object()] * 2), y=[0, 1])
+
+    assert message.startswith(
+        "Expected a readable .npz file. Received: Object arrays cannot be loaded"
+    )
+
+
+def test_load_arrays_missing_path_is_data_files_error(tmp_path: Path) -> None:
+    with pytest.raises(DataFilesError):
+        load_arrays(spec("npz", tmp_path / "none.npz"), seed=0)
+
+
+# --- tfrecord --------------------------------------------------------------------------
+
+
+def test_load_arrays_reads_tfrecord_with_pixels(tmp_path: Path) -> None:
+    x = images(5, (3, 3, 1))
+    write_tfrecord(tmp_path / "mnist.tfrecord", x, [1, 2, 3, 4, 0], shape_features="pixels")
+
+    arrays = load_arrays(spec("tfrecord", tmp_path, eval_fraction=0.2), seed=0)
+
+    assert (arrays.x_train.shape, arrays.x_train.dtype) == ((4, 3, 3, 1), np.uint8)
+    np.testing.assert_array_equal(arrays.x_train, x[:4])
+    np.testing.assert_array_equal(arrays.y_eval, [0])
+    assert arrays.y_train.dtype == np.int32
+
+
+def test_load_arrays_reads_tfrecord_height_width_channels_and_eval_files(tmp_path: Path) -> None:
+    x = images(3, (2, 5, 3))
+    write_tfrecord(tmp_path / "train-0.tfrecord", x[:2], [0, 1])
+    write_tfrecord(tmp_path / "eval-0.tfrecord.gz", x[2:], [4])
+
+    arrays = load_arrays(spec("tfrecord", tmp_path / "*"), seed=0)
+
+    assert (arrays.x_train.shape, arrays.x_eval.shape) == ((2, 2, 5, 3), (1, 2, 5, 3))
+    np.testing.assert_array_equal(arrays.x_eval, x[2:])
+    assert arrays.num_classes == 5
+
+
+def test_load_arrays_tfrecord_without_shape_features(tmp_path: Path) -> None:
+    path = write_tfrecord(tmp_path / "a.tfrecord", images(2, (2, 2, 1)), [0, 1], shape_features="")
+
+    with pytest.raises(DataError) as error:
+        load_arrays(spec("tfrecord", path), seed=0)
+
+    assert str(error.value) == (
+        "Expected `pixels` (a square number) or `height`, `width` and `channels` in every "
+        f"record. Received: neither in record 0 ({path})"
+    )
+
+
+def test_load_arrays_tfrecord_image_size_mismatch(tmp_path: Path) -> None:
+    path = write_tfrecord(tmp_path / "a.tfrecord", images(3, (2, 3, 1)), [0, 1, 2])
+    good = tmp_path / "a.tfrecord"
+    records = list(tf.data.TFRecordDataset(str(good)).as_numpy_iterator())
+    broken = tf.train.Example.FromString(records[1])
+    broken.features.feature["image_raw"].bytes_list.value[0] = b"\x00" * 5
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for record in (records[0], broken.SerializeToString(), records[2]):
+            writer.write(record)
+
+    with pytest.raises(DataError) as error:
+        load_arrays(spec("tfrecord", path), seed=0)
+
+    assert str(error.value) == (
+        f"Expected `image_raw` of 6 bytes (image shape (2, 3, 1)). Received: 5 bytes in record 1 ({path})"
+    )
+
+
+def test_load_arrays_tfrecord_corrupt_file(tmp_path: Path) -> None:
+    path = tmp_path / "a.tfrecord"
+    path.write_bytes(b"not a record file at all")
+
+    with pytest.raises(DataError) as error:
+        load_arrays(spec("tfrecord", path), seed=0)
+
+    assert str(error.value).startswith(
+        "Expected TFRecord files of tf.train.Example with `image_raw` (bytes) and `label` (int64). "
+        "Received: "
+    )
+    assert str(error.value).endswith(f" ({path})")
+
+
+# --- synthetic ---------------------------------------------------------------------------
+
+
+def test_load_arrays_generates_synthetic_from_seed() -> None:
+    data = DataSpec(format="synthetic", params={"shape": [6, 5], "classes": 3, "size": 50})
+
+    arrays = load_arrays(data, seed=1)
+
+    assert (arrays.x_train.shape, arrays.x_eval.shape) == ((40, 6, 5, 1), (10, 6, 5, 1))
+    assert (arrays.x_train.dtype, arrays.y_train.dtype, arrays.num_classes) == (
+        np.float32,
+        np.int32,
+        3,
+    )
+    assert arrays.x_train.min() >= 0.0 and arrays.x_train.max() <= 1.0
+    assert np.bincount(np.concatenate([arrays.y_train, arrays.y_eval])).tolist() == [17, 17, 16]
+    np.testing.assert_array_equal(load_arrays(data, seed=1).x_train, arrays.x_train)
+    assert not np.array_equal(load_arrays(data, seed=2).x_train, arrays.x_train)
+
+
+def test_train_mlp_on_synthetic_data_to_full_accuracy() -> None:
+    import keras
+
+    data = DataSpec(format="synthetic", params={"shape": [28, 28, 1]})  # defaults otherwise
+    arrays = load_arrays(data, seed=0)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input(arrays.image_shape),
+            keras.layers.Flatten(),
+            keras.layers.Dense(64, "relu"),
+            keras.layers.Dense(arrays.num_classes),
+        ]
+    )
+    model.compile(
+        optimizer="adam",
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+
+    model.fit(
+        train_dataset(arrays, data, 64, seed=0),
+        steps_per_epoch=200,
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+    )
+    _, accuracy = model.evaluate(eval_dataset(arrays, 256), verbose=0)
+
+    assert accuracy >= 0.99
+
+
+# --- train_dataset -----------------------------------------------------------------------
+
+
+def test_train_dataset_scales_uint8_to_unit_floats() -> None:
+    arrays = Arrays(
+        np.array([[[[0]], [[255]]]], np.uint8),
+        np.array([1], np.int32),
+        np.zeros((0, 2, 1, 1), np.uint8),
+        np.zeros(0, np.int32),
+        2,
+    )
+
+    ((x, y),) = batches(train_dataset(arrays, DataSpec(format="synthetic"), 4, seed=0), 1)
+
+    assert (x.dtype, y.dtype, x.shape) == (np.float32, np.int32, (1, 2, 1, 1))
+    assert x.ravel().tolist() == [0.0, 1.0]
+
+
+def test_train_dataset_feeds_float_pixels_unscaled() -> None:
+    x = np.array([[[[0.25]], [[1.0]]]], np.float32)
+    arrays = Arrays(x, np.array([0], np.int32), x[:0], np.zeros(0, np.int32), 2)
+
+    ((batch, _),) = batches(train_dataset(arrays, DataSpec(format="synthetic"), 4, seed=0), 1)
+
+    assert batch.ravel().tolist() == [0.25, 1.0]
+
+
+def test_train_dataset_ends_each_epoch_with_partial_batch() -> None:
+    arrays = arrays_of(10)
+
+    out = batches(train_dataset(arrays, DataSpec(format="synthetic"), 4, seed=0), 6)
+
+    assert [len(y) for _, y in out] == [4, 4, 2, 4, 4, 2]
+    first = np.concatenate([y for _, y in out[:3]])
+    second = np.concatenate([y for _, y in out[3:]])
+    assert sorted(first) == sorted(second) == list(range(10))  # each epoch: every example once
+    assert first.tolist() != second.tolist()  # in a fresh order
+    assert first.tolist() != list(range(10))
+
+
+def test_train_dataset_repeats_batches_for_same_seed_only() -> None:
+    arrays, data = arrays_of(50), DataSpec(format="synthetic", augment={"brightness": 0.3})
+
+    first = batches(train_dataset(arrays, data, 8, seed=3), 10)
+    again = batches(train_dataset(arrays, data, 8, seed=3), 10)
+    other = batches(train_dataset(arrays, data, 8, seed=4), 10)
+
+    assert_same_batches(first, again)
+    assert not np.array_equal(
+        np.concatenate([y for _, y in first]), np.concatenate([y for _, y in other])
+    )
+
+
+def test_restore_train_iterator_from_checkpoint_continues_exactly(tmp_path: Path) -> None:
+    arrays = arrays_of(10_000, (28, 28, 1))
+    data = DataSpec(format="synthetic", augment={"flip_left_right": True, "random_crop_padding": 2})
+    iterator = iter(train_dataset(arrays, data, 32, seed=0))
+    for _ in range(5):
+        next(iterator)
+    path = tf.train.Checkpoint(iterator=iterator).write(str(tmp_path / "ckpt" / "data"))
+    expected = [next(iterator) for _ in range(3)]
+
+    restored = iter(train_dataset(arrays, data, 32, seed=0))
+    tf.train.Checkpoint(iterator=restored).read(path).assert_consumed()
+    received = [next(restored) for _ in range(3)]
+
+    assert_same_batches(
+        [(x.numpy(), y.numpy()) for x, y in expected], [(x.numpy(), y.numpy()) for x, y in received]
+    )
+    size = sum(file.stat().st_size for file in (tmp_path / "ckpt").iterdir())
+    assert size < 1_000_000, f"checkpoint of {size} bytes"
+
+
+# --- augmentation --------------------------------------------------------------------
+
+
+def _augmented(augment: dict[str, Any], x: np.ndarray, seed: int = 0, count: int = 4):
+    """(augmented batch, original images of that batch), over `count` batches of 8."""
+    n = len(x)
+    arrays = Arrays(x, np.arange(n, dtype=np.int32), x[:0], np.zeros(0, np.int32), n)
+    out = batches(
+        train_dataset(arrays, DataSpec(format="synthetic", augment=augment), 8, seed), count
+    )
+    augmented = np.concatenate([xb for xb, _ in out])
+    order = np.concatenate([yb for _, yb in out])
+    return augmented, x[order].astype(np.float32) / 255.0
+
+
+def test_augment_flip_left_right_mirrors_some_images() -> None:
+    augmented, original = _augmented({"flip_left_right": True}, images(32, (3, 5, 1)))
+
+    mirrored = [np.array_equal(a, o[:, ::-1]) for a, o in zip(augmented, original, strict=True)]
+    kept = [np.array_equal(a, o) for a, o in zip(augmented, original, strict=True)]
+    assert all(m or k for m, k in zip(mirrored, kept, strict=True))
+    assert 0 < sum(mirrored) < 32
+
+
+def test_augment_random_crop_padding_shifts_with_zero_fill() -> None:
+    pad = 2
+    augmented, original = _augmented({"random_crop_padding": pad}, images(32, (6, 6, 1)) | 1)
+
+    shifts = []
+    for a, o in zip(augmented, original, strict=True):
+        padded = np.pad(o, ((pad, pad), (pad, pad), (0, 0)))
+        crops = {
+            (dy, dx): padded[pad + dy : pad + dy + 6, pad + dx : pad + dx + 6]
+            for dy in range(-pad, pad + 1)
+            for dx in range(-pad, pad + 1)
+        }
+        matches = [shift for shift, crop in crops.items() if np.array_equal(a, crop)]
+        assert len(matches) == 1  # pixels are never 0 (`| 1`), so the shift is unique
+        shifts.append(matches[0])
+    assert len(set(shifts)) > 5
+
+
+def test_augment_brightness_adds_one_delta_per_image() -> None:
+    augmented, original = _augmented({"brightness": 0.2}, np.full((32, 3, 3, 1), 128, np.uint8))
+
+    deltas = (augmented - original).reshape(32, -1)
+    np.testing.assert_allclose(deltas, deltas[:, :1].repeat(9, axis=1), atol=1e-6)
+    assert np.abs(deltas).max() <= 0.2 + 1e-6 and len(np.unique(deltas[:, 0].round(6))) == 32
+
+
+def test_augment_contrast_scales_around_image_mean() -> None:
+    # Three pixels near mid-grey per image, so no contrast factor in [0.5, 1.5] clips them.
+    x = (
+        np.array([96, 128, 160], np.uint8)[None, None, :, None] + np.arange(32)[:, None, None, None]
+    ).astype(np.uint8)
+    augmented, original = _augmented({"contrast": 0.5}, x)
+
+    mean = original.mean(axis=(1, 2), keepdims=True)
+    factors = (augmented[:, 0, 2, 0] - augmented[:, 0, 0, 0]) / (
+        original[:, 0, 2, 0] - original[:, 0, 0, 0]
+    )
+    np.testing.assert_allclose(
+        augmented, (original - mean) * factors[:, None, None, None] + mean, atol=1e-5
+    )
+    assert factors.min() >= 0.5 - 1e-5 and factors.max() <= 1.5 + 1e-5
+    assert len(np.unique(factors.round(5))) == 32
+
+
+def test_augment_all_keeps_unit_range_and_draws_afresh_per_batch() -> None:
+    every = {"flip_left_right": True, "random_crop_padding": 3, "brightness": 1.0, "contrast": 0.9}
+    x = images(8, (8, 8, 1))
+
+    augmented, original = _augmented(every, x, count=2)  # each batch: all 8 images
+    again, _ = _augmented(every, x, count=2)
+
+    assert augmented.min() >= 0.0 and augmented.max() <= 1.0
+    assert not np.allclose(augmented, original)
+    np.testing.assert_array_equal(augmented, again)  # deterministic per (seed, counter)
+    _, order = np.unique(original.reshape(16, -1), axis=0, return_inverse=True)
+    first, second = augmented[:8][np.argsort(order[:8])], augmented[8:][np.argsort(order[8:])]
+    assert not np.allclose(first, second)  # same images, next counter: new draws
+
+
+def test_augment_changes_train_images_but_not_eval_images() -> None:
+    x, y = images(8, (5, 5, 1)), np.arange(8, dtype=np.int32)
+    arrays = Arrays(x, y, x, y, num_classes=8)  # the same images in both splits
+    data = DataSpec(format="synthetic", augment={"flip_left_right": True, "brightness": 0.5})
+    raw = x.astype(np.float32) / 255.0
+
+    ((train_x, train_y),) = batches(train_dataset(arrays, data, 8, seed=0), 1)
+    ((eval_x, eval_y),) = batches(eval_dataset(arrays, 8), 1)
+
+    assert not np.allclose(train_x, raw[train_y])
+    np.testing.assert_array_equal(eval_x, raw)
+    np.testing.assert_array_equal(eval_y, y)
+
+
+# --- eval_dataset and steps_per_epoch -------------------------------------------------
+
+
+def test_eval_dataset_yields_eval_examples_once_in_order() -> None:
+    arrays = arrays_of(4, n_eval=7)
+
+    out = batches(eval_dataset(arrays, 3), 100)
+
+    assert [y.tolist() for _, y in out] == [[4, 5, 6], [7, 8, 9], [10]]
+    np.testing.assert_array_equal(
+        np.concatenate([x for x, _ in out]), arrays.x_eval.astype(np.float32) / 255.0
+    )
+
+
+def test_steps_per_epoch_rounds_up() -> None:
+    assert [steps_per_epoch(n, 4) for n in (0, 1, 4, 5, 8, 9)] == [0, 1, 1, 2, 2, 3]
+
+
+def test_steps_per_epoch_rejects_zero_batch_size() -> None:
+    with pytest.raises(ValueError) as error:
+        steps_per_epoch(10, 0)
+
+    assert str(error.value) == "Expected `batch_size` to be a positive int. Received: batch_size=0"

@@ -1,0 +1,559 @@
+"""Training data: load a spec's examples into memory, and feed them as tf.data pipelines.
+
+Every format is read whole into numpy arrays (`load_arrays`), checked once, and then fed
+by index (`train_dataset`): the pipeline's state is a few counters, never images, so a
+`tf.train.Checkpoint(iterator=...)` of it is about a kilobyte and a restored iterator
+continues with exactly the batches the old one would have given.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from trainer.datafiles import DataFiles, resolve_files
+from trainer.spec import AugmentSpec, DataSpec, SyntheticParams
+
+
+class DataError(ValueError):
+    """A data file is unreadable or its contents break the format's contract."""
+
+
+@dataclass(frozen=True, eq=False)
+class Arrays:
+    """A whole data set in memory.
+
+    `x_*` have shape (N, H, W, C) and dtype uint8 (pixels 0-255, scaled when fed) or
+    float32 (already in [0, 1]); `y_*` are int32 class ids in [0, num_classes).
+    """
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_eval: np.ndarray
+    y_eval: np.ndarray
+    num_classes: int
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        height, width, channels = self.x_train.shape[1:]
+        return height, width, channels
+
+    @property
+    def num_train(self) -> int:
+        return len(self.y_train)
+
+    @property
+    def num_eval(self) -> int:
+        return len(self.y_eval)
+
+
+def load_arrays(data: DataSpec, seed: int) -> Arrays:
+    """Reads (or, for synthetic data, generates from `seed`) the examples `data` names.
+
+    Where the files give no eval data, the last `eval_fraction` of the train examples,
+    in file order, is held out: floor(N * eval_fraction), and always leaving one to train.
+
+    Raises:
+        DataFilesError: the path names no usable files (see `trainer.datafiles`).
+        DataError: a file is unreadable or inconsistent (counts, dims, labels < 0, no
+            training examples).
+    """
+    if data.format == "synthetic":
+        return _synthetic(SyntheticParams.model_validate(data.params), data.eval_fraction, seed)
+    files = resolve_files(data)
+    train, evals = _read_files(data.format, files)
+    x_train, y_train = _concatenate(train)
+    if evals:
+        x_eval, y_eval = _concatenate(evals)
+        if x_eval.shape[1:] != x_train.shape[1:]:
+            raise DataError(
+                "Expected eval images of the train image shape "
+                f"{tuple(x_train.shape[1:])}. Received: {tuple(x_eval.shape[1:])} "
+                f"({', '.join(chunk.source for chunk in evals)})"
+            )
+        if x_eval.dtype != x_train.dtype:  # one uint8, one float: feed both as float
+            x_train, x_eval = _as_float(x_train), _as_float(x_eval)
+    else:
+        keep = len(y_train) - _held_out_count(len(y_train), data.eval_fraction)
+        x_train, x_eval = x_train[:keep], x_train[keep:]
+        y_train, y_eval = y_train[:keep], y_train[keep:]
+    if len(y_train) == 0:
+        raise DataError(
+            "Expected at least one training example. Received: 0 examples in "
+            f"{', '.join(str(path) for path in files.train)}"
+        )
+    num_classes = max(2, int(max(y_train.max(), y_eval.max(initial=0))) + 1)
+    return Arrays(x_train, y_train, x_eval, y_eval, num_classes)
+
+
+def steps_per_epoch(num_examples: int, batch_size: int) -> int:
+    """Batches in one epoch; the last one is partial when `batch_size` does not divide."""
+    _check_batch_size(batch_size)
+    return math.ceil(num_examples / batch_size)
+
+
+def train_dataset(arrays: Arrays, data: DataSpec, batch_size: int, seed: int) -> tf.data.Dataset:
+    """Endless `(x float32 [b, H, W, C] in [0, 1], y int32 [b])` batches of training data.
+
+    Each epoch is a fresh permutation of all examples, batched with a partial last batch.
+    Everything random is a stateless function of `seed` and a position (the epoch for the
+    order, the batch counter for augmentations), so results never depend on threading or
+    TF's global seed, and a restored iterator continues exactly.
+
+    The permutation is `tf.random.experimental.index_shuffle`, not `Dataset.shuffle`: a
+    shuffle buffer is serialized element by element (about 1.9 MB for 10,000 indices),
+    while this needs no state. It is a full shuffle, as a buffer of at least N would
+    give; `data.shuffle_buffer` is not needed for data held in memory, so it is unused.
+    """
+    _check_batch_size(batch_size)
+    n = arrays.num_train
+    if n == 0:
+        raise ValueError("Expected at least one training example. Received: 0")
+    per_epoch = steps_per_epoch(n, batch_size)
+    gather = _gatherer(arrays.x_train, arrays.y_train)
+    augment = _augmenter(data.augment)
+    base_seed = tf.constant(seed, tf.int64)
+
+    def make_batch(counter: tf.Tensor, positions: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        epoch = counter // per_epoch
+        order_seed = tf.random.experimental.stateless_fold_in(tf.stack([base_seed, epoch]), 0)
+        indices = tf.random.experimental.index_shuffle(positions, order_seed, n - 1)
+        x, y = gather(indices)
+        if augment is not None:
+            x = augment(x, tf.stack([base_seed, counter]))
+        return x, y
+
+    dataset = (
+        tf.data.Dataset.range(n)
+        .batch(batch_size)
+        .repeat()
+        .enumerate()
+        .map(make_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+    return dataset.with_options(_symbolic_checkpoint())
+
+
+def eval_dataset(arrays: Arrays, batch_size: int) -> tf.data.Dataset:
+    """The eval examples once, in order, unaugmented, with a partial last batch."""
+    _check_batch_size(batch_size)
+    gather = _gatherer(arrays.x_eval, arrays.y_eval)
+    dataset = (
+        tf.data.Dataset.range(arrays.num_eval)
+        .batch(batch_size)
+        .map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+    return dataset.with_options(_symbolic_checkpoint())
+
+
+# --- feeding -------------------------------------------------------------------------
+
+
+def _check_batch_size(batch_size: int) -> None:
+    if batch_size < 1:
+        raise ValueError(
+            f"Expected `batch_size` to be a positive int. Received: batch_size={batch_size}"
+        )
+
+
+def _symbolic_checkpoint() -> tf.data.Options:
+    # Without this, a checkpoint also stores the batches waiting in the map and prefetch
+    # buffers (8 MB for 28x28 batches of 256, far more for large images). Every batch is
+    # a pure function of the position, so saving positions and recomputing is exact.
+    options = tf.data.Options()
+    options.experimental_symbolic_checkpoint = True
+    return options
+
+
+def _gatherer(x: np.ndarray, y: np.ndarray) -> Callable[[tf.Tensor], tuple[tf.Tensor, tf.Tensor]]:
+    """A function from a batch of example indices to its `(x float32, y int32)` batch."""
+    # One copy of the arrays in TF memory, made here once. Created eagerly, they are
+    # captured by the dataset function as inputs, not baked into its graph (which would
+    # hit the 2 GB graph limit on large sets and be copied on every trace).
+    x_all = tf.constant(x)
+    y_all = tf.constant(y, tf.int32)
+    scale = x.dtype == np.uint8
+
+    def gather(indices: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        batch = tf.gather(x_all, indices)  # gather uint8 first: a quarter of the bytes
+        batch = tf.cast(batch, tf.float32)
+        if scale:
+            batch = batch / 255.0
+        return batch, tf.gather(y_all, indices)
+
+    return gather
+
+
+def _augmenter(spec: AugmentSpec) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor] | None:
+    """Batch-wide augmentation with stateless random ops, or None when none is on.
+
+    Each op draws from its own seed folded from the batch's seed, so turning one on does
+    not change what the others do.
+    """
+    if not spec.any:
+        return None
+
+    def augment(x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+        size = tf.shape(x)[0]
+
+        def op_seed(tag: int) -> tf.Tensor:
+            return tf.random.experimental.stateless_fold_in(seed, tag)
+
+        if spec.flip_left_right:
+            flip = tf.random.stateless_uniform([size], op_seed(1)) < 0.5
+            x = tf.where(flip[:, None, None, None], tf.reverse(x, axis=[2]), x)
+        if spec.random_crop_padding:
+            # A whole-pixel shift in [-p, p] with zero fill: the same images as padding by
+            # p and cropping at a random offset, without building the padded batch.
+            pad = spec.random_crop_padding
+            shift = tf.random.stateless_uniform(
+                [size, 2], op_seed(2), minval=-pad, maxval=pad + 1, dtype=tf.int32
+            )
+            shift = tf.cast(shift, tf.float32)
+            ones, zeros = tf.ones([size]), tf.zeros([size])
+            # Rows of [a0 a1 a2 b0 b1 b2 c0 c1]: output (u, v) reads input (u - dx, v - dy).
+            transforms = tf.stack(
+                [ones, zeros, -shift[:, 0], zeros, ones, -shift[:, 1], zeros, zeros], axis=1
+            )
+            x = tf.raw_ops.ImageProjectiveTransformV3(
+                images=x,
+                transforms=transforms,
+                output_shape=tf.shape(x)[1:3],
+                fill_value=0.0,
+                interpolation="NEAREST",
+                fill_mode="CONSTANT",
+            )
+        if spec.brightness:
+            delta = tf.random.stateless_uniform(
+                [size, 1, 1, 1], op_seed(3), minval=-spec.brightness, maxval=spec.brightness
+            )
+            x = x + delta
+        if spec.contrast:
+            factor = tf.random.stateless_uniform(
+                [size, 1, 1, 1], op_seed(4), minval=1 - spec.contrast, maxval=1 + spec.contrast
+            )
+            mean = tf.reduce_mean(x, axis=[1, 2], keepdims=True)  # per image and channel
+            x = (x - mean) * factor + mean
+        return tf.clip_by_value(x, 0.0, 1.0)
+
+    return augment
+
+
+# --- loading -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class _Chunk:
+    """Examples from one source, checked: x (N, H, W, C) uint8 or float32, y (N,) int32."""
+
+    x: np.ndarray
+    y: np.ndarray
+    source: str
+
+
+def _synthetic(params: SyntheticParams, eval_fraction: float, seed: int) -> Arrays:
+    """Class prototypes plus Gaussian noise: learnable, and the same for the same seed."""
+    rng = np.random.default_rng(seed)
+    shape = tuple(params.shape) if len(params.shape) == 3 else (*params.shape, 1)
+    prototypes = rng.uniform(0.0, 1.0, size=(params.classes, *shape)).astype(np.float32)
+    # Balanced classes in a random order.
+    y = rng.permutation(np.arange(params.size) % params.classes).astype(np.int32)
+    x = prototypes[y]
+    # Noise in slices, so peak memory stays near one copy of x rather than two.
+    for start in range(0, params.size, 65_536):
+        part = x[start : start + 65_536]
+        part += params.noise * rng.standard_normal(part.shape, dtype=np.float32)
+        np.clip(part, 0.0, 1.0, out=part)
+    keep = params.size - _held_out_count(params.size, eval_fraction)
+    return Arrays(x[:keep], y[:keep], x[keep:], y[keep:], params.classes)
+
+
+def _held_out_count(n: int, fraction: float) -> int:
+    # round() first, so 0.29 * 100 (28.999999999999996) holds out 29, not 28.
+    return min(max(n - 1, 0), math.floor(round(n * fraction, 6)))
+
+
+def _read_files(fmt: str, files: DataFiles) -> tuple[list[_Chunk], list[_Chunk]]:
+    """Train and eval chunks of every file, in order."""
+    train: list[_Chunk] = []
+    evals: list[_Chunk] = []
+    for path in files.train:
+        if fmt == "idx":
+            train.append(_read_idx_pair(path, files.pairs[path]))
+        elif fmt == "npz":
+            chunk, eval_chunk = _read_npz(path)
+            train.append(chunk)
+            if eval_chunk is not None:
+                evals.append(eval_chunk)
+        else:
+            train.append(_read_tfrecord(path))
+    for path in files.eval:
+        if fmt == "idx":
+            evals.append(_read_idx_pair(path, files.pairs[path]))
+        elif fmt == "npz":
+            evals.extend(chunk for chunk in _read_npz(path) if chunk is not None)
+        else:
+            evals.append(_read_tfrecord(path))
+    return train, evals
+
+
+def _concatenate(chunks: list[_Chunk]) -> tuple[np.ndarray, np.ndarray]:
+    shapes = {chunk.x.shape[1:] for chunk in chunks}
+    if len(shapes) > 1:
+        received = ", ".join(f"{tuple(chunk.x.shape[1:])} in {chunk.source}" for chunk in chunks)
+        raise DataError(f"Expected every file to hold images of one shape. Received: {received}")
+    if len(chunks) == 1:
+        return chunks[0].x, chunks[0].y
+    xs = [chunk.x for chunk in chunks]
+    if len({x.dtype for x in xs}) > 1:
+        xs = [_as_float(x) for x in xs]
+    return np.concatenate(xs), np.concatenate([chunk.y for chunk in chunks])
+
+
+def _as_float(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float32) / 255.0 if x.dtype == np.uint8 else x
+
+
+def _checked(
+    x: np.ndarray, y: np.ndarray, source: str, names: tuple[str, str] = ("x", "y")
+) -> _Chunk:
+    """Checks one source's arrays and brings them to the `Arrays` layout and dtypes."""
+    x_name, y_name = names
+    if x.ndim == 3:
+        x = x[..., np.newaxis]
+    if x.ndim != 4:
+        raise DataError(
+            f"Expected `{x_name}` of shape (N, H, W) or (N, H, W, C). "
+            f"Received: shape {x.shape} ({source})"
+        )
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1:
+        raise DataError(
+            f"Expected `{y_name}` of shape (N,) holding class ids. Received: shape {y.shape} ({source})"
+        )
+    if len(x) != len(y):
+        raise DataError(
+            f"Expected `{x_name}` and `{y_name}` to have the same number of examples. "
+            f"Received: {x_name} has {len(x)}, {y_name} has {len(y)} ({source})"
+        )
+    return _Chunk(_pixels(x, x_name, source), _labels(y, y_name, source), source)
+
+
+def _pixels(x: np.ndarray, name: str, source: str) -> np.ndarray:
+    """uint8 stays uint8; other integers must be 0-255; floats must lie in [0, 1]."""
+    if x.dtype == np.uint8 or x.size == 0:
+        return x if x.dtype == np.uint8 else x.astype(np.float32)
+    low, high = x.min(), x.max()
+    if np.issubdtype(x.dtype, np.integer):
+        if low < 0 or high > 255:
+            raise DataError(
+                f"Expected integer pixels `{name}` in 0-255. Received: values {low} to {high} ({source})"
+            )
+        return x.astype(np.uint8)
+    if not (np.issubdtype(x.dtype, np.floating) or x.dtype == np.bool_):
+        raise DataError(f"Expected numeric pixels `{name}`. Received: dtype {x.dtype} ({source})")
+    if not (low >= 0.0 and high <= 1.0):  # also catches NaN
+        raise DataError(
+            f"Expected float pixels `{name}` in [0, 1]. Received: values {low} to {high} ({source})"
+        )
+    return x.astype(np.float32)
+
+
+def _labels(y: np.ndarray, name: str, source: str) -> np.ndarray:
+    if y.size == 0:
+        return y.astype(np.int32)
+    integral = np.issubdtype(y.dtype, np.integer) or (
+        np.issubdtype(y.dtype, np.floating) and np.array_equal(y, np.round(y))
+    )
+    if not integral:
+        raise DataError(
+            f"Expected integer class ids in `{name}`. Received: dtype {y.dtype} ({source})"
+        )
+    low, high = y.min(), y.max()
+    if low < 0:
+        raise DataError(f"Expected labels `{name}` >= 0. Received: a label of {low} ({source})")
+    if high > np.iinfo(np.int32).max:
+        raise DataError(
+            f"Expected labels `{name}` to fit int32. Received: a label of {high} ({source})"
+        )
+    return y.astype(np.int32)
+
+
+# IDX: magic 0x00 0x00 <dtype> <ndim>, then ndim big-endian uint32 sizes, then the data.
+_IDX_DTYPES = {
+    0x08: np.dtype(np.uint8),
+    0x09: np.dtype(np.int8),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """One IDX file (gzip-compressed or plain, told by its first bytes) as a numpy array."""
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as error:
+            raise DataError(f"Expected a readable gzip file. Received: {error} ({path})") from None
+    if len(raw) < 4 or raw[:2] != b"\x00\x00" or raw[2] not in _IDX_DTYPES:
+        raise DataError(
+            "Expected an IDX file starting 0x00 0x00 <type 0x08-0x0E> <dims>. "
+            f"Received: {raw[:4].hex(' ') or 'an empty file'} ({path})"
+        )
+    dtype, ndim = _IDX_DTYPES[raw[2]], raw[3]
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise DataError(
+            f"Expected {ndim} dimension sizes after the magic. Received: a truncated header ({path})"
+        )
+    dims = struct.unpack(f">{ndim}I", raw[4:header])
+    expected = math.prod(dims) * dtype.itemsize
+    if len(raw) - header != expected:
+        raise DataError(
+            f"Expected {expected} bytes of data for dims {dims}. "
+            f"Received: {len(raw) - header} bytes ({path})"
+        )
+    array = np.frombuffer(raw, dtype, count=math.prod(dims), offset=header).reshape(dims)
+    return array.astype(dtype.newbyteorder("="), copy=False)
+
+
+def _read_idx_pair(images_path: Path, labels_path: Path) -> _Chunk:
+    images, labels = read_idx(images_path), read_idx(labels_path)
+    source = f"{images_path}, {labels_path}"
+    if images.ndim not in (3, 4):
+        raise DataError(
+            f"Expected an images file of dims (N, H, W) or (N, H, W, C). "
+            f"Received: dims {images.shape} ({images_path})"
+        )
+    if labels.ndim != 1:
+        raise DataError(
+            f"Expected a labels file of dims (N,). Received: dims {labels.shape} ({labels_path})"
+        )
+    return _checked(images, labels, source, names=("images", "labels"))
+
+
+def _read_npz(path: Path) -> tuple[_Chunk, _Chunk | None]:
+    """`x`, `y` and, if present, `x_eval`, `y_eval` of one .npz file."""
+    try:
+        # allow_pickle=False: an uploaded file must not run code when loaded.
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {name: archive[name] for name in archive.files}
+    except (OSError, ValueError) as error:
+        raise DataError(f"Expected a readable .npz file. Received: {error} ({path})") from None
+    missing = [name for name in ("x", "y") if name not in arrays]
+    if missing:
+        raise DataError(
+            f"Expected arrays `x` and `y` in the .npz file. Received: {sorted(arrays)} ({path})"
+        )
+    chunk = _checked(arrays["x"], arrays["y"], str(path))
+    has_eval = ("x_eval" in arrays, "y_eval" in arrays)
+    if has_eval == (False, False):
+        return chunk, None
+    if has_eval != (True, True):
+        raise DataError(
+            f"Expected both `x_eval` and `y_eval`, or neither. Received: {sorted(arrays)} ({path})"
+        )
+    eval_chunk = _checked(arrays["x_eval"], arrays["y_eval"], str(path), names=("x_eval", "y_eval"))
+    return chunk, eval_chunk
+
+
+_TFRECORD_FEATURES = {
+    "image_raw": tf.io.FixedLenFeature([], tf.string),
+    "label": tf.io.FixedLenFeature([], tf.int64),
+    # The image shape: `pixels` (square, one channel) or `height`/`width`/`channels`;
+    # `depth` is read as `channels`, as TF's old MNIST converter wrote it. 0 = absent.
+    "pixels": tf.io.FixedLenFeature([], tf.int64, default_value=0),
+    "height": tf.io.FixedLenFeature([], tf.int64, default_value=0),
+    "width": tf.io.FixedLenFeature([], tf.int64, default_value=0),
+    "channels": tf.io.FixedLenFeature([], tf.int64, default_value=0),
+    "depth": tf.io.FixedLenFeature([], tf.int64, default_value=0),
+}
+
+
+def _read_tfrecord(path: Path) -> _Chunk:
+    """All examples of one TFRecord file (GZIP if named `.gz`).
+
+    This holds the whole file in memory, as every format here does: the pipeline then
+    feeds by index, so its checkpoints hold positions instead of buffered records.
+    """
+    dataset = (
+        tf.data.TFRecordDataset(
+            [str(path)], compression_type="GZIP" if path.name.endswith(".gz") else ""
+        )
+        .batch(1024)  # parse 1024 records per call; per-record parsing is 10x slower
+        .map(lambda records: tf.io.parse_example(records, _TFRECORD_FEATURES))
+    )
+    images: list[np.ndarray] = []
+    labels: list[np.ndarray] = []
+    shape: tuple[int, int, int] | None = None
+    first = 0  # index of the batch's first record, for messages
+    try:
+        for batch in dataset.as_numpy_iterator():
+            batch_shape = _record_shape(batch, first, path)
+            if shape is not None and batch_shape != shape:
+                raise DataError(
+                    f"Expected every record to have one image shape. Received: {shape} and "
+                    f"{batch_shape} ({path})"
+                )
+            shape = batch_shape
+            raw = batch["image_raw"]
+            sizes = np.fromiter((len(image) for image in raw), np.int64, len(raw))
+            bad = np.flatnonzero(sizes != math.prod(shape))
+            if bad.size:
+                raise DataError(
+                    f"Expected `image_raw` of {math.prod(shape)} bytes (image shape {shape}). "
+                    f"Received: {sizes[bad[0]]} bytes in record {first + bad[0]} ({path})"
+                )
+            images.append(np.frombuffer(b"".join(raw), np.uint8).reshape(-1, *shape))
+            labels.append(batch["label"])
+            first += len(raw)
+    except tf.errors.OpError as error:
+        reason = error.message.splitlines()[0]
+        raise DataError(
+            "Expected TFRecord files of tf.train.Example with `image_raw` (bytes) and `label` "
+            f"(int64). Received: {reason} ({path})"
+        ) from None
+    if shape is None:
+        raise DataError(f"Expected at least one record. Received: an empty TFRecord file ({path})")
+    return _checked(
+        np.concatenate(images), np.concatenate(labels), str(path), ("image_raw", "label")
+    )
+
+
+def _record_shape(batch: dict[str, np.ndarray], first: int, path: Path) -> tuple[int, int, int]:
+    """The one (H, W, C) of a batch of parsed records, from `pixels` or `height`/`width`/`channels`."""
+    height, width = batch["height"], batch["width"]
+    channels = np.where(batch["channels"] > 0, batch["channels"], batch["depth"])
+    channels = np.where(channels > 0, channels, 1)
+    side = np.sqrt(batch["pixels"]).round().astype(np.int64)
+    sized = (height > 0) & (width > 0)
+    height = np.where(sized, height, side)
+    width = np.where(sized, width, side)
+    channels = np.where(sized, channels, 1)
+    unsized = ~sized & ((batch["pixels"] <= 0) | (side * side != batch["pixels"]))
+    if unsized.any():
+        index = int(np.flatnonzero(unsized)[0])
+        pixels = int(batch["pixels"][index])
+        received = f"`pixels`={pixels}, not a square" if pixels > 0 else "neither"
+        raise DataError(
+            "Expected `pixels` (a square number) or `height`, `width` and `channels` in every "
+            f"record. Received: {received} in record {first + index} ({path})"
+        )
+    shapes = set(zip(height.tolist(), width.tolist(), channels.tolist(), strict=True))
+    if len(shapes) > 1:
+        raise DataError(
+            f"Expected every record to have one image shape. Received: {sorted(shapes)} ({path})"
+        )
+    return shapes.pop()

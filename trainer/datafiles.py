@@ -1,0 +1,214 @@
+"""Which files a job's data spec names, and whether they lie where the service allows.
+
+No TensorFlow here: the service calls `resolve_files` and `check_under_roots` to reject
+a spec before accepting it, with exactly the rules the worker later loads by
+(`trainer/data.py`). Only names and the file system are looked at, never file contents,
+so a check costs a directory listing.
+
+Rules (`data.path` may name a file, a folder or a glob; file order is sorted by name):
+
+- idx: MNIST-style `*-images-idx3-ubyte[.gz]` files, each with its
+  `*-labels-idx1-ubyte[.gz]` beside it (the name with `images-idx3` replaced by
+  `labels-idx1`). Pairs whose names start `t10k` or `test` are eval when a train pair is
+  present too; otherwise every pair is train and eval is held out by `eval_fraction`.
+- npz, tfrecord: files whose names contain the word `eval` or `test` are eval, the rest
+  train; again, only when some train file is present.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainer.spec import DataSpec
+
+
+class DataFilesError(ValueError):
+    """The data path is missing, matches nothing, or lacks the files its format needs."""
+
+
+@dataclass(frozen=True)
+class DataFiles:
+    """The files of one data spec, train and eval, in the order they are read.
+
+    For idx, `train` and `eval` hold the images files and `pairs` maps each to its labels
+    file; for the other formats `pairs` is empty. Synthetic data has no files.
+    """
+
+    train: list[Path]
+    eval: list[Path]
+    pairs: dict[Path, Path] = field(default_factory=dict)
+
+
+_GLOB_CHARS = re.compile(r"[*?[]")
+_IDX_IMAGES = re.compile(r"images-idx3-ubyte(\.gz)?$")
+_IDX_LABELS = re.compile(r"labels-idx1-ubyte(\.gz)?$")
+_IDX_EVAL = re.compile(r"^(t10k|test)", re.IGNORECASE)
+# `eval`/`test` starting a word, so `mnist_test.npz` and `eval-00001.tfrecord` are eval
+# but `latest.npz` and `contest.tfrecord` are not.
+_NAMED_EVAL = re.compile(r"(?<![a-z])(eval|test)", re.IGNORECASE)
+# Folder members read as TFRecord; a glob takes every file it matches, since shards are
+# often named without a suffix (`train-00000-of-00008`).
+_TFRECORD_NAME = re.compile(r"\.(tfrecords?|tfrec)(\.gz)?$", re.IGNORECASE)
+_NPZ_NAME = re.compile(r"\.npz$", re.IGNORECASE)
+_FITS = {"idx": _IDX_IMAGES.search, "npz": _NPZ_NAME.search, "tfrecord": _TFRECORD_NAME.search}
+_WANTED = {
+    "idx": "`*-images-idx3-ubyte[.gz]` files with their `*-labels-idx1-ubyte[.gz]` files",
+    "npz": "`.npz` files",
+    "tfrecord": "`.tfrecord` files",
+}
+
+
+def resolve_files(data: DataSpec) -> DataFiles:
+    """Finds the train and eval files that `data.path` names, by the rules of `data.format`.
+
+    Raises:
+        DataFilesError: the path does not exist, a glob matches no file, or the files
+            its format needs are not there (an idx images file without labels, say).
+    """
+    if data.format == "synthetic":
+        return DataFiles(train=[], eval=[])
+    assert data.path is not None  # DataSpec requires it for every file format
+    candidates = _candidates(data.path, data.format)
+    if data.format == "idx":
+        return _resolve_idx(candidates)
+    return _split_by_name(candidates, _NAMED_EVAL.search)
+
+
+def check_under_roots(path: str, roots: list[Path]) -> None:
+    """Raises `DataFilesError` unless `path` and what it reaches lie inside one of `roots`.
+
+    Paths are compared after `os.path.realpath`, so `..` and symlinks cannot lead out.
+    Checked: the path itself; for a folder, every file in it (a symlinked member could
+    point anywhere); for an idx images file, its labels file; for a glob, its non-glob
+    prefix and every match. A path that does not exist yet is checked lexically.
+    """
+    real_roots = [Path(os.path.realpath(root)) for root in roots]
+
+    def check(target: str, what: str = "") -> None:
+        real = Path(os.path.realpath(target))
+        if not any(real.is_relative_to(root) for root in real_roots):
+            allowed = ", ".join(str(root) for root in real_roots) or "(none configured)"
+            via = f"whose {what} {target}" if what else "which"
+            raise DataFilesError(
+                f"Expected `path` inside one of the data roots: {allowed}. "
+                f"Received: {path!r}, {via} resolves to {real}"
+            )
+
+    if _is_glob(path):
+        check(_glob_prefix(path), "folder")
+        for match in sorted(glob.glob(path)):
+            check(match, "match")
+        return
+    check(path)
+    if os.path.isdir(path):
+        with os.scandir(path) as entries:
+            for entry in entries:
+                if entry.is_file():  # follows symlinks, so a link to a file counts
+                    check(entry.path, "file")
+    elif _IDX_IMAGES.search(os.path.basename(path)):
+        for labels in _labels_candidates(Path(path)):
+            if labels.exists():
+                check(str(labels), "labels file")
+
+
+# --- helpers -------------------------------------------------------------------------
+
+
+def _is_glob(path: str) -> bool:
+    # A name that exists is taken literally, even if it holds `[` or `*`.
+    return bool(_GLOB_CHARS.search(path)) and not os.path.exists(path)
+
+
+def _glob_prefix(path: str) -> str:
+    """The leading folders of a glob before its first glob character (`.` if none)."""
+    parts = Path(path).parts
+    fixed = []
+    for part in parts:
+        if _GLOB_CHARS.search(part):
+            break
+        fixed.append(part)
+    return str(Path(*fixed)) if fixed else "."
+
+
+def _candidates(path: str, fmt: str) -> list[Path]:
+    """The files `path` names, sorted by name.
+
+    A folder gives its members whose names fit the format; a glob gives every file it
+    matches (idx and npz keep only fitting names, as a glob like `data/*` also matches
+    labels files and READMEs); a file gives itself.
+    """
+    fits, wanted = _FITS[fmt], _WANTED[fmt]
+    if _is_glob(path):
+        matches = [Path(match) for match in sorted(glob.glob(path)) if os.path.isfile(match)]
+        if fmt != "tfrecord":
+            matches = [match for match in matches if fits(match.name)]
+        if not matches:
+            raise DataFilesError(
+                f"Expected the glob `path` to match {wanted}. Received: {path!r} matches no such file"
+            )
+        return matches
+    target = Path(path)
+    if target.is_dir():
+        members = sorted(entry for entry in target.iterdir() if entry.is_file())
+        matches = [member for member in members if fits(member.name)]
+        if not matches:
+            found = ", ".join(member.name for member in members[:10]) or "nothing"
+            more = f" and {len(members) - 10} more" if len(members) > 10 else ""
+            raise DataFilesError(
+                f"Expected a folder holding {wanted}. Received: {found}{more} in {target}"
+            )
+        return matches
+    if target.is_file():
+        if fmt == "idx" and not fits(target.name):
+            raise DataFilesError(
+                "Expected an idx `path` to name a folder or a `*-images-idx3-ubyte[.gz]` file. "
+                f"Received: {target}"
+            )
+        return [target]
+    raise DataFilesError(
+        f"Expected `path` to name an existing file, folder or glob. Received: {path!r}, "
+        "which does not exist"
+    )
+
+
+def _labels_candidates(images: Path) -> list[Path]:
+    """Where the labels of an idx images file may be: same compression first, then the other."""
+    stem = _IDX_IMAGES.sub("labels-idx1-ubyte", images.name)
+    first, second = (".gz", "") if images.name.endswith(".gz") else ("", ".gz")
+    return [images.with_name(stem + first), images.with_name(stem + second)]
+
+
+def _resolve_idx(images_files: list[Path]) -> DataFiles:
+    # A folder unpacked beside its archives holds `x-ubyte` and `x-ubyte.gz`: read the
+    # plain one (no decompression) and skip its twin, so no example is counted twice.
+    by_stem: dict[str, Path] = {}
+    for images in images_files:
+        stem = images.name.removesuffix(".gz")
+        if stem not in by_stem or not images.name.endswith(".gz"):
+            by_stem[stem] = images
+    pairs: dict[Path, Path] = {}
+    for images in sorted(by_stem.values()):
+        labels = next((c for c in _labels_candidates(images) if c.is_file()), None)
+        if labels is None:
+            wanted = _labels_candidates(images)[0].name.removesuffix(".gz")
+            raise DataFilesError(
+                f"Expected the labels file {wanted}[.gz] beside the images file. "
+                f"Received: no such file in {images.parent} (for {images.name})"
+            )
+        pairs[images] = labels
+    files = _split_by_name(list(pairs), _IDX_EVAL.match)
+    return DataFiles(train=files.train, eval=files.eval, pairs=pairs)
+
+
+def _split_by_name(files: list[Path], is_eval: Callable[[str], object]) -> DataFiles:
+    """Eval-named files are eval only beside a train file; a lone eval set trains."""
+    eval_files = [f for f in files if is_eval(f.name)]
+    train_files = [f for f in files if not is_eval(f.name)]
+    if not train_files:
+        return DataFiles(train=eval_files, eval=[])
+    return DataFiles(train=train_files, eval=eval_files)

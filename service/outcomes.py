@@ -1,0 +1,119 @@
+"""How a worker's end becomes a job's final state.
+
+The exit code decides (0 succeeded, 1 failed, 2 invalid spec, 3 cancelled; a signal is a
+crash), `result.json` supplies the message and metrics, and a failure carries the last
+lines of worker.log. A worker adopted after a restart is not our child, so its exit code
+is unknown and `result.json` alone decides; without one it crashed.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+from service.store import JobState
+from service.workers import WorkerExit
+from trainer.rundir import ExitCode, Outcome
+
+_OUTCOME_STATES = {
+    Outcome.SUCCEEDED.value: JobState.SUCCEEDED,
+    Outcome.CANCELLED.value: JobState.CANCELLED,
+    Outcome.FAILED.value: JobState.FAILED,
+    Outcome.INVALID_SPEC.value: JobState.FAILED,
+}
+
+
+@dataclass(frozen=True)
+class FinalState:
+    state: JobState
+    result: dict[str, Any] | None
+    error: dict[str, Any] | None
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _result_reason(result: dict[str, Any]) -> str:
+    message = str(result.get("message") or "").strip()
+    errors = result.get("errors") or []
+    if result.get("outcome") == Outcome.INVALID_SPEC.value:
+        details = "; ".join(
+            f"{e['field']}: {e['message']}" if isinstance(e, dict) and "field" in e else str(e)
+            for e in errors
+        )
+        details = details or message
+        return f"The worker rejected the spec: {details}"
+    return message or f"The worker reported outcome {result.get('outcome')!r}."
+
+
+def final_state(
+    exit: WorkerExit,
+    result: dict[str, Any] | None,
+    *,
+    cancel_requested: bool,
+    killed_after_grace: bool,
+    grace_seconds: float,
+    log_tail: list[str],
+) -> FinalState:
+    """The terminal state, result and error for a worker that has ended."""
+
+    def failed(reason: str) -> FinalState:
+        return FinalState(
+            JobState.FAILED,
+            result,
+            {
+                "reason": reason,
+                "exit_code": exit.code,
+                "signal": _signal_name(exit.signal) if exit.signal is not None else None,
+                "log_tail": log_tail,
+            },
+        )
+
+    if exit.signal is not None:
+        name = _signal_name(exit.signal)
+        if cancel_requested:
+            how = (
+                f"did not exit within {grace_seconds:g} s of SIGTERM and was killed with {name}"
+                if killed_after_grace
+                else f"was stopped by {name} before it could write a checkpoint"
+            )
+            return FinalState(
+                JobState.CANCELLED,
+                result,
+                {
+                    "reason": f"Cancelled: the worker {how}.",
+                    "exit_code": None,
+                    "signal": name,
+                    "log_tail": log_tail,
+                },
+            )
+        return failed(f"The worker was killed by {name} ({exit.signal}).")
+
+    if exit.code is None:  # adopted: only result.json can tell
+        if result is None:
+            return failed(
+                "The worker ended without writing result.json while the service was not "
+                "its parent, so its exit status is unknown; it most likely crashed."
+            )
+        state = _OUTCOME_STATES.get(str(result.get("outcome")), JobState.FAILED)
+        if state is JobState.FAILED:
+            return failed(_result_reason(result))
+        return FinalState(state, result, None)
+
+    if exit.code == ExitCode.SUCCEEDED:
+        if result is not None and result.get("outcome") == Outcome.SUCCEEDED.value:
+            return FinalState(JobState.SUCCEEDED, result, None)
+        return failed(
+            "The worker exited with code 0 but result.json "
+            + ("is missing." if result is None else f"says {result.get('outcome')!r}.")
+        )
+    if exit.code == ExitCode.CANCELLED:
+        return FinalState(JobState.CANCELLED, result, None)
+    if exit.code in (ExitCode.FAILED, ExitCode.INVALID_SPEC) and result is not None:
+        return failed(_result_reason(result))
+    return failed(f"The worker exited with code {exit.code}.")

@@ -1,0 +1,87 @@
+"""Folds a worker's progress.jsonl lines into the job's latest snapshot and metric series.
+
+Pure functions: the supervisor reads the lines (`trainer.rundir.read_progress`) and
+stores what these return.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from service.store import MetricPoint
+
+# progress-line field -> metric series name
+_TRAIN_SERIES = {
+    "loss": "loss",
+    "accuracy": "accuracy",
+    "examples_per_sec": "examples_per_sec",
+    "learning_rate": "learning_rate",
+}
+_EVAL_SERIES = {"eval_loss": "eval_loss", "eval_accuracy": "eval_accuracy"}
+_SNAPSHOT_FIELDS = ("loss", "accuracy", "examples_per_sec", "eta_seconds", "learning_rate")
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def fold_progress(
+    progress: dict[str, Any] | None,
+    eval: dict[str, Any] | None,
+    lines: list[dict[str, Any]],
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None, list[MetricPoint]]:
+    """Apply `lines` in order; returns the new (progress, eval, metric points)."""
+    snapshot = dict(progress) if progress else None
+    latest_eval = dict(eval) if eval else None
+    points: list[MetricPoint] = []
+    for line in lines:
+        event = line.get("event")
+        when = _number(line.get("time")) or 0.0
+        step = line.get("step")
+        if snapshot is None:
+            snapshot = {}
+        if isinstance(step, int):
+            snapshot["step"] = step
+        if isinstance(line.get("total"), int):
+            snapshot["total"] = line["total"]
+        if isinstance(line.get("phase"), str):
+            snapshot["phase"] = line["phase"]
+        snapshot["updated_at"] = when
+        if event == "start" and isinstance(line.get("towers"), int):
+            snapshot["towers"] = line["towers"]
+        elif event == "progress":
+            for field in _SNAPSHOT_FIELDS:
+                snapshot[field] = _number(line.get(field))
+            if isinstance(step, int):
+                points.extend(
+                    MetricPoint(series, step, when, value)
+                    for field, series in _TRAIN_SERIES.items()
+                    if (value := _number(line.get(field))) is not None
+                )
+        elif event == "eval":
+            latest_eval = {
+                "step": step,
+                "loss": _number(line.get("eval_loss")),
+                "accuracy": _number(line.get("eval_accuracy")),
+                "time": when,
+            }
+            if isinstance(step, int):
+                points.extend(
+                    MetricPoint(series, step, when, value)
+                    for field, series in _EVAL_SERIES.items()
+                    if (value := _number(line.get(field))) is not None
+                )
+        elif event == "checkpoint" and isinstance(line.get("checkpoint"), str):
+            snapshot["checkpoint"] = line["checkpoint"]
+        elif event == "end":
+            snapshot["eta_seconds"] = 0.0
+        if isinstance(line.get("tower_ms"), list):
+            snapshot["tower_ms"] = line["tower_ms"]
+    if snapshot is not None:
+        step, total = snapshot.get("step"), snapshot.get("total")
+        snapshot["percent"] = (
+            round(100.0 * step / total, 1) if isinstance(step, int) and total else None
+        )
+    return snapshot, latest_eval, points

@@ -1,0 +1,41 @@
+"""Who runs next: highest priority first, then oldest, when its devices are free.
+
+Strict order: a job at the head of the queue that does not fit yet holds back the jobs
+behind it, so a large job is never starved by a stream of small ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from service.devices import DevicePool
+from service.store import JobRecord
+
+
+@dataclass(frozen=True)
+class Placement:
+    job: JobRecord
+    devices: list[str]
+
+
+def next_placements(queued: list[JobRecord], pool: DevicePool, held: list[str]) -> list[Placement]:
+    """The jobs to start now, in order, with the devices each gets.
+
+    `queued` must already be in run order (the store's `queued()`); `held` are the devices
+    the running jobs hold.
+    """
+    free = pool.free(held)
+    placements = []
+    for job in queued:
+        needed = pool.needed(job.spec["towers"])
+        if needed > len(free):
+            break
+        placements.append(Placement(job, free[:needed]))
+        free = free[needed:]
+    return placements
+
+
+def never_fit(queued: list[JobRecord], pool: DevicePool) -> list[JobRecord]:
+    """Queued jobs that need more devices than this host has (its settings changed since
+    they were accepted); they would hold the queue forever."""
+    return [job for job in queued if pool.needed(job.spec["towers"]) > len(pool.devices)]

@@ -1,0 +1,100 @@
+"""The service's settings, read from `TOWERBOARD_*` environment variables.
+
+Everything the service writes lives under one data directory:
+
+    <data_dir>/towerboard.db      the SQLite job store (WAL)
+    <data_dir>/runs/<job_id>/     one run directory per job (see trainer/rundir.py)
+    <data_dir>/tensorboard.log    output of the TensorBoard the service launches
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+def _split_commas(value: object) -> object:
+    # "a, b,,c" -> ["a", "b", "c"]; an empty string is an empty list.
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    """Service settings; each field `x` is read from `TOWERBOARD_X`."""
+
+    model_config = SettingsConfigDict(env_prefix="TOWERBOARD_", extra="ignore")
+
+    data_dir: Path = Field(Path("data"), description="Holds the job store and the runs directory.")
+    data_roots: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated folders job data may come from; "
+        "empty means <data_dir>/datasets.",
+    )
+    gpus: Annotated[list[int], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated GPU ids to give to jobs; empty means a CPU-only host.",
+    )
+    cpu_jobs: int = Field(1, ge=1, le=64, description="Jobs run at once on a CPU-only host.")
+    cpu_max_towers: int = Field(
+        8, ge=1, le=64, description="Most towers a job may ask for on a CPU-only host."
+    )
+    token: SecretStr | None = Field(
+        None, description="When set, every route but /healthz needs `Authorization: Bearer`."
+    )
+    tb_idle_minutes: float = Field(
+        30.0, gt=0, description="Stop the TensorBoard after this long without a request."
+    )
+    cancel_grace_seconds: float = Field(
+        30.0, gt=0, description="SIGKILL a cancelled worker that has not exited after SIGTERM."
+    )
+    worker_nice: int = Field(10, ge=0, le=19, description="CPU niceness added to workers.")
+    poll_seconds: float = Field(
+        0.2, gt=0, le=1.0, description="How often progress files and workers are checked."
+    )
+    python: str = Field(
+        sys.executable, description="Interpreter that runs workers and TensorBoard."
+    )
+    worker_module: str = Field(
+        "trainer", description="Module run as `python -m <module> run --job-dir DIR`."
+    )
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+
+    @field_validator("data_roots", "gpus", mode="before")
+    @classmethod
+    def _comma_list(cls, value: object) -> object:
+        return _split_commas(value)
+
+    @field_validator("token", mode="before")
+    @classmethod
+    def _empty_token_is_none(cls, value: object) -> object:
+        return None if value == "" else value
+
+    @field_validator("gpus")
+    @classmethod
+    def _unique_gpus(cls, gpus: list[int]) -> list[int]:
+        if len(set(gpus)) != len(gpus) or any(g < 0 for g in gpus):
+            raise ValueError(f"Expected distinct GPU ids >= 0. Received: {gpus}")
+        return gpus
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.data_dir / "runs"
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "towerboard.db"
+
+    @property
+    def allowed_data_roots(self) -> list[Path]:
+        roots = self.data_roots or [self.data_dir / "datasets"]
+        return [root.expanduser().resolve() for root in roots]
+
+    def resolved(self) -> Settings:
+        """These settings with `data_dir` made absolute, so workers and tests agree on paths."""
+        return self.model_copy(update={"data_dir": self.data_dir.expanduser().resolve()})

@@ -1,0 +1,366 @@
+"""The job store: one SQLite file in WAL mode, the service's only record of jobs.
+
+Every state change is committed (synchronous=FULL) before the call returns, so a job the
+API acknowledged survives a crash of the service. Writes go through one connection under
+a lock; each thread reads through its own connection, and WAL lets reads run beside a
+write. The API is small and synchronous; it is safe to call from any thread.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class JobState(enum.StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+# Short, URL-safe, unambiguous (no 0/o, 1/l) and never starting with '-'.
+_ID_ALPHABET = "abcdefghijkmnpqrstuvwxyz23456789"
+_ID_LENGTH = 10
+
+
+def new_job_id() -> str:
+    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(_ID_LENGTH))
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One row of the store, decoded."""
+
+    seq: int
+    id: str
+    name: str
+    state: JobState
+    priority: int
+    spec: dict[str, Any]
+    devices: list[str]
+    attempts: int
+    pid: int | None
+    pid_started: int | None  # the worker's start time in clock ticks, from /proc/<pid>/stat
+    cancel_requested_at: float | None
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    updated_at: float
+    progress: dict[str, Any] | None
+    eval: dict[str, Any] | None
+    result: dict[str, Any] | None
+    error: dict[str, Any] | None
+    progress_offset: int
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    name: str
+    step: int
+    time: float
+    value: float
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    name TEXT NOT NULL,
+    state TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    spec TEXT NOT NULL,
+    devices TEXT NOT NULL DEFAULT '[]',
+    attempts INTEGER NOT NULL DEFAULT 1,
+    pid INTEGER,
+    pid_started INTEGER,
+    cancel_requested_at REAL,
+    created_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    updated_at REAL NOT NULL,
+    progress TEXT,
+    eval TEXT,
+    result TEXT,
+    error TEXT,
+    progress_offset INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, priority DESC, seq);
+CREATE TABLE IF NOT EXISTS metrics (
+    job_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    time REAL NOT NULL,
+    value REAL NOT NULL,
+    PRIMARY KEY (job_id, name, step)
+) WITHOUT ROWID;
+"""
+
+_JSON_COLUMNS = ("spec", "devices", "progress", "eval", "result", "error")
+
+
+def _row_to_record(row: sqlite3.Row) -> JobRecord:
+    values = dict(row)
+    for column in _JSON_COLUMNS:
+        raw = values[column]
+        values[column] = json.loads(raw) if raw is not None else None
+    values["state"] = JobState(values["state"])
+    return JobRecord(**values)
+
+
+def _dumps(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
+class JobStore:
+    """Thread-safe access to the jobs in one SQLite file."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._write_lock = threading.Lock()
+        self._local = threading.local()
+        self._writer = self._connect()
+        with self._write_lock:
+            self._writer.executescript(_SCHEMA)
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self._path, isolation_level=None, check_same_thread=False, timeout=30.0
+        )
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA journal_mode=WAL")
+        # FULL: a commit is on disk before it returns, so an acknowledged job is never lost.
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA busy_timeout=30000")
+        return conn
+
+    def _reader(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._connect()
+            self._local.conn = conn
+        return conn
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._write_lock:
+            self._writer.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._writer
+            except BaseException:
+                self._writer.execute("ROLLBACK")
+                raise
+            self._writer.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._write_lock:
+            self._writer.close()
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    # --- reads -------------------------------------------------------------------------
+
+    def get(self, job_id: str) -> JobRecord | None:
+        row = self._reader().execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return _row_to_record(row) if row is not None else None
+
+    def page(
+        self, *, states: Iterable[JobState] = (), limit: int = 50, before_seq: int | None = None
+    ) -> tuple[list[JobRecord], int]:
+        """Newest first; jobs with seq below `before_seq` when given. Returns (page, count)."""
+        where, params = [], []
+        state_values = [state.value for state in states]
+        if state_values:
+            where.append(f"state IN ({','.join('?' * len(state_values))})")
+            params.extend(state_values)
+        filter_sql = f"WHERE {' AND '.join(where)}" if where else ""
+        conn = self._reader()
+        count = conn.execute(f"SELECT COUNT(*) FROM jobs {filter_sql}", params).fetchone()[0]
+        if before_seq is not None:
+            where.append("seq < ?")
+            params.append(before_seq)
+        page_sql = f"WHERE {' AND '.join(where)}" if where else ""
+        rows = conn.execute(
+            f"SELECT * FROM jobs {page_sql} ORDER BY seq DESC LIMIT ?", [*params, limit]
+        ).fetchall()
+        return [_row_to_record(row) for row in rows], count
+
+    def queued(self) -> list[JobRecord]:
+        """Queued jobs in the order they should run: highest priority, then oldest."""
+        rows = (
+            self._reader()
+            .execute("SELECT * FROM jobs WHERE state = 'queued' ORDER BY priority DESC, seq")
+            .fetchall()
+        )
+        return [_row_to_record(row) for row in rows]
+
+    def running(self) -> list[JobRecord]:
+        rows = (
+            self._reader()
+            .execute("SELECT * FROM jobs WHERE state = 'running' ORDER BY seq")
+            .fetchall()
+        )
+        return [_row_to_record(row) for row in rows]
+
+    def count_by_state(self) -> dict[JobState, int]:
+        rows = self._reader().execute("SELECT state, COUNT(*) FROM jobs GROUP BY state")
+        counts = dict.fromkeys(JobState, 0)
+        for state, count in rows:
+            counts[JobState(state)] = count
+        return counts
+
+    def metrics(self, job_id: str) -> list[MetricPoint]:
+        rows = self._reader().execute(
+            "SELECT name, step, time, value FROM metrics WHERE job_id = ? ORDER BY name, step",
+            (job_id,),
+        )
+        return [MetricPoint(*row) for row in rows]
+
+    # --- writes ------------------------------------------------------------------------
+
+    def create(self, spec: dict[str, Any]) -> JobRecord:
+        """Store a new queued job; committed before this returns."""
+        now = time.time()
+        with self._transaction() as conn:
+            for _ in range(5):  # an id collision is vanishingly rare; retry a few times
+                job_id = new_job_id()
+                try:
+                    conn.execute(
+                        "INSERT INTO jobs (id, name, state, priority, spec, created_at, updated_at)"
+                        " VALUES (?, ?, 'queued', ?, ?, ?, ?)",
+                        (job_id, spec["name"], spec["priority"], _dumps(spec), now, now),
+                    )
+                    break
+                except sqlite3.IntegrityError:
+                    continue
+            else:
+                raise RuntimeError("Could not find a free job id after 5 tries.")
+        record = self.get(job_id)
+        assert record is not None
+        return record
+
+    def _update(self, job_id: str, where_state: JobState | None, **fields: Any) -> bool:
+        fields["updated_at"] = time.time()
+        for column in _JSON_COLUMNS:
+            if column in fields:
+                fields[column] = _dumps(fields[column])
+        if "state" in fields:
+            fields["state"] = JobState(fields["state"]).value
+        assignments = ", ".join(f"{column} = ?" for column in fields)
+        sql = f"UPDATE jobs SET {assignments} WHERE id = ?"
+        params = [*fields.values(), job_id]
+        if where_state is not None:
+            sql += " AND state = ?"
+            params.append(where_state.value)
+        with self._transaction() as conn:
+            return conn.execute(sql, params).rowcount == 1
+
+    def mark_running(self, job_id: str, *, devices: list[str]) -> bool:
+        """Queued -> running, holding `devices`; the worker is recorded once it exists."""
+        return self._update(
+            job_id,
+            JobState.QUEUED,
+            state=JobState.RUNNING,
+            devices=devices,
+            pid=None,
+            pid_started=None,
+            cancel_requested_at=None,
+            started_at=time.time(),
+            finished_at=None,
+            result=None,
+            error=None,
+        )
+
+    def set_worker(self, job_id: str, *, pid: int, pid_started: int | None) -> bool:
+        """Record the worker process of a running job, so a restarted service can adopt it."""
+        return self._update(job_id, JobState.RUNNING, pid=pid, pid_started=pid_started)
+
+    def cancel_queued(self, job_id: str) -> bool:
+        """Queued -> cancelled, at once. False when the job is no longer queued."""
+        return self._update(
+            job_id, JobState.QUEUED, state=JobState.CANCELLED, finished_at=time.time()
+        )
+
+    def request_cancel(self, job_id: str) -> bool:
+        """Mark a running job for cancellation; the supervisor signals its worker."""
+        return self._update(job_id, JobState.RUNNING, cancel_requested_at=time.time())
+
+    def finish(
+        self,
+        job_id: str,
+        state: JobState,
+        *,
+        result: dict[str, Any] | None,
+        error: dict[str, Any] | None,
+    ) -> bool:
+        """Running -> a terminal state; the devices are free again."""
+        return self._update(
+            job_id,
+            JobState.RUNNING,
+            state=state,
+            result=result,
+            error=error,
+            devices=[],
+            pid=None,
+            pid_started=None,
+            finished_at=time.time(),
+        )
+
+    def fail_queued(self, job_id: str, *, error: dict[str, Any]) -> bool:
+        """Queued -> failed, for a job that can never start here."""
+        return self._update(
+            job_id, JobState.QUEUED, state=JobState.FAILED, error=error, finished_at=time.time()
+        )
+
+    def requeue(self, job_id: str) -> bool:
+        """Running -> queued for another attempt (its worker is gone); attempts += 1."""
+        with self._transaction() as conn:
+            return (
+                conn.execute(
+                    "UPDATE jobs SET state = 'queued', devices = '[]', pid = NULL,"
+                    " pid_started = NULL, attempts = attempts + 1, updated_at = ?"
+                    " WHERE id = ? AND state = 'running'",
+                    (time.time(), job_id),
+                ).rowcount
+                == 1
+            )
+
+    def record_progress(
+        self,
+        job_id: str,
+        *,
+        offset: int,
+        progress: dict[str, Any] | None,
+        eval: dict[str, Any] | None,
+        points: list[MetricPoint],
+    ) -> None:
+        """Fold a batch of progress lines in: the latest snapshot, the offset read up to,
+        and the scalar points (a step seen again after a resume is overwritten)."""
+        with self._transaction() as conn:
+            conn.execute(
+                "UPDATE jobs SET progress = ?, eval = ?, progress_offset = ?, updated_at = ?"
+                " WHERE id = ?",
+                (_dumps(progress), _dumps(eval), offset, time.time(), job_id),
+            )
+            conn.executemany(
+                "INSERT OR REPLACE INTO metrics (job_id, name, step, time, value)"
+                " VALUES (?, ?, ?, ?, ?)",
+                [(job_id, p.name, p.step, p.time, p.value) for p in points],
+            )

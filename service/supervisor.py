@@ -1,0 +1,247 @@
+"""The supervisor: one background thread that keeps the store true to the worker processes.
+
+Every `poll_seconds` (or at once when woken by a submit or cancel) it
+  1. tails each running job's progress.jsonl into the store and out to event listeners,
+  2. sends SIGTERM to workers whose job was cancelled, SIGKILL after the grace period,
+  3. reaps workers that ended and records the final state (see `service.outcomes`),
+  4. starts the queued jobs the scheduler places on free devices.
+
+On start it recovers from a previous service: a living worker is adopted, a job whose
+worker is gone is requeued (it resumes from its latest checkpoint), or finished from its
+result.json when the worker ended while nobody watched.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from service.devices import DevicePool
+from service.events import JobEvent
+from service.outcomes import final_state
+from service.progress import fold_progress
+from service.runfiles import tail_lines
+from service.scheduler import never_fit, next_placements
+from service.schemas import JobPublic
+from service.settings import Settings
+from service.store import JobRecord, JobState, JobStore
+from service.workers import Worker, WorkerExit, adopt_worker, spawn_worker
+from trainer.rundir import RunDir, read_progress
+
+log = logging.getLogger(__name__)
+
+# Lines of worker.log kept with a failed job.
+ERROR_LOG_LINES = 30
+
+
+@dataclass
+class _Tail:
+    """Where the supervisor is in one job's progress.jsonl, and what it folded so far."""
+
+    offset: int
+    progress: dict[str, Any] | None
+    eval: dict[str, Any] | None
+
+
+class Supervisor:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        store: JobStore,
+        pool: DevicePool,
+        publish: Callable[[JobEvent], None],
+    ) -> None:
+        self._settings = settings
+        self._store = store
+        self._pool = pool
+        self._publish = publish
+        self._workers: dict[str, Worker] = {}
+        self._tails: dict[str, _Tail] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.recover()
+        self._thread = threading.Thread(target=self._run, name="supervisor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop watching. Workers keep running; the next service adopts them."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def wake(self) -> None:
+        """Look at the store now (a job was submitted or cancelled)."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # never let one bad tick stop supervision
+                log.exception("Supervisor tick failed; retrying")
+            self._wake.wait(self._settings.poll_seconds)
+            self._wake.clear()
+
+    def run_dir(self, job_id: str) -> RunDir:
+        return RunDir(self._settings.runs_dir / job_id)
+
+    # --- recovery ----------------------------------------------------------------------
+
+    def recover(self) -> None:
+        for job in self._store.running():
+            run = self.run_dir(job.id)
+            self._tails[job.id] = _Tail(job.progress_offset, job.progress, job.eval)
+            worker = (
+                adopt_worker(job_id=job.id, run=run, pid=job.pid, started=job.pid_started)
+                if job.pid is not None
+                else None
+            )
+            if worker is not None:
+                self._workers[job.id] = worker
+                continue
+            self._read_progress(job.id)  # what the worker wrote while nobody watched
+            result = run.read_result()
+            if result is not None or job.cancel_requested_at is not None:
+                self._finish(job, WorkerExit(), killed=False)
+            else:
+                self._tails.pop(job.id)
+                if self._store.requeue(job.id):
+                    log.warning(
+                        "Job %s: its worker is gone; requeued to resume from its latest checkpoint",
+                        job.id,
+                    )
+                    self._publish_state(job.id)
+
+    # --- one pass ----------------------------------------------------------------------
+
+    def tick(self) -> None:
+        running = {job.id: job for job in self._store.running()}
+        for job_id, worker in list(self._workers.items()):
+            job = running.get(job_id)
+            if job is None:  # finished by someone else; nothing left to watch
+                self._workers.pop(job_id)
+                self._tails.pop(job_id, None)
+                continue
+            self._read_progress(job_id)
+            self._enforce_cancel(job, worker)
+            exit = worker.poll()
+            if exit is not None:
+                self._read_progress(job_id)  # the last lines, written just before the exit
+                self._finish(job, exit, killed=worker.killed)
+        self._schedule()
+
+    def _enforce_cancel(self, job: JobRecord, worker: Worker) -> None:
+        if job.cancel_requested_at is None:
+            return
+        if worker.term_sent_at is None:
+            log.info("Job %s: cancel requested, sending SIGTERM to pid %d", job.id, worker.pid)
+            worker.terminate()
+        elif (
+            not worker.killed
+            and time.monotonic() - worker.term_sent_at > self._settings.cancel_grace_seconds
+        ):
+            log.warning(
+                "Job %s: no exit %gs after SIGTERM, sending SIGKILL",
+                job.id,
+                self._settings.cancel_grace_seconds,
+            )
+            worker.kill()
+
+    def _read_progress(self, job_id: str) -> None:
+        tail = self._tails[job_id]
+        lines, offset = read_progress(self.run_dir(job_id).progress, tail.offset)
+        if offset == tail.offset:
+            return
+        tail.progress, tail.eval, points = fold_progress(tail.progress, tail.eval, lines)
+        tail.offset = offset
+        self._store.record_progress(
+            job_id, offset=offset, progress=tail.progress, eval=tail.eval, points=points
+        )
+        for line in lines:
+            self._publish(JobEvent(job_id, str(line.get("event", "progress")), line))
+
+    def _finish(self, job: JobRecord, exit: WorkerExit, *, killed: bool) -> None:
+        run = self.run_dir(job.id)
+        final = final_state(
+            exit,
+            run.read_result(),
+            cancel_requested=job.cancel_requested_at is not None,
+            killed_after_grace=killed,
+            grace_seconds=self._settings.cancel_grace_seconds,
+            log_tail=tail_lines(run.log, ERROR_LOG_LINES),
+        )
+        self._store.finish(job.id, final.state, result=final.result, error=final.error)
+        self._workers.pop(job.id, None)
+        self._tails.pop(job.id, None)
+        log.info(
+            "Job %s %s%s",
+            job.id,
+            final.state.value,
+            f": {final.error['reason']}" if final.error else "",
+        )
+        self._publish_state(job.id)
+
+    def _schedule(self) -> None:
+        queued = self._store.queued()
+        if not queued:
+            return
+        unfit = never_fit(queued, self._pool)
+        for job in unfit:
+            reason = (
+                f"The job needs {self._pool.needed(job.spec['towers'])} devices but this "
+                f"service has {len(self._pool.devices)}: {self._pool.describe()}."
+            )
+            if self._store.fail_queued(job.id, error={"reason": reason}):
+                self._publish_state(job.id)
+        queued = [job for job in queued if job not in unfit]
+        held = [device for job in self._store.running() for device in job.devices]
+        for placement in next_placements(queued, self._pool, held):
+            self._start(placement.job, placement.devices)
+
+    def _start(self, job: JobRecord, devices: list[str]) -> None:
+        if not self._store.mark_running(job.id, devices=devices):
+            return  # cancelled since the queue was read
+        run = self.run_dir(job.id)
+        try:
+            worker = spawn_worker(
+                job_id=job.id,
+                spec=job.spec,
+                run=run,
+                python=self._settings.python,
+                module=self._settings.worker_module,
+                nice=self._settings.worker_nice,
+                cuda_visible_devices=self._pool.cuda_visible_devices(devices),
+                attempt=job.attempts,
+            )
+        except OSError as error:
+            log.exception("Job %s: could not start its worker", job.id)
+            self._store.finish(
+                job.id,
+                JobState.FAILED,
+                result=None,
+                error={"reason": f"Could not start the worker: {error}"},
+            )
+            self._publish_state(job.id)
+            return
+        self._store.set_worker(job.id, pid=worker.pid, pid_started=worker.started)
+        self._workers[job.id] = worker
+        self._tails[job.id] = _Tail(job.progress_offset, job.progress, job.eval)
+        self._publish_state(job.id)
+
+    def _publish_state(self, job_id: str) -> None:
+        job = self._store.get(job_id)
+        if job is not None:
+            self._publish(
+                JobEvent(job_id, "state", JobPublic.from_record(job).model_dump(mode="json"))
+            )

@@ -1,0 +1,153 @@
+"""Worker processes: start one for a job, find it again after a restart, signal it, reap it.
+
+A worker is `python -m trainer run --job-dir runs/<id>`, started under `nice` so the API
+stays quick while training uses every core, in its own session (so a signal to the service
+does not reach it and it outlives a service restart), with stdout and stderr appended to
+the run's worker.log. After a restart, a worker is only ours again if it is the same
+process (see `service.processes`): same pid, same start time, its job dir in its argv.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from service.processes import is_same_process, start_time
+from trainer.rundir import RunDir, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+# The project root, so `python -m trainer` imports this checkout's trainer from anywhere.
+_PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """How a worker ended: an exit code, a signal, or neither when it was adopted (not our
+    child, so its status cannot be read)."""
+
+    code: int | None = None
+    signal: int | None = None
+
+    @classmethod
+    def from_returncode(cls, returncode: int) -> WorkerExit:
+        return cls(signal=-returncode) if returncode < 0 else cls(code=returncode)
+
+
+def is_worker_alive(pid: int, started: int | None, run_dir: Path) -> bool:
+    """True when `pid` is still the worker started for `run_dir` (not a reused pid)."""
+    return is_same_process(pid, started, str(run_dir))
+
+
+@dataclass
+class Worker:
+    """A running worker the supervisor watches."""
+
+    job_id: str
+    run: RunDir
+    pid: int
+    started: int | None
+    process: subprocess.Popen[bytes] | None  # None when adopted after a restart
+    term_sent_at: float | None = None
+    killed: bool = False
+
+    @property
+    def adopted(self) -> bool:
+        return self.process is None
+
+    def poll(self) -> WorkerExit | None:
+        """How the worker ended, or None while it runs."""
+        if self.process is not None:
+            returncode = self.process.poll()
+            return None if returncode is None else WorkerExit.from_returncode(returncode)
+        if is_worker_alive(self.pid, self.started, self.run.root):
+            return None
+        return WorkerExit()
+
+    def terminate(self) -> None:
+        """SIGTERM: the trainer finishes its step, writes a checkpoint and exits 3."""
+        self.term_sent_at = time.monotonic()
+        self._signal(signal.SIGTERM, group=False)
+
+    def kill(self) -> None:
+        """SIGKILL the worker and anything it started."""
+        self.killed = True
+        self._signal(signal.SIGKILL, group=True)
+
+    def _signal(self, signum: signal.Signals, *, group: bool) -> None:
+        if self.process is None and not is_worker_alive(self.pid, self.started, self.run.root):
+            return  # never signal a pid that is no longer our worker
+        if self.process is not None and self.process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            if group:
+                os.killpg(self.pid, signum)  # the worker leads its own session
+            else:
+                os.kill(self.pid, signum)
+
+
+def spawn_worker(
+    *,
+    job_id: str,
+    spec: dict[str, Any],
+    run: RunDir,
+    python: str,
+    module: str,
+    nice: int,
+    cuda_visible_devices: str,
+    attempt: int,
+) -> Worker:
+    """Write spec.json and start the worker process for one attempt of a job."""
+    run.root.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run.spec, spec)
+    # A result.json left by an earlier attempt would be read as this attempt's.
+    run.result.unlink(missing_ok=True)
+    command = [python, "-m", module, "run", "--job-dir", str(run.root)]
+    if nice > 0:
+        command = ["nice", "-n", str(nice), *command]
+    env = dict(os.environ)
+    env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(_PROJECT_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    env["TOWERBOARD_JOB_ID"] = job_id
+    with open(run.log, "ab") as log_file:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+        log_file.write(
+            f"--- towerboard: attempt {attempt} of job {job_id} starting at {stamp},"
+            f" CUDA_VISIBLE_DEVICES={cuda_visible_devices!r} ---\n".encode()
+        )
+        log_file.flush()
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd=run.root,
+            env=env,
+            start_new_session=True,
+        )
+    log.info("Started worker pid %d for job %s (attempt %d)", process.pid, job_id, attempt)
+    return Worker(
+        job_id=job_id,
+        run=run,
+        pid=process.pid,
+        started=start_time(process.pid),
+        process=process,
+    )
+
+
+def adopt_worker(*, job_id: str, run: RunDir, pid: int, started: int | None) -> Worker | None:
+    """The worker a previous service started for this job, if it is still running."""
+    if not is_worker_alive(pid, started, run.root):
+        return None
+    log.info("Adopted running worker pid %d for job %s", pid, job_id)
+    return Worker(job_id=job_id, run=run, pid=pid, started=started, process=None)

@@ -1,0 +1,65 @@
+"""Bearer-token auth for every route but /healthz, when `TOWERBOARD_TOKEN` is set.
+
+A plain ASGI middleware rather than a dependency, so it also covers the TensorBoard proxy,
+the OpenAPI docs and streamed responses, at no cost to requests when auth is off. A
+browser, which cannot add headers to TensorBoard's own requests, may send the token as the
+`towerboard_token` cookie instead.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from http.cookies import SimpleCookie
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+OPEN_PATHS = frozenset({"/healthz"})
+COOKIE_NAME = "towerboard_token"
+
+
+def _presented_token(scope: Scope) -> str | None:
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+        elif name == b"cookie":
+            cookie: SimpleCookie = SimpleCookie()
+            cookie.load(value.decode("latin-1"))
+            if COOKIE_NAME in cookie:
+                return cookie[COOKIE_NAME].value
+    return None
+
+
+class BearerAuth:
+    def __init__(self, app: ASGIApp, *, token: str) -> None:
+        self._app = app
+        self._token = token.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self._app(scope, receive, send)
+            return
+        presented = _presented_token(scope)
+        if presented is not None and hmac.compare_digest(presented.encode(), self._token):
+            await self._app(scope, receive, send)
+            return
+        detail = (
+            "Missing bearer token. Expected header 'Authorization: Bearer <TOWERBOARD_TOKEN>'."
+            if presented is None
+            else "Invalid bearer token. Expected the token in TOWERBOARD_TOKEN."
+        )
+        body = json.dumps({"detail": detail, "errors": []}).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b'Bearer realm="towerboard"'),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,89 @@
+"""The `towerboard` command. Verbs are subcommands; `serve` runs the service.
+
+    towerboard serve [--host H] [--port P] [--data-dir D]
+
+Everything else comes from `TOWERBOARD_*` environment variables (see service/settings.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from service.settings import Settings
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from service.main import create_app
+
+    overrides = {
+        key: value
+        for key, value in (("host", args.host), ("port", args.port), ("data_dir", args.data_dir))
+        if value is not None
+    }
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as error:
+        for item in error.errors(include_url=False):
+            field = ".".join(str(part) for part in item["loc"])
+            logging.getLogger("towerboard").error(
+                "Invalid setting TOWERBOARD_%s: %s", field.upper(), item["msg"]
+            )
+        return 2
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=args.log_level,
+        access_log=args.access_log,
+        timeout_graceful_shutdown=5,
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="towerboard", description="A monitoring-first TensorFlow training service."
+    )
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    serve = verbs.add_parser(
+        "serve",
+        help="run the API, the job queue and its workers",
+        description="Serve the API on HOST:PORT with the job store and runs under DATA_DIR.",
+    )
+    serve.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to listen on (default 8000)")
+    serve.add_argument(
+        "--data-dir", type=Path, help="job store and runs directory (default ./data)"
+    )
+    serve.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
+    serve.add_argument(
+        "--no-access-log", dest="access_log", action="store_false", help="do not log each request"
+    )
+    serve.set_defaults(handler=_serve)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper(), logging.INFO)
+        if hasattr(args, "log_level")
+        else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    handler = args.handler
+    return int(handler(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

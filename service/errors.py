@@ -1,0 +1,75 @@
+"""One JSON shape for every error: `{"detail": "...", "errors": [{"field", "message"}]}`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from trainer.spec import field_errors
+
+
+class FieldErrors(Exception):
+    """422 with the given field errors (for checks made after the schema's own)."""
+
+    def __init__(self, errors: list[dict[str, str]], detail: str | None = None) -> None:
+        self.errors = errors
+        self.detail = detail or _count_detail(len(errors))
+
+
+def _count_detail(count: int) -> str:
+    return f"Invalid request: {count} error{'s' if count != 1 else ''}; see `errors`."
+
+
+class _RequestErrors:
+    """FastAPI's error list in the shape `trainer.spec.field_errors` reads."""
+
+    def __init__(self, items: list[dict[str, Any]]) -> None:
+        self._items = items
+
+    def errors(self, include_url: bool = False) -> list[dict[str, Any]]:
+        return self._items
+
+
+def _request_field_errors(exc: RequestValidationError) -> list[dict[str, str]]:
+    items = []
+    for item in exc.errors():
+        item = dict(item)
+        loc = tuple(item.get("loc", ()))
+        if item.get("type") == "json_invalid":
+            item["loc"] = ("(body)",)
+            item["msg"] = (
+                f"Expected a JSON body. {item.get('ctx', {}).get('error', 'Invalid JSON')}"
+            )
+            item.pop("input", None)
+        elif loc[:1] == ("body",):
+            item["loc"] = loc[1:]  # the body itself: "(spec)", as trainer.spec names it
+        items.append(item)
+    return field_errors(_RequestErrors(items))  # type: ignore[arg-type]
+
+
+def error_body(detail: str, errors: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    return {"detail": detail, "errors": errors or []}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = _request_field_errors(exc)
+        return JSONResponse(error_body(_count_detail(len(errors)), errors), status_code=422)
+
+    @app.exception_handler(FieldErrors)
+    async def _field_errors(request: Request, exc: FieldErrors) -> JSONResponse:
+        return JSONResponse(error_body(exc.detail, exc.errors), status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        detail = str(exc.detail)
+        if exc.status_code == 404 and detail == "Not Found":  # no route matched
+            detail = f"No such resource: {request.method} {request.url.path}. See /docs."
+        elif exc.status_code == 405:
+            detail = f"{request.method} is not allowed on {request.url.path}. See /docs."
+        return JSONResponse(error_body(detail), status_code=exc.status_code, headers=exc.headers)

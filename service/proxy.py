@@ -1,0 +1,94 @@
+"""Reverse proxy from the service's `/tensorboard/*` to its TensorBoard on loopback.
+
+One port and one auth for everything: TensorBoard listens on 127.0.0.1 only and every
+request reaches it through here, streamed both ways with httpx. Query values that look
+like file paths leaving the logdir (`..` parts, absolute paths) are refused: some
+TensorBoard plugins join request parameters onto the logdir.
+"""
+
+from __future__ import annotations
+
+import logging
+from urllib.parse import parse_qsl
+
+import httpx
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
+
+from service.tensorboard import PATH_PREFIX, TensorBoardLauncher
+
+log = logging.getLogger(__name__)
+
+# Headers that describe one connection, not the message (RFC 9110 7.6.1), plus the
+# service's own credentials, which TensorBoard has no business seeing.
+_HOP_BY_HOP = {
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+    "trailer", "transfer-encoding", "upgrade", "host",
+}  # fmt: skip
+_REQUEST_DROP = _HOP_BY_HOP | {"authorization", "cookie"}
+_RESPONSE_DROP = _HOP_BY_HOP | {"date", "server"}
+
+
+def _escapes(value: str) -> bool:
+    """True when a value read as a path could leave the directory it is joined to."""
+    parts = value.replace("\\", "/").split("/")
+    return value.startswith(("/", "\\")) or ".." in parts or "\x00" in value
+
+
+def _error(status: int, detail: str) -> JSONResponse:
+    return JSONResponse({"detail": detail, "errors": []}, status_code=status)
+
+
+async def proxy_tensorboard(
+    request: Request, launcher: TensorBoardLauncher, client: httpx.AsyncClient
+) -> Response:
+    raw_path = request.scope.get("raw_path") or request.url.path.encode()
+    path = raw_path.decode("latin-1")
+    if path == PATH_PREFIX:
+        return RedirectResponse(f"{PATH_PREFIX}/", status_code=307)
+    query = request.url.query
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if _escapes(value):
+            return _error(
+                400,
+                f"Query parameter {name!r} must not be a path outside TensorBoard's logdir. "
+                f"Received: {value!r}",
+            )
+    if _escapes(request.url.path.removeprefix(PATH_PREFIX + "/")):
+        return _error(400, f"Path must stay under {PATH_PREFIX}/. Received: {request.url.path!r}")
+
+    instance = await launcher.wait_ready()
+    if instance is None:
+        detail = "TensorBoard is not running. Start it with POST /api/v1/tensorboard."
+        if launcher.last_error:
+            detail = f"{detail} Last error: {launcher.last_error}"
+        return _error(503, detail)
+    launcher.touch()
+
+    url = f"{instance.upstream}{path}" + (f"?{query}" if query else "")
+    headers = [
+        (name, value)
+        for name, value in request.headers.raw
+        if name.decode("latin-1").lower() not in _REQUEST_DROP
+    ]
+    upstream_request = client.build_request(
+        request.method, url, headers=headers, content=request.stream()
+    )
+    try:
+        upstream = await client.send(upstream_request, stream=True)
+    except httpx.HTTPError as error:
+        log.warning("TensorBoard proxy: %s %s failed: %s", request.method, path, error)
+        return _error(502, f"TensorBoard did not answer: {error}")
+    response = StreamingResponse(
+        upstream.aiter_raw(),
+        status_code=upstream.status_code,
+        background=BackgroundTask(upstream.aclose),
+    )
+    # Raw bytes as TensorBoard sent them (gzip included), with its headers, repeats kept.
+    response.raw_headers = [
+        (name.encode("latin-1"), value.encode("latin-1"))
+        for name, value in upstream.headers.multi_items()
+        if name.lower() not in _RESPONSE_DROP
+    ]
+    return response

@@ -1,0 +1,24 @@
+"""/api/v1/devices: the devices the service gives to jobs, and who holds each."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from service.deps import RuntimeDep
+from service.schemas import DevicePublic, DevicesPublic
+
+router = APIRouter(prefix="/devices", tags=["devices"])
+
+
+@router.get("", response_model=DevicesPublic)
+async def read_devices(runtime: RuntimeDep) -> DevicesPublic:
+    """Each GPU (or, on a CPU-only host, each job slot) and the running job holding it."""
+    pool = runtime.pool
+    holders = {device: job.id for job in runtime.store.running() for device in job.devices}
+    return DevicesPublic(
+        data=[
+            DevicePublic(id=device, kind="gpu" if pool.gpu else "cpu", job_id=holders.get(device))
+            for device in pool.devices
+        ],
+        max_towers=pool.max_towers,
+    )

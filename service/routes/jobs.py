@@ -1,0 +1,247 @@
+"""/api/v1/jobs: submit, list, read, cancel, follow, and read what a job wrote."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response
+from fastapi.responses import PlainTextResponse, StreamingResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from service.admission import admit
+from service.checkpoints import find_checkpoint, list_checkpoints, open_archive
+from service.deps import JobDep, RuntimeDep
+from service.errors import FieldErrors
+from service.events import JobEvent
+from service.runfiles import inside, tail_lines
+from service.schemas import (
+    CheckpointPublic,
+    CheckpointsPublic,
+    ErrorPublic,
+    JobCreate,
+    JobPublic,
+    JobsPublic,
+    MetricPointPublic,
+    MetricsPublic,
+)
+from service.store import JobRecord, JobState
+from trainer.rundir import RunDir
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+_NOT_FOUND = {404: {"model": ErrorPublic, "description": "No such job"}}
+_JSON = "application/json"
+
+
+def _job_json(job: JobRecord) -> bytes:
+    # Serialised by pydantic-core straight to bytes: the status route is the hot path.
+    return JobPublic.from_record(job).model_dump_json().encode()
+
+
+def _run(runtime: RuntimeDep, job: JobRecord) -> RunDir:
+    return RunDir(runtime.settings.runs_dir / job.id)
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=JobPublic,
+    responses={422: {"model": ErrorPublic, "description": "Every problem with the spec"}},
+)
+def create_job(job_in: JobCreate, runtime: RuntimeDep) -> Response:
+    """Validate a job spec, store it as `queued` and return it with its id."""
+    spec, errors = admit(job_in, pool=runtime.pool, data_roots=runtime.settings.allowed_data_roots)
+    if errors:
+        raise FieldErrors(errors)
+    job = runtime.store.create(spec.model_dump(mode="json"))
+    runtime.launcher.add_job(job.id)
+    runtime.supervisor.wake()
+    return Response(_job_json(job), status_code=201, media_type=_JSON)
+
+
+@router.get("", response_model=JobsPublic)
+async def read_jobs(
+    runtime: RuntimeDep,
+    state: Annotated[list[JobState], Query(description="Only jobs in these states")] = [],  # noqa: B006
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page")] = None,
+) -> Response:
+    """Jobs, newest first, a page at a time."""
+    before = None
+    if cursor is not None:
+        if not cursor.isdigit():
+            raise FieldErrors(
+                [
+                    {
+                        "field": "query.cursor",
+                        "message": "Expected the `next_cursor` of a previous page. "
+                        f"Received: {cursor!r}",
+                    }
+                ]
+            )
+        before = int(cursor)
+    # One more than asked tells whether there is a next page.
+    jobs, count = runtime.store.page(states=state, limit=limit + 1, before_seq=before)
+    more = len(jobs) > limit
+    jobs = jobs[:limit]
+    page = JobsPublic(
+        data=[JobPublic.from_record(job) for job in jobs],
+        count=count,
+        next_cursor=str(jobs[-1].seq) if more else None,
+    )
+    return Response(page.model_dump_json(), media_type=_JSON)
+
+
+@router.get("/{job_id}", response_model=JobPublic, responses=_NOT_FOUND)
+async def read_job(job: JobDep) -> Response:
+    """A job's state, progress, latest eval, result and error."""
+    return Response(_job_json(job), media_type=_JSON)
+
+
+@router.post(
+    "/{job_id}/cancel",
+    response_model=JobPublic,
+    responses={
+        **_NOT_FOUND,
+        202: {"model": JobPublic, "description": "Running: SIGTERM sent, the job ends soon"},
+        409: {"model": ErrorPublic, "description": "The job has already ended"},
+    },
+)
+def cancel_job(job: JobDep, runtime: RuntimeDep) -> Response:
+    """Cancel a job: a queued one at once (200); a running one gets SIGTERM, checkpoints
+    and exits, or is killed after the grace period (202)."""
+    store = runtime.store
+    if store.cancel_queued(job.id):
+        status = 200
+        cancelled = store.get(job.id)
+        assert cancelled is not None
+        runtime.broker.publish(
+            JobEvent(job.id, "state", JobPublic.from_record(cancelled).model_dump(mode="json"))
+        )
+    elif store.request_cancel(job.id):
+        status = 202
+        runtime.supervisor.wake()
+    else:
+        current = store.get(job.id)
+        state = current.state.value if current else job.state.value
+        raise HTTPException(
+            409,
+            f"Job {job.id!r} is already {state}; only queued or running jobs can be cancelled.",
+        )
+    updated = store.get(job.id)
+    assert updated is not None
+    return Response(_job_json(updated), status_code=status, media_type=_JSON)
+
+
+@router.get(
+    "/{job_id}/events",
+    response_class=EventSourceResponse,
+    responses={
+        **_NOT_FOUND,
+        200: {
+            "content": {"text/event-stream": {}},
+            "description": "`state` events (the job as JSON) and the worker's progress "
+            "events (`start`, `progress`, `eval`, `checkpoint`, `trace`, `end`); the stream "
+            "ends after the job does.",
+        },
+    },
+)
+async def stream_job_events(job: JobDep, runtime: RuntimeDep) -> EventSourceResponse:
+    """Server-Sent Events of a job's progress and state changes, live."""
+
+    async def events() -> AsyncIterator[ServerSentEvent]:
+        with runtime.broker.listen(job.id) as queue:
+            # Read after subscribing, so no change falls between the two.
+            current = runtime.store.get(job.id)
+            assert current is not None
+            yield ServerSentEvent(event="state", data=_job_json(current).decode())
+            if current.state.is_terminal:
+                return
+            while True:
+                event = await queue.get()
+                yield ServerSentEvent(event=event.event, data=json.dumps(event.data))
+                if event.event == "state" and JobState(event.data["state"]).is_terminal:
+                    return
+
+    return EventSourceResponse(events(), ping=15)
+
+
+@router.get(
+    "/{job_id}/logs",
+    response_class=PlainTextResponse,
+    responses={**_NOT_FOUND, 200: {"content": {"text/plain": {}}}},
+)
+def read_job_logs(
+    job: JobDep,
+    runtime: RuntimeDep,
+    tail: Annotated[int, Query(ge=1, le=100_000, description="How many last lines")] = 200,
+) -> PlainTextResponse:
+    """The last lines of the job's worker.log (empty before its worker starts)."""
+    run = _run(runtime, job)
+    lines = tail_lines(run.log, tail) if inside(run.root, run.log) else []
+    return PlainTextResponse("".join(f"{line}\n" for line in lines))
+
+
+@router.get("/{job_id}/metrics", response_model=MetricsPublic, responses=_NOT_FOUND)
+async def read_job_metrics(job: JobDep, runtime: RuntimeDep) -> MetricsPublic:
+    """The job's scalar series, from its progress lines."""
+    series: dict[str, list[MetricPointPublic]] = {}
+    for point in runtime.store.metrics(job.id):
+        series.setdefault(point.name, []).append(
+            MetricPointPublic.model_validate(
+                {"step": point.step, "time": point.time, "value": point.value}
+            )
+        )
+    return MetricsPublic(job_id=job.id, series=series)
+
+
+@router.get("/{job_id}/checkpoints", response_model=CheckpointsPublic, responses=_NOT_FOUND)
+def read_job_checkpoints(job: JobDep, runtime: RuntimeDep, request: Request) -> CheckpointsPublic:
+    """The job's retained checkpoints: step, time and size of each."""
+    base = str(request.url_for("download_checkpoint", job_id=job.id, step=0)).rsplit("/", 1)[0]
+    return CheckpointsPublic(
+        job_id=job.id,
+        data=[
+            CheckpointPublic.model_validate(
+                {
+                    "step": checkpoint.step,
+                    "time": checkpoint.time,
+                    "size_bytes": checkpoint.size_bytes,
+                    "url": f"{base}/{checkpoint.step}",
+                }
+            )
+            for checkpoint in list_checkpoints(_run(runtime, job))
+        ],
+    )
+
+
+@router.get(
+    "/{job_id}/checkpoints/{step}",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"application/gzip": {}}, "description": "A .tar.gz of the checkpoint"},
+        404: {"model": ErrorPublic, "description": "No such job, or no such checkpoint"},
+    },
+)
+def download_checkpoint(job: JobDep, runtime: RuntimeDep, step: int) -> StreamingResponse:
+    """One checkpoint as a streamed .tar.gz with its spec.json, restorable by
+    `tf.train.Checkpoint` (extract it, then `tf.train.latest_checkpoint(dir)`)."""
+    run = _run(runtime, job)
+    checkpoint = find_checkpoint(run, step)
+    spec = (json.dumps(job.spec, indent=2, sort_keys=True) + "\n").encode()
+    archive = open_archive(checkpoint, spec) if checkpoint is not None else None
+    if archive is None:
+        steps = [c.step for c in list_checkpoints(run)]
+        raise HTTPException(
+            404,
+            f"Job {job.id!r} has no checkpoint at step {step}. "
+            f"Retained steps: {', '.join(map(str, steps)) or 'none'}.",
+        )
+    filename = f"{job.id}-ckpt-{step}.tar.gz"
+    return StreamingResponse(
+        archive,
+        media_type="application/gzip",
+        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+    )

@@ -1,0 +1,191 @@
+"""The API's request and response bodies, split by role."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.store import JobRecord, JobState
+from trainer.spec import JobSpec
+
+# Body of POST /jobs: exactly the trainer's job spec, validated by the same code.
+JobCreate = JobSpec
+
+
+def _time(value: float | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+class FieldError(BaseModel):
+    """One problem with one field of a request."""
+
+    field: str
+    message: str
+
+
+class ErrorPublic(BaseModel):
+    """Every 4xx/5xx body: what went wrong, and for 422 each field error."""
+
+    detail: str
+    errors: list[FieldError] = Field(default_factory=list)
+
+
+class ProgressPublic(BaseModel):
+    """A running job's latest progress, from the worker's progress.jsonl."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    step: int | None = None
+    total: int | None = None
+    percent: float | None = None
+    phase: str | None = None
+    loss: float | None = None
+    accuracy: float | None = None
+    examples_per_sec: float | None = None
+    eta_seconds: float | None = None
+    learning_rate: float | None = None
+    towers: int | None = None
+    tower_ms: list[float] | None = None
+    checkpoint: str | None = None
+    updated_at: datetime | None = None
+
+
+class EvalPublic(BaseModel):
+    """The latest evaluation of a job."""
+
+    step: int | None = None
+    loss: float | None = None
+    accuracy: float | None = None
+    time: datetime | None = None
+
+
+class JobErrorPublic(BaseModel):
+    """Why a job failed (or how a cancel ended in a kill), with the end of its log."""
+
+    reason: str
+    exit_code: int | None = None
+    signal: str | None = None
+    log_tail: list[str] = Field(default_factory=list)
+
+
+class JobPublic(BaseModel):
+    """A job as the API shows it."""
+
+    id: str
+    name: str
+    state: JobState
+    priority: int
+    spec: dict[str, Any]
+    devices: list[str]
+    attempts: int
+    cancel_requested: bool
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    updated_at: datetime
+    progress: ProgressPublic | None
+    eval: EvalPublic | None
+    result: dict[str, Any] | None = Field(description="The worker's result.json once it ends.")
+    error: JobErrorPublic | None
+
+    @classmethod
+    def from_record(cls, job: JobRecord) -> JobPublic:
+        progress = dict(job.progress) if job.progress else None
+        if progress is not None:
+            progress["updated_at"] = _time(progress.get("updated_at"))
+        eval = dict(job.eval) if job.eval else None
+        if eval is not None:
+            eval["time"] = _time(eval.get("time"))
+        return cls(
+            id=job.id,
+            name=job.name,
+            state=job.state,
+            priority=job.priority,
+            spec=job.spec,
+            devices=job.devices,
+            attempts=job.attempts,
+            cancel_requested=job.cancel_requested_at is not None,
+            created_at=_time(job.created_at),  # type: ignore[arg-type]
+            started_at=_time(job.started_at),
+            finished_at=_time(job.finished_at),
+            updated_at=_time(job.updated_at),  # type: ignore[arg-type]
+            progress=ProgressPublic.model_validate(progress) if progress else None,
+            eval=EvalPublic.model_validate(eval) if eval else None,
+            result=job.result,
+            error=JobErrorPublic.model_validate(job.error) if job.error else None,
+        )
+
+
+class JobsPublic(BaseModel):
+    """A page of jobs, newest first; pass `next_cursor` as `cursor` for the next page."""
+
+    data: list[JobPublic]
+    count: int = Field(description="Jobs matching the filter, over all pages.")
+    next_cursor: str | None
+
+
+class MetricPointPublic(BaseModel):
+    step: int
+    time: datetime
+    value: float
+
+
+class MetricsPublic(BaseModel):
+    """A job's scalar series (loss, accuracy, examples_per_sec, learning_rate, eval_loss,
+    eval_accuracy), each ordered by step."""
+
+    job_id: str
+    series: dict[str, list[MetricPointPublic]]
+
+
+class CheckpointPublic(BaseModel):
+    """One retained checkpoint of a job."""
+
+    step: int
+    time: datetime
+    size_bytes: int
+    url: str
+
+
+class CheckpointsPublic(BaseModel):
+    job_id: str
+    data: list[CheckpointPublic]
+
+
+class DevicePublic(BaseModel):
+    """A device the service gives to jobs (a GPU, or a job slot on a CPU-only host)."""
+
+    id: str
+    kind: str
+    job_id: str | None
+
+
+class DevicesPublic(BaseModel):
+    data: list[DevicePublic]
+    max_towers: int
+
+
+class TensorBoardCreate(BaseModel):
+    """Body of POST /tensorboard: the jobs to show, or all jobs when left out."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_ids: list[str] | None = Field(None, max_length=200)
+
+
+class TensorBoardPublic(BaseModel):
+    """The TensorBoard the service runs, if any."""
+
+    state: str = Field(description="stopped, starting or running")
+    url: str | None = None
+    job_ids: list[str] | None = None
+    pid: int | None = None
+    started_at: datetime | None = None
+    last_used_at: datetime | None = None
+    idle_stop_at: datetime | None = None
+
+
+class HealthPublic(BaseModel):
+    status: str

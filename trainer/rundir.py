@@ -113,8 +113,8 @@ def write_json_atomic(path: Path, payload: Any) -> None:
 class ProgressWriter:
     """Appends one JSON object a line to progress.jsonl and flushes it at once.
 
-    Every line carries `time` (unix seconds) and `event` (`start`, `progress`, `eval`,
-    `checkpoint`, `trace`, `end`); the rest are the fields the event has, among them
+    Every line carries `time` (unix seconds) and `event` (`start`, `progress`, `phase`,
+    `eval`, `checkpoint`, `trace`, `end`); the rest are the fields the event has, among them
     step, total, loss, accuracy, examples_per_sec, eta_seconds, phase, checkpoint,
     learning_rate, tower_ms, eval_loss, eval_accuracy.
     """

@@ -155,6 +155,8 @@ class DataSpec(_Strict):
     format: Literal["synthetic", "idx", "npz", "tfrecord"]
     path: str | None = None
     eval_fraction: float = Field(0.2, ge=0.0, lt=1.0)
+    # Kept for the public contract. The pipeline shuffles every epoch fully with a seeded
+    # index permutation, which needs no buffer (and keeps checkpoints tiny).
     shuffle_buffer: PositiveInt = 10_000
     augment: AugmentSpec = Field(default_factory=AugmentSpec)
     params: dict[str, Any] = Field(default_factory=dict)

@@ -44,14 +44,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         supervisor = Supervisor(settings=settings, store=store, pool=pool, publish=broker.publish)
         # No pooled keep-alive limit worth having: TensorBoard is one local upstream.
         http = httpx.AsyncClient(timeout=httpx.Timeout(300.0, connect=5.0))
-        launcher = TensorBoardLauncher(
-            settings=settings,
-            client=http,
-            all_job_ids=lambda: [job.id for job in store.page(limit=1_000_000)[0]],
-        )
+        launcher = TensorBoardLauncher(settings=settings, client=http)
         launcher.stop_orphan()
         supervisor.start()
-        idle_stop = asyncio.create_task(launcher.stop_when_idle())
+        tensorboard_watch = asyncio.create_task(launcher.watch())
         app.state.runtime = Runtime(
             settings=settings,
             store=store,
@@ -65,7 +61,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
-            idle_stop.cancel()
+            tensorboard_watch.cancel()
             supervisor.stop()  # workers keep running: the next service adopts them
             await launcher.stop()
             await http.aclose()

@@ -72,6 +72,9 @@ async def proxy_tensorboard(
         for name, value in request.headers.raw
         if name.decode("latin-1").lower() not in _REQUEST_DROP
     ]
+    if "accept-encoding" not in request.headers:
+        # Else httpx would ask for gzip, and the raw gzip would reach a client that did not.
+        headers.append((b"accept-encoding", b"identity"))
     upstream_request = client.build_request(
         request.method, url, headers=headers, content=request.stream()
     )

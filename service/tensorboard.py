@@ -1,11 +1,14 @@
 """The one TensorBoard the service runs for its users, as a subprocess on loopback.
 
-TensorBoard reads a "view" directory of links, one per shown job, to that job's `tb/`:
+TensorBoard reads a "view" logdir that mirrors the shown jobs' `tb/` folders with links:
 
-    <data_dir>/tensorboard/logdir/<job_id> -> <data_dir>/runs/<job_id>/tb
+    <data_dir>/tensorboard/logdir/<job_id>/train            -> runs/<job_id>/tb/train
+    <data_dir>/tensorboard/logdir/<job_id>/plugins/profile  -> runs/<job_id>/tb/plugins/profile
 
-so its runs are named `<job_id>/train`, `<job_id>/eval`, and the profile plugin (which
-only understands a single `--logdir`, not `--logdir_spec`) finds each job's traces. It
+so its runs are named `<job_id>/train`, `<job_id>/eval`. Real folders down to `plugins/`
+are needed because the profile plugin neither follows a linked folder while it searches
+nor understands `--logdir_spec`. The mirror is refreshed every few seconds, so folders a
+worker creates later (and, when every job is shown, jobs submitted later) appear. It
 serves under `--path_prefix /tensorboard`, which the service proxies (`service.proxy`).
 The service never imports TensorFlow or TensorBoard itself; this only starts a process.
 It is stopped after `tb_idle_minutes` without a proxied request, and a TensorBoard left by
@@ -24,7 +27,6 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +40,35 @@ log = logging.getLogger(__name__)
 PATH_PREFIX = "/tensorboard"
 _READY_TIMEOUT = 120.0  # TensorBoard imports TensorFlow: tens of seconds on a busy host
 _STOP_TIMEOUT = 10.0
+_MIRROR_SECONDS = 3.0
+
+
+def _link(link: Path, target: Path) -> None:
+    with contextlib.suppress(FileExistsError):
+        link.symlink_to(target, target_is_directory=True)
+
+
+def mirror_logdir(logdir: Path, runs_dir: Path, job_ids: tuple[str, ...] | None) -> None:
+    """Bring the view logdir up to date with the jobs' tb/ folders (None: every job)."""
+    if job_ids is None:
+        with os.scandir(runs_dir) as entries:
+            job_ids = tuple(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+    for job_id in job_ids:
+        source = runs_dir / job_id / "tb"
+        try:
+            entries = list(os.scandir(source))
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # not started yet
+        view = logdir / job_id
+        view.mkdir(exist_ok=True)
+        for entry in entries:
+            if entry.name == "plugins" and entry.is_dir(follow_symlinks=False):
+                (view / "plugins").mkdir(exist_ok=True)
+                with os.scandir(entry.path) as plugins:
+                    for plugin in plugins:
+                        _link(view / "plugins" / plugin.name, Path(plugin.path))
+            else:
+                _link(view / entry.name, Path(entry.path))
 
 
 @dataclass(frozen=True)
@@ -70,11 +101,9 @@ class TensorBoardLauncher:
         *,
         settings: Settings,
         client: httpx.AsyncClient,
-        all_job_ids: Callable[[], list[str]],
     ) -> None:
         self._settings = settings
         self._client = client
-        self._all_job_ids = all_job_ids
         self._home = settings.data_dir / "tensorboard"
         self._record = self._home / "instance.json"
         self._instance: TensorBoardInstance | None = None
@@ -138,26 +167,14 @@ class TensorBoardLauncher:
         async with self._lock:
             return await self._stop_locked()
 
-    def add_job(self, job_id: str) -> None:
-        """Show a newly submitted job when TensorBoard shows every job."""
-        instance = self._instance
-        if instance is not None and instance.job_ids is None:
-            self._link(instance.logdir, job_id)
-
     def _alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
-
-    def _link(self, logdir: Path, job_id: str) -> None:
-        link = logdir / job_id
-        with contextlib.suppress(FileExistsError):
-            link.symlink_to(self._settings.runs_dir / job_id / "tb", target_is_directory=True)
 
     def _launch(self, selection: tuple[str, ...] | None) -> TensorBoardInstance:
         logdir = self._home / "logdir"
         shutil.rmtree(logdir, ignore_errors=True)
         logdir.mkdir(parents=True)
-        for job_id in selection if selection is not None else self._all_job_ids():
-            self._link(logdir, job_id)
+        mirror_logdir(logdir, self._settings.runs_dir, selection)
         port = _free_port()
         command = [
             self._settings.python, "-m", "tensorboard.main",
@@ -227,17 +244,10 @@ class TensorBoardLauncher:
 
     async def _stop_locked(self, error: str | None = None) -> bool:
         process, instance = self._process, self._instance
-        self._process, self._instance = None, None
-        # Wake anyone waiting for readiness; they see no instance and give up.
-        self._ready.set()
-        self._ready = asyncio.Event()
         task, self._ready_task = self._ready_task, None
         if task is not None and task is not asyncio.current_task():
             task.cancel()
-        self._record.unlink(missing_ok=True)
-        if process is None or instance is None:
-            return False
-        if process.poll() is None:
+        if process is not None and process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
             try:
@@ -246,6 +256,14 @@ class TensorBoardLauncher:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 await asyncio.to_thread(process.wait)
+        # Only now "stopped": the process is gone. Wake anyone waiting for readiness;
+        # they find no instance and give up.
+        self._process, self._instance = None, None
+        self._ready.set()
+        self._ready = asyncio.Event()
+        self._record.unlink(missing_ok=True)
+        if instance is None:
+            return False
         log.info("Stopped TensorBoard pid %d%s", instance.pid, f" ({error})" if error else "")
         return True
 
@@ -266,13 +284,23 @@ class TensorBoardLauncher:
                 os.killpg(pid, signal.SIGTERM)
         self._record.unlink(missing_ok=True)
 
-    async def stop_when_idle(self) -> None:
-        """Run forever: stop TensorBoard once it has gone unused for the idle timeout."""
-        check_every = max(0.5, min(30.0, self.idle_seconds / 4))
+    async def watch(self) -> None:
+        """Run forever: keep the view logdir current, and stop TensorBoard once it has gone
+        unused for the idle timeout."""
         while True:
-            await asyncio.sleep(check_every)
-            if self._instance is not None and time.time() - self._last_used > self.idle_seconds:
+            await asyncio.sleep(min(_MIRROR_SECONDS, max(0.5, self.idle_seconds / 4)))
+            instance = self._instance
+            if instance is None:
+                continue
+            if time.time() - self._last_used > self.idle_seconds:
                 log.info(
                     "TensorBoard unused for %g minutes; stopping it", self._settings.tb_idle_minutes
                 )
                 await self.stop()
+                continue
+            try:
+                await asyncio.to_thread(
+                    mirror_logdir, instance.logdir, self._settings.runs_dir, instance.job_ids
+                )
+            except OSError:
+                log.exception("Could not refresh TensorBoard's logdir")

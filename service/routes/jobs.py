@@ -56,7 +56,6 @@ def create_job(job_in: JobCreate, runtime: RuntimeDep) -> Response:
     if errors:
         raise FieldErrors(errors)
     job = runtime.store.create(spec.model_dump(mode="json"))
-    runtime.launcher.add_job(job.id)
     runtime.supervisor.wake()
     return Response(_job_json(job), status_code=201, media_type=_JSON)
 

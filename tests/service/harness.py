@@ -1,0 +1,183 @@
+"""The service under test: a real `towerboard serve` subprocess on a free loopback port, with
+a real SQLite file and real worker processes, that a test may SIGKILL and start again."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# The issue's tiny synthetic job: a few seconds of training, two checkpoints, two evals.
+TINY_JOB: dict[str, Any] = {
+    "name": "t",
+    "model": {"name": "mlp", "params": {"hidden": [16]}},
+    "data": {"format": "synthetic", "params": {"shape": [8, 8], "classes": 4, "size": 256}},
+    "towers": 1,
+    "batch_size": 32,
+    "steps": 40,
+    "eval": {"every_steps": 20, "batches": 2},
+    "summaries": {"trace_steps": []},
+    "checkpoint": {"every_steps": 20, "every_seconds": 0, "keep": 3},
+}
+
+
+def job_spec(**changes: Any) -> dict[str, Any]:
+    spec = json.loads(json.dumps(TINY_JOB))
+    spec.update(changes)
+    return spec
+
+
+def long_job(**changes: Any) -> dict[str, Any]:
+    """A job that trains until cancelled or killed, checkpointing often."""
+    spec = job_spec(
+        name="long",
+        steps=10_000_000,
+        eval={"every_steps": 0, "batches": 1},
+        summaries={
+            "trace_steps": [],
+            "scalars_every": 50,
+            "histograms_every": 0,
+            "images_every": 0,
+        },
+        checkpoint={"every_steps": 25, "every_seconds": 0, "keep": 2},
+    )
+    spec.update(changes)
+    return spec
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def processes_under(data_dir: Path) -> list[int]:
+    """Pids whose command line names something under `data_dir` (workers, TensorBoard)."""
+    marker = os.fsencode(str(data_dir))
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+class Service:
+    """A `towerboard serve` subprocess and an HTTP client for it."""
+
+    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "TOWERBOARD_POLL_SECONDS": "0.1",
+            "TOWERBOARD_CANCEL_GRACE_SECONDS": "60",
+            **(env or {}),
+        }
+        self.process: subprocess.Popen[bytes] | None = None
+        self.token = self.env.get("TOWERBOARD_TOKEN")
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        self.client = httpx.Client(base_url=self.base_url, timeout=60.0, headers=headers)
+
+    @property
+    def log(self) -> Path:
+        return self.data_dir.parent / f"{self.data_dir.name}-serve.log"
+
+    def start(self) -> float:
+        """Start the service and wait for /healthz; returns the seconds that took."""
+        started = time.monotonic()
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port),
+                 "--data-dir", str(self.data_dir), "--no-access-log"],
+                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{self.base_url}/healthz", timeout=1.0).status_code == 200:
+                    return time.monotonic() - started
+            if self.process.poll() is not None:
+                raise RuntimeError(f"service exited: {self.log.read_text()[-3000:]}")
+            if time.monotonic() - started > 30:
+                raise RuntimeError(f"service did not start: {self.log.read_text()[-3000:]}")
+            time.sleep(0.02)
+
+    def kill(self) -> None:
+        """SIGKILL the service (its workers live on in their own sessions)."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def close(self) -> None:
+        """Stop the service, then every worker and TensorBoard it left."""
+        self.stop()
+        self.client.close()
+        for pid in processes_under(self.data_dir):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+    # --- helpers over the API --------------------------------------------------------
+
+    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
+        response = self.client.post("/api/v1/jobs", json=spec)
+        assert response.status_code == 201, response.text
+        job: dict[str, Any] = response.json()
+        return job
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        response = self.client.get(f"/api/v1/jobs/{job_id}")
+        assert response.status_code == 200, response.text
+        job: dict[str, Any] = response.json()
+        return job
+
+    def wait_for(
+        self, job_id: str, predicate: Any, *, timeout: float = 120.0, what: str = ""
+    ) -> dict[str, Any]:
+        """Poll the job until `predicate(job)` holds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if predicate(job):
+                return job
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what or predicate}: {job}")
+            time.sleep(0.1)
+
+    def wait_state(self, job_id: str, *states: str, timeout: float = 120.0) -> dict[str, Any]:
+        return self.wait_for(
+            job_id, lambda job: job["state"] in states, timeout=timeout, what=f"state {states}"
+        )
+
+    def wait_checkpoint(self, job_id: str, timeout: float = 120.0) -> dict[str, Any]:
+        """Wait until a running job has written a checkpoint (so it is past TF's start)."""
+        return self.wait_for(
+            job_id,
+            lambda job: (job["progress"] or {}).get("checkpoint") is not None,
+            timeout=timeout,
+            what="a checkpoint",
+        )

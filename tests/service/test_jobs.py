@@ -1,0 +1,453 @@
+"""/api/v1/jobs against a real service, real workers and a real SQLite file."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import tarfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.service.harness import Service, job_spec, long_job
+
+pytestmark = pytest.mark.slow
+
+
+def read_sse(client: httpx.Client, path: str, events: list[dict[str, Any]]) -> None:
+    """Collect a Server-Sent-Events stream into `events` (each with its arrival time)."""
+    with client.stream("GET", path, timeout=180.0) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        name, data = None, []
+        for line in response.iter_lines():
+            if line.startswith("event:"):
+                name = line.partition(":")[2].strip()
+            elif line.startswith("data:"):
+                data.append(line.partition(":")[2].strip())
+            elif line == "" and data:
+                events.append(
+                    {"event": name, "data": json.loads("\n".join(data)), "arrived": time.time()}
+                )
+                name, data = None, []
+
+
+@pytest.fixture(scope="module")
+def finished(service: Service) -> dict[str, Any]:
+    """The tiny job, followed over SSE from submission to success."""
+    created = service.client.post("/api/v1/jobs", json=job_spec())
+    job_id = created.json()["id"]
+    events: list[dict[str, Any]] = []
+    reader = threading.Thread(
+        target=read_sse, args=(service.client, f"/api/v1/jobs/{job_id}/events", events)
+    )
+    reader.start()
+    reader.join(timeout=180)
+    return {"created": created, "events": events, "job": service.job(job_id)}
+
+
+def test_create_job_returns_queued_job(finished: dict[str, Any]) -> None:
+    created = finished["created"]
+    assert created.status_code == 201
+    body = created.json()
+    assert re.fullmatch(r"[a-z2-9]{10}", body["id"])
+    assert body["state"] == "queued"
+    assert body["attempts"] == 1
+    assert body["spec"]["model"] == {"name": "mlp", "params": {"hidden": [16], "dropout": 0.0}}
+    assert body["progress"] is None and body["error"] is None
+
+
+def test_run_job_queued_running_succeeded(finished: dict[str, Any]) -> None:
+    job = finished["job"]
+    assert job["state"] == "succeeded", job
+    assert job["devices"] == []
+    assert job["progress"]["step"] == 40 and job["progress"]["total"] == 40
+    assert job["progress"]["percent"] == 100.0
+    assert job["progress"]["phase"] == "done"
+    assert job["progress"]["checkpoint"] == "checkpoints/ckpt-40"
+    assert job["eval"]["step"] == 40 and 0 <= job["eval"]["accuracy"] <= 1
+    assert job["result"]["outcome"] == "succeeded"
+    assert job["started_at"] <= job["finished_at"]
+
+
+def test_stream_job_events_live_until_the_end(finished: dict[str, Any]) -> None:
+    events = finished["events"]
+    states = [e["data"]["state"] for e in events if e["event"] == "state"]
+    assert states[-1] == "succeeded"
+    assert "running" in states
+    names = [e["event"] for e in events]
+    for name in ("start", "progress", "eval", "checkpoint", "end"):
+        assert name in names, names
+    assert names[-1] == "state"  # the stream ends after the final state
+    # Each worker line reaches the listener within a second of the worker writing it.
+    worker_lines = [e for e in events if e["event"] != "state"]
+    lags = [e["arrived"] - e["data"]["time"] for e in worker_lines]
+    assert max(lags) < 1.0, lags
+
+
+def test_stream_job_events_of_ended_job_sends_state_and_ends(
+    service: Service, finished: dict[str, Any]
+) -> None:
+    events: list[dict[str, Any]] = []
+    read_sse(service.client, f"/api/v1/jobs/{finished['job']['id']}/events", events)
+    assert [e["event"] for e in events] == ["state"]
+    assert events[0]["data"]["state"] == "succeeded"
+
+
+def test_read_job_checkpoints(service: Service, finished: dict[str, Any]) -> None:
+    job_id = finished["job"]["id"]
+    response = service.client.get(f"/api/v1/jobs/{job_id}/checkpoints")
+    assert response.status_code == 200
+    body = response.json()
+    assert [c["step"] for c in body["data"]] == [20, 40]
+    assert all(c["size_bytes"] > 0 for c in body["data"])
+    assert body["data"][1]["url"] == f"{service.base_url}/api/v1/jobs/{job_id}/checkpoints/40"
+
+
+def test_download_checkpoint_restores_with_tensorflow(
+    service: Service, finished: dict[str, Any], tmp_path: Path
+) -> None:
+    job_id = finished["job"]["id"]
+    response = service.client.get(f"/api/v1/jobs/{job_id}/checkpoints/20")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/gzip"
+    assert response.headers["content-disposition"] == (
+        f'attachment; filename="{job_id}-ckpt-20.tar.gz"'
+    )
+    with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as archive:
+        names = sorted(archive.getnames())
+        archive.extractall(tmp_path, filter="data")
+    assert names == [
+        "checkpoint", "ckpt-20.data-00000-of-00001", "ckpt-20.index", "spec.json",
+    ]  # fmt: skip
+    assert json.loads((tmp_path / "spec.json").read_text()) == finished["job"]["spec"]
+
+    import tensorflow as tf
+
+    prefix = tf.train.latest_checkpoint(str(tmp_path))
+    assert prefix == str(tmp_path / "ckpt-20")
+    step = tf.Variable(0, dtype=tf.int64)
+    tf.train.Checkpoint(step=step).read(prefix).expect_partial()
+    assert int(step.numpy()) == 20
+
+
+def test_download_checkpoint_unknown_step(service: Service, finished: dict[str, Any]) -> None:
+    job_id = finished["job"]["id"]
+    response = service.client.get(f"/api/v1/jobs/{job_id}/checkpoints/30")
+    assert response.status_code == 404
+    assert response.json() == {
+        "detail": f"Job '{job_id}' has no checkpoint at step 30. Retained steps: 20, 40.",
+        "errors": [],
+    }
+
+
+def test_read_job_logs_tail(service: Service, finished: dict[str, Any]) -> None:
+    job_id = finished["job"]["id"]
+    full = service.client.get(f"/api/v1/jobs/{job_id}/logs", params={"tail": 100_000})
+    assert full.status_code == 200
+    assert full.headers["content-type"].startswith("text/plain")
+    assert f"attempt 1 of job {job_id} starting" in full.text
+    tail = service.client.get(f"/api/v1/jobs/{job_id}/logs", params={"tail": 2})
+    assert tail.text.splitlines() == full.text.splitlines()[-2:]
+
+
+def test_read_job_metrics(service: Service, finished: dict[str, Any]) -> None:
+    job_id = finished["job"]["id"]
+    response = service.client.get(f"/api/v1/jobs/{job_id}/metrics")
+    assert response.status_code == 200
+    series = response.json()["series"]
+    assert {"loss", "accuracy", "examples_per_sec", "eval_loss", "eval_accuracy"} <= set(series)
+    assert series["loss"][-1]["step"] == 40
+    assert [p["step"] for p in series["eval_loss"]] == [20, 40]
+
+
+def test_read_jobs_filter_and_pages(service: Service, finished: dict[str, Any]) -> None:
+    ids = [finished["job"]["id"]]
+    for _ in range(2):  # queued behind nothing, they may start; only their order matters
+        ids.append(service.submit(job_spec(steps=1, name="page"))["id"])
+    page1 = service.client.get("/api/v1/jobs", params={"limit": 2})
+    assert page1.status_code == 200
+    body1 = page1.json()
+    assert [j["id"] for j in body1["data"]] == ids[::-1][:2]  # newest first
+    assert body1["count"] >= 3 and body1["next_cursor"] is not None
+    page2 = service.client.get("/api/v1/jobs", params={"limit": 2, "cursor": body1["next_cursor"]})
+    assert [j["id"] for j in page2.json()["data"]][0] == ids[0]
+    succeeded = service.client.get("/api/v1/jobs", params={"state": "succeeded"}).json()
+    assert ids[0] in [j["id"] for j in succeeded["data"]]
+    assert all(j["state"] == "succeeded" for j in succeeded["data"])
+    for job_id in ids[1:]:
+        service.wait_state(job_id, "succeeded")
+
+
+def test_read_jobs_bad_cursor(service: Service) -> None:
+    response = service.client.get("/api/v1/jobs", params={"cursor": "abc"})
+    assert response.status_code == 422
+    assert response.json() == {
+        "detail": "Invalid request: 1 error; see `errors`.",
+        "errors": [
+            {
+                "field": "query.cursor",
+                "message": "Expected the `next_cursor` of a previous page. Received: 'abc'",
+            }
+        ],
+    }
+
+
+def test_read_jobs_bad_state(service: Service) -> None:
+    response = service.client.get("/api/v1/jobs", params={"state": "done"})
+    assert response.status_code == 422
+    assert response.json()["errors"] == [
+        {
+            "field": "query.state.0",
+            "message": "Input should be 'queued', 'running', 'succeeded', 'failed' or "
+            "'cancelled'. Received: 'done'",
+        }
+    ]
+
+
+def test_cancel_job_queued_and_running(service: Service) -> None:
+    running = service.submit(long_job())
+    queued = service.submit(job_spec(name="waits"))
+    service.wait_checkpoint(running["id"])
+
+    devices = service.client.get("/api/v1/devices").json()
+    assert devices == {"data": [{"id": "cpu:0", "kind": "cpu", "job_id": running["id"]}],
+                       "max_towers": 8}  # fmt: skip
+    metrics = service.client.get("/metrics").text
+    assert 'towerboard_jobs{state="running"} 1' in metrics
+    assert "towerboard_queue_length 1" in metrics
+    assert "towerboard_devices_busy 1" in metrics
+
+    response = service.client.post(f"/api/v1/jobs/{queued['id']}/cancel")
+    assert response.status_code == 200
+    assert response.json()["state"] == "cancelled"
+
+    response = service.client.post(f"/api/v1/jobs/{running['id']}/cancel")
+    assert response.status_code == 202
+    assert response.json()["state"] == "running"
+    assert response.json()["cancel_requested"] is True
+    job = service.wait_state(running["id"], "cancelled", "failed", "succeeded")
+    assert job["state"] == "cancelled", job
+    assert job["error"] is None
+    assert job["result"]["outcome"] == "cancelled"
+    step = job["result"]["step"]
+    steps = [c["step"] for c in service.client.get(f"/api/v1/jobs/{running['id']}/checkpoints").json()["data"]]  # fmt: skip
+    assert steps[-1] == step  # SIGTERM: finish the step, checkpoint, exit
+
+    again = service.client.post(f"/api/v1/jobs/{running['id']}/cancel")
+    assert again.status_code == 409
+    assert again.json() == {
+        "detail": f"Job '{running['id']}' is already cancelled; only queued or running jobs "
+        "can be cancelled.",
+        "errors": [],
+    }
+    assert service.client.get("/api/v1/devices").json()["data"][0]["job_id"] is None
+
+
+# --- bad specs: 422 with every field error --------------------------------------------
+
+
+def _errors(service: Service, spec: Any) -> list[dict[str, str]]:
+    response = service.client.post("/api/v1/jobs", json=spec)
+    assert response.status_code == 422, response.text
+    body = response.json()
+    count = len(body["errors"])
+    assert (
+        body["detail"]
+        == f"Invalid request: {count} error{'s' if count != 1 else ''}; see `errors`."
+    )
+    errors: list[dict[str, str]] = body["errors"]
+    return errors
+
+
+def test_create_job_unknown_key(service: Service) -> None:
+    assert _errors(service, job_spec(learning_rat=0.1)) == [
+        {"field": "learning_rat", "message": "Unknown key. Remove it or check its spelling."}
+    ]
+
+
+def test_create_job_missing_data(service: Service) -> None:
+    spec = job_spec()
+    del spec["data"]
+    assert _errors(service, spec) == [{"field": "data", "message": "Field required"}]
+
+
+def test_create_job_every_error_listed(service: Service) -> None:
+    spec = job_spec(towers=0, batch_size="big", model={"name": "vgg"})
+    assert _errors(service, spec) == [
+        {
+            "field": "model.name",
+            "message": "Expected one of mlp, cnn, resnet, logistic or 'module:function'. "
+            "Received: 'vgg'",
+        },
+        {"field": "towers", "message": "Input should be greater than or equal to 1. Received: 0"},
+        {
+            "field": "batch_size",
+            "message": "Input should be a valid integer, unable to parse string as an integer. "
+            "Received: 'big'",
+        },
+    ]
+
+
+def test_create_job_steps_and_epochs(service: Service) -> None:
+    assert _errors(service, job_spec(steps=10, epochs=1)) == [
+        {
+            "field": "(spec)",
+            "message": "Give `steps` or `epochs`, not both. Received: steps=10, epochs=1",
+        }
+    ]
+
+
+def test_create_job_too_many_towers(service: Service) -> None:
+    assert _errors(service, job_spec(towers=9)) == [
+        {
+            "field": "towers",
+            "message": "Expected at most 8 towers, the devices this service can give "
+            "(a CPU-only host (TOWERBOARD_CPU_MAX_TOWERS=8)). Received: 9",
+        }
+    ]
+
+
+def test_create_job_data_outside_roots(service: Service) -> None:
+    spec = job_spec(data={"format": "npz", "path": "/etc/passwd"})
+    [error] = _errors(service, spec)
+    assert error["field"] == "data.path"
+    assert error["message"].startswith("Expected `path` inside one of the data roots: ")
+    assert error["message"].endswith("Received: '/etc/passwd', which resolves to /etc/passwd")
+
+
+def test_create_job_data_path_traversal(service: Service) -> None:
+    roots = service.env["TOWERBOARD_DATA_ROOTS"]
+    spec = job_spec(data={"format": "npz", "path": f"{roots}{'/..' * 20}/etc/passwd"})
+    [error] = _errors(service, spec)
+    assert error["field"] == "data.path"
+    assert "resolves to /etc/passwd" in error["message"]
+
+
+def test_create_job_data_path_missing(service: Service) -> None:
+    roots = service.env["TOWERBOARD_DATA_ROOTS"]
+    [error] = _errors(service, job_spec(data={"format": "npz", "path": "nothing.npz"}))
+    assert error["field"] == "data.path"
+    assert f"{roots}/nothing.npz" in error["message"]
+
+
+def test_create_job_not_json(service: Service) -> None:
+    response = service.client.post(
+        "/api/v1/jobs", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422
+    [error] = response.json()["errors"]
+    assert error["field"] == "(body)"
+    assert error["message"].startswith("Expected a JSON body.")
+
+
+def test_create_job_body_not_object(service: Service) -> None:
+    assert _errors(service, [1, 2]) == [
+        {
+            "field": "(spec)",
+            "message": "Input should be a valid dictionary or object to extract "
+            "fields from. Received: [1, 2]",
+        }  # fmt: skip
+    ]
+
+
+# --- unknown jobs and paths that try to leave the run directory -------------------------
+
+
+@pytest.mark.parametrize(
+    "method, path",
+    [
+        ("GET", "/api/v1/jobs/nosuchjob"),
+        ("POST", "/api/v1/jobs/nosuchjob/cancel"),
+        ("GET", "/api/v1/jobs/nosuchjob/events"),
+        ("GET", "/api/v1/jobs/nosuchjob/logs"),
+        ("GET", "/api/v1/jobs/nosuchjob/metrics"),
+        ("GET", "/api/v1/jobs/nosuchjob/checkpoints"),
+        ("GET", "/api/v1/jobs/nosuchjob/checkpoints/1"),
+    ],
+)
+def test_read_unknown_job_404(service: Service, method: str, path: str) -> None:
+    response = service.client.request(method, path)
+    assert response.status_code == 404
+    assert response.json() == {"detail": "Job 'nosuchjob' not found.", "errors": []}
+
+
+@pytest.mark.parametrize(
+    "path, detail",
+    [
+        # %2F decodes to "/", so these name no route at all.
+        (
+            "/api/v1/jobs/..%2F..%2F..%2Fetc%2Fpasswd",
+            "No such resource: GET /api/v1/jobs/../../../etc/passwd. See /docs.",
+        ),
+        (
+            "/api/v1/jobs/..%2Ftowerboard.db/logs",
+            "No such resource: GET /api/v1/jobs/../towerboard.db/logs. See /docs.",
+        ),
+        ("/api/v1/jobs/%2E%2E/checkpoints", "Job '..' not found."),
+        (
+            "/api/v1/jobs/%2E%2E%2Fruns/logs",
+            "No such resource: GET /api/v1/jobs/../runs/logs. See /docs.",
+        ),
+    ],
+)
+def test_read_job_path_traversal_404(service: Service, path: str, detail: str) -> None:
+    response = service.client.get(path)
+    assert response.status_code == 404
+    assert response.json() == {"detail": detail, "errors": []}
+
+
+def test_download_checkpoint_path_traversal_404(service: Service, finished: dict[str, Any]) -> None:
+    job_id = finished["job"]["id"]
+    response = service.client.get(f"/api/v1/jobs/{job_id}/checkpoints/..%2F..%2Fspec.json")
+    assert response.status_code == 404
+
+
+def test_download_checkpoint_step_not_a_number(service: Service, finished: dict[str, Any]) -> None:
+    job_id = finished["job"]["id"]
+    response = service.client.get(f"/api/v1/jobs/{job_id}/checkpoints/latest")
+    assert response.status_code == 422
+    assert response.json()["errors"] == [
+        {
+            "field": "path.step",
+            "message": "Input should be a valid integer, unable to parse string as an "
+            "integer. Received: 'latest'",
+        }
+    ]
+
+
+def test_download_checkpoint_symlink_outside_404(
+    service: Service, finished: dict[str, Any], tmp_path: Path
+) -> None:
+    job_id = finished["job"]["id"]
+    checkpoints = service.data_dir / "runs" / job_id / "checkpoints"
+    secret = tmp_path / "secret"
+    secret.write_text("not yours")
+    (checkpoints / "ckpt-99.index").symlink_to(secret)
+    (checkpoints / "ckpt-99.data-00000-of-00001").symlink_to(secret)
+    try:
+        listed = service.client.get(f"/api/v1/jobs/{job_id}/checkpoints").json()
+        assert [c["step"] for c in listed["data"]] == [20, 40]
+        response = service.client.get(f"/api/v1/jobs/{job_id}/checkpoints/99")
+        assert response.status_code == 404
+    finally:
+        for name in ("ckpt-99.index", "ckpt-99.data-00000-of-00001"):
+            (checkpoints / name).unlink()
+
+
+def test_read_job_logs_symlink_outside_empty(service: Service, tmp_path: Path) -> None:
+    job = service.submit(job_spec(name="linked", steps=1))
+    service.wait_state(job["id"], "succeeded", "failed")
+    log = service.data_dir / "runs" / job["id"] / "worker.log"
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not yours\n")
+    log.unlink()
+    log.symlink_to(secret)
+    response = service.client.get(f"/api/v1/jobs/{job['id']}/logs")
+    assert response.status_code == 200
+    assert response.text == ""

@@ -1,0 +1,130 @@
+"""Worker supervision end to end: crashes, kills, and a service killed and restarted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.service.harness import Service, job_spec, long_job
+
+pytestmark = pytest.mark.slow
+
+
+def worker_pid(service: Service, job_id: str) -> int:
+    """The pid of the job's worker, found the way an operator would: by its command line."""
+    job_dir = os.fsencode(str(service.data_dir / "runs" / job_id))
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"--job-dir" in argv and job_dir in argv:
+                return int(entry.name)
+    raise AssertionError(f"no worker process for job {job_id}")
+
+
+def progress_lines(service: Service, job_id: str) -> list[dict[str, Any]]:
+    path = service.data_dir / "runs" / job_id / "progress.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_kill_worker_sigkill_fails_job(service: Service) -> None:
+    job = service.submit(long_job())
+    service.wait_checkpoint(job["id"])
+    os.kill(worker_pid(service, job["id"]), signal.SIGKILL)
+    failed = service.wait_state(job["id"], "failed", "succeeded", "cancelled")
+    assert failed["state"] == "failed"
+    error = failed["error"]
+    assert error["reason"] == "The worker was killed by SIGKILL (9)."
+    assert error["signal"] == "SIGKILL" and error["exit_code"] is None
+    assert error["log_tail"], "the failure keeps the end of worker.log"
+    assert failed["devices"] == []
+
+
+def test_run_job_worker_rejects_spec_fails_with_reason(service: Service) -> None:
+    # The service cannot import a custom model builder (it may need TensorFlow); the
+    # worker can, and rejects the job with exit code 2.
+    job = service.submit(job_spec(name="custom", model={"name": "no_such_module:build"}))
+    failed = service.wait_state(job["id"], "failed", "succeeded")
+    assert failed["state"] == "failed"
+    assert failed["error"]["exit_code"] == 2
+    assert failed["error"]["reason"].startswith("The worker rejected the spec: ")
+    assert "no_such_module" in failed["error"]["reason"]
+    assert failed["result"]["outcome"] == "invalid_spec"
+
+
+def test_cancel_job_killed_after_grace(make_service: Callable[..., Service]) -> None:
+    service = make_service(env={"TOWERBOARD_CANCEL_GRACE_SECONDS": "0.05"})
+    service.start()
+    job = service.submit(long_job())
+    service.wait_checkpoint(job["id"])
+    assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+    cancelled = service.wait_state(job["id"], "cancelled", "failed", "succeeded")
+    assert cancelled["state"] == "cancelled", cancelled
+    # SIGKILL 50 ms after SIGTERM: it rarely beats the checkpoint, but either way the job
+    # is cancelled, and a kill says so.
+    if cancelled["error"] is not None:
+        assert cancelled["error"]["reason"].startswith("Cancelled: the worker ")
+
+
+def test_restart_service_adopts_living_worker_then_requeues_dead_one(
+    make_service: Callable[..., Service],
+) -> None:
+    service = make_service()
+    service.start()
+    first = service.submit(long_job(name="first"))
+    second = service.submit(job_spec(name="second"))
+    service.wait_checkpoint(first["id"])
+    pid = worker_pid(service, first["id"])
+
+    # 1. The service dies; its worker lives on and is adopted by the next service.
+    service.kill()
+    service.start()
+    adopted = service.job(first["id"])
+    assert adopted["state"] == "running" and adopted["attempts"] == 1
+    assert worker_pid(service, first["id"]) == pid
+    assert service.job(second["id"])["state"] == "queued"
+    step = adopted["progress"]["step"]
+    service.wait_for(
+        first["id"], lambda job: job["progress"]["step"] > step, what="progress while adopted"
+    )
+
+    # 2. Service and worker both die; the job is requeued and resumes from its checkpoint.
+    service.wait_for(
+        first["id"],
+        lambda job: int(job["progress"]["checkpoint"].rsplit("-", 1)[1]) > 25,
+        what="a later checkpoint",
+    )
+    service.kill()
+    os.kill(pid, signal.SIGKILL)
+    service.start()
+    resumed = service.job(first["id"])
+    assert resumed["attempts"] == 2
+    assert resumed["state"] in ("queued", "running")
+    assert service.job(second["id"])["state"] == "queued"  # the older job goes first
+    service.wait_for(
+        first["id"],
+        lambda job: (
+            sum(1 for line in progress_lines(service, job["id"]) if line["event"] == "start") == 2
+        ),
+        what="the second attempt's start",
+    )
+    starts = [line for line in progress_lines(service, first["id"]) if line["event"] == "start"]
+    saved = [line["step"] for line in progress_lines(service, first["id"]) if line["event"] == "checkpoint"]  # fmt: skip
+    assert starts[0]["step"] == 0
+    assert starts[1]["step"] > 25 and starts[1]["step"] in saved  # resumed, not restarted
+    assert worker_pid(service, first["id"]) != pid
+    logs = service.client.get(f"/api/v1/jobs/{first['id']}/logs", params={"tail": 100_000}).text
+    assert f"attempt 2 of job {first['id']} starting" in logs
+
+    # 3. The queue goes on: cancel the first, and the second runs to the end.
+    assert service.client.post(f"/api/v1/jobs/{first['id']}/cancel").status_code == 202
+    assert service.wait_state(first["id"], "cancelled", "failed")["state"] == "cancelled"
+    assert service.wait_state(second["id"], "succeeded", "failed")["state"] == "succeeded"

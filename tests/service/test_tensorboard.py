@@ -1,0 +1,191 @@
+"""/api/v1/tensorboard and the /tensorboard proxy, with a real TensorBoard subprocess."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.service.harness import Service, job_spec
+
+pytestmark = pytest.mark.slow
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (ended, not yet reaped) counts as gone.
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.25)
+
+
+@pytest.fixture(scope="module")
+def traced_job(service: Service) -> dict[str, Any]:
+    """The tiny job with a device trace of step 5, run to success."""
+    job = service.submit(job_spec(name="traced", summaries={"trace_steps": [5]}))
+    return service.wait_state(job["id"], "succeeded", "failed")
+
+
+def test_start_tensorboard_and_read_loss_through_proxy(
+    service: Service, traced_job: dict[str, Any]
+) -> None:
+    assert traced_job["state"] == "succeeded", traced_job
+    job_id = traced_job["id"]
+    response = service.client.post("/api/v1/tensorboard", json={"job_ids": [job_id]})
+    assert response.status_code == 201
+    started = response.json()
+    assert started["state"] in ("starting", "running")
+    assert started["url"] == f"{service.base_url}/tensorboard/"
+    assert started["job_ids"] == [job_id]
+
+    def loss() -> Any:
+        reply = service.client.get(
+            "/tensorboard/data/plugin/scalars/scalars",
+            params={"run": f"{job_id}/train", "tag": "loss"},
+        )
+        return reply.json() if reply.status_code == 200 and reply.json() else None
+
+    points = _wait(loss, 120, "the loss scalars through the proxy")
+    steps = [step for _, step, _ in points]
+    assert steps[-1] == 40
+    # The same numbers the worker reported in its progress lines.
+    series = service.client.get(f"/api/v1/jobs/{job_id}/metrics").json()["series"]["loss"]
+    api_loss = {p["step"]: p["value"] for p in series}
+    assert points[-1][2] == pytest.approx(api_loss[40], rel=1e-5)
+    assert service.client.get("/api/v1/tensorboard").json()["state"] == "running"
+
+
+def test_start_tensorboard_same_selection_reused(
+    service: Service, traced_job: dict[str, Any]
+) -> None:
+    first = service.client.post("/api/v1/tensorboard", json={"job_ids": [traced_job["id"]]})
+    second = service.client.post("/api/v1/tensorboard", json={"job_ids": [traced_job["id"]]})
+    assert second.status_code == 200
+    assert second.json()["pid"] == first.json()["pid"]
+
+
+def test_proxy_tensorboard_profile_plugin(service: Service, traced_job: dict[str, Any]) -> None:
+    job_id = traced_job["id"]
+    service.client.post("/api/v1/tensorboard", json={"job_ids": [job_id]})
+    listing = service.client.get("/tensorboard/data/plugins_listing")
+    assert listing.status_code == 200
+    assert listing.json()["profile"]["enabled"] is True
+    runs = service.client.get("/tensorboard/data/plugin/profile/runs").json()
+    assert len(runs) == 1 and runs[0].startswith(f"{job_id}/")
+    tools = service.client.get(
+        "/tensorboard/data/plugin/profile/run_tools", params={"run": runs[0]}
+    )
+    assert "trace_viewer@" in tools.json()
+    overview = service.client.get(
+        "/tensorboard/data/plugin/profile/data",
+        params={"run": runs[0], "tag": "overview_page", "host": "vm"},
+    )
+    hosts = service.client.get(
+        "/tensorboard/data/plugin/profile/hosts", params={"run": runs[0], "tag": "overview_page"}
+    ).json()
+    overview = service.client.get(
+        "/tensorboard/data/plugin/profile/data",
+        params={"run": runs[0], "tag": "overview_page", "host": hosts[0]["hostname"]},
+    )
+    assert overview.status_code == 200 and overview.json()
+    page = service.client.get("/tensorboard/")
+    assert page.status_code == 200 and "<html" in page.text.lower()
+    redirect = service.client.get("/tensorboard", follow_redirects=False)
+    assert redirect.status_code == 307 and redirect.headers["location"] == "/tensorboard/"
+
+
+@pytest.mark.parametrize(
+    "query, name, value",
+    [
+        ("run=../../../../etc&tag=x", "run", "../../../../etc"),
+        ("run=/etc/passwd&tag=x", "run", "/etc/passwd"),
+        ("run=a/../../b", "run", "a/../../b"),
+    ],
+)
+def test_proxy_tensorboard_path_traversal_400(
+    service: Service, query: str, name: str, value: str
+) -> None:
+    response = service.client.get(f"/tensorboard/data/plugin/profile/data?{query}")
+    assert response.status_code == 400
+    assert response.json() == {
+        "detail": f"Query parameter {name!r} must not be a path outside TensorBoard's logdir. "
+        f"Received: {value!r}",
+        "errors": [],
+    }
+
+
+def test_start_tensorboard_unknown_job_422(service: Service) -> None:
+    response = service.client.post("/api/v1/tensorboard", json={"job_ids": ["nope", "nada"]})
+    assert response.status_code == 422
+    assert response.json() == {
+        "detail": "Invalid request: 2 errors; see `errors`.",
+        "errors": [
+            {"field": "job_ids.0", "message": "Unknown job. Received: 'nope'"},
+            {"field": "job_ids.1", "message": "Unknown job. Received: 'nada'"},
+        ],
+    }
+
+
+def test_start_tensorboard_new_selection_replaces(
+    service: Service, traced_job: dict[str, Any]
+) -> None:
+    old = service.client.post("/api/v1/tensorboard", json={"job_ids": [traced_job["id"]]}).json()
+    response = service.client.post("/api/v1/tensorboard")  # every job
+    assert response.status_code == 201
+    new = response.json()
+    assert new["job_ids"] is None and new["pid"] != old["pid"]
+    assert not _alive(old["pid"])
+    runs = _wait(
+        lambda: service.client.get("/tensorboard/data/runs").json(), 120, "runs of every job"
+    )
+    assert f"{traced_job['id']}/train" in runs
+
+
+def test_stop_tensorboard(service: Service) -> None:
+    pid = service.client.post("/api/v1/tensorboard").json()["pid"]
+    response = service.client.delete("/api/v1/tensorboard")
+    assert response.status_code == 200
+    assert response.json() == {
+        "state": "stopped", "url": None, "job_ids": None, "pid": None,
+        "started_at": None, "last_used_at": None, "idle_stop_at": None,
+    }  # fmt: skip
+    assert not _alive(pid)
+    proxied = service.client.get("/tensorboard/data/runs")
+    assert proxied.status_code == 503
+    assert proxied.json() == {
+        "detail": "TensorBoard is not running. Start it with POST /api/v1/tensorboard.",
+        "errors": [],
+    }
+
+
+def test_stop_tensorboard_after_idle_timeout(make_service: Callable[..., Service]) -> None:
+    service = make_service(env={"TOWERBOARD_TB_IDLE_MINUTES": "0.1"})  # 6 s
+    service.start()
+    started = service.client.post("/api/v1/tensorboard").json()
+    _wait(
+        lambda: service.client.get("/api/v1/tensorboard").json()["state"] == "running",
+        120,
+        "TensorBoard to run",
+    )
+    _wait(
+        lambda: service.client.get("/api/v1/tensorboard").json()["state"] == "stopped",
+        30,
+        "the idle stop",
+    )
+    assert not _alive(started["pid"])

@@ -1,0 +1,85 @@
+"""Bearer-token auth: with TOWERBOARD_TOKEN every route but /healthz needs it; without, none."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+
+from tests.service.harness import Service
+
+TOKEN = "s3cret-token"
+MISSING = {
+    "detail": "Missing bearer token. Expected header 'Authorization: Bearer <TOWERBOARD_TOKEN>'.",
+    "errors": [],
+}
+INVALID = {"detail": "Invalid bearer token. Expected the token in TOWERBOARD_TOKEN.", "errors": []}
+PROTECTED = [
+    ("GET", "/api/v1/jobs"),
+    ("POST", "/api/v1/jobs"),
+    ("GET", "/api/v1/jobs/abc"),
+    ("GET", "/api/v1/devices"),
+    ("GET", "/api/v1/tensorboard"),
+    ("POST", "/api/v1/tensorboard"),
+    ("GET", "/tensorboard/"),
+    ("GET", "/metrics"),
+    ("GET", "/docs"),
+    ("GET", "/openapi.json"),
+]
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    service = Service(tmp_path_factory.mktemp("auth") / "data", {"TOWERBOARD_TOKEN": TOKEN})
+    service.start()
+    yield service
+    service.close()
+
+
+@pytest.mark.parametrize("method, path", PROTECTED)
+def test_read_without_token_401(secured: Service, method: str, path: str) -> None:
+    response = httpx.request(method, f"{secured.base_url}{path}")
+    assert response.status_code == 401
+    assert response.json() == MISSING
+    assert response.headers["www-authenticate"] == 'Bearer realm="towerboard"'
+
+
+@pytest.mark.parametrize("method, path", PROTECTED)
+def test_read_with_wrong_token_401(secured: Service, method: str, path: str) -> None:
+    response = httpx.request(
+        method, f"{secured.base_url}{path}", headers={"Authorization": "Bearer wrong"}
+    )
+    assert response.status_code == 401
+    assert response.json() == INVALID
+
+
+def test_read_with_token(secured: Service) -> None:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    assert httpx.get(f"{secured.base_url}/api/v1/jobs", headers=headers).status_code == 200
+    assert httpx.get(f"{secured.base_url}/metrics", headers=headers).status_code == 200
+    assert httpx.get(f"{secured.base_url}/docs", headers=headers).status_code == 200
+
+
+def test_read_with_token_cookie(secured: Service) -> None:
+    cookies = {"towerboard_token": TOKEN}
+    response = httpx.get(f"{secured.base_url}/api/v1/jobs", cookies=cookies)
+    assert response.status_code == 200
+
+
+def test_read_health_without_token(secured: Service) -> None:
+    response = httpx.get(f"{secured.base_url}/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
+
+
+def test_read_without_token_when_auth_off(make_service: Callable[..., Service]) -> None:
+    service = make_service()
+    service.start()
+    assert httpx.get(f"{service.base_url}/api/v1/jobs").status_code == 200
+    assert httpx.get(f"{service.base_url}/docs").status_code == 200
+    # A token sent anyway is ignored.
+    response = httpx.get(
+        f"{service.base_url}/api/v1/devices", headers={"Authorization": "Bearer anything"}
+    )
+    assert response.status_code == 200

@@ -1,0 +1,85 @@
+"""The service as a program: no TensorFlow, quick start, the CLI, the OpenAPI document."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from tests.service.harness import ROOT, Service
+
+
+def test_import_service_without_tensorflow() -> None:
+    code = (
+        "import sys, json\n"
+        "import service, service.main, service.cli\n"
+        "service.main.create_app()\n"
+        "print(json.dumps(sorted(m for m in sys.modules "
+        "if m.split('.')[0] in ('tensorflow', 'tensorboard', 'keras'))))\n"
+    )
+    output = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    assert json.loads(output) == []
+
+
+def test_start_service_under_a_second(make_service: Callable[..., Service]) -> None:
+    service = make_service()
+    # From spawning the process to the first answer of /healthz, best of three (the host
+    # may be busy with other tests' workers).
+    timings = []
+    for _ in range(3):
+        timings.append(service.start())
+        service.stop()
+    assert min(timings) < 1.0, timings
+
+
+def test_serve_help_lists_options() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve", "--help"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    for option in ("--host", "--port", "--data-dir"):
+        assert option in result.stdout
+
+
+def test_serve_bad_setting_exits_2(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve", "--data-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=30,
+        env={"TOWERBOARD_CPU_JOBS": "0", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "Invalid setting TOWERBOARD_CPU_JOBS: Input should be greater than or equal to 1" in (
+        result.stderr
+    )
+
+
+def test_read_openapi_lists_every_route(make_service: Callable[..., Service]) -> None:
+    service = make_service()
+    service.start()
+    paths = httpx.get(f"{service.base_url}/openapi.json").json()["paths"]
+    assert set(paths) == {
+        "/api/v1/jobs",
+        "/api/v1/jobs/{job_id}",
+        "/api/v1/jobs/{job_id}/cancel",
+        "/api/v1/jobs/{job_id}/events",
+        "/api/v1/jobs/{job_id}/logs",
+        "/api/v1/jobs/{job_id}/metrics",
+        "/api/v1/jobs/{job_id}/checkpoints",
+        "/api/v1/jobs/{job_id}/checkpoints/{step}",
+        "/api/v1/tensorboard",
+        "/api/v1/devices",
+        "/healthz",
+        "/metrics",
+    }
+    create = paths["/api/v1/jobs"]["post"]
+    assert create["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/JobSpec"
+    }
+    docs = httpx.get(f"{service.base_url}/docs")
+    assert docs.status_code == 200 and "swagger" in docs.text.lower()

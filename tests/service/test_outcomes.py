@@ -1,0 +1,85 @@
+"""How a worker's end becomes the job's final state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from service.outcomes import final_state
+from service.store import JobState
+from service.workers import WorkerExit
+
+TAIL = ["last line"]
+
+
+def _final(exit: WorkerExit, result: dict[str, Any] | None, cancel: bool = False,
+           killed: bool = False):  # type: ignore[no-untyped-def]  # fmt: skip
+    return final_state(
+        exit, result, cancel_requested=cancel, killed_after_grace=killed, grace_seconds=30,
+        log_tail=TAIL,
+    )  # fmt: skip
+
+
+def test_final_state_succeeded() -> None:
+    final = _final(WorkerExit(code=0), {"outcome": "succeeded"})
+    assert final.state is JobState.SUCCEEDED and final.error is None
+
+
+def test_final_state_exit_0_without_result_failed() -> None:
+    final = _final(WorkerExit(code=0), None)
+    assert final.state is JobState.FAILED
+    assert final.error["reason"] == "The worker exited with code 0 but result.json is missing."
+
+
+def test_final_state_failed_with_message_and_log() -> None:
+    final = _final(WorkerExit(code=1), {"outcome": "failed", "message": "Loss is NaN at step 7."})
+    assert final.state is JobState.FAILED
+    assert final.error == {
+        "reason": "Loss is NaN at step 7.", "exit_code": 1, "signal": None, "log_tail": TAIL,
+    }  # fmt: skip
+
+
+def test_final_state_invalid_spec_lists_errors() -> None:
+    result = {"outcome": "invalid_spec", "message": "Invalid job spec",
+              "errors": [{"field": "model.name", "message": "No module named 'x'"}]}  # fmt: skip
+    final = _final(WorkerExit(code=2), result)
+    assert final.error["reason"] == "The worker rejected the spec: model.name: No module named 'x'"
+
+
+def test_final_state_cancelled_by_sigterm() -> None:
+    final = _final(WorkerExit(code=3), {"outcome": "cancelled"}, cancel=True)
+    assert final.state is JobState.CANCELLED and final.error is None
+
+
+@pytest.mark.parametrize(
+    "signum, name", [(9, "SIGKILL"), (11, "SIGSEGV"), (6, "SIGABRT"), (15, "SIGTERM")]
+)
+def test_final_state_signal_is_failed(signum: int, name: str) -> None:
+    final = _final(WorkerExit(signal=signum), None)
+    assert final.state is JobState.FAILED
+    assert final.error == {
+        "reason": f"The worker was killed by {name} ({signum}).", "exit_code": None,
+        "signal": name, "log_tail": TAIL,
+    }  # fmt: skip
+
+
+def test_final_state_cancel_killed_after_grace() -> None:
+    final = _final(WorkerExit(signal=9), None, cancel=True, killed=True)
+    assert final.state is JobState.CANCELLED
+    assert final.error["reason"] == (
+        "Cancelled: the worker did not exit within 30 s of SIGTERM and was killed with SIGKILL."
+    )
+
+
+def test_final_state_unknown_exit_code() -> None:
+    final = _final(WorkerExit(code=137), None)
+    assert final.error["reason"] == "The worker exited with code 137."
+
+
+def test_final_state_adopted_worker_from_result() -> None:
+    assert _final(WorkerExit(), {"outcome": "succeeded"}).state is JobState.SUCCEEDED
+    assert _final(WorkerExit(), {"outcome": "cancelled"}).state is JobState.CANCELLED
+    crashed = _final(WorkerExit(), None)
+    assert crashed.state is JobState.FAILED
+    assert crashed.error["reason"].startswith("The worker ended without writing result.json")

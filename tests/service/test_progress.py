@@ -1,0 +1,56 @@
+"""Folding progress.jsonl lines into the job's snapshot and metric series."""
+
+from __future__ import annotations
+
+from service.progress import fold_progress
+from service.store import MetricPoint
+
+
+def test_fold_progress_lines() -> None:
+    lines = [
+        {"time": 1.0, "event": "start", "step": 0, "total": 40, "phase": "starting", "towers": 2},
+        {"time": 2.0, "event": "progress", "step": 10, "total": 40, "loss": 1.5, "accuracy": 0.5,
+         "examples_per_sec": 100.0, "eta_seconds": 6.0, "learning_rate": 0.01, "phase": "training"},
+        {"time": 3.0, "event": "eval", "step": 20, "total": 40, "eval_loss": 1.2,
+         "eval_accuracy": 0.6, "phase": "eval"},
+        {"time": 4.0, "event": "checkpoint", "step": 20, "total": 40,
+         "checkpoint": "checkpoints/ckpt-20", "phase": "checkpoint"},
+        {"time": 5.0, "event": "trace", "step": 21, "tower_ms": [3.0, 4.0], "trace_dir": "x"},
+    ]  # fmt: skip
+    progress, eval, points = fold_progress(None, None, lines)
+    assert progress == {
+        "step": 21, "total": 40, "percent": 52.5, "phase": "checkpoint", "towers": 2,
+        "loss": 1.5, "accuracy": 0.5, "examples_per_sec": 100.0, "eta_seconds": 6.0,
+        "learning_rate": 0.01, "checkpoint": "checkpoints/ckpt-20", "tower_ms": [3.0, 4.0],
+        "updated_at": 5.0,
+    }  # fmt: skip
+    assert eval == {"step": 20, "loss": 1.2, "accuracy": 0.6, "time": 3.0}
+    assert points == [
+        MetricPoint("loss", 10, 2.0, 1.5),
+        MetricPoint("accuracy", 10, 2.0, 0.5),
+        MetricPoint("examples_per_sec", 10, 2.0, 100.0),
+        MetricPoint("learning_rate", 10, 2.0, 0.01),
+        MetricPoint("eval_loss", 20, 3.0, 1.2),
+        MetricPoint("eval_accuracy", 20, 3.0, 0.6),
+    ]
+
+
+def test_fold_progress_continues_and_ends() -> None:
+    progress, _, _ = fold_progress(
+        {"step": 39, "total": 40, "eta_seconds": 1.0}, None,
+        [{"time": 9.0, "event": "end", "step": 40, "total": 40, "outcome": "succeeded",
+          "phase": "done"}],
+    )  # fmt: skip
+    assert progress is not None
+    assert progress["percent"] == 100.0 and progress["eta_seconds"] == 0.0
+    assert progress["phase"] == "done"
+
+
+def test_fold_progress_ignores_non_numbers() -> None:
+    progress, _, points = fold_progress(
+        None,
+        None,
+        [{"time": 1.0, "event": "progress", "step": 1, "loss": "nan?", "accuracy": True}],
+    )
+    assert progress is not None and progress["loss"] is None and progress["accuracy"] is None
+    assert points == []

@@ -1,0 +1,47 @@
+"""Settings from TOWERBOARD_* environment variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from service.settings import Settings
+
+
+def test_read_settings_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TOWERBOARD_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("TOWERBOARD_DATA_ROOTS", "/data/a, /data/b,")
+    monkeypatch.setenv("TOWERBOARD_GPUS", "0,1,3")
+    monkeypatch.setenv("TOWERBOARD_CPU_JOBS", "2")
+    monkeypatch.setenv("TOWERBOARD_TOKEN", "t")
+    monkeypatch.setenv("TOWERBOARD_TB_IDLE_MINUTES", "5")
+    settings = Settings()
+    assert settings.data_dir == tmp_path
+    assert settings.data_roots == [Path("/data/a"), Path("/data/b")]
+    assert settings.gpus == [0, 1, 3]
+    assert settings.cpu_jobs == 2
+    assert settings.token is not None and settings.token.get_secret_value() == "t"
+    assert settings.tb_idle_minutes == 5.0
+    assert settings.db_path == tmp_path / "towerboard.db"
+    assert settings.runs_dir == tmp_path / "runs"
+
+
+def test_read_settings_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("DATA_DIR", "DATA_ROOTS", "GPUS", "CPU_JOBS", "TOKEN", "TB_IDLE_MINUTES"):
+        monkeypatch.delenv(f"TOWERBOARD_{name}", raising=False)
+    monkeypatch.setenv("TOWERBOARD_TOKEN", "")
+    settings = Settings().resolved()
+    assert settings.gpus == [] and settings.cpu_jobs == 1 and settings.cpu_max_towers == 8
+    assert settings.token is None
+    assert settings.allowed_data_roots == [settings.data_dir / "datasets"]
+    assert settings.host == "127.0.0.1" and settings.port == 8000
+
+
+def test_read_settings_duplicate_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOWERBOARD_GPUS", "0,0")
+    with pytest.raises(
+        ValidationError, match=r"Expected distinct GPU ids >= 0. Received: \[0, 0\]"
+    ):
+        Settings()

@@ -1,0 +1,119 @@
+"""The SQLite job store, on a real file."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+from service.store import JobState, JobStore, MetricPoint
+
+SPEC = {"name": "j", "priority": 0, "towers": 1}
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> JobStore:
+    return JobStore(tmp_path / "jobs.db")
+
+
+def test_create_job_is_durable_and_queued(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "jobs.db")
+    job = store.create(SPEC)
+    store.close()
+    reopened = JobStore(tmp_path / "jobs.db").get(job.id)
+    assert reopened is not None
+    assert reopened.state is JobState.QUEUED and reopened.attempts == 1
+    assert reopened.spec == SPEC
+    mode = sqlite3.connect(tmp_path / "jobs.db").execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+
+
+def test_read_queued_priority_then_oldest(store: JobStore) -> None:
+    low = store.create({**SPEC, "priority": -1})
+    first = store.create(SPEC)
+    urgent = store.create({**SPEC, "priority": 5})
+    second = store.create(SPEC)
+    assert [j.id for j in store.queued()] == [urgent.id, first.id, second.id, low.id]
+
+
+def test_read_page_newest_first_with_cursor(store: JobStore) -> None:
+    ids = [store.create(SPEC).id for _ in range(5)]
+    page, count = store.page(limit=2)
+    assert [j.id for j in page] == ids[::-1][:2] and count == 5
+    page, _ = store.page(limit=2, before_seq=page[-1].seq)
+    assert [j.id for j in page] == ids[::-1][2:4]
+    store.cancel_queued(ids[0])
+    page, count = store.page(states=[JobState.CANCELLED])
+    assert [j.id for j in page] == [ids[0]] and count == 1
+
+
+def test_cancel_queued_only_once_and_not_when_running(store: JobStore) -> None:
+    queued, running = store.create(SPEC), store.create(SPEC)
+    assert store.mark_running(running.id, devices=["cpu:0"])
+    assert store.cancel_queued(queued.id)
+    assert not store.cancel_queued(queued.id)
+    assert not store.cancel_queued(running.id)
+    assert not store.mark_running(queued.id, devices=["cpu:0"])  # cancelled: never starts
+    assert store.request_cancel(running.id)
+    assert store.get(running.id).cancel_requested_at is not None  # type: ignore[union-attr]
+
+
+def test_requeue_increments_attempts_and_frees_devices(store: JobStore) -> None:
+    job = store.create(SPEC)
+    store.mark_running(job.id, devices=["gpu:0", "gpu:1"])
+    store.set_worker(job.id, pid=1234, pid_started=99)
+    assert store.requeue(job.id)
+    requeued = store.get(job.id)
+    assert requeued is not None
+    assert requeued.state is JobState.QUEUED and requeued.attempts == 2
+    assert requeued.devices == [] and requeued.pid is None
+
+
+def test_finish_records_result_and_error(store: JobStore) -> None:
+    job = store.create(SPEC)
+    store.mark_running(job.id, devices=["cpu:0"])
+    error = {"reason": "boom", "exit_code": 1, "signal": None, "log_tail": ["x"]}
+    assert store.finish(job.id, JobState.FAILED, result=None, error=error)
+    assert not store.finish(job.id, JobState.SUCCEEDED, result=None, error=None)
+    done = store.get(job.id)
+    assert done is not None
+    assert done.state is JobState.FAILED and done.error == error and done.devices == []
+    assert store.count_by_state()[JobState.FAILED] == 1
+
+
+def test_record_progress_replaces_repeated_steps(store: JobStore) -> None:
+    job = store.create(SPEC)
+    store.record_progress(
+        job.id, offset=10, progress={"step": 2}, eval=None,
+        points=[MetricPoint("loss", 1, 1.0, 0.9), MetricPoint("loss", 2, 2.0, 0.8)],
+    )  # fmt: skip
+    # A resumed attempt reports step 2 again.
+    store.record_progress(
+        job.id, offset=20, progress={"step": 2}, eval=None,
+        points=[MetricPoint("loss", 2, 3.0, 0.7)],
+    )  # fmt: skip
+    assert [(p.step, p.value) for p in store.metrics(job.id)] == [(1, 0.9), (2, 0.7)]
+    assert store.get(job.id).progress_offset == 20  # type: ignore[union-attr]
+
+
+def test_read_from_many_threads_while_writing(store: JobStore) -> None:
+    job = store.create(SPEC)
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            for _ in range(200):
+                assert store.get(job.id) is not None
+        except BaseException as error:  # pragma: no cover - reported below
+            errors.append(error)
+
+    readers = [threading.Thread(target=read) for _ in range(4)]
+    for reader in readers:
+        reader.start()
+    for step in range(50):
+        store.record_progress(job.id, offset=step, progress={"step": step}, eval=None, points=[])
+    for reader in readers:
+        reader.join()
+    assert errors == []

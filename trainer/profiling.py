@@ -9,7 +9,9 @@ step: measured, never estimated.
 from __future__ import annotations
 
 import logging
+import math
 import re
+import time
 from pathlib import Path
 
 import tensorflow as tf
@@ -32,11 +34,17 @@ class TraceCapture:
     def __init__(self, logdir: Path) -> None:
         self.logdir = logdir
         self.active = False
-        self._started_steps = 0
+        self._started_at = 0.0
 
     def start(self) -> bool:
         if self.active:
             return True
+        # The profiler names a capture's folder by the wall-clock second: a second capture
+        # within the same second would overwrite the first. Rare (close trace steps), and
+        # then waiting out the second costs less than losing a trace.
+        if math.floor(time.time()) <= math.floor(self._started_at):
+            time.sleep(math.ceil(self._started_at) - time.time() + 0.01)
+        self._started_at = time.time()
         try:
             options = tf.profiler.experimental.ProfilerOptions(
                 host_tracer_level=2, python_tracer_level=0, device_tracer_level=1
@@ -53,14 +61,13 @@ class TraceCapture:
         if not self.active:
             return None
         self.active = False
-        before = set(self.logdir.glob("plugins/profile/*/*.xplane.pb"))
         try:
             tf.profiler.experimental.stop()
         except Exception as e:  # noqa: BLE001
             log.warning("could not stop the profiler: %s", e)
             return None
-        written = sorted(set(self.logdir.glob("plugins/profile/*/*.xplane.pb")) - before)
-        return written[-1] if written else None
+        written = [p for p in self.logdir.glob("plugins/profile/*/*.xplane.pb") if p.stat().st_mtime >= self._started_at - 1]
+        return max(written, key=lambda p: p.stat().st_mtime) if written else None
 
 
 def tower_times_ms(trace: Path, towers: int, steps: int) -> list[float]:

@@ -3,33 +3,43 @@
 Writers are made lazily, one per sub-directory (`train`, `eval`), and a manager without a
 logdir writes nothing, so callers never branch on whether summaries are on.
 
-Histograms: TensorBoard's stock `tf.summary.histogram` buckets with a one-hot matrix of
-values x buckets, about 100 ms for 1.6M values on this kind of CPU. Ours buckets with
-`tf.histogram_fixed_width` (one pass, no big intermediate), for every variable in one
-`tf.function`, and writes the same [k, 3] tensor (left edge, right edge, count) under the
-histogram plugin's metadata, so TensorBoard shows it as any histogram.
+Cost is the point here: the defaults must take at most 3% of throughput. Scalars and
+histograms are built as `Summary` protobufs in Python and written with one
+`write_raw_pb` op per call: 12 scalars cost 0.9 ms this way against 6.4 ms as 12 eager
+`tf.summary.scalar` ops, and nothing has to be traced (a `tf.function` of summary ops
+costs about a second to trace, per job). Histograms: TensorBoard's stock
+`tf.summary.histogram` is slow on large tensors (about 100 ms for 1.6M values here);
+`np.histogram` with fixed-width buckets does the whole `cnn` (3.2M weights and as many
+gradients) in about 65 ms, and the [k, 3] tensor (left edge, right edge, count) goes out
+under the histogram plugin's metadata, so TensorBoard shows it as any histogram.
+Measured by `bench/towers_bench.py` and recorded in docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
+from tensorboard.compat.proto import summary_pb2
 from tensorboard.plugins.histogram import metadata as histogram_metadata
+from tensorboard.plugins.scalar import metadata as scalar_metadata
+from tensorboard.util import tensor_util
 
 HISTOGRAM_BUCKETS = 30
+_SCALAR = scalar_metadata.create_summary_metadata(display_name="", description="")
+_HISTOGRAM = histogram_metadata.create_summary_metadata(display_name="", description="")
 
 
-def _histogram_tensor(values: tf.Tensor, buckets: int = HISTOGRAM_BUCKETS) -> tf.Tensor:
-    values = tf.reshape(tf.cast(values, tf.float32), [-1])
-    low, high = tf.reduce_min(values), tf.reduce_max(values)
-    # A constant tensor still gets a bucket of non-zero width.
-    high = tf.where(high > low, high, low + 1.0)
-    counts = tf.histogram_fixed_width(values, tf.stack([low, high]), nbins=buckets)
-    edges = tf.linspace(low, high, buckets + 1)
-    return tf.stack([edges[:-1], edges[1:], tf.cast(counts, tf.float32)], axis=1)
+def histogram_buckets(values: np.ndarray, buckets: int = HISTOGRAM_BUCKETS) -> np.ndarray:
+    """[buckets, 3] of (left edge, right edge, count), the histogram plugin's format."""
+    flat = np.asarray(values, dtype=np.float64).ravel()
+    low, high = (float(flat.min()), float(flat.max())) if flat.size else (0.0, 0.0)
+    if not high > low:  # a constant tensor still gets buckets of non-zero width
+        high = low + 1.0
+    counts, edges = np.histogram(flat, bins=buckets, range=(low, high))
+    return np.stack([edges[:-1], edges[1:], counts.astype(np.float64)], axis=1)
 
 
 class SummaryManager:
@@ -38,7 +48,6 @@ class SummaryManager:
     def __init__(self, logdir: Path | None) -> None:
         self.logdir = logdir
         self._writers: dict[str, tf.summary.SummaryWriter] = {}
-        self._histogram_fn: tf.types.experimental.GenericFunction | None = None
 
     def writer(self, subdir: str) -> tf.summary.SummaryWriter:
         if self.logdir is None:
@@ -47,22 +56,27 @@ class SummaryManager:
             self._writers[subdir] = tf.summary.create_file_writer(str(self.logdir / subdir))
         return self._writers[subdir]
 
-    def scalars(self, subdir: str, values: Mapping[str, float], step: int) -> None:
-        with self.writer(subdir).as_default(step=step):
-            for tag, value in values.items():
-                tf.summary.scalar(tag, value)
-
-    def histograms(self, subdir: str, tensors: Mapping[str, tf.Tensor], step: int) -> None:
-        """One histogram per tensor, all in one traced function (eager ops cost ~ms each)."""
-        if self.logdir is None or not tensors:
+    def _write_proto(self, subdir: str, summary: summary_pb2.Summary, step: int) -> None:
+        if self.logdir is None or not summary.value:
             return
-        tags = list(tensors)
-        if self._histogram_fn is None:
-            self._histogram_fn = tf.function(lambda xs: [_histogram_tensor(x) for x in xs])
-        buckets = self._histogram_fn([tensors[t] for t in tags])
         with self.writer(subdir).as_default(step=step):
-            for tag, tensor in zip(tags, buckets, strict=True):
-                tf.summary.write(tag, tensor, metadata=histogram_metadata.create_summary_metadata(tag, ""))
+            tf.summary.experimental.write_raw_pb(summary.SerializeToString())
+
+    def scalars(self, subdir: str, values: Mapping[str, float], step: int) -> None:
+        summary = summary_pb2.Summary()
+        for tag, value in values.items():
+            summary.value.add(tag=tag, metadata=_SCALAR, tensor=tensor_util.make_tensor_proto(float(value), dtype=np.float32))
+        self._write_proto(subdir, summary, step)
+
+    def histograms(self, subdir: str, tensors: Mapping[str, tf.Tensor | np.ndarray], step: int) -> None:
+        """One histogram per tensor (note: copies each tensor to the host)."""
+        if self.logdir is None:
+            return
+        summary = summary_pb2.Summary()
+        for tag, tensor in tensors.items():
+            values = tensor.numpy() if isinstance(tensor, tf.Tensor | tf.Variable) else np.asarray(tensor)
+            summary.value.add(tag=tag, metadata=_HISTOGRAM, tensor=tensor_util.make_tensor_proto(histogram_buckets(values)))
+        self._write_proto(subdir, summary, step)
 
     def images(self, subdir: str, images: Mapping[str, tf.Tensor | np.ndarray], step: int, max_images: int) -> None:
         """Image grids; channel counts TensorBoard cannot show (not 1, 3 or 4) show channel 0."""
@@ -91,7 +105,3 @@ def variable_tag(name: str) -> str:
     """A TensorBoard-friendly tag for a variable path (`dense/kernel` stays as it is)."""
     return name.replace(":", "_")
 
-
-def tower_image_shards(images: tf.Tensor, sizes: Sequence[int]) -> list[tf.Tensor]:
-    """The part of the global batch each tower saw, for per-tower image grids."""
-    return list(tf.split(images, list(sizes)))

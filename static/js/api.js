@@ -1,0 +1,113 @@
+// The service's HTTP API, as the dashboard uses it: fetch with the token, one error type,
+// and a job's Server-Sent Events.
+//
+// The token is kept in localStorage and mirrored into the `towerboard_token` cookie, which
+// the service also accepts: EventSource, download links and TensorBoard's own requests
+// cannot carry an Authorization header, but they do carry same-origin cookies.
+
+const TOKEN_KEY = "towerboard.token";
+const COOKIE = "towerboard_token";
+export const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+export const STATES = ["queued", "running", "succeeded", "failed", "cancelled"];
+
+export function getToken() {
+  return localStorage.getItem(TOKEN_KEY) || "";
+}
+
+export function setToken(token) {
+  token = token.trim();
+  const secure = location.protocol === "https:" ? "; Secure" : "";
+  if (token) {
+    localStorage.setItem(TOKEN_KEY, token);
+    document.cookie = `${COOKIE}=${encodeURIComponent(token)}; Path=/; SameSite=Strict${secure}`;
+  } else {
+    localStorage.removeItem(TOKEN_KEY);
+    document.cookie = `${COOKIE}=; Path=/; Max-Age=0; SameSite=Strict${secure}`;
+  }
+}
+
+/** Any non-2xx answer: `status`, the service's `detail` and its field `errors`. */
+export class ApiError extends Error {
+  constructor(status, detail, errors = []) {
+    super(detail);
+    this.status = status;
+    this.detail = detail;
+    this.errors = errors;
+  }
+}
+
+async function errorOf(response) {
+  let body = null;
+  try {
+    body = await response.json();
+  } catch {
+    // Not JSON (a proxy's error page, say): the status line says enough.
+  }
+  const detail = (body && typeof body.detail === "string" && body.detail) ||
+    `${response.status} ${response.statusText || "error"}`;
+  const errors = body && Array.isArray(body.errors) ? body.errors : [];
+  return new ApiError(response.status, detail, errors);
+}
+
+/** Call the API; returns parsed JSON (or text), throws ApiError. A 401 also fires
+ *  `towerboard:unauthorized` on window, so the page can ask for a token. */
+export async function api(path, { method = "GET", body, signal } = {}) {
+  const headers = { Accept: "application/json" };
+  const token = getToken();
+  if (token) headers.Authorization = `Bearer ${token}`;
+  const init = { method, headers, signal, credentials: "same-origin" };
+  if (body !== undefined) {
+    headers["Content-Type"] = "application/json";
+    init.body = typeof body === "string" ? body : JSON.stringify(body);
+  }
+  let response;
+  try {
+    response = await fetch(path, init);
+  } catch (error) {
+    if (error.name === "AbortError") throw error;
+    throw new ApiError(0, `The service did not answer (${error.message}).`);
+  }
+  if (response.status === 401) {
+    window.dispatchEvent(new CustomEvent("towerboard:unauthorized"));
+  }
+  if (!response.ok) throw await errorOf(response);
+  const type = response.headers.get("content-type") || "";
+  const result = type.includes("json") ? await response.json() : await response.text();
+  return { status: response.status, data: result };
+}
+
+export async function getJSON(path, options) {
+  return (await api(path, options)).data;
+}
+
+/** Follow a job's events. `on` maps event names (state, start, progress, eval,
+ *  checkpoint, trace, phase, end) to handlers of the parsed data. The stream is closed
+ *  once the job has ended, or by the returned function. */
+export function followJob(jobId, on) {
+  const source = new EventSource(`/api/v1/jobs/${encodeURIComponent(jobId)}/events`);
+  let closed = false;
+  const close = () => {
+    closed = true;
+    source.close();
+  };
+  const names = ["state", "start", "progress", "eval", "checkpoint", "trace", "phase", "end"];
+  for (const name of names) {
+    source.addEventListener(name, (message) => {
+      if (closed) return;
+      let data;
+      try {
+        data = JSON.parse(message.data);
+      } catch {
+        return;
+      }
+      if (on[name]) on[name](data);
+      if (on.any) on.any(name, data);
+      // The service ends the stream after a terminal state; EventSource would reconnect.
+      if (name === "state" && TERMINAL.has(data.state)) close();
+    });
+  }
+  source.onerror = () => {
+    if (on.error && !closed) on.error();
+  };
+  return close;
+}

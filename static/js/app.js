@@ -1,0 +1,105 @@
+// The dashboard's entry: a hash router over three views, the devices panel, the token bar.
+//
+//   #/                 jobs table (#/?state=running filters it)
+//   #/jobs/<id>        one job
+//   #/submit           submit form (#/submit?preset=mnist-cnn, #/submit?from=<id>)
+
+import { getJSON, getToken, setToken } from "./api.js";
+import { h, jobLink } from "./format.js";
+import { mountJob } from "./job.js";
+import { mountJobs } from "./jobs.js";
+import { mountSubmit } from "./submit.js";
+
+const DEVICES_POLL_MS = 5000;
+const view = document.getElementById("view");
+let unmount = () => {};
+
+function route() {
+  unmount();
+  view.replaceChildren();
+  const hash = location.hash.replace(/^#/, "") || "/";
+  const [path, search = ""] = hash.split("?");
+  const query = new URLSearchParams(search);
+  let match;
+  let current = "jobs";
+  if ((match = path.match(/^\/jobs\/([^/]+)$/))) {
+    current = "";
+    unmount = mountJob(view, decodeURIComponent(match[1]));
+  } else if (path === "/submit") {
+    current = "submit";
+    unmount = mountSubmit(view, query);
+  } else {
+    unmount = mountJobs(view, query);
+  }
+  for (const link of document.querySelectorAll("[data-nav]")) {
+    link.classList.toggle("active", link.dataset.nav === current);
+  }
+  window.scrollTo(0, 0);
+}
+
+// --- devices panel --------------------------------------------------------------------
+
+const devicesList = document.getElementById("devices");
+const devicesNote = document.getElementById("devices-note");
+
+async function refreshDevices() {
+  try {
+    const devices = await getJSON("/api/v1/devices");
+    devicesList.replaceChildren(...devices.data.map((device) => h("li", {
+      class: `device ${device.job_id ? "busy" : "free"}`, dataset: { device: device.id },
+    },
+    h("span", { class: "device-id" }, device.id),
+    device.job_id
+      ? h("a", { href: jobLink({ id: device.job_id }) }, device.job_id)
+      : h("span", { class: "muted" }, "free"))));
+    const kind = devices.data.some((d) => d.kind === "gpu") ? "GPU" : "CPU-only";
+    devicesNote.textContent = `${kind} host · up to ${devices.max_towers} towers a job`;
+  } catch (error) {
+    devicesList.replaceChildren(h("li", { class: "muted" }, `Unavailable: ${error.message}`));
+    devicesNote.textContent = "";
+  }
+}
+
+// --- token ----------------------------------------------------------------------------
+
+const tokenBar = document.getElementById("token-bar");
+const tokenInput = document.getElementById("token-input");
+const tokenToggle = document.getElementById("token-toggle");
+const tokenMessage = document.getElementById("token-message");
+
+function showTokenBar(message) {
+  tokenBar.hidden = false;
+  tokenToggle.hidden = false;
+  tokenMessage.textContent = message || "";
+  tokenInput.focus();
+}
+
+window.addEventListener("towerboard:unauthorized", () => {
+  showTokenBar(getToken() ? "That token was refused." : "");
+});
+tokenToggle.addEventListener("click", () => {
+  if (tokenBar.hidden) showTokenBar();
+  else tokenBar.hidden = true;
+});
+tokenBar.addEventListener("submit", (event) => {
+  event.preventDefault();
+  setToken(tokenInput.value);
+  tokenInput.value = "";
+  tokenBar.hidden = true;
+  tokenToggle.hidden = false;
+  refreshDevices();
+  route();
+});
+document.getElementById("token-forget").addEventListener("click", () => {
+  setToken("");
+  tokenMessage.textContent = "Token forgotten.";
+});
+if (getToken()) {
+  tokenToggle.hidden = false;
+  setToken(getToken()); // refresh the cookie, which may have expired with the session
+}
+
+window.addEventListener("hashchange", route);
+route();
+refreshDevices();
+setInterval(refreshDevices, DEVICES_POLL_MS);

@@ -1,0 +1,145 @@
+// Small formatters and DOM helpers. Every formatter takes null or undefined and shows "—".
+
+export const DASH = "—";
+
+const isNum = (v) => typeof v === "number" && Number.isFinite(v);
+
+export function num(value, digits = 4) {
+  if (!isNum(value)) return DASH;
+  if (value !== 0 && Math.abs(value) < 10 ** -digits) return value.toExponential(2);
+  return Number(value.toFixed(digits)).toString();
+}
+
+export function percent(value) {
+  return isNum(value) ? `${(value * 100).toFixed(1)}%` : DASH;
+}
+
+export function rate(value) {
+  if (!isNum(value)) return DASH;
+  if (value >= 10000) return `${(value / 1000).toFixed(1)}k`;
+  return value >= 100 ? value.toFixed(0) : value.toFixed(1);
+}
+
+/** Seconds as "45s", "3m 05s", "2h 10m", "3d 4h". */
+export function duration(seconds) {
+  if (!isNum(seconds) || seconds < 0) return DASH;
+  const s = Math.round(seconds);
+  if (s < 60) return `${s}s`;
+  const m = Math.floor(s / 60);
+  if (m < 60) return `${m}m ${String(s % 60).padStart(2, "0")}s`;
+  const h = Math.floor(m / 60);
+  if (h < 48) return `${h}h ${String(m % 60).padStart(2, "0")}m`;
+  return `${Math.floor(h / 24)}d ${h % 24}h`;
+}
+
+export function seconds(iso) {
+  if (!iso) return null;
+  const t = Date.parse(iso);
+  return Number.isNaN(t) ? null : t / 1000;
+}
+
+/** Time since an ISO timestamp, e.g. "3m 05s". */
+export function age(iso, now = Date.now() / 1000) {
+  const t = seconds(iso);
+  return t === null ? DASH : duration(Math.max(0, now - t));
+}
+
+/** A running job's time left: the worker's ETA, counted down since it was reported. */
+export function eta(job, now = Date.now() / 1000) {
+  const p = job.progress;
+  if (!p || !isNum(p.eta_seconds)) return DASH;
+  if (job.state !== "running") return job.state === "succeeded" ? duration(0) : DASH;
+  const at = seconds(p.updated_at);
+  const left = at === null ? p.eta_seconds : p.eta_seconds - Math.max(0, now - at);
+  return duration(Math.max(0, left));
+}
+
+export function bytes(n) {
+  if (!isNum(n)) return DASH;
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) {
+    n /= 1024;
+    i += 1;
+  }
+  return `${i ? n.toFixed(1) : n} ${units[i]}`;
+}
+
+export function localTime(iso) {
+  const t = seconds(iso);
+  return t === null ? DASH : new Date(t * 1000).toLocaleString();
+}
+
+/** The job's completion in 0..100, or null when it has no step count yet. */
+export function progressPercent(job) {
+  const p = job.progress;
+  if (job.state === "succeeded") return 100;
+  if (!p) return null;
+  if (isNum(p.percent)) return p.percent;
+  if (isNum(p.step) && isNum(p.total) && p.total > 0) return (100 * p.step) / p.total;
+  return null;
+}
+
+export function stepText(job) {
+  const p = job.progress;
+  if (!p || !isNum(p.step)) return job.state === "queued" ? "queued" : DASH;
+  return isNum(p.total) ? `${p.step} / ${p.total}` : String(p.step);
+}
+
+/** document.createElement with attributes and children; strings become text nodes. */
+export function h(tag, attrs = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key === "class") el.className = value;
+    else if (key === "dataset") Object.assign(el.dataset, value);
+    else if (key.startsWith("on") && typeof value === "function") {
+      el.addEventListener(key.slice(2), value);
+    } else if (value === true) el.setAttribute(key, "");
+    else el.setAttribute(key, value);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+
+/** A progress bar (role=progressbar) showing `percent` or an indeterminate stripe. */
+export function progressBar(job) {
+  const value = progressPercent(job);
+  const bar = h("div", {
+    class: `bar bar-${job.state}`,
+    role: "progressbar",
+    "aria-valuemin": "0",
+    "aria-valuemax": "100",
+  });
+  const fill = h("div", { class: "bar-fill" });
+  bar.append(fill);
+  setProgress(bar, job, value);
+  return bar;
+}
+
+export function setProgress(bar, job, value = progressPercent(job)) {
+  for (const cls of [...bar.classList]) {
+    if (cls.startsWith("bar-") && cls !== "bar-large") bar.classList.remove(cls);
+  }
+  bar.classList.add(`bar-${job.state}`);
+  const fill = bar.firstElementChild;
+  if (value === null) {
+    bar.removeAttribute("aria-valuenow");
+    fill.style.width = "0%";
+  } else {
+    const clamped = Math.max(0, Math.min(100, value));
+    bar.setAttribute("aria-valuenow", clamped.toFixed(1));
+    fill.style.width = `${clamped}%`;
+  }
+}
+
+export function stateBadge(state) {
+  return h("span", { class: `state state-${state}` }, state);
+}
+
+export function jobLink(job) {
+  return `#/jobs/${encodeURIComponent(job.id)}`;
+}

@@ -1,0 +1,331 @@
+// One job: live progress and charts, per-tower step time, spec, log tail, checkpoints,
+// Cancel and "Open in TensorBoard".
+
+import { TERMINAL, api, followJob, getJSON } from "./api.js";
+import { LineChart } from "./charts.js";
+import { applyProgressEvent } from "./jobs.js";
+import {
+  age, bytes, duration, eta, h, localTime, num, percent, progressBar, rate, setProgress,
+  stateBadge, stepText,
+} from "./format.js";
+
+const LOG_LINES = 200;
+const LOG_POLL_MS = 3000;
+const SERIES = ["loss", "accuracy", "examples_per_sec", "learning_rate", "eval_loss", "eval_accuracy"];
+
+function stat(label, key) {
+  return h("div", { class: "stat" }, h("span", { class: "stat-label" }, label),
+    h("span", { class: "stat-value", dataset: { stat: key } }, "—"));
+}
+
+export function mountJob(view, jobId) {
+  const base = `/api/v1/jobs/${encodeURIComponent(jobId)}`;
+  let job = null;
+  let stopped = false;
+  let closeStream = null;
+  let logTimer = null;
+  let checkpointTimer = null;
+  let ticker = null;
+  let drawQueued = false;
+  const series = Object.fromEntries(SERIES.map((key) => [key, []]));
+
+  const title = h("h1", { class: "job-title" }, jobId);
+  let badge = h("span", { class: "state" });
+  const bar = progressBar({ state: "queued", progress: null });
+  bar.classList.add("bar-large");
+  const barText = h("p", { class: "bar-text", id: "job-progress-text" });
+  const tbButton = h("button", { type: "button", id: "open-tensorboard", onclick: openTensorBoard },
+    "Open in TensorBoard");
+  const cancelButton = h("button", { type: "button", class: "danger", id: "cancel-job", onclick: cancel },
+    "Cancel");
+  const actionStatus = h("p", { class: "action-status small", role: "status" });
+  const meta = h("p", { class: "meta muted small" });
+  const errorBox = h("div", { class: "job-error", role: "alert", hidden: true });
+  const stats = h("div", { class: "stats" },
+    stat("Loss", "loss"), stat("Accuracy", "accuracy"), stat("Eval loss", "eval_loss"),
+    stat("Eval accuracy", "eval_accuracy"), stat("Examples/s", "examples_per_sec"),
+    stat("ETA", "eta"), stat("Learning rate", "learning_rate"), stat("Devices", "devices"));
+  const chartGrid = h("div", { class: "charts" });
+  const towers = h("div", { class: "towers", id: "towers" });
+  const checkpoints = h("div", { id: "checkpoints" }, h("p", { class: "muted" }, "Loading…"));
+  const logs = h("pre", { class: "log", id: "log", tabindex: "0" }, "");
+  const spec = h("pre", { class: "spec", id: "spec" }, "");
+  const notFound = h("p", { class: "error", role: "alert", hidden: true });
+
+  view.append(
+    h("p", { class: "crumbs" }, h("a", { href: "#/" }, "← Jobs")),
+    notFound,
+    h("div", { class: "job-head" },
+      h("div", { class: "job-heading" }, title, badge),
+      h("div", { class: "actions" }, tbButton, cancelButton)),
+    actionStatus, meta, bar, barText, errorBox, stats,
+    h("section", { class: "section" }, h("h2", {}, "Metrics"), chartGrid),
+    h("section", { class: "section" }, h("h2", {}, "Per-tower step time"), towers),
+    h("section", { class: "section" }, h("h2", {}, "Checkpoints"), checkpoints),
+    h("section", { class: "section" },
+      h("div", { class: "section-head" }, h("h2", {}, "Log"),
+        h("span", { class: "muted small" }, `last ${LOG_LINES} lines of worker.log`)),
+      logs),
+    h("section", { class: "section" },
+      h("div", { class: "section-head" }, h("h2", {}, "Spec"),
+        h("a", { href: `#/submit?from=${encodeURIComponent(jobId)}`, class: "small" }, "Edit & resubmit")),
+      spec),
+  );
+
+  const charts = [
+    new LineChart(chartGrid, { title: "Loss", series: [
+      { key: "loss", label: "train", stroke: "#2f6fdb" },
+      { key: "eval_loss", label: "eval", stroke: "#e06c1f", dash: [6, 4] }] }),
+    new LineChart(chartGrid, { title: "Accuracy", yRange: [0, 1], series: [
+      { key: "accuracy", label: "train", stroke: "#2f6fdb" },
+      { key: "eval_accuracy", label: "eval", stroke: "#e06c1f", dash: [6, 4] }] }),
+    new LineChart(chartGrid, { title: "Examples/sec", yDigits: 5, series: [
+      { key: "examples_per_sec", label: "examples/s", stroke: "#1c9a6c" }] }),
+  ];
+
+  function drawCharts() {
+    if (drawQueued) return;
+    drawQueued = true;
+    requestAnimationFrame(() => {
+      drawQueued = false;
+      if (!stopped) for (const chart of charts) chart.update(series);
+    });
+  }
+
+  function renderTowers() {
+    const p = (job && job.progress) || {};
+    const ms = Array.isArray(p.tower_ms) ? p.tower_ms : null;
+    if (!ms || ms.length === 0) {
+      const traced = job && job.spec && job.spec.summaries && job.spec.summaries.trace_steps;
+      towers.replaceChildren(h("p", { class: "muted" }, traced && traced.length
+        ? `Measured from the device trace of steps ${traced.join(", ")}; not taken yet.`
+        : "No device trace in this job's spec (summaries.trace_steps), so no per-tower times."));
+      return;
+    }
+    const most = Math.max(...ms, 1e-9);
+    towers.replaceChildren(...ms.map((value, i) => h("div", { class: "tower" },
+      h("span", { class: "tower-label" }, `tower ${i}`),
+      h("span", { class: "tower-bar" }, h("span", { style: `width:${(100 * value) / most}%` })),
+      h("span", { class: "tower-value" }, `${num(value, 2)} ms`))));
+  }
+
+  function renderJob() {
+    if (!job) return;
+    const p = job.progress || {};
+    const e = job.eval || {};
+    title.textContent = job.name;
+    const fresh = stateBadge(job.state);
+    badge.replaceWith(fresh);
+    badge = fresh;
+    document.title = `${job.name} · ${job.state} · Towerboard`;
+    setProgress(bar, job);
+    const parts = [stepText(job)];
+    if (typeof p.percent === "number") parts.push(`${p.percent.toFixed(1)}%`);
+    if (p.phase && !TERMINAL.has(job.state)) parts.push(p.phase);
+    barText.textContent = parts.join(" · ");
+    const set = (key, text) => { stats.querySelector(`[data-stat="${key}"]`).textContent = text; };
+    set("loss", num(p.loss));
+    set("accuracy", percent(p.accuracy));
+    set("eval_loss", num(e.loss));
+    set("eval_accuracy", percent(e.accuracy));
+    set("examples_per_sec", rate(p.examples_per_sec));
+    set("eta", eta(job));
+    set("learning_rate", num(p.learning_rate, 6));
+    set("devices", job.devices.length ? job.devices.join(", ")
+      : `cpu · ${job.spec.towers} tower${job.spec.towers > 1 ? "s" : ""}`);
+    const started = job.started_at ? ` · started ${localTime(job.started_at)}` : "";
+    const ran = job.started_at && job.finished_at
+      ? ` · ran ${duration((Date.parse(job.finished_at) - Date.parse(job.started_at)) / 1000)}` : "";
+    meta.textContent = `${job.id} · submitted ${age(job.created_at)} ago${started}${ran}` +
+      ` · priority ${job.priority} · attempt ${job.attempts}` +
+      (job.cancel_requested && !TERMINAL.has(job.state) ? " · cancel requested" : "");
+    cancelButton.hidden = TERMINAL.has(job.state);
+    cancelButton.disabled = job.cancel_requested;
+    if (job.error) {
+      errorBox.hidden = false;
+      errorBox.replaceChildren(
+        h("strong", {}, job.state === "cancelled" ? "Cancelled: " : "Failed: "),
+        job.error.reason,
+        job.error.exit_code !== null && job.error.exit_code !== undefined
+          ? ` (exit code ${job.error.exit_code})` : "",
+        job.error.log_tail && job.error.log_tail.length
+          ? h("pre", { class: "log" }, job.error.log_tail.join("\n")) : "");
+    } else {
+      errorBox.hidden = true;
+    }
+    const text = JSON.stringify(job.spec, null, 2);
+    if (spec.textContent !== text) spec.textContent = text;
+    renderTowers();
+  }
+
+  async function loadLogs() {
+    clearTimeout(logTimer);
+    try {
+      const text = await getJSON(`${base}/logs?tail=${LOG_LINES}`);
+      if (stopped) return;
+      const atBottom = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 8;
+      logs.textContent = text || "(no output yet)";
+      if (atBottom) logs.scrollTop = logs.scrollHeight;
+    } catch (error) {
+      if (!stopped) logs.textContent = `Could not read the log: ${error.message}`;
+    }
+    if (!stopped && job && !TERMINAL.has(job.state)) logTimer = setTimeout(loadLogs, LOG_POLL_MS);
+  }
+
+  async function loadCheckpoints() {
+    try {
+      const list = await getJSON(`${base}/checkpoints`);
+      if (stopped) return;
+      if (list.data.length === 0) {
+        checkpoints.replaceChildren(h("p", { class: "muted" }, "No checkpoint yet."));
+        return;
+      }
+      const rows = [...list.data].sort((a, b) => b.step - a.step).map((c) => h("tr", {},
+        h("td", { dataset: { label: "Step" } }, String(c.step)),
+        h("td", { dataset: { label: "Saved" } }, localTime(c.time)),
+        h("td", { dataset: { label: "Size" } }, bytes(c.size_bytes)),
+        h("td", {}, h("a", {
+          href: new URL(c.url, location.href).pathname,
+          download: `${jobId}-ckpt-${c.step}.tar.gz`,
+          class: "download",
+          dataset: { step: String(c.step) },
+        }, "Download .tar.gz"))));
+      checkpoints.replaceChildren(h("div", { class: "scroll-x" }, h("table", { class: "plain" },
+        h("thead", {}, h("tr", {}, h("th", {}, "Step"), h("th", {}, "Saved"), h("th", {}, "Size"),
+          h("th", {}, ""))),
+        h("tbody", {}, rows))));
+    } catch (error) {
+      if (!stopped) checkpoints.replaceChildren(h("p", { class: "error" }, error.message));
+    }
+  }
+
+  function checkpointsSoon() {
+    clearTimeout(checkpointTimer);
+    checkpointTimer = setTimeout(loadCheckpoints, 300);
+  }
+
+  function addPoints(event) {
+    if (!Number.isInteger(event.step)) return;
+    for (const key of SERIES) {
+      if (typeof event[key] === "number") series[key].push({ step: event.step, value: event[key] });
+    }
+    drawCharts();
+  }
+
+  async function cancel() {
+    if (cancelButton.dataset.armed !== "1") {
+      cancelButton.dataset.armed = "1";
+      cancelButton.textContent = "Confirm cancel";
+      setTimeout(() => {
+        cancelButton.dataset.armed = "";
+        cancelButton.textContent = "Cancel";
+      }, 4000);
+      return;
+    }
+    cancelButton.disabled = true;
+    try {
+      const { status, data } = await api(`${base}/cancel`, { method: "POST" });
+      job = data;
+      actionStatus.textContent = status === 202
+        ? "Cancel requested: the worker checkpoints and stops." : "Cancelled.";
+      renderJob();
+    } catch (error) {
+      actionStatus.textContent = `Could not cancel: ${error.message}`;
+      cancelButton.disabled = false;
+    }
+  }
+
+  async function openTensorBoard() {
+    // Opened now, inside the click, so a popup blocker lets it through; pointed at
+    // TensorBoard once it is asked to show this job. The proxy holds the first request
+    // until TensorBoard has loaded.
+    const tab = window.open("", "_blank");
+    actionStatus.textContent = "Starting TensorBoard…";
+    try {
+      let tb = await getJSON("/api/v1/tensorboard");
+      const up = tb.state !== "stopped";
+      if (!(up && (tb.job_ids === null || tb.job_ids.includes(jobId)))) {
+        // Keep the jobs it already shows, and add this one.
+        const ids = up && tb.job_ids ? [...new Set([...tb.job_ids, jobId])] : [jobId];
+        tb = (await api("/api/v1/tensorboard", { method: "POST", body: { job_ids: ids } })).data;
+      }
+      const url = `/tensorboard/?runFilter=${encodeURIComponent(jobId)}#timeseries`;
+      actionStatus.replaceChildren(`TensorBoard is ${tb.state}: `,
+        h("a", { href: url, target: "_blank", rel: "noopener" }, "open it"), ".");
+      if (tab) {
+        tab.opener = null;
+        tab.location.href = url;
+      }
+    } catch (error) {
+      if (tab) tab.close();
+      actionStatus.textContent = `Could not start TensorBoard: ${error.message}`;
+    }
+  }
+
+  async function load() {
+    // Follow first, then read: nothing falls between the snapshot and the stream.
+    closeStream = followJob(jobId, {
+      state: (data) => {
+        const ended = job && !TERMINAL.has(job.state) && TERMINAL.has(data.state);
+        job = data;
+        renderJob();
+        if (ended || TERMINAL.has(data.state)) {
+          loadLogs();
+          loadCheckpoints();
+          loadMetrics();
+        }
+      },
+      any: (name, event) => {
+        if (name === "state" || !job) return;
+        job = applyProgressEvent(job, event);
+        renderJob();
+        addPoints(event);
+        if (name === "checkpoint" || name === "end") checkpointsSoon();
+      },
+    });
+    try {
+      job = await getJSON(base);
+    } catch (error) {
+      closeStream();
+      notFound.textContent = error.status === 404 ? `No job ${jobId}.` : error.message;
+      notFound.hidden = false;
+      for (const el of view.children) if (el !== notFound && !el.classList.contains("crumbs")) el.hidden = true;
+      return;
+    }
+    renderJob();
+    await Promise.all([loadMetrics(), loadCheckpoints(), loadLogs()]);
+  }
+
+  async function loadMetrics() {
+    try {
+      const metrics = await getJSON(`${base}/metrics`);
+      if (stopped) return;
+      for (const key of SERIES) {
+        const known = new Map(series[key].map((point) => [point.step, point]));
+        for (const point of metrics.series[key] || []) known.set(point.step, point);
+        series[key] = [...known.values()].sort((a, b) => a.step - b.step);
+      }
+      drawCharts();
+    } catch {
+      // The charts keep what the stream gave them.
+    }
+  }
+
+  ticker = setInterval(() => {
+    if (job && job.state === "running") {
+      stats.querySelector('[data-stat="eta"]').textContent = eta(job);
+    }
+  }, 1000);
+
+  drawCharts();
+  load();
+  return () => {
+    stopped = true;
+    if (closeStream) closeStream();
+    clearTimeout(logTimer);
+    clearTimeout(checkpointTimer);
+    clearInterval(ticker);
+    for (const chart of charts) chart.destroy();
+    document.title = "Towerboard";
+  };
+}

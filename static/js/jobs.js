@@ -1,0 +1,218 @@
+// The jobs table: every job's state and progress at a glance, filtered by state, live.
+//
+// The list is re-read every few seconds (new jobs, state changes); running jobs also
+// stream their progress over SSE. Browsers give a page about six connections per host
+// over HTTP/1.1, so at most MAX_STREAMS jobs are streamed and the rest are polled.
+
+import { STATES, TERMINAL, followJob, getJSON } from "./api.js";
+import {
+  age, eta, h, jobLink, num, percent, progressBar, rate, setProgress, stateBadge, stepText,
+} from "./format.js";
+
+const MAX_STREAMS = 3;
+const POLL_MS = 4000;
+const PAGE = 50;
+const MAX_LIMIT = 200; // the API's largest page
+
+const COLUMNS = [
+  ["name", "Name"], ["state", "State"], ["progress", "Progress"], ["loss", "Loss"],
+  ["accuracy", "Accuracy"], ["speed", "Examples/s"], ["eta", "ETA"], ["devices", "Devices"],
+  ["age", "Age"],
+];
+
+/** Merge a progress.jsonl event into the job as the service folds it (service/progress.py). */
+export function applyProgressEvent(job, event) {
+  const p = { ...(job.progress || {}) };
+  if (Number.isInteger(event.step)) p.step = event.step;
+  if (Number.isInteger(event.total)) p.total = event.total;
+  if (typeof event.phase === "string") p.phase = event.phase;
+  if (event.event === "progress") {
+    for (const key of ["loss", "accuracy", "examples_per_sec", "eta_seconds", "learning_rate"]) {
+      p[key] = typeof event[key] === "number" ? event[key] : null;
+    }
+  }
+  if (event.event === "start" && Number.isInteger(event.towers)) p.towers = event.towers;
+  if (event.event === "checkpoint" && typeof event.checkpoint === "string") {
+    p.checkpoint = event.checkpoint;
+  }
+  if (event.event === "end") p.eta_seconds = 0;
+  if (Array.isArray(event.tower_ms)) p.tower_ms = event.tower_ms;
+  if (typeof event.time === "number") p.updated_at = new Date(event.time * 1000).toISOString();
+  p.percent = Number.isInteger(p.step) && p.total ? Math.round((1000 * p.step) / p.total) / 10 : null;
+  const updated = { ...job, progress: p };
+  if (event.event === "eval") {
+    updated.eval = {
+      step: event.step, loss: event.eval_loss ?? null, accuracy: event.eval_accuracy ?? null,
+    };
+  }
+  return updated;
+}
+
+function devicesText(job) {
+  if (job.devices && job.devices.length) return job.devices.join(", ");
+  const towers = job.spec && job.spec.towers;
+  return job.state === "running" && towers ? `cpu (${towers} tower${towers > 1 ? "s" : ""})` : "—";
+}
+
+export function mountJobs(view, query) {
+  let filter = STATES.includes(query.get("state")) ? query.get("state") : "";
+  let jobs = new Map(); // id -> job, in list order
+  let count = 0;
+  let nextCursor = null;
+  let pages = 1;
+  let streams = new Map(); // id -> close()
+  let timer = null;
+  let ticker = null;
+  let stopped = false;
+  const rows = new Map(); // id -> {tr, cells}
+
+  const chips = h("div", { class: "chips", role: "group", "aria-label": "Filter by state" },
+    ["", ...STATES].map((state) => h("button", {
+      type: "button",
+      class: "chip",
+      dataset: { state },
+      "aria-pressed": String(state === filter),
+      onclick: () => {
+        filter = state;
+        location.hash = state ? `#/?state=${state}` : "#/";
+      },
+    }, state || "all")));
+  const summary = h("p", { class: "muted small", id: "jobs-summary" }, "Loading…");
+  const tbody = h("tbody");
+  const table = h("table", { class: "jobs", id: "jobs-table" },
+    h("thead", {}, h("tr", {}, COLUMNS.map(([key, label]) => h("th", { class: `col-${key}` }, label)))),
+    tbody);
+  const empty = h("div", { class: "empty", hidden: true },
+    h("p", {}, "No jobs here yet."), h("a", { class: "button", href: "#/submit" }, "Submit a job"));
+  const more = h("button", { type: "button", class: "more", hidden: true, onclick: () => {
+    pages += 1;
+    refresh();
+  } }, "Show more");
+  const error = h("p", { class: "error", role: "alert", hidden: true });
+
+  view.append(
+    h("div", { class: "view-head" }, h("h1", {}, "Jobs"),
+      h("a", { class: "button primary", href: "#/submit" }, "New job")),
+    chips, error, h("div", { class: "table-wrap" }, table), empty, summary, more,
+  );
+
+  function row(job) {
+    let entry = rows.get(job.id);
+    if (!entry) {
+      const cells = Object.fromEntries(COLUMNS.map(([key, label]) =>
+        [key, h("td", { class: `col-${key}`, dataset: { label } })]));
+      cells.name.append(h("a", { href: jobLink(job), class: "job-name" }), h("span", { class: "job-id" }));
+      const bar = progressBar(job);
+      cells.progress.append(bar, h("span", { class: "step" }));
+      const tr = h("tr", { dataset: { job: job.id } }, Object.values(cells));
+      entry = { tr, cells, bar };
+      rows.set(job.id, entry);
+    }
+    const { cells, bar } = entry;
+    const p = job.progress || {};
+    entry.tr.dataset.state = job.state;
+    cells.name.firstChild.textContent = job.name;
+    cells.name.lastChild.textContent = job.id;
+    cells.state.replaceChildren(stateBadge(job.state));
+    setProgress(bar, job);
+    cells.progress.lastChild.textContent = stepText(job);
+    cells.loss.textContent = num(p.loss);
+    cells.accuracy.textContent = percent(p.accuracy);
+    cells.speed.textContent = rate(p.examples_per_sec);
+    cells.eta.textContent = eta(job);
+    cells.devices.textContent = devicesText(job);
+    cells.age.textContent = age(job.created_at);
+    return entry.tr;
+  }
+
+  function render() {
+    const order = [...jobs.values()];
+    tbody.replaceChildren(...order.map(row));
+    for (const id of rows.keys()) if (!jobs.has(id)) rows.delete(id);
+    empty.hidden = order.length > 0;
+    table.hidden = order.length === 0;
+    const shown = order.length;
+    summary.textContent = `${shown} of ${count} job${count === 1 ? "" : "s"}${filter ? ` ${filter}` : ""}`;
+    more.hidden = !nextCursor || PAGE * pages >= MAX_LIMIT;
+    for (const button of chips.children) {
+      button.setAttribute("aria-pressed", String(button.dataset.state === filter));
+    }
+  }
+
+  function stream() {
+    const running = [...jobs.values()].filter((job) => job.state === "running");
+    const wanted = new Set(running.slice(0, MAX_STREAMS).map((job) => job.id));
+    for (const [id, close] of streams) {
+      if (!wanted.has(id)) {
+        close();
+        streams.delete(id);
+      }
+    }
+    for (const id of wanted) {
+      if (streams.has(id)) continue;
+      streams.set(id, followJob(id, {
+        state: (job) => {
+          if (!jobs.has(id)) return;
+          jobs.set(id, job);
+          if (TERMINAL.has(job.state)) streams.delete(id);
+          if (filter && job.state !== filter) refresh();
+          else render();
+        },
+        any: (name, event) => {
+          if (name === "state" || !jobs.has(id)) return;
+          jobs.set(id, applyProgressEvent(jobs.get(id), event));
+          row(jobs.get(id));
+        },
+      }));
+    }
+  }
+
+  async function refresh() {
+    clearTimeout(timer);
+    try {
+      const params = new URLSearchParams({ limit: String(Math.min(MAX_LIMIT, PAGE * pages)) });
+      if (filter) params.set("state", filter);
+      const page = await getJSON(`/api/v1/jobs?${params}`);
+      if (stopped) return;
+      // Keep what a stream told us when it is newer than the list's snapshot.
+      const next = new Map();
+      for (const job of page.data) {
+        const known = jobs.get(job.id);
+        const fresher = known && streams.has(job.id) && job.state === known.state &&
+          (known.progress?.step ?? -1) > (job.progress?.step ?? -1);
+        next.set(job.id, fresher ? known : job);
+      }
+      jobs = next;
+      count = page.count;
+      nextCursor = page.next_cursor;
+      error.hidden = true;
+      render();
+      stream();
+    } catch (e) {
+      if (stopped) return;
+      error.textContent = `Could not load jobs: ${e.message}`;
+      error.hidden = false;
+    } finally {
+      if (!stopped) timer = setTimeout(refresh, POLL_MS);
+    }
+  }
+
+  // Ages and ETAs count on between updates.
+  ticker = setInterval(() => {
+    for (const job of jobs.values()) {
+      const entry = rows.get(job.id);
+      if (!entry) continue;
+      entry.cells.age.textContent = age(job.created_at);
+      entry.cells.eta.textContent = eta(job);
+    }
+  }, 1000);
+
+  refresh();
+  return () => {
+    stopped = true;
+    clearTimeout(timer);
+    clearInterval(ticker);
+    for (const close of streams.values()) close();
+    streams = new Map();
+  };
+}

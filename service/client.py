@@ -1,0 +1,764 @@
+"""The `towerboard` client verbs: drive a running service over its HTTP API.
+
+    towerboard submit SPEC.json [--watch]          submit a job (SPEC "-" reads stdin)
+    towerboard status [ID] [--state S] [--json]    the jobs table, or one job in detail
+    towerboard logs ID [--tail N] [--follow]       the worker's log
+    towerboard cancel ID [--wait]                  cancel a queued or running job
+    towerboard checkpoints ID [--download STEP]    list checkpoints, or fetch one (.tar.gz)
+    towerboard tensorboard [--jobs ID ...] [--open] [--stop]
+
+Every verb takes `--url` (default `$TOWERBOARD_URL`, else http://127.0.0.1:8000) and sends
+`$TOWERBOARD_TOKEN`, when set, as its bearer token. Results go to stdout (`submit` prints
+just the job id, so `id=$(towerboard submit spec.json)` works); progress and errors go to
+stderr, each error as one line. Exit codes: 0 done; 1 the service refused or failed the
+request, or a watched job did not succeed; 2 bad usage or a rejected spec; 3 the service
+could not be reached; 130 interrupted.
+
+Only httpx and the standard library: the client never imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+import webbrowser
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+TERMINAL = ("succeeded", "failed", "cancelled")
+STATES = ("queued", "running", *TERMINAL)
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+EXIT_INTERRUPTED = 130
+
+_TENSORBOARD_READY_SECONDS = 180.0  # it imports TensorFlow: slow on a busy host
+_LOG_POLL_SECONDS = 1.0
+_LOG_WINDOW = 2000  # lines read per poll when following
+
+
+class ClientError(Exception):
+    """A failure to report as one line, with the exit code it ends the command with."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+# --- HTTP ----------------------------------------------------------------------------
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        text = response.text.strip().splitlines()
+        return f"HTTP {response.status_code}" + (f": {text[0][:200]}" if text else "")
+    detail = str(body.get("detail") or f"HTTP {response.status_code}")
+    errors = body.get("errors") or []
+    if errors:
+        fields = "; ".join(f"{e.get('field')}: {e.get('message')}" for e in errors)
+        return f"{detail.removesuffix(' see `errors`.').rstrip(';')}: {fields}"
+    return detail
+
+
+class Client:
+    """The service's API over httpx, raising ClientError with a one-line message."""
+
+    def __init__(self, url: str, token: str | None, *, timeout: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(
+            base_url=self.url,
+            headers={**headers, "User-Agent": "towerboard-cli"},
+            timeout=httpx.Timeout(timeout, connect=5.0),
+        )
+        self.has_token = bool(token)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _unreachable(self, error: httpx.TransportError) -> ClientError:
+        return ClientError(
+            f"cannot reach the service at {self.url} ({error.__class__.__name__}: {error}). "
+            "Is `towerboard serve` running? Set --url or TOWERBOARD_URL.",
+            EXIT_UNREACHABLE,
+        )
+
+    def check(self, response: httpx.Response) -> httpx.Response:
+        if response.is_success:
+            return response
+        if response.status_code == 401:
+            hint = (
+                "the token in TOWERBOARD_TOKEN was refused"
+                if self.has_token
+                else "the service needs a token: set TOWERBOARD_TOKEN"
+            )
+            raise ClientError(f"{hint} ({_error_message(response)})")
+        code = EXIT_USAGE if response.status_code == 422 else EXIT_FAILED
+        raise ClientError(_error_message(response), code)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.TransportError as error:
+            raise self._unreachable(error) from error
+        return self.check(response)
+
+    def get(self, path: str, **kwargs: Any) -> Any:
+        return self.request("GET", path, **kwargs).json()
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        job: dict[str, Any] = self.get(f"/api/v1/jobs/{job_id}")
+        return job
+
+    def events(self, job_id: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        """A job's Server-Sent Events as (event, data) until the service ends the stream."""
+        timeout = httpx.Timeout(60.0, connect=5.0)  # the service pings every 15 s
+        try:
+            with self.http.stream("GET", f"/api/v1/jobs/{job_id}/events", timeout=timeout) as r:
+                if not r.is_success:
+                    r.read()
+                    self.check(r)
+                name, data = "message", []
+                for line in r.iter_lines():
+                    if line.startswith(":"):
+                        continue  # a ping
+                    if line == "":
+                        if data:
+                            yield name, json.loads("\n".join(data))
+                        name, data = "message", []
+                    field, _, value = line.partition(":")
+                    value = value.removeprefix(" ")
+                    if field == "event":
+                        name = value
+                    elif field == "data":
+                        data.append(value)
+        except httpx.TransportError as error:
+            raise self._unreachable(error) from error
+
+
+# --- formatting ----------------------------------------------------------------------
+
+
+def _number(value: Any, digits: int = 4) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "-"
+    return f"{value:.{digits}g}"
+
+
+def _percent(value: Any) -> str:
+    return f"{100 * value:.1f}%" if isinstance(value, int | float) else "-"
+
+
+def _rate(value: Any) -> str:
+    if not isinstance(value, int | float):
+        return "-"
+    return f"{value / 1000:.1f}k" if value >= 10_000 else f"{value:.0f}"
+
+
+def _duration(seconds: Any) -> str:
+    if not isinstance(seconds, int | float) or seconds < 0:
+        return "-"
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _timestamp(value: Any) -> float | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _age(value: Any) -> str:
+    at = _timestamp(value)
+    if at is None:
+        return "-"
+    s = max(0, int(time.time() - at))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 172_800:
+        return f"{s // 3600}h"
+    return f"{s // 86400}d"
+
+
+def _bytes(n: Any) -> str:
+    if not isinstance(n, int | float):
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return "-"
+
+
+def _steps(job: dict[str, Any]) -> str:
+    p = job.get("progress") or {}
+    if not isinstance(p.get("step"), int):
+        return "-"
+    return f"{p['step']}/{p['total']}" if isinstance(p.get("total"), int) else str(p["step"])
+
+
+def _eta(job: dict[str, Any]) -> str:
+    p = job.get("progress") or {}
+    if job.get("state") != "running" or not isinstance(p.get("eta_seconds"), int | float):
+        return "-"
+    at = _timestamp(p.get("updated_at"))
+    left = p["eta_seconds"] - (max(0.0, time.time() - at) if at else 0.0)
+    return _duration(max(0.0, left))
+
+
+def _devices(job: dict[str, Any]) -> str:
+    if job.get("devices"):
+        return ",".join(job["devices"])
+    towers = (job.get("spec") or {}).get("towers")
+    return f"cpu x{towers}" if job.get("state") == "running" and towers else "-"
+
+
+def _table(rows: list[list[str]], out: TextIO) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out.write(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+            + "\n"
+        )
+
+
+def fold_event(job: dict[str, Any], name: str, data: dict[str, Any]) -> dict[str, Any]:
+    """The job with one SSE event applied (as the service folds progress lines)."""
+    if name == "state":
+        return data
+    job = dict(job)
+    p = dict(job.get("progress") or {})
+    for key in ("step", "total", "phase", "tower_ms", "checkpoint"):
+        if key in data:
+            p[key] = data[key]
+    if name == "progress":
+        for key in ("loss", "accuracy", "examples_per_sec", "eta_seconds", "learning_rate"):
+            p[key] = data.get(key)
+        p["updated_at"] = (
+            datetime.fromtimestamp(data.get("time", time.time())).astimezone().isoformat()
+        )
+    if name == "eval":
+        job["eval"] = {"step": data.get("step"), "loss": data.get("eval_loss"),
+                       "accuracy": data.get("eval_accuracy")}  # fmt: skip
+    if isinstance(p.get("step"), int) and p.get("total"):
+        p["percent"] = round(100.0 * p["step"] / p["total"], 1)
+    job["progress"] = p
+    return job
+
+
+class ProgressLine:
+    """A one-line progress bar on a terminal; on anything else a line now and then."""
+
+    WIDTH = 24
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.tty = out.isatty()
+        self.shown = ""
+        self.last_line_at = 0.0
+        self.last_key: tuple[Any, ...] = ()
+
+    def text(self, job: dict[str, Any]) -> str:
+        p = job.get("progress") or {}
+        percent = 100.0 if job.get("state") == "succeeded" else p.get("percent")
+        filled = round(self.WIDTH * (percent or 0) / 100)
+        bar = "#" * filled + "-" * (self.WIDTH - filled)
+        parts = [f"[{bar}]", f"{percent:5.1f}%" if isinstance(percent, int | float) else "  -  "]
+        parts.append(f"step {_steps(job)}")
+        if p.get("loss") is not None:
+            parts.append(f"loss {_number(p.get('loss'))}")
+        if p.get("accuracy") is not None:
+            parts.append(f"acc {_percent(p.get('accuracy'))}")
+        evaluation = job.get("eval") or {}
+        if evaluation.get("accuracy") is not None:
+            parts.append(f"eval acc {_percent(evaluation['accuracy'])}")
+        if p.get("examples_per_sec"):
+            parts.append(f"{_rate(p['examples_per_sec'])} ex/s")
+        if job.get("state") == "running" and p.get("eta_seconds") is not None:
+            parts.append(f"ETA {_eta(job)}")
+        phase = p.get("phase")
+        state = job.get("state", "?")
+        parts.append(f"{state}" + (f" ({phase})" if phase and state == "running" else ""))
+        return " ".join(parts)
+
+    def update(self, job: dict[str, Any]) -> None:
+        text = self.text(job)
+        if self.tty:
+            self.out.write("\r" + text + " " * max(0, len(self.shown) - len(text)))
+            self.out.flush()
+            self.shown = text
+            return
+        # A log file gets a line per state or phase change, or per 10 s.
+        p = job.get("progress") or {}
+        key = (job.get("state"), p.get("phase"))
+        now = time.monotonic()
+        if key != self.last_key or now - self.last_line_at >= 10.0:
+            self.out.write(text + "\n")
+            self.out.flush()
+            self.last_key, self.last_line_at, self.shown = key, now, text
+
+    def finish(self, job: dict[str, Any]) -> None:
+        if self.tty:
+            self.update(job)
+            self.out.write("\n")
+        elif self.text(job) != self.shown:
+            self.out.write(self.text(job) + "\n")
+        self.out.flush()
+
+
+def watch(client: Client, job_id: str, out: TextIO) -> dict[str, Any]:
+    """Follow the job's events with a progress line on `out` until it ends."""
+    line = ProgressLine(out)
+    job = client.job(job_id)
+    line.update(job)
+    try:
+        while job["state"] not in TERMINAL:
+            try:
+                for name, data in client.events(job_id):
+                    job = fold_event(job, name, data)
+                    line.update(job)
+                    if job["state"] in TERMINAL:
+                        break
+            except ClientError as error:
+                if error.code != EXIT_UNREACHABLE:
+                    raise
+                time.sleep(1.0)  # the service restarted or a proxy cut the stream: follow on
+            if job["state"] not in TERMINAL:
+                job = client.job(job_id)
+    except BaseException:
+        if line.tty:
+            out.write("\n")  # leave the bar's line before the error
+        raise
+    line.finish(job)
+    return job
+
+
+def _summary(job: dict[str, Any]) -> str:
+    parts = [f"{job['id']} {job['state']}"]
+    started, finished = _timestamp(job.get("started_at")), _timestamp(job.get("finished_at"))
+    if started and finished:
+        parts[0] += f" in {_duration(finished - started)}"
+    p, evaluation = job.get("progress") or {}, job.get("eval") or {}
+    facts = [f"step {_steps(job)}"]
+    if p.get("loss") is not None:
+        facts.append(f"loss {_number(p['loss'])}")
+    if p.get("accuracy") is not None:
+        facts.append(f"accuracy {_percent(p['accuracy'])}")
+    if evaluation.get("accuracy") is not None:
+        facts.append(f"eval accuracy {_percent(evaluation['accuracy'])}")
+    if job.get("error"):
+        facts.append(f"error: {job['error'].get('reason')}")
+    return f"{parts[0]}: {', '.join(facts)}"
+
+
+# --- verbs ---------------------------------------------------------------------------
+
+
+def _read_spec(path: str) -> dict[str, Any]:
+    name = "stdin" if path == "-" else path
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as error:
+        raise ClientError(
+            f"cannot read the spec {name}: {error.strerror or error}", EXIT_USAGE
+        ) from error
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ClientError(
+            f"{name} is not valid JSON: {error.msg} at line {error.lineno} column {error.colno}",
+            EXIT_USAGE,
+        ) from error
+    if not isinstance(spec, dict):
+        raise ClientError(f"{name} must hold a JSON object (the job spec).", EXIT_USAGE)
+    return spec
+
+
+def submit(client: Client, args: argparse.Namespace) -> int:
+    spec = _read_spec(args.spec)
+    try:
+        job = client.request("POST", "/api/v1/jobs", json=spec).json()
+    except ClientError as error:
+        if error.code == EXIT_USAGE:
+            source = "the spec from stdin" if args.spec == "-" else args.spec
+            error.message = f"the service rejected {source}: {error.message}"
+        raise
+    sys.stdout.write(f"{job['id']}\n")
+    sys.stdout.flush()
+    sys.stderr.write(f"submitted {job['name']!r} as job {job['id']} ({job['state']})\n")
+    if not args.watch:
+        return EXIT_OK
+    try:
+        job = watch(client, job["id"], sys.stderr)
+    except KeyboardInterrupt:
+        sys.stderr.write(
+            f"\nstopped watching; job {job['id']} goes on (towerboard cancel {job['id']})\n"
+        )
+        return EXIT_INTERRUPTED
+    sys.stderr.write(_summary(job) + "\n")
+    return EXIT_OK if job["state"] == "succeeded" else EXIT_FAILED
+
+
+def status(client: Client, args: argparse.Namespace) -> int:
+    if args.id:
+        job = client.job(args.id)
+        if args.json:
+            sys.stdout.write(json.dumps(job, indent=2) + "\n")
+            return EXIT_OK
+        p, evaluation = job.get("progress") or {}, job.get("eval") or {}
+        rows = [
+            ["id", job["id"]],
+            ["name", job["name"]],
+            ["state", job["state"] + (" (cancel requested)" if job.get("cancel_requested") and job["state"] not in TERMINAL else "")],
+            ["progress", f"{_steps(job)}" + (f" ({p['percent']}%)" if p.get("percent") is not None else "")],
+            ["phase", str(p.get("phase") or "-")],
+            ["loss", _number(p.get("loss"))],
+            ["accuracy", _percent(p.get("accuracy"))],
+            ["eval loss", _number(evaluation.get("loss"))],
+            ["eval accuracy", _percent(evaluation.get("accuracy"))],
+            ["examples/sec", _rate(p.get("examples_per_sec"))],
+            ["eta", _eta(job)],
+            ["tower ms", ", ".join(f"{ms:.2f}" for ms in p["tower_ms"]) if p.get("tower_ms") else "-"],
+            ["devices", _devices(job) if job.get("devices") else f"cpu, towers: {job['spec'].get('towers')}"],
+            ["priority", str(job["priority"])],
+            ["attempts", str(job["attempts"])],
+            ["created", f"{job['created_at']} ({_age(job['created_at'])} ago)"],
+            ["started", job.get("started_at") or "-"],
+            ["finished", job.get("finished_at") or "-"],
+            ["checkpoint", str(p.get("checkpoint") or "-")],
+        ]  # fmt: skip
+        if job.get("error"):
+            error = job["error"]
+            rows.append(["error", str(error.get("reason"))])
+            if error.get("exit_code") is not None:
+                rows.append(["exit code", str(error["exit_code"])])
+        width = max(len(key) for key, _ in rows)
+        for key, value in rows:
+            sys.stdout.write(f"{key.ljust(width)}  {value}\n")
+        if job.get("error") and job["error"].get("log_tail"):
+            sys.stdout.write("log tail:\n")
+            for log_line in job["error"]["log_tail"]:
+                sys.stdout.write(f"  {log_line}\n")
+        return EXIT_OK
+    params: list[tuple[str, str | int]] = [("limit", args.limit)]
+    params += [("state", state) for state in args.state or []]
+    page = client.get("/api/v1/jobs", params=params)
+    if args.json:
+        sys.stdout.write(json.dumps(page, indent=2) + "\n")
+        return EXIT_OK
+    if not page["data"]:
+        sys.stdout.write("no jobs" + (f" {'/'.join(args.state)}" if args.state else "") + "\n")
+        return EXIT_OK
+    rows = [
+        ["ID", "NAME", "STATE", "PROGRESS", "STEP", "LOSS", "ACC", "EX/S", "ETA", "DEVICES", "AGE"]
+    ]
+    for job in page["data"]:
+        p = job.get("progress") or {}
+        percent = 100.0 if job["state"] == "succeeded" else p.get("percent")
+        rows.append([
+            job["id"], job["name"][:32], job["state"],
+            f"{percent:.0f}%" if isinstance(percent, int | float) else "-",
+            _steps(job), _number(p.get("loss")), _percent(p.get("accuracy")),
+            _rate(p.get("examples_per_sec")), _eta(job), _devices(job), _age(job["created_at"]),
+        ])  # fmt: skip
+    _table(rows, sys.stdout)
+    if page.get("next_cursor"):
+        sys.stdout.write(f"... {page['count'] - len(page['data'])} more (use --limit)\n")
+    return EXIT_OK
+
+
+def _new_lines(seen: list[str], lines: list[str]) -> list[str]:
+    """The lines of a fresh tail that come after what was already printed. The log only
+    grows, so find where the end of what we saw sits in the new tail."""
+    if not seen:
+        return lines
+    anchor = seen[-min(len(seen), 20) :]
+    for start in range(len(lines) - len(anchor), -1, -1):
+        if lines[start : start + len(anchor)] == anchor:
+            return lines[start + len(anchor) :]
+    return ["[... lines skipped: the log grew faster than it was read]", *lines]
+
+
+def logs(client: Client, args: argparse.Namespace) -> int:
+    def read(tail: int) -> list[str]:
+        text = client.request("GET", f"/api/v1/jobs/{args.id}/logs", params={"tail": tail}).text
+        return text.splitlines()
+
+    lines = read(args.tail)
+    for line in lines:
+        sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+    if not args.follow:
+        return EXIT_OK
+    seen = lines[-100:]
+    try:
+        while True:
+            ended = client.job(args.id)["state"] in TERMINAL
+            fresh = _new_lines(seen, read(_LOG_WINDOW))
+            for line in fresh:
+                sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+            seen = (seen + fresh)[-100:]
+            if ended:  # read once more after the end, so the last lines are in
+                return EXIT_OK
+            time.sleep(_LOG_POLL_SECONDS)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def cancel(client: Client, args: argparse.Namespace) -> int:
+    response = client.request("POST", f"/api/v1/jobs/{args.id}/cancel")
+    job = response.json()
+    if response.status_code == 202:
+        sys.stderr.write(f"cancel requested: job {job['id']} checkpoints and stops\n")
+    if args.wait and job["state"] not in TERMINAL:
+        while job["state"] not in TERMINAL:
+            time.sleep(0.5)
+            job = client.job(args.id)
+    sys.stdout.write(f"{job['id']} {job['state']}\n")
+    return EXIT_OK
+
+
+def _download(client: Client, job_id: str, which: str, output: Path | None) -> Path:
+    listing = client.get(f"/api/v1/jobs/{job_id}/checkpoints")["data"]
+    if which == "latest":
+        if not listing:
+            raise ClientError(f"job {job_id} has no checkpoint yet")
+        step = max(c["step"] for c in listing)
+    else:
+        try:
+            step = int(which)
+        except ValueError:
+            raise ClientError(
+                f"--download takes a step number or 'latest'. Received: {which!r}", EXIT_USAGE
+            ) from None
+    name = f"{job_id}-ckpt-{step}.tar.gz"
+    target = output / name if output is not None and output.is_dir() else output or Path(name)
+    try:
+        with client.http.stream("GET", f"/api/v1/jobs/{job_id}/checkpoints/{step}") as response:
+            if not response.is_success:
+                response.read()
+                client.check(response)
+            # Written to a temp name beside the target, then renamed: never a half file.
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+            try:
+                with os.fdopen(fd, "wb") as file:
+                    for chunk in response.iter_bytes():
+                        file.write(chunk)
+                umask = os.umask(0)
+                os.umask(umask)
+                os.chmod(temp, 0o666 & ~umask)  # mkstemp makes it 0600
+                os.replace(temp, target)
+            except BaseException:
+                Path(temp).unlink(missing_ok=True)
+                raise
+    except httpx.TransportError as error:
+        raise client._unreachable(error) from error
+    except OSError as error:
+        raise ClientError(f"cannot write {target}: {error.strerror or error}") from error
+    return target
+
+
+def checkpoints(client: Client, args: argparse.Namespace) -> int:
+    if args.download is not None:
+        path = _download(client, args.id, args.download, args.output)
+        sys.stderr.write(f"saved checkpoint to {path} ({_bytes(path.stat().st_size)})\n")
+        sys.stdout.write(f"{path}\n")
+        return EXIT_OK
+    listing = client.get(f"/api/v1/jobs/{args.id}/checkpoints")["data"]
+    if args.json:
+        sys.stdout.write(json.dumps(listing, indent=2) + "\n")
+        return EXIT_OK
+    if not listing:
+        sys.stdout.write(f"job {args.id} has no checkpoint yet\n")
+        return EXIT_OK
+    rows = [["STEP", "SAVED", "SIZE", "URL"]]
+    for c in sorted(listing, key=lambda c: c["step"]):
+        rows.append([str(c["step"]), c["time"], _bytes(c["size_bytes"]), c["url"]])
+    _table(rows, sys.stdout)
+    return EXIT_OK
+
+
+def tensorboard(client: Client, args: argparse.Namespace) -> int:
+    if args.stop:
+        client.request("DELETE", "/api/v1/tensorboard")
+        sys.stdout.write("tensorboard stopped\n")
+        return EXIT_OK
+    body = {"job_ids": args.jobs} if args.jobs else {}
+    board = client.request("POST", "/api/v1/tensorboard", json=body).json()
+    deadline = time.monotonic() + _TENSORBOARD_READY_SECONDS
+    if board["state"] == "starting":
+        sys.stderr.write("starting TensorBoard ...\n")
+    while board["state"] == "starting" and time.monotonic() < deadline:
+        time.sleep(1.0)
+        board = client.get("/api/v1/tensorboard")
+    if board["state"] != "running":
+        raise ClientError(
+            f"TensorBoard did not come up (state {board['state']}); see the service log"
+        )
+    shown = "all jobs" if board.get("job_ids") is None else ", ".join(board["job_ids"])
+    sys.stderr.write(f"TensorBoard is running over {shown}\n")
+    sys.stdout.write(f"{board['url']}\n")
+    if client.has_token:
+        sys.stderr.write(
+            "a browser needs the token too: enter it once on the dashboard, which keeps it "
+            "in the towerboard_token cookie\n"
+        )
+    if args.open:
+        webbrowser.open(board["url"])
+    return EXIT_OK
+
+
+# --- wiring --------------------------------------------------------------------------
+
+
+def _run(verb: Callable[[Client, argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per request
+        client = Client(args.url, os.environ.get("TOWERBOARD_TOKEN") or None)
+        try:
+            return verb(client, args)
+        except ClientError as error:
+            sys.stderr.write(f"towerboard: error: {error.message}\n")
+            return error.code
+        except KeyboardInterrupt:
+            sys.stderr.write("\n")
+            return EXIT_INTERRUPTED
+        finally:
+            client.close()
+
+    return handler
+
+
+def _count(most: int) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            number = 0
+        if not 1 <= number <= most:
+            raise argparse.ArgumentTypeError(
+                f"expected a whole number from 1 to {most}. Received: {value!r}"
+            )
+        return number
+
+    return parse
+
+
+def _job_id(value: str) -> str:
+    if not value or "/" in value or value.startswith("."):
+        raise argparse.ArgumentTypeError(f"expected a job id. Received: {value!r}")
+    return value
+
+
+def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register submit, status, logs, cancel, checkpoints and tensorboard on `verbs`."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--url",
+        default=os.environ.get("TOWERBOARD_URL") or DEFAULT_URL,
+        help="the service (default $TOWERBOARD_URL, else %(default)s); "
+        "the token comes from $TOWERBOARD_TOKEN",
+    )
+
+    def verb(
+        name: str, function: Callable[[Client, argparse.Namespace], int], help: str
+    ) -> argparse.ArgumentParser:
+        parser = verbs.add_parser(
+            name, parents=[common], help=help, description=help[0].upper() + help[1:] + "."
+        )
+        parser.set_defaults(handler=_run(function))
+        return parser
+
+    p = verb("submit", submit, "submit a job spec (a JSON file, or - for stdin)")
+    p.add_argument("spec", metavar="SPEC.json")
+    p.add_argument(
+        "--watch",
+        action="store_true",
+        help="show a live progress bar until the job ends; exit 0 only if it succeeded",
+    )
+
+    p = verb("status", status, "list jobs, or show one job")
+    p.add_argument("id", nargs="?", type=_job_id, metavar="ID")
+    p.add_argument(
+        "--state", action="append", choices=STATES, help="only jobs in this state (repeatable)"
+    )
+    p.add_argument(
+        "--limit",
+        type=_count(200),
+        default=50,
+        metavar="N",
+        help="most jobs to list (1-200, default 50)",
+    )
+    p.add_argument("--json", action="store_true", help="print the API's JSON")
+
+    p = verb("logs", logs, "print the end of a job's worker log")
+    p.add_argument("id", type=_job_id, metavar="ID")
+    p.add_argument(
+        "--tail",
+        type=_count(100_000),
+        default=200,
+        metavar="N",
+        help="how many last lines (default 200)",
+    )
+    p.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing new lines until the job ends"
+    )
+
+    p = verb("cancel", cancel, "cancel a queued or running job")
+    p.add_argument("id", type=_job_id, metavar="ID")
+    p.add_argument("--wait", action="store_true", help="wait until the job has stopped")
+
+    p = verb("checkpoints", checkpoints, "list a job's checkpoints, or download one")
+    p.add_argument("id", type=_job_id, metavar="ID")
+    p.add_argument(
+        "--download",
+        metavar="STEP",
+        help="download the checkpoint at STEP (or 'latest') as a .tar.gz",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        metavar="PATH",
+        help="file or folder to save it to (default: ./ID-ckpt-STEP.tar.gz)",
+    )
+    p.add_argument("--json", action="store_true", help="print the API's JSON")
+
+    p = verb("tensorboard", tensorboard, "start (or reuse) TensorBoard and print its URL")
+    p.add_argument(
+        "--jobs",
+        nargs="+",
+        type=_job_id,
+        metavar="ID",
+        help="show only these jobs (default: all jobs)",
+    )
+    p.add_argument("--open", action="store_true", help="open it in a web browser")
+    p.add_argument("--stop", action="store_true", help="stop it instead")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from service.client import add_client_commands
 from service.settings import Settings
 
 
@@ -70,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-access-log", dest="access_log", action="store_false", help="do not log each request"
     )
     serve.set_defaults(handler=_serve)
+    add_client_commands(verbs)  # submit, status, logs, cancel, checkpoints, tensorboard
     return parser
 
 

@@ -1,0 +1,259 @@
+"""The `towerboard` client verbs as a person runs them, against a real service with real
+workers: submit --watch to the end, status, logs, cancel, checkpoints and download,
+tensorboard, the token, and one-line errors with their exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from service.client import _new_lines
+from tests.service.harness import ROOT, Service, job_spec, long_job
+
+pytestmark = pytest.mark.slow
+
+
+def towerboard(
+    *args: str, url: str | None, env: dict[str, str] | None = None, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """Run `towerboard ARGS` with TOWERBOARD_URL=url and no token unless `env` gives one."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("TOWERBOARD_TOKEN", "TOWERBOARD_URL")}
+    if url is not None:
+        clean["TOWERBOARD_URL"] = url
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args],
+        cwd=ROOT, env={**clean, **(env or {})}, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("towerboard: error: "), lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def watched(service: Service, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The tiny job submitted with `submit --watch` and followed to its end."""
+    spec = tmp_path_factory.mktemp("specs") / "tiny.json"
+    spec.write_text(json.dumps(job_spec(name="cli-tiny")))
+    result = towerboard("submit", str(spec), "--watch", url=service.base_url)
+    job_id = result.stdout.strip()
+    return {"result": result, "id": job_id, "job": service.job(job_id)}
+
+
+def test_submit_watch_until_succeeded(watched: dict[str, Any]) -> None:
+    result = watched["result"]
+    assert result.returncode == 0, result.stderr
+    assert re.fullmatch(r"[a-z2-9]{10}", watched["id"]), result.stdout
+    assert watched["job"]["state"] == "succeeded"
+    assert f"submitted 'cli-tiny' as job {watched['id']} (queued)" in result.stderr
+    # The bar (one line per phase when stderr is not a terminal) reaches the end.
+    assert "[########################] 100.0% step 40/40" in result.stderr
+    assert re.search(r"\[#*-+\]\s+\d+\.\d% step \d+/40", result.stderr), result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        rf"{watched['id']} succeeded in \d+s: step 40/40, loss [\d.e-]+, accuracy [\d.]+%, "
+        r"eval accuracy [\d.]+%",
+        last,
+    ), last
+
+
+def test_status_lists_and_shows_job(service: Service, watched: dict[str, Any]) -> None:
+    job_id = watched["id"]
+    listing = towerboard("status", url=service.base_url)
+    assert listing.returncode == 0, listing.stderr
+    header, *rows = listing.stdout.splitlines()
+    assert header.split() == [
+        "ID", "NAME", "STATE", "PROGRESS", "STEP", "LOSS", "ACC", "EX/S", "ETA", "DEVICES", "AGE",
+    ]  # fmt: skip
+    row = next(line for line in rows if line.startswith(job_id))
+    assert row.split()[1:5] == ["cli-tiny", "succeeded", "100%", "40/40"]
+
+    only_failed = towerboard("status", "--state", "failed", url=service.base_url)
+    assert only_failed.stdout == "no jobs failed\n"
+
+    one = towerboard("status", job_id, url=service.base_url)
+    assert one.returncode == 0, one.stderr
+    fields = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in one.stdout.splitlines())
+    assert fields["state"] == "succeeded"
+    assert fields["progress"] == "40/40 (100.0%)"
+    assert fields["checkpoint"] == "checkpoints/ckpt-40"
+
+    as_json = towerboard("status", job_id, "--json", url=service.base_url)
+    assert json.loads(as_json.stdout)["id"] == job_id
+
+
+def test_logs_tail_and_follow_an_ended_job(service: Service, watched: dict[str, Any]) -> None:
+    tail = towerboard("logs", watched["id"], "--tail", "3", url=service.base_url)
+    assert tail.returncode == 0, tail.stderr
+    assert 1 <= len(tail.stdout.splitlines()) <= 3
+    whole = service.client.get(f"/api/v1/jobs/{watched['id']}/logs", params={"tail": 3}).text
+    assert tail.stdout == whole
+    # Following a job that has ended prints what there is and returns.
+    follow = towerboard("logs", watched["id"], "--follow", url=service.base_url, timeout=30)
+    assert follow.returncode == 0, follow.stderr
+    assert "starting" in follow.stdout
+
+
+def test_checkpoints_list_and_download(
+    service: Service, watched: dict[str, Any], tmp_path: Path
+) -> None:
+    job_id = watched["id"]
+    listing = towerboard("checkpoints", job_id, url=service.base_url)
+    assert listing.returncode == 0, listing.stderr
+    assert [line.split()[0] for line in listing.stdout.splitlines()] == ["STEP", "20", "40"]
+
+    got = towerboard(
+        "checkpoints", job_id, "--download", "20", "-o", str(tmp_path), url=service.base_url
+    )
+    assert got.returncode == 0, got.stderr
+    path = Path(got.stdout.strip())
+    assert path == tmp_path / f"{job_id}-ckpt-20.tar.gz"
+    with tarfile.open(path) as tar:
+        assert {"ckpt-20.index", "checkpoint", "spec.json"} <= set(tar.getnames())
+    assert oct(path.stat().st_mode & 0o777) != "0o600"  # an ordinary file, not a temp file's
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp file left
+
+    latest = towerboard(
+        "checkpoints", job_id, "--download", "latest", "-o", str(tmp_path / "latest.tar.gz"),
+        url=service.base_url,
+    )  # fmt: skip
+    assert latest.returncode == 0, latest.stderr
+    with tarfile.open(tmp_path / "latest.tar.gz") as tar:
+        assert "ckpt-40.index" in tar.getnames()
+
+    missing = towerboard(
+        "checkpoints", job_id, "--download", "7", "-o", str(tmp_path), url=service.base_url
+    )
+    assert missing.returncode == 1
+    assert one_error_line(missing) == (
+        f"towerboard: error: Job {job_id!r} has no checkpoint at step 7. Retained steps: 20, 40."
+    )
+
+
+def test_cancel_queued_and_running_jobs(service: Service) -> None:
+    running = service.submit(long_job())
+    queued = service.submit(job_spec(name="waits"))  # one job slot: this one waits
+    cancelled = towerboard("cancel", queued["id"], url=service.base_url)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert cancelled.stdout == f"{queued['id']} cancelled\n"
+
+    service.wait_checkpoint(running["id"])
+    stopped = towerboard("cancel", running["id"], "--wait", url=service.base_url)
+    assert stopped.returncode == 0, stopped.stderr
+    assert f"cancel requested: job {running['id']} checkpoints and stops" in stopped.stderr
+    assert stopped.stdout == f"{running['id']} cancelled\n"
+    assert service.job(running["id"])["state"] == "cancelled"
+
+    again = towerboard("cancel", running["id"], url=service.base_url)
+    assert again.returncode == 1
+    assert one_error_line(again) == (
+        f"towerboard: error: Job {running['id']!r} is already cancelled; "
+        "only queued or running jobs can be cancelled."
+    )
+
+
+def test_submit_watch_failed_job_exits_1(service: Service, tmp_path: Path) -> None:
+    # A custom model builder the service cannot check and the worker cannot import.
+    spec = tmp_path / "custom.json"
+    spec.write_text(json.dumps(job_spec(name="custom", model={"name": "no_such_module:build"})))
+    result = towerboard("submit", str(spec), "--watch", url=service.base_url)
+    assert result.returncode == 1, result.stderr
+    job_id = result.stdout.strip()
+    assert service.job(job_id)["state"] == "failed"
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"{job_id} failed in "), last
+    assert "error: The worker rejected the spec: " in last
+
+
+def test_tensorboard_starts_and_prints_proxied_url(
+    service: Service, watched: dict[str, Any]
+) -> None:
+    result = towerboard("tensorboard", "--jobs", watched["id"], url=service.base_url, timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{service.base_url}/tensorboard/\n"
+    assert f"TensorBoard is running over {watched['id']}" in result.stderr
+    page = httpx.get(result.stdout.strip(), timeout=60)
+    assert page.status_code == 200 and "<title>TensorBoard</title>" in page.text
+    runs = httpx.get(f"{service.base_url}/tensorboard/data/runs", timeout=60).json()
+    assert f"{watched['id']}/train" in runs
+
+    stop = towerboard("tensorboard", "--stop", url=service.base_url)
+    assert stop.returncode == 0 and stop.stdout == "tensorboard stopped\n"
+
+
+def test_errors_are_one_line_with_exit_codes(service: Service, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"data": {"format": "synthetic"}, "towers": 0, "bogus": 1}))
+    rejected = towerboard("submit", str(bad), url=service.base_url)
+    assert rejected.returncode == 2
+    assert one_error_line(rejected) == (
+        f"towerboard: error: the service rejected {bad}: Invalid request: 2 errors: "
+        "towers: Input should be greater than or equal to 1. Received: 0; "
+        "bogus: Unknown key. Remove it or check its spelling."
+    )
+
+    not_json = tmp_path / "not.json"
+    not_json.write_text("{\n  'towers': 2\n}")
+    assert towerboard("submit", str(not_json), url=service.base_url).returncode == 2
+    assert one_error_line(towerboard("submit", str(not_json), url=service.base_url)) == (
+        f"towerboard: error: {not_json} is not valid JSON: Expecting property name enclosed "
+        "in double quotes at line 2 column 3"
+    )
+
+    unknown = towerboard("status", "nosuchjob2", url=service.base_url)
+    assert unknown.returncode == 1
+    assert one_error_line(unknown) == "towerboard: error: Job 'nosuchjob2' not found."
+
+    # --url wins over TOWERBOARD_URL; nothing listens on port 1.
+    down = towerboard("status", "--url", "http://127.0.0.1:1", url=service.base_url)
+    assert down.returncode == 3
+    assert one_error_line(down).startswith(
+        "towerboard: error: cannot reach the service at http://127.0.0.1:1 (ConnectError:"
+    )
+
+    usage = towerboard("logs", "abc", "--tail", "0", url=service.base_url)
+    assert usage.returncode == 2
+    assert (
+        "argument --tail: expected a whole number from 1 to 100000. Received: '0'" in usage.stderr
+    )
+
+
+def test_token_from_environment(make_service: Callable[..., Service]) -> None:
+    secured = make_service(env={"TOWERBOARD_TOKEN": "cli-token"})
+    secured.start()
+    without = towerboard("status", url=secured.base_url)
+    assert without.returncode == 1
+    assert one_error_line(without).startswith(
+        "towerboard: error: the service needs a token: set TOWERBOARD_TOKEN (Missing bearer token."
+    )
+    wrong = towerboard("status", url=secured.base_url, env={"TOWERBOARD_TOKEN": "nope"})
+    assert one_error_line(wrong).startswith(
+        "towerboard: error: the token in TOWERBOARD_TOKEN was refused"
+    )
+    right = towerboard("status", url=secured.base_url, env={"TOWERBOARD_TOKEN": "cli-token"})
+    assert right.returncode == 0, right.stderr
+    assert right.stdout == "no jobs\n"
+
+
+def test_new_lines_after_what_was_printed() -> None:
+    assert _new_lines([], ["a", "b"]) == ["a", "b"]
+    assert _new_lines(["a", "b"], ["a", "b", "c", "d"]) == ["c", "d"]
+    assert _new_lines(["a", "b"], ["x", "a", "b", "c"]) == ["c"]
+    assert _new_lines(["a", "b"], ["a", "b"]) == []
+    assert _new_lines(["gone"], ["c"]) == [
+        "[... lines skipped: the log grew faster than it was read]",
+        "c",
+    ]

@@ -80,7 +80,7 @@ def step_benchmarks(args: argparse.Namespace) -> dict[str, float]:
             with tf.GradientTape() as tape:
                 logits = net(images, training=True)
                 loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
-            opt.apply_gradients(zip(tape.gradient(loss, net.trainable_variables), net.trainable_variables))
+            opt.apply_gradients(zip(tape.gradient(loss, net.trainable_variables), net.trainable_variables, strict=True))
             return loss
 
         return lambda: step(x, y)
@@ -108,7 +108,7 @@ def step_benchmarks(args: argparse.Namespace) -> dict[str, float]:
                 logits = net(images, training=True)
                 per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
                 loss = tf.nn.compute_average_loss(per_example, global_batch_size=args.batch)
-            opt.apply_gradients(zip(tape.gradient(loss, net.trainable_variables), net.trainable_variables))
+            opt.apply_gradients(zip(tape.gradient(loss, net.trainable_variables), net.trainable_variables, strict=True))
             return loss
 
         @tf.function

@@ -103,7 +103,8 @@ class Controller:
             if step + 1 in self._trace_steps and not self.trace.active:
                 self.trace.start()
             images, labels = next(self.train_batches)
-            out = self.trainer.train_step(images, labels)
+            scalars_due = bool(s.scalars_every) and (step + 1) % s.scalars_every == 0
+            out = self.trainer.train_step(images, labels, with_grad_norm=scalars_due)
             step += 1
             loss = float(out["loss"])  # note: a host-device sync point, once a step
             if not math.isfinite(loss):
@@ -113,11 +114,11 @@ class Controller:
                 if step + 1 not in self._trace_steps:
                     self._finish_trace(step)
             if s.graph and not graph_written:
-                self.summaries.graph("train", self.trainer.train_step.get_concrete_function().graph)
+                self.summaries.graph("train", self.trainer.train_function.get_concrete_function().graph)
                 graph_written = True
 
             metrics = {"loss": loss, "accuracy": float(out["accuracy"])}
-            if s.scalars_every and step % s.scalars_every == 0:
+            if scalars_due:
                 now = time.monotonic()
                 step_seconds = (now - scalar_start) / max(step - scalar_step, 1)
                 scalar_start, scalar_step = now, step

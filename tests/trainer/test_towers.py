@@ -155,3 +155,12 @@ def test_learning_rate_warmup_then_schedule():
         OptimizerSpec(learning_rate=0.1, schedule={"name": "polynomial", "decay_steps": 10, "end_learning_rate": 0.02})
     )
     assert float(poly(5)) == pytest.approx(0.06)
+
+
+def test_grad_norm_only_when_asked():
+    trainer = make_trainer(2)
+    x, y = batch(32)
+    asked = trainer.train_step(x, y, with_grad_norm=True)
+    expected = np.sqrt(sum(float((g.numpy() ** 2).sum()) for g in asked["grads"]))
+    assert float(asked["grad_norm"]) == pytest.approx(expected, rel=1e-5)
+    assert float(trainer.train_step(x, y)["grad_norm"]) == 0.0

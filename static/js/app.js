@@ -103,3 +103,5 @@ window.addEventListener("hashchange", route);
 route();
 refreshDevices();
 setInterval(refreshDevices, DEVICES_POLL_MS);
+// A job started or ended: who holds which device has changed.
+window.addEventListener("towerboard:state", refreshDevices);

@@ -34,7 +34,7 @@ export class LineChart {
     this.options = {
       width: this.width(),
       height: HEIGHT,
-      legend: { show: true, live: true },
+      legend: { show: true, live: false },
       cursor: { drag: { x: true, y: false } },
       scales: yRange ? { x: { time: false }, y: { range: yRange } } : { x: { time: false } },
       axes: [

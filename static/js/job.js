@@ -103,10 +103,13 @@ export function mountJob(view, jobId) {
       return;
     }
     const most = Math.max(...ms, 1e-9);
+    const traced = job.spec.summaries && job.spec.summaries.trace_steps;
     towers.replaceChildren(...ms.map((value, i) => h("div", { class: "tower" },
       h("span", { class: "tower-label" }, `tower ${i}`),
       h("span", { class: "tower-bar" }, h("span", { style: `width:${(100 * value) / most}%` })),
-      h("span", { class: "tower-value" }, `${num(value, 2)} ms`))));
+      h("span", { class: "tower-value" }, `${value.toFixed(2)} ms`))),
+    h("p", { class: "muted small" }, "Device compute time of one step on each tower, from the " +
+      `device trace${traced && traced.length ? ` of step ${traced.join(", ")}` : ""}.`));
   }
 
   function renderJob() {
@@ -267,6 +270,7 @@ export function mountJob(view, jobId) {
     closeStream = followJob(jobId, {
       state: (data) => {
         const ended = job && !TERMINAL.has(job.state) && TERMINAL.has(data.state);
+        if (job && job.state !== data.state) window.dispatchEvent(new CustomEvent("towerboard:state"));
         job = data;
         renderJob();
         if (ended || TERMINAL.has(data.state)) {

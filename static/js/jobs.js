@@ -153,6 +153,7 @@ export function mountJobs(view, query) {
       streams.set(id, followJob(id, {
         state: (job) => {
           if (!jobs.has(id)) return;
+          if (jobs.get(id).state !== job.state) window.dispatchEvent(new CustomEvent("towerboard:state"));
           jobs.set(id, job);
           if (TERMINAL.has(job.state)) streams.delete(id);
           if (filter && job.state !== filter) refresh();

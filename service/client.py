@@ -23,6 +23,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -290,6 +291,9 @@ class ProgressLine:
         filled = round(self.WIDTH * (percent or 0) / 100)
         bar = "#" * filled + "-" * (self.WIDTH - filled)
         parts = [f"[{bar}]", f"{percent:5.1f}%" if isinstance(percent, int | float) else "  -  "]
+        # State first: a narrow terminal cuts the end of the line.
+        phase, state = p.get("phase"), job.get("state", "?")
+        parts.append(f"{state}" + (f" ({phase})" if phase and state == "running" else ""))
         parts.append(f"step {_steps(job)}")
         if p.get("loss") is not None:
             parts.append(f"loss {_number(p.get('loss'))}")
@@ -300,16 +304,15 @@ class ProgressLine:
             parts.append(f"eval acc {_percent(evaluation['accuracy'])}")
         if p.get("examples_per_sec"):
             parts.append(f"{_rate(p['examples_per_sec'])} ex/s")
-        if job.get("state") == "running" and p.get("eta_seconds") is not None:
+        if state == "running" and p.get("eta_seconds") is not None:
             parts.append(f"ETA {_eta(job)}")
-        phase = p.get("phase")
-        state = job.get("state", "?")
-        parts.append(f"{state}" + (f" ({phase})" if phase and state == "running" else ""))
         return " ".join(parts)
 
     def update(self, job: dict[str, Any]) -> None:
         text = self.text(job)
         if self.tty:
+            # Never wider than the terminal: a wrapped line cannot be redrawn with \r.
+            text = text[: shutil.get_terminal_size().columns - 1]
             self.out.write("\r" + text + " " * max(0, len(self.shown) - len(text)))
             self.out.flush()
             self.shown = text

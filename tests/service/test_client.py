@@ -60,8 +60,8 @@ def test_submit_watch_until_succeeded(watched: dict[str, Any]) -> None:
     assert watched["job"]["state"] == "succeeded"
     assert f"submitted 'cli-tiny' as job {watched['id']} (queued)" in result.stderr
     # The bar (one line per phase when stderr is not a terminal) reaches the end.
-    assert "[########################] 100.0% step 40/40" in result.stderr
-    assert re.search(r"\[#*-+\]\s+\d+\.\d% step \d+/40", result.stderr), result.stderr
+    assert "[########################] 100.0% succeeded step 40/40 loss " in result.stderr
+    assert re.search(r"\[#*-+\]\s+\d+\.\d% running \(\w+\) step \d+/40", result.stderr)
     last = result.stderr.strip().splitlines()[-1]
     assert re.fullmatch(
         rf"{watched['id']} succeeded in \d+s: step 40/40, loss [\d.e-]+, accuracy [\d.]+%, "

@@ -10,6 +10,7 @@ from fastapi import Depends, HTTPException, Request
 
 from service.devices import DevicePool
 from service.events import EventBroker
+from service.jobjson import JobJson
 from service.settings import Settings
 from service.store import JobRecord, JobStore
 from service.supervisor import Supervisor
@@ -27,9 +28,12 @@ class Runtime:
     supervisor: Supervisor
     launcher: TensorBoardLauncher
     http: httpx.AsyncClient
+    job_json: JobJson
 
 
-def get_runtime(request: Request) -> Runtime:
+# Dependencies are async: FastAPI runs a plain `def` dependency in the thread pool, a hop
+# that costs more than the work itself.
+async def get_runtime(request: Request) -> Runtime:
     runtime: Runtime = request.app.state.runtime
     return runtime
 
@@ -37,16 +41,17 @@ def get_runtime(request: Request) -> Runtime:
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
-def get_settings(request: Request) -> Settings:
-    return get_runtime(request).settings
+async def get_settings(request: Request) -> Settings:
+    runtime: Runtime = request.app.state.runtime
+    return runtime.settings
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
-async def get_job(job_id: str, request: Request) -> JobRecord:
-    # async: a primary-key read is quicker than a hop to the thread pool.
-    job = get_runtime(request).store.get(job_id)
+async def get_job(job_id: str, runtime: RuntimeDep) -> JobRecord:
+    # A primary-key read on the event loop: quicker than a hop to the thread pool.
+    job = runtime.store.get(job_id)
     if job is None:
         raise HTTPException(404, f"Job {job_id!r} not found.")
     return job

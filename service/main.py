@@ -1,6 +1,6 @@
 """Builds the FastAPI app. Long-lived parts start in the lifespan, never at import.
 
-uvicorn --factory service.main:create_app        (or: towerboard serve)
+    uvicorn --factory service.main:create_app        (or: towerboard serve)
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from service.deps import Runtime
 from service.devices import DevicePool
 from service.errors import install_error_handlers
 from service.events import EventBroker
+from service.jobjson import JobJson
 from service.proxy import proxy_tensorboard
 from service.routes import devices, health, jobs, tensorboard
 from service.settings import Settings
@@ -56,6 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             supervisor=supervisor,
             launcher=launcher,
             http=http,
+            job_json=JobJson(store),
         )
         log.info("Towerboard serving with data dir %s, %s", settings.data_dir, pool.describe())
         try:
@@ -72,8 +74,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="A monitoring-first TensorFlow training service.",
         version="0.1.0",
         lifespan=lifespan,
+        # FastAPI's native OpenTelemetry asks the global providers on every request;
+        # Towerboard exports no traces, so skip that cost on the hot status route.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     install_error_handlers(app)
+    # Jobs first: routes are matched in order, and GET /jobs/{id} is the one polled most.
     for module in (jobs, tensorboard, devices):
         app.include_router(module.router, prefix=API_PREFIX)
     app.include_router(health.router)

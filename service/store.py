@@ -66,6 +66,7 @@ class JobRecord:
     result: dict[str, Any] | None
     error: dict[str, Any] | None
     progress_offset: int
+    version: int  # +1 on every write to the row: a cheap test of whether it changed
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     eval TEXT,
     result TEXT,
     error TEXT,
-    progress_offset INTEGER NOT NULL DEFAULT 0
+    progress_offset INTEGER NOT NULL DEFAULT 0,
+    version INTEGER NOT NULL DEFAULT 1
 );
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, priority DESC, seq);
 CREATE TABLE IF NOT EXISTS metrics (
@@ -181,6 +183,11 @@ class JobStore:
         row = self._reader().execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return _row_to_record(row) if row is not None else None
 
+    def version(self, job_id: str) -> int | None:
+        """The job's row version (None when there is no such job): one indexed lookup."""
+        row = self._reader().execute("SELECT version FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return None if row is None else int(row[0])
+
     def page(
         self, *, states: Iterable[JobState] = (), limit: int = 50, before_seq: int | None = None
     ) -> tuple[list[JobRecord], int]:
@@ -263,7 +270,7 @@ class JobStore:
                 fields[column] = _dumps(fields[column])
         if "state" in fields:
             fields["state"] = JobState(fields["state"]).value
-        assignments = ", ".join(f"{column} = ?" for column in fields)
+        assignments = ", ".join([*(f"{column} = ?" for column in fields), "version = version + 1"])
         sql = f"UPDATE jobs SET {assignments} WHERE id = ?"
         params = [*fields.values(), job_id]
         if where_state is not None:
@@ -335,7 +342,8 @@ class JobStore:
             return (
                 conn.execute(
                     "UPDATE jobs SET state = 'queued', devices = '[]', pid = NULL,"
-                    " pid_started = NULL, attempts = attempts + 1, updated_at = ?"
+                    " pid_started = NULL, attempts = attempts + 1, updated_at = ?,"
+                    " version = version + 1"
                     " WHERE id = ? AND state = 'running'",
                     (time.time(), job_id),
                 ).rowcount
@@ -355,8 +363,8 @@ class JobStore:
         and the scalar points (a step seen again after a resume is overwritten)."""
         with self._transaction() as conn:
             conn.execute(
-                "UPDATE jobs SET progress = ?, eval = ?, progress_offset = ?, updated_at = ?"
-                " WHERE id = ?",
+                "UPDATE jobs SET progress = ?, eval = ?, progress_offset = ?, updated_at = ?,"
+                " version = version + 1 WHERE id = ?",
                 (_dumps(progress), _dumps(eval), offset, time.time(), job_id),
             )
             conn.executemany(

@@ -12,9 +12,10 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from service.admission import admit
 from service.checkpoints import find_checkpoint, list_checkpoints, open_archive
-from service.deps import JobDep, RuntimeDep
+from service.deps import JobDep, Runtime, RuntimeDep, SettingsDep
 from service.errors import FieldErrors
 from service.events import JobEvent
+from service.jobjson import render_job
 from service.runfiles import inside, tail_lines
 from service.schemas import (
     CheckpointPublic,
@@ -26,6 +27,7 @@ from service.schemas import (
     MetricPointPublic,
     MetricsPublic,
 )
+from service.settings import Settings
 from service.store import JobRecord, JobState
 from trainer.rundir import RunDir
 
@@ -35,13 +37,20 @@ _NOT_FOUND = {404: {"model": ErrorPublic, "description": "No such job"}}
 _JSON = "application/json"
 
 
-def _job_json(job: JobRecord) -> bytes:
-    # Serialised by pydantic-core straight to bytes: the status route is the hot path.
-    return JobPublic.from_record(job).model_dump_json().encode()
+def _run(settings: Settings, job: JobRecord) -> RunDir:
+    return RunDir(settings.runs_dir / job.id)
 
 
-def _run(runtime: RuntimeDep, job: JobRecord) -> RunDir:
-    return RunDir(runtime.settings.runs_dir / job.id)
+@router.get("/{job_id}", response_model=JobPublic, responses=_NOT_FOUND)
+async def read_job(job_id: str, request: Request) -> Response:
+    """A job's state, progress, latest eval, result and error."""
+    # The hot path of every dashboard: no dependency to solve, a version check, and the
+    # rendered JSON (see service.jobjson).
+    runtime: Runtime = request.app.state.runtime
+    body = runtime.job_json.get(job_id)
+    if body is None:
+        raise HTTPException(404, f"Job {job_id!r} not found.")
+    return Response(body, media_type=_JSON)
 
 
 @router.post(
@@ -57,7 +66,7 @@ def create_job(job_in: JobCreate, runtime: RuntimeDep) -> Response:
         raise FieldErrors(errors)
     job = runtime.store.create(spec.model_dump(mode="json"))
     runtime.supervisor.wake()
-    return Response(_job_json(job), status_code=201, media_type=_JSON)
+    return Response(render_job(job), status_code=201, media_type=_JSON)
 
 
 @router.get("", response_model=JobsPublic)
@@ -93,12 +102,6 @@ async def read_jobs(
     return Response(page.model_dump_json(), media_type=_JSON)
 
 
-@router.get("/{job_id}", response_model=JobPublic, responses=_NOT_FOUND)
-async def read_job(job: JobDep) -> Response:
-    """A job's state, progress, latest eval, result and error."""
-    return Response(_job_json(job), media_type=_JSON)
-
-
 @router.post(
     "/{job_id}/cancel",
     response_model=JobPublic,
@@ -131,7 +134,7 @@ def cancel_job(job: JobDep, runtime: RuntimeDep) -> Response:
         )
     updated = store.get(job.id)
     assert updated is not None
-    return Response(_job_json(updated), status_code=status, media_type=_JSON)
+    return Response(render_job(updated), status_code=status, media_type=_JSON)
 
 
 @router.get(
@@ -155,7 +158,7 @@ async def stream_job_events(job: JobDep, runtime: RuntimeDep) -> EventSourceResp
             # Read after subscribing, so no change falls between the two.
             current = runtime.store.get(job.id)
             assert current is not None
-            yield ServerSentEvent(event="state", data=_job_json(current).decode())
+            yield ServerSentEvent(event="state", data=render_job(current).decode())
             if current.state.is_terminal:
                 return
             while True:
@@ -174,11 +177,11 @@ async def stream_job_events(job: JobDep, runtime: RuntimeDep) -> EventSourceResp
 )
 def read_job_logs(
     job: JobDep,
-    runtime: RuntimeDep,
+    settings: SettingsDep,
     tail: Annotated[int, Query(ge=1, le=100_000, description="How many last lines")] = 200,
 ) -> PlainTextResponse:
     """The last lines of the job's worker.log (empty before its worker starts)."""
-    run = _run(runtime, job)
+    run = _run(settings, job)
     lines = tail_lines(run.log, tail) if inside(run.root, run.log) else []
     return PlainTextResponse("".join(f"{line}\n" for line in lines))
 
@@ -197,7 +200,7 @@ async def read_job_metrics(job: JobDep, runtime: RuntimeDep) -> MetricsPublic:
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointsPublic, responses=_NOT_FOUND)
-def read_job_checkpoints(job: JobDep, runtime: RuntimeDep, request: Request) -> CheckpointsPublic:
+def read_job_checkpoints(job: JobDep, settings: SettingsDep, request: Request) -> CheckpointsPublic:
     """The job's retained checkpoints: step, time and size of each."""
     base = str(request.url_for("download_checkpoint", job_id=job.id, step=0)).rsplit("/", 1)[0]
     return CheckpointsPublic(
@@ -211,7 +214,7 @@ def read_job_checkpoints(job: JobDep, runtime: RuntimeDep, request: Request) -> 
                     "url": f"{base}/{checkpoint.step}",
                 }
             )
-            for checkpoint in list_checkpoints(_run(runtime, job))
+            for checkpoint in list_checkpoints(_run(settings, job))
         ],
     )
 
@@ -224,10 +227,10 @@ def read_job_checkpoints(job: JobDep, runtime: RuntimeDep, request: Request) -> 
         404: {"model": ErrorPublic, "description": "No such job, or no such checkpoint"},
     },
 )
-def download_checkpoint(job: JobDep, runtime: RuntimeDep, step: int) -> StreamingResponse:
+def download_checkpoint(job: JobDep, settings: SettingsDep, step: int) -> StreamingResponse:
     """One checkpoint as a streamed .tar.gz with its spec.json, restorable by
     `tf.train.Checkpoint` (extract it, then `tf.train.latest_checkpoint(dir)`)."""
-    run = _run(runtime, job)
+    run = _run(settings, job)
     checkpoint = find_checkpoint(run, step)
     spec = (json.dumps(job.spec, indent=2, sort_keys=True) + "\n").encode()
     archive = open_archive(checkpoint, spec) if checkpoint is not None else None

@@ -1,0 +1,44 @@
+"""The JSON of a job as the API shows it, rendered once per change of the job.
+
+`GET /jobs/{id}` is what dashboards and scripts poll, far more often than a job changes
+(a worker writes a progress line every few seconds). Each read checks the row's version,
+one indexed lookup, and re-renders only when it moved, so the answer is never stale.
+"""
+
+from __future__ import annotations
+
+from service.schemas import JobPublic
+from service.store import JobRecord, JobStore
+
+_MAX_JOBS = 4096  # rendered jobs kept; past this the cache starts again empty
+
+
+def render_job(job: JobRecord) -> bytes:
+    return JobPublic.from_record(job).model_dump_json().encode()
+
+
+class JobJson:
+    def __init__(self, store: JobStore) -> None:
+        self._store = store
+        self._rendered: dict[str, tuple[int, bytes]] = {}
+
+    def get(self, job_id: str) -> bytes | None:
+        """The job's current JSON, or None when there is no such job."""
+        version = self._store.version(job_id)
+        if version is None:
+            return None
+        hit = self._rendered.get(job_id)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        job = self._store.get(job_id)
+        if job is None:
+            return None
+        return self.put(job)
+
+    def put(self, job: JobRecord) -> bytes:
+        """Render `job` and keep it for later reads."""
+        body = render_job(job)
+        if len(self._rendered) >= _MAX_JOBS:
+            self._rendered.clear()
+        self._rendered[job.id] = (job.version, body)
+        return body

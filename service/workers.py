@@ -1,9 +1,11 @@
 """Worker processes: start one for a job, find it again after a restart, signal it, reap it.
 
 A worker is `python -m trainer run --job-dir runs/<id>`, started under `nice` so the API
-stays quick while training uses every core, in its own session (so a signal to the service
-does not reach it and it outlives a service restart), with stdout and stderr appended to
-the run's worker.log. After a restart, a worker is only ours again if it is the same
+stays quick while training uses every core, with stdout and stderr appended to the run's
+worker.log. It leads its own session, so Ctrl-C or a signal to the service does not reach it
+and it outlives a service restart. Linux's autogroup scheduler shares CPU between sessions
+first and applies a process's nice only inside its session, so the session itself is niced
+too (/proc/<pid>/autogroup); otherwise the worker would compete with the service as an equal. After a restart, a worker is only ours again if it is the same
 process (see `service.processes`): same pid, same start time, its job dir in its argv.
 """
 
@@ -135,6 +137,8 @@ def spawn_worker(
             env=env,
             start_new_session=True,
         )
+    if nice > 0:
+        _nice_session(process.pid, nice)
     log.info("Started worker pid %d for job %s (attempt %d)", process.pid, job_id, attempt)
     return Worker(
         job_id=job_id,
@@ -143,6 +147,17 @@ def spawn_worker(
         started=start_time(process.pid),
         process=process,
     )
+
+
+def _nice_session(pid: int, nice: int) -> None:
+    """Lower the CPU share of the worker's session (its autogroup) below the service's."""
+    # Popen returns after the child's exec, so it already leads its own session; check
+    # anyway, since this would otherwise lower the service's own share.
+    if os.getsid(pid) != pid or os.getsid(pid) == os.getsid(0):
+        return
+    # Without autogroup in the kernel there is no such file, and plain nice is enough.
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
 
 
 def adopt_worker(*, job_id: str, run: RunDir, pid: int, started: int | None) -> Worker | None:

@@ -1,4 +1,6 @@
-"""Builds the FastAPI app. Long-lived parts start in the lifespan, never at import.
+"""Builds the FastAPI app: the API under /api/v1, /healthz and /metrics, the TensorBoard
+proxy under /tensorboard, and the dashboard (static/) at /. Long-lived parts start in the
+lifespan, never at import.
 
     uvicorn --factory service.main:create_app        (or: towerboard serve)
 """
@@ -9,9 +11,12 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
 from starlette.responses import Response
 
 from service.auth import BearerAuth
@@ -30,6 +35,8 @@ from service.tensorboard import PATH_PREFIX, TensorBoardLauncher
 log = logging.getLogger(__name__)
 
 API_PREFIX = "/api/v1"
+# The dashboard: plain files, no build step (see static/index.html).
+STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
 _PROXY_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
@@ -90,6 +97,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     for path in (PATH_PREFIX, f"{PATH_PREFIX}/{{path:path}}"):
         app.add_api_route(path, tensorboard_proxy, methods=_PROXY_METHODS, include_in_schema=False)
+
+    if (STATIC_DIR / "index.html").is_file():
+        app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+        async def read_dashboard() -> FileResponse:
+            return FileResponse(STATIC_DIR / "index.html")
+
+        app.add_api_route("/", read_dashboard, methods=["GET"], include_in_schema=False)
 
     if settings.token is not None:
         app.add_middleware(BearerAuth, token=settings.token.get_secret_value())

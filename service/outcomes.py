@@ -95,6 +95,18 @@ def final_state(
         return failed(f"The worker was killed by {name} ({exit.signal}).")
 
     if exit.code is None:  # adopted: only result.json can tell
+        if result is None and cancel_requested:
+            return FinalState(
+                JobState.CANCELLED,
+                None,
+                {
+                    "reason": "Cancelled: the worker ended while the service was not its "
+                    "parent, without writing result.json.",
+                    "exit_code": None,
+                    "signal": None,
+                    "log_tail": log_tail,
+                },
+            )
         if result is None:
             return failed(
                 "The worker ended without writing result.json while the service was not "

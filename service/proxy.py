@@ -75,8 +75,9 @@ async def proxy_tensorboard(
     if "accept-encoding" not in request.headers:
         # Else httpx would ask for gzip, and the raw gzip would reach a client that did not.
         headers.append((b"accept-encoding", b"identity"))
+    has_body = "content-length" in request.headers or "transfer-encoding" in request.headers
     upstream_request = client.build_request(
-        request.method, url, headers=headers, content=request.stream()
+        request.method, url, headers=headers, content=request.stream() if has_body else None
     )
     try:
         upstream = await client.send(upstream_request, stream=True)

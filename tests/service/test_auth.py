@@ -26,6 +26,8 @@ PROTECTED = [
     ("GET", "/metrics"),
     ("GET", "/docs"),
     ("GET", "/openapi.json"),
+    ("GET", "/"),
+    ("GET", "/static/js/app.js"),
 ]
 
 

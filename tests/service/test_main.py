@@ -83,3 +83,17 @@ def test_read_openapi_lists_every_route(make_service: Callable[..., Service]) ->
     }
     docs = httpx.get(f"{service.base_url}/docs")
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
+
+
+def test_read_dashboard(make_service: Callable[..., Service]) -> None:
+    service = make_service()
+    service.start()
+    page = httpx.get(f"{service.base_url}/")
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    assert page.text == (ROOT / "static" / "index.html").read_text()
+    script = httpx.get(f"{service.base_url}/static/js/app.js")
+    assert script.status_code == 200
+    assert "javascript" in script.headers["content-type"]
+    assert httpx.get(f"{service.base_url}/static/../service/main.py").status_code == 404
+    assert httpx.get(f"{service.base_url}/static/%2E%2E/service/main.py").status_code == 404

@@ -83,3 +83,12 @@ def test_final_state_adopted_worker_from_result() -> None:
     crashed = _final(WorkerExit(), None)
     assert crashed.state is JobState.FAILED
     assert crashed.error["reason"].startswith("The worker ended without writing result.json")
+
+
+def test_final_state_adopted_worker_cancelled_without_result() -> None:
+    final = _final(WorkerExit(), None, cancel=True)
+    assert final.state is JobState.CANCELLED
+    assert final.error["reason"] == (
+        "Cancelled: the worker ended while the service was not its parent, without writing "
+        "result.json."
+    )

@@ -117,9 +117,10 @@ def test_restart_service_adopts_living_worker_then_requeues_dead_one(
         what="the second attempt's start",
     )
     starts = [line for line in progress_lines(service, first["id"]) if line["event"] == "start"]
-    saved = [line["step"] for line in progress_lines(service, first["id"]) if line["event"] == "checkpoint"]  # fmt: skip
     assert starts[0]["step"] == 0
-    assert starts[1]["step"] > 25 and starts[1]["step"] in saved  # resumed, not restarted
+    # Resumed from a checkpoint (every 25 steps), not restarted. (Its progress line may be
+    # missing: the worker can die between writing a checkpoint and reporting it.)
+    assert starts[1]["step"] > 25 and starts[1]["step"] % 25 == 0
     assert worker_pid(service, first["id"]) != pid
     logs = service.client.get(f"/api/v1/jobs/{first['id']}/logs", params={"tail": 100_000}).text
     assert f"attempt 2 of job {first['id']} starting" in logs

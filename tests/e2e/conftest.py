@@ -1,0 +1,67 @@
+"""The dashboard in a real headless Chromium (Debian's, driven by Playwright) against a
+real `towerboard serve` with real workers and a real TensorBoard.
+
+Playwright cannot download its own browser builds here, so it launches /usr/bin/chromium
+(`scripts/e2e-deps.sh` installs it). Without it every test here skips, saying so.
+Screenshots go to build/screenshots/, or to $TOWERBOARD_SCREENSHOTS (for example
+`TOWERBOARD_SCREENSHOTS=docs/screenshots` to refresh the README's pictures).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.service.harness import ROOT, Service
+
+CHROMIUM = Path(os.environ.get("TOWERBOARD_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+
+if not CHROMIUM.exists():
+    pytest.skip(
+        f"Chromium is not installed at {CHROMIUM}: run scripts/e2e-deps.sh (as root) "
+        "to run the dashboard tests",
+        allow_module_level=True,
+    )
+
+from playwright.sync_api import Browser, Playwright, sync_playwright  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def screenshots() -> Path:
+    folder = Path(os.environ.get("TOWERBOARD_SCREENSHOTS") or ROOT / "build" / "screenshots")
+    folder = folder if folder.is_absolute() else ROOT / folder
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def playwright() -> Iterator[Playwright]:
+    with sync_playwright() as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def browser(playwright: Playwright) -> Iterator[Browser]:
+    # launch() runs Chromium on a fresh temporary profile (its --user-data-dir), removed
+    # on close: no state from other runs, nothing written to $HOME.
+    browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+    yield browser
+    browser.close()
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """A service on a CPU-only host running one job at a time."""
+    data_dir = tmp_path_factory.mktemp("e2e") / "data"
+    roots = tmp_path_factory.mktemp("datasets")
+    svc = Service(data_dir, {"TOWERBOARD_DATA_ROOTS": str(roots)})
+    svc.start()
+    yield svc
+    svc.close()

@@ -1,0 +1,351 @@
+"""The dashboard as a person uses it, in headless Chromium against a real service: submit
+through the form, watch the job run to success, download a checkpoint, open TensorBoard
+through the proxy, read a 422, act on a job with no metrics yet, on a phone too."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import tarfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, BrowserContext, Page, expect
+
+from tests.service.harness import Service, job_spec, long_job
+
+pytestmark = pytest.mark.slow
+
+# Trains on two towers for a few seconds once TensorFlow has loaded: the worker reports
+# progress every 2 s, evaluates and checkpoints every 500 steps, so the bar and the charts
+# move; the device trace of step 5 gives each tower's step time.
+MOVING_JOB = job_spec(
+    name="dashboard-mlp",
+    towers=2,
+    steps=1500,
+    eval={"every_steps": 500, "batches": 2},
+    summaries={"trace_steps": [5]},
+    checkpoint={"every_steps": 500, "every_seconds": 0, "keep": 3},
+)
+LAPTOP = {"width": 1280, "height": 860}
+PHONE = {"width": 390, "height": 844}
+
+
+@dataclass
+class Session:
+    context: BrowserContext
+    page: Page
+    errors: list[str] = field(default_factory=list)
+
+
+def open_session(browser: Browser, service: Service, viewport: dict[str, int]) -> Session:
+    context = browser.new_context(
+        viewport=viewport, base_url=service.base_url, accept_downloads=True
+    )
+    context.set_default_timeout(30_000)
+    session = Session(context, context.new_page())
+    # Uncaught exceptions in the page's scripts: none is acceptable.
+    context.on("page", lambda page: page.on("pageerror", lambda e: session.errors.append(str(e))))
+    session.page.on("pageerror", lambda error: session.errors.append(str(error)))
+    return session
+
+
+@pytest.fixture(scope="module")
+def session(browser: Browser, service: Service) -> Iterator[Session]:
+    session = open_session(browser, service, LAPTOP)
+    yield session
+    session.context.close()
+
+
+def no_overflow(page: Page) -> bool:
+    return bool(page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1"))
+
+
+@dataclass
+class Sample:
+    state: str
+    percent: float | None
+    loss_points: int
+
+
+def compact(samples: list[Sample]) -> list[Sample]:
+    """The samples where something changed, for a readable failure."""
+    return [s for i, s in enumerate(samples) if i == 0 or s != samples[i - 1]]
+
+
+@pytest.fixture(scope="module")
+def submitted(session: Session, service: Service, screenshots: Path) -> dict[str, Any]:
+    """MOVING_JOB submitted through the form and watched on its page until it ends."""
+    page = session.page
+    page.goto("/")
+    page.get_by_role("link", name="New job").click()
+    expect(page.locator("#spec")).to_be_visible()
+    page.select_option("#preset", "smoke")
+    page.fill("#spec", json.dumps(MOVING_JOB, indent=2))
+    page.click("#submit-job")
+    page.wait_for_url(re.compile(r"#/jobs/[a-z0-9]+$"))
+    job_id = page.url.rsplit("/", 1)[1]
+
+    bar = page.locator(".bar-large")
+    loss = page.locator('figure[data-chart="loss"]')
+    samples: list[Sample] = []
+    shot_running = False
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        value = bar.get_attribute("aria-valuenow")
+        sample = Sample(
+            state=page.locator(".job-heading .state").inner_text(),
+            percent=float(value) if value is not None else None,
+            loss_points=int(loss.get_attribute("data-points") or 0),
+        )
+        samples.append(sample)
+        if not shot_running and sample.state == "running" and (sample.percent or 0) >= 40:
+            page.screenshot(path=screenshots / "dashboard-job-running.png")
+            shot_running = True
+        if sample.state in ("succeeded", "failed", "cancelled"):
+            break
+        time.sleep(0.1)
+    # The last reports (final metrics, checkpoints) arrive right after the state.
+    expect(page.locator('a.download[data-step="1500"]')).to_be_visible()
+    expect(page.locator("#log")).not_to_be_empty()
+    page.wait_for_timeout(500)
+    page.screenshot(path=screenshots / "dashboard-job.png")
+    return {"id": job_id, "samples": samples, "job": service.job(job_id)}
+
+
+def test_submit_job_through_form_until_succeeded(
+    session: Session, submitted: dict[str, Any]
+) -> None:
+    page = session.page
+    assert submitted["job"]["state"] == "succeeded", submitted["job"]
+    assert submitted["job"]["spec"]["steps"] == 1500
+    expect(page.locator(".job-heading .state")).to_have_text("succeeded")
+    expect(page.locator(".bar-large")).to_have_attribute("aria-valuenow", "100.0")
+    expect(page.locator("#job-progress-text")).to_contain_text("1500 / 1500")
+    expect(page.locator('[data-stat="eval_accuracy"]')).to_have_text(re.compile(r"\d+\.\d%"))
+    expect(page.locator("#spec")).to_contain_text('"steps": 1500')
+    expect(page.locator("#cancel-job")).to_be_hidden()
+    towers = page.locator("#towers .tower")
+    expect(towers).to_have_count(2)
+    expect(towers.nth(1)).to_contain_text(re.compile(r"tower 1\s*[\d.]+ ms"))
+    assert session.errors == []
+
+
+def test_progress_bar_moves_while_running(submitted: dict[str, Any]) -> None:
+    running = [s.percent for s in submitted["samples"] if s.state == "running" and s.percent]
+    assert any(0 < p < 100 for p in running), compact(submitted["samples"])
+    assert running == sorted(running)
+    assert len(set(running)) >= 2, running
+
+
+def test_charts_grow_while_running(session: Session, submitted: dict[str, Any]) -> None:
+    while_running = [s.loss_points for s in submitted["samples"] if s.state == "running"]
+    assert len({n for n in while_running if n > 0}) >= 2, compact(submitted["samples"])
+    final = int(session.page.locator('figure[data-chart="loss"]').get_attribute("data-points"))
+    assert final >= max(while_running)
+    # Three evals (every 500 steps) plus the train reports.
+    assert final >= 4
+    for chart in ("loss", "accuracy", "examples/sec"):
+        expect(session.page.locator(f'figure[data-chart="{chart}"] canvas')).to_be_visible()
+
+
+def test_download_checkpoint(session: Session, submitted: dict[str, Any]) -> None:
+    page = session.page
+    job_id = submitted["id"]
+    links = page.locator("a.download")
+    expect(links).to_have_count(3)  # keep: 3
+    with page.expect_download() as download_info:
+        page.locator('a.download[data-step="1500"]').click()
+    download = download_info.value
+    assert download.suggested_filename == f"{job_id}-ckpt-1500.tar.gz"
+    with tarfile.open(fileobj=io.BytesIO(Path(download.path()).read_bytes()), mode="r:gz") as tar:
+        names = set(tar.getnames())
+        spec = json.loads(tar.extractfile("spec.json").read())  # type: ignore[union-attr]
+    assert {"ckpt-1500.index", "checkpoint", "spec.json"} <= names
+    assert spec["name"] == "dashboard-mlp"
+
+
+def test_open_tensorboard_through_proxy(
+    session: Session, submitted: dict[str, Any], screenshots: Path
+) -> None:
+    page = session.page
+    job_id = submitted["id"]
+    with session.context.expect_page() as popup:
+        page.click("#open-tensorboard")
+    board = popup.value
+    # TensorBoard imports TensorFlow before it answers: tens of seconds on a busy host.
+    board.wait_for_url(re.compile(r"/tensorboard/\?runFilter="), timeout=180_000)
+    board.wait_for_load_state("domcontentloaded", timeout=180_000)
+    expect(board).to_have_title("TensorBoard", timeout=180_000)
+    assert board.url.startswith(f"{page.url.split('#')[0].rstrip('/')}/tensorboard/")
+    # The job's runs, listed by TensorBoard's own page, read through the proxy.
+    expect(board.get_by_text(f"{job_id}/train").first).to_be_visible(timeout=120_000)
+    expect(page.locator(".action-status")).to_contain_text("TensorBoard is")
+    board.wait_for_timeout(1000)
+    board.screenshot(path=screenshots / "dashboard-tensorboard.png")
+    board.close()
+    assert session.errors == []
+
+
+def test_jobs_table_shows_job_and_filters(
+    session: Session, submitted: dict[str, Any], screenshots: Path
+) -> None:
+    page = session.page
+    job_id = submitted["id"]
+    page.goto("/#/")
+    row = page.locator(f'tr[data-job="{job_id}"]')
+    expect(row.locator(".state")).to_have_text("succeeded")
+    expect(row.locator('[role="progressbar"]')).to_have_attribute("aria-valuenow", "100.0")
+    expect(row.locator(".col-progress")).to_contain_text("1500 / 1500")
+    expect(row.locator(".col-loss")).to_have_text(re.compile(r"^\d"))
+    expect(row.locator(".col-accuracy")).to_have_text(re.compile(r"%$"))
+    expect(page.locator('.device[data-device="cpu:0"]')).to_contain_text("free")
+
+    page.locator('.chip[data-state="failed"]').click()
+    expect(page).to_have_url(re.compile(r"#/\?state=failed$"))
+    expect(row).to_have_count(0)
+    page.locator('.chip[data-state="succeeded"]').click()
+    expect(row).to_have_count(1)
+    page.locator('.chip[data-state=""]').click()
+    expect(row).to_have_count(1)
+    row.locator("a.job-name").click()
+    expect(page).to_have_url(re.compile(f"#/jobs/{job_id}$"))
+    assert session.errors == []
+
+
+def test_bad_spec_shows_422_field_errors(session: Session, screenshots: Path) -> None:
+    page = session.page
+    page.goto("/#/submit")
+    bad = {"data": {"format": "synthetic"}, "towers": 0, "batch_size": 32, "bogus": 1}
+    page.fill("#spec", json.dumps(bad, indent=2))
+    page.click("#submit-job")
+    errors = page.locator("#form-errors")
+    expect(errors).to_be_visible()
+    expect(errors).to_contain_text("The service rejected this spec")
+    expect(errors.locator('li[data-field="towers"]')).to_contain_text(
+        "Input should be greater than or equal to 1. Received: 0"
+    )
+    expect(errors.locator('li[data-field="bogus"]')).to_contain_text("Unknown key")
+    expect(page).to_have_url(re.compile(r"#/submit$"))
+    page.screenshot(path=screenshots / "dashboard-submit-422.png")
+
+    page.fill("#spec", '{"towers": 2,')
+    page.click("#submit-job")
+    expect(errors.locator('li[data-field="(json)"]')).to_be_visible()
+    assert session.errors == []
+
+
+def test_job_without_metrics_and_cancel(
+    session: Session, service: Service, screenshots: Path
+) -> None:
+    page = session.page
+    # One job slot: the long job holds it, so the second one waits, with no progress.
+    running = service.submit(long_job())
+    queued = service.submit(job_spec(name="waits"))
+    page.goto(f"/#/jobs/{queued['id']}")
+    expect(page.locator(".job-heading .state")).to_have_text("queued")
+    expect(page.locator(".chart-empty")).to_have_count(3)
+    for empty in page.locator(".chart-empty").all():
+        expect(empty).to_be_visible()
+    expect(page.locator('[data-stat="loss"]')).to_have_text("—")
+    expect(page.locator('[data-stat="eta"]')).to_have_text("—")
+    expect(page.locator("#checkpoints")).to_contain_text("No checkpoint yet")
+    expect(page.locator("#towers")).to_contain_text("No device trace")
+
+    cancel = page.locator("#cancel-job")
+    cancel.click()
+    expect(cancel).to_have_text("Confirm cancel")
+    cancel.click()
+    expect(page.locator(".job-heading .state")).to_have_text("cancelled")
+    assert service.job(queued["id"])["state"] == "cancelled"
+
+    # The jobs table follows the running job live, without reloading the page.
+    page.goto("/#/")
+    page.evaluate("window.notReloaded = true")
+    row = page.locator(f'tr[data-job="{running["id"]}"]')
+    expect(row.locator(".state")).to_have_text("running", timeout=60_000)
+    expect(page.locator(f'tr[data-job="{queued["id"]}"] .state')).to_have_text("cancelled")
+    expect(page.locator('.device[data-device="cpu:0"] a')).to_have_text(running["id"])
+    step = row.locator(".step")
+    expect(step).to_have_text(re.compile(r"^\d+ / 10000000$"), timeout=60_000)
+    first = step.inner_text()
+    expect(step).not_to_have_text(first, timeout=30_000)
+    assert page.evaluate("window.notReloaded") is True
+    page.screenshot(path=screenshots / "dashboard-jobs.png")
+
+    row.locator("a.job-name").click()
+    expect(page.locator(".job-heading .state")).to_have_text("running")
+    page.locator("#cancel-job").click()
+    page.locator("#cancel-job").click()
+    expect(page.locator(".action-status")).to_contain_text("Cancel requested")
+    expect(page.locator(".job-heading .state")).to_have_text("cancelled", timeout=60_000)
+    expect(page.locator("#cancel-job")).to_be_hidden()
+    assert service.job(running["id"])["state"] == "cancelled"
+    assert session.errors == []
+
+
+def test_phone_width_layout(
+    browser: Browser, service: Service, submitted: dict[str, Any], screenshots: Path
+) -> None:
+    phone = open_session(browser, service, PHONE)
+    try:
+        page = phone.page
+        page.goto("/#/")
+        row = page.locator(f'tr[data-job="{submitted["id"]}"]')
+        expect(row.locator(".state")).to_have_text("succeeded")
+        assert no_overflow(page)
+        page.screenshot(path=screenshots / "dashboard-phone-jobs.png")
+        page.goto(f"/#/jobs/{submitted['id']}")
+        expect(page.locator('figure[data-chart="loss"] canvas')).to_be_visible()
+        expect(page.locator("a.download")).to_have_count(3)
+        assert no_overflow(page)
+        page.screenshot(path=screenshots / "dashboard-phone-job.png")
+        page.goto("/#/submit")
+        expect(page.locator("#spec")).to_be_visible()
+        assert no_overflow(page)
+        assert phone.errors == []
+    finally:
+        phone.context.close()
+
+
+def test_token_field_when_service_needs_one(browser: Browser, tmp_path: Path) -> None:
+    token = "e2e-token"
+    secured = Service(tmp_path / "data", {"TOWERBOARD_TOKEN": token})
+    secured.start()
+    session = open_session(browser, secured, LAPTOP)
+    try:
+        page = session.page
+        # The page itself is behind the token too: a browser that has it keeps it in the
+        # towerboard_token cookie, which the dashboard writes from its token field.
+        assert httpx.get(f"{secured.base_url}/api/v1/jobs").status_code == 401
+        session.context.add_cookies(
+            [{"name": "towerboard_token", "value": token, "url": secured.base_url}]
+        )
+        page.goto("/")
+        expect(page.locator("#jobs-summary")).to_have_text("0 of 0 jobs")
+        expect(page.locator("#token-bar")).to_be_hidden()
+
+        # The token changes under the page: the API answers 401 and the page asks for it.
+        page.evaluate(
+            "document.cookie = 'towerboard_token=stale; Path=/';"
+            "localStorage.setItem('towerboard.token', 'stale')"
+        )
+        page.goto("/#/submit")
+        page.goto("/#/")
+        expect(page.locator("#token-bar")).to_be_visible()
+        expect(page.locator("#token-message")).to_have_text("That token was refused.")
+        page.fill("#token-input", token)
+        page.get_by_role("button", name="Use token").click()
+        expect(page.locator("#token-bar")).to_be_hidden()
+        expect(page.locator("#jobs-summary")).to_have_text("0 of 0 jobs")
+        expect(page.locator('.device[data-device="cpu:0"]')).to_be_visible()
+        assert session.errors == []
+    finally:
+        session.context.close()
+        secured.close()

@@ -2,7 +2,7 @@
 real `towerboard serve` with real workers and a real TensorBoard.
 
 Playwright cannot download its own browser builds here, so it launches /usr/bin/chromium
-(`scripts/e2e-deps.sh` installs it). Without it every test here skips, saying so.
+(`scripts/e2e-deps.sh` installs it). Without it each test module here skips, saying so.
 Screenshots go to build/screenshots/, or to $TOWERBOARD_SCREENSHOTS (for example
 `TOWERBOARD_SCREENSHOTS=docs/screenshots` to refresh the README's pictures).
 """
@@ -14,23 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import Browser, Playwright, sync_playwright
 
+from tests.e2e.chromium import CHROMIUM, CHROMIUM_ARGS
 from tests.service.harness import ROOT, Service
-
-CHROMIUM = Path(os.environ.get("TOWERBOARD_CHROMIUM", "/usr/bin/chromium"))
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
-
-if not CHROMIUM.exists():
-    pytest.skip(
-        f"Chromium is not installed at {CHROMIUM}: run scripts/e2e-deps.sh (as root) "
-        "to run the dashboard tests",
-        allow_module_level=True,
-    )
-
-from playwright.sync_api import Browser, Playwright, sync_playwright  # noqa: E402
 
 
 @pytest.fixture(scope="session")

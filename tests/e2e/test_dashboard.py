@@ -18,9 +18,10 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, expect
 
+from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.service.harness import Service, job_spec, long_job
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
 
 # Trains on two towers for a few seconds once TensorFlow has loaded: the worker reports
 # progress every 2 s, evaluates and checkpoints every 500 steps, so the bar and the charts

@@ -86,8 +86,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     install_error_handlers(app)
-    # Jobs first: routes are matched in order, and GET /jobs/{id} is the one polled most.
-    for module in (jobs, tensorboard, devices):
+    jobs.include(app, API_PREFIX)  # first: routes are matched in order
+    for module in (tensorboard, devices):
         app.include_router(module.router, prefix=API_PREFIX)
     app.include_router(health.router)
 

@@ -111,8 +111,7 @@ class Supervisor:
                 self._workers[job.id] = worker
                 continue
             self._read_progress(job.id)  # what the worker wrote while nobody watched
-            result = run.read_result()
-            if result is not None or job.cancel_requested_at is not None:
+            if run.result.exists() or job.cancel_requested_at is not None:
                 self._finish(job, WorkerExit(), killed=False)
             else:
                 self._tails.pop(job.id)

@@ -1,4 +1,9 @@
-"""Bearer-token auth for every route but /healthz, when `TOWERBOARD_TOKEN` is set.
+"""Bearer-token auth for every route but /healthz and the dashboard's files, when
+`TOWERBOARD_TOKEN` is set.
+
+The dashboard's own files (`/`, `/static/*`) hold no data and stay open, so a browser
+without the token can load the page, which then asks for it; every API call and the
+TensorBoard proxy stay behind the token.
 
 A plain ASGI middleware rather than a dependency, so it also covers the TensorBoard proxy,
 the OpenAPI docs and streamed responses, at no cost to requests when auth is off. A
@@ -14,7 +19,8 @@ from http.cookies import SimpleCookie
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-OPEN_PATHS = frozenset({"/healthz"})
+OPEN_PATHS = frozenset({"/healthz", "/"})
+OPEN_PREFIXES = ("/static/",)
 COOKIE_NAME = "towerboard_token"
 
 
@@ -38,7 +44,8 @@ class BearerAuth:
         self._token = token.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        # Only http scopes have a path; lifespan and the rest pass straight through.
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or scope["path"].startswith(OPEN_PREFIXES):
             await self._app(scope, receive, send)
             return
         presented = _presented_token(scope)

@@ -1,4 +1,5 @@
-"""Bearer-token auth: with TOWERBOARD_TOKEN every route but /healthz needs it; without, none."""
+"""Bearer-token auth: with TOWERBOARD_TOKEN every route but /healthz and the dashboard's
+files needs it; without, none."""
 
 from __future__ import annotations
 
@@ -26,8 +27,10 @@ PROTECTED = [
     ("GET", "/metrics"),
     ("GET", "/docs"),
     ("GET", "/openapi.json"),
-    ("GET", "/"),
-    ("GET", "/static/js/app.js"),
+    # Paths that only look like the open ones stay closed.
+    ("GET", "/static"),
+    ("GET", "/staticfoo/x"),
+    ("GET", "/api/v1/jobs/static/x"),
 ]
 
 
@@ -67,6 +70,12 @@ def test_read_with_token_cookie(secured: Service) -> None:
     cookies = {"towerboard_token": TOKEN}
     response = httpx.get(f"{secured.base_url}/api/v1/jobs", cookies=cookies)
     assert response.status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/", "/static/js/app.js", "/static/css/app.css"])
+def test_read_dashboard_files_without_token(secured: Service, path: str) -> None:
+    # They hold no data, and the page must load to ask for the token.
+    assert httpx.get(f"{secured.base_url}{path}").status_code == 200
 
 
 def test_read_health_without_token(secured: Service) -> None:

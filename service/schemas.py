@@ -167,6 +167,22 @@ class DevicesPublic(BaseModel):
     max_towers: int
 
 
+class ProfileCreate(BaseModel):
+    """Body of POST /jobs/{id}/profile: how many of the next steps to trace."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: int = Field(3, ge=1, le=100)
+
+
+class ProfilePublic(BaseModel):
+    """A trace request handed to a running job's worker."""
+
+    job_id: str
+    steps: int
+    detail: str
+
+
 class TensorBoardCreate(BaseModel):
     """Body of POST /tensorboard: the jobs to show, or all jobs when left out."""
 

@@ -31,10 +31,7 @@ log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_SECONDS = 2.0
 
-# The service asks for a trace of a running job by writing this file in the run directory:
-# {"steps": N}. The controller takes it (deletes it) at its next progress report.
-PROFILE_REQUEST = "profile_request.json"
-
+MAX_REQUESTED_TRACE_STEPS = 100
 
 class NonFiniteLoss(RuntimeError):
     def __init__(self, step: int, loss: float) -> None:
@@ -219,7 +216,8 @@ class Controller:
         )
 
     def _take_profile_request(self, step: int) -> None:
-        request = self.rundir.root / PROFILE_REQUEST
+        """A trace asked for by the service (`RunDir.profile_request`), taken at a report."""
+        request = self.rundir.profile_request
         if not request.exists():
             return
         try:
@@ -228,7 +226,7 @@ class Controller:
             steps = 3
         finally:
             request.unlink(missing_ok=True)
-        steps = max(1, min(steps, 100))
+        steps = max(1, min(steps, MAX_REQUESTED_TRACE_STEPS))
         self._trace_steps.update(range(step + 1, step + 1 + steps))
 
     def _evaluate(self, step: int) -> None:

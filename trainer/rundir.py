@@ -8,6 +8,8 @@
       tb/              TensorBoard logdir (train/, eval/, plugins/profile/<run>/)
       checkpoints/     tf.train.CheckpointManager directory
       export/          SavedModel written at the end of a successful job
+      profile_request.json   {"steps": N}: the service asks a running worker for a device
+                       trace of its next N steps; the worker takes (deletes) it
 
 No TensorFlow here: the service reads these files with this module too.
 """
@@ -81,6 +83,10 @@ class RunDir:
     @property
     def export(self) -> Path:
         return self.root / "export"
+
+    @property
+    def profile_request(self) -> Path:
+        return self.root / "profile_request.json"
 
     @property
     def profile(self) -> Path:

@@ -27,10 +27,12 @@ from service.schemas import (
     JobsPublic,
     MetricPointPublic,
     MetricsPublic,
+    ProfileCreate,
+    ProfilePublic,
 )
 from service.settings import Settings
 from service.store import JobRecord, JobState
-from trainer.rundir import RunDir
+from trainer.rundir import RunDir, write_json_atomic
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -166,6 +168,29 @@ def cancel_job(job: JobDep, runtime: RuntimeDep) -> Response:
     updated = store.get(job.id)
     assert updated is not None
     return Response(render_job(updated), status_code=status, media_type=_JSON)
+
+
+@router.post(
+    "/{job_id}/profile",
+    response_model=ProfilePublic,
+    status_code=202,
+    responses={**_NOT_FOUND, 409: {"model": ErrorPublic, "description": "The job is not running"}},
+)
+def profile_job(job: JobDep, settings: SettingsDep, profile_in: ProfileCreate | None = None) -> ProfilePublic:
+    """Capture a device trace of the next N steps of a running job. The worker takes the
+    request at its next progress report (within a few seconds); the trace then shows in
+    TensorBoard's profile plugin, and a `trace` event with each tower's time follows."""
+    steps = (profile_in or ProfileCreate()).steps
+    if job.state is not JobState.RUNNING:
+        raise HTTPException(
+            409, f"Job {job.id!r} is {job.state.value}; only a running job can be traced."
+        )
+    write_json_atomic(_run(settings, job).profile_request, {"steps": steps})
+    return ProfilePublic(
+        job_id=job.id,
+        steps=steps,
+        detail=f"A trace of the next {steps} steps was requested from the worker.",
+    )
 
 
 @router.get(

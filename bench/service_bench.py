@@ -32,17 +32,11 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TINY_JOB = {
-    "name": "bench-status",
-    "model": {"name": "mlp", "params": {"hidden": [16]}},
-    "data": {"format": "synthetic", "params": {"shape": [8, 8], "classes": 4, "size": 256}},
-    "towers": 1,
-    "batch_size": 32,
-    "steps": 40,
-    "eval": {"every_steps": 20, "batches": 2},
-    "summaries": {"trace_steps": []},
-    "checkpoint": {"every_steps": 20, "every_seconds": 0, "keep": 3},
-}
+sys.path.insert(0, str(ROOT))
+from tests.service.harness import job_spec  # noqa: E402 - the tests' tiny synthetic job
+
+TINY_JOB = job_spec(name="bench-status")
+
 # Trains until cancelled, on two towers, with the CPU split between them: every core busy.
 TRAINING_JOB = {
     "name": "bench-load",

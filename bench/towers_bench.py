@@ -7,8 +7,13 @@
    of the spec) and global batch. Configurations are interleaved and repeated, and the
    best repeat is kept: on a shared 2-core machine interference only ever slows a run
    down, so the fastest repeat is the closest to what each configuration can do.
-2. examples/sec of a whole worker (`python -m trainer run`) with the default summaries
-   against all summaries off.
+2. The cost of the default monitoring, two ways:
+   a. each summary kind's cost per call, timed in this process through the controller's
+      own methods on a 2-tower `cnn`, and the share of a default 1000-step job it adds up
+      to (stable: it does not depend on how busy the machine is);
+   b. examples/sec of whole workers (`python -m trainer run`, 1000 steps) with the default
+      summaries against all summaries off, interleaved, median of the runs (noisy: on
+      2 shared cores, 2-second windows of one run vary by +-15%).
 
 On a CPU host the towers run on logical CPU devices split from the one CPU; with a GPU,
 `--split-gpu-mb M` splits the first GPU into N logical GPUs of M MiB each.
@@ -21,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,8 +46,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=8, help="interleaved repeats; the best is kept")
     p.add_argument("--batch", type=int, default=128, help="global batch")
     p.add_argument("--split-gpu-mb", type=int, default=None, help="split GPU 0 into logical GPUs of this size")
-    p.add_argument("--worker-steps", type=int, default=600, help="steps of each whole-worker run (0 skips it)")
-    p.add_argument("--worker-repeats", type=int, default=3, help="whole-worker runs per configuration")
+    p.add_argument("--worker-steps", type=int, default=1000, help="steps of each whole-worker run (0 skips it)")
+    p.add_argument("--worker-repeats", type=int, default=5, help="whole-worker runs per configuration")
     p.add_argument("--skip-steps", action="store_true", help="only the monitoring comparison")
     return p.parse_args()
 
@@ -136,6 +142,100 @@ def step_benchmarks(args: argparse.Namespace) -> dict[str, float]:
     return {name: max(s) for name, s in samples.items()}
 
 
+def monitoring_costs(args: argparse.Namespace) -> None:
+    """Per-call cost of each summary kind, through the controller's own methods."""
+    import tempfile
+    import threading
+
+    import numpy as np
+    import tensorflow as tf
+
+    from trainer.controller import Controller
+    from trainer.models import build_model
+    from trainer.optim import make_optimizer
+    from trainer.profiling import TraceCapture
+    from trainer.rundir import RunDir
+    from trainer.spec import JobSpec, ModelSpec, OptimizerSpec
+    from trainer.summaries import SummaryManager
+    from trainer.towers import TowerTrainer
+
+    spec = JobSpec.model_validate({"data": {"format": "synthetic"}, "towers": 2, "batch_size": args.batch})
+    rng = np.random.default_rng(1)
+    x = tf.constant(rng.random((args.batch, 28, 28, 1), dtype=np.float32))
+    y = tf.constant(rng.integers(0, 10, args.batch).astype(np.int32))
+    devices = [d.name for d in tf.config.list_logical_devices(tf.config.list_logical_devices()[0].device_type)][:2]
+    with tf.device(devices[0]):
+        trainer = TowerTrainer(
+            model=build_model(ModelSpec(name="cnn"), (28, 28, 1), 10),
+            optimizer=make_optimizer(spec.optimizer if spec.optimizer else OptimizerSpec()),
+            tower_devices=devices,
+            parameter_device=devices[0],
+        )
+    tmp = Path(tempfile.mkdtemp())
+    summaries = SummaryManager(tmp / "tb")
+    controller = Controller(
+        spec=spec, trainer=trainer, train_batches=iter(()), eval_data=None, total_steps=0,
+        rundir=RunDir(tmp), progress=None, summaries=summaries, checkpointer=None, stop=threading.Event(),
+    )  # fmt: skip
+
+    def seconds(fn, repeats: int = 1) -> float:
+        """Best of `repeats` timings of fn() (interference only ever adds time)."""
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    def steps(n: int, **kw) -> None:
+        for _ in range(n):
+            out = trainer.train_step(x, y, **kw)
+            float(out["loss"])
+
+    steps(5)
+    step = seconds(lambda: steps(10), repeats=8) / 10
+    out = trainer.train_step(x, y, with_grad_norm=True)
+    # What a scalars step adds inside the step: the global norm of the averaged gradient.
+    grad_norm = tf.function(tf.linalg.global_norm)
+    grad_norm(out["grads"]).numpy()
+    costs = {
+        "scalars (+ grad norm)": (seconds(lambda: grad_norm(out["grads"]).numpy(), 20)
+                                   + seconds(lambda: controller._write_scalars(10, out, step, 1.0), 8)),
+        "histograms": seconds(lambda: controller._write_histograms(500, out["grads"]), 3),
+        "images, first call": seconds(lambda: controller._write_images(500, x)),
+        "images": seconds(lambda: controller._write_images(500, x), 3),
+        "graph (once)": seconds(lambda: summaries.graph("train", trainer.train_function.get_concrete_function().graph)),
+    }  # fmt: skip
+    capture = TraceCapture(tmp / "tb")
+
+    def traced() -> None:
+        capture.start()
+        steps(3)
+        controller._tower_ms = None
+        path = capture.stop()
+        from trainer.profiling import tower_times_ms
+
+        tower_times_ms(path, 2, 3)
+
+    costs["trace of 3 steps (once)"] = seconds(traced) - 3 * step
+    s = spec.summaries
+    job_steps = 1000
+    per_job = (
+        costs["scalars (+ grad norm)"] * job_steps / s.scalars_every
+        + costs["histograms"] * job_steps // s.histograms_every
+        + costs["images"] * (job_steps // s.images_every - 1) + costs["images, first call"]
+        + costs["graph (once)"] + costs["trace of 3 steps (once)"]
+    )  # fmt: skip
+    print(f"\nmonitoring cost per call (cnn on 2 towers, batch {args.batch}; one step = {step * 1000:.1f} ms)")
+    for name, cost in costs.items():
+        print(f"  {name:<26}{cost * 1000:>8.1f} ms")
+    share = per_job / (job_steps * step)
+    print(
+        f"default cadences over a {job_steps}-step job: {per_job:.2f} s of {job_steps * step:.1f} s "
+        f"= {share * 100:.1f}%, throughput ratio {1 / (1 + share):.3f}   (target >= 0.97)"
+    )
+
+
 def worker_examples_per_sec(spec: dict, job_dir: Path) -> float:
     """Examples/sec of a whole worker run, from its first progress report to its last step."""
     job_dir.mkdir(parents=True)
@@ -164,7 +264,7 @@ def monitoring_benchmark(args: argparse.Namespace) -> dict[str, float]:
         for r in range(args.worker_repeats):
             samples["default summaries"].append(worker_examples_per_sec(base, Path(tmp) / f"default{r}"))
             samples["no summaries"].append(worker_examples_per_sec({**base, "summaries": off}, Path(tmp) / f"off{r}"))
-    return {name: max(s) for name, s in samples.items()}
+    return {name: statistics.median(s) for name, s in samples.items()}
 
 
 def main() -> None:
@@ -181,9 +281,10 @@ def main() -> None:
         for n in TOWERS:
             ratio = rates[f"towers({n})"] / rates[f"mirrored({n})"]
             print(f"towers({n}) / mirrored({n}) = {ratio:.3f}   (target >= 1.05)")
+        monitoring_costs(args)
     if args.worker_steps:
         rates = monitoring_benchmark(args)
-        print(f"\nwhole worker, cnn on 2 towers, {args.worker_steps} steps")
+        print(f"\nwhole workers, cnn on 2 towers, {args.worker_steps} steps, median of {args.worker_repeats} interleaved runs each")
         for name, rate in rates.items():
             print(f"{name:<20}{rate:>10.1f} examples/sec")
         ratio = rates["default summaries"] / rates["no summaries"]

@@ -37,6 +37,8 @@ def tower_sizes(batch: tf.Tensor, towers: int) -> tf.Tensor:
 
 def _shards(images: tf.Tensor, labels: tf.Tensor, sizes: tf.Tensor, towers: int) -> list[tuple[tf.Tensor, tf.Tensor, tf.Tensor]]:
     """Each tower's (images, labels, weight); an empty shard becomes example 0 at weight 0."""
+    if towers == 1:  # the whole batch, with no split or guard to pay for
+        return [(images, labels, tf.constant(1.0))]
     image_shards = tf.split(images, sizes, num=towers)
     label_shards = tf.split(labels, sizes, num=towers)
     shards = []

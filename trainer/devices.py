@@ -22,9 +22,6 @@ class Devices:
     parameter: str
     kind: str  # "GPU" or "CPU"
 
-    def describe(self) -> list[str]:
-        return list(self.towers)
-
 
 def setup_devices(towers: int, parameter_device: str, *, split_gpu_mb: int | None = None) -> Devices:
     """Give each of `towers` towers a device of its own.

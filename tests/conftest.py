@@ -1,4 +1,5 @@
-"""Test-wide set-up: the CPU split into logical devices, so towers run for real.
+"""Test-wide set-up: the CPU split into logical devices, so towers run for real, and the
+running service that the service, CLI and dashboard tests share per module.
 
 Logical devices can only be configured before TensorFlow's runtime starts, so this runs at
 collection, before any test touches TensorFlow. Worker processes that tests start split
@@ -6,12 +7,27 @@ their own CPU.
 """
 
 import os
+from collections.abc import Iterator
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+from tests.service.harness import Service  # noqa: E402
 
 LOGICAL_CPUS = 4
 
 _cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(_cpu, [tf.config.LogicalDeviceConfiguration()] * LOGICAL_CPUS)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """One running service shared by a test module (CPU-only host, one job at a time)."""
+    data_dir = tmp_path_factory.mktemp("service") / "data"
+    roots = tmp_path_factory.mktemp("datasets")
+    svc = Service(data_dir, {"TOWERBOARD_DATA_ROOTS": str(roots)})
+    svc.start()
+    yield svc
+    svc.close()

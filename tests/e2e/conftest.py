@@ -17,7 +17,7 @@ import pytest
 from playwright.sync_api import Browser, Playwright, sync_playwright
 
 from tests.e2e.chromium import CHROMIUM, CHROMIUM_ARGS
-from tests.service.harness import ROOT, Service
+from tests.service.harness import ROOT
 
 
 @pytest.fixture(scope="session")
@@ -41,14 +41,3 @@ def browser(playwright: Playwright) -> Iterator[Browser]:
     browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
     yield browser
     browser.close()
-
-
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    """A service on a CPU-only host running one job at a time."""
-    data_dir = tmp_path_factory.mktemp("e2e") / "data"
-    roots = tmp_path_factory.mktemp("datasets")
-    svc = Service(data_dir, {"TOWERBOARD_DATA_ROOTS": str(roots)})
-    svc.start()
-    yield svc
-    svc.close()

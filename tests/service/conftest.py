@@ -23,14 +23,3 @@ def make_service(tmp_path: Path) -> Iterator[Callable[..., Service]]:
     yield make
     for service in made:
         service.close()
-
-
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    """One running service shared by a test module (CPU-only host, one job at a time)."""
-    data_dir = tmp_path_factory.mktemp("service") / "data"
-    roots = tmp_path_factory.mktemp("datasets")
-    svc = Service(data_dir, {"TOWERBOARD_DATA_ROOTS": str(roots)})
-    svc.start()
-    yield svc
-    svc.close()

@@ -204,27 +204,19 @@ class JobStore:
             where.append("seq < ?")
             params.append(before_seq)
         page_sql = f"WHERE {' AND '.join(where)}" if where else ""
-        rows = conn.execute(
-            f"SELECT * FROM jobs {page_sql} ORDER BY seq DESC LIMIT ?", [*params, limit]
-        ).fetchall()
-        return [_row_to_record(row) for row in rows], count
+        page = self._records(f"SELECT * FROM jobs {page_sql} ORDER BY seq DESC LIMIT ?", [*params, limit])
+        return page, count
+
+    def _records(self, sql: str, params: list[object] | None = None) -> list[JobRecord]:
+        """The jobs a SELECT * query returns, decoded, read on this thread's connection."""
+        return [_row_to_record(row) for row in self._reader().execute(sql, params or []).fetchall()]
 
     def queued(self) -> list[JobRecord]:
         """Queued jobs in the order they should run: highest priority, then oldest."""
-        rows = (
-            self._reader()
-            .execute("SELECT * FROM jobs WHERE state = 'queued' ORDER BY priority DESC, seq")
-            .fetchall()
-        )
-        return [_row_to_record(row) for row in rows]
+        return self._records("SELECT * FROM jobs WHERE state = 'queued' ORDER BY priority DESC, seq")
 
     def running(self) -> list[JobRecord]:
-        rows = (
-            self._reader()
-            .execute("SELECT * FROM jobs WHERE state = 'running' ORDER BY seq")
-            .fetchall()
-        )
-        return [_row_to_record(row) for row in rows]
+        return self._records("SELECT * FROM jobs WHERE state = 'running' ORDER BY seq")
 
     def count_by_state(self) -> dict[JobState, int]:
         rows = self._reader().execute("SELECT state, COUNT(*) FROM jobs GROUP BY state")

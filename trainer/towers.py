@@ -6,7 +6,8 @@ batch`, so adding the towers' gradients on the parameter device gives the gradie
 the global mean loss exactly, whatever the shard sizes: a batch that does not divide
 evenly is weighted by each tower's share. A tower whose shard would be empty (a last
 batch smaller than the tower count) runs on one stand-in example with weight zero, since
-layers such as batch norm cannot differentiate an empty batch. The sum is applied once.
+layers such as batch norm cannot differentiate an empty batch. The sum is applied once,
+with TensorFlow's fused training kernels where the optimizer allows (`trainer.updates`).
 All of it is one `tf.function`.
 
 Batch-norm moving statistics: every tower normalises with its own shard's moments (as
@@ -26,6 +27,7 @@ import keras
 import tensorflow as tf
 
 from trainer.ema import WeightEMA
+from trainer.updates import make_apply
 
 
 def tower_sizes(batch: tf.Tensor, towers: int) -> tf.Tensor:
@@ -68,6 +70,9 @@ class TowerTrainer:
     asked for or when clipping needs it, since it is a pass over every gradient, 3% of a
     `cnn` step on a CPU; 0 otherwise), learning_rate (the rate this step used), grads (the
     averaged gradients, before clipping).
+
+    The update goes through TensorFlow's fused training kernels when the optimizer allows
+    (`trainer.updates`); `fused_updates=False` applies it through Keras instead.
     """
 
     def __init__(
@@ -81,6 +86,7 @@ class TowerTrainer:
         weight_decay: float = 0.0,
         clip_norm: float | None = None,
         ema_decay: float | None = None,
+        fused_updates: bool = True,
     ) -> None:
         if not tower_devices:
             raise ValueError("Expected at least one tower device. Received: []")
@@ -104,6 +110,7 @@ class TowerTrainer:
             # Built now, not on the first step, so slots exist (on the parameter device)
             # before a checkpoint is restored into them.
             optimizer.build(self._variables)
+            self._apply = make_apply(optimizer, self._variables, fused=fused_updates)
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self.ema = WeightEMA(self._variables, ema_decay, parameter_device) if ema_decay else None
 
@@ -176,7 +183,7 @@ class TowerTrainer:
             else:
                 grad_norm = tf.cond(with_grad_norm, lambda: tf.linalg.global_norm(averaged), lambda: 0.0)
             learning_rate = self.current_learning_rate()
-            self.optimizer.apply_gradients(zip(grads, self._variables, strict=True))
+            self._apply(grads, learning_rate)
             if self._bn_variables:
                 shares = tf.cast(sizes, tf.float32) / batch_f
                 for k, var in enumerate(self._bn_variables):

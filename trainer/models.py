@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import keras
+import numpy as np
 
 from trainer.spec import ModelSpec
 
@@ -103,7 +104,12 @@ def _custom_builder(name: str) -> Callable[..., Any]:
 
 
 def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
-    """Build the model of `spec` for images of `input_shape` (H, W, C) and `num_classes`."""
+    """Build the model of `spec` for images of `input_shape` (H, W, C) and `num_classes`.
+
+    A custom model may be functional or subclassed: it is called once on a zero batch of
+    one, which builds a subclassed model and checks that it runs and how many logits it
+    gives, before any training starts.
+    """
     if spec.is_custom:
         builder = _custom_builder(spec.name)
         try:
@@ -114,12 +120,19 @@ def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int)
             raise ModelError(
                 f"Expected {spec.name!r} to return a keras.Model. Received: {type(model).__name__}"
             )
+        try:
+            output_shape = tuple(model(np.zeros((1, *input_shape), np.float32), training=False).shape)
+        except Exception as e:  # noqa: BLE001 - any failure of user code is the model's fault
+            raise ModelError(
+                f"Model {spec.name!r} failed on a batch of shape {(1, *input_shape)}: {type(e).__name__}: {e}"
+            ) from e
     else:
         model = BUILDERS[spec.name](input_shape, num_classes, **spec.params)
+        output_shape = model.output_shape
     expected = 1 if spec.name == "logistic" else num_classes
-    if model.output_shape[-1] != expected:
+    if output_shape[-1] != expected:
         raise ModelError(
             f"Expected model {spec.name!r} to output {expected} logits. "
-            f"Received: output shape {model.output_shape}"
+            f"Received: output shape {output_shape}"
         )
     return model

@@ -148,6 +148,7 @@ def _train(spec: JobSpec, job: dict[str, Any], rundir: RunDir) -> ExitCode:
                 weight_decay=spec.weight_decay,
                 clip_norm=spec.clip_norm,
                 ema_decay=spec.ema_decay,
+                input_shape=arrays.image_shape,
             )
         with tf.device("/CPU:0"):
             batches = iter(train_dataset(arrays, spec.data, spec.batch_size, spec.seed))

@@ -21,6 +21,7 @@ This module only computes. Summaries, checkpoints and progress belong to the con
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import keras
@@ -28,6 +29,8 @@ import tensorflow as tf
 
 from trainer.ema import WeightEMA
 from trainer.updates import make_apply
+
+log = logging.getLogger(__name__)
 
 
 def tower_sizes(batch: tf.Tensor, towers: int) -> tf.Tensor:
@@ -73,6 +76,7 @@ class TowerTrainer:
 
     The update goes through TensorFlow's fused training kernels when the optimizer allows
     (`trainer.updates`); `fused_updates=False` applies it through Keras instead.
+    `input_shape` (H, W, C) is needed only for a model without one (subclassed).
     """
 
     def __init__(
@@ -87,6 +91,7 @@ class TowerTrainer:
         clip_norm: float | None = None,
         ema_decay: float | None = None,
         fused_updates: bool = True,
+        input_shape: Sequence[int] | None = None,
     ) -> None:
         if not tower_devices:
             raise ValueError("Expected at least one tower device. Received: []")
@@ -114,14 +119,17 @@ class TowerTrainer:
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self.ema = WeightEMA(self._variables, ema_decay, parameter_device) if ema_decay else None
 
-        image_spec = tf.TensorSpec([None, *model.input_shape[1:]], tf.float32)
+        # A subclassed model has no `input_shape`; the caller then says what it takes.
+        image_shape = tuple(input_shape) if input_shape is not None else tuple(model.input_shape[1:])
+        image_spec = tf.TensorSpec([None, *image_shape], tf.float32)
         label_spec = tf.TensorSpec([None], tf.int32)
         flag_spec = tf.TensorSpec([], tf.bool)
         self.train_function = tf.function(self._train_step, input_signature=[image_spec, label_spec, flag_spec])
         self.eval_step = tf.function(self._eval_step, input_signature=[image_spec, label_spec])
+        self._flags = {flag: tf.constant(flag) for flag in (False, True)}  # made once, not per step
 
     def train_step(self, images: tf.Tensor, labels: tf.Tensor, with_grad_norm: bool = False) -> dict[str, tf.Tensor]:
-        return self.train_function(images, labels, tf.constant(with_grad_norm))
+        return self.train_function(images, labels, self._flags[with_grad_norm])
 
     @property
     def num_towers(self) -> int:
@@ -141,6 +149,18 @@ class TowerTrainer:
             correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32)
         return loss, correct
 
+    def _gradients(self, tape: tf.GradientTape, target: tf.Tensor, warn: bool) -> list[tf.Tensor]:
+        """d target / d variables; zeros (and a warning, once, at tracing) where none flows.
+
+        A variable that the loss does not reach (a layer a custom model builds but never
+        calls) would otherwise break the sum over towers; a zero gradient leaves it as it is.
+        """
+        grads = tape.gradient(target, self._variables)
+        unreached = [v.path for v, g in zip(self._variables, grads, strict=True) if g is None]
+        if unreached and warn:
+            log.warning("No gradient reaches %s: they are not trained (does the model use them?)", ", ".join(unreached))
+        return [tf.zeros_like(v) if g is None else g for v, g in zip(self._variables, grads, strict=True)]
+
     def _train_step(self, images: tf.Tensor, labels: tf.Tensor, with_grad_norm: tf.Tensor) -> dict[str, tf.Tensor]:
         batch = tf.shape(images)[0]
         batch_f = tf.cast(batch, tf.float32)
@@ -157,7 +177,7 @@ class TowerTrainer:
                     loss, correct = self._per_example(shard_labels, logits)
                     loss_sum = weight * tf.reduce_sum(loss)
                     scaled = loss_sum / batch_f
-                tower_grads.append(tape.gradient(scaled, self._variables))
+                tower_grads.append(self._gradients(tape, scaled, warn=i == 0))
                 loss_sums.append(loss_sum)
                 correct_sums.append(weight * tf.reduce_sum(correct))
             if self._bn_variables:

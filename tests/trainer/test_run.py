@@ -222,3 +222,46 @@ def test_run_job_non_finite_loss_fails_naming_step(tmp_path):
     assert result["outcome"] == "failed"
     assert result["message"].startswith("Loss became non-finite (")
     assert result["message"].endswith(f"at step {result['step']}.")
+
+
+def test_run_job_trains_and_exports_a_subclassed_custom_model(tmp_path):
+    # A `module:function` model written as a keras.Model subclass: no input_shape or
+    # output_shape until it is called, and a layer it builds but never uses.
+    (tmp_path / "subclassed.py").write_text(
+        "import keras\n"
+        "class Net(keras.Model):\n"
+        "    def __init__(self, num_classes):\n"
+        "        super().__init__()\n"
+        "        self.flatten = keras.layers.Flatten()\n"
+        "        self.hidden = keras.layers.Dense(16, activation='relu')\n"
+        "        self.logits = keras.layers.Dense(num_classes)\n"
+        "        self.spare = keras.layers.Dense(2, name='spare')\n"
+        "    def build(self, input_shape):\n"
+        "        self.spare.build((None, 3))\n"
+        "        super().build(input_shape)\n"
+        "    def call(self, x, training=False):\n"
+        "        return self.logits(self.hidden(self.flatten(x)))\n"
+        "def build(input_shape, num_classes):\n"
+        "    return Net(num_classes)\n"
+    )
+    spec = with_(TINY, model={"name": "subclassed:build"})
+    code, result, log = run_worker(tmp_path / "job", spec, env={"PYTHONPATH": f"{tmp_path}:{REPO}"})
+    assert code == 0, log
+    assert result["outcome"] == "succeeded"
+    assert "No gradient reaches" in log and "spare" in log
+    exported = tf.saved_model.load(str(tmp_path / "job" / "export"))
+    assert exported.serve(np.zeros((2, 8, 8, 1), np.float32)).shape == (2, 4)  # TINY's data
+
+
+def test_run_job_custom_model_that_cannot_run_exits_2(tmp_path):
+    (tmp_path / "broken.py").write_text(
+        "import keras\n"
+        "def build(input_shape, num_classes):\n"
+        "    inputs = keras.Input((5,))\n"
+        "    return keras.Model(inputs, keras.layers.Dense(num_classes)(inputs))\n"
+    )
+    spec = with_(TINY, model={"name": "broken:build"})
+    code, result, log = run_worker(tmp_path / "job", spec, env={"PYTHONPATH": f"{tmp_path}:{REPO}"})
+    assert code == 2, log
+    assert result["message"].startswith("Model 'broken:build' failed on a batch of shape (1, ")
+    assert sorted(p.name for p in (tmp_path / "job").iterdir()) == ["result.json", "spec.json"]

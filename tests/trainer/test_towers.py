@@ -164,3 +164,45 @@ def test_grad_norm_only_when_asked():
     expected = np.sqrt(sum(float((g.numpy() ** 2).sum()) for g in asked["grads"]))
     assert float(asked["grad_norm"]) == pytest.approx(expected, rel=1e-5)
     assert float(trainer.train_step(x, y)["grad_norm"]) == 0.0
+
+
+class _WithUnusedLayer(keras.Model):
+    """A custom model that builds a layer it never calls (no gradient reaches it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.flatten = keras.layers.Flatten()
+        self.logits = keras.layers.Dense(CLASSES)
+        self.unused = keras.layers.Dense(3)
+
+    def build(self, input_shape):
+        self.logits.build((None, int(np.prod(input_shape[1:]))))
+        self.unused.build((None, 5))
+        self.built = True
+
+    def call(self, x, training=False):
+        return self.logits(self.flatten(x))
+
+
+def test_variables_without_gradient_stay_put_and_are_named(caplog):
+    keras.utils.set_random_seed(7)
+    with tf.device("/CPU:0"):
+        net = _WithUnusedLayer()
+        net(tf.zeros((1, *SHAPE)))
+        trainer = TowerTrainer(
+            model=net,
+            optimizer=make_optimizer(OptimizerSpec(name="adam", learning_rate=0.1)),
+            tower_devices=["/CPU:0", "/CPU:1"],
+            parameter_device="/CPU:0",
+            input_shape=SHAPE,  # subclassed: the model has no input_shape of its own
+        )
+    unused_before = [v.numpy() for v in net.unused.trainable_variables]
+    used_before = net.logits.kernel.numpy()
+    x, y = batch(16)
+    with caplog.at_level("WARNING", logger="trainer.towers"):
+        out = trainer.train_step(x, y)
+    assert np.isfinite(float(out["loss"]))
+    assert np.abs(net.logits.kernel.numpy() - used_before).max() > 1e-3  # the used layer trained
+    for before, var in zip(unused_before, net.unused.trainable_variables, strict=True):
+        np.testing.assert_array_equal(var.numpy(), before)
+    assert net.unused.kernel.path in caplog.text

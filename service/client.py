@@ -47,7 +47,7 @@ EXIT_INTERRUPTED = 130
 
 _TENSORBOARD_READY_SECONDS = 180.0  # it imports TensorFlow: slow on a busy host
 _LOG_POLL_SECONDS = 1.0
-_LOG_WINDOW = 2000  # lines read per poll when following
+LOG_OFFSET_HEADER = "X-Log-Offset"  # the logs route's "read on from here" (HTTP contract)
 
 
 class ClientError(Exception):
@@ -496,38 +496,27 @@ def status(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _new_lines(seen: list[str], lines: list[str]) -> list[str]:
-    """The lines of a fresh tail that come after what was already printed. The log only
-    grows, so find where the end of what we saw sits in the new tail."""
-    if not seen:
-        return lines
-    anchor = seen[-min(len(seen), 20) :]
-    for start in range(len(lines) - len(anchor), -1, -1):
-        if lines[start : start + len(anchor)] == anchor:
-            return lines[start + len(anchor) :]
-    return ["[... lines skipped: the log grew faster than it was read]", *lines]
-
-
 def logs(client: Client, args: argparse.Namespace) -> int:
-    def read(tail: int) -> list[str]:
-        text = client.request("GET", f"/api/v1/jobs/{args.id}/logs", params={"tail": tail}).text
-        return text.splitlines()
-
-    lines = read(args.tail)
-    for line in lines:
-        sys.stdout.write(line + "\n")
+    path = f"/api/v1/jobs/{args.id}/logs"
+    response = client.request("GET", path, params={"tail": args.tail})
+    sys.stdout.write(response.text)
     sys.stdout.flush()
     if not args.follow:
         return EXIT_OK
-    seen = lines[-100:]
+    # Read on from where the last read ended (the service says where), so every line
+    # shows once however fast the log grows.
+    offset = int(response.headers.get(LOG_OFFSET_HEADER, "0"))
     try:
         while True:
             ended = client.job(args.id)["state"] in TERMINAL
-            fresh = _new_lines(seen, read(_LOG_WINDOW))
-            for line in fresh:
-                sys.stdout.write(line + "\n")
-            sys.stdout.flush()
-            seen = (seen + fresh)[-100:]
+            while True:  # drain: a fast log can hold more than one read's worth
+                response = client.request("GET", path, params={"offset": offset})
+                sys.stdout.write(response.text)
+                sys.stdout.flush()
+                next_offset = int(response.headers[LOG_OFFSET_HEADER])
+                if next_offset == offset:
+                    break
+                offset = next_offset
             if ended:  # read once more after the end, so the last lines are in
                 return EXIT_OK
             time.sleep(_LOG_POLL_SECONDS)

@@ -17,7 +17,7 @@ from service.deps import JobDep, Runtime, RuntimeDep, SettingsDep
 from service.errors import FieldErrors
 from service.events import JobEvent
 from service.jobjson import render_job
-from service.runfiles import inside, tail_lines
+from service.runfiles import OffsetPastEnd, inside, read_lines_from, tail_with_end
 from service.schemas import (
     CheckpointPublic,
     CheckpointsPublic,
@@ -226,20 +226,54 @@ async def stream_job_events(job: JobDep, runtime: RuntimeDep) -> EventSourceResp
     return EventSourceResponse(events(), ping=15)
 
 
+LOG_OFFSET_HEADER = "X-Log-Offset"
+_LOG_READ_BYTES = 1024 * 1024
+
+
 @router.get(
     "/{job_id}/logs",
     response_class=PlainTextResponse,
-    responses={**_NOT_FOUND, 200: {"content": {"text/plain": {}}}},
+    responses={
+        **_NOT_FOUND,
+        200: {
+            "content": {"text/plain": {}},
+            "headers": {LOG_OFFSET_HEADER: {"description": "Pass as `offset` to read on from here"}},
+        },
+        416: {"model": ErrorPublic, "description": "`offset` is past the end of the log"},
+    },
 )
 def read_job_logs(
     job: JobDep,
     settings: SettingsDep,
     tail: Annotated[int, Query(ge=1, le=100_000, description="How many last lines")] = 200,
+    offset: Annotated[
+        int | None,
+        Query(ge=0, description="Read whole lines from this byte on instead of the tail: the "
+              f"{LOG_OFFSET_HEADER} header of the previous read"),
+    ] = None,
+    limit: Annotated[
+        int, Query(ge=1, le=16 * _LOG_READ_BYTES, description="With `offset`: at most this many bytes")
+    ] = _LOG_READ_BYTES,
 ) -> PlainTextResponse:
-    """The last lines of the job's worker.log (empty before its worker starts)."""
+    """The job's worker.log (empty before its worker starts): the last `tail` lines, or
+    whole lines from byte `offset` on. Either way the `X-Log-Offset` header says where to
+    read on from, so a follower sees every line once."""
     run = _run(settings, job)
-    lines = tail_lines(run.log, tail) if inside(run.root, run.log) else []
-    return PlainTextResponse("".join(f"{line}\n" for line in lines))
+    readable = inside(run.root, run.log)
+    if offset is None:
+        lines, end = tail_with_end(run.log, tail) if readable else ([], 0)
+        text = "".join(f"{line}\n" for line in lines)
+    else:
+        try:
+            if not readable:  # no log yet (or one that is not a plain file in the run dir)
+                if offset:
+                    raise OffsetPastEnd(offset, 0)
+                text, end = "", 0
+            else:
+                text, end = read_lines_from(run.log, offset, limit)
+        except OffsetPastEnd as e:
+            raise HTTPException(416, f"Cannot read the log of job {job.id}: {e}.") from e
+    return PlainTextResponse(text, headers={LOG_OFFSET_HEADER: str(end)})
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsPublic, responses=_NOT_FOUND)

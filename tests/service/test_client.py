@@ -17,7 +17,6 @@ from typing import Any
 import httpx
 import pytest
 
-from service.client import _new_lines
 from tests.service.harness import ROOT, Service, job_spec, long_job
 
 pytestmark = pytest.mark.slow
@@ -102,10 +101,11 @@ def test_logs_tail_and_follow_an_ended_job(service: Service, watched: dict[str, 
     assert 1 <= len(tail.stdout.splitlines()) <= 3
     whole = service.client.get(f"/api/v1/jobs/{watched['id']}/logs", params={"tail": 3}).text
     assert tail.stdout == whole
-    # Following a job that has ended prints what there is and returns.
-    follow = towerboard("logs", watched["id"], "--follow", url=service.base_url, timeout=30)
+    # Following a job that has ended prints what there is, each line once, and returns.
+    follow = towerboard("logs", watched["id"], "--follow", "--tail", "100000", url=service.base_url, timeout=30)
     assert follow.returncode == 0, follow.stderr
     assert "starting" in follow.stdout
+    assert follow.stdout == service.client.get(f"/api/v1/jobs/{watched['id']}/logs", params={"tail": 100_000}).text
 
 
 def test_checkpoints_list_and_download(
@@ -247,14 +247,3 @@ def test_token_from_environment(make_service: Callable[..., Service]) -> None:
     right = towerboard("status", url=secured.base_url, env={"TOWERBOARD_TOKEN": "cli-token"})
     assert right.returncode == 0, right.stderr
     assert right.stdout == "no jobs\n"
-
-
-def test_new_lines_after_what_was_printed() -> None:
-    assert _new_lines([], ["a", "b"]) == ["a", "b"]
-    assert _new_lines(["a", "b"], ["a", "b", "c", "d"]) == ["c", "d"]
-    assert _new_lines(["a", "b"], ["x", "a", "b", "c"]) == ["c"]
-    assert _new_lines(["a", "b"], ["a", "b"]) == []
-    assert _new_lines(["gone"], ["c"]) == [
-        "[... lines skipped: the log grew faster than it was read]",
-        "c",
-    ]

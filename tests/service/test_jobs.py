@@ -156,6 +156,34 @@ def test_read_job_logs_tail(service: Service, finished: dict[str, Any]) -> None:
     assert tail.text.splitlines() == full.text.splitlines()[-2:]
 
 
+def test_read_job_logs_from_offsets(service: Service, finished: dict[str, Any]) -> None:
+    job_id = finished["job"]["id"]
+    url = f"/api/v1/jobs/{job_id}/logs"
+    full = service.client.get(url, params={"tail": 100_000})
+    size = int(full.headers["X-Log-Offset"])
+    assert size == len(full.text.encode())  # the whole log, up to its last line end
+    # Read on in small pieces from the start: every line once, in order.
+    pieces, offset = [], 0
+    while True:
+        response = service.client.get(url, params={"offset": offset, "limit": 200})
+        assert response.status_code == 200
+        next_offset = int(response.headers["X-Log-Offset"])
+        if next_offset == offset:
+            break
+        pieces.append(response.text)
+        offset = next_offset
+    assert len(pieces) > 1 and "".join(pieces) == full.text
+    # From the end: nothing yet, same offset. Past it: 416 saying why.
+    at_end = service.client.get(url, params={"offset": size})
+    assert (at_end.text, at_end.headers["X-Log-Offset"]) == ("", str(size))
+    past = service.client.get(url, params={"offset": size + 5})
+    assert past.status_code == 416
+    assert past.json() == {
+        "detail": f"Cannot read the log of job {job_id}: offset {size + 5} is past the end of the log ({size} bytes).",
+        "errors": [],
+    }
+
+
 def test_read_job_metrics(service: Service, finished: dict[str, Any]) -> None:
     job_id = finished["job"]["id"]
     response = service.client.get(f"/api/v1/jobs/{job_id}/metrics")

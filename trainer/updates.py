@@ -17,10 +17,13 @@ Keras, unchanged.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 
 import keras
 import tensorflow as tf
+
+log = logging.getLogger(__name__)
 
 Apply = Callable[[Sequence[tf.Tensor], tf.Tensor], None]
 
@@ -56,7 +59,10 @@ def make_apply(
     """
     variables = list(variables)
     kind = type(optimizer)
-    if not fused or _keras_only_features(optimizer) or kind not in (keras.optimizers.SGD, keras.optimizers.Adam):
+    keras_only = _keras_only_features(optimizer)
+    if not fused or keras_only or kind not in (keras.optimizers.SGD, keras.optimizers.Adam):
+        if fused:
+            log.info("updates through Keras: %s", ", ".join(keras_only) or f"no fused kernel for {kind.__name__}")
 
         def keras_apply(grads: Sequence[tf.Tensor], learning_rate: tf.Tensor) -> None:
             optimizer.apply_gradients(zip(grads, variables, strict=True))

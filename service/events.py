@@ -1,8 +1,9 @@
 """Fan-out of job events (progress lines, state changes) to Server-Sent-Events listeners.
 
-The supervisor publishes from its thread; each listener is an asyncio queue on the
+The supervisor and the routes publish; each listener is an asyncio queue on the
 service's event loop, fed through `call_soon_threadsafe`, so a publish never blocks and
-a listener sees each event as soon as the loop runs.
+a listener sees each event as soon as the loop runs. A listener follows one job, or
+every job (the dashboard's jobs table).
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from service.schemas import JobPublic
+from service.store import JobRecord
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +33,17 @@ class JobEvent:
     event: str
     data: dict[str, Any]
 
+    @classmethod
+    def state(cls, job: JobRecord) -> JobEvent:
+        """The `state` event of `job` as it is now: the job's public JSON."""
+        return cls(job.id, "state", JobPublic.from_record(job).model_dump(mode="json"))
+
 
 class EventBroker:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._listeners: dict[str, set[asyncio.Queue[JobEvent]]] = {}
+        # Keyed by job id; None holds the listeners of every job.
+        self._listeners: dict[str | None, set[asyncio.Queue[JobEvent]]] = {}
 
     def publish(self, event: JobEvent) -> None:
         """Hand an event to every listener of its job; callable from any thread."""
@@ -43,14 +53,16 @@ class EventBroker:
             self._loop.call_soon_threadsafe(self._deliver, event)
 
     def _deliver(self, event: JobEvent) -> None:
-        for queue in self._listeners.get(event.job_id, ()):
-            if queue.full():
-                queue.get_nowait()
-            queue.put_nowait(event)
+        for key in (event.job_id, None):
+            for queue in self._listeners.get(key, ()):
+                if queue.full():
+                    queue.get_nowait()
+                queue.put_nowait(event)
 
     @contextlib.contextmanager
-    def listen(self, job_id: str) -> Iterator[asyncio.Queue[JobEvent]]:
-        """A queue of the job's events from now on; call on the event loop."""
+    def listen(self, job_id: str | None) -> Iterator[asyncio.Queue[JobEvent]]:
+        """A queue of the job's events (every job's, for None) from now on; call on the
+        event loop."""
         queue: asyncio.Queue[JobEvent] = asyncio.Queue(_QUEUE_SIZE)
         self._listeners.setdefault(job_id, set()).add(queue)
         try:

@@ -26,7 +26,7 @@ from service.errors import install_error_handlers
 from service.events import EventBroker
 from service.jobjson import JobJson
 from service.proxy import proxy_tensorboard
-from service.routes import devices, health, jobs, tensorboard
+from service.routes import devices, events, health, jobs, tensorboard
 from service.settings import Settings
 from service.store import JobStore
 from service.supervisor import Supervisor
@@ -87,7 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     install_error_handlers(app)
     jobs.include(app, API_PREFIX)  # first: routes are matched in order
-    for module in (tensorboard, devices):
+    for module in (events, tensorboard, devices):
         app.include_router(module.router, prefix=API_PREFIX)
     app.include_router(health.router)
 

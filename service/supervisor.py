@@ -26,7 +26,6 @@ from service.outcomes import final_state
 from service.progress import fold_progress
 from service.runfiles import tail_lines
 from service.scheduler import never_fit, next_placements
-from service.schemas import JobPublic
 from service.settings import Settings
 from service.store import JobRecord, JobState, JobStore
 from service.workers import Worker, WorkerExit, adopt_worker, spawn_worker
@@ -241,6 +240,4 @@ class Supervisor:
     def _publish_state(self, job_id: str) -> None:
         job = self._store.get(job_id)
         if job is not None:
-            self._publish(
-                JobEvent(job_id, "state", JobPublic.from_record(job).model_dump(mode="json"))
-            )
+            self._publish(JobEvent.state(job))

@@ -98,6 +98,7 @@ def create_job(job_in: JobCreate, runtime: RuntimeDep) -> Response:
     if errors:
         raise FieldErrors(errors)
     job = runtime.store.create(spec.model_dump(mode="json"))
+    runtime.broker.publish(JobEvent.state(job))  # a new row for whoever follows every job
     runtime.supervisor.wake()
     return Response(render_job(job), status_code=201, media_type=_JSON)
 
@@ -152,9 +153,7 @@ def cancel_job(job: JobDep, runtime: RuntimeDep) -> Response:
         status = 200
         cancelled = store.get(job.id)
         assert cancelled is not None
-        runtime.broker.publish(
-            JobEvent(job.id, "state", JobPublic.from_record(cancelled).model_dump(mode="json"))
-        )
+        runtime.broker.publish(JobEvent.state(cancelled))
     elif store.request_cancel(job.id):
         status = 202
         runtime.supervisor.wake()

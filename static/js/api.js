@@ -80,18 +80,17 @@ export async function getJSON(path, options) {
   return (await api(path, options)).data;
 }
 
-/** Follow a job's events. `on` maps event names (state, start, progress, eval,
- *  checkpoint, trace, phase, end) to handlers of the parsed data. The stream is closed
- *  once the job has ended, or by the returned function. */
-export function followJob(jobId, on) {
-  const source = new EventSource(`/api/v1/jobs/${encodeURIComponent(jobId)}/events`);
+const EVENT_NAMES = ["state", "start", "progress", "eval", "checkpoint", "trace", "phase", "end"];
+
+/** Open an EventSource on `path` and hand its events to `on` (see followJob). */
+function subscribe(path, on, { closeAtEnd }) {
+  const source = new EventSource(path);
   let closed = false;
   const close = () => {
     closed = true;
     source.close();
   };
-  const names = ["state", "start", "progress", "eval", "checkpoint", "trace", "phase", "end"];
-  for (const name of names) {
+  for (const name of EVENT_NAMES) {
     source.addEventListener(name, (message) => {
       if (closed) return;
       let data;
@@ -102,12 +101,30 @@ export function followJob(jobId, on) {
       }
       if (on[name]) on[name](data);
       if (on.any) on.any(name, data);
-      // The service ends the stream after a terminal state; EventSource would reconnect.
-      if (name === "state" && TERMINAL.has(data.state)) close();
+      // The service ends a job's stream after a terminal state; EventSource would reconnect.
+      if (closeAtEnd && name === "state" && TERMINAL.has(data.state)) close();
     });
   }
+  source.onopen = () => {
+    if (on.open && !closed) on.open();
+  };
   source.onerror = () => {
     if (on.error && !closed) on.error();
   };
   return close;
+}
+
+/** Follow a job's events. `on` maps event names (state, start, progress, eval,
+ *  checkpoint, trace, phase, end) to handlers of the parsed data, `any` gets every event,
+ *  `open` and `error` the connection's. The stream is closed once the job has ended, or
+ *  by the returned function. */
+export function followJob(jobId, on) {
+  return subscribe(`/api/v1/jobs/${encodeURIComponent(jobId)}/events`, on, { closeAtEnd: true });
+}
+
+/** Follow every job's events (each carries its `job_id`), until the returned function is
+ *  called. The browser reconnects after a drop; `open` runs on every (re)connection, so
+ *  a caller can re-read what it may have missed. */
+export function followAllJobs(on) {
+  return subscribe("/api/v1/events", on, { closeAtEnd: false });
 }

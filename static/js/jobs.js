@@ -1,16 +1,16 @@
 // The jobs table: every job's state and progress at a glance, filtered by state, live.
 //
-// The list is re-read every few seconds (new jobs, state changes); running jobs also
-// stream their progress over SSE. Browsers give a page about six connections per host
-// over HTTP/1.1, so at most MAX_STREAMS jobs are streamed and the rest are polled.
+// One Server-Sent-Events stream of every job's events keeps the rows live (progress as the
+// workers write it; new jobs and state changes as they happen). The list is re-read when
+// the stream (re)connects, when a job enters or leaves the filter, and every POLL_MS as a
+// safety net.
 
-import { STATES, TERMINAL, followJob, getJSON } from "./api.js";
+import { STATES, followAllJobs, getJSON } from "./api.js";
 import {
   age, eta, h, jobLink, num, percent, progressBar, rate, setProgress, stateBadge, stepText,
 } from "./format.js";
 
-const MAX_STREAMS = 3;
-const POLL_MS = 4000;
+const POLL_MS = 15000;
 const PAGE = 50;
 const MAX_LIMIT = 200; // the API's largest page
 
@@ -60,7 +60,6 @@ export function mountJobs(view, query) {
   let count = 0;
   let nextCursor = null;
   let pages = 1;
-  let streams = new Map(); // id -> close()
   let timer = null;
   let ticker = null;
   let stopped = false;
@@ -139,34 +138,31 @@ export function mountJobs(view, query) {
     }
   }
 
-  function stream() {
-    const running = [...jobs.values()].filter((job) => job.state === "running");
-    const wanted = new Set(running.slice(0, MAX_STREAMS).map((job) => job.id));
-    for (const [id, close] of streams) {
-      if (!wanted.has(id)) {
-        close();
-        streams.delete(id);
-      }
-    }
-    for (const id of wanted) {
-      if (streams.has(id)) continue;
-      streams.set(id, followJob(id, {
-        state: (job) => {
-          if (!jobs.has(id)) return;
-          if (jobs.get(id).state !== job.state) window.dispatchEvent(new CustomEvent("towerboard:state"));
-          jobs.set(id, job);
-          if (TERMINAL.has(job.state)) streams.delete(id);
-          if (filter && job.state !== filter) refresh();
-          else render();
-        },
-        any: (name, event) => {
-          if (name === "state" || !jobs.has(id)) return;
-          jobs.set(id, applyProgressEvent(jobs.get(id), event));
-          row(jobs.get(id));
-        },
-      }));
-    }
+  // Re-read the list soon, once for a burst of events (a queue of submissions, say).
+  let soon = null;
+  function refreshSoon() {
+    if (soon === null) soon = setTimeout(() => { soon = null; refresh(); }, 250);
   }
+
+  const closeStream = followAllJobs({
+    open: refreshSoon, // (re)connected: whatever happened meanwhile is in the list
+    state: (job) => {
+      const known = jobs.get(job.job_id);
+      if (!known) {
+        if (!filter || job.state === filter) refreshSoon(); // a new job, or one entering the filter
+        return;
+      }
+      if (known.state !== job.state) window.dispatchEvent(new CustomEvent("towerboard:state"));
+      jobs.set(job.job_id, job);
+      if (filter && job.state !== filter) refreshSoon();
+      else row(job);
+    },
+    any: (name, event) => {
+      if (name === "state" || !jobs.has(event.job_id)) return;
+      jobs.set(event.job_id, applyProgressEvent(jobs.get(event.job_id), event));
+      row(jobs.get(event.job_id));
+    },
+  });
 
   async function refresh() {
     clearTimeout(timer);
@@ -175,11 +171,11 @@ export function mountJobs(view, query) {
       if (filter) params.set("state", filter);
       const page = await getJSON(`/api/v1/jobs?${params}`);
       if (stopped) return;
-      // Keep what a stream told us when it is newer than the list's snapshot.
+      // Keep what the stream told us when it is newer than the list's snapshot.
       const next = new Map();
       for (const job of page.data) {
         const known = jobs.get(job.id);
-        const fresher = known && streams.has(job.id) && job.state === known.state &&
+        const fresher = known && job.state === known.state &&
           (known.progress?.step ?? -1) > (job.progress?.step ?? -1);
         next.set(job.id, fresher ? known : job);
       }
@@ -188,7 +184,6 @@ export function mountJobs(view, query) {
       nextCursor = page.next_cursor;
       error.hidden = true;
       render();
-      stream();
     } catch (e) {
       if (stopped) return;
       error.textContent = `Could not load jobs: ${e.message}`;
@@ -212,8 +207,8 @@ export function mountJobs(view, query) {
   return () => {
     stopped = true;
     clearTimeout(timer);
+    clearTimeout(soon);
     clearInterval(ticker);
-    for (const close of streams.values()) close();
-    streams = new Map();
+    closeStream();
   };
 }

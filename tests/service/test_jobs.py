@@ -8,6 +8,7 @@ import re
 import tarfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,27 +20,52 @@ from tests.service.harness import Service, job_spec, long_job
 pytestmark = pytest.mark.slow
 
 
-def read_sse(client: httpx.Client, path: str, events: list[dict[str, Any]]) -> None:
-    """Collect a Server-Sent-Events stream into `events` (each with its arrival time)."""
+def read_sse(
+    client: httpx.Client,
+    path: str,
+    events: list[dict[str, Any]],
+    *,
+    subscribed: threading.Event | None = None,
+    until: Callable[[dict[str, Any]], bool] | None = None,
+) -> None:
+    """Collect a Server-Sent-Events stream into `events` (each with its arrival time),
+    until it ends or an event satisfies `until`. `subscribed` is set at the first comment."""
     with client.stream("GET", path, timeout=180.0) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         name, data = None, []
         for line in response.iter_lines():
-            if line.startswith("event:"):
+            if line.startswith(":") and subscribed is not None:
+                subscribed.set()
+            elif line.startswith("event:"):
                 name = line.partition(":")[2].strip()
             elif line.startswith("data:"):
                 data.append(line.partition(":")[2].strip())
             elif line == "" and data:
-                events.append(
-                    {"event": name, "data": json.loads("\n".join(data)), "arrived": time.time()}
-                )
+                event = {"event": name, "data": json.loads("\n".join(data)), "arrived": time.time()}
+                events.append(event)
                 name, data = None, []
+                if until is not None and until(event):
+                    return
 
 
 @pytest.fixture(scope="module")
 def finished(service: Service) -> dict[str, Any]:
-    """The tiny job, followed over SSE from submission to success."""
+    """The tiny job, followed over SSE from submission to success: on its own stream, and
+    on the stream of every job (opened before the job is submitted)."""
+    every: list[dict[str, Any]] = []
+    subscribed = threading.Event()
+
+    def ended(event: dict[str, Any]) -> bool:
+        return event["event"] == "state" and event["data"]["state"] in ("succeeded", "failed", "cancelled")
+
+    all_reader = threading.Thread(
+        target=read_sse,
+        args=(service.client, "/api/v1/events", every),
+        kwargs={"subscribed": subscribed, "until": ended},
+    )
+    all_reader.start()
+    assert subscribed.wait(30), "the stream of every job did not open"
     created = service.client.post("/api/v1/jobs", json=job_spec())
     job_id = created.json()["id"]
     events: list[dict[str, Any]] = []
@@ -48,7 +74,8 @@ def finished(service: Service) -> dict[str, Any]:
     )
     reader.start()
     reader.join(timeout=180)
-    return {"created": created, "events": events, "job": service.job(job_id)}
+    all_reader.join(timeout=30)
+    return {"created": created, "events": events, "every": every, "job": service.job(job_id)}
 
 
 def test_create_job_returns_queued_job(finished: dict[str, Any]) -> None:
@@ -88,6 +115,19 @@ def test_stream_job_events_live_until_the_end(finished: dict[str, Any]) -> None:
     worker_lines = [e for e in events if e["event"] != "state"]
     lags = [e["arrived"] - e["data"]["time"] for e in worker_lines]
     assert max(lags) < 1.0, lags
+
+
+def test_stream_of_every_job_has_the_job_from_submission_to_end(finished: dict[str, Any]) -> None:
+    job_id = finished["job"]["id"]
+    every = [e for e in finished["every"] if e["data"]["job_id"] == job_id]
+    states = [e["data"]["state"] for e in every if e["event"] == "state"]
+    assert states[0] == "queued" and "running" in states and states[-1] == "succeeded"
+    assert all(e["data"]["id"] == job_id for e in every if e["event"] == "state")
+    # The worker lines of the job's own stream, in the same order.
+    lines = [(e["event"], e["data"]["time"]) for e in every if e["event"] != "state"]
+    own = [(e["event"], e["data"]["time"]) for e in finished["events"] if e["event"] != "state"]
+    # (The job's own stream opened just after the submission, so it can only miss early ones.)
+    assert len(own) > 3 and lines[-len(own) :] == own
 
 
 def test_stream_job_events_of_ended_job_sends_state_and_ends(

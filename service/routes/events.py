@@ -1,0 +1,47 @@
+"""/api/v1/events: every job's events in one Server-Sent-Events stream.
+
+One connection for a whole jobs table, where one per job would soon run into the
+browser's six connections per host.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from service.deps import RuntimeDep
+
+router = APIRouter(prefix="/events", tags=["jobs"])
+
+
+@router.get(
+    "",
+    response_class=EventSourceResponse,
+    responses={
+        200: {
+            "content": {"text/event-stream": {}},
+            "description": "The events of /jobs/{id}/events for every job, from now on, each "
+            "with its `job_id`: `state` (the job as JSON; also when a job is submitted) and "
+            "the workers' `start`, `progress`, `eval`, `checkpoint`, `trace`, `end`. It "
+            "opens with a comment line once subscribed and stays open until the client "
+            "closes it.",
+        },
+    },
+)
+async def stream_all_events(runtime: RuntimeDep) -> EventSourceResponse:
+    """Server-Sent Events of every job's progress and state changes, live."""
+
+    async def events() -> AsyncIterator[ServerSentEvent]:
+        with runtime.broker.listen(None) as queue:
+            # A comment (browsers skip it) that says the stream is subscribed: whatever
+            # happens after a client reads it reaches that client.
+            yield ServerSentEvent(comment="following every job")
+            while True:
+                event = await queue.get()
+                data = {"job_id": event.job_id, **event.data}
+                yield ServerSentEvent(event=event.event, data=json.dumps(data))
+
+    return EventSourceResponse(events(), ping=15)

@@ -206,18 +206,26 @@ def test_run_job_logistic_on_many_classes_exits_2(tmp_path):
     assert result["message"] == "Model `logistic` needs two-class data. Received: 10 classes"
 
 
+def run_custom_model(tmp_path: Path, module: str, source: str, **changes) -> tuple[int, dict, str]:
+    """Run TINY with the `module:build` model whose source is given, importable by the worker."""
+    (tmp_path / f"{module}.py").write_text(source)
+    spec = with_(TINY, model={"name": f"{module}:build"}, **changes)
+    return run_worker(tmp_path / "job", spec, env={"PYTHONPATH": f"{tmp_path}:{REPO}"})
+
+
 def test_run_job_non_finite_loss_fails_naming_step(tmp_path):
     # A custom `module:function` model whose output turns infinite once its weights move.
-    (tmp_path / "exploding.py").write_text(
+    code, result, log = run_custom_model(
+        tmp_path,
+        "exploding",
         "import keras\n"
         "def build(input_shape, num_classes):\n"
         "    inputs = keras.Input(input_shape)\n"
         "    x = keras.layers.Flatten()(inputs)\n"
         "    x = keras.layers.Dense(num_classes, kernel_initializer='ones')(x)\n"
-        "    return keras.Model(inputs, keras.layers.Lambda(lambda t: t * 1e38)(x))\n"
+        "    return keras.Model(inputs, keras.layers.Lambda(lambda t: t * 1e38)(x))\n",
+        towers=1,
     )
-    spec = with_(TINY, model={"name": "exploding:build"}, towers=1)
-    code, result, log = run_worker(tmp_path / "job", spec, env={"PYTHONPATH": f"{tmp_path}:{REPO}"})
     assert code == 1, log
     assert result["outcome"] == "failed"
     assert result["message"].startswith("Loss became non-finite (")
@@ -227,7 +235,9 @@ def test_run_job_non_finite_loss_fails_naming_step(tmp_path):
 def test_run_job_trains_and_exports_a_subclassed_custom_model(tmp_path):
     # A `module:function` model written as a keras.Model subclass: no input_shape or
     # output_shape until it is called, and a layer it builds but never uses.
-    (tmp_path / "subclassed.py").write_text(
+    code, result, log = run_custom_model(
+        tmp_path,
+        "subclassed",
         "import keras\n"
         "class Net(keras.Model):\n"
         "    def __init__(self, num_classes):\n"
@@ -242,10 +252,8 @@ def test_run_job_trains_and_exports_a_subclassed_custom_model(tmp_path):
         "    def call(self, x, training=False):\n"
         "        return self.logits(self.hidden(self.flatten(x)))\n"
         "def build(input_shape, num_classes):\n"
-        "    return Net(num_classes)\n"
+        "    return Net(num_classes)\n",
     )
-    spec = with_(TINY, model={"name": "subclassed:build"})
-    code, result, log = run_worker(tmp_path / "job", spec, env={"PYTHONPATH": f"{tmp_path}:{REPO}"})
     assert code == 0, log
     assert result["outcome"] == "succeeded"
     assert "No gradient reaches" in log and "spare" in log
@@ -254,14 +262,14 @@ def test_run_job_trains_and_exports_a_subclassed_custom_model(tmp_path):
 
 
 def test_run_job_custom_model_that_cannot_run_exits_2(tmp_path):
-    (tmp_path / "broken.py").write_text(
+    code, result, log = run_custom_model(
+        tmp_path,
+        "broken",
         "import keras\n"
         "def build(input_shape, num_classes):\n"
         "    inputs = keras.Input((5,))\n"
-        "    return keras.Model(inputs, keras.layers.Dense(num_classes)(inputs))\n"
+        "    return keras.Model(inputs, keras.layers.Dense(num_classes)(inputs))\n",
     )
-    spec = with_(TINY, model={"name": "broken:build"})
-    code, result, log = run_worker(tmp_path / "job", spec, env={"PYTHONPATH": f"{tmp_path}:{REPO}"})
     assert code == 2, log
     assert result["message"].startswith("Model 'broken:build' failed on a batch of shape (1, ")
     assert sorted(p.name for p in (tmp_path / "job").iterdir()) == ["result.json", "spec.json"]

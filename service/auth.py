@@ -8,15 +8,18 @@ TensorBoard proxy stay behind the token.
 A plain ASGI middleware rather than a dependency, so it also covers the TensorBoard proxy,
 the OpenAPI docs and streamed responses, at no cost to requests when auth is off. A
 browser, which cannot add headers to TensorBoard's own requests, may send the token as the
-`towerboard_token` cookie instead.
+`towerboard_token` cookie instead. The dashboard writes that cookie %-encoded
+(`encodeURIComponent`), so its value is unquoted before the comparison; the header is
+parsed leniently, so another site's malformed cookie on the same host does not hide it.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
-from http.cookies import SimpleCookie
+from urllib.parse import unquote
 
+from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 OPEN_PATHS = frozenset({"/healthz", "/"})
@@ -31,10 +34,9 @@ def _presented_token(scope: Scope) -> str | None:
             if scheme.lower() == "bearer" and token.strip():
                 return token.strip()
         elif name == b"cookie":
-            cookie: SimpleCookie = SimpleCookie()
-            cookie.load(value.decode("latin-1"))
-            if COOKIE_NAME in cookie:
-                return cookie[COOKIE_NAME].value
+            cookie = cookie_parser(value.decode("latin-1")).get(COOKIE_NAME)
+            if cookie:
+                return unquote(cookie)
     return None
 
 

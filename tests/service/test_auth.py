@@ -4,13 +4,15 @@ files needs it; without, none."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from urllib.parse import quote
 
 import httpx
 import pytest
 
 from tests.service.harness import Service
 
-TOKEN = "s3cret-token"
+# Shaped like `openssl rand -base64 32`: + / = are what cookie encoding changes.
+TOKEN = "s3cret+token/with=padding=="
 MISSING = {
     "detail": "Missing bearer token. Expected header 'Authorization: Bearer <TOWERBOARD_TOKEN>'.",
     "errors": [],
@@ -71,6 +73,29 @@ def test_read_with_token_cookie(secured: Service) -> None:
     cookies = {"towerboard_token": TOKEN}
     response = httpx.get(f"{secured.base_url}/api/v1/jobs", cookies=cookies)
     assert response.status_code == 200
+
+
+@pytest.mark.parametrize(
+    "cookie",
+    [
+        # What the dashboard writes: document.cookie = `towerboard_token=${encodeURIComponent(token)}`.
+        f"towerboard_token={quote(TOKEN, safe='')}",
+        # Another site's malformed cookie on the same host must not hide ours.
+        f"ga=a b; towerboard_token={quote(TOKEN, safe='')}",
+        f'theme="unterminated; towerboard_token={quote(TOKEN, safe="")}; x=1',
+    ],
+)
+def test_read_with_encoded_token_cookie(secured: Service, cookie: str) -> None:
+    assert quote(TOKEN, safe="") != TOKEN  # the encoding really changes the value
+    response = httpx.get(f"{secured.base_url}/api/v1/jobs", headers={"Cookie": cookie})
+    assert response.status_code == 200, response.text
+
+
+def test_read_with_wrong_encoded_token_cookie_401(secured: Service) -> None:
+    cookie = f"ga=a b; towerboard_token={quote(TOKEN + 'x', safe='')}"
+    response = httpx.get(f"{secured.base_url}/api/v1/jobs", headers={"Cookie": cookie})
+    assert response.status_code == 401
+    assert response.json() == INVALID
 
 
 @pytest.mark.parametrize("path", ["/", "/static/js/app.js", "/static/css/app.css"])

@@ -85,7 +85,7 @@ def check_under_roots(path: str, roots: list[Path]) -> None:
     Paths are compared after `os.path.realpath`, so `..` and symlinks cannot lead out.
     Checked: the path itself; for a folder, every file in it (a symlinked member could
     point anywhere); for an idx images file, its labels file; for a glob, its non-glob
-    prefix and every match. A path that does not exist yet is checked lexically.
+    prefix and every match (with the labels file of each idx images match). A path that does not exist yet is checked lexically.
     """
     real_roots = [Path(os.path.realpath(root)) for root in roots]
 
@@ -99,10 +99,18 @@ def check_under_roots(path: str, roots: list[Path]) -> None:
                 f"Received: {path!r}, {via} resolves to {real}"
             )
 
+    def check_labels(images: str) -> None:
+        # An idx images file brings its labels file from beside it, which may be a link.
+        if _IDX_IMAGES.search(os.path.basename(images)):
+            for labels in _labels_candidates(Path(images)):
+                if labels.exists():
+                    check(str(labels), "labels file")
+
     if _is_glob(path):
         check(_glob_prefix(path), "folder")
         for match in sorted(glob.glob(path)):
             check(match, "match")
+            check_labels(match)
         return
     check(path)
     if os.path.isdir(path):
@@ -110,10 +118,8 @@ def check_under_roots(path: str, roots: list[Path]) -> None:
             for entry in entries:
                 if entry.is_file():  # follows symlinks, so a link to a file counts
                     check(entry.path, "file")
-    elif _IDX_IMAGES.search(os.path.basename(path)):
-        for labels in _labels_candidates(Path(path)):
-            if labels.exists():
-                check(str(labels), "labels file")
+    else:
+        check_labels(path)
 
 
 # --- helpers -------------------------------------------------------------------------

@@ -323,6 +323,21 @@ def test_check_under_roots_rejects_symlinked_labels_of_images_file(
     )
 
 
+def test_check_under_roots_rejects_symlinked_labels_of_glob_match(roots: tuple[Path, Path]) -> None:
+    root, outside = roots
+    touch(root / "split", "t10k-images-idx3-ubyte.gz")
+    labels = root / "split" / "t10k-labels-idx1-ubyte.gz"
+    labels.symlink_to(outside / "t10k-labels-idx1-ubyte.gz")
+    pattern = f"{root}/split/*-images-idx3-ubyte.gz"
+
+    with pytest.raises(DataFilesError) as error:
+        check_under_roots(pattern, [root])
+
+    assert str(error.value) == rejection(
+        pattern, outside / "t10k-labels-idx1-ubyte.gz", root, via=f"whose labels file {labels}"
+    )
+
+
 def test_check_under_roots_rejects_glob_outside(roots: tuple[Path, Path]) -> None:
     root, outside = roots
     pattern = f"{outside}/*.npz"

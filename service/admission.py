@@ -11,6 +11,7 @@ and the job is stored with the absolute path, since the worker runs in its run d
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from service.devices import DevicePool
@@ -40,11 +41,30 @@ def admit(
             resolve_files(spec.data)
         except DataFilesError as error:
             errors.append({"field": "data.path", "message": str(error)})
+        except (ValueError, OSError) as error:
+            # A NUL byte in the path (ValueError), or a folder this service may not read,
+            # a name too long, a symlink loop (OSError): the job's fault, not the service's.
+            errors.append({"field": "data.path", "message": _unreadable(path, error)})
     return spec, errors
+
+
+def _unreadable(path: str, error: ValueError | OSError) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        cause = error.strerror
+        if error.filename is not None and os.fsdecode(error.filename) != path:
+            cause += f" (at {os.fsdecode(error.filename)})"
+    else:
+        cause = str(error)
+    return (
+        "Expected `path` to name a file, folder or glob this service can read. "
+        f"Received: {path!r}, which cannot be read: {cause}"
+    )
 
 
 def _absolute(path: str, data_roots: list[Path]) -> str:
     if Path(path).is_absolute() or not data_roots:
         return path
     candidates = [root / path for root in data_roots]
-    return str(next((c for c in candidates if c.exists()), candidates[0]))
+    # os.path.exists is False for a path it cannot even stat (a NUL byte, a name too
+    # long): the checks that follow say why.
+    return str(next((c for c in candidates if os.path.exists(c)), candidates[0]))

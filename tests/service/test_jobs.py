@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import tarfile
 import threading
@@ -402,6 +403,47 @@ def test_create_job_data_path_missing(service: Service) -> None:
     [error] = _errors(service, job_spec(data={"format": "npz", "path": "nothing.npz"}))
     assert error["field"] == "data.path"
     assert f"{roots}/nothing.npz" in error["message"]
+
+
+def test_create_job_data_path_nul_byte(service: Service) -> None:
+    # os functions raise ValueError on a NUL byte: a field error, not a 500.
+    roots = service.env["TOWERBOARD_DATA_ROOTS"]
+    [error] = _errors(service, job_spec(data={"format": "npz", "path": "a\x00b.npz"}))
+    assert error == {
+        "field": "data.path",
+        "message": "Expected `path` to name a file, folder or glob this service can read. "
+        f"Received: '{roots}/a\\x00b.npz', which cannot be read: embedded null byte",
+    }
+
+
+def test_create_job_data_path_name_too_long(service: Service) -> None:
+    # An OSError (ENAMETOOLONG) while checking the path: a field error, not a 500.
+    roots = service.env["TOWERBOARD_DATA_ROOTS"]
+    name = "x" * 300  # longer than NAME_MAX (255)
+    [error] = _errors(service, job_spec(data={"format": "npz", "path": f"{name}/a.npz"}))
+    assert error == {
+        "field": "data.path",
+        "message": "Expected `path` to name a file, folder or glob this service can read. "
+        f"Received: '{roots}/{name}/a.npz', which cannot be read: File name too long",
+    }
+
+
+@pytest.mark.skipif(
+    os.geteuid() == 0, reason="root reads a chmod-000 folder, so nothing fails to read"
+)
+def test_create_job_data_folder_unreadable(service: Service) -> None:
+    folder = Path(service.env["TOWERBOARD_DATA_ROOTS"]) / "locked"
+    folder.mkdir()
+    folder.chmod(0)
+    try:
+        [error] = _errors(service, job_spec(data={"format": "npz", "path": str(folder)}))
+    finally:
+        folder.chmod(0o700)
+    assert error == {
+        "field": "data.path",
+        "message": "Expected `path` to name a file, folder or glob this service can read. "
+        f"Received: '{folder}', which cannot be read: Permission denied",
+    }
 
 
 def test_create_job_not_json(service: Service) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Annotated, Any
 
@@ -38,6 +39,9 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 _NOT_FOUND = {404: {"model": ErrorPublic, "description": "No such job"}}
 _JSON = "application/json"
+# A cursor is a job's seq: plain ASCII digits ("²".isdigit() is true, int() refuses it),
+# few enough to bind as SQLite's 64-bit integer.
+_CURSOR = re.compile(r"[0-9]{1,18}")
 
 
 def _run(settings: Settings, job: JobRecord) -> RunDir:
@@ -113,7 +117,7 @@ async def read_jobs(
     """Jobs, newest first, a page at a time."""
     before = None
     if cursor is not None:
-        if not cursor.isdigit():
+        if not _CURSOR.fullmatch(cursor):
             raise FieldErrors(
                 [
                     {

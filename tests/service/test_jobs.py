@@ -253,18 +253,37 @@ def test_read_jobs_filter_and_pages(service: Service, finished: dict[str, Any]) 
         service.wait_state(job_id, "succeeded")
 
 
-def test_read_jobs_bad_cursor(service: Service) -> None:
-    response = service.client.get("/api/v1/jobs", params={"cursor": "abc"})
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "abc",
+        "²",  # str.isdigit() says yes, int() says no
+        "٣",  # an Arabic-Indic digit: int() reads 3, but next_cursor is never written so
+        "99999999999999999999",  # beyond SQLite's 64-bit integers
+        "-1",
+        "",
+    ],
+)
+def test_read_jobs_bad_cursor(service: Service, cursor: str) -> None:
+    response = service.client.get("/api/v1/jobs", params={"cursor": cursor})
     assert response.status_code == 422
     assert response.json() == {
         "detail": "Invalid request: 1 error; see `errors`.",
         "errors": [
             {
                 "field": "query.cursor",
-                "message": "Expected the `next_cursor` of a previous page. Received: 'abc'",
+                "message": f"Expected the `next_cursor` of a previous page. Received: {cursor!r}",
             }
         ],
     }
+
+
+def test_read_jobs_cursor_at_the_bound(service: Service) -> None:
+    # The largest cursor accepted still binds to SQLite: every job is older than it.
+    response = service.client.get("/api/v1/jobs", params={"cursor": "9" * 18, "limit": 1})
+    assert response.status_code == 200, response.text
+    first = service.client.get("/api/v1/jobs", params={"limit": 1}).json()
+    assert response.json() == first
 
 
 def test_read_jobs_bad_state(service: Service) -> None:

@@ -136,6 +136,16 @@ export function setProgress(bar, job, value = progressPercent(job)) {
   }
 }
 
+/** The devices a job holds ("gpu:0, gpu:1", or "cpu:0 (2 towers)" where one CPU slot runs
+ *  every tower); a queued job's wait for them; "—" once it has ended (they are freed). */
+export function devicesText(job) {
+  const towers = job.spec && job.spec.towers;
+  const count = isNum(towers) ? ` (${towers} tower${towers === 1 ? "" : "s"})` : "";
+  const held = Array.isArray(job.devices) ? job.devices : [];
+  if (held.length) return held.join(", ") + (isNum(towers) && held.length !== towers ? count : "");
+  return job.state === "queued" ? `waiting for devices${count}` : DASH;
+}
+
 export function stateBadge(state) {
   return h("span", { class: `state state-${state}` }, state);
 }

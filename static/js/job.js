@@ -5,8 +5,8 @@ import { TERMINAL, api, followJob, getJSON } from "./api.js";
 import { LineChart } from "./charts.js";
 import { applyProgressEvent } from "./jobs.js";
 import {
-  age, bytes, duration, eta, h, localTime, num, percent, progressBar, rate, setProgress,
-  stateBadge, stepText,
+  age, bytes, devicesText, duration, eta, h, localTime, num, percent, progressBar, rate,
+  setProgress, stateBadge, stepText,
 } from "./format.js";
 
 const LOG_LINES = 200;
@@ -134,8 +134,7 @@ export function mountJob(view, jobId) {
     set("examples_per_sec", rate(p.examples_per_sec));
     set("eta", eta(job));
     set("learning_rate", num(p.learning_rate, 6));
-    set("devices", job.devices.length ? job.devices.join(", ")
-      : `cpu · ${job.spec.towers} tower${job.spec.towers > 1 ? "s" : ""}`);
+    set("devices", devicesText(job));
     const started = job.started_at ? ` · started ${localTime(job.started_at)}` : "";
     const ran = job.started_at && job.finished_at
       ? ` · ran ${duration((Date.parse(job.finished_at) - Date.parse(job.started_at)) / 1000)}` : "";

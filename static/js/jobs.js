@@ -7,7 +7,8 @@
 
 import { STATES, followAllJobs, getJSON } from "./api.js";
 import {
-  age, eta, h, jobLink, num, percent, progressBar, rate, setProgress, stateBadge, stepText,
+  age, devicesText, eta, h, jobLink, num, percent, progressBar, rate, setProgress, stateBadge,
+  stepText,
 } from "./format.js";
 
 const POLL_MS = 15000;
@@ -46,12 +47,6 @@ export function applyProgressEvent(job, event) {
     };
   }
   return updated;
-}
-
-function devicesText(job) {
-  if (job.devices && job.devices.length) return job.devices.join(", ");
-  const towers = job.spec && job.spec.towers;
-  return job.state === "running" && towers ? `cpu (${towers} tower${towers > 1 ? "s" : ""})` : "—";
 }
 
 export function mountJobs(view, query) {

@@ -81,6 +81,8 @@ class Controller:
         self._tower_ms: list[float] | None = None
         self._last_eval: dict[str, float] | None = None
         self._checkpoint_path: str | None = None
+        # The step being run, or the last one run: where a crash happened.
+        self.at_step = 0
 
     # -- the loop --------------------------------------------------------------------
 
@@ -94,9 +96,11 @@ class Controller:
         examples_per_sec = 0.0
         graph_written = False
 
+        self.at_step = step
         while step < self.total_steps:
             if self.stop.is_set():
                 return self._finish_cancelled(step, metrics)
+            self.at_step = step + 1
             if step + 1 in self._trace_steps and not self.trace.active:
                 self.trace.start()
             images, labels = next(self.train_batches)

@@ -95,8 +95,8 @@ def _custom_builder(name: str) -> Callable[..., Any]:
     module_name, function_name = name.split(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ModelError(f"Cannot import module {module_name!r} of model {name!r}: {e}") from e
+    except Exception as e:  # noqa: BLE001 - a SyntaxError or a failing top level is user code too
+        raise ModelError(f"Cannot import module {module_name!r} of model {name!r}: {type(e).__name__}: {e}") from e
     builder = getattr(module, function_name, None)
     if not callable(builder):
         raise ModelError(f"Module {module_name!r} has no function {function_name!r} (model {name!r})")
@@ -116,6 +116,8 @@ def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int)
             model = builder(input_shape=input_shape, num_classes=num_classes, **spec.params)
         except TypeError as e:
             raise ModelError(f"Model {spec.name!r} rejected its params {spec.params}: {e}") from e
+        except Exception as e:  # noqa: BLE001 - any failure of user code is the model's fault
+            raise ModelError(f"Model {spec.name!r} failed to build: {type(e).__name__}: {e}") from e
         if not isinstance(model, keras.Model):
             raise ModelError(
                 f"Expected {spec.name!r} to return a keras.Model. Received: {type(model).__name__}"

@@ -73,6 +73,9 @@ def run_job(job_dir: Path, spec_path: Path | None = None) -> ExitCode:
     except InvalidJob as e:
         log.error("%s", e)
         return _write_result(rundir, Outcome.INVALID_SPEC, str(e), errors=e.errors)
+    except Exception as e:  # noqa: BLE001 - whatever breaks, the job ends with a result.json saying why
+        log.error("preparing the job failed:\n%s", traceback.format_exc())
+        return _write_result(rundir, Outcome.FAILED, f"Preparing the job failed: {type(e).__name__}: {e}")
     if spec_path is not None and spec_path.resolve() != rundir.spec.resolve():
         write_json_atomic(rundir.spec, spec.model_dump(mode="json"))
     return _train(spec, job, rundir)
@@ -99,8 +102,9 @@ def _prepare(spec: JobSpec) -> dict[str, Any]:
         raise InvalidJob(str(e), [{"field": "towers", "message": str(e)}]) from e
     try:
         arrays = load_arrays(spec.data, spec.seed)
-    except (DataError, ValueError, OSError) as e:
-        raise InvalidJob(f"Cannot load the data: {e}", [{"field": "data", "message": str(e)}]) from e
+    except Exception as e:  # noqa: BLE001 - a corrupt file can raise anything (zlib.error, EOFError, MemoryError)
+        reason = str(e) if isinstance(e, (DataError, ValueError, OSError)) else f"{type(e).__name__}: {e}"
+        raise InvalidJob(f"Cannot load the data: {reason}", [{"field": "data", "message": reason}]) from e
 
     import keras
     import tensorflow as tf
@@ -136,7 +140,7 @@ def _train(spec: JobSpec, job: dict[str, Any], rundir: RunDir) -> ExitCode:
     total = spec.steps or spec.epochs * steps_per_epoch(arrays.num_train, spec.batch_size)
     progress = ProgressWriter(rundir.progress)
     summaries = SummaryManager(rundir.tensorboard)
-    step = 0
+    step, controller = 0, None
     try:
         with tf.device(devices.parameter):
             trainer = TowerTrainer(
@@ -194,6 +198,7 @@ def _train(spec: JobSpec, job: dict[str, Any], rundir: RunDir) -> ExitCode:
         return _write_result(rundir, Outcome.FAILED, str(e), step=e.step, total=total)
     except Exception as e:  # noqa: BLE001 - any crash becomes a failed result, not a stuck job
         log.error("training failed:\n%s", traceback.format_exc())
+        step = controller.at_step if controller is not None else step
         progress.write("end", step=step, total=total, outcome="failed", phase="done")
         return _write_result(rundir, Outcome.FAILED, f"{type(e).__name__}: {e}", step=step, total=total)
     finally:

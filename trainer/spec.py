@@ -8,6 +8,7 @@ field, what was expected and what was received.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -26,6 +27,7 @@ MODEL_NAMES = ("mlp", "cnn", "resnet", "logistic")
 DATA_FORMATS = ("synthetic", "idx", "npz", "tfrecord")
 OPTIMIZER_NAMES = ("sgd", "momentum", "adam")
 SCHEDULE_NAMES = ("constant", "exponential_decay", "polynomial", "cosine")
+MAX_SYNTHETIC_VALUES = 2**28  # 1 GiB of float32
 
 # `package.module:function`, each part a Python identifier.
 _CUSTOM_MODEL = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*$")
@@ -147,6 +149,18 @@ class SyntheticParams(_Strict):
     classes: int = Field(10, ge=2, le=10_000)
     size: int = Field(4096, ge=2, le=10_000_000)
     noise: float = Field(0.3, ge=0.0, le=10.0)
+
+    @model_validator(mode="after")
+    def _check_memory(self) -> SyntheticParams:
+        # The worker holds the whole set as float32 in memory: refuse here what would
+        # only fail there, after the job was queued, with a MemoryError.
+        values = self.size * math.prod(self.shape)
+        if values > MAX_SYNTHETIC_VALUES:
+            raise ValueError(
+                f"Expected synthetic data of at most {MAX_SYNTHETIC_VALUES:,} values (1 GiB of float32). "
+                f"Received: size {self.size} x shape {self.shape} = {values:,} values"
+            )
+        return self
 
 
 class DataSpec(_Strict):

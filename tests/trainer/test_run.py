@@ -273,3 +273,51 @@ def test_run_job_custom_model_that_cannot_run_exits_2(tmp_path):
     assert code == 2, log
     assert result["message"].startswith("Model 'broken:build' failed on a batch of shape (1, ")
     assert sorted(p.name for p in (tmp_path / "job").iterdir()) == ["result.json", "spec.json"]
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        (
+            "def build(input_shape, num_classes):\n    assert input_shape[-1] == 3, 'wants colour images'\n",
+            "Model 'userbug:build' failed to build: AssertionError: wants colour images",
+        ),
+        ("def build(input_shape, num_classes)\n    pass\n", "Cannot import module 'userbug' of model 'userbug:build': SyntaxError: "),
+    ],
+    ids=["builder-raises", "module-does-not-parse"],
+)
+def test_run_job_custom_model_errors_exit_2_with_a_result(tmp_path, source, message):
+    # User code can raise anything; the job must still end with exit 2 and say why.
+    code, result, log = run_custom_model(tmp_path, "userbug", source)
+    assert code == 2, log
+    assert result["outcome"] == "invalid_spec"
+    assert result["message"].startswith(message), result["message"]
+    assert sorted(p.name for p in (tmp_path / "job").iterdir()) == ["result.json", "spec.json"]
+
+
+def test_run_job_crash_in_training_reports_its_step(tmp_path):
+    # A custom layer that fails its own check on its 4th training call: a crash inside
+    # step 4. The result must say where it happened, not step 0.
+    code, result, log = run_custom_model(
+        tmp_path,
+        "fuse",
+        "import keras\n"
+        "import tensorflow as tf\n"
+        "class Fuse(keras.layers.Layer):\n"
+        "    def build(self, shape):\n"
+        "        self.calls = self.add_weight(shape=(), initializer='zeros', trainable=False, name='calls')\n"
+        "    def call(self, x, training=False):\n"
+        "        if training:\n"
+        "            self.calls.assign_add(1.0)\n"
+        "            tf.debugging.assert_less(self.calls, 4.0, message='fuse blew')\n"
+        "        return x\n"
+        "def build(input_shape, num_classes):\n"
+        "    inputs = keras.Input(input_shape)\n"
+        "    x = Fuse()(keras.layers.Flatten()(inputs))\n"
+        "    return keras.Model(inputs, keras.layers.Dense(num_classes)(x))\n",
+        towers=1,
+    )
+    assert code == 1, log
+    assert result["outcome"] == "failed"
+    assert "fuse blew" in result["message"]
+    assert result["step"] == 4

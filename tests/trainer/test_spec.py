@@ -101,6 +101,16 @@ def test_parse_spec_bad_model_params():
     }
 
 
+def test_parse_spec_synthetic_data_too_large_for_memory():
+    # 10M examples of 64x64x3 would be 123 billion float32 values: refused here, not by a
+    # MemoryError in the worker after the job was queued.
+    errors = errors_of({"data": {**SYNTHETIC, "params": {"size": 10_000_000, "shape": [64, 64, 3]}}})
+    assert errors == {
+        "data.params": "Expected synthetic data of at most 268,435,456 values (1 GiB of float32). "
+        "Received: size 10000000 x shape [64, 64, 3] = 122,880,000,000 values"
+    }
+
+
 def test_parse_spec_unknown_data_format():
     errors = errors_of({"data": {"format": "csv", "path": "/x"}})
     assert errors == {"data.format": "Input should be 'synthetic', 'idx', 'npz' or 'tfrecord'. Received: 'csv'"}

@@ -144,10 +144,13 @@ export function mountJob(view, jobId) {
     cancelButton.hidden = TERMINAL.has(job.state);
     cancelButton.disabled = job.cancel_requested;
     if (job.error) {
+      // The service's reasons may already say it ("Cancelled: the worker was stopped…").
+      const label = job.state === "cancelled" ? "Cancelled" : "Failed";
+      const reason = String(job.error.reason || "").replace(/^(cancelled|failed):\s*/i, "");
       errorBox.hidden = false;
       errorBox.replaceChildren(
-        h("strong", {}, job.state === "cancelled" ? "Cancelled: " : "Failed: "),
-        job.error.reason,
+        h("strong", {}, `${label}: `),
+        reason,
         job.error.exit_code !== null && job.error.exit_code !== undefined
           ? ` (exit code ${job.error.exit_code})` : "",
         job.error.log_tail && job.error.log_tail.length

@@ -155,9 +155,6 @@ def cancel_job(job: JobDep, runtime: RuntimeDep) -> Response:
     store = runtime.store
     if store.cancel_queued(job.id):
         status = 200
-        cancelled = store.get(job.id)
-        assert cancelled is not None
-        runtime.broker.publish(JobEvent.state(cancelled))
     elif store.request_cancel(job.id):
         status = 202
         runtime.supervisor.wake()
@@ -170,6 +167,9 @@ def cancel_job(job: JobDep, runtime: RuntimeDep) -> Response:
         )
     updated = store.get(job.id)
     assert updated is not None
+    # Either way the job changed (cancelled, or running with `cancel_requested`): followers
+    # see it now, not only when the worker has ended after its grace period.
+    runtime.broker.publish(JobEvent.state(updated))
     return Response(render_job(updated), status_code=status, media_type=_JSON)
 
 

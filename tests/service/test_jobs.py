@@ -315,11 +315,30 @@ def test_cancel_job_queued_and_running(service: Service) -> None:
     assert response.status_code == 200
     assert response.json()["state"] == "cancelled"
 
+    # Follow the running job's stream from before the cancel to its end.
+    events: list[dict[str, Any]] = []
+    reader = threading.Thread(
+        target=read_sse,
+        args=(service.client, f"/api/v1/jobs/{running['id']}/events", events),
+    )
+    reader.start()
+    deadline = time.monotonic() + 30
+    while not events and time.monotonic() < deadline:  # its first event: the job as it is
+        time.sleep(0.05)
+    assert events and events[0]["event"] == "state", events
+
     response = service.client.post(f"/api/v1/jobs/{running['id']}/cancel")
     assert response.status_code == 202
     assert response.json()["state"] == "running"
     assert response.json()["cancel_requested"] is True
     job = service.wait_state(running["id"], "cancelled", "failed", "succeeded")
+    reader.join(timeout=60)
+    assert not reader.is_alive(), "the job's stream did not end after the job"
+    states = [(e["data"]["state"], e["data"]["cancel_requested"]) for e in events if e["event"] == "state"]  # fmt: skip
+    # The stream shows the request while the worker is still stopping, then the end.
+    assert states[0] == ("running", False)
+    assert ("running", True) in states, states
+    assert states[-1] == ("cancelled", True), states
     assert job["state"] == "cancelled", job
     assert job["error"] is None
     assert job["result"]["outcome"] == "cancelled"

@@ -3,7 +3,7 @@
 
 import { TERMINAL, api, followJob, getJSON } from "./api.js";
 import { LineChart } from "./charts.js";
-import { applyProgressEvent } from "./jobs.js";
+import { applyProgressEvent, fresher, mark } from "./jobs.js";
 import {
   age, bytes, devicesText, duration, eta, h, localTime, num, percent, progressBar, rate,
   setProgress, stateBadge, stepText,
@@ -21,6 +21,7 @@ function stat(label, key) {
 export function mountJob(view, jobId) {
   const base = `/api/v1/jobs/${encodeURIComponent(jobId)}`;
   let job = null;
+  let streamedAt; // mark() of the stream's last change to `job`
   let stopped = false;
   let closeStream = null;
   let logTimer = null;
@@ -229,8 +230,11 @@ export function mountJob(view, jobId) {
     }
     cancelButton.disabled = true;
     try {
+      const asked = mark();
       const { status, data } = await api(`${base}/cancel`, { method: "POST" });
-      job = data;
+      if (stopped) return;
+      job = fresher(job, streamedAt, data, asked);
+      if (data.cancel_requested && !TERMINAL.has(job.state)) job = { ...job, cancel_requested: true };
       actionStatus.textContent = status === 202
         ? "Cancel requested: the worker checkpoints and stops." : "Cancelled.";
       renderJob();
@@ -274,6 +278,7 @@ export function mountJob(view, jobId) {
         const ended = job && !TERMINAL.has(job.state) && TERMINAL.has(data.state);
         if (job && job.state !== data.state) window.dispatchEvent(new CustomEvent("towerboard:state"));
         job = data;
+        streamedAt = mark();
         renderJob();
         if (ended || TERMINAL.has(data.state)) {
           loadLogs();
@@ -284,20 +289,27 @@ export function mountJob(view, jobId) {
       any: (name, event) => {
         if (name === "state" || !job) return;
         job = applyProgressEvent(job, event);
+        streamedAt = mark();
         renderJob();
         addPoints(event);
         if (name === "checkpoint" || name === "end") checkpointsSoon();
       },
     });
+    const asked = mark();
+    let snapshot;
     try {
-      job = await getJSON(base);
+      snapshot = await getJSON(base);
     } catch (error) {
+      if (stopped) return;
       closeStream();
       notFound.textContent = error.status === 404 ? `No job ${jobId}.` : error.message;
       notFound.hidden = false;
       for (const el of view.children) if (el !== notFound && !el.classList.contains("crumbs")) el.hidden = true;
       return;
     }
+    if (stopped) return;
+    // Only if the stream has said nothing newer meanwhile (it may have seen the job end).
+    job = fresher(job, streamedAt, snapshot, asked);
     renderJob();
     await Promise.all([loadMetrics(), loadCheckpoints(), loadLogs()]);
   }

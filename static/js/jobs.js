@@ -5,7 +5,7 @@
 // the stream (re)connects, when a job enters or leaves the filter, and every POLL_MS as a
 // safety net.
 
-import { STATES, followAllJobs, getJSON } from "./api.js";
+import { STATES, TERMINAL, followAllJobs, getJSON } from "./api.js";
 import {
   age, devicesText, eta, h, jobLink, num, percent, progressBar, rate, setProgress, stateBadge,
   stepText,
@@ -49,6 +49,27 @@ export function applyProgressEvent(job, event) {
   return updated;
 }
 
+let moment = 0;
+
+/** A strictly increasing count, to order what the stream said against the start of an
+ *  HTTP read: the read's answer may be older than an event that came while it was out. */
+export function mark() {
+  moment += 1;
+  return moment;
+}
+
+/** Which copy of a job to show: `snapshot`, read by a request that started at `askedAt`,
+ *  or `known`, last changed by the stream at `streamedAt` (undefined if never). An ended
+ *  job never goes back to queued or running (the end is final, so an ended snapshot wins
+ *  over a live copy); otherwise the stream's copy wins if it changed after the read began. */
+export function fresher(known, streamedAt, snapshot, askedAt) {
+  if (!known) return snapshot;
+  const knownEnded = TERMINAL.has(known.state);
+  const snapshotEnded = TERMINAL.has(snapshot.state);
+  if (knownEnded !== snapshotEnded) return knownEnded ? known : snapshot;
+  return streamedAt !== undefined && streamedAt > askedAt ? known : snapshot;
+}
+
 export function mountJobs(view, query) {
   let filter = STATES.includes(query.get("state")) ? query.get("state") : "";
   let jobs = new Map(); // id -> job, in list order
@@ -59,6 +80,7 @@ export function mountJobs(view, query) {
   let ticker = null;
   let stopped = false;
   const rows = new Map(); // id -> {tr, cells}
+  const streamed = new Map(); // id -> mark() of the stream's last change to the job
 
   const chips = h("div", { class: "chips", role: "group", "aria-label": "Filter by state" },
     ["", ...STATES].map((state) => h("button", {
@@ -149,12 +171,14 @@ export function mountJobs(view, query) {
       }
       if (known.state !== job.state) window.dispatchEvent(new CustomEvent("towerboard:state"));
       jobs.set(job.job_id, job);
+      streamed.set(job.job_id, mark());
       if (filter && job.state !== filter) refreshSoon();
       else row(job);
     },
     any: (name, event) => {
       if (name === "state" || !jobs.has(event.job_id)) return;
       jobs.set(event.job_id, applyProgressEvent(jobs.get(event.job_id), event));
+      streamed.set(event.job_id, mark());
       row(jobs.get(event.job_id));
     },
   });
@@ -164,17 +188,16 @@ export function mountJobs(view, query) {
     try {
       const params = new URLSearchParams({ limit: String(Math.min(MAX_LIMIT, PAGE * pages)) });
       if (filter) params.set("state", filter);
+      const asked = mark();
       const page = await getJSON(`/api/v1/jobs?${params}`);
       if (stopped) return;
-      // Keep what the stream told us when it is newer than the list's snapshot.
+      // Keep what the stream told us while the list was read: the list may predate it.
       const next = new Map();
       for (const job of page.data) {
-        const known = jobs.get(job.id);
-        const fresher = known && job.state === known.state &&
-          (known.progress?.step ?? -1) > (job.progress?.step ?? -1);
-        next.set(job.id, fresher ? known : job);
+        next.set(job.id, fresher(jobs.get(job.id), streamed.get(job.id), job, asked));
       }
       jobs = next;
+      for (const id of streamed.keys()) if (!jobs.has(id)) streamed.delete(id);
       count = page.count;
       nextCursor = page.next_cursor;
       error.hidden = true;

@@ -11,7 +11,8 @@ import {
 
 const LOG_LINES = 200;
 const LOG_POLL_MS = 3000;
-const SERIES = ["loss", "accuracy", "examples_per_sec", "learning_rate", "eval_loss", "eval_accuracy"];
+// The series the charts draw (the learning rate is a stat, not a chart).
+const SERIES = ["loss", "accuracy", "examples_per_sec", "eval_loss", "eval_accuracy"];
 
 function stat(label, key) {
   return h("div", { class: "stat" }, h("span", { class: "stat-label" }, label),
@@ -275,12 +276,14 @@ export function mountJob(view, jobId) {
     // Follow first, then read: nothing falls between the snapshot and the stream.
     closeStream = followJob(jobId, {
       state: (data) => {
+        // Ended while this page watched it: read what it wrote last. (A job that had ended
+        // before the page opened is read once, by load().)
         const ended = job && !TERMINAL.has(job.state) && TERMINAL.has(data.state);
         if (job && job.state !== data.state) window.dispatchEvent(new CustomEvent("towerboard:state"));
         job = data;
         streamedAt = mark();
         renderJob();
-        if (ended || TERMINAL.has(data.state)) {
+        if (ended) {
           loadLogs();
           loadCheckpoints();
           loadMetrics();

@@ -71,7 +71,7 @@ export function fresher(known, streamedAt, snapshot, askedAt) {
 }
 
 export function mountJobs(view, query) {
-  let filter = STATES.includes(query.get("state")) ? query.get("state") : "";
+  const filter = STATES.includes(query.get("state")) ? query.get("state") : "";
   let jobs = new Map(); // id -> job, in list order
   let count = 0;
   let nextCursor = null;
@@ -88,10 +88,8 @@ export function mountJobs(view, query) {
       class: "chip",
       dataset: { state },
       "aria-pressed": String(state === filter),
-      onclick: () => {
-        filter = state;
-        location.hash = state ? `#/?state=${state}` : "#/";
-      },
+      // The hash change mounts the table again, with this filter.
+      onclick: () => { location.hash = state ? `#/?state=${state}` : "#/"; },
     }, state || "all")));
   const summary = h("p", { class: "muted small", id: "jobs-summary" }, "Loading…");
   const tbody = h("tbody");

@@ -3,7 +3,8 @@
 // One Server-Sent-Events stream of every job's events keeps the rows live (progress as the
 // workers write it; new jobs and state changes as they happen). The list is re-read when
 // the stream (re)connects, when a job enters or leaves the filter, and every POLL_MS as a
-// safety net.
+// safety net. "Show more" reads the next page from the API's next_cursor; a re-read reads
+// as many rows as are shown, MAX_LIMIT at a time.
 
 import { STATES, TERMINAL, followAllJobs, getJSON } from "./api.js";
 import {
@@ -74,8 +75,9 @@ export function mountJobs(view, query) {
   const filter = STATES.includes(query.get("state")) ? query.get("state") : "";
   let jobs = new Map(); // id -> job, in list order
   let count = 0;
-  let nextCursor = null;
-  let pages = 1;
+  let nextCursor = null; // the API's cursor for the rows after those shown
+  let wanted = PAGE; // how many rows to show
+  let reads = 0; // reads started; an answer to any but the latest is dropped
   let timer = null;
   let ticker = null;
   let stopped = false;
@@ -98,10 +100,8 @@ export function mountJobs(view, query) {
     tbody);
   const empty = h("div", { class: "empty", hidden: true },
     h("p", {}, "No jobs here yet."), h("a", { class: "button", href: "#/submit" }, "Submit a job"));
-  const more = h("button", { type: "button", class: "more", hidden: true, onclick: () => {
-    pages += 1;
-    refresh();
-  } }, "Show more");
+  const more = h("button", { type: "button", class: "more", hidden: true, onclick: showMore },
+    "Show more");
   const error = h("p", { class: "error", role: "alert", hidden: true });
 
   view.append(
@@ -147,7 +147,7 @@ export function mountJobs(view, query) {
     table.hidden = order.length === 0;
     const shown = order.length;
     summary.textContent = `${shown} of ${count} job${count === 1 ? "" : "s"}${filter ? ` ${filter}` : ""}`;
-    more.hidden = !nextCursor || PAGE * pages >= MAX_LIMIT;
+    more.hidden = !nextCursor;
     for (const button of chips.children) {
       button.setAttribute("aria-pressed", String(button.dataset.state === filter));
     }
@@ -181,31 +181,71 @@ export function mountJobs(view, query) {
     },
   });
 
+  /** Read `limit` rows from `cursor` on (the top for null), MAX_LIMIT at a time, unless a
+   *  newer read starts meanwhile (then null). */
+  async function read(id, limit, cursor) {
+    const data = [];
+    let page;
+    do {
+      const params = new URLSearchParams({ limit: String(Math.min(MAX_LIMIT, limit - data.length)) });
+      if (filter) params.set("state", filter);
+      if (cursor) params.set("cursor", cursor);
+      page = await getJSON(`/api/v1/jobs?${params}`);
+      if (stopped || id !== reads) return null;
+      data.push(...page.data);
+      cursor = page.next_cursor;
+    } while (cursor && data.length < limit);
+    return { data, count: page.count, nextCursor: cursor };
+  }
+
+  /** The rows of `data`, each the list's copy or the stream's (see fresher). */
+  function merge(data, asked) {
+    return data.map((job) => [job.id, fresher(jobs.get(job.id), streamed.get(job.id), job, asked)]);
+  }
+
   async function refresh() {
     clearTimeout(timer);
+    const id = ++reads;
     try {
-      const params = new URLSearchParams({ limit: String(Math.min(MAX_LIMIT, PAGE * pages)) });
-      if (filter) params.set("state", filter);
       const asked = mark();
-      const page = await getJSON(`/api/v1/jobs?${params}`);
-      if (stopped) return;
-      // Keep what the stream told us while the list was read: the list may predate it.
-      const next = new Map();
-      for (const job of page.data) {
-        next.set(job.id, fresher(jobs.get(job.id), streamed.get(job.id), job, asked));
-      }
-      jobs = next;
-      for (const id of streamed.keys()) if (!jobs.has(id)) streamed.delete(id);
+      const page = await read(id, wanted, null);
+      if (page === null) return;
+      jobs = new Map(merge(page.data, asked));
+      for (const job of streamed.keys()) if (!jobs.has(job)) streamed.delete(job);
       count = page.count;
-      nextCursor = page.next_cursor;
+      nextCursor = page.nextCursor;
       error.hidden = true;
       render();
     } catch (e) {
-      if (stopped) return;
+      if (stopped || id !== reads) return;
       error.textContent = `Could not load jobs: ${e.message}`;
       error.hidden = false;
     } finally {
+      clearTimeout(timer); // one poll pending, however many reads overlapped
       if (!stopped) timer = setTimeout(refresh, POLL_MS);
+    }
+  }
+
+  async function showMore() {
+    if (!nextCursor) return;
+    wanted = jobs.size + PAGE; // a re-read meanwhile reads these rows too
+    const id = ++reads;
+    more.disabled = true;
+    try {
+      const asked = mark();
+      const page = await read(id, PAGE, nextCursor);
+      if (page === null) return;
+      jobs = new Map([...jobs, ...merge(page.data, asked)]);
+      count = page.count;
+      nextCursor = page.nextCursor;
+      error.hidden = true;
+      render();
+    } catch (e) {
+      if (stopped || id !== reads) return;
+      error.textContent = `Could not load more jobs: ${e.message}`;
+      error.hidden = false;
+    } finally {
+      more.disabled = false;
     }
   }
 

@@ -83,6 +83,7 @@ export function mountJobs(view, query) {
   let stopped = false;
   const rows = new Map(); // id -> {tr, cells}
   const streamed = new Map(); // id -> mark() of the stream's last change to the job
+  const arrived = new Map(); // id -> mark() when the stream added the job as a new row
 
   const chips = h("div", { class: "chips", role: "group", "aria-label": "Filter by state" },
     ["", ...STATES].map((state) => h("button", {
@@ -163,11 +164,23 @@ export function mountJobs(view, query) {
     open: refreshSoon, // (re)connected: whatever happened meanwhile is in the list
     state: (job) => {
       const known = jobs.get(job.job_id);
+      if (known?.state !== job.state) window.dispatchEvent(new CustomEvent("towerboard:state"));
       if (!known) {
-        if (!filter || job.state === filter) refreshSoon(); // a new job, or one entering the filter
+        if (filter && job.state !== filter) return;
+        // Newer than every row (just submitted): it goes on top, as the list would have it.
+        // Elsewhere (an older job entering the filter) the list says where it goes.
+        const first = jobs.values().next().value;
+        if (first && Date.parse(job.created_at) < Date.parse(first.created_at)) {
+          refreshSoon();
+          return;
+        }
+        jobs = new Map([[job.job_id, job], ...jobs]);
+        streamed.set(job.job_id, mark());
+        arrived.set(job.job_id, streamed.get(job.job_id));
+        count += 1;
+        render();
         return;
       }
-      if (known.state !== job.state) window.dispatchEvent(new CustomEvent("towerboard:state"));
       jobs.set(job.job_id, job);
       streamed.set(job.job_id, mark());
       if (filter && job.state !== filter) refreshSoon();
@@ -210,9 +223,14 @@ export function mountJobs(view, query) {
       const asked = mark();
       const page = await read(id, wanted, null);
       if (page === null) return;
-      jobs = new Map(merge(page.data, asked));
+      const next = new Map(merge(page.data, asked));
+      // Rows the stream added while the list was read are not in it yet.
+      const added = [...arrived].filter(([job, at]) => at > asked && !next.has(job) &&
+        jobs.has(job) && (!filter || jobs.get(job).state === filter));
+      jobs = new Map([...added.map(([job]) => [job, jobs.get(job)]), ...next]);
       for (const job of streamed.keys()) if (!jobs.has(job)) streamed.delete(job);
-      count = page.count;
+      for (const [job, at] of arrived) if (at <= asked) arrived.delete(job);
+      count = page.count + added.length;
       nextCursor = page.nextCursor;
       error.hidden = true;
       render();

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator, Callable, Coroutine
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from fastapi.routing import APIRoute
+from pydantic import TypeAdapter
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from typing_extensions import TypedDict  # pydantic needs it, not typing's, before 3.12
 
 from service.admission import admit
 from service.checkpoints import find_checkpoint, list_checkpoints, open_archive
@@ -26,13 +29,12 @@ from service.schemas import (
     JobCreate,
     JobPublic,
     JobsPublic,
-    MetricPointPublic,
     MetricsPublic,
     ProfileCreate,
     ProfilePublic,
 )
 from service.settings import Settings
-from service.store import JobRecord, JobState
+from service.store import JobRecord, JobState, MetricPoint
 from trainer.rundir import RunDir, write_json_atomic
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -279,17 +281,45 @@ def read_job_logs(
     return PlainTextResponse(text, headers={LOG_OFFSET_HEADER: str(end)})
 
 
-@router.get("/{job_id}/metrics", response_model=MetricsPublic, responses=_NOT_FOUND)
-async def read_job_metrics(job: JobDep, runtime: RuntimeDep) -> MetricsPublic:
-    """The job's scalar series, from its progress lines."""
-    series: dict[str, list[MetricPointPublic]] = {}
-    for point in runtime.store.metrics(job.id):
+class _MetricPoint(TypedDict):
+    """`MetricPointPublic` as a TypedDict: validated and dumped by pydantic alike, so the
+    same JSON, without a model instance per point."""
+
+    step: int
+    time: datetime
+    value: float
+
+
+_METRIC_POINTS = TypeAdapter(list[_MetricPoint])
+_JSON_STR = TypeAdapter(str)
+_METRICS_CHUNK = 2000
+
+
+def _metrics_json(job_id: str, points: list[MetricPoint]) -> bytes:
+    """`MetricsPublic(job_id, series).model_dump_json()`, byte for byte, in chunks: a long
+    job has hundreds of thousands of points, and pydantic holds the GIL for a whole call."""
+    series: dict[str, list[dict[str, Any]]] = {}
+    for point in points:
         series.setdefault(point.name, []).append(
-            MetricPointPublic.model_validate(
-                {"step": point.step, "time": point.time, "value": point.value}
-            )
+            {"step": point.step, "time": point.time, "value": point.value}
         )
-    return MetricsPublic(job_id=job.id, series=series)
+    parts = [b'{"job_id":', _JSON_STR.dump_json(job_id), b',"series":{']
+    for i, (name, values) in enumerate(series.items()):
+        parts += [b"," if i else b"", _JSON_STR.dump_json(name), b":["]
+        for start in range(0, len(values), _METRICS_CHUNK):
+            chunk = _METRIC_POINTS.validate_python(values[start : start + _METRICS_CHUNK])
+            parts += [b"," if start else b"", _METRIC_POINTS.dump_json(chunk)[1:-1]]
+        parts.append(b"]")
+    parts.append(b"}}")
+    return b"".join(parts)
+
+
+@router.get("/{job_id}/metrics", response_model=MetricsPublic, responses=_NOT_FOUND)
+def read_job_metrics(job: JobDep, runtime: RuntimeDep) -> Response:
+    """The job's scalar series, from its progress lines."""
+    # A plain def: a long job's series take a while to render, on a worker thread rather
+    # than the event loop every other request needs.
+    return Response(_metrics_json(job.id, runtime.store.metrics(job.id)), media_type=_JSON)
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointsPublic, responses=_NOT_FOUND)

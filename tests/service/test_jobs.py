@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from service.schemas import MetricsPublic
 from tests.service.harness import Service, job_spec, long_job
 
 pytestmark = pytest.mark.slow
@@ -233,6 +234,12 @@ def test_read_job_metrics(service: Service, finished: dict[str, Any]) -> None:
     assert {"loss", "accuracy", "examples_per_sec", "eval_loss", "eval_accuracy"} <= set(series)
     assert series["loss"][-1]["step"] == 40
     assert [p["step"] for p in series["eval_loss"]] == [20, 40]
+    # Rendered without a model per point, yet exactly as the MetricsPublic model renders.
+    assert response.headers["content-type"] == "application/json"
+    assert response.content == MetricsPublic.model_validate_json(response.content).model_dump_json().encode()
+    point = series["loss"][0]
+    assert list(point) == ["step", "time", "value"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", point["time"]), point
 
 
 def test_read_jobs_filter_and_pages(service: Service, finished: dict[str, Any]) -> None:

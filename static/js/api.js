@@ -108,16 +108,19 @@ function subscribe(path, on, { closeAtEnd }) {
   source.onopen = () => {
     if (on.open && !closed) on.open();
   };
+  // EventSource.CONNECTING: the connection dropped and the browser retries by itself.
+  // EventSource.CLOSED: an HTTP error answer (401 after the token changed, 502 from a proxy
+  // while the service restarts) or not an event stream: the browser has given up for good.
   source.onerror = () => {
-    if (on.error && !closed) on.error();
+    if (on.error && !closed) on.error(source.readyState);
   };
   return close;
 }
 
 /** Follow a job's events. `on` maps event names (state, start, progress, eval,
  *  checkpoint, trace, phase, end) to handlers of the parsed data, `any` gets every event,
- *  `open` and `error` the connection's. The stream is closed once the job has ended, or
- *  by the returned function. */
+ *  `open` and `error` the connection's (`error` with the EventSource's readyState). The
+ *  stream is closed once the job has ended, or by the returned function. */
 export function followJob(jobId, on) {
   return subscribe(`/api/v1/jobs/${encodeURIComponent(jobId)}/events`, on, { closeAtEnd: true });
 }

@@ -146,6 +146,39 @@ export function devicesText(job) {
   return job.state === "queued" ? `waiting for devices${count}` : DASH;
 }
 
+/** A view's notice that its live updates (an event stream) are down: "reconnecting" while
+ *  the browser retries, "stopped" with a Reload button once it has given up. `el` goes in
+ *  the view; `reload` runs on the button. */
+export function liveNotice(reload) {
+  const text = h("span", { class: "live-notice-text" });
+  const button = h("button", { type: "button", class: "link live-reload" }, "Reload");
+  const el = h("div", { class: "live-notice", role: "status", hidden: true }, text, " ", button);
+  button.addEventListener("click", () => {
+    el.hidden = true;
+    reload();
+  });
+  const show = (state, message) => {
+    el.dataset.live = state;
+    text.textContent = message;
+    button.hidden = state !== "stopped";
+    el.hidden = false;
+  };
+  return {
+    el,
+    /** Report an EventSource error by its readyState. */
+    error(readyState) {
+      if (readyState === EventSource.CLOSED) {
+        show("stopped", "Live updates stopped: the service refused or ended the event stream.");
+      } else {
+        show("reconnecting", "Live updates interrupted; reconnecting…");
+      }
+    },
+    clear() {
+      el.hidden = true;
+    },
+  };
+}
+
 export function stateBadge(state) {
   return h("span", { class: `state state-${state}` }, state);
 }

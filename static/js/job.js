@@ -5,8 +5,8 @@ import { TERMINAL, api, followJob, getJSON } from "./api.js";
 import { LineChart } from "./charts.js";
 import { applyProgressEvent, fresher, mark } from "./jobs.js";
 import {
-  age, bytes, devicesText, duration, eta, h, localTime, num, percent, progressBar, rate,
-  setProgress, stateBadge, stepText,
+  age, bytes, devicesText, duration, eta, h, liveNotice, localTime, num, percent, progressBar,
+  rate, setProgress, stateBadge, stepText,
 } from "./format.js";
 
 const LOG_LINES = 200;
@@ -53,6 +53,11 @@ export function mountJob(view, jobId) {
   const logs = h("pre", { class: "log", id: "log", tabindex: "0" }, "");
   const spec = h("pre", { class: "spec", id: "spec" }, "");
   const notFound = h("p", { class: "error", role: "alert", hidden: true });
+  const notice = liveNotice(() => {
+    closeStream();
+    follow();
+    reread();
+  });
 
   view.append(
     h("p", { class: "crumbs" }, h("a", { href: "#/" }, "← Jobs")),
@@ -60,7 +65,7 @@ export function mountJob(view, jobId) {
     h("div", { class: "job-head" },
       h("div", { class: "job-heading" }, title, badge),
       h("div", { class: "actions" }, tbButton, cancelButton)),
-    actionStatus, meta, bar, barText, errorBox, stats,
+    actionStatus, notice.el, meta, bar, barText, errorBox, stats,
     h("section", { class: "section" }, h("h2", {}, "Metrics"), chartGrid),
     h("section", { class: "section" }, h("h2", {}, "Per-tower step time"), towers),
     h("section", { class: "section" }, h("h2", {}, "Checkpoints"), checkpoints),
@@ -144,6 +149,7 @@ export function mountJob(view, jobId) {
       ` · priority ${job.priority} · attempt ${job.attempts}` +
       (job.cancel_requested && !TERMINAL.has(job.state) ? " · cancel requested" : "");
     cancelButton.hidden = TERMINAL.has(job.state);
+    if (TERMINAL.has(job.state)) notice.clear(); // no more live updates to miss
     cancelButton.disabled = job.cancel_requested;
     if (job.error) {
       // The service's reasons may already say it ("Cancelled: the worker was stopped…").
@@ -272,22 +278,42 @@ export function mountJob(view, jobId) {
     }
   }
 
-  async function load() {
-    // Follow first, then read: nothing falls between the snapshot and the stream.
+  /** Take `next` as the job. If that ends it while this page watches, read what it wrote
+   *  last (a job that had ended before the page opened is read once, by load()). */
+  function take(next) {
+    const ended = job && !TERMINAL.has(job.state) && TERMINAL.has(next.state);
+    if (job && job.state !== next.state) window.dispatchEvent(new CustomEvent("towerboard:state"));
+    job = next;
+    renderJob();
+    if (ended) {
+      loadLogs();
+      loadCheckpoints();
+      loadMetrics();
+    }
+  }
+
+  let interrupted = false; // the stream dropped: what it missed is re-read once it is back
+
+  function follow() {
     closeStream = followJob(jobId, {
-      state: (data) => {
-        // Ended while this page watched it: read what it wrote last. (A job that had ended
-        // before the page opened is read once, by load().)
-        const ended = job && !TERMINAL.has(job.state) && TERMINAL.has(data.state);
-        if (job && job.state !== data.state) window.dispatchEvent(new CustomEvent("towerboard:state"));
-        job = data;
-        streamedAt = mark();
-        renderJob();
-        if (ended) {
-          loadLogs();
-          loadCheckpoints();
+      open: () => {
+        notice.clear();
+        if (interrupted) {
+          interrupted = false;
           loadMetrics();
+          checkpointsSoon();
         }
+      },
+      error: (readyState) => {
+        interrupted = true;
+        if (job && TERMINAL.has(job.state)) return; // nothing more was to come
+        notice.error(readyState);
+        // Given up: the re-read shows the latest (and a 401 asks for the token).
+        if (readyState === EventSource.CLOSED) reread();
+      },
+      state: (data) => {
+        streamedAt = mark();
+        take(data);
       },
       any: (name, event) => {
         if (name === "state" || !job) return;
@@ -298,6 +324,20 @@ export function mountJob(view, jobId) {
         if (name === "checkpoint" || name === "end") checkpointsSoon();
       },
     });
+  }
+
+  async function reread() {
+    const asked = mark();
+    try {
+      const snapshot = await getJSON(base);
+      if (!stopped) take(fresher(job, streamedAt, snapshot, asked));
+    } catch {
+      // The notice stays: live updates have stopped.
+    }
+  }
+
+  async function load() {
+    follow(); // first, then read: nothing falls between the snapshot and the stream
     const asked = mark();
     let snapshot;
     try {

@@ -8,8 +8,8 @@
 
 import { STATES, TERMINAL, followAllJobs, getJSON } from "./api.js";
 import {
-  age, devicesText, eta, h, jobLink, num, percent, progressBar, rate, setProgress, stateBadge,
-  stepText,
+  age, devicesText, eta, h, jobLink, liveNotice, num, percent, progressBar, rate, setProgress,
+  stateBadge, stepText,
 } from "./format.js";
 
 const POLL_MS = 15000;
@@ -104,11 +104,15 @@ export function mountJobs(view, query) {
   const more = h("button", { type: "button", class: "more", hidden: true, onclick: showMore },
     "Show more");
   const error = h("p", { class: "error", role: "alert", hidden: true });
+  const notice = liveNotice(() => {
+    closeStream();
+    closeStream = follow();
+  });
 
   view.append(
     h("div", { class: "view-head" }, h("h1", {}, "Jobs"),
       h("a", { class: "button primary", href: "#/submit" }, "New job")),
-    chips, error, h("div", { class: "table-wrap" }, table), empty, summary, more,
+    chips, error, notice.el, h("div", { class: "table-wrap" }, table), empty, summary, more,
   );
 
   function row(job) {
@@ -160,8 +164,16 @@ export function mountJobs(view, query) {
     if (soon === null) soon = setTimeout(() => { soon = null; refresh(); }, 250);
   }
 
-  const closeStream = followAllJobs({
-    open: refreshSoon, // (re)connected: whatever happened meanwhile is in the list
+  const follow = () => followAllJobs({
+    open: () => { // (re)connected: whatever happened meanwhile is in the list
+      notice.clear();
+      refreshSoon();
+    },
+    error: (readyState) => {
+      notice.error(readyState);
+      // Given up: the re-read says why (a 401 asks for the token) and shows the latest.
+      if (readyState === EventSource.CLOSED) refresh();
+    },
     state: (job) => {
       const known = jobs.get(job.job_id);
       if (known?.state !== job.state) window.dispatchEvent(new CustomEvent("towerboard:state"));
@@ -193,6 +205,7 @@ export function mountJobs(view, query) {
       row(jobs.get(event.job_id));
     },
   });
+  let closeStream = follow();
 
   /** Read `limit` rows from `cursor` on (the top for null), MAX_LIMIT at a time, unless a
    *  newer read starts meanwhile (then null). */

@@ -67,26 +67,38 @@ const tokenInput = document.getElementById("token-input");
 const tokenToggle = document.getElementById("token-toggle");
 const tokenMessage = document.getElementById("token-message");
 
-function showTokenBar(message) {
-  tokenBar.hidden = false;
+// Every 401 (the devices and log polls keep making them) asks for the token, but the bar
+// takes the focus only when it opens, and once the user has closed it only the Token
+// button opens it again.
+let dismissed = false;
+
+function showTokenBar() {
   tokenToggle.hidden = false;
-  tokenMessage.textContent = message || "";
+  if (!tokenBar.hidden) return;
+  tokenBar.hidden = false;
   tokenInput.focus();
 }
 
 window.addEventListener("towerboard:unauthorized", () => {
-  showTokenBar(getToken() ? "That token was refused." : "");
+  tokenMessage.textContent = getToken() ? "That token was refused." : "";
+  tokenToggle.classList.add("refused");
+  if (dismissed) tokenToggle.hidden = false;
+  else showTokenBar();
 });
 tokenToggle.addEventListener("click", () => {
-  if (tokenBar.hidden) showTokenBar();
-  else tokenBar.hidden = true;
+  dismissed = !tokenBar.hidden;
+  if (dismissed) tokenBar.hidden = true;
+  else showTokenBar();
 });
 tokenBar.addEventListener("submit", (event) => {
   event.preventDefault();
   setToken(tokenInput.value);
   tokenInput.value = "";
+  tokenMessage.textContent = "";
   tokenBar.hidden = true;
   tokenToggle.hidden = false;
+  tokenToggle.classList.remove("refused");
+  dismissed = false;
   refreshDevices();
   route();
 });

@@ -1,5 +1,6 @@
 // The submit form: a preset or another job's spec as editable JSON; the service's 422
-// field errors are listed beside it.
+// field errors are listed beside it. What the editor holds is kept as a draft in
+// sessionStorage until the job is submitted, and comes back when the form is opened again.
 
 import { api, getJSON } from "./api.js";
 import { h, jobLink } from "./format.js";
@@ -8,7 +9,11 @@ import { PRESETS } from "./presets.js";
 const DRAFT_KEY = "towerboard.draft";
 
 export function mountSubmit(view, query) {
-  const select = h("select", { id: "preset", "aria-label": "Preset" },
+  // "Draft" or "From job <id>": a start that is no preset; picking it again brings back
+  // the text it started with.
+  const custom = h("option", { value: "", hidden: true });
+  let customText = "";
+  const select = h("select", { id: "preset", "aria-label": "Preset" }, custom,
     PRESETS.map((preset) => h("option", { value: preset.id }, preset.label)));
   const editor = h("textarea", {
     id: "spec", spellcheck: "false", autocomplete: "off", rows: "24", "aria-label": "Job spec (JSON)",
@@ -31,11 +36,36 @@ export function mountSubmit(view, query) {
 
   view.append(h("div", { class: "view-head" }, h("h1", {}, "Submit a job")), form);
 
+  const presetText = (preset) => JSON.stringify(preset.spec, null, 2);
+
+  function setEditor(text) {
+    editor.value = text;
+    sessionStorage.setItem(DRAFT_KEY, text);
+    clearErrors();
+  }
+
   function usePreset(id) {
     const preset = PRESETS.find((p) => p.id === id) || PRESETS[0];
     select.value = preset.id;
-    editor.value = JSON.stringify(preset.spec, null, 2);
-    clearErrors();
+    setEditor(presetText(preset));
+  }
+
+  function useCustom(label, text) {
+    custom.textContent = label;
+    custom.hidden = false;
+    customText = text;
+    select.value = "";
+    setEditor(text);
+  }
+
+  /** The draft if there is one (under its preset's name if it is one unchanged), else
+   *  the first preset. */
+  function useDraft() {
+    const draft = sessionStorage.getItem(DRAFT_KEY);
+    const preset = draft && PRESETS.find((p) => presetText(p) === draft);
+    if (preset) usePreset(preset.id);
+    else if (draft) useCustom("Draft", draft);
+    else usePreset(PRESETS[0].id);
   }
 
   function clearErrors() {
@@ -50,7 +80,10 @@ export function mountSubmit(view, query) {
         h("code", { class: "field-name" }, e.field), " ", e.message))) : "");
   }
 
-  select.addEventListener("change", () => usePreset(select.value));
+  select.addEventListener("change", () => {
+    if (select.value) usePreset(select.value);
+    else setEditor(customText);
+  });
   editor.addEventListener("input", () => sessionStorage.setItem(DRAFT_KEY, editor.value));
 
   form.addEventListener("submit", async (event) => {
@@ -79,21 +112,29 @@ export function mountSubmit(view, query) {
   });
 
   const from = query.get("from");
-  const draft = sessionStorage.getItem(DRAFT_KEY);
+  let stopped = false;
   if (from) {
+    custom.textContent = `From job ${from}`;
+    custom.hidden = false;
+    select.value = "";
     editor.value = "Loading…";
     getJSON(`/api/v1/jobs/${encodeURIComponent(from)}`).then((job) => {
-      editor.value = JSON.stringify(job.spec, null, 2);
+      const text = JSON.stringify(job.spec, null, 2);
+      if (stopped) return;
+      if (select.value === "") useCustom(`From job ${from}`, text);
+      else customText = text; // a preset was picked meanwhile: keep it
     }).catch((error) => {
-      usePreset(PRESETS[0].id);
+      if (stopped || select.value !== "") return;
+      custom.hidden = true;
+      useDraft();
       showErrors(`Could not load job ${from}: ${error.message}`, []);
     });
   } else if (query.has("preset")) {
     usePreset(query.get("preset"));
-  } else if (draft) {
-    editor.value = draft;
   } else {
-    usePreset(PRESETS[0].id);
+    useDraft();
   }
-  return () => {};
+  return () => {
+    stopped = true;
+  };
 }

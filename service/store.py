@@ -3,7 +3,8 @@
 Every state change is committed (synchronous=FULL) before the call returns, so a job the
 API acknowledged survives a crash of the service. Writes go through one connection under
 a lock; each thread reads through its own connection, and WAL lets reads run beside a
-write. The API is small and synchronous; it is safe to call from any thread.
+write. The API is small and synchronous; it is safe to call from any thread. `close` closes
+every connection, the readers other threads opened included.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import secrets
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -128,6 +130,10 @@ def _dumps(value: Any) -> str | None:
     return None if value is None else json.dumps(value, separators=(",", ":"))
 
 
+class _Connection(sqlite3.Connection):
+    """A plain connection that can be weakly referenced (sqlite3.Connection cannot)."""
+
+
 class JobStore:
     """Thread-safe access to the jobs in one SQLite file."""
 
@@ -136,13 +142,21 @@ class JobStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._write_lock = threading.Lock()
         self._local = threading.local()
+        # Every reader, whichever thread opened it, so that close() reaches them all; weak,
+        # so a finished thread's reader still goes with the thread.
+        self._readers: weakref.WeakSet[sqlite3.Connection] = weakref.WeakSet()
+        self._readers_lock = threading.Lock()
         self._writer = self._connect()
         with self._write_lock:
             self._writer.executescript(_SCHEMA)
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
-            self._path, isolation_level=None, check_same_thread=False, timeout=30.0
+            self._path,
+            isolation_level=None,
+            check_same_thread=False,
+            timeout=30.0,
+            factory=_Connection,
         )
         conn.row_factory = sqlite3.Row
         conn.execute("PRAGMA journal_mode=WAL")
@@ -156,6 +170,8 @@ class JobStore:
         if conn is None:
             conn = self._connect()
             self._local.conn = conn
+            with self._readers_lock:
+                self._readers.add(conn)
         return conn
 
     @contextmanager
@@ -170,12 +186,16 @@ class JobStore:
             self._writer.execute("COMMIT")
 
     def close(self) -> None:
+        """Close the writer and every thread's reader (a thread that reads after this gets
+        sqlite3.ProgrammingError)."""
+        with self._readers_lock:
+            readers = list(self._readers)
+            self._readers.clear()
+        for conn in readers:
+            conn.close()
+        self._local.conn = None
         with self._write_lock:
             self._writer.close()
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-            self._local.conn = None
 
     # --- reads -------------------------------------------------------------------------
 

@@ -117,3 +117,41 @@ def test_read_from_many_threads_while_writing(store: JobStore) -> None:
     for reader in readers:
         reader.join()
     assert errors == []
+
+
+def test_close_closes_readers_of_every_thread(tmp_path: Path) -> None:
+    # Readers of other threads (the server's thread pool) that stay open would keep the
+    # -wal and -shm files, and their file handles, after close().
+    path = tmp_path / "jobs.db"
+    store = JobStore(path)
+    job = store.create(SPEC)
+    opened, closed, release = threading.Barrier(4), threading.Event(), threading.Event()
+    after_close: list[BaseException] = []
+
+    def read() -> None:
+        assert store.get(job.id) is not None
+        opened.wait()
+        closed.wait()
+        try:
+            store.get(job.id)
+        except BaseException as error:
+            after_close.append(error)
+        release.wait()
+
+    readers = [threading.Thread(target=read) for _ in range(3)]
+    for reader in readers:
+        reader.start()
+    opened.wait()  # three readers are open, on threads that are still alive
+    assert Path(f"{path}-wal").exists()
+    store.close()
+    closed.set()
+    try:
+        # The last connection to close checkpoints the WAL and removes it; an open reader
+        # would have kept it.
+        assert not Path(f"{path}-wal").exists() and not Path(f"{path}-shm").exists()
+    finally:
+        release.set()
+        for reader in readers:
+            reader.join()
+    assert len(after_close) == 3
+    assert all(isinstance(error, sqlite3.ProgrammingError) for error in after_close)

@@ -60,10 +60,6 @@ class Worker:
     term_sent_at: float | None = None
     killed: bool = False
 
-    @property
-    def adopted(self) -> bool:
-        return self.process is None
-
     def poll(self) -> WorkerExit | None:
         """How the worker ended, or None while it runs."""
         if self.process is not None:

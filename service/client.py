@@ -234,10 +234,18 @@ def _eta(job: dict[str, Any]) -> str:
 
 
 def _devices(job: dict[str, Any]) -> str:
-    if job.get("devices"):
-        return ",".join(job["devices"])
+    """The devices a job holds: only a running job holds any (the service clears them
+    when it ends)."""
+    return ",".join(job.get("devices") or []) or "-"
+
+
+def _devices_and_towers(job: dict[str, Any]) -> str:
+    """`_devices`, or "none yet" for a queued job, and the towers the job asked for."""
+    held = _devices(job)
+    if held == "-" and job.get("state") == "queued":
+        held = "none yet"
     towers = (job.get("spec") or {}).get("towers")
-    return f"cpu x{towers}" if job.get("state") == "running" and towers else "-"
+    return f"{held} ({towers} tower{'' if towers == 1 else 's'})" if towers else held
 
 
 def _table(rows: list[list[str]], out: TextIO) -> None:
@@ -448,7 +456,7 @@ def status(client: Client, args: argparse.Namespace) -> int:
             ["examples/sec", _rate(p.get("examples_per_sec"))],
             ["eta", _eta(job)],
             ["tower ms", ", ".join(f"{ms:.2f}" for ms in p["tower_ms"]) if p.get("tower_ms") else "-"],
-            ["devices", _devices(job) if job.get("devices") else f"cpu, towers: {job['spec'].get('towers')}"],
+            ["devices", _devices_and_towers(job)],
             ["priority", str(job["priority"])],
             ["attempts", str(job["attempts"])],
             ["created", f"{job['created_at']} ({_age(job['created_at'])} ago)"],
@@ -537,7 +545,10 @@ def cancel(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _download(client: Client, job_id: str, which: str, output: Path | None) -> Path:
+_SEPARATORS = tuple(sep for sep in ("/", os.sep, os.altsep) if sep)
+
+
+def _download(client: Client, job_id: str, which: str, output: str | None) -> Path:
     listing = client.get(f"/api/v1/jobs/{job_id}/checkpoints")["data"]
     if which == "latest":
         if not listing:
@@ -551,7 +562,12 @@ def _download(client: Client, job_id: str, which: str, output: Path | None) -> P
                 f"--download takes a step number or 'latest'. Received: {which!r}", EXIT_USAGE
             ) from None
     name = f"{job_id}-ckpt-{step}.tar.gz"
-    target = output / name if output is not None and output.is_dir() else output or Path(name)
+    if output is None:
+        target = Path(name)
+    elif output.endswith(_SEPARATORS) or Path(output).is_dir():
+        target = Path(output) / name  # a folder, made below if it does not exist yet
+    else:
+        target = Path(output)
     try:
         with client.http.stream("GET", f"/api/v1/jobs/{job_id}/checkpoints/{step}") as response:
             if not response.is_success:
@@ -738,9 +754,9 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
     p.add_argument(
         "-o",
         "--output",
-        type=Path,
-        metavar="PATH",
-        help="file or folder to save it to (default: ./ID-ckpt-STEP.tar.gz)",
+        metavar="PATH",  # a str: Path("ckpts/") would drop the slash that makes it a folder
+        help="file, or folder (an existing one, or ending in /) to save it to "
+        "(default: ./ID-ckpt-STEP.tar.gz)",
     )
     p.add_argument("--json", action="store_true", help="print the API's JSON")
 

@@ -90,6 +90,7 @@ def test_status_lists_and_shows_job(service: Service, watched: dict[str, Any]) -
     assert fields["state"] == "succeeded"
     assert fields["progress"] == "40/40 (100.0%)"
     assert fields["checkpoint"] == "checkpoints/ckpt-40"
+    assert fields["devices"] == "- (1 tower)"  # an ended job holds none
 
     as_json = towerboard("status", job_id, "--json", url=service.base_url)
     assert json.loads(as_json.stdout)["id"] == job_id
@@ -135,6 +136,15 @@ def test_checkpoints_list_and_download(
     with tarfile.open(tmp_path / "latest.tar.gz") as tar:
         assert "ckpt-40.index" in tar.getnames()
 
+    # The README's `-o ckpts/`: a folder that does not exist yet, made, not a file named ckpts.
+    folder = tmp_path / "new" / "ckpts"
+    into = towerboard(
+        "checkpoints", job_id, "--download", "latest", "-o", f"{folder}/", url=service.base_url
+    )
+    assert into.returncode == 0, into.stderr
+    assert Path(into.stdout.strip()) == folder / f"{job_id}-ckpt-40.tar.gz"
+    assert [p.name for p in folder.iterdir()] == [f"{job_id}-ckpt-40.tar.gz"]
+
     missing = towerboard(
         "checkpoints", job_id, "--download", "7", "-o", str(tmp_path), url=service.base_url
     )
@@ -147,11 +157,16 @@ def test_checkpoints_list_and_download(
 def test_cancel_queued_and_running_jobs(service: Service) -> None:
     running = service.submit(long_job())
     queued = service.submit(job_spec(name="waits"))  # one job slot: this one waits
+    waiting = towerboard("status", queued["id"], url=service.base_url)
+    assert waiting.returncode == 0, waiting.stderr
+    assert re.search(r"^devices\s{2,}none yet \(1 tower\)$", waiting.stdout, re.M), waiting.stdout
     cancelled = towerboard("cancel", queued["id"], url=service.base_url)
     assert cancelled.returncode == 0, cancelled.stderr
     assert cancelled.stdout == f"{queued['id']} cancelled\n"
 
     service.wait_checkpoint(running["id"])
+    holding = towerboard("status", running["id"], url=service.base_url)
+    assert re.search(r"^devices\s{2,}cpu:0 \(1 tower\)$", holding.stdout, re.M), holding.stdout
     stopped = towerboard("cancel", running["id"], "--wait", url=service.base_url)
     assert stopped.returncode == 0, stopped.stderr
     assert f"cancel requested: job {running['id']} checkpoints and stops" in stopped.stderr

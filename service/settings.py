@@ -44,7 +44,10 @@ class Settings(BaseSettings):
         8, ge=1, le=64, description="Most towers a job may ask for on a CPU-only host."
     )
     token: SecretStr | None = Field(
-        None, description="When set, every route but /healthz needs `Authorization: Bearer`."
+        None,
+        description="When set, every route but /healthz and the dashboard's files (/ and "
+        "/static/*, which hold no data) needs `Authorization: Bearer` or the "
+        "towerboard_token cookie.",
     )
     tb_idle_minutes: float = Field(
         30.0, gt=0, description="Stop the TensorBoard after this long without a request."

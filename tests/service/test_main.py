@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -97,5 +98,19 @@ def test_read_dashboard(make_service: Callable[..., Service]) -> None:
     script = httpx.get(f"{service.base_url}/static/js/app.js")
     assert script.status_code == 200
     assert "javascript" in script.headers["content-type"]
-    assert httpx.get(f"{service.base_url}/static/../service/main.py").status_code == 404
+    # httpx removes `..` segments before sending, so the raw target goes over a socket.
+    assert _raw_get_status(service.port, "/static/../service/main.py") == 404
+    # The same `..` that stays inside static/ is served: the target did reach the server as sent.
+    assert _raw_get_status(service.port, "/static/../static/js/app.js") == 200
     assert httpx.get(f"{service.base_url}/static/%2E%2E/service/main.py").status_code == 404
+
+
+def _raw_get_status(port: int, target: str) -> int:
+    """The status of `GET target` sent byte for byte, as a client that does not normalise
+    paths would send it."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        status_line = sock.makefile("rb").readline().decode("latin-1")
+    version, status, _ = status_line.split(" ", 2)
+    assert version == "HTTP/1.1", status_line
+    return int(status)

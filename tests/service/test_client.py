@@ -223,8 +223,9 @@ def test_errors_are_one_line_with_exit_codes(service: Service, tmp_path: Path) -
 
     not_json = tmp_path / "not.json"
     not_json.write_text("{\n  'towers': 2\n}")
-    assert towerboard("submit", str(not_json), url=service.base_url).returncode == 2
-    assert one_error_line(towerboard("submit", str(not_json), url=service.base_url)) == (
+    invalid = towerboard("submit", str(not_json), url=service.base_url)
+    assert invalid.returncode == 2
+    assert one_error_line(invalid) == (
         f"towerboard: error: {not_json} is not valid JSON: Expecting property name enclosed "
         "in double quotes at line 2 column 3"
     )

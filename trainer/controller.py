@@ -25,13 +25,35 @@ from trainer.profiling import TraceCapture, tower_times_ms
 from trainer.rundir import Outcome, ProgressWriter, RunDir
 from trainer.spec import JobSpec
 from trainer.summaries import SummaryManager, variable_tag
-from trainer.towers import TowerTrainer
+from trainer.towers import TowerTrainer, tower_sizes
 
 log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_SECONDS = 2.0
 
 MAX_REQUESTED_TRACE_STEPS = 100
+
+def _metrics(loss: float, out: dict[str, Any] | None) -> dict[str, float]:
+    """Loss and accuracy of the last step (read only when reported: one sync less a step)."""
+    return {} if out is None else {"loss": loss, "accuracy": float(out["accuracy"])}
+
+
+class _StepClock:
+    """Seconds spent in steps, and how many, since it was last read."""
+
+    def __init__(self) -> None:
+        self.seconds, self.steps = 0.0, 0
+
+    def add(self, seconds: float) -> None:
+        self.seconds += seconds
+        self.steps += 1
+
+    def take(self) -> float | None:
+        """The mean seconds a step since the last take (None if no step was timed); resets."""
+        mean = self.seconds / self.steps if self.steps else None
+        self.seconds, self.steps = 0.0, 0
+        return mean
+
 
 class NonFiniteLoss(RuntimeError):
     def __init__(self, step: int, loss: float) -> None:
@@ -90,26 +112,38 @@ class Controller:
         step = int(self.trainer.step.numpy())
         s = self.spec.summaries
         self.progress.write("start", step=step, total=self.total_steps, phase="starting", towers=self.trainer.num_towers)
-        metrics: dict[str, float] = {}
-        window_start, window_step = time.monotonic(), step
-        scalar_start, scalar_step = time.monotonic(), step
+        out: dict[str, Any] | None = None
+        loss = math.nan
+        # Step time is the time spent in steps alone: waiting for input, the step, reading
+        # the loss. Summaries, evals and checkpoints between steps are left out, and so is
+        # this process's first step (it traces the function). The ETA counts everything.
+        scalar_clock, report_clock = _StepClock(), _StepClock()
+        first_step, started_at = step + 1, time.monotonic()
+        last_report = time.monotonic()
         examples_per_sec = 0.0
         graph_written = False
 
         self.at_step = step
         while step < self.total_steps:
             if self.stop.is_set():
-                return self._finish_cancelled(step, metrics)
+                return self._finish_cancelled(step, _metrics(loss, out))
             self.at_step = step + 1
             if step + 1 in self._trace_steps and not self.trace.active:
                 self.trace.start()
+            began = time.monotonic()
             images, labels = next(self.train_batches)
             scalars_due = bool(s.scalars_every) and (step + 1) % s.scalars_every == 0
             out = self.trainer.train_step(images, labels, with_grad_norm=scalars_due)
             step += 1
-            loss = float(out["loss"])  # note: a host-device sync point, once a step
+            loss = float(out["loss"])  # the one host-device sync point of a step
             if not math.isfinite(loss):
                 raise NonFiniteLoss(step, loss)
+            if step == first_step:
+                started_at = time.monotonic()
+            else:
+                took = time.monotonic() - began
+                scalar_clock.add(took)
+                report_clock.add(took)
             if self.trace.active:
                 self._traced_steps += 1
                 if step + 1 not in self._trace_steps:
@@ -118,50 +152,50 @@ class Controller:
                 self.summaries.graph("train", self.trainer.train_function.get_concrete_function().graph)
                 graph_written = True
 
-            metrics = {"loss": loss, "accuracy": float(out["accuracy"])}
             if scalars_due:
-                now = time.monotonic()
-                step_seconds = (now - scalar_start) / max(step - scalar_step, 1)
-                scalar_start, scalar_step = now, step
-                self._write_scalars(step, out, step_seconds, self.spec.batch_size / step_seconds)
+                self._write_scalars(step, out, scalar_clock.take())
             if s.histograms_every and step % s.histograms_every == 0:
                 self._write_histograms(step, out["grads"])
             if s.images_every and step % s.images_every == 0:
                 self._write_images(step, images)
 
             now = time.monotonic()
-            if now - window_start >= PROGRESS_EVERY_SECONDS or step == self.total_steps:
-                examples_per_sec = (step - window_step) * self.spec.batch_size / (now - window_start)
-                self._report(step, metrics, examples_per_sec, float(out["learning_rate"]))
-                window_start, window_step = now, step
+            if now - last_report >= PROGRESS_EVERY_SECONDS or step == self.total_steps:
+                step_seconds = report_clock.take()
+                if step_seconds is not None:
+                    examples_per_sec = self.spec.batch_size / step_seconds
+                wall_per_step = (now - started_at) / (step - first_step) if step > first_step else step_seconds
+                self._report(step, _metrics(loss, out), examples_per_sec, wall_per_step, float(out["learning_rate"]))
+                last_report = now
                 self._take_profile_request(step)
 
             e = self.spec.eval
-            if e.every_steps and step % e.every_steps == 0 and step < self.total_steps:
+            if e.every_steps and step % e.every_steps == 0 and step < self.total_steps and not self.stop.is_set():
                 self._evaluate(step)
             if self.checkpointer.due(step) and step < self.total_steps:
                 self._save(step)
 
         if self.trace.active:
             self._finish_trace(step)
-        metrics["examples_per_sec"] = round(examples_per_sec, 2)
-        if self.eval_data is not None and self.spec.eval.every_steps:
+        metrics = {**_metrics(loss, out), "examples_per_sec": round(examples_per_sec, 2)}
+        if self.spec.eval.every_steps and not self.stop.is_set():
             self._evaluate(step)
         self._save(step)
         return RunSummary(Outcome.SUCCEEDED, step, metrics, self._last_eval, self._checkpoint_path)
 
     # -- pieces of the loop ----------------------------------------------------------
 
-    def _report(self, step: int, metrics: dict[str, float], examples_per_sec: float, learning_rate: float) -> None:
+    def _report(
+        self, step: int, metrics: dict[str, float], examples_per_sec: float, wall_per_step: float | None, learning_rate: float
+    ) -> None:
         remaining = self.total_steps - step
-        steps_per_sec = examples_per_sec / self.spec.batch_size if examples_per_sec else 0.0
         fields: dict[str, Any] = {
             "step": step,
             "total": self.total_steps,
             "loss": round(metrics["loss"], 6),
             "accuracy": round(metrics["accuracy"], 6),
             "examples_per_sec": round(examples_per_sec, 2),
-            "eta_seconds": round(remaining / steps_per_sec, 1) if steps_per_sec else None,
+            "eta_seconds": round(remaining * wall_per_step, 1) if wall_per_step else None,
             "learning_rate": learning_rate,
             "phase": "training",
         }
@@ -169,15 +203,17 @@ class Controller:
             fields["tower_ms"] = self._tower_ms
         self.progress.write("progress", **fields)
 
-    def _write_scalars(self, step: int, out: dict[str, tf.Tensor], step_seconds: float, examples_per_sec: float) -> None:
+    def _write_scalars(self, step: int, out: dict[str, tf.Tensor], step_seconds: float | None) -> None:
+        """`step_seconds`: the mean time of the steps since the last write (None: none timed)."""
         values: dict[str, float] = {
             "loss": float(out["loss"]),
             "accuracy": float(out["accuracy"]),
             "learning_rate": float(out["learning_rate"]),
             "grad_norm": float(out["grad_norm"]),
-            "step_time_ms": step_seconds * 1000.0,
-            "examples_per_sec": examples_per_sec,
         }
+        if step_seconds is not None:
+            values["step_time_ms"] = step_seconds * 1000.0
+            values["examples_per_sec"] = self.spec.batch_size / step_seconds
         for i, tower_loss in enumerate(out["tower_loss"].numpy()):
             values[f"tower_{i}/loss"] = float(tower_loss)
         self.summaries.scalars("train", values, step)
@@ -191,9 +227,8 @@ class Controller:
         self.summaries.histograms("train", tensors, step)
 
     def _write_images(self, step: int, images: tf.Tensor) -> None:
-        towers = self.trainer.num_towers
-        batch = int(images.shape[0])
-        sizes = [batch // towers + (1 if i < batch % towers else 0) for i in range(towers)]
+        # The split the step made (`tower_sizes`), so each grid shows what its tower trained on.
+        sizes = [int(n) for n in tower_sizes(tf.shape(images)[0], self.trainer.num_towers)]
         shards = tf.split(images, sizes)
         self.summaries.images(
             "train",
@@ -226,7 +261,7 @@ class Controller:
             return
         try:
             steps = int(json.loads(request.read_text()).get("steps", 3))
-        except (ValueError, AttributeError, json.JSONDecodeError):
+        except (ValueError, TypeError, AttributeError, OSError):  # a hand-written file: never fatal
             steps = 3
         finally:
             request.unlink(missing_ok=True)
@@ -237,14 +272,11 @@ class Controller:
         if self.eval_data is None:
             return
         self.progress.write("phase", step=step, total=self.total_steps, phase="eval")
-        loss_sum = correct = count = 0.0
-        if self.trainer.ema is not None:
-            with self.trainer.ema.swapped_in():
-                loss_sum, correct, count = self._eval_sums()
-        else:
-            loss_sum, correct, count = self._eval_sums()
-        if count == 0:
+        with self.trainer.eval_weights():
+            sums = self._eval_sums()
+        if sums is None or sums[2] == 0:
             return
+        loss_sum, correct, count = sums
         self._last_eval = {"loss": loss_sum / count, "accuracy": correct / count}
         self.summaries.scalars("eval", self._last_eval, step)
         self.progress.write(
@@ -256,10 +288,13 @@ class Controller:
             phase="eval",
         )
 
-    def _eval_sums(self) -> tuple[float, float, float]:
+    def _eval_sums(self) -> tuple[float, float, float] | None:
+        """Loss sum, correct count and example count; None if a stop came first."""
         assert self.eval_data is not None
         totals = np.zeros(3)
-        for images, labels in self.eval_data.take(self.spec.eval.batches):
+        for images, labels in self.eval_data:
+            if self.stop.is_set():  # a cancel must not wait out a long eval (and its SIGKILL)
+                return None
             out = self.trainer.eval_step(images, labels)
             totals += [float(out["loss_sum"]), float(out["correct"]), float(out["count"])]
         return float(totals[0]), float(totals[1]), float(totals[2])

@@ -141,12 +141,17 @@ def train_dataset(arrays: Arrays, data: DataSpec, batch_size: int, seed: int) ->
     return dataset.with_options(_symbolic_checkpoint())
 
 
-def eval_dataset(arrays: Arrays, batch_size: int) -> tf.data.Dataset:
-    """The eval examples once, in order, unaugmented, with a partial last batch."""
+def eval_dataset(arrays: Arrays, batch_size: int, batches: int | None = None) -> tf.data.Dataset:
+    """The eval examples once, in order, unaugmented, with a partial last batch.
+
+    `batches` limits it to the first that many batches (cut before the gather, so no batch
+    is made only to be thrown away).
+    """
     _check_batch_size(batch_size)
     gather = _gatherer(arrays.x_eval, arrays.y_eval)
+    count = arrays.num_eval if batches is None else min(arrays.num_eval, batches * batch_size)
     dataset = (
-        tf.data.Dataset.range(arrays.num_eval)
+        tf.data.Dataset.range(count)
         .batch(batch_size)
         .map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         .prefetch(tf.data.AUTOTUNE)

@@ -156,7 +156,8 @@ def _train(spec: JobSpec, job: dict[str, Any], rundir: RunDir) -> ExitCode:
             )
         with tf.device("/CPU:0"):
             batches = iter(train_dataset(arrays, spec.data, spec.batch_size, spec.seed))
-        evals = eval_dataset(arrays, spec.batch_size) if arrays.num_eval else None
+        evaluates = arrays.num_eval and spec.eval.every_steps
+        evals = eval_dataset(arrays, spec.batch_size, spec.eval.batches) if evaluates else None
         checkpointer = Checkpointer(rundir.checkpoints, trainer, batches, spec.checkpoint)
         resumed = checkpointer.restore_latest()
         if resumed is not None:
@@ -210,10 +211,7 @@ def _export(trainer: Any, export_dir: Path) -> None:
     """SavedModel of the model (EMA weights when enabled), written whole then renamed."""
     tmp = export_dir.with_name(f".{export_dir.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    if trainer.ema is not None:
-        with trainer.ema.swapped_in():
-            trainer.model.export(str(tmp), format="tf_saved_model", verbose=False)
-    else:
+    with trainer.eval_weights():
         trainer.model.export(str(tmp), format="tf_saved_model", verbose=False)
     shutil.rmtree(export_dir, ignore_errors=True)
     os.replace(tmp, export_dir)

@@ -14,13 +14,15 @@ Batch-norm moving statistics: every tower normalises with its own shard's moment
 separate GPUs would), and the moving statistics are set to the share-weighted average of
 the towers' updates: `m' = momentum*m + (1-momentum) * sum_i(w_i * moment_i)`. For the
 mean that is exactly the single-device update on the whole batch; for the variance it is
-the mean of the per-tower variances (it leaves out the spread between tower means).
+the mean of the per-tower variances (it leaves out the spread between tower means). One
+tower updates them in place, as a plain step does, with no bookkeeping to pay for.
 
 This module only computes. Summaries, checkpoints and progress belong to the controller.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 
@@ -108,9 +110,11 @@ class TowerTrainer:
         self.clip_norm = clip_norm
 
         self._variables = list(model.trainable_variables)
+        # With one tower, batch norm updates its statistics in place, as in a plain step;
+        # with more, the step takes each tower's update and averages them.
         self._bn_variables = [
             var for layer in _batch_norm_layers(model) for var in (layer.moving_mean, layer.moving_variance)
-        ]
+        ] if len(tower_devices) > 1 else []
         with tf.device(parameter_device):
             # Built now, not on the first step, so slots exist (on the parameter device)
             # before a checkpoint is restored into them.
@@ -230,7 +234,9 @@ class TowerTrainer:
         loss_sums, correct_sums = [], []
         for i, device in enumerate(self.tower_devices):
             shard_images, shard_labels, weight = shards[i]
-            with tf.device(device), tf.name_scope(f"tower_{i}"):
+            # Not `tower_i`: a trace that spans an eval must not count its ops as a tower's
+            # training time (`profiling.tower_times_ms`).
+            with tf.device(device), tf.name_scope(f"eval/tower_{i}"):
                 logits = self.model(shard_images, training=False)
                 loss, correct = self._per_example(shard_labels, logits)
                 loss_sums.append(weight * tf.reduce_sum(loss))
@@ -240,6 +246,10 @@ class TowerTrainer:
             "correct": tf.add_n(correct_sums),
             "count": tf.cast(batch, tf.float32),
         }
+
+    def eval_weights(self) -> contextlib.AbstractContextManager[None]:
+        """The weights eval and export use: the EMA's inside the block when enabled."""
+        return self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext()
 
     def current_learning_rate(self) -> tf.Tensor:
         """The rate the next update uses (the schedule at the optimizer's iteration count)."""

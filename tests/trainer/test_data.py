@@ -688,6 +688,13 @@ def test_eval_dataset_yields_eval_examples_once_in_order() -> None:
     )
 
 
+def test_eval_dataset_stops_after_the_batches_asked_for() -> None:
+    arrays = arrays_of(4, n_eval=7)
+
+    assert [y.tolist() for _, y in batches(eval_dataset(arrays, 3, batches=2), 100)] == [[4, 5, 6], [7, 8, 9]]
+    assert len(batches(eval_dataset(arrays, 3, batches=10), 100)) == 3
+
+
 def test_steps_per_epoch_rounds_up() -> None:
     assert [steps_per_epoch(n, 4) for n in (0, 1, 4, 5, 8, 9)] == [0, 1, 1, 2, 2, 3]
 

@@ -115,6 +115,20 @@ def test_run_job_writes_every_summary_kind(tiny_run):
     assert tags_by_plugin(job_dir / "tb" / "eval")["scalars"] == {"loss", "accuracy"}
 
 
+def test_run_job_step_time_is_the_steps_alone(tiny_run):
+    # step_time_ms leaves out the first step's tracing (seconds) and the evals, summaries and
+    # checkpoints between steps. Counted in, the step-5 point was ~100x a usual step; a
+    # noisy machine moves points by a few times at most.
+    job_dir, _, _ = tiny_run
+    acc = event_accumulator.EventAccumulator(str(job_dir / "tb" / "train"), size_guidance={"tensors": 0})
+    acc.Reload()
+    times = {e.step: float(tf.make_ndarray(e.tensor_proto)) for e in acc.Tensors("step_time_ms")}
+    assert sorted(times) == list(range(5, 41, 5))
+    assert max(times.values()) < 20 * float(np.median(list(times.values()))), times
+    rates = {e.step: float(tf.make_ndarray(e.tensor_proto)) for e in acc.Tensors("examples_per_sec")}
+    assert all(rates[s] == pytest.approx(32 * 1000 / times[s], rel=1e-4) for s in times)
+
+
 def test_run_job_traces_each_tower(tiny_run):
     job_dir, _, _ = tiny_run
     traces = list((job_dir / "tb" / "plugins" / "profile").glob("*/*.xplane.pb"))
@@ -321,3 +335,28 @@ def test_run_job_crash_in_training_reports_its_step(tmp_path):
     assert result["outcome"] == "failed"
     assert "fuse blew" in result["message"]
     assert result["step"] == 4
+
+
+def test_sigterm_during_a_long_eval_stops_without_finishing_it(tmp_path):
+    # An eval of 10,000 batches (~20 s here) that a cancel lands in: the worker must drop it
+    # and checkpoint, not finish it first (the service SIGKILLs after its grace period).
+    spec = with_(
+        TINY,
+        data={"format": "synthetic", "eval_fraction": 0.9, "params": {"shape": [8, 8], "classes": 4, "size": 400_000}},
+        steps=1000,
+        eval={"every_steps": 5, "batches": 10_000},
+        summaries={"scalars_every": 0, "histograms_every": 0, "images_every": 0, "trace_steps": []},
+    )
+    job_dir = tmp_path / "job"
+    proc = start_worker(job_dir, spec)
+    deadline = time.monotonic() + 120
+    while not any(e.get("phase") == "eval" for e in read_progress(job_dir / "progress.jsonl")[0]):
+        assert proc.poll() is None and time.monotonic() < deadline, "worker ended before its first eval"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    log, _ = proc.communicate(timeout=120)
+    events, _ = read_progress(job_dir / "progress.jsonl")
+    assert proc.returncode == 3, log
+    assert json.loads((job_dir / "result.json").read_text())["step"] == 5
+    assert not [e for e in events if e["event"] == "eval"], "the eval ran to its end"
+    assert [e["checkpoint"] for e in events if e["event"] == "checkpoint"] == ["checkpoints/ckpt-5"]

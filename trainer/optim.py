@@ -30,7 +30,17 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return tf.where(step < self.warmup_steps, warm, tf.cast(base, tf.float32))
 
     def get_config(self) -> dict:
-        return {"warmup_steps": self.warmup_steps, "peak": self.peak}
+        base = self.base
+        if isinstance(base, keras.optimizers.schedules.LearningRateSchedule):
+            base = keras.optimizers.schedules.serialize(base)
+        return {"base": base, "warmup_steps": self.warmup_steps, "peak": self.peak}
+
+    @classmethod
+    def from_config(cls, config: dict) -> WarmupSchedule:
+        base = config["base"]
+        if isinstance(base, dict):
+            base = keras.optimizers.schedules.deserialize(base)
+        return cls(base, config["warmup_steps"], config["peak"])
 
 
 def make_schedule(spec: OptimizerSpec) -> WarmupSchedule:

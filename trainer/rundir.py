@@ -88,11 +88,6 @@ class RunDir:
     def profile_request(self) -> Path:
         return self.root / "profile_request.json"
 
-    @property
-    def profile(self) -> Path:
-        """Where the profiler writes traces (TensorBoard's profile plugin reads it)."""
-        return self.tensorboard / "plugins" / "profile"
-
     def read_result(self) -> dict[str, Any] | None:
         try:
             return json.loads(self.result.read_text())

@@ -9,7 +9,7 @@ histograms are built as `Summary` protobufs in Python and written with one
 `tf.summary.scalar` ops, and nothing has to be traced (a `tf.function` of summary ops
 costs about a second to trace, per job). Histograms: TensorBoard's stock
 `tf.summary.histogram` is slow on large tensors (about 100 ms for 1.6M values here);
-`np.histogram` with fixed-width buckets does the whole `cnn` (3.2M weights and as many
+`np.histogram` with fixed-width buckets does the whole `cnn` (1.6M weights and as many
 gradients) in about 65 ms, and the [k, 3] tensor (left edge, right edge, count) goes out
 under the histogram plugin's metadata, so TensorBoard shows it as any histogram.
 Measured by `bench/towers_bench.py` and recorded in docs/benchmarks.md.

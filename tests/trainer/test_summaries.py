@@ -42,10 +42,12 @@ def test_write_scalars_and_histograms_read_back(tmp_path):
     assert tf.make_ndarray(histogram.tensor_proto)[:, 2].sum() == 4
 
 
-def test_summary_manager_without_logdir_writes_nothing(tmp_path):
+def test_summary_manager_without_logdir_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where a writer given no folder would end up
     summaries = SummaryManager(None)
     summaries.scalars("train", {"loss": 1.0}, step=1)
     summaries.histograms("train", {"w": np.ones(3)}, step=1)
     summaries.images("train", {"x": np.zeros((1, 4, 4, 1), np.float32)}, step=1, max_images=1)
     summaries.close()
     assert list(tmp_path.iterdir()) == []
+    assert summaries._writers == {}

@@ -111,12 +111,13 @@ def test_clip_norm_bounds_the_update():
 def test_weight_decay_shrinks_kernels_only():
     plain, decayed = make_trainer(1, lr=0.1), make_trainer(1, lr=0.1, weight_decay=0.5)
     x, y = batch(32)
+    before = [v.numpy().copy() for v in decayed.model.trainable_variables]
     plain.train_step(x, y)
     decayed.train_step(x, y)
-    for p, d in zip(plain.model.trainable_variables, decayed.model.trainable_variables, strict=True):
+    for p, d, w in zip(plain.model.trainable_variables, decayed.model.trainable_variables, before, strict=True):
         if len(p.shape) > 1:
-            # SGD: w' = w - lr * (g + wd * w), so the difference is lr * wd * w_before.
-            assert not np.allclose(p.numpy(), d.numpy())
+            # SGD: w' = w - lr * (g + wd * w), so decay takes lr * wd * w_before off.
+            np.testing.assert_allclose(p.numpy() - d.numpy(), 0.1 * 0.5 * w, atol=1e-6)
         else:
             np.testing.assert_allclose(p.numpy(), d.numpy(), atol=1e-7)
 
@@ -155,6 +156,17 @@ def test_learning_rate_warmup_then_schedule():
         OptimizerSpec(learning_rate=0.1, schedule={"name": "polynomial", "decay_steps": 10, "end_learning_rate": 0.02})
     )
     assert float(poly(5)) == pytest.approx(0.06)
+
+
+def test_learning_rate_schedule_config_round_trips():
+    from trainer.optim import WarmupSchedule, make_schedule
+
+    decayed = make_schedule(
+        OptimizerSpec(learning_rate=0.1, warmup_steps=3, schedule={"name": "exponential_decay", "decay_steps": 5, "decay_rate": 0.5})
+    )
+    for schedule in (decayed, make_schedule(OptimizerSpec(learning_rate=0.1, warmup_steps=3))):
+        copy = WarmupSchedule.from_config(schedule.get_config())
+        assert [float(copy(s)) for s in (0, 4, 20)] == [float(schedule(s)) for s in (0, 4, 20)]
 
 
 def test_grad_norm_only_when_asked():

@@ -56,6 +56,57 @@ def long_job(**changes: Any) -> dict[str, Any]:
     return spec
 
 
+# A stand-in worker, `python -m fake_worker run --job-dir DIR`, for what the real trainer
+# never does on purpose: ignore SIGTERM, write a progress line the store cannot take, or
+# swap a link in for its worker.log. It keeps the run-directory contract (progress lines,
+# result.json, the exit codes) and does what its spec's name says.
+FAKE_WORKER = """\
+import json, signal, sys, time
+from pathlib import Path
+
+job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1])
+behaviour = json.loads((job_dir / "spec.json").read_text())["name"]
+stopped = []
+
+
+def progress(**line):
+    with open(job_dir / "progress.jsonl", "a") as f:
+        f.write(json.dumps({"time": time.time(), **line}) + "\\n")
+
+
+def end(outcome, code):
+    (job_dir / "result.json").write_text(json.dumps({"outcome": outcome, "message": behaviour}))
+    sys.exit(code)
+
+
+if behaviour == "deaf":  # ignores SIGTERM: only SIGKILL ends it
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+else:  # stops on SIGTERM like the trainer: exit 3, outcome cancelled
+    signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
+progress(event="start", step=0, total=10)
+if behaviour == "quick":
+    end("succeeded", 0)
+elif behaviour == "poison":  # a step too large for a SQLite integer
+    progress(event="progress", step=1, total=10, loss=0.5)
+    progress(event="progress", step=2**70, total=10, loss=0.25)
+elif behaviour == "leak":  # worker.log becomes a link to a file beside the data dir
+    log = job_dir / "worker.log"
+    log.unlink()
+    log.symlink_to(job_dir.parents[2] / "outside.txt")
+    end("failed", 1)
+while not stopped:
+    time.sleep(0.05)
+end("cancelled", 3)
+"""
+
+
+def fake_worker_env(directory: Path) -> dict[str, str]:
+    """Service settings that run FAKE_WORKER (written into `directory`) as the worker."""
+    (directory / "fake_worker.py").write_text(FAKE_WORKER)
+    path = os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")]))
+    return {"TOWERBOARD_WORKER_MODULE": "fake_worker", "PYTHONPATH": path}
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -11,23 +11,26 @@ from typing import Any
 
 import pytest
 
-from tests.service.harness import Service, job_spec, long_job
+from tests.service.harness import (
+    Service,
+    fake_worker_env,
+    job_spec,
+    long_job,
+    processes_under,
+)
 
 pytestmark = pytest.mark.slow
 
 
+def worker_pids(service: Service, job_id: str) -> list[int]:
+    """The job's worker processes, found the way an operator would: by command line."""
+    return processes_under(service.data_dir / "runs" / job_id)
+
+
 def worker_pid(service: Service, job_id: str) -> int:
-    """The pid of the job's worker, found the way an operator would: by its command line."""
-    job_dir = os.fsencode(str(service.data_dir / "runs" / job_id))
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"--job-dir" in argv and job_dir in argv:
-                return int(entry.name)
-    raise AssertionError(f"no worker process for job {job_id}")
+    pids = worker_pids(service, job_id)
+    assert len(pids) == 1, f"expected one worker process for job {job_id}, found {pids}"
+    return pids[0]
 
 
 def progress_lines(service: Service, job_id: str) -> list[dict[str, Any]]:
@@ -60,18 +63,31 @@ def test_run_job_worker_rejects_spec_fails_with_reason(service: Service) -> None
     assert failed["result"]["outcome"] == "invalid_spec"
 
 
-def test_cancel_job_killed_after_grace(make_service: Callable[..., Service]) -> None:
-    service = make_service(env={"TOWERBOARD_CANCEL_GRACE_SECONDS": "0.05"})
+def test_cancel_job_killed_after_grace(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # The real trainer answers SIGTERM with a checkpoint and exit 3, usually well within
+    # any grace; only a worker that ignores SIGTERM makes the SIGKILL certain. So this one
+    # is a real process that does exactly that (FAKE_WORKER's "deaf").
+    service = make_service(
+        env={"TOWERBOARD_CANCEL_GRACE_SECONDS": "0.05", **fake_worker_env(tmp_path)}
+    )
     service.start()
-    job = service.submit(long_job())
-    service.wait_checkpoint(job["id"])
+    job = service.submit(job_spec(name="deaf"))
+    # Its first progress line comes after it has set SIGTERM aside.
+    service.wait_for(job["id"], lambda job: job["progress"] is not None, what="the worker up")
+    pid = worker_pid(service, job["id"])
     assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
     cancelled = service.wait_state(job["id"], "cancelled", "failed", "succeeded")
     assert cancelled["state"] == "cancelled", cancelled
-    # SIGKILL 50 ms after SIGTERM: it rarely beats the checkpoint, but either way the job
-    # is cancelled, and a kill says so.
-    if cancelled["error"] is not None:
-        assert cancelled["error"]["reason"].startswith("Cancelled: the worker ")
+    error = cancelled["error"]
+    assert error["reason"] == (
+        "Cancelled: the worker did not exit within 0.05 s of SIGTERM and was killed with SIGKILL."
+    )
+    assert error["signal"] == "SIGKILL" and error["exit_code"] is None
+    assert error["log_tail"][0].startswith(f"--- towerboard: attempt 1 of job {job['id']} ")
+    assert cancelled["result"] is None  # it never got to write one
+    assert pid not in worker_pids(service, job["id"])
 
 
 def test_restart_service_adopts_living_worker_then_requeues_dead_one(

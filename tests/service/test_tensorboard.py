@@ -92,10 +92,6 @@ def test_proxy_tensorboard_profile_plugin(service: Service, traced_job: dict[str
         "/tensorboard/data/plugin/profile/run_tools", params={"run": runs[0]}
     )
     assert "trace_viewer@" in tools.json()
-    overview = service.client.get(
-        "/tensorboard/data/plugin/profile/data",
-        params={"run": runs[0], "tag": "overview_page", "host": "vm"},
-    )
     hosts = service.client.get(
         "/tensorboard/data/plugin/profile/hosts", params={"run": runs[0], "tag": "overview_page"}
     ).json()

@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import httpx
+import pytest
 
 from tests.service.harness import Service, job_spec, long_job
+
+pytestmark = pytest.mark.slow  # real TensorFlow workers, like its siblings
 
 
 def test_profile_running_job_traces_next_steps(make_service: Callable[..., Service]) -> None:

@@ -1,9 +1,14 @@
-"""How a worker's end becomes a job's final state.
+"""How a worker's end becomes a job's final state, or another attempt.
 
 The exit code decides (0 succeeded, 1 failed, 2 invalid spec, 3 cancelled; a signal is a
 crash), `result.json` supplies the message and metrics, and a failure carries the last
 lines of worker.log. A worker adopted after a restart is not our child, so its exit code
 is unknown and `result.json` alone decides; without one it crashed.
+
+Exit 3 means "stopped by SIGTERM after a checkpoint", and the service sends SIGTERM only
+to cancel. A worker that stopped that way with no cancel requested was stopped by someone
+else (a service manager stopping the whole control group, a shutdown): its job is not
+over, so `interrupted` says why it runs again, from that checkpoint.
 """
 
 from __future__ import annotations
@@ -51,6 +56,25 @@ def _result_reason(result: dict[str, Any]) -> str:
     return message or f"The worker reported outcome {result.get('outcome')!r}."
 
 
+def interrupted(
+    exit: WorkerExit, result: dict[str, Any] | None, *, cancel_requested: bool
+) -> str | None:
+    """Why a worker's job is to be requeued rather than finished, or None when its end is
+    final: it checkpointed and stopped on a SIGTERM that no cancel asked for."""
+    if cancel_requested:
+        return None
+    if exit.code == ExitCode.CANCELLED:
+        return "its worker was stopped by a SIGTERM nobody asked for (exit 3, after a checkpoint)"
+    if (
+        exit.code is None
+        and exit.signal is None
+        and result is not None
+        and result.get("outcome") == Outcome.CANCELLED.value
+    ):  # adopted, or ended while no service watched: result.json says how
+        return "its worker was stopped by a SIGTERM nobody asked for (result.json: cancelled)"
+    return None
+
+
 def final_state(
     exit: WorkerExit,
     result: dict[str, Any] | None,
@@ -60,7 +84,8 @@ def final_state(
     grace_seconds: float,
     log_tail: list[str],
 ) -> FinalState:
-    """The terminal state, result and error for a worker that has ended."""
+    """The terminal state, result and error for a worker that has ended (ask `interrupted`
+    first: a cancelled outcome without a cancel request is not terminal)."""
 
     def failed(reason: str) -> FinalState:
         return FinalState(

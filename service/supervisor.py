@@ -8,7 +8,9 @@ Every `poll_seconds` (or at once when woken by a submit or cancel) it
 
 On start it recovers from a previous service: a living worker is adopted, a job whose
 worker is gone is requeued (it resumes from its latest checkpoint), or finished from its
-result.json when the worker ended while nobody watched.
+result.json when the worker ended while nobody watched. A worker that checkpointed and
+stopped on a SIGTERM nobody asked for (no cancel request: a service manager stopping the
+whole control group, say) is requeued the same way, whether it ends while watched or not.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 from service.devices import DevicePool
 from service.events import JobEvent
-from service.outcomes import final_state
+from service.outcomes import final_state, interrupted
 from service.progress import fold_progress
 from service.runfiles import tail_lines
 from service.scheduler import never_fit, next_placements
@@ -111,15 +113,9 @@ class Supervisor:
                 continue
             self._read_progress(job.id)  # what the worker wrote while nobody watched
             if run.result.exists() or job.cancel_requested_at is not None:
-                self._finish(job, WorkerExit(), killed=False)
+                self._ended(job, WorkerExit(), killed=False)
             else:
-                self._tails.pop(job.id)
-                if self._store.requeue(job.id):
-                    log.warning(
-                        "Job %s: its worker is gone; requeued to resume from its latest checkpoint",
-                        job.id,
-                    )
-                    self._publish_state(job.id)
+                self._requeue(job, "its worker is gone")
 
     # --- one pass ----------------------------------------------------------------------
 
@@ -136,7 +132,7 @@ class Supervisor:
             exit = worker.poll()
             if exit is not None:
                 self._read_progress(job_id)  # the last lines, written just before the exit
-                self._finish(job, exit, killed=worker.killed)
+                self._ended(job, exit, killed=worker.killed)
         self._schedule()
 
     def _enforce_cancel(self, job: JobRecord, worker: Worker) -> None:
@@ -169,12 +165,19 @@ class Supervisor:
         for line in lines:
             self._publish(JobEvent(job_id, str(line.get("event", "progress")), line))
 
-    def _finish(self, job: JobRecord, exit: WorkerExit, *, killed: bool) -> None:
+    def _ended(self, job: JobRecord, exit: WorkerExit, *, killed: bool) -> None:
+        """The worker has ended: requeue the job if it was only interrupted, else finish it."""
         run = self.run_dir(job.id)
+        result = run.read_result()
+        cancel_requested = job.cancel_requested_at is not None
+        why = interrupted(exit, result, cancel_requested=cancel_requested)
+        if why is not None:
+            self._requeue(job, why)
+            return
         final = final_state(
             exit,
-            run.read_result(),
-            cancel_requested=job.cancel_requested_at is not None,
+            result,
+            cancel_requested=cancel_requested,
             killed_after_grace=killed,
             grace_seconds=self._settings.cancel_grace_seconds,
             log_tail=tail_lines(run.log, ERROR_LOG_LINES),
@@ -189,6 +192,21 @@ class Supervisor:
             f": {final.error['reason']}" if final.error else "",
         )
         self._publish_state(job.id)
+
+    def _requeue(self, job: JobRecord, why: str) -> None:
+        """Running -> queued with attempts + 1; the next attempt resumes from the latest
+        checkpoint."""
+        requeued = self._store.requeue(job.id)  # False: no longer running (finished since)
+        self._workers.pop(job.id, None)
+        self._tails.pop(job.id, None)
+        if requeued:
+            log.warning(
+                "Job %s: %s; requeued as attempt %d to resume from its latest checkpoint",
+                job.id,
+                why,
+                job.attempts + 1,
+            )
+            self._publish_state(job.id)
 
     def _schedule(self) -> None:
         queued = self._store.queued()

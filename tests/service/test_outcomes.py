@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from service.outcomes import final_state
+from service.outcomes import final_state, interrupted
 from service.store import JobState
 from service.workers import WorkerExit
 
@@ -92,3 +92,38 @@ def test_final_state_adopted_worker_cancelled_without_result() -> None:
         "Cancelled: the worker ended while the service was not its parent, without writing "
         "result.json."
     )
+
+
+def test_interrupted_exit_3_without_cancel_request_requeues() -> None:
+    # SIGTERM from someone else (a service manager stopping the control group): the worker
+    # checkpointed and exited 3, but nobody asked to cancel, so the job is not over.
+    why = interrupted(WorkerExit(code=3), {"outcome": "cancelled"}, cancel_requested=False)
+    assert why == (
+        "its worker was stopped by a SIGTERM nobody asked for (exit 3, after a checkpoint)"
+    )
+
+
+def test_interrupted_adopted_result_cancelled_without_cancel_request_requeues() -> None:
+    why = interrupted(WorkerExit(), {"outcome": "cancelled"}, cancel_requested=False)
+    assert why == (
+        "its worker was stopped by a SIGTERM nobody asked for (result.json: cancelled)"
+    )
+
+
+@pytest.mark.parametrize(
+    "exit, result, cancel",
+    [
+        (WorkerExit(code=3), {"outcome": "cancelled"}, True),  # a real cancel
+        (WorkerExit(), {"outcome": "cancelled"}, True),
+        (WorkerExit(code=0), {"outcome": "succeeded"}, False),
+        (WorkerExit(code=1), {"outcome": "failed"}, False),
+        (WorkerExit(), {"outcome": "succeeded"}, False),
+        (WorkerExit(), None, False),  # adopted, no result: a crash, not an interruption
+        (WorkerExit(signal=9), None, False),  # death by a signal stays a failure
+        (WorkerExit(signal=15), None, False),  # SIGTERM before a handler: no checkpoint
+    ],
+)
+def test_interrupted_only_for_an_unasked_sigterm_stop(
+    exit: WorkerExit, result: dict[str, Any] | None, cancel: bool
+) -> None:
+    assert interrupted(exit, result, cancel_requested=cancel) is None

@@ -1,10 +1,12 @@
-"""Worker supervision end to end: crashes, kills, and a service killed and restarted."""
+"""Worker supervision end to end: crashes, kills, interruptions, and a service killed and
+restarted."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -88,6 +90,69 @@ def test_cancel_job_killed_after_grace(
     assert error["log_tail"][0].startswith(f"--- towerboard: attempt 1 of job {job['id']} ")
     assert cancelled["result"] is None  # it never got to write one
     assert pid not in worker_pids(service, job["id"])
+
+
+def test_worker_sigterm_without_cancel_requeued_and_resumes(
+    make_service: Callable[..., Service],
+) -> None:
+    # A SIGTERM nobody asked for through the API (a service manager stopping the whole
+    # control group, say) must not end the job "cancelled": the worker checkpoints and
+    # exits 3, and the job runs again from that checkpoint. Once while the service
+    # watches, once while no service is running.
+    service = make_service()
+    service.start()
+    spec = long_job(name="interrupted", steps=3000)
+    job = service.submit(spec)
+    job_id = job["id"]
+
+    def ends() -> list[dict[str, Any]]:
+        return [line for line in progress_lines(service, job_id) if line["event"] == "end"]
+
+    # 1. Live: SIGTERM the worker itself, not through the cancel API.
+    service.wait_checkpoint(job_id)
+    os.kill(worker_pid(service, job_id), signal.SIGTERM)
+    requeued = service.wait_for(job_id, lambda job: job["attempts"] == 2, what="a requeue")
+    assert requeued["state"] in ("queued", "running") and requeued["error"] is None
+    first_end = ends()[0]
+    assert first_end["outcome"] == "cancelled"
+    service.wait_for(
+        job_id,
+        lambda job: (
+            job["attempts"] == 2
+            and int(job["progress"]["checkpoint"].rsplit("-", 1)[1]) > first_end["step"]
+        ),
+        what="a checkpoint of the second attempt",
+    )
+
+    # 2. While no service runs: the worker writes result.json (cancelled) and exits; the
+    # next service finds that, with no cancel requested, and requeues the job.
+    pid = worker_pid(service, job_id)
+    service.kill()
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while worker_pids(service, job_id) or len(ends()) < 2:
+        assert time.monotonic() < deadline, "the worker did not stop on SIGTERM"
+        time.sleep(0.1)
+    result = json.loads((service.data_dir / "runs" / job_id / "result.json").read_text())
+    assert result["outcome"] == "cancelled"
+    service.start()
+    recovered = service.job(job_id)
+    assert recovered["attempts"] == 3 and recovered["state"] in ("queued", "running")
+
+    # 3. The third attempt resumes and finishes the job.
+    done = service.wait_state(job_id, "succeeded", "failed", "cancelled", timeout=300)
+    assert done["state"] == "succeeded", done
+    assert done["attempts"] == 3 and done["error"] is None
+    assert done["progress"]["step"] == 3000
+    lines = progress_lines(service, job_id)
+    starts = [line["step"] for line in lines if line["event"] == "start"]
+    stops = [line for line in lines if line["event"] == "end"]
+    assert [line["outcome"] for line in stops] == ["cancelled", "cancelled", "succeeded"]
+    # Each attempt starts at the step where the one before checkpointed and stopped.
+    assert starts == [0, stops[0]["step"], stops[1]["step"]]
+    assert 0 < stops[0]["step"] < stops[1]["step"] < 3000
+    logs = service.client.get(f"/api/v1/jobs/{job_id}/logs", params={"tail": 100_000}).text
+    assert f"attempt 3 of job {job_id} starting" in logs
 
 
 def test_restart_service_adopts_living_worker_then_requeues_dead_one(

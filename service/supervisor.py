@@ -11,6 +11,11 @@ worker is gone is requeued (it resumes from its latest checkpoint), or finished 
 result.json when the worker ended while nobody watched. A worker that checkpointed and
 stopped on a SIGTERM nobody asked for (no cancel request: a service manager stopping the
 whole control group, say) is requeued the same way, whether it ends while watched or not.
+
+One job's trouble never stops the pass: each job, and the scheduling, runs under its own
+guard that logs an error once (again only when it changes) and retries on the next tick.
+The in-memory progress tail moves on only after the store has taken the lines, so a
+failed write is retried from the same offset and no line is lost.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +32,7 @@ from service.devices import DevicePool
 from service.events import JobEvent
 from service.outcomes import final_state, interrupted
 from service.progress import fold_progress
-from service.runfiles import tail_lines
+from service.runfiles import inside, tail_lines
 from service.scheduler import never_fit, next_placements
 from service.settings import Settings
 from service.store import JobRecord, JobState, JobStore
@@ -63,6 +69,9 @@ class Supervisor:
         self._publish = publish
         self._workers: dict[str, Worker] = {}
         self._tails: dict[str, _Tail] = {}
+        # The last error logged per guarded part ((job id, part) or ("", "schedule")), so a
+        # failure that repeats every tick is logged once, not five times a second.
+        self._errors: dict[tuple[str, str], str] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -111,8 +120,8 @@ class Supervisor:
             if worker is not None:
                 self._workers[job.id] = worker
                 continue
-            self._read_progress(job.id)  # what the worker wrote while nobody watched
-            if run.result.exists() or job.cancel_requested_at is not None:
+            self._read_progress_guarded(job.id)  # what the worker wrote while nobody watched
+            if inside(run.root, run.result) or job.cancel_requested_at is not None:
                 self._ended(job, WorkerExit(), killed=False)
             else:
                 self._requeue(job, "its worker is gone")
@@ -124,16 +133,43 @@ class Supervisor:
         for job_id, worker in list(self._workers.items()):
             job = running.get(job_id)
             if job is None:  # finished by someone else; nothing left to watch
-                self._workers.pop(job_id)
-                self._tails.pop(job_id, None)
+                self._forget(job_id)
                 continue
-            self._read_progress(job_id)
-            self._enforce_cancel(job, worker)
-            exit = worker.poll()
-            if exit is not None:
-                self._read_progress(job_id)  # the last lines, written just before the exit
-                self._ended(job, exit, killed=worker.killed)
-        self._schedule()
+            with self._guard((job_id, "watch"), f"Job {job_id}: watching its worker"):
+                self._watch(job, worker)
+        with self._guard(("", "schedule"), "Scheduling queued jobs"):
+            self._schedule()
+
+    def _watch(self, job: JobRecord, worker: Worker) -> None:
+        # A progress file that cannot be read or stored does not stop the cancel or the
+        # reaping: the job's end matters more than its last lines.
+        self._read_progress_guarded(job.id)
+        self._enforce_cancel(job, worker)
+        exit = worker.poll()
+        if exit is not None:
+            self._read_progress_guarded(job.id)  # the last lines, written just before the exit
+            self._ended(job, exit, killed=worker.killed)
+
+    @contextmanager
+    def _guard(self, key: tuple[str, str], what: str) -> Iterator[None]:
+        """Run one part of a pass; an error is logged (once while it repeats), not raised."""
+        try:
+            yield
+        except Exception as error:
+            message = f"{type(error).__name__}: {error}"
+            if self._errors.get(key) != message:
+                self._errors[key] = message
+                log.exception("%s failed; retrying each tick, logged again if it changes", what)
+        else:
+            if self._errors.pop(key, None) is not None:
+                log.info("%s works again", what)
+
+    def _forget(self, job_id: str) -> None:
+        """Stop watching a job that is no longer running."""
+        self._workers.pop(job_id, None)
+        self._tails.pop(job_id, None)
+        for key in [key for key in self._errors if key[0] == job_id]:
+            del self._errors[key]
 
     def _enforce_cancel(self, job: JobRecord, worker: Worker) -> None:
         if job.cancel_requested_at is None:
@@ -152,23 +188,33 @@ class Supervisor:
             )
             worker.kill()
 
+    def _read_progress_guarded(self, job_id: str) -> None:
+        with self._guard((job_id, "progress"), f"Job {job_id}: reading its progress.jsonl"):
+            self._read_progress(job_id)
+
     def _read_progress(self, job_id: str) -> None:
         tail = self._tails[job_id]
-        lines, offset = read_progress(self.run_dir(job_id).progress, tail.offset)
+        run = self.run_dir(job_id)
+        if not inside(run.root, run.progress):
+            return  # not written yet (or not a plain file of the run directory)
+        lines, offset = read_progress(run.progress, tail.offset)
         if offset == tail.offset:
             return
-        tail.progress, tail.eval, points = fold_progress(tail.progress, tail.eval, lines)
-        tail.offset = offset
+        lines = [line for line in lines if isinstance(line, dict)]  # JSON, but no progress line
+        progress, eval, points = fold_progress(tail.progress, tail.eval, lines)
         self._store.record_progress(
-            job_id, offset=offset, progress=tail.progress, eval=tail.eval, points=points
+            job_id, offset=offset, progress=progress, eval=eval, points=points
         )
+        # Only now, with the lines stored: a failed write leaves the tail where it was, and
+        # the next tick reads the same lines again.
+        tail.offset, tail.progress, tail.eval = offset, progress, eval
         for line in lines:
             self._publish(JobEvent(job_id, str(line.get("event", "progress")), line))
 
     def _ended(self, job: JobRecord, exit: WorkerExit, *, killed: bool) -> None:
         """The worker has ended: requeue the job if it was only interrupted, else finish it."""
         run = self.run_dir(job.id)
-        result = run.read_result()
+        result = run.read_result() if inside(run.root, run.result) else None
         cancel_requested = job.cancel_requested_at is not None
         why = interrupted(exit, result, cancel_requested=cancel_requested)
         if why is not None:
@@ -180,11 +226,11 @@ class Supervisor:
             cancel_requested=cancel_requested,
             killed_after_grace=killed,
             grace_seconds=self._settings.cancel_grace_seconds,
-            log_tail=tail_lines(run.log, ERROR_LOG_LINES),
+            # Through the same confinement check as every file served from a run directory.
+            log_tail=tail_lines(run.log, ERROR_LOG_LINES) if inside(run.root, run.log) else [],
         )
         self._store.finish(job.id, final.state, result=final.result, error=final.error)
-        self._workers.pop(job.id, None)
-        self._tails.pop(job.id, None)
+        self._forget(job.id)
         log.info(
             "Job %s %s%s",
             job.id,
@@ -197,8 +243,7 @@ class Supervisor:
         """Running -> queued with attempts + 1; the next attempt resumes from the latest
         checkpoint."""
         requeued = self._store.requeue(job.id)  # False: no longer running (finished since)
-        self._workers.pop(job.id, None)
-        self._tails.pop(job.id, None)
+        self._forget(job.id)
         if requeued:
             log.warning(
                 "Job %s: %s; requeued as attempt %d to resume from its latest checkpoint",

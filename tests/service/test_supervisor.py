@@ -1,5 +1,5 @@
-"""Worker supervision end to end: crashes, kills, interruptions, and a service killed and
-restarted."""
+"""Worker supervision end to end: crashes, kills, interruptions, a service killed and
+restarted, and one job's bad output beside the others."""
 
 from __future__ import annotations
 
@@ -153,6 +153,55 @@ def test_worker_sigterm_without_cancel_requeued_and_resumes(
     assert 0 < stops[0]["step"] < stops[1]["step"] < 3000
     logs = service.client.get(f"/api/v1/jobs/{job_id}/logs", params={"tail": 100_000}).text
     assert f"attempt 3 of job {job_id} starting" in logs
+
+
+def test_bad_progress_of_one_job_does_not_stop_the_others(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    service = make_service(env={"TOWERBOARD_CPU_JOBS": "2", **fake_worker_env(tmp_path)})
+    service.start()
+    # A worker whose progress line the store cannot take (a step beyond SQLite's integers),
+    # beside workers that finish at once.
+    poison = service.submit(job_spec(name="poison"))
+    service.wait_state(poison["id"], "running")
+    quick = [service.submit(job_spec(name="quick")) for _ in range(2)]
+    # They are reaped, and the second starts on the slot the first frees (scheduling).
+    for job in quick:
+        assert service.wait_state(job["id"], "succeeded", "failed")["state"] == "succeeded"
+    assert service.job(poison["id"])["state"] == "running"
+    # The error is logged once, not every tick.
+    failure = f"Job {poison['id']}: reading its progress.jsonl failed"
+    assert service.log.read_text().count(failure) == 1
+
+    # The lines that could not be stored were not skipped: once the file can be stored,
+    # they all are, from the same offset.
+    progress = service.data_dir / "runs" / poison["id"] / "progress.jsonl"
+    text = progress.read_text()
+    big = str(2**70)
+    assert big in text
+    fixed = progress.with_name("fixed.jsonl")
+    fixed.write_text(text.replace(big, "3".rjust(len(big))))  # same length: JSON whitespace
+    os.replace(fixed, progress)
+    service.wait_for(
+        poison["id"], lambda job: (job["progress"] or {}).get("step") == 3, what="step 3"
+    )
+    series = service.client.get(f"/api/v1/jobs/{poison['id']}/metrics").json()["series"]
+    assert [(point["step"], point["value"]) for point in series["loss"]] == [(1, 0.5), (3, 0.25)]
+    assert f"Job {poison['id']}: reading its progress.jsonl works again" in service.log.read_text()
+
+
+def test_worker_log_link_out_of_run_dir_not_read(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    service = make_service(env=fake_worker_env(tmp_path))
+    (service.data_dir.parent / "outside.txt").write_text("a secret beside the data dir\n")
+    service.start()
+    # The worker swaps a link to that file in for its worker.log, then fails.
+    job = service.submit(job_spec(name="leak"))
+    failed = service.wait_state(job["id"], "failed", "succeeded")
+    assert failed["state"] == "failed"
+    assert failed["error"]["reason"] == "leak" and failed["error"]["exit_code"] == 1
+    assert failed["error"]["log_tail"] == []
 
 
 def test_restart_service_adopts_living_worker_then_requeues_dead_one(

@@ -72,7 +72,10 @@ export class LineChart {
 
   update(seriesMap) {
     const data = align(this.series.map((s) => s.key), seriesMap);
-    this.points = data.slice(1).reduce((n, ys) => n + ys.filter((y) => y !== null).length, 0);
+    // data-points: every point drawn; data-points-<key>: each series' own (eval vs train).
+    const counts = data.slice(1).map((ys) => ys.filter((y) => y !== null).length);
+    this.series.forEach((s, i) => this.root.setAttribute(`data-points-${s.key}`, String(counts[i])));
+    this.points = counts.reduce((n, c) => n + c, 0);
     this.root.dataset.points = String(this.points);
     this.empty.hidden = this.points > 0;
     this.canvas.hidden = this.points === 0;

@@ -8,15 +8,15 @@ import io
 import json
 import re
 import tarfile
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page, expect
+from playwright.sync_api import Browser, BrowserContext, Page, Request, expect
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.service.harness import Service, job_spec, long_job
@@ -36,6 +36,8 @@ MOVING_JOB = job_spec(
 )
 LAPTOP = {"width": 1280, "height": 860}
 PHONE = {"width": 390, "height": 844}
+TERMINAL = ("succeeded", "failed", "cancelled")
+LIST_READ = re.compile(r"/api/v1/jobs\?")  # the jobs table's list reads (and "Show more")
 
 
 @dataclass
@@ -64,6 +66,24 @@ def session(browser: Browser, service: Service) -> Iterator[Session]:
     session.context.close()
 
 
+def record_list_reads(page: Page) -> tuple[list[str], Callable[[Request], None]]:
+    """The URLs of the jobs table's list reads from now on, and the listener to remove."""
+    reads: list[str] = []
+
+    def on_request(request: Request) -> None:
+        if LIST_READ.search(request.url):
+            reads.append(request.url)
+
+    page.on("request", on_request)
+    return reads, on_request
+
+
+def after_list_read(page: Page) -> None:
+    """Wait for the table's next list read: its next poll is then 15 s away."""
+    with page.expect_response(lambda r: LIST_READ.search(r.url) is not None, timeout=30_000):
+        pass
+
+
 def no_overflow(page: Page) -> bool:
     return bool(page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1"))
 
@@ -80,6 +100,38 @@ def compact(samples: list[Sample]) -> list[Sample]:
     return [s for i, s in enumerate(samples) if i == 0 or s != samples[i - 1]]
 
 
+# Records, in the page, every change of the job page's state badge, progress bar and
+# loss-chart point count into window.jobPageSamples: nothing is missed between polls.
+WATCH_JOB_PAGE = """() => {
+  const samples = [];
+  const take = () => {
+    const value = document.querySelector(".bar-large")?.getAttribute("aria-valuenow");
+    const sample = {
+      state: document.querySelector(".job-heading .state")?.textContent ?? "",
+      percent: value === null || value === undefined ? null : Number(value),
+      loss_points: Number(document.querySelector('figure[data-chart="loss"]')?.dataset.points || 0),
+    };
+    const last = samples[samples.length - 1];
+    if (!last || last.state !== sample.state || last.percent !== sample.percent ||
+        last.loss_points !== sample.loss_points) samples.push(sample);
+  };
+  take();
+  window.jobPageSamples = samples;
+  new MutationObserver(take).observe(document.getElementById("view"),
+    { subtree: true, childList: true, attributes: true, characterData: true });
+}"""
+PAGE_STATE = "document.querySelector('.job-heading .state')?.textContent"
+ENDED = f"() => {list(TERMINAL)}.includes({PAGE_STATE})"
+RUNNING_PAST_40_OR_ENDED = (
+    f"() => {list(TERMINAL)}.includes({PAGE_STATE}) || ({PAGE_STATE} === 'running' && "
+    "Number(document.querySelector('.bar-large').getAttribute('aria-valuenow')) >= 40)"
+)
+
+
+def page_samples(page: Page) -> list[Sample]:
+    return [Sample(**sample) for sample in page.evaluate("window.jobPageSamples")]
+
+
 @pytest.fixture(scope="module")
 def submitted(session: Session, service: Service, screenshots: Path) -> dict[str, Any]:
     """MOVING_JOB submitted through the form and watched on its page until it ends."""
@@ -92,26 +144,19 @@ def submitted(session: Session, service: Service, screenshots: Path) -> dict[str
     page.click("#submit-job")
     page.wait_for_url(re.compile(r"#/jobs/[a-z0-9]+$"))
     job_id = page.url.rsplit("/", 1)[1]
+    page.evaluate(WATCH_JOB_PAGE)
 
-    bar = page.locator(".bar-large")
-    loss = page.locator('figure[data-chart="loss"]')
-    samples: list[Sample] = []
-    shot_running = False
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        value = bar.get_attribute("aria-valuenow")
-        sample = Sample(
-            state=page.locator(".job-heading .state").inner_text(),
-            percent=float(value) if value is not None else None,
-            loss_points=int(loss.get_attribute("data-points") or 0),
-        )
-        samples.append(sample)
-        if not shot_running and sample.state == "running" and (sample.percent or 0) >= 40:
+    try:
+        page.wait_for_function(RUNNING_PAST_40_OR_ENDED, timeout=180_000)
+        if page.evaluate(PAGE_STATE) == "running":
             page.screenshot(path=screenshots / "dashboard-job-running.png")
-            shot_running = True
-        if sample.state in ("succeeded", "failed", "cancelled"):
-            break
-        time.sleep(0.1)
+        page.wait_for_function(ENDED, timeout=180_000)
+    except PlaywrightTimeoutError:
+        pytest.fail(
+            f"job {job_id} did not end on its page within 180 s; the service says "
+            f"{service.job(job_id)['state']!r}; the page showed {page_samples(page)}"
+        )
+    samples = page_samples(page)
     # The last reports (final metrics, checkpoints) arrive right after the state.
     expect(page.locator('a.download[data-step="1500"]')).to_be_visible()
     expect(page.locator("#log")).not_to_be_empty()
@@ -148,10 +193,15 @@ def test_progress_bar_moves_while_running(submitted: dict[str, Any]) -> None:
 def test_charts_grow_while_running(session: Session, submitted: dict[str, Any]) -> None:
     while_running = [s.loss_points for s in submitted["samples"] if s.state == "running"]
     assert len({n for n in while_running if n > 0}) >= 2, compact(submitted["samples"])
-    final = int(session.page.locator('figure[data-chart="loss"]').get_attribute("data-points"))
+    loss = session.page.locator('figure[data-chart="loss"]')
+    final = int(loss.get_attribute("data-points") or 0)
     assert final >= max(while_running)
-    # Three evals (every 500 steps) plus the train reports.
-    assert final >= 4
+    # Three evals (every 500 steps) on both eval series, beside the train reports.
+    accuracy = session.page.locator('figure[data-chart="accuracy"]')
+    assert int(loss.get_attribute("data-points-eval_loss") or 0) == 3
+    assert int(accuracy.get_attribute("data-points-eval_accuracy") or 0) == 3
+    assert int(loss.get_attribute("data-points-loss") or 0) >= 2
+    assert int(accuracy.get_attribute("data-points-accuracy") or 0) >= 2
     for chart in ("loss", "accuracy", "examples/sec"):
         expect(session.page.locator(f'figure[data-chart="{chart}"] canvas')).to_be_visible()
 
@@ -266,28 +316,35 @@ def test_job_without_metrics_and_cancel(
     expect(page.locator(".job-heading .state")).to_have_text("cancelled")
     assert service.job(queued["id"])["state"] == "cancelled"
 
-    # The jobs table follows the running job live, without reloading the page.
+    # The jobs table follows the running job live: from the stream of every job, with no
+    # list read (the table re-reads the list every 15 s) in between.
     page.goto("/#/")
-    page.evaluate("window.notReloaded = true")
+    reads, on_request = record_list_reads(page)
     row = page.locator(f'tr[data-job="{running["id"]}"]')
     expect(row.locator(".state")).to_have_text("running", timeout=60_000)
     expect(page.locator(f'tr[data-job="{queued["id"]}"] .state')).to_have_text("cancelled")
     expect(page.locator('.device[data-device="cpu:0"] a')).to_have_text(running["id"])
     step = row.locator(".step")
     expect(step).to_have_text(re.compile(r"^\d+ / 10000000$"), timeout=60_000)
+    after_list_read(page)
+    before = len(reads)
     first = step.inner_text()
-    # Sooner than the list is re-read (every 15 s): the stream of every job moves it.
-    expect(step).not_to_have_text(first, timeout=10_000)
-    assert page.evaluate("window.notReloaded") is True
+    expect(step).not_to_have_text(first, timeout=10_000)  # progress comes every 2 s
+    assert reads[before:] == [], "the step moved with the list's re-read, not the stream"
     page.screenshot(path=screenshots / "dashboard-jobs.png")
 
-    # A job submitted while the table is open shows up, and so does its end, from the stream.
+    # A job submitted while the table is open shows up, and so does its end, both from the
+    # stream: no list read in between either.
+    after_list_read(page)
+    before = len(reads)
     late = service.submit(job_spec(name="late"))
     late_row = page.locator(f'tr[data-job="{late["id"]}"]')
     expect(late_row.locator(".state")).to_have_text("queued", timeout=5_000)
+    expect(page.locator("tbody tr").first).to_have_attribute("data-job", late["id"])
     assert service.client.post(f"/api/v1/jobs/{late['id']}/cancel").status_code == 200
     expect(late_row.locator(".state")).to_have_text("cancelled", timeout=5_000)
-    assert page.evaluate("window.notReloaded") is True
+    assert reads[before:] == [], "the new row or its end came from a list read, not the stream"
+    page.remove_listener("request", on_request)
 
     row.locator("a.job-name").click()
     expect(page.locator(".job-heading .state")).to_have_text("running")

@@ -1,6 +1,7 @@
 """The dashboard as a person uses it, in headless Chromium against a real service: submit
 through the form, watch the job run to success, download a checkpoint, open TensorBoard
-through the proxy, read a 422, act on a job with no metrics yet, on a phone too."""
+through the proxy, read a 422, act on a job with no metrics yet, page through many jobs,
+lose the event stream to a changed token, on a phone too."""
 
 from __future__ import annotations
 
@@ -177,6 +178,10 @@ def test_submit_job_through_form_until_succeeded(
     expect(page.locator('[data-stat="eval_accuracy"]')).to_have_text(re.compile(r"\d+\.\d%"))
     expect(page.locator("#spec")).to_contain_text('"steps": 1500')
     expect(page.locator("#cancel-job")).to_be_hidden()
+    # Its devices were freed when it ended; nothing says it is still on the CPU.
+    expect(page.locator('[data-stat="devices"]')).to_have_text("—")
+    expect(page.locator(".job-error")).to_be_hidden()
+    expect(page.locator(".live-notice")).to_be_hidden()
     towers = page.locator("#towers .tower")
     expect(towers).to_have_count(2)
     expect(towers.nth(1)).to_contain_text(re.compile(r"tower 1\s*[\d.]+ ms"))
@@ -292,6 +297,36 @@ def test_bad_spec_shows_422_field_errors(session: Session, screenshots: Path) ->
     assert session.errors == []
 
 
+def test_submit_form_keeps_the_draft_and_names_its_start(
+    session: Session, submitted: dict[str, Any]
+) -> None:
+    page = session.page
+    spec, start = page.locator("#spec"), page.locator("#preset option:checked")
+    page.goto("/#/submit")
+    page.fill("#spec", '{"name": "an edit"}')
+    # A preset picked after an edit is what comes back, not the edit.
+    page.select_option("#preset", "mnist-cnn")
+    page.goto("/#/")
+    page.goto("/#/submit")
+    expect(page.locator("#preset")).to_have_value("mnist-cnn")
+    expect(spec).to_have_value(re.compile(r'"name": "mnist-cnn-2towers"'))
+    # An edit comes back as the draft, named so (not as the preset it started from).
+    page.fill("#spec", '{"name": "my draft"}')
+    page.goto("/#/")
+    page.goto("/#/submit")
+    expect(spec).to_have_value('{"name": "my draft"}')
+    expect(start).to_have_text("Draft")
+    page.select_option("#preset", "smoke")
+    expect(spec).to_have_value(re.compile(r'"name": "smoke-test"'))
+    page.select_option("#preset", label="Draft")
+    expect(spec).to_have_value('{"name": "my draft"}')
+    # Another job's spec says whose it is.
+    page.goto(f"/#/submit?from={submitted['id']}")
+    expect(start).to_have_text(f"From job {submitted['id']}")
+    expect(spec).to_have_value(re.compile(r'"steps": 1500'))
+    assert session.errors == []
+
+
 def test_job_without_metrics_and_cancel(
     session: Session, service: Service, screenshots: Path
 ) -> None:
@@ -306,6 +341,7 @@ def test_job_without_metrics_and_cancel(
         expect(empty).to_be_visible()
     expect(page.locator('[data-stat="loss"]')).to_have_text("—")
     expect(page.locator('[data-stat="eta"]')).to_have_text("—")
+    expect(page.locator('[data-stat="devices"]')).to_have_text("waiting for devices (1 tower)")
     expect(page.locator("#checkpoints")).to_contain_text("No checkpoint yet")
     expect(page.locator("#towers")).to_contain_text("No device trace")
 
@@ -314,6 +350,7 @@ def test_job_without_metrics_and_cancel(
     expect(cancel).to_have_text("Confirm cancel")
     cancel.click()
     expect(page.locator(".job-heading .state")).to_have_text("cancelled")
+    expect(page.locator('[data-stat="devices"]')).to_have_text("—")
     assert service.job(queued["id"])["state"] == "cancelled"
 
     # The jobs table follows the running job live: from the stream of every job, with no
@@ -324,6 +361,7 @@ def test_job_without_metrics_and_cancel(
     expect(row.locator(".state")).to_have_text("running", timeout=60_000)
     expect(page.locator(f'tr[data-job="{queued["id"]}"] .state')).to_have_text("cancelled")
     expect(page.locator('.device[data-device="cpu:0"] a')).to_have_text(running["id"])
+    expect(row.locator(".col-devices")).to_have_text("cpu:0")
     step = row.locator(".step")
     expect(step).to_have_text(re.compile(r"^\d+ / 10000000$"), timeout=60_000)
     after_list_read(page)
@@ -340,6 +378,7 @@ def test_job_without_metrics_and_cancel(
     late = service.submit(job_spec(name="late"))
     late_row = page.locator(f'tr[data-job="{late["id"]}"]')
     expect(late_row.locator(".state")).to_have_text("queued", timeout=5_000)
+    expect(late_row.locator(".col-devices")).to_have_text("waiting for devices (1 tower)")
     expect(page.locator("tbody tr").first).to_have_attribute("data-job", late["id"])
     assert service.client.post(f"/api/v1/jobs/{late['id']}/cancel").status_code == 200
     expect(late_row.locator(".state")).to_have_text("cancelled", timeout=5_000)
@@ -355,6 +394,54 @@ def test_job_without_metrics_and_cancel(
     expect(page.locator("#cancel-job")).to_be_hidden()
     assert service.job(running["id"])["state"] == "cancelled"
     assert session.errors == []
+
+
+def test_job_cancelled_while_starting_says_why_once(session: Session, service: Service) -> None:
+    page = session.page
+    job = service.submit(long_job(name="stopped-early"))
+    service.wait_state(job["id"], "running")
+    # Cancelled while its worker still loads TensorFlow, before it handles SIGTERM: the
+    # signal ends it, and the service's reason says so, starting "Cancelled: ".
+    assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+    ended = service.wait_state(job["id"], *TERMINAL)
+    assert ended["state"] == "cancelled", ended
+    assert ended["error"] is not None, ended
+    reason = ended["error"]["reason"]
+    assert reason.startswith("Cancelled: "), reason
+    page.goto(f"/#/jobs/{job['id']}")
+    error = page.locator(".job-error")
+    expect(error).to_be_visible()
+    expect(error.locator("strong")).to_have_text(re.compile(r"^Cancelled:\s*$"))
+    expect(error).to_contain_text(f"Cancelled: {reason.removeprefix('Cancelled: ')}")
+    expect(error).not_to_contain_text("Cancelled: Cancelled")
+    expect(page.locator('[data-stat="devices"]')).to_have_text("—")
+    expect(page.locator("#cancel-job")).to_be_hidden()
+    expect(page.locator(".live-notice")).to_be_hidden()
+    assert session.errors == []
+
+
+def test_older_snapshot_never_undoes_the_stream(session: Session) -> None:
+    """The rule both views use to merge a list or job read with the stream (a real race
+    cannot be staged here without mocking the network)."""
+    page = session.page
+    page.goto("/#/")
+    verdicts = page.evaluate("""async () => {
+      const { fresher, mark } = await import("/static/js/jobs.js");
+      const running = { id: "a", state: "running", progress: { step: 10 } };
+      const ended = { id: "a", state: "succeeded", progress: { step: 20 } };
+      const older = { id: "a", state: "running", progress: { step: 5 } };
+      const asked = mark();  // a read starts...
+      const streamed = mark();  // ...the stream changes the job while it is out
+      const later = mark();  // a read that starts after that
+      return {
+        streamNewer: fresher(running, streamed, older, asked) === running,
+        endStays: fresher(ended, streamed - 10, older, later) === ended,
+        endedSnapshotWins: fresher(running, streamed, ended, asked) === ended,
+        newerSnapshotWins: fresher(running, streamed, older, later) === older,
+        firstRead: fresher(undefined, undefined, older, asked) === older,
+      };
+    }""")
+    assert all(verdicts.values()), verdicts
 
 
 def test_phone_width_layout(
@@ -381,6 +468,15 @@ def test_phone_width_layout(
         phone.context.close()
 
 
+def refused_again(page: Page) -> None:
+    """Wait until the page has had (and handled) another 401 from its devices poll."""
+    with page.expect_response(
+        lambda r: r.url.endswith("/api/v1/devices") and r.status == 401, timeout=15_000
+    ):
+        pass
+    page.wait_for_timeout(300)
+
+
 def test_token_field_when_service_needs_one(browser: Browser, tmp_path: Path) -> None:
     token = "e2e-token"
     secured = Service(tmp_path / "data", {"TOWERBOARD_TOKEN": token})
@@ -405,14 +501,68 @@ def test_token_field_when_service_needs_one(browser: Browser, tmp_path: Path) ->
         )
         page.goto("/#/submit")
         page.goto("/#/")
-        expect(page.locator("#token-bar")).to_be_visible()
+        bar, field = page.locator("#token-bar"), page.locator("#token-input")
+        expect(bar).to_be_visible()
         expect(page.locator("#token-message")).to_have_text("That token was refused.")
+        expect(field).to_be_focused()
+        # The event stream was refused too, which ends an EventSource for good: the table
+        # says its live updates stopped. Reload tries again (and is refused again).
+        notice = page.locator(".live-notice")
+        expect(notice).to_be_visible()
+        expect(notice).to_contain_text("Live updates stopped")
+        with page.expect_response(lambda r: "/api/v1/events" in r.url and r.status == 401):
+            notice.get_by_role("button", name="Reload").click()
+        expect(notice).to_be_visible()
+
+        # The devices poll keeps answering 401 (every 5 s); the field does not take the
+        # focus back from elsewhere, and a closed bar stays closed.
+        nav = page.locator('a[data-nav="submit"]')
+        nav.focus()
+        refused_again(page)
+        expect(nav).to_be_focused()
+        page.locator("#token-toggle").click()
+        expect(bar).to_be_hidden()
+        refused_again(page)
+        expect(bar).to_be_hidden()
+        expect(page.locator("#token-toggle")).to_have_class(re.compile(r"\brefused\b"))
+        page.locator("#token-toggle").click()
+        expect(bar).to_be_visible()
+        expect(field).to_be_focused()
+
         page.fill("#token-input", token)
         page.get_by_role("button", name="Use token").click()
-        expect(page.locator("#token-bar")).to_be_hidden()
+        expect(bar).to_be_hidden()
         expect(page.locator("#jobs-summary")).to_have_text("0 of 0 jobs")
         expect(page.locator('.device[data-device="cpu:0"]')).to_be_visible()
+        expect(notice).to_be_hidden()
         assert session.errors == []
     finally:
         session.context.close()
         secured.close()
+
+
+def test_jobs_table_pages_on_with_the_cursor(session: Session, service: Service) -> None:
+    """More jobs than a page (50): 'Show more' reads on from the API's next_cursor."""
+    extra = [service.submit(job_spec(name=f"many-{i}")) for i in range(50)]
+    for job in extra:  # the first may have started; the rest are still queued
+        status = service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code
+        assert status in (200, 202, 409), status
+    for job in extra:
+        service.wait_state(job["id"], *TERMINAL)
+    total = service.client.get("/api/v1/jobs", params={"limit": 1}).json()["count"]
+    assert total > 50
+
+    page = session.page
+    page.goto("/#/")
+    rows = page.locator("#jobs-table tbody tr")
+    expect(rows).to_have_count(50)
+    expect(page.locator("#jobs-summary")).to_have_text(f"50 of {total} jobs")
+    with page.expect_request(lambda r: LIST_READ.search(r.url) is not None) as more:
+        page.get_by_role("button", name="Show more").click()
+    assert "cursor=" in more.value.url, more.value.url
+    expect(rows).to_have_count(total)
+    expect(page.locator("#jobs-summary")).to_have_text(f"{total} of {total} jobs")
+    expect(page.get_by_role("button", name="Show more")).to_be_hidden()
+    ids = [row.get_attribute("data-job") for row in rows.all()]
+    assert len(set(ids)) == total  # no row twice across the pages
+    assert session.errors == []

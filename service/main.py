@@ -1,6 +1,9 @@
 """Builds the FastAPI app: the API under /api/v1, /healthz and /metrics, the TensorBoard
 proxy under /tensorboard, and the dashboard (static/) at /. Long-lived parts start in the
-lifespan, never at import.
+lifespan, never at import. One data dir has one service: the lifespan first takes an
+exclusive lock on <data_dir>/towerboard.lock and refuses to start when another holds it
+(two would each adopt the other's workers, double-book devices and stop each other's
+TensorBoard).
 
     uvicorn --factory service.main:create_app        (or: towerboard serve)
 """
@@ -9,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -38,6 +43,70 @@ API_PREFIX = "/api/v1"
 # The dashboard: plain files, no build step (see static/index.html).
 STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
 _PROXY_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+LOCK_NAME = "towerboard.lock"
+
+
+class DataDirInUse(RuntimeError):
+    """Another service holds the data dir's lock."""
+
+
+def lock_data_dir(data_dir: Path) -> int:
+    """Take the data dir's exclusive lock for this process; returns the descriptor holding it
+    (close it to let go). The kernel drops it when the process dies, however it dies, and
+    workers do not inherit it (Python's descriptors are not inheritable)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DataDirInUse(
+            f"Another Towerboard service is using the data dir {data_dir} (it holds {path}); "
+            "refusing to start a second one on it. Stop that one, or give this one another "
+            "--data-dir / TOWERBOARD_DATA_DIR."
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())  # who holds it, for a person looking
+    return fd
+
+
+@contextlib.asynccontextmanager
+async def _running(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
+    """The service's long-lived parts, from start to stop (the data dir lock is held)."""
+    settings.runs_dir.mkdir(parents=True, exist_ok=True)
+    store = JobStore(settings.db_path)
+    pool = DevicePool.from_settings(settings)
+    broker = EventBroker(asyncio.get_running_loop())
+    supervisor = Supervisor(settings=settings, store=store, pool=pool, publish=broker.publish)
+    # No pooled keep-alive limit worth having: TensorBoard is one local upstream.
+    http = httpx.AsyncClient(timeout=httpx.Timeout(300.0, connect=5.0))
+    launcher = TensorBoardLauncher(settings=settings, client=http)
+    launcher.stop_orphan()
+    supervisor.start()
+    tensorboard_watch = asyncio.create_task(launcher.watch())
+    app.state.runtime = Runtime(
+        settings=settings,
+        store=store,
+        pool=pool,
+        broker=broker,
+        supervisor=supervisor,
+        launcher=launcher,
+        http=http,
+        job_json=JobJson(store),
+    )
+    log.info("Towerboard serving with data dir %s, %s", settings.data_dir, pool.describe())
+    try:
+        yield
+    finally:
+        tensorboard_watch.cancel()
+        supervisor.stop()  # workers keep running: the next service adopts them
+        await launcher.stop()
+        await http.aclose()
+        store.close()
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -45,36 +114,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        settings.runs_dir.mkdir(parents=True, exist_ok=True)
-        store = JobStore(settings.db_path)
-        pool = DevicePool.from_settings(settings)
-        broker = EventBroker(asyncio.get_running_loop())
-        supervisor = Supervisor(settings=settings, store=store, pool=pool, publish=broker.publish)
-        # No pooled keep-alive limit worth having: TensorBoard is one local upstream.
-        http = httpx.AsyncClient(timeout=httpx.Timeout(300.0, connect=5.0))
-        launcher = TensorBoardLauncher(settings=settings, client=http)
-        launcher.stop_orphan()
-        supervisor.start()
-        tensorboard_watch = asyncio.create_task(launcher.watch())
-        app.state.runtime = Runtime(
-            settings=settings,
-            store=store,
-            pool=pool,
-            broker=broker,
-            supervisor=supervisor,
-            launcher=launcher,
-            http=http,
-            job_json=JobJson(store),
-        )
-        log.info("Towerboard serving with data dir %s, %s", settings.data_dir, pool.describe())
         try:
-            yield
+            lock = lock_data_dir(settings.data_dir)
+        except DataDirInUse as error:
+            log.error("%s", error)
+            raise
+        try:
+            async with _running(app, settings):
+                yield
         finally:
-            tensorboard_watch.cancel()
-            supervisor.stop()  # workers keep running: the next service adopts them
-            await launcher.stop()
-            await http.aclose()
-            store.close()
+            os.close(lock)  # let go of the data dir only once everything has stopped
 
     app = FastAPI(
         title="Towerboard",

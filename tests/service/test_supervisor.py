@@ -1,11 +1,13 @@
 """Worker supervision end to end: crashes, kills, interruptions, a service killed and
-restarted, and one job's bad output beside the others."""
+restarted, one job's bad output beside the others, and one service per data dir."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,8 +16,10 @@ from typing import Any
 import pytest
 
 from tests.service.harness import (
+    ROOT,
     Service,
     fake_worker_env,
+    free_port,
     job_spec,
     long_job,
     processes_under,
@@ -153,6 +157,30 @@ def test_worker_sigterm_without_cancel_requeued_and_resumes(
     assert 0 < stops[0]["step"] < stops[1]["step"] < 3000
     logs = service.client.get(f"/api/v1/jobs/{job_id}/logs", params={"tail": 100_000}).text
     assert f"attempt 3 of job {job_id} starting" in logs
+
+
+def test_second_service_on_same_data_dir_refused(make_service: Callable[..., Service]) -> None:
+    first = make_service()
+    first.start()
+    job = first.submit(job_spec(name="first"))
+    second = subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve", "--port", str(free_port()),
+         "--data-dir", str(first.data_dir), "--no-access-log"],
+        cwd=ROOT, env=first.env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert second.returncode != 0, second.stderr
+    assert (
+        f"Another Towerboard service is using the data dir {first.data_dir} (it holds "
+        f"{first.data_dir / 'towerboard.lock'}); refusing to start a second one on it."
+    ) in second.stderr
+    # The first goes on serving, and its job runs to the end.
+    assert first.process is not None and first.process.poll() is None
+    assert first.wait_state(job["id"], "succeeded", "failed")["state"] == "succeeded"
+    # Once the first has stopped, the data dir is free again.
+    first.stop()
+    third = make_service(data_dir=first.data_dir)
+    third.start()
+    assert third.job(job["id"])["state"] == "succeeded"
 
 
 def test_bad_progress_of_one_job_does_not_stop_the_others(

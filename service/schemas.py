@@ -201,6 +201,9 @@ class TensorBoardPublic(BaseModel):
     started_at: datetime | None = None
     last_used_at: datetime | None = None
     idle_stop_at: datetime | None = None
+    last_error: str | None = Field(
+        None, description="Why the last TensorBoard ended on its own; null after a start."
+    )
 
 
 class HealthPublic(BaseModel):

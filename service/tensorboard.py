@@ -12,7 +12,9 @@ worker creates later (and, when every job is shown, jobs submitted later) appear
 serves under `--path_prefix /tensorboard`, which the service proxies (`service.proxy`).
 The service never imports TensorFlow or TensorBoard itself; this only starts a process.
 It is stopped after `tb_idle_minutes` without a proxied request, and a TensorBoard left by
-a killed service is stopped at the next start.
+a killed service is stopped at the next start. One that exits on its own (a crash, a kill)
+is noticed at the next look (status, proxy, /metrics, or the watch loop every few
+seconds): it is reaped, reported "stopped", and why is kept in `last_error`.
 """
 
 from __future__ import annotations
@@ -87,6 +89,13 @@ class TensorBoardInstance:
         return f"http://127.0.0.1:{self.port}"
 
 
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -118,10 +127,12 @@ class TensorBoardLauncher:
 
     @property
     def instance(self) -> TensorBoardInstance | None:
+        self._reap_if_dead()
         return self._instance
 
     @property
     def state(self) -> str:
+        self._reap_if_dead()
         if self._instance is None:
             return "stopped"
         return "running" if self._ready.is_set() else "starting"
@@ -140,6 +151,7 @@ class TensorBoardLauncher:
 
     async def wait_ready(self, timeout: float = _READY_TIMEOUT) -> TensorBoardInstance | None:
         """The running instance once it answers, or None when there is none (or it died)."""
+        self._reap_if_dead()
         instance = self._instance
         if instance is None:
             return None
@@ -169,6 +181,29 @@ class TensorBoardLauncher:
 
     def _alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
+
+    def _reap_if_dead(self) -> None:
+        """Forget a TensorBoard that exited on its own: reap it and say why in `last_error`."""
+        process, instance = self._process, self._instance
+        if process is None or instance is None or self._lock.locked():
+            return  # none running, or a start or stop under way settles it
+        code = process.poll()  # reaps it: no zombie left behind
+        if code is None:
+            return
+        how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+        when = "after it was ready" if self._ready.is_set() else "while starting"
+        self.last_error = (
+            f"TensorBoard (pid {instance.pid}) {how} {when}; see "
+            f"{self._settings.data_dir / 'tensorboard.log'}."
+        )
+        log.error("%s", self.last_error)
+        task, self._ready_task = self._ready_task, None
+        if task is not None:
+            task.cancel()
+        self._process, self._instance = None, None
+        self._ready.set()  # wake anyone waiting for readiness; they find no instance
+        self._ready = asyncio.Event()
+        self._record.unlink(missing_ok=True)
 
     def _launch(self, selection: tuple[str, ...] | None) -> TensorBoardInstance:
         logdir = self._home / "logdir"
@@ -289,7 +324,7 @@ class TensorBoardLauncher:
         unused for the idle timeout."""
         while True:
             await asyncio.sleep(min(_MIRROR_SECONDS, max(0.5, self.idle_seconds / 4)))
-            instance = self._instance
+            instance = self.instance  # reaps one that exited on its own
             if instance is None:
                 continue
             if time.time() - self._last_used > self.idle_seconds:

@@ -15,7 +15,7 @@ router = APIRouter(prefix="/tensorboard", tags=["tensorboard"])
 def _public(launcher: TensorBoardLauncher, request: Request) -> TensorBoardPublic:
     instance = launcher.instance
     if instance is None:
-        return TensorBoardPublic(state="stopped")
+        return TensorBoardPublic(state="stopped", last_error=launcher.last_error)
     base = str(request.base_url).rstrip("/")
     return TensorBoardPublic.model_validate(
         {
@@ -26,6 +26,7 @@ def _public(launcher: TensorBoardLauncher, request: Request) -> TensorBoardPubli
             "started_at": instance.started_at,
             "last_used_at": launcher.last_used,
             "idle_stop_at": launcher.last_used + launcher.idle_seconds,
+            "last_error": launcher.last_error,
         }
     )
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -159,7 +161,7 @@ def test_stop_tensorboard(service: Service) -> None:
     assert response.status_code == 200
     assert response.json() == {
         "state": "stopped", "url": None, "job_ids": None, "pid": None,
-        "started_at": None, "last_used_at": None, "idle_stop_at": None,
+        "started_at": None, "last_used_at": None, "idle_stop_at": None, "last_error": None,
     }  # fmt: skip
     assert not _alive(pid)
     proxied = service.client.get("/tensorboard/data/runs")
@@ -168,6 +170,32 @@ def test_stop_tensorboard(service: Service) -> None:
         "detail": "TensorBoard is not running. Start it with POST /api/v1/tensorboard.",
         "errors": [],
     }
+
+
+def test_tensorboard_killed_after_ready_reported_stopped(service: Service) -> None:
+    pid = service.client.post("/api/v1/tensorboard").json()["pid"]
+    _wait(
+        lambda: service.client.get("/api/v1/tensorboard").json()["state"] == "running",
+        120,
+        "TensorBoard to run",
+    )
+    os.kill(pid, signal.SIGKILL)
+    # With no request at all, the watch loop notices within seconds and reaps it (a zombie
+    # keeps its /proc entry until then).
+    _wait(lambda: not Path(f"/proc/{pid}").exists(), 30, "the dead TensorBoard reaped")
+    error = (
+        f"TensorBoard (pid {pid}) was killed by SIGKILL after it was ready; see "
+        f"{service.data_dir / 'tensorboard.log'}."
+    )
+    status = service.client.get("/api/v1/tensorboard").json()
+    assert status["state"] == "stopped" and status["pid"] is None
+    assert status["last_error"] == error
+    proxied = service.client.get("/tensorboard/data/runs")
+    assert proxied.status_code == 503
+    assert proxied.json()["detail"] == (
+        f"TensorBoard is not running. Start it with POST /api/v1/tensorboard. Last error: {error}"
+    )
+    assert "\ntowerboard_tensorboard_up 0\n" in service.client.get("/metrics").text
 
 
 def test_stop_tensorboard_after_idle_timeout(make_service: Callable[..., Service]) -> None:

@@ -3,7 +3,7 @@
 A capture writes `tb/plugins/profile/<run>/<host>.xplane.pb`, which TensorBoard's profile
 plugin shows (trace viewer, one row per device thread, ops named `tower_i/...`). Each
 tower's compute time is the sum of the durations of its ops in that trace, per traced
-step: measured, never estimated.
+step: measured, never estimated (on a GPU, its kernels' time on the device).
 """
 
 from __future__ import annotations
@@ -71,18 +71,39 @@ class TraceCapture:
 
 
 def tower_times_ms(trace: Path, towers: int, steps: int) -> list[float]:
-    """Per traced step, the milliseconds each tower's ops ran, summed from the trace."""
+    """Per traced step, the milliseconds each tower's ops ran, summed from the trace.
+
+    On a GPU the time is the kernels' time on the device: each kernel event of a
+    `/device:GPU:N` plane carries the TensorFlow op that launched it in its `tf_op` stat.
+    The host's events for those ops only time their launch, so where the GPU planes name
+    any tower, they alone count. Without GPUs (towers on logical CPU devices) each op runs
+    on the host, and its host event is its compute time.
+    """
     space = _xplane_pb2().XSpace()
     space.ParseFromString(trace.read_bytes())
-    total_ps = [0] * towers
+    on_gpus, on_host = [0] * towers, [0] * towers
     for plane in space.planes:
+        is_gpu = plane.name.startswith("/device:GPU:")
+        totals = on_gpus if is_gpu else on_host
         names = {key: meta.name for key, meta in plane.event_metadata.items()}
+        stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
+        tf_op = next((key for key, name in stat_names.items() if name == "tf_op"), None)
         for line in plane.lines:
             for event in line.events:
-                match = _TOWER_OP.match(names.get(event.metadata_id, ""))
+                name = _gpu_op_name(event, tf_op, stat_names) if is_gpu else names.get(event.metadata_id, "")
+                match = _TOWER_OP.match(name)
                 if match and int(match.group(1)) < towers:
-                    total_ps[int(match.group(1))] += event.duration_ps
+                    totals[int(match.group(1))] += event.duration_ps
+    total_ps = on_gpus if any(on_gpus) else on_host
     return [round(ps / 1e9 / max(steps, 1), 3) for ps in total_ps]
+
+
+def _gpu_op_name(event, tf_op: int | None, stat_names: dict[int, str]) -> str:  # noqa: ANN001 - an XEvent
+    """The TensorFlow op a GPU kernel event ran for (its `tf_op` stat), or ''."""
+    for stat in event.stats:
+        if stat.metadata_id == tf_op:
+            return stat.str_value or stat_names.get(stat.ref_value, "")
+    return ""
 
 
 def trace_op_names(trace: Path) -> set[str]:

@@ -9,6 +9,11 @@ Exit 3 means "stopped by SIGTERM after a checkpoint", and the service sends SIGT
 to cancel. A worker that stopped that way with no cancel requested was stopped by someone
 else (a service manager stopping the whole control group, a shutdown): its job is not
 over, so `interrupted` says why it runs again, from that checkpoint.
+
+A worker killed by a signal nobody sent on purpose (the OOM killer's SIGKILL, a
+segfault) lost only the steps since its last checkpoint: `crashed` says so, and the
+supervisor restarts the job from there a bounded number of times (the same kill again
+and again would otherwise loop forever) before `final_state` fails it.
 """
 
 from __future__ import annotations
@@ -75,6 +80,14 @@ def interrupted(
     return None
 
 
+def crashed(exit: WorkerExit, *, cancel_requested: bool) -> str | None:
+    """Why a worker's job may run again from its checkpoint (it was killed by a signal
+    that was not the service's cancel), or None."""
+    if cancel_requested or exit.signal is None:
+        return None
+    return f"its worker was killed by {_signal_name(exit.signal)} ({exit.signal})"
+
+
 def final_state(
     exit: WorkerExit,
     result: dict[str, Any] | None,
@@ -83,6 +96,7 @@ def final_state(
     killed_after_grace: bool,
     grace_seconds: float,
     log_tail: list[str],
+    restarts_after_kills: int = 0,
 ) -> FinalState:
     """The terminal state, result and error for a worker that has ended (ask `interrupted`
     first: a cancelled outcome without a cancel request is not terminal)."""
@@ -117,7 +131,14 @@ def final_state(
                     "log_tail": log_tail,
                 },
             )
-        return failed(f"The worker was killed by {name} ({exit.signal}).")
+        reason = f"The worker was killed by {name} ({exit.signal})."
+        if restarts_after_kills:
+            times = "once" if restarts_after_kills == 1 else f"{restarts_after_kills} times"
+            reason += (
+                f" The job had already been restarted from its checkpoint {times} after its "
+                "worker was killed, the most TOWERBOARD_CRASH_RETRIES allows."
+            )
+        return failed(reason)
 
     if exit.code is None:  # adopted: only result.json can tell
         if result is None and cancel_requested:

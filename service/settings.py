@@ -55,6 +55,13 @@ class Settings(BaseSettings):
     cancel_grace_seconds: float = Field(
         30.0, gt=0, description="SIGKILL a cancelled worker that has not exited after SIGTERM."
     )
+    crash_retries: int = Field(
+        2,
+        ge=0,
+        le=100,
+        description="Restart a job whose worker was killed (the OOM killer, a segfault) from "
+        "its latest checkpoint this many times before failing it.",
+    )
     worker_nice: int = Field(10, ge=0, le=19, description="CPU niceness added to workers.")
     poll_seconds: float = Field(
         0.2, gt=0, le=1.0, description="How often progress files and workers are checked."

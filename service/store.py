@@ -56,6 +56,7 @@ class JobRecord:
     spec: dict[str, Any]
     devices: list[str]
     attempts: int
+    crashes: int  # attempts that ended with the worker killed by a signal nobody sent on purpose
     pid: int | None
     pid_started: int | None  # the worker's start time in clock ticks, from /proc/<pid>/stat
     cancel_requested_at: float | None
@@ -89,6 +90,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     spec TEXT NOT NULL,
     devices TEXT NOT NULL DEFAULT '[]',
     attempts INTEGER NOT NULL DEFAULT 1,
+    crashes INTEGER NOT NULL DEFAULT 0,
     pid INTEGER,
     pid_started INTEGER,
     cancel_requested_at REAL,
@@ -113,6 +115,9 @@ CREATE TABLE IF NOT EXISTS metrics (
     PRIMARY KEY (job_id, name, step)
 ) WITHOUT ROWID;
 """
+
+# Columns added since the first schema, for stores made before them.
+_ADDED_COLUMNS = {"crashes": "INTEGER NOT NULL DEFAULT 0"}
 
 _JSON_COLUMNS = ("spec", "devices", "progress", "eval", "result", "error")
 
@@ -149,6 +154,15 @@ class JobStore:
         self._writer = self._connect()
         with self._write_lock:
             self._writer.executescript(_SCHEMA)
+            self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        # A store written by an earlier version: add what it lacks (SQLite adds a column
+        # with a constant default in place, without rewriting the table).
+        have = {row["name"] for row in self._writer.execute("PRAGMA table_info(jobs)")}
+        for column, declaration in _ADDED_COLUMNS.items():
+            if column not in have:
+                self._writer.execute(f"ALTER TABLE jobs ADD COLUMN {column} {declaration}")
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
@@ -348,16 +362,17 @@ class JobStore:
             job_id, JobState.QUEUED, state=JobState.FAILED, error=error, finished_at=time.time()
         )
 
-    def requeue(self, job_id: str) -> bool:
-        """Running -> queued for another attempt (its worker is gone); attempts += 1."""
+    def requeue(self, job_id: str, *, crashed: bool = False) -> bool:
+        """Running -> queued for another attempt (its worker is gone); attempts += 1, and
+        crashes += 1 when its worker was killed."""
         with self._transaction() as conn:
             return (
                 conn.execute(
                     "UPDATE jobs SET state = 'queued', devices = '[]', pid = NULL,"
-                    " pid_started = NULL, attempts = attempts + 1, updated_at = ?,"
-                    " version = version + 1"
+                    " pid_started = NULL, attempts = attempts + 1, crashes = crashes + ?,"
+                    " updated_at = ?, version = version + 1"
                     " WHERE id = ? AND state = 'running'",
-                    (time.time(), job_id),
+                    (int(crashed), time.time(), job_id),
                 ).rowcount
                 == 1
             )

@@ -10,7 +10,8 @@ On start it recovers from a previous service: a living worker is adopted, a job 
 worker is gone is requeued (it resumes from its latest checkpoint), or finished from its
 result.json when the worker ended while nobody watched. A worker that checkpointed and
 stopped on a SIGTERM nobody asked for (no cancel request: a service manager stopping the
-whole control group, say) is requeued the same way, whether it ends while watched or not.
+whole control group, say) is requeued the same way, whether it ends while watched or not;
+so is one killed by a signal (the OOM killer), up to `crash_retries` times a job.
 
 One job's trouble never stops the pass: each job, and the scheduling, runs under its own
 guard that logs an error once (again only when it changes) and retries on the next tick.
@@ -30,7 +31,7 @@ from typing import Any
 
 from service.devices import DevicePool
 from service.events import JobEvent
-from service.outcomes import final_state, interrupted
+from service.outcomes import crashed, final_state, interrupted
 from service.progress import fold_progress
 from service.runfiles import inside, tail_lines
 from service.scheduler import never_fit, next_placements
@@ -220,6 +221,10 @@ class Supervisor:
         if why is not None:
             self._requeue(job, why)
             return
+        killed_by = crashed(exit, cancel_requested=cancel_requested)
+        if killed_by is not None and job.crashes < self._settings.crash_retries:
+            self._requeue(job, killed_by, crashed=True)
+            return
         final = final_state(
             exit,
             result,
@@ -228,6 +233,7 @@ class Supervisor:
             grace_seconds=self._settings.cancel_grace_seconds,
             # Through the same confinement check as every file served from a run directory.
             log_tail=tail_lines(run.log, ERROR_LOG_LINES) if inside(run.root, run.log) else [],
+            restarts_after_kills=job.crashes,
         )
         self._store.finish(job.id, final.state, result=final.result, error=final.error)
         self._forget(job.id)
@@ -239,10 +245,11 @@ class Supervisor:
         )
         self._publish_state(job.id)
 
-    def _requeue(self, job: JobRecord, why: str) -> None:
-        """Running -> queued with attempts + 1; the next attempt resumes from the latest
-        checkpoint."""
-        requeued = self._store.requeue(job.id)  # False: no longer running (finished since)
+    def _requeue(self, job: JobRecord, why: str, *, crashed: bool = False) -> None:
+        """Running -> queued with attempts + 1 (and crashes + 1 if its worker was killed);
+        the next attempt resumes from the latest checkpoint."""
+        # False: no longer running (finished since)
+        requeued = self._store.requeue(job.id, crashed=crashed)
         self._forget(job.id)
         if requeued:
             log.warning(

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from service.outcomes import final_state, interrupted
+from service.outcomes import crashed, final_state, interrupted
 from service.store import JobState
 from service.workers import WorkerExit
 
@@ -127,3 +127,22 @@ def test_interrupted_only_for_an_unasked_sigterm_stop(
     exit: WorkerExit, result: dict[str, Any] | None, cancel: bool
 ) -> None:
     assert interrupted(exit, result, cancel_requested=cancel) is None
+
+
+def test_crashed_only_for_a_signal_that_was_not_a_cancel() -> None:
+    assert crashed(WorkerExit(signal=9), cancel_requested=False) == "its worker was killed by SIGKILL (9)"
+    assert crashed(WorkerExit(signal=9), cancel_requested=True) is None
+    assert crashed(WorkerExit(code=1), cancel_requested=False) is None
+    assert crashed(WorkerExit(), cancel_requested=False) is None  # adopted: no signal known
+
+
+def test_final_state_signal_after_restarts_says_so() -> None:
+    final = final_state(
+        WorkerExit(signal=9), None, cancel_requested=False, killed_after_grace=False,
+        grace_seconds=30, log_tail=[], restarts_after_kills=2,
+    )  # fmt: skip
+    assert final.state is JobState.FAILED
+    assert final.error["reason"] == (
+        "The worker was killed by SIGKILL (9). The job had already been restarted from its "
+        "checkpoint 2 times after its worker was killed, the most TOWERBOARD_CRASH_RETRIES allows."
+    )

@@ -68,7 +68,30 @@ def test_requeue_increments_attempts_and_frees_devices(store: JobStore) -> None:
     requeued = store.get(job.id)
     assert requeued is not None
     assert requeued.state is JobState.QUEUED and requeued.attempts == 2
-    assert requeued.devices == [] and requeued.pid is None
+    assert requeued.devices == [] and requeued.pid is None and requeued.crashes == 0
+    store.mark_running(job.id, devices=["gpu:0"])
+    assert store.requeue(job.id, crashed=True)
+    again = store.get(job.id)
+    assert again is not None and again.attempts == 3 and again.crashes == 1
+
+
+def test_store_from_before_crashes_column_gains_it(tmp_path: Path) -> None:
+    # A jobs table as the first version wrote it, with a job in it.
+    path = tmp_path / "jobs.db"
+    store = JobStore(path)
+    job = store.create(SPEC)
+    store.close()
+    conn = sqlite3.connect(path)
+    conn.execute("ALTER TABLE jobs DROP COLUMN crashes")
+    conn.commit()
+    conn.close()
+
+    reopened = JobStore(path)
+    old = reopened.get(job.id)
+    assert old is not None and old.crashes == 0 and old.spec == SPEC
+    reopened.mark_running(job.id, devices=["cpu:0"])
+    assert reopened.requeue(job.id, crashed=True)
+    assert reopened.get(job.id).crashes == 1  # type: ignore[union-attr]
 
 
 def test_finish_records_result_and_error(store: JobStore) -> None:

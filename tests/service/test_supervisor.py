@@ -44,14 +44,37 @@ def progress_lines(service: Service, job_id: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def test_kill_worker_sigkill_fails_job(service: Service) -> None:
-    job = service.submit(long_job())
-    service.wait_checkpoint(job["id"])
-    os.kill(worker_pid(service, job["id"]), signal.SIGKILL)
-    failed = service.wait_state(job["id"], "failed", "succeeded", "cancelled")
-    assert failed["state"] == "failed"
+def test_killed_worker_resumes_from_checkpoint_then_fails_past_the_retries(
+    make_service: Callable[..., Service],
+) -> None:
+    # A worker killed by a signal (the OOM killer's SIGKILL, say) lost only the steps since
+    # its last checkpoint: the job runs again from there, as often as
+    # TOWERBOARD_CRASH_RETRIES allows (1 here), and then fails saying so.
+    service = make_service(env={"TOWERBOARD_CRASH_RETRIES": "1"})
+    service.start()
+    job_id = service.submit(long_job())["id"]
+    service.wait_checkpoint(job_id)
+    os.kill(worker_pid(service, job_id), signal.SIGKILL)
+    requeued = service.wait_for(job_id, lambda job: job["attempts"] == 2, what="a restart")
+    assert requeued["state"] in ("queued", "running") and requeued["error"] is None
+    kept = int(requeued["progress"]["checkpoint"].rsplit("-", 1)[1])
+
+    service.wait_for(
+        job_id,
+        lambda job: int((job["progress"] or {}).get("checkpoint", "ckpt-0").rsplit("-", 1)[1]) > kept,
+        what="a checkpoint of the second attempt",
+    )
+    starts = [line["step"] for line in progress_lines(service, job_id) if line["event"] == "start"]
+    assert starts == [0, kept], "the second attempt starts from the first one's checkpoint"
+
+    os.kill(worker_pid(service, job_id), signal.SIGKILL)
+    failed = service.wait_state(job_id, "failed", "succeeded", "cancelled")
+    assert failed["state"] == "failed" and failed["attempts"] == 2
     error = failed["error"]
-    assert error["reason"] == "The worker was killed by SIGKILL (9)."
+    assert error["reason"] == (
+        "The worker was killed by SIGKILL (9). The job had already been restarted from its "
+        "checkpoint once after its worker was killed, the most TOWERBOARD_CRASH_RETRIES allows."
+    )
     assert error["signal"] == "SIGKILL" and error["exit_code"] is None
     assert error["log_tail"], "the failure keeps the end of worker.log"
     assert failed["devices"] == []

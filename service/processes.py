@@ -41,3 +41,21 @@ def is_same_process(pid: int, started: int | None, marker: str) -> bool:
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return False
     return os.fsencode(marker) in argv
+
+
+def find_by_argv(*args: str) -> list[int]:
+    """Living processes whose argv holds `args` in a row (`"--job-dir", path`, say)."""
+    wanted = [os.fsencode(arg) for arg in args]
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        holds = any(argv[i : i + len(wanted)] == wanted for i in range(len(argv) - len(wanted) + 1))
+        stat = _proc_stat(int(entry.name)) if holds else None
+        if stat is not None and stat[0] not in ("Z", "X"):
+            found.append(int(entry.name))
+    return sorted(found)

@@ -113,12 +113,10 @@ class Supervisor:
         for job in self._store.running():
             run = self.run_dir(job.id)
             self._tails[job.id] = _Tail(job.progress_offset, job.progress, job.eval)
-            worker = (
-                adopt_worker(job_id=job.id, run=run, pid=job.pid, started=job.pid_started)
-                if job.pid is not None
-                else None
-            )
+            worker = adopt_worker(job_id=job.id, run=run, pid=job.pid, started=job.pid_started)
             if worker is not None:
+                if job.pid is None:  # found by its argv: store what was never stored
+                    self._store.set_worker(job.id, pid=worker.pid, pid_started=worker.started)
                 self._workers[job.id] = worker
                 continue
             self._read_progress_guarded(job.id)  # what the worker wrote while nobody watched

@@ -5,8 +5,10 @@ stays quick while training uses every core, with stdout and stderr appended to t
 worker.log. It leads its own session, so Ctrl-C or a signal to the service does not reach it
 and it outlives a service restart. Linux's autogroup scheduler shares CPU between sessions
 first and applies a process's nice only inside its session, so the session itself is niced
-too (/proc/<pid>/autogroup); otherwise the worker would compete with the service as an equal. After a restart, a worker is only ours again if it is the same
-process (see `service.processes`): same pid, same start time, its job dir in its argv.
+too (/proc/<pid>/autogroup); otherwise the worker would compete with the service as an
+equal. After a restart, a worker is only ours again if it is the same process (see
+`service.processes`): same pid, same start time, its job dir in its argv. A service that
+died between starting a worker and storing its pid finds it by that argv instead.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from service.processes import is_same_process, start_time
+from service.processes import find_by_argv, is_same_process, start_time
 from trainer.rundir import RunDir, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -156,8 +158,17 @@ def _nice_session(pid: int, nice: int) -> None:
         Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
 
 
-def adopt_worker(*, job_id: str, run: RunDir, pid: int, started: int | None) -> Worker | None:
-    """The worker a previous service started for this job, if it is still running."""
+def adopt_worker(*, job_id: str, run: RunDir, pid: int | None, started: int | None) -> Worker | None:
+    """The worker a previous service started for this job, if it is still running.
+
+    Without a pid (the service died after starting the worker, before storing its pid) it
+    is the one process whose argv names this job dir after `--job-dir`.
+    """
+    if pid is None:
+        found = find_by_argv("--job-dir", str(run.root))
+        if len(found) != 1:
+            return None
+        pid, started = found[0], start_time(found[0])
     if not is_worker_alive(pid, started, run.root):
         return None
     log.info("Adopted running worker pid %d for job %s", pid, job_id)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -310,3 +311,29 @@ def test_restart_service_adopts_living_worker_then_requeues_dead_one(
     assert service.client.post(f"/api/v1/jobs/{first['id']}/cancel").status_code == 202
     assert service.wait_state(first["id"], "cancelled", "failed")["state"] == "cancelled"
     assert service.wait_state(second["id"], "succeeded", "failed")["state"] == "succeeded"
+
+
+def test_restart_finds_a_worker_whose_pid_was_never_stored(
+    make_service: Callable[..., Service],
+) -> None:
+    # A service that dies between starting a worker and storing its pid leaves a running
+    # job with no pid. The next service must find that worker by its argv and adopt it, not
+    # requeue the job and start a second worker on the same run dir.
+    service = make_service()
+    service.start()
+    job_id = service.submit(long_job())["id"]
+    service.wait_checkpoint(job_id)
+    pid = worker_pid(service, job_id)
+    service.kill()
+    with sqlite3.connect(service.data_dir / "towerboard.db") as conn:  # the crash window
+        conn.execute("UPDATE jobs SET pid = NULL, pid_started = NULL WHERE id = ?", (job_id,))
+
+    service.start()
+    adopted = service.job(job_id)
+    assert adopted["state"] == "running" and adopted["attempts"] == 1
+    assert worker_pids(service, job_id) == [pid]
+    step = adopted["progress"]["step"]
+    service.wait_for(job_id, lambda job: job["progress"]["step"] > step, what="progress while adopted")
+    assert service.client.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 202
+    assert service.wait_state(job_id, "cancelled", "failed", "succeeded")["state"] == "cancelled"
+    assert worker_pids(service, job_id) == []

@@ -224,6 +224,14 @@ def _steps(job: dict[str, Any]) -> str:
     return f"{p['step']}/{p['total']}" if isinstance(p.get("total"), int) else str(p["step"])
 
 
+def _phase(progress: dict[str, Any]) -> str:
+    """`eval 3/20` while a phase reports how far it is, else the phase's name ('' if none)."""
+    phase, done, of = progress.get("phase"), progress.get("phase_done"), progress.get("phase_total")
+    if not phase:
+        return ""
+    return f"{phase} {done}/{of}" if isinstance(done, int) and isinstance(of, int) else str(phase)
+
+
 def _eta(job: dict[str, Any]) -> str:
     p = job.get("progress") or {}
     if job.get("state") != "running" or not isinstance(p.get("eta_seconds"), int | float):
@@ -300,7 +308,7 @@ class ProgressLine:
         bar = "#" * filled + "-" * (self.WIDTH - filled)
         parts = [f"[{bar}]", f"{percent:5.1f}%" if isinstance(percent, int | float) else "  -  "]
         # State first: a narrow terminal cuts the end of the line.
-        phase, state = p.get("phase"), job.get("state", "?")
+        phase, state = _phase(p), job.get("state", "?")
         parts.append(f"{state}" + (f" ({phase})" if phase and state == "running" else ""))
         parts.append(f"step {_steps(job)}")
         if p.get("loss") is not None:
@@ -448,7 +456,7 @@ def status(client: Client, args: argparse.Namespace) -> int:
             ["name", job["name"]],
             ["state", job["state"] + (" (cancel requested)" if job.get("cancel_requested") and job["state"] not in TERMINAL else "")],
             ["progress", f"{_steps(job)}" + (f" ({p['percent']}%)" if p.get("percent") is not None else "")],
-            ["phase", str(p.get("phase") or "-")],
+            ["phase", _phase(p) or "-"],
             ["loss", _number(p.get("loss"))],
             ["accuracy", _percent(p.get("accuracy"))],
             ["eval loss", _number(evaluation.get("loss"))],

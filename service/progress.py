@@ -48,6 +48,14 @@ def fold_progress(
             snapshot["total"] = line["total"]
         if isinstance(line.get("phase"), str):
             snapshot["phase"] = line["phase"]
+            # How far into the phase (eval batches, say), when the line says; a line that
+            # sets the phase without it clears it.
+            done, of = line.get("phase_done"), line.get("phase_total")
+            if isinstance(done, int) and isinstance(of, int):
+                snapshot["phase_done"], snapshot["phase_total"] = done, of
+            else:
+                snapshot.pop("phase_done", None)
+                snapshot.pop("phase_total", None)
         snapshot["updated_at"] = when
         if event == "start" and isinstance(line.get("towers"), int):
             snapshot["towers"] = line["towers"]

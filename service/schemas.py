@@ -41,6 +41,8 @@ class ProgressPublic(BaseModel):
     total: int | None = None
     percent: float | None = None
     phase: str | None = None
+    phase_done: int | None = Field(None, description="How much of the phase is done (eval: batches).")
+    phase_total: int | None = Field(None, description="How much the phase has to do.")
     loss: float | None = None
     accuracy: float | None = None
     examples_per_sec: float | None = None

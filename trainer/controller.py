@@ -271,9 +271,8 @@ class Controller:
     def _evaluate(self, step: int) -> None:
         if self.eval_data is None:
             return
-        self.progress.write("phase", step=step, total=self.total_steps, phase="eval")
         with self.trainer.eval_weights():
-            sums = self._eval_sums()
+            sums = self._eval_sums(step)
         if sums is None or sums[2] == 0:
             return
         loss_sum, correct, count = sums
@@ -288,13 +287,29 @@ class Controller:
             phase="eval",
         )
 
-    def _eval_sums(self) -> tuple[float, float, float] | None:
-        """Loss sum, correct count and example count; None if a stop came first."""
+    def _eval_sums(self, step: int) -> tuple[float, float, float] | None:
+        """Loss sum, correct count and example count; None if a stop came first.
+
+        Reports how many batches are done as it goes (`phase_done` of `phase_total`), so a
+        long eval shows progress and is not taken for a hung worker.
+        """
         assert self.eval_data is not None
+        batches = int(self.eval_data.cardinality())  # finite and known: a batched range
+
+        def report(done: int) -> None:
+            self.progress.write(
+                "phase", step=step, total=self.total_steps, phase="eval", phase_done=done, phase_total=batches
+            )
+
+        report(0)
+        last_report = time.monotonic()
         totals = np.zeros(3)
-        for images, labels in self.eval_data:
+        for done, (images, labels) in enumerate(self.eval_data):
             if self.stop.is_set():  # a cancel must not wait out a long eval (and its SIGKILL)
                 return None
+            if time.monotonic() - last_report >= PROGRESS_EVERY_SECONDS:
+                report(done)
+                last_report = time.monotonic()
             out = self.trainer.eval_step(images, labels)
             totals += [float(out["loss_sum"]), float(out["correct"]), float(out["count"])]
         return float(totals[0]), float(totals[1]), float(totals[2])

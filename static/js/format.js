@@ -186,3 +186,9 @@ export function stateBadge(state) {
 export function jobLink(job) {
   return `#/jobs/${encodeURIComponent(job.id)}`;
 }
+
+/** The phase, with how far it is when the worker says (`eval 3/20`). */
+export function phaseText(progress) {
+  const { phase, phase_done: done, phase_total: of } = progress;
+  return Number.isInteger(done) && Number.isInteger(of) ? `${phase} ${done}/${of}` : phase;
+}

@@ -5,8 +5,8 @@ import { TERMINAL, api, followJob, getJSON } from "./api.js";
 import { LineChart } from "./charts.js";
 import { applyProgressEvent, fresher, mark } from "./jobs.js";
 import {
-  age, bytes, devicesText, duration, eta, h, liveNotice, localTime, num, percent, progressBar,
-  rate, setProgress, stateBadge, stepText,
+  age, bytes, devicesText, duration, eta, h, liveNotice, localTime, num, percent, phaseText,
+  progressBar, rate, setProgress, stateBadge, stepText,
 } from "./format.js";
 
 const LOG_LINES = 200;
@@ -131,7 +131,7 @@ export function mountJob(view, jobId) {
     setProgress(bar, job);
     const parts = [stepText(job)];
     if (typeof p.percent === "number") parts.push(`${p.percent.toFixed(1)}%`);
-    if (p.phase && !TERMINAL.has(job.state)) parts.push(p.phase);
+    if (p.phase && !TERMINAL.has(job.state)) parts.push(phaseText(p));
     barText.textContent = parts.join(" · ");
     const set = (key, text) => { stats.querySelector(`[data-stat="${key}"]`).textContent = text; };
     set("loss", num(p.loss));

@@ -27,7 +27,12 @@ export function applyProgressEvent(job, event) {
   const p = { ...(job.progress || {}) };
   if (Number.isInteger(event.step)) p.step = event.step;
   if (Number.isInteger(event.total)) p.total = event.total;
-  if (typeof event.phase === "string") p.phase = event.phase;
+  if (typeof event.phase === "string") {
+    p.phase = event.phase;
+    const known = Number.isInteger(event.phase_done) && Number.isInteger(event.phase_total);
+    p.phase_done = known ? event.phase_done : null;
+    p.phase_total = known ? event.phase_total : null;
+  }
   if (event.event === "progress") {
     for (const key of ["loss", "accuracy", "examples_per_sec", "eta_seconds", "learning_rate"]) {
       p[key] = typeof event[key] === "number" ? event[key] : null;

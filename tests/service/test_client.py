@@ -263,3 +263,11 @@ def test_token_from_environment(make_service: Callable[..., Service]) -> None:
     right = towerboard("status", url=secured.base_url, env={"TOWERBOARD_TOKEN": "cli-token"})
     assert right.returncode == 0, right.stderr
     assert right.stdout == "no jobs\n"
+
+
+def test_phase_shows_how_far_a_phase_is() -> None:
+    from service.client import _phase
+
+    assert _phase({"phase": "eval", "phase_done": 31, "phase_total": 50}) == "eval 31/50"
+    assert _phase({"phase": "training"}) == "training"
+    assert _phase({}) == ""

@@ -35,6 +35,20 @@ def test_fold_progress_lines() -> None:
     ]
 
 
+def test_fold_progress_phase_says_how_far_until_the_phase_changes() -> None:
+    eval_lines = [
+        {"time": 1.0, "event": "phase", "step": 20, "total": 40, "phase": "eval", "phase_done": 0, "phase_total": 50},
+        {"time": 3.0, "event": "phase", "step": 20, "total": 40, "phase": "eval", "phase_done": 31, "phase_total": 50},
+    ]  # fmt: skip
+    progress, _, _ = fold_progress(None, None, eval_lines)
+    assert progress is not None
+    assert (progress["phase"], progress["phase_done"], progress["phase_total"]) == ("eval", 31, 50)
+    progress, _, _ = fold_progress(
+        progress, None, [{"time": 4.0, "event": "eval", "step": 20, "total": 40, "eval_loss": 1.0, "phase": "eval"}]
+    )
+    assert progress is not None and "phase_done" not in progress and "phase_total" not in progress
+
+
 def test_fold_progress_continues_and_ends() -> None:
     progress, _, _ = fold_progress(
         {"step": 39, "total": 40, "eta_seconds": 1.0}, None,

@@ -98,6 +98,9 @@ def test_run_job_reports_progress(tiny_run):
     assert set(last) >= {"loss", "accuracy", "examples_per_sec", "eta_seconds", "learning_rate", "phase", "tower_ms"}
     checkpoints = [e["checkpoint"] for e in events if e["event"] == "checkpoint"]
     assert checkpoints == ["checkpoints/ckpt-20", "checkpoints/ckpt-40"]
+    # Each eval (steps 20 and 40) says first how many batches it has: TINY asks for 2.
+    starts = [e for e in events if e["event"] == "phase" and e["phase"] == "eval" and e["phase_done"] == 0]
+    assert [(e["step"], e["phase_total"]) for e in starts] == [(20, 2), (40, 2)]
 
 
 def test_run_job_writes_every_summary_kind(tiny_run):
@@ -350,8 +353,13 @@ def test_sigterm_during_a_long_eval_stops_without_finishing_it(tmp_path):
     job_dir = tmp_path / "job"
     proc = start_worker(job_dir, spec)
     deadline = time.monotonic() + 120
-    while not any(e.get("phase") == "eval" for e in read_progress(job_dir / "progress.jsonl")[0]):
-        assert proc.poll() is None and time.monotonic() < deadline, "worker ended before its first eval"
+
+    def eval_reports() -> list[dict]:
+        return [e for e in read_progress(job_dir / "progress.jsonl")[0] if e["event"] == "phase" and e["phase"] == "eval"]
+
+    # The eval reports how far it is every 2 s: wait for a report from inside it.
+    while not any(e["phase_done"] > 0 for e in eval_reports()):
+        assert proc.poll() is None and time.monotonic() < deadline, "worker ended before reporting an eval's progress"
         time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
     log, _ = proc.communicate(timeout=120)
@@ -359,4 +367,7 @@ def test_sigterm_during_a_long_eval_stops_without_finishing_it(tmp_path):
     assert proc.returncode == 3, log
     assert json.loads((job_dir / "result.json").read_text())["step"] == 5
     assert not [e for e in events if e["event"] == "eval"], "the eval ran to its end"
+    reports = eval_reports()
+    assert reports[0]["phase_done"] == 0 and all(e["phase_total"] == 10_000 and e["step"] == 5 for e in reports)
+    assert reports[-1]["phase_done"] < 10_000
     assert [e["checkpoint"] for e in events if e["event"] == "checkpoint"] == ["checkpoints/ckpt-5"]

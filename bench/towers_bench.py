@@ -253,7 +253,7 @@ def monitoring_costs(args: argparse.Namespace) -> None:
     grad_norm(out["grads"]).numpy()
     costs = {
         "scalars (+ grad norm)": (seconds(lambda: grad_norm(out["grads"]).numpy(), 20)
-                                   + seconds(lambda: controller._write_scalars(10, out, step, 1.0), 8)),
+                                   + seconds(lambda: controller._write_scalars(10, out, step), 8)),
         "histograms": seconds(lambda: controller._write_histograms(500, out["grads"]), 3),
         "images, first call": seconds(lambda: controller._write_images(500, x)),
         "images": seconds(lambda: controller._write_images(500, x), 3),

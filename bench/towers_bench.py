@@ -58,18 +58,21 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
+def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float | None, float | None]:
     """The median and a distribution-free confidence interval for it (order statistics).
 
     The interval is [x_(j), x_(n+1-j)] for the largest j with P(Binomial(n, 1/2) < j) <=
-    (1 - confidence) / 2: it assumes nothing about the shape of the noise.
+    (1 - confidence) / 2: it assumes nothing about the shape of the noise. Below 6 values
+    no such j exists for 95% (even the whole range covers the median less often), and the
+    bounds are None.
     """
     xs, n = sorted(values), len(values)
     tail, j, below = (1 - confidence) / 2, 0, 0.0
     while j < n // 2 and below + math.comb(n, j) / 2**n <= tail:
         below += math.comb(n, j) / 2**n
         j += 1
-    j = max(j, 1)
+    if j == 0:
+        return statistics.median(xs), None, None
     return statistics.median(xs), xs[j - 1], xs[n - j]
 
 
@@ -183,8 +186,11 @@ def print_step_benchmarks(seconds: dict[str, list[float]], examples: int) -> Non
         # spell of the machine slows both and cancels out of their ratio.
         rounds = [t / f for f, t in zip(seconds[faster], seconds[than], strict=True)]
         median, low, high = median_interval(rounds)
-        verdict = "met" if low >= target else "not met" if high < target else "within the interval"
         label = f"{faster} / {than}"
+        if low is None or high is None:
+            print(f"{label:<34}= {median:.3f}  (too few rounds for a 95% interval; target >= {target}: not judged)")
+            return
+        verdict = "met" if low >= target else "not met" if high < target else "within the interval"
         print(f"{label:<34}= {median:.3f}  (95% CI {low:.3f}-{high:.3f}; target >= {target}: {verdict})")
 
     print(f"\nmedian of per-round ratios over {len(next(iter(seconds.values())))} rounds")
@@ -336,7 +342,8 @@ def main() -> None:
             print(f"{name:<20}{statistics.median(rates):>10.1f} examples/sec (median; runs {', '.join(f'{r:.0f}' for r in rates)})")
         pairs = [d / n for d, n in zip(samples["default summaries"], samples["no summaries"], strict=True)]
         median, low, high = median_interval(pairs)
-        print(f"default / none       = {median:.3f}   (median of per-pair ratios, 95% CI {low:.3f}-{high:.3f}; target >= 0.97)")
+        interval = f"95% CI {low:.3f}-{high:.3f}" if low is not None else "too few pairs for a 95% interval"
+        print(f"default / none       = {median:.3f}   (median of per-pair ratios, {interval}; target >= 0.97)")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,41 @@
+"""The benchmarks are run by hand, not by CI: these keep them running (a bench that breaks
+silently is found only when someone needs its numbers)."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def towers_bench():
+    spec = importlib.util.spec_from_file_location("towers_bench", ROOT / "bench" / "towers_bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_median_interval_is_an_order_statistic_interval() -> None:
+    median_interval = towers_bench().median_interval
+    # Under 6 values no interval covers the median with 95% confidence.
+    assert median_interval([3.0, 1.0, 2.0, 5.0, 4.0]) == (3.0, None, None)
+    # 6 values: P(Binomial(6, 1/2) = 0) = 1/64 <= 2.5%, so the whole range.
+    assert median_interval([6.0, 1.0, 5.0, 2.0, 4.0, 3.0]) == (3.5, 1.0, 6.0)
+    # 100 values: the 40th and 61st (the textbook 95% ranks for n = 100).
+    assert median_interval([float(i) for i in range(1, 101)]) == (50.5, 40.0, 61.0)
+
+
+@pytest.mark.slow
+def test_towers_bench_runs_and_reports_every_ratio() -> None:
+    done = subprocess.run(
+        [sys.executable, "bench/towers_bench.py", "--rounds", "6", "--steps", "1", "--worker-steps", "0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    for ratio in ("towers(1) / plain", "towers(1) / mirrored(1)", "towers(2) / mirrored(2)", "towers(4) / mirrored(4)"):
+        line = next((line for line in done.stdout.splitlines() if line.startswith(ratio)), None)
+        assert line is not None and "95% CI" in line, done.stdout
+    assert "default cadences over a 1000-step job:" in done.stdout and "throughput ratio" in done.stdout

@@ -12,6 +12,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -38,14 +39,26 @@ def _serve(args: argparse.Namespace) -> int:
                 "Invalid setting TOWERBOARD_%s: %s", field.upper(), item["msg"]
             )
         return 2
-    uvicorn.run(
-        create_app(settings),
+    app = create_app(settings)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # At the stop signal, not after the connections have drained (up to 5 s): no
+            # worker may be started while the service is on its way out.
+            runtime = getattr(app.state, "runtime", None)
+            if runtime is not None:
+                runtime.supervisor.stop_starting()
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(
+        app,
         host=settings.host,
         port=settings.port,
         log_level=args.log_level,
         access_log=args.access_log,
         timeout_graceful_shutdown=5,
     )
+    Server(config).run()
     return 0
 
 

@@ -75,6 +75,8 @@ class Supervisor:
         self._errors: dict[tuple[str, str], str] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._starting = threading.Event()  # cleared: start no more workers (shutting down)
+        self._starting.set()
         self._thread: threading.Thread | None = None
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -90,6 +92,17 @@ class Supervisor:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+
+    def stop_starting(self) -> None:
+        """Start no more workers, but go on watching: the service is shutting down.
+
+        A service manager stopping the whole control group SIGTERMs the workers with the
+        service; while the server drains its connections they checkpoint, exit and are
+        requeued, and starting them again then would only leave a worker behind it.
+        """
+        if self._starting.is_set():
+            log.info("Shutting down: no more workers will be started; running ones are left to the next service")
+        self._starting.clear()
 
     def wake(self) -> None:
         """Look at the store now (a job was submitted or cancelled)."""
@@ -259,6 +272,8 @@ class Supervisor:
             self._publish_state(job.id)
 
     def _schedule(self) -> None:
+        if not self._starting.is_set():
+            return
         queued = self._store.queued()
         if not queued:
             return

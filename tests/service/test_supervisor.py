@@ -16,6 +16,10 @@ from typing import Any
 
 import pytest
 
+from service.devices import DevicePool
+from service.settings import Settings
+from service.store import JobStore
+from service.supervisor import Supervisor
 from tests.service.harness import (
     ROOT,
     Service,
@@ -25,6 +29,7 @@ from tests.service.harness import (
     long_job,
     processes_under,
 )
+from trainer.spec import JobSpec
 
 pytestmark = pytest.mark.slow
 
@@ -337,3 +342,34 @@ def test_restart_finds_a_worker_whose_pid_was_never_stored(
     assert service.client.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 202
     assert service.wait_state(job_id, "cancelled", "failed", "succeeded")["state"] == "cancelled"
     assert worker_pids(service, job_id) == []
+
+
+def test_stop_signal_stops_starting_workers(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # A shutting-down service must start no worker: one started while the server drains
+    # its connections would outlive it. The supervisor, in this process on a real store:
+    # after stop_starting a queued job stays queued, while ended workers are still reaped.
+    settings = Settings(data_dir=tmp_path / "data").resolved()
+    store = JobStore(settings.db_path)
+
+    def supervisor() -> Supervisor:
+        return Supervisor(settings=settings, store=store, pool=DevicePool.from_settings(settings), publish=lambda _: None)
+
+    job = store.create(JobSpec.model_validate(job_spec(name="waits")).model_dump(mode="json"))
+    stopping = supervisor()
+    stopping.stop_starting()
+    stopping.tick()
+    assert store.get(job.id).state.value == "queued"  # type: ignore[union-attr]
+    assert processes_under(settings.data_dir) == []
+    supervisor().tick()  # the same store and job, not shutting down: it starts
+    assert store.get(job.id).state.value == "running"  # type: ignore[union-attr]
+    for pid in processes_under(settings.data_dir):
+        os.kill(pid, signal.SIGKILL)
+    store.close()
+
+    # And `towerboard serve` tells it so at the stop signal itself.
+    service = make_service()
+    service.start()
+    service.stop()  # SIGTERM
+    assert "no more workers will be started" in service.log.read_text()

@@ -102,8 +102,11 @@ async def _running(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        supervisor.stop_starting()  # `towerboard serve` did at the signal; other servers now
+        if settings.stop_workers_on_exit:  # a container: its stop would kill them unsaved
+            await asyncio.to_thread(supervisor.stop_workers, settings.cancel_grace_seconds)
         tensorboard_watch.cancel()
-        supervisor.stop()  # workers keep running: the next service adopts them
+        supervisor.stop()  # workers left running: the next service adopts them
         await launcher.stop()
         await http.aclose()
         store.close()

@@ -62,6 +62,13 @@ class Settings(BaseSettings):
         description="Restart a job whose worker was killed (the OOM killer, a segfault) from "
         "its latest checkpoint this many times before failing it.",
     )
+    stop_workers_on_exit: bool = Field(
+        False,
+        description="On shutdown, SIGTERM running workers and wait (up to the cancel grace "
+        "period) while they checkpoint, so the next service resumes them from that step. "
+        "For containers, whose stop kills every process; on a host, workers outlive a "
+        "restart and are adopted instead.",
+    )
     worker_nice: int = Field(10, ge=0, le=19, description="CPU niceness added to workers.")
     poll_seconds: float = Field(
         0.2, gt=0, le=1.0, description="How often progress files and workers are checked."

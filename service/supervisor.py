@@ -104,6 +104,20 @@ class Supervisor:
             log.info("Shutting down: no more workers will be started; running ones are left to the next service")
         self._starting.clear()
 
+    def stop_workers(self, timeout: float) -> bool:
+        """SIGTERM every running worker and wait up to `timeout` s for them to end; True if
+        all did. Each checkpoints and exits 3, and with no cancel asked for its job goes
+        back to the queue, to resume from that step (call `stop_starting` first)."""
+        for worker in list(self._workers.values()):
+            worker.terminate()
+        deadline = time.monotonic() + timeout
+        while self._workers and time.monotonic() < deadline:
+            self._wake.set()  # reap each as soon as it ends
+            time.sleep(0.05)
+        if self._workers:
+            log.warning("Shutting down: %d worker(s) still running after %g s", len(self._workers), timeout)
+        return not self._workers
+
     def wake(self) -> None:
         """Look at the store now (a job was submitted or cancelled)."""
         self._wake.set()

@@ -113,6 +113,14 @@ def test_compose_volumes_data_dir_and_read_only_datasets(
     assert env["TOWERBOARD_DATA_ROOTS"] == "/datasets"
 
 
+def test_compose_stop_lets_workers_checkpoint(towerboard: dict[str, Any]) -> None:
+    # The service SIGTERMs its workers at stop and waits up to the cancel grace (30 s by
+    # default) for their checkpoints; Docker must not SIGKILL them before that.
+    assert towerboard["environment"]["TOWERBOARD_STOP_WORKERS_ON_EXIT"] == "true"
+    grace = re.fullmatch(r"(\d+)s", towerboard["stop_grace_period"])
+    assert grace is not None and int(grace.group(1)) > 30
+
+
 def test_compose_token_and_gpus_from_environment(towerboard: dict[str, Any]) -> None:
     env = towerboard["environment"]
     assert re.fullmatch(r"\$\{TOWERBOARD_TOKEN:\?.+\}", env["TOWERBOARD_TOKEN"])

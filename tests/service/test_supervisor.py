@@ -373,3 +373,29 @@ def test_stop_signal_stops_starting_workers(
     service.start()
     service.stop()  # SIGTERM
     assert "no more workers will be started" in service.log.read_text()
+
+
+def test_stop_workers_on_exit_checkpoints_them_for_the_next_service(
+    make_service: Callable[..., Service],
+) -> None:
+    # In a container the stop kills every process, so with TOWERBOARD_STOP_WORKERS_ON_EXIT
+    # the service SIGTERMs its workers on the way out and waits while they checkpoint: the
+    # next service resumes the job from the step it stopped at.
+    service = make_service(env={"TOWERBOARD_STOP_WORKERS_ON_EXIT": "true"})
+    service.start()
+    job_id = service.submit(long_job())["id"]
+    service.wait_checkpoint(job_id)
+    service.stop()  # SIGTERM
+    assert service.process is not None and service.process.returncode is not None
+    assert worker_pids(service, job_id) == [], "the worker outlived the service"
+    (stopped,) = [line for line in progress_lines(service, job_id) if line["event"] == "end"]
+    assert stopped["outcome"] == "cancelled"
+    assert (service.data_dir / "runs" / job_id / "checkpoints" / f"ckpt-{stopped['step']}.index").exists()
+
+    service.start()
+    service.wait_for(job_id, lambda job: job["attempts"] == 2 and job["state"] == "running", what="the restart")
+    service.wait_for(job_id, lambda job: job["progress"]["step"] > stopped["step"], what="progress after it")
+    starts = [line["step"] for line in progress_lines(service, job_id) if line["event"] == "start"]
+    assert starts == [0, stopped["step"]]
+    assert service.client.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 202
+    assert service.wait_state(job_id, "cancelled", "failed", "succeeded")["state"] == "cancelled"

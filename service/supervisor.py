@@ -248,7 +248,7 @@ class Supervisor:
             return
         killed_by = crashed(exit, cancel_requested=cancel_requested)
         if killed_by is not None and job.crashes < self._settings.crash_retries:
-            self._requeue(job, killed_by, crashed=True)
+            self._requeue(job, killed_by, killed=True)
             return
         final = final_state(
             exit,
@@ -270,11 +270,11 @@ class Supervisor:
         )
         self._publish_state(job.id)
 
-    def _requeue(self, job: JobRecord, why: str, *, crashed: bool = False) -> None:
+    def _requeue(self, job: JobRecord, why: str, *, killed: bool = False) -> None:
         """Running -> queued with attempts + 1 (and crashes + 1 if its worker was killed);
         the next attempt resumes from the latest checkpoint."""
         # False: no longer running (finished since)
-        requeued = self._store.requeue(job.id, crashed=crashed)
+        requeued = self._store.requeue(job.id, crashed=killed)
         self._forget(job.id)
         if requeued:
             log.warning(

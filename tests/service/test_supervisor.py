@@ -45,6 +45,23 @@ def worker_pid(service: Service, job_id: str) -> int:
     return pids[0]
 
 
+def checkpoint_step(job: dict[str, Any]) -> int:
+    """The step of the job's latest checkpoint (`checkpoints/ckpt-N`), 0 before the first."""
+    checkpoint = (job["progress"] or {}).get("checkpoint")
+    return int(checkpoint.rsplit("-", 1)[1]) if checkpoint else 0
+
+
+def long_job_checkpointed(
+    make_service: Callable[..., Service], env: dict[str, str] | None = None, **changes: Any
+) -> tuple[Service, str]:
+    """A started service (with `env`) running `long_job(**changes)` past its first checkpoint."""
+    service = make_service(env=env)
+    service.start()
+    job_id = service.submit(long_job(**changes))["id"]
+    service.wait_checkpoint(job_id)
+    return service, job_id
+
+
 def progress_lines(service: Service, job_id: str) -> list[dict[str, Any]]:
     path = service.data_dir / "runs" / job_id / "progress.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -56,18 +73,15 @@ def test_killed_worker_resumes_from_checkpoint_then_fails_past_the_retries(
     # A worker killed by a signal (the OOM killer's SIGKILL, say) lost only the steps since
     # its last checkpoint: the job runs again from there, as often as
     # TOWERBOARD_CRASH_RETRIES allows (1 here), and then fails saying so.
-    service = make_service(env={"TOWERBOARD_CRASH_RETRIES": "1"})
-    service.start()
-    job_id = service.submit(long_job())["id"]
-    service.wait_checkpoint(job_id)
+    service, job_id = long_job_checkpointed(make_service, {"TOWERBOARD_CRASH_RETRIES": "1"})
     os.kill(worker_pid(service, job_id), signal.SIGKILL)
     requeued = service.wait_for(job_id, lambda job: job["attempts"] == 2, what="a restart")
     assert requeued["state"] in ("queued", "running") and requeued["error"] is None
-    kept = int(requeued["progress"]["checkpoint"].rsplit("-", 1)[1])
+    kept = checkpoint_step(requeued)
 
     service.wait_for(
         job_id,
-        lambda job: int((job["progress"] or {}).get("checkpoint", "ckpt-0").rsplit("-", 1)[1]) > kept,
+        lambda job: checkpoint_step(job) > kept,
         what="a checkpoint of the second attempt",
     )
     starts = [line["step"] for line in progress_lines(service, job_id) if line["event"] == "start"]
@@ -152,7 +166,7 @@ def test_worker_sigterm_without_cancel_requeued_and_resumes(
         job_id,
         lambda job: (
             job["attempts"] == 2
-            and int(job["progress"]["checkpoint"].rsplit("-", 1)[1]) > first_end["step"]
+            and checkpoint_step(job) > first_end["step"]
         ),
         what="a checkpoint of the second attempt",
     )
@@ -286,7 +300,7 @@ def test_restart_service_adopts_living_worker_then_requeues_dead_one(
     # 2. Service and worker both die; the job is requeued and resumes from its checkpoint.
     service.wait_for(
         first["id"],
-        lambda job: int(job["progress"]["checkpoint"].rsplit("-", 1)[1]) > 25,
+        lambda job: checkpoint_step(job) > 25,
         what="a later checkpoint",
     )
     service.kill()
@@ -324,10 +338,7 @@ def test_restart_finds_a_worker_whose_pid_was_never_stored(
     # A service that dies between starting a worker and storing its pid leaves a running
     # job with no pid. The next service must find that worker by its argv and adopt it, not
     # requeue the job and start a second worker on the same run dir.
-    service = make_service()
-    service.start()
-    job_id = service.submit(long_job())["id"]
-    service.wait_checkpoint(job_id)
+    service, job_id = long_job_checkpointed(make_service)
     pid = worker_pid(service, job_id)
     service.kill()
     with sqlite3.connect(service.data_dir / "towerboard.db") as conn:  # the crash window
@@ -381,10 +392,7 @@ def test_stop_workers_on_exit_checkpoints_them_for_the_next_service(
     # In a container the stop kills every process, so with TOWERBOARD_STOP_WORKERS_ON_EXIT
     # the service SIGTERMs its workers on the way out and waits while they checkpoint: the
     # next service resumes the job from the step it stopped at.
-    service = make_service(env={"TOWERBOARD_STOP_WORKERS_ON_EXIT": "true"})
-    service.start()
-    job_id = service.submit(long_job())["id"]
-    service.wait_checkpoint(job_id)
+    service, job_id = long_job_checkpointed(make_service, {"TOWERBOARD_STOP_WORKERS_ON_EXIT": "true"})
     service.stop()  # SIGTERM
     assert service.process is not None and service.process.returncode is not None
     assert worker_pids(service, job_id) == [], "the worker outlived the service"

@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from trainer.checkpoints import Checkpointer
 from trainer.profiling import TraceCapture, tower_times_ms
-from trainer.rundir import Outcome, ProgressWriter, RunDir
+from trainer.rundir import Outcome, ProgressWriter, RunDir, last_progress
 from trainer.spec import JobSpec
 from trainer.summaries import SummaryManager, variable_tag
 from trainer.towers import TowerTrainer, tower_sizes
@@ -178,12 +178,23 @@ class Controller:
         if self.trace.active:
             self._finish_trace(step)
         metrics = {**_metrics(loss, out), "examples_per_sec": round(examples_per_sec, 2)}
+        if out is None:
+            # Restarted from the final checkpoint (the worker died while exporting): no step
+            # ran here, so the result carries the last report of the run that trained.
+            metrics = self._last_reported(step) or metrics
         if self.spec.eval.every_steps and not self.stop.is_set():
             self._evaluate(step)
         self._save(step)
         return RunSummary(Outcome.SUCCEEDED, step, metrics, self._last_eval, self._checkpoint_path)
 
     # -- pieces of the loop ----------------------------------------------------------
+
+    def _last_reported(self, step: int) -> dict[str, float] | None:
+        """Loss, accuracy and examples/sec of the run dir's last report, if it is of `step`."""
+        report = last_progress(self.rundir.progress)
+        if report is None or report.get("step") != step:
+            return None
+        return {k: report[k] for k in ("loss", "accuracy", "examples_per_sec") if k in report}
 
     def _report(
         self, step: int, metrics: dict[str, float], examples_per_sec: float, wall_per_step: float | None, learning_rate: float

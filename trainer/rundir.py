@@ -155,3 +155,23 @@ def read_progress(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], in
         except json.JSONDecodeError:
             continue  # a torn line from a killed worker: skip it, keep the rest
     return events, offset + end + 1
+
+
+def last_progress(path: Path, tail_bytes: int = 64 * 1024) -> dict[str, Any] | None:
+    """The last `progress` line of progress.jsonl, or None; reads only the file's tail
+    (a report is a few hundred bytes, and one is written at least every few seconds)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - tail_bytes))
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    for raw in reversed(data.splitlines()):
+        try:
+            line = json.loads(raw)
+        except json.JSONDecodeError:
+            continue  # torn, or cut by the seek
+        if isinstance(line, dict) and line.get("event") == "progress":
+            return line
+    return None

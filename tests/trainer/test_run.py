@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -142,6 +143,23 @@ def test_run_job_traces_each_tower(tiny_run):
     reported = [e for e in read_progress(job_dir / "progress.jsonl")[0] if e["event"] == "trace"][0]["tower_ms"]
     assert reported == tower_times_ms(traces[0], towers=2, steps=2)
     assert all(ms > 0 for ms in reported)
+
+
+def test_restart_at_the_final_checkpoint_keeps_the_train_metrics(tiny_run, tmp_path):
+    # A worker that dies while exporting is restarted by the service: it restores the final
+    # checkpoint, trains no step, and must still report what the run trained to.
+    job_dir, _, first = tiny_run
+    again = tmp_path / "again"
+    shutil.copytree(job_dir, again)
+    (again / "result.json").unlink()
+    shutil.rmtree(again / "export")
+    code, result, log = run_worker(again)
+    assert code == 0, log
+    assert result["outcome"] == "succeeded" and result["step"] == 40
+    assert result["metrics"]["loss"] == pytest.approx(first["metrics"]["loss"], abs=1e-6)
+    assert result["metrics"]["accuracy"] == pytest.approx(first["metrics"]["accuracy"], abs=1e-6)
+    assert result["metrics"]["examples_per_sec"] == pytest.approx(first["metrics"]["examples_per_sec"], abs=0.01)
+    assert (again / "export" / "saved_model.pb").exists()
 
 
 def test_resume_after_sigterm_equals_uninterrupted(tmp_path):

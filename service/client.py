@@ -30,8 +30,9 @@ import time
 import webbrowser
 from collections.abc import Callable, Iterator
 from datetime import datetime
+from functools import partial
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import httpx
 
@@ -47,6 +48,10 @@ EXIT_INTERRUPTED = 130
 
 _TENSORBOARD_READY_SECONDS = 180.0  # it imports TensorFlow: slow on a busy host
 _LOG_POLL_SECONDS = 1.0
+# How long a verb that follows a job (submit --watch, logs --follow, cancel --wait) keeps
+# trying a service it cannot reach: a restart takes seconds, and the job runs on meanwhile.
+RECONNECT_SECONDS = 120.0
+_T = TypeVar("_T")
 LOG_OFFSET_HEADER = "X-Log-Offset"  # the logs route's "read on from here" (HTTP contract)
 
 
@@ -123,6 +128,27 @@ class Client:
 
     def get(self, path: str, **kwargs: Any) -> Any:
         return self.request("GET", path, **kwargs).json()
+
+    def patiently(self, call: Callable[[], _T], note: Callable[[str], None]) -> _T:
+        """`call()`, tried again each second while the service cannot be reached, for up
+        to RECONNECT_SECONDS: a follower outlives a service restart, as the job does.
+        `note` is told once, when the service is first found gone."""
+        deadline = None
+        while True:
+            try:
+                return call()
+            except ClientError as error:
+                if error.code != EXIT_UNREACHABLE:
+                    raise
+                if deadline is None:
+                    deadline = time.monotonic() + RECONNECT_SECONDS
+                    note(
+                        f"lost the service at {self.url}; trying again for up to "
+                        f"{RECONNECT_SECONDS:g} s (the job goes on meanwhile)"
+                    )
+                elif time.monotonic() >= deadline:
+                    raise
+            time.sleep(1.0)
 
     def job(self, job_id: str) -> dict[str, Any]:
         job: dict[str, Any] = self.get(f"/api/v1/jobs/{job_id}")
@@ -342,6 +368,14 @@ class ProgressLine:
             self.out.flush()
             self.last_key, self.last_line_at, self.shown = key, now, text
 
+    def note(self, text: str) -> None:
+        """A line of its own between progress lines (the bar is drawn again below it)."""
+        if self.tty:
+            self.out.write("\r" + " " * len(self.shown) + "\r")
+        self.out.write(text + "\n")
+        self.out.flush()
+        self.shown, self.last_key = "", ()
+
     def finish(self, job: dict[str, Any]) -> None:
         if self.tty:
             self.update(job)
@@ -369,7 +403,8 @@ def watch(client: Client, job_id: str, out: TextIO) -> dict[str, Any]:
                     raise
                 time.sleep(1.0)  # the service restarted or a proxy cut the stream: follow on
             if job["state"] not in TERMINAL:
-                job = client.job(job_id)
+                job = client.patiently(lambda: client.job(job_id), line.note)
+                line.update(job)
     except BaseException:
         if line.tty:
             out.write("\n")  # leave the bar's line before the error
@@ -512,6 +547,11 @@ def status(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _note(text: str) -> None:
+    sys.stderr.write(f"towerboard: {text}\n")
+    sys.stderr.flush()
+
+
 def logs(client: Client, args: argparse.Namespace) -> int:
     path = f"/api/v1/jobs/{args.id}/logs"
     response = client.request("GET", path, params={"tail": args.tail})
@@ -524,9 +564,12 @@ def logs(client: Client, args: argparse.Namespace) -> int:
     offset = int(response.headers.get(LOG_OFFSET_HEADER, "0"))
     try:
         while True:
-            ended = client.job(args.id)["state"] in TERMINAL
+            job = client.patiently(lambda: client.job(args.id), _note)
+            ended = job["state"] in TERMINAL
             while True:  # drain: a fast log can hold more than one read's worth
-                response = client.request("GET", path, params={"offset": offset})
+                response = client.patiently(
+                    partial(client.request, "GET", path, params={"offset": offset}), _note
+                )
                 sys.stdout.write(response.text)
                 sys.stdout.flush()
                 next_offset = int(response.headers[LOG_OFFSET_HEADER])
@@ -548,7 +591,7 @@ def cancel(client: Client, args: argparse.Namespace) -> int:
     if args.wait and job["state"] not in TERMINAL:
         while job["state"] not in TERMINAL:
             time.sleep(0.5)
-            job = client.job(args.id)
+            job = client.patiently(lambda: client.job(args.id), _note)
     sys.stdout.write(f"{job['id']} {job['state']}\n")
     return EXIT_OK
 

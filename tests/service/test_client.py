@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import tarfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,16 +23,28 @@ from tests.service.harness import ROOT, Service, job_spec, long_job
 pytestmark = pytest.mark.slow
 
 
+def cli_env(url: str | None, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment with TOWERBOARD_URL=url and no token unless `env` gives one."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("TOWERBOARD_TOKEN", "TOWERBOARD_URL")}
+    if url is not None:
+        clean["TOWERBOARD_URL"] = url
+    return {**clean, **(env or {})}
+
+
 def towerboard(
     *args: str, url: str | None, env: dict[str, str] | None = None, timeout: float = 180
 ) -> subprocess.CompletedProcess[str]:
     """Run `towerboard ARGS` with TOWERBOARD_URL=url and no token unless `env` gives one."""
-    clean = {k: v for k, v in os.environ.items() if k not in ("TOWERBOARD_TOKEN", "TOWERBOARD_URL")}
-    if url is not None:
-        clean["TOWERBOARD_URL"] = url
     return subprocess.run(
         [sys.executable, "-m", "service.cli", *args],
-        cwd=ROOT, env={**clean, **(env or {})}, capture_output=True, text=True, timeout=timeout,
+        cwd=ROOT, env=cli_env(url, env), capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def towerboard_in_background(*args: str, url: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "service.cli", *args],
+        cwd=ROOT, env=cli_env(url), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
 
@@ -192,6 +205,46 @@ def test_submit_watch_failed_job_exits_1(service: Service, tmp_path: Path) -> No
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"{job_id} failed in "), last
     assert "error: The worker rejected the spec: " in last
+
+
+def test_followers_outlive_a_service_restart(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    service = make_service()
+    service.start()
+    spec = tmp_path / "long.json"
+    spec.write_text(json.dumps(long_job(name="outlives")))
+    watcher = towerboard_in_background("submit", str(spec), "--watch", url=service.base_url)
+    try:
+        assert watcher.stdout is not None
+        job_id = watcher.stdout.readline().strip()
+        service.wait_checkpoint(job_id)
+        follower = towerboard_in_background("logs", job_id, "--follow", url=service.base_url)
+        try:
+            time.sleep(1.0)  # both following
+            service.kill()  # the worker lives on, to be adopted
+            time.sleep(3.0)  # longer than one retry: the service is really gone a while
+            assert watcher.poll() is None, watcher.communicate()
+            assert follower.poll() is None, follower.communicate()
+            service.start()
+            service.wait_for(job_id, lambda job: job["progress"]["step"] > 0, what="adopted")
+            assert service.client.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 202
+            out, err = watcher.communicate(timeout=120)
+            logs_out, logs_err = follower.communicate(timeout=60)
+        finally:
+            follower.kill()
+    finally:
+        watcher.kill()
+    assert watcher.returncode == 1, err  # followed to the end: cancelled, not succeeded
+    lost = (
+        f"lost the service at {service.base_url}; trying again for up to 120 s "
+        "(the job goes on meanwhile)"
+    )
+    assert lost in err
+    assert err.strip().splitlines()[-1].startswith(f"{job_id} cancelled"), err
+    assert follower.returncode == 0, logs_err
+    assert logs_err == f"towerboard: {lost}\n"
+    assert f"--- towerboard: attempt 1 of job {job_id} starting" in logs_out
 
 
 def test_tensorboard_starts_and_prints_proxied_url(

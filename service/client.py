@@ -12,7 +12,8 @@ Every verb takes `--url` (default `$TOWERBOARD_URL`, else http://127.0.0.1:8000)
 just the job id, so `id=$(towerboard submit spec.json)` works); progress and errors go to
 stderr, each error as one line. Exit codes: 0 done; 1 the service refused or failed the
 request, or a watched job did not succeed; 2 bad usage or a rejected spec; 3 the service
-could not be reached; 130 interrupted.
+could not be reached; 130 interrupted; 141 (as a shell reports SIGPIPE) the reader of
+stdout went away, as `| head` does, which ends the command quietly.
 
 Only httpx and the standard library: the client never imports TensorFlow.
 """
@@ -45,6 +46,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
 
 _TENSORBOARD_READY_SECONDS = 180.0  # it imports TensorFlow: slow on a busy host
 _LOG_POLL_SECONDS = 1.0
@@ -703,13 +705,20 @@ def _run(verb: Callable[[Client, argparse.Namespace], int]) -> Callable[[argpars
         logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per request
         client = Client(args.url, os.environ.get("TOWERBOARD_TOKEN") or None)
         try:
-            return verb(client, args)
+            code = verb(client, args)
+            sys.stdout.flush()  # here, where a closed pipe can still be handled
+            return code
         except ClientError as error:
             sys.stderr.write(f"towerboard: error: {error.message}\n")
             return error.code
         except KeyboardInterrupt:
             sys.stderr.write("\n")
             return EXIT_INTERRUPTED
+        except BrokenPipeError:
+            # The reader of stdout has gone (`towerboard status | head`): stop quietly, like
+            # any filter, and keep Python's flush at exit from failing on it again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_BROKEN_PIPE
         finally:
             client.close()
 

@@ -301,6 +301,24 @@ def test_errors_are_one_line_with_exit_codes(service: Service, tmp_path: Path) -
     )
 
 
+def test_output_cut_short_by_its_reader_ends_quietly(
+    service: Service, watched: dict[str, Any]
+) -> None:
+    # `towerboard status ID | head -1`, where head has gone before the first write.
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "service.cli", "status", watched["id"]],
+            cwd=ROOT, env=cli_env(service.base_url), stdout=write, stderr=subprocess.PIPE,
+            text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert result.stderr == ""  # no traceback
+    assert result.returncode == 141
+
+
 def test_token_from_environment(make_service: Callable[..., Service]) -> None:
     secured = make_service(env={"TOWERBOARD_TOKEN": "cli-token"})
     secured.start()

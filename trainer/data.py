@@ -332,12 +332,20 @@ def _checked(
 ) -> _Chunk:
     """Checks one source's arrays and brings them to the `Arrays` layout and dtypes."""
     x_name, y_name = names
+    received = x.shape
     if x.ndim == 3:
         x = x[..., np.newaxis]
     if x.ndim != 4:
         raise DataError(
             f"Expected `{x_name}` of shape (N, H, W) or (N, H, W, C). "
             f"Received: shape {x.shape} ({source})"
+        )
+    if 0 in x.shape[1:]:
+        # An image with no pixels has nothing to learn from, and TensorFlow's CPU kernels
+        # abort the whole process on it (SIGABRT in oneDNN: no result.json, no message).
+        raise DataError(
+            f"Expected `{x_name}` images of at least 1 x 1 pixels and 1 channel. "
+            f"Received: shape {received} ({source})"
         )
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]

@@ -312,6 +312,17 @@ def test_load_arrays_npz_wrong_dims(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("shape", [(3, 0, 8), (3, 8, 0), (3, 8, 8, 0)], ids=["no-rows", "no-columns", "no-channels"])
+def test_load_arrays_npz_images_without_pixels(tmp_path: Path, shape: tuple[int, ...]) -> None:
+    # Trained on, these abort the worker inside oneDNN with no result.json.
+    message = _npz_error(tmp_path, x=np.zeros(shape, np.float32), y=[0, 1, 2])
+
+    assert message == (
+        "Expected `x` images of at least 1 x 1 pixels and 1 channel. "
+        f"Received: shape {shape} ({tmp_path / 'bad.npz'})"
+    )
+
+
 def test_load_arrays_npz_one_hot_labels(tmp_path: Path) -> None:
     message = _npz_error(tmp_path, x=images(2), y=np.eye(2))
 

@@ -67,6 +67,13 @@ def run_job(job_dir: Path, spec_path: Path | None = None) -> ExitCode:
     """Train the job in `job_dir` (spec from `spec_path`, else `job_dir/spec.json`)."""
     rundir = RunDir(job_dir)
     job_dir.mkdir(parents=True, exist_ok=True)
+    # SIGTERM (the service's cancel, or its shutdown) and Ctrl-C finish the step,
+    # checkpoint, and exit 3. Caught from the start: one that lands while TensorFlow is
+    # imported or the data loaded (seconds) must not kill the worker with no result.json,
+    # which the service would take for a crash and run again.
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
         spec = load_spec(spec_path or rundir.spec)
         job = _prepare(spec)
@@ -78,7 +85,7 @@ def run_job(job_dir: Path, spec_path: Path | None = None) -> ExitCode:
         return _write_result(rundir, Outcome.FAILED, f"Preparing the job failed: {type(e).__name__}: {e}")
     if spec_path is not None and spec_path.resolve() != rundir.spec.resolve():
         write_json_atomic(rundir.spec, spec.model_dump(mode="json"))
-    return _train(spec, job, rundir)
+    return _train(spec, job, rundir, stop)
 
 
 def _prepare(spec: JobSpec) -> dict[str, Any]:
@@ -120,7 +127,7 @@ def _prepare(spec: JobSpec) -> dict[str, Any]:
     return {"devices": devices, "arrays": arrays, "model": model}
 
 
-def _train(spec: JobSpec, job: dict[str, Any], rundir: RunDir) -> ExitCode:
+def _train(spec: JobSpec, job: dict[str, Any], rundir: RunDir, stop: threading.Event) -> ExitCode:
     import tensorflow as tf
 
     from trainer.checkpoints import Checkpointer
@@ -132,10 +139,6 @@ def _train(spec: JobSpec, job: dict[str, Any], rundir: RunDir) -> ExitCode:
     from trainer.towers import TowerTrainer
 
     devices, arrays, model = job["devices"], job["arrays"], job["model"]
-    stop = threading.Event()
-    # SIGTERM (the service's cancel) and Ctrl-C finish the step, checkpoint, and exit 3.
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
 
     total = spec.steps or spec.epochs * steps_per_epoch(arrays.num_train, spec.batch_size)
     progress = ProgressWriter(rundir.progress)

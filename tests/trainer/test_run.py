@@ -200,6 +200,36 @@ def test_resume_after_sigterm_equals_uninterrupted(tmp_path):
     assert resumed["metrics"]["loss"] == whole["metrics"]["loss"]
 
 
+def test_sigterm_while_the_worker_starts_up_exits_3_with_a_result(tmp_path):
+    # A cancel or a service shutdown can land in the seconds a worker spends importing
+    # TensorFlow, loading data and building the model, before its first step. It must
+    # still end with exit 3 after a checkpoint, not die by the signal with no result.json
+    # (which the service takes for a crash and restarts).
+    (tmp_path / "slowbuild.py").write_text(
+        "import pathlib, time, keras\n"
+        "def build(input_shape, num_classes, marker):\n"
+        "    pathlib.Path(marker).touch()\n"
+        "    time.sleep(2)\n"
+        "    inputs = keras.Input(input_shape)\n"
+        "    return keras.Model(inputs, keras.layers.Dense(num_classes)(keras.layers.Flatten()(inputs)))\n"
+    )
+    marker = tmp_path / "building"
+    spec = with_(TINY, model={"name": "slowbuild:build", "params": {"marker": str(marker)}})
+    job_dir = tmp_path / "job"
+    proc = start_worker(job_dir, spec, env={"PYTHONPATH": f"{tmp_path}:{REPO}"})
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "worker ended before building its model"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    log, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 3, log
+    result = json.loads((job_dir / "result.json").read_text())
+    assert result["outcome"] == "cancelled" and result["step"] == 0
+    assert result["checkpoint"] == "checkpoints/ckpt-0"
+    assert (job_dir / "checkpoints" / "ckpt-0.index").exists()
+
+
 BAD_SPECS = {
     "not_json": ("{not json", "is not valid JSON"),
     "unknown_key": (json.dumps(with_(TINY, tower=2)), "tower: Unknown key. Remove it or check its spelling."),

@@ -1,9 +1,16 @@
 """What only the service can check about a submitted job, beyond `trainer.spec`.
 
 The spec model checks a job on its own; these checks need to know this host: towers
-against the devices the service can give, and a data path against the allowed data roots
-and the files actually there. A job the service accepts must not fail in the worker for
-a reason that could have been checked here.
+against the devices the service can give, a data path against the allowed data roots
+and the files actually there, and a custom model's module against what the worker can
+import. A job the service accepts must not fail in the worker for a reason that could
+have been checked here.
+
+A custom model's module is looked for, never imported (its import may need TensorFlow,
+or run anything): on the worker's path (the project, PYTHONPATH, the installed packages)
+when workers run on the service's own interpreter; otherwise the worker alone checks it.
+Only its top-level package is looked for, and not its function: finding those would mean
+running the module.
 
 A relative data path is taken relative to the data roots (the first root where it exists),
 and the job is stored with the absolute path, since the worker runs in its run directory.
@@ -11,7 +18,9 @@ and the job is stored with the absolute path, since the worker runs in its run d
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from importlib.machinery import PathFinder
 from pathlib import Path
 
 from service.devices import DevicePool
@@ -20,11 +29,28 @@ from trainer.spec import JobSpec
 
 
 def admit(
-    spec: JobSpec, *, pool: DevicePool, data_roots: list[Path]
+    spec: JobSpec,
+    *,
+    pool: DevicePool,
+    data_roots: list[Path],
+    worker_path: list[str] | None = None,
 ) -> tuple[JobSpec, list[dict[str, str]]]:
     """The spec as it will be stored, and every reason this service cannot run it as
-    `{"field", "message"}` (none when it can)."""
+    `{"field", "message"}` (none when it can). `worker_path`: the worker's PYTHONPATH when
+    workers run on this interpreter, so a custom model's module can be looked for."""
     errors = []
+    if spec.model.is_custom and worker_path is not None:
+        missing = _missing_module(spec.model.name.partition(":")[0], worker_path)
+        if missing is not None:
+            errors.append(
+                {
+                    "field": "model.name",
+                    "message": f"Expected 'module:function' with a module the worker can "
+                    f"import. Received: {spec.model.name!r}, but {missing} (looked for on "
+                    f"the worker's path: {os.pathsep.join(worker_path)}, then the installed "
+                    "packages)",
+                }
+            )
     if spec.towers > pool.max_towers:
         errors.append(
             {
@@ -68,3 +94,17 @@ def _absolute(path: str, data_roots: list[Path]) -> str:
     # os.path.exists is False for a path it cannot even stat (a NUL byte, a name too
     # long): the checks that follow say why.
     return str(next((c for c in candidates if os.path.exists(c)), candidates[0]))
+
+
+def _missing_module(module: str, worker_path: list[str]) -> str | None:
+    """Why the worker could not import `module` ("there is no module 'a'"), or None when it
+    may. Only the top-level package is looked for: a parent package may make its
+    submodules at import (os.path, tensorflow.keras), and looking for them the way
+    importlib.util.find_spec('a.b') does would run a's __init__."""
+    top = module.split(".")[0]
+    try:
+        # The worker's PYTHONPATH comes before the rest of its sys.path, as in the worker.
+        found = PathFinder.find_spec(top, worker_path) or importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None  # a finder that cannot say: leave it to the worker
+    return None if found is not None else f"there is no module {top!r}"

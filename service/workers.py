@@ -93,6 +93,12 @@ class Worker:
                 os.kill(self.pid, signum)
 
 
+def worker_pythonpath() -> list[str]:
+    """A worker's PYTHONPATH: this project first, then the service's own PYTHONPATH."""
+    own = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    return [str(_PROJECT_ROOT), *filter(None, own)]
+
+
 def spawn_worker(
     *,
     job_id: str,
@@ -115,9 +121,7 @@ def spawn_worker(
     env = dict(os.environ)
     env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
     env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(_PROJECT_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-    )
+    env["PYTHONPATH"] = os.pathsep.join(worker_pythonpath())
     env["TOWERBOARD_JOB_ID"] = job_id
     with open(run.log, "ab") as log_file:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())

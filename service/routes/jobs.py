@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
 from datetime import datetime
 from typing import Annotated, Any
@@ -35,6 +36,7 @@ from service.schemas import (
 )
 from service.settings import Settings
 from service.store import JobRecord, JobState, MetricPoint
+from service.workers import worker_pythonpath
 from trainer.rundir import RunDir, write_json_atomic
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -100,7 +102,14 @@ def include(app: FastAPI, prefix: str) -> None:
 )
 def create_job(job_in: JobCreate, runtime: RuntimeDep) -> Response:
     """Validate a job spec, store it as `queued` and return it with its id."""
-    spec, errors = admit(job_in, pool=runtime.pool, data_roots=runtime.settings.allowed_data_roots)
+    settings = runtime.settings
+    spec, errors = admit(
+        job_in,
+        pool=runtime.pool,
+        data_roots=settings.allowed_data_roots,
+        # Workers on another interpreter have another path: they check the module alone.
+        worker_path=worker_pythonpath() if settings.python == sys.executable else None,
+    )
     if errors:
         raise FieldErrors(errors)
     job = runtime.store.create(spec.model_dump(mode="json"))

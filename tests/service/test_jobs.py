@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from service.schemas import MetricsPublic
-from tests.service.harness import Service, job_spec, long_job
+from tests.service.harness import ROOT, Service, fake_worker_env, job_spec, long_job
 
 pytestmark = pytest.mark.slow
 
@@ -411,6 +411,31 @@ def test_create_job_every_error_listed(service: Service) -> None:
             "Received: 'big'",
         },
     ]
+
+
+def test_create_job_custom_model_module_missing(service: Service) -> None:
+    # Found out here, not after the job has queued and its worker has imported TensorFlow.
+    worker_path = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    assert _errors(service, job_spec(model={"name": "no_such_module.models:build"})) == [
+        {
+            "field": "model.name",
+            "message": "Expected 'module:function' with a module the worker can import. "
+            "Received: 'no_such_module.models:build', but there is no module "
+            f"'no_such_module' (looked for on the worker's path: {os.pathsep.join(worker_path)}, "
+            "then the installed packages)",
+        }
+    ]
+
+
+def test_create_job_custom_model_module_on_pythonpath(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # A module only on the service's PYTHONPATH is on the worker's too: accepted (and run,
+    # by the stand-in worker that lives in that same module).
+    service = make_service(env=fake_worker_env(tmp_path))
+    service.start()
+    job = service.submit(job_spec(name="quick", model={"name": "fake_worker:build"}))
+    assert service.wait_state(job["id"], "succeeded", "failed")["state"] == "succeeded"
 
 
 def test_create_job_steps_and_epochs(service: Service) -> None:

@@ -101,14 +101,14 @@ def test_killed_worker_resumes_from_checkpoint_then_fails_past_the_retries(
 
 
 def test_run_job_worker_rejects_spec_fails_with_reason(service: Service) -> None:
-    # The service cannot import a custom model builder (it may need TensorFlow); the
-    # worker can, and rejects the job with exit code 2.
-    job = service.submit(job_spec(name="custom", model={"name": "no_such_module:build"}))
+    # The service finds a custom model's module but does not import it (it may need
+    # TensorFlow); the worker does, finds no such function and rejects the job with exit 2.
+    job = service.submit(job_spec(name="custom", model={"name": "json:no_such_builder"}))
     failed = service.wait_state(job["id"], "failed", "succeeded")
     assert failed["state"] == "failed"
     assert failed["error"]["exit_code"] == 2
     assert failed["error"]["reason"].startswith("The worker rejected the spec: ")
-    assert "no_such_module" in failed["error"]["reason"]
+    assert "Module 'json' has no function 'no_such_builder'" in failed["error"]["reason"]
     assert failed["result"]["outcome"] == "invalid_spec"
 
 

@@ -39,20 +39,23 @@ def _metrics(loss: float, out: dict[str, Any] | None) -> dict[str, float]:
 
 
 class _StepClock:
-    """Seconds spent in steps, and how many, since it was last read."""
+    """Seconds spent in steps, how many, and the examples they trained on, since it was last read."""
 
     def __init__(self) -> None:
-        self.seconds, self.steps = 0.0, 0
+        self.seconds, self.steps, self.examples = 0.0, 0, 0
 
-    def add(self, seconds: float) -> None:
+    def add(self, seconds: float, examples: int) -> None:
         self.seconds += seconds
         self.steps += 1
+        self.examples += examples
 
-    def take(self) -> float | None:
-        """The mean seconds a step since the last take (None if no step was timed); resets."""
-        mean = self.seconds / self.steps if self.steps else None
-        self.seconds, self.steps = 0.0, 0
-        return mean
+    def take(self) -> tuple[float, float] | None:
+        """The mean seconds a step and the examples a second since the last take (None if
+        no step was timed); resets. Examples are counted, not assumed to be `batch_size`
+        each: the last batch of an epoch is partial."""
+        timed = (self.seconds / self.steps, self.examples / self.seconds) if self.steps and self.seconds > 0 else None
+        self.seconds, self.steps, self.examples = 0.0, 0, 0
+        return timed
 
 
 class NonFiniteLoss(RuntimeError):
@@ -132,6 +135,7 @@ class Controller:
                 self.trace.start()
             began = time.monotonic()
             images, labels = next(self.train_batches)
+            examples = int(images.shape[0])
             scalars_due = bool(s.scalars_every) and (step + 1) % s.scalars_every == 0
             out = self.trainer.train_step(images, labels, with_grad_norm=scalars_due)
             step += 1
@@ -142,8 +146,8 @@ class Controller:
                 started_at = time.monotonic()
             else:
                 took = time.monotonic() - began
-                scalar_clock.add(took)
-                report_clock.add(took)
+                scalar_clock.add(took, examples)
+                report_clock.add(took, examples)
             if self.trace.active:
                 self._traced_steps += 1
                 if step + 1 not in self._trace_steps:
@@ -153,7 +157,8 @@ class Controller:
                 graph_written = True
 
             if scalars_due:
-                self._write_scalars(step, out, scalar_clock.take())
+                timed = scalar_clock.take()
+                self._write_scalars(step, out, *(timed or (None, None)))
             if s.histograms_every and step % s.histograms_every == 0:
                 self._write_histograms(step, out["grads"])
             if s.images_every and step % s.images_every == 0:
@@ -161,9 +166,10 @@ class Controller:
 
             now = time.monotonic()
             if now - last_report >= PROGRESS_EVERY_SECONDS or step == self.total_steps:
-                step_seconds = report_clock.take()
-                if step_seconds is not None:
-                    examples_per_sec = self.spec.batch_size / step_seconds
+                timed = report_clock.take()
+                step_seconds = None
+                if timed is not None:
+                    step_seconds, examples_per_sec = timed
                 wall_per_step = (now - started_at) / (step - first_step) if step > first_step else step_seconds
                 self._report(step, _metrics(loss, out), examples_per_sec, wall_per_step, float(out["learning_rate"]))
                 last_report = now
@@ -214,8 +220,12 @@ class Controller:
             fields["tower_ms"] = self._tower_ms
         self.progress.write("progress", **fields)
 
-    def _write_scalars(self, step: int, out: dict[str, tf.Tensor], step_seconds: float | None) -> None:
-        """`step_seconds`: the mean time of the steps since the last write (None: none timed)."""
+    def _write_scalars(
+        self, step: int, out: dict[str, tf.Tensor], step_seconds: float | None, examples_per_sec: float | None = None
+    ) -> None:
+        """`step_seconds`: the mean time of the steps since the last write (None: none timed);
+        `examples_per_sec`: the examples those steps trained on a second (None: `batch_size`
+        examples a step)."""
         values: dict[str, float] = {
             "loss": float(out["loss"]),
             "accuracy": float(out["accuracy"]),
@@ -224,9 +234,12 @@ class Controller:
         }
         if step_seconds is not None:
             values["step_time_ms"] = step_seconds * 1000.0
-            values["examples_per_sec"] = self.spec.batch_size / step_seconds
-        for i, tower_loss in enumerate(out["tower_loss"].numpy()):
-            values[f"tower_{i}/loss"] = float(tower_loss)
+            values["examples_per_sec"] = examples_per_sec if examples_per_sec is not None else self.spec.batch_size / step_seconds
+        # A tower whose shard was empty (a last batch smaller than the tower count) has no
+        # loss this step; a 0 would plot as a perfect tower.
+        for i, (tower_loss, count) in enumerate(zip(out["tower_loss"].numpy(), out["tower_examples"].numpy(), strict=True)):
+            if count > 0:
+                values[f"tower_{i}/loss"] = float(tower_loss)
         self.summaries.scalars("train", values, step)
 
     def _write_histograms(self, step: int, grads: list[tf.Tensor]) -> None:

@@ -70,7 +70,8 @@ class TowerTrainer:
     """Builds the train and eval steps of `model` over `tower_devices`.
 
     `train_step(x, y, with_grad_norm=False)` returns a dict of tensors: loss (mean
-    cross-entropy over the global batch), accuracy, tower_loss (each tower's mean loss),
+    cross-entropy over the global batch), accuracy, tower_loss (each tower's mean loss; 0
+    for a tower with no examples), tower_examples (each tower's example count),
     grad_norm (global norm of the averaged gradient before clipping; computed only when
     asked for or when clipping needs it, since it is a pass over every gradient, 3% of a
     `cnn` step on a CPU; 0 otherwise), learning_rate (the rate this step used), grads (the
@@ -221,6 +222,7 @@ class TowerTrainer:
                 "loss": tf.add_n(loss_sums) / batch_f,
                 "accuracy": tf.add_n(correct_sums) / batch_f,
                 "tower_loss": tf.stack(loss_sums) / tower_counts,
+                "tower_examples": sizes,
                 "grad_norm": grad_norm,
                 "learning_rate": learning_rate,
                 # For histograms; unused outputs cost nothing beyond keeping them alive.

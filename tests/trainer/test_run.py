@@ -129,8 +129,42 @@ def test_run_job_step_time_is_the_steps_alone(tiny_run):
     times = {e.step: float(tf.make_ndarray(e.tensor_proto)) for e in acc.Tensors("step_time_ms")}
     assert sorted(times) == list(range(5, 41, 5))
     assert max(times.values()) < 20 * float(np.median(list(times.values()))), times
+    # Examples are counted, not assumed: TINY trains on 410 examples, 13 batches an epoch
+    # whose last (steps 13, 26, 39) holds 26. Step 1 (tracing) is left out of the times.
     rates = {e.step: float(tf.make_ndarray(e.tensor_proto)) for e in acc.Tensors("examples_per_sec")}
-    assert all(rates[s] == pytest.approx(32 * 1000 / times[s], rel=1e-4) for s in times)
+    for s in times:
+        timed = [t for t in range(s - 4, s + 1) if t > 1]
+        examples = sum(26 if t % 13 == 0 else 32 for t in timed)
+        assert rates[s] == pytest.approx(examples * 1000 / (len(timed) * times[s]), rel=1e-4), s
+
+
+def test_epochs_train_partial_batches_and_scalars_count_their_examples(tmp_path):
+    # 10 examples in batches of 9 on 2 towers: every other batch holds one example, so
+    # tower 1 has none. 2 epochs are 4 steps; the partial ones train, their rate counts one
+    # example, and tower 1 writes no loss where it had no examples (0 would plot as perfect).
+    spec = with_(
+        TINY,
+        data={"format": "synthetic", "eval_fraction": 0.0, "params": {"shape": [4, 4], "classes": 2, "size": 10}},
+        batch_size=9,
+        steps=None,
+        epochs=2,
+        summaries={"scalars_every": 1, "histograms_every": 0, "images_every": 0, "trace_steps": []},
+    )
+    code, result, log = run_worker(tmp_path / "job", spec)
+    assert code == 0, log
+    assert result["step"] == result["total"] == 4
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "job" / "tb" / "train"), size_guidance={"tensors": 0})
+    acc.Reload()
+
+    def series(tag: str) -> dict[int, float]:
+        return {e.step: float(tf.make_ndarray(e.tensor_proto)) for e in acc.Tensors(tag)}
+
+    assert sorted(series("tower_0/loss")) == [1, 2, 3, 4]
+    assert sorted(series("tower_1/loss")) == [1, 3]
+    times, rates = series("step_time_ms"), series("examples_per_sec")
+    assert sorted(times) == [2, 3, 4]
+    for step, examples in ((2, 1), (3, 9), (4, 1)):
+        assert rates[step] == pytest.approx(examples * 1000 / times[step], rel=1e-4), step
 
 
 def test_run_job_traces_each_tower(tiny_run):

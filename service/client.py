@@ -740,6 +740,20 @@ def _count(most: int) -> Callable[[str], int]:
     return parse
 
 
+def _url(value: str) -> str:
+    """An http(s) URL with a host: `localhost:8000` would otherwise be read as a URL of
+    scheme `localhost` and reported as a service that cannot be reached."""
+    try:
+        url = httpx.URL(value) if "://" in value else None
+    except httpx.InvalidURL:
+        url = None
+    if url is None or url.scheme not in ("http", "https") or not url.host:
+        raise argparse.ArgumentTypeError(
+            f"expected the service's URL, like {DEFAULT_URL}. Received: {value!r}"
+        )
+    return value
+
+
 def _job_id(value: str) -> str:
     if not value or "/" in value or value.startswith("."):
         raise argparse.ArgumentTypeError(f"expected a job id. Received: {value!r}")
@@ -752,6 +766,7 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
     common.add_argument(
         "--url",
         default=os.environ.get("TOWERBOARD_URL") or DEFAULT_URL,
+        type=_url,
         help="the service (default $TOWERBOARD_URL, else %(default)s); "
         "the token comes from $TOWERBOARD_TOKEN",
     )

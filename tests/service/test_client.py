@@ -295,6 +295,15 @@ def test_errors_are_one_line_with_exit_codes(service: Service, tmp_path: Path) -
         "towerboard: error: cannot reach the service at http://127.0.0.1:1 (ConnectError:"
     )
 
+    # A URL without its scheme is a usage error, not a service that cannot be reached.
+    for bad_url in ("localhost:8000", "http://[::1"):
+        no_scheme = towerboard("status", "--url", bad_url, url=service.base_url)
+        assert no_scheme.returncode == 2, no_scheme.stderr
+        assert no_scheme.stderr.strip().splitlines()[-1] == (
+            "towerboard status: error: argument --url: expected the service's URL, like "
+            f"http://127.0.0.1:8000. Received: {bad_url!r}"
+        )
+
     usage = towerboard("logs", "abc", "--tail", "0", url=service.base_url)
     assert usage.returncode == 2
     assert (

@@ -21,6 +21,9 @@ import tensorflow as tf
 from trainer.datafiles import DataFiles, resolve_files
 from trainer.spec import AugmentSpec, DataSpec, SyntheticParams
 
+# Class ids must lie below this: the output layer has one logit per id up to the largest.
+MAX_CLASSES = 100_000
+
 
 class DataError(ValueError):
     """A data file is unreadable or its contents break the format's contract."""
@@ -394,9 +397,12 @@ def _labels(y: np.ndarray, name: str, source: str) -> np.ndarray:
     low, high = y.min(), y.max()
     if low < 0:
         raise DataError(f"Expected labels `{name}` >= 0. Received: a label of {low} ({source})")
-    if high > np.iinfo(np.int32).max:
+    if high >= MAX_CLASSES:
+        # The model gets one logit per id up to the largest: a stray id of 2e9 asks for a
+        # 2e9-wide output layer, which fails seconds later as an out-of-memory crash.
         raise DataError(
-            f"Expected labels `{name}` to fit int32. Received: a label of {high} ({source})"
+            f"Expected labels `{name}` to be class ids below {MAX_CLASSES:,} (the model has one "
+            f"output per id up to the largest). Received: a label of {high} ({source})"
         )
     return y.astype(np.int32)
 

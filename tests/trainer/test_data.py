@@ -303,6 +303,23 @@ def test_load_arrays_npz_negative_label(tmp_path: Path) -> None:
     assert message == f"Expected labels `y` >= 0. Received: a label of -1 ({tmp_path / 'bad.npz'})"
 
 
+def test_load_arrays_npz_label_too_large_for_a_class_id(tmp_path: Path) -> None:
+    # Without the check, the model is built with 2,000,000,001 logits and the job dies of
+    # memory seconds later (or is OOM-killed).
+    message = _npz_error(tmp_path, x=images(3), y=[0, 1, 2_000_000_000])
+
+    assert message == (
+        "Expected labels `y` to be class ids below 100,000 (the model has one output per id "
+        f"up to the largest). Received: a label of 2000000000 ({tmp_path / 'bad.npz'})"
+    )
+
+
+def test_load_arrays_npz_accepts_the_largest_class_id(tmp_path: Path) -> None:
+    np.savez(tmp_path / "wide.npz", x=images(3), y=[0, 1, 99_999])
+
+    assert load_arrays(spec("npz", tmp_path / "wide.npz"), seed=0).num_classes == 100_000
+
+
 def test_load_arrays_npz_wrong_dims(tmp_path: Path) -> None:
     message = _npz_error(tmp_path, x=images(3, (16,)), y=[0, 1, 2])
 

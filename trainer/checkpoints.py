@@ -19,6 +19,10 @@ from trainer.spec import CheckpointSpec
 from trainer.towers import TowerTrainer
 
 
+class CheckpointMismatch(RuntimeError):
+    """The run dir's latest checkpoint was written for a different model or optimizer."""
+
+
 def _seed_states(model: keras.Model) -> list[tf.Variable]:
     return [v.value for v in model.non_trainable_variables if "seed_generator" in v.path]
 
@@ -50,7 +54,14 @@ class Checkpointer:
         latest = self.manager.latest_checkpoint
         if latest is None:
             return None
-        self.checkpoint.restore(latest).assert_existing_objects_matched()
+        try:
+            self.checkpoint.restore(latest).assert_existing_objects_matched()
+        except (AssertionError, ValueError, tf.errors.OpError) as e:
+            # TensorFlow names a variable and two shapes; say what that means for a job.
+            raise CheckpointMismatch(
+                f"Cannot resume from {Path(latest).parent.name}/{Path(latest).name}: it does not fit this job's "
+                f"model or optimizer (was the spec changed after it was written? Use a new job dir). {e}"
+            ) from e
         self._last_step = int(self._trainer.step.numpy())
         self._last_time = time.monotonic()
         return self._last_step

@@ -196,6 +196,23 @@ def test_restart_at_the_final_checkpoint_keeps_the_train_metrics(tiny_run, tmp_p
     assert (again / "export" / "saved_model.pb").exists()
 
 
+def test_rerun_with_a_different_model_says_the_checkpoint_does_not_fit(tiny_run, tmp_path):
+    # The same job dir run again with a changed spec: the restore fails; the message must
+    # say why in the job's terms, not only TensorFlow's variable shapes.
+    job_dir, _, _ = tiny_run
+    again = tmp_path / "again"
+    shutil.copytree(job_dir, again)
+    spec = json.loads((again / "spec.json").read_text())
+    spec["model"]["params"]["hidden"] = [64]
+    (again / "spec.json").write_text(json.dumps(spec))
+    code, result, log = run_worker(again)
+    assert code == 1, log
+    assert result["outcome"] == "failed"
+    assert result["message"].startswith(
+        "CheckpointMismatch: Cannot resume from checkpoints/ckpt-40: it does not fit this job's model or optimizer"
+    ), result["message"]
+
+
 def test_resume_after_sigterm_equals_uninterrupted(tmp_path):
     spec = with_(
         TINY,

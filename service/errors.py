@@ -20,6 +20,10 @@ class FieldErrors(Exception):
         self.detail = detail or _count_detail(len(errors))
 
 
+# What FastAPI raises (400) when reading the body fails for a reason other than bad JSON.
+_FASTAPI_BODY_ERROR = "There was an error parsing the body"
+
+
 def _count_detail(count: int) -> str:
     return f"Invalid request: {count} error{'s' if count != 1 else ''}; see `errors`."
 
@@ -68,6 +72,12 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         detail = str(exc.detail)
+        if exc.status_code == 400 and detail == _FASTAPI_BODY_ERROR:
+            # JSON that parses as text but not as data (nested past Python's recursion
+            # limit, say): the same 422 as any other body that is not a JSON spec.
+            cause = f"{type(exc.__cause__).__name__}: {exc.__cause__}" if exc.__cause__ else detail
+            errors = [{"field": "(body)", "message": f"Expected a JSON body that can be read. {cause}"}]
+            return JSONResponse(error_body(_count_detail(1), errors), status_code=422)
         if exc.status_code == 404 and detail == "Not Found":  # no route matched
             detail = f"No such resource: {request.method} {request.url.path}. See /docs."
         elif exc.status_code == 405:

@@ -25,6 +25,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.responses import Response
 
 from service.auth import BearerAuth
+from service.bodylimit import BodyLimit
 from service.deps import Runtime
 from service.devices import DevicePool
 from service.errors import install_error_handlers
@@ -158,6 +159,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
         app.add_api_route("/", read_dashboard, methods=["GET"], include_in_schema=False)
 
-    if settings.token is not None:
+    app.add_middleware(BodyLimit)
+    if settings.token is not None:  # added last, so it runs first: no body is read unauthenticated
         app.add_middleware(BearerAuth, token=settings.token.get_secret_value())
     return app

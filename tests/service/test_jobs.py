@@ -531,6 +531,38 @@ def test_create_job_not_json(service: Service) -> None:
     assert error["message"].startswith("Expected a JSON body.")
 
 
+def test_create_job_nested_too_deep(service: Service) -> None:
+    # Valid JSON that Python's parser cannot read (past its recursion limit).
+    response = service.client.post(
+        "/api/v1/jobs", content=b"[" * 100_000 + b"]" * 100_000, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422
+    [error] = response.json()["errors"]
+    assert error["field"] == "(body)"
+    assert error["message"].startswith("Expected a JSON body that can be read. RecursionError")
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_create_job_body_too_large_is_413_and_stores_nothing(service: Service, chunked: bool) -> None:
+    before = service.client.get("/api/v1/jobs", params={"limit": 200}).json()["count"]
+    spec = job_spec(model={"name": "mlp", "params": {"hidden": [1] * 400_000}})  # 1.2 MB
+    body = json.dumps(spec).encode()
+    content = iter([body[i : i + 65536] for i in range(0, len(body), 65536)]) if chunked else body
+    response = service.client.post("/api/v1/jobs", content=content, headers={"content-type": "application/json"})
+    assert response.status_code == 413
+    detail = response.json()["detail"]
+    assert detail.startswith("Request body too large: ") and "at most 1048576 bytes" in detail
+    if not chunked:
+        assert f"{len(body)} bytes" in detail
+    assert service.client.get("/api/v1/jobs", params={"limit": 200}).json()["count"] == before
+    # A body just under the cap (0.9 MB) still reaches validation (and fails it, so no
+    # worker starts).
+    under = {**job_spec(model={"name": "mlp", "params": {"hidden": [1] * 300_000}}), "bogus": 1}
+    response = service.client.post("/api/v1/jobs", json=under)
+    assert response.status_code == 422
+    assert "bogus" in [e["field"] for e in response.json()["errors"]]
+
+
 def test_create_job_body_not_object(service: Service) -> None:
     assert _errors(service, [1, 2]) == [
         {

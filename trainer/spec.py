@@ -33,6 +33,11 @@ MAX_SYNTHETIC_VALUES = 2**28  # 1 GiB of float32
 _CUSTOM_MODEL = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*$")
 
 PositiveInt = Annotated[int, Field(gt=0)]
+# Caps on the built-in models' sizes: far beyond what they are for, and low enough that a
+# typo (a million hidden layers, a width of 10^9) is refused here, not by a worker that
+# hangs building the model or runs out of memory after the job waited its turn.
+MAX_LAYERS = 64
+LayerWidth = Annotated[int, Field(gt=0, le=65_536)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 
 
@@ -60,23 +65,25 @@ class _Strict(BaseModel):
 class MlpParams(_Strict):
     """`mlp`: flatten, hidden dense layers with ReLU, logits."""
 
-    hidden: list[PositiveInt] = Field(default_factory=lambda: [500], min_length=1)
+    hidden: list[LayerWidth] = Field(default_factory=lambda: [500], min_length=1, max_length=MAX_LAYERS)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
 
 
 class CnnParams(_Strict):
     """`cnn`: the classic MNIST tower model (conv32, pool, conv64, pool, dense, logits)."""
 
-    filters: tuple[PositiveInt, PositiveInt] = (32, 64)
-    dense: PositiveInt = 512
+    filters: tuple[LayerWidth, LayerWidth] = (32, 64)
+    dense: LayerWidth = 512
     dropout: float = Field(0.4, ge=0.0, lt=1.0)
 
 
 class ResnetParams(_Strict):
     """`resnet`: a small residual network with batch norm."""
 
-    width: PositiveInt = 16
-    blocks_per_stage: list[PositiveInt] = Field(default_factory=lambda: [1, 1, 1], min_length=1)
+    width: Annotated[int, Field(gt=0, le=1024)] = 16  # doubles at each stage
+    blocks_per_stage: list[Annotated[int, Field(gt=0, le=MAX_LAYERS)]] = Field(
+        default_factory=lambda: [1, 1, 1], min_length=1, max_length=8
+    )
     bn_momentum: float = Field(0.9, gt=0.0, lt=1.0)
 
 
@@ -301,6 +308,17 @@ class JobSpec(_Strict):
         return self
 
 
+_SHOWN_CHARS = 200
+
+
+def _shown(value: Any) -> str:
+    """`repr(value)`, cut short: a message echoes what it refuses, not all 300 KB of it."""
+    text = repr(value)
+    if len(text) <= _SHOWN_CHARS:
+        return text
+    return f"{text[:_SHOWN_CHARS]}... ({len(text):,} characters in all)"
+
+
 def field_errors(error: ValidationError) -> list[dict[str, str]]:
     """Every error of a failed validation as ``{"field": "a.b", "message": ...}``."""
     errors = []
@@ -310,7 +328,7 @@ def field_errors(error: ValidationError) -> list[dict[str, str]]:
         if item["type"] == "extra_forbidden":
             message = "Unknown key. Remove it or check its spelling."
         elif "input" in item and item["type"] not in ("missing",) and "Received" not in message:
-            message = f"{message}. Received: {item['input']!r}"
+            message = f"{message}. Received: {_shown(item['input'])}"
         errors.append({"field": field, "message": message})
     return errors
 

@@ -101,6 +101,24 @@ def test_parse_spec_bad_model_params():
     }
 
 
+def test_parse_spec_model_too_large_to_build():
+    # Typos that would hang the worker building a million layers, or run it out of memory,
+    # are refused by field; the message shows the start of what it refuses, not all of it.
+    errors = errors_of({"data": SYNTHETIC, "model": {"name": "mlp", "params": {"hidden": [1] * 100_000}}})
+    assert errors == {
+        "model.params.hidden": "List should have at most 64 items after validation, not 100000. Received: "
+        f"{str([1] * 100_000)[:200]}... (300,000 characters in all)"
+    }
+    assert errors_of({"data": SYNTHETIC, "model": {"name": "cnn", "params": {"dense": 10**9}}}) == {
+        "model.params.dense": "Input should be less than or equal to 65536. Received: 1000000000"
+    }
+    resnet = {"name": "resnet", "params": {"width": 4096, "blocks_per_stage": [1000]}}
+    assert errors_of({"data": SYNTHETIC, "model": resnet}) == {
+        "model.params.width": "Input should be less than or equal to 1024. Received: 4096",
+        "model.params.blocks_per_stage.0": "Input should be less than or equal to 64. Received: 1000",
+    }
+
+
 def test_parse_spec_synthetic_data_too_large_for_memory():
     # 10M examples of 64x64x3 would be 123 billion float32 values: refused here, not by a
     # MemoryError in the worker after the job was queued.

@@ -38,6 +38,10 @@ def _metrics(loss: float, out: dict[str, Any] | None) -> dict[str, float]:
     return {} if out is None else {"loss": loss, "accuracy": float(out["accuracy"])}
 
 
+def _rounded(examples_per_sec: float | None) -> float | None:
+    return None if examples_per_sec is None else round(examples_per_sec, 2)
+
+
 class _StepClock:
     """Seconds spent in steps, how many, and the examples they trained on, since it was last read."""
 
@@ -123,7 +127,7 @@ class Controller:
         scalar_clock, report_clock = _StepClock(), _StepClock()
         first_step, started_at = step + 1, time.monotonic()
         last_report = time.monotonic()
-        examples_per_sec = 0.0
+        examples_per_sec: float | None = None  # until a step other than the first is timed
         graph_written = False
 
         self.at_step = step
@@ -183,7 +187,7 @@ class Controller:
 
         if self.trace.active:
             self._finish_trace(step)
-        metrics = {**_metrics(loss, out), "examples_per_sec": round(examples_per_sec, 2)}
+        metrics = {**_metrics(loss, out), "examples_per_sec": _rounded(examples_per_sec)}
         if out is None:
             # Restarted from the final checkpoint (the worker died while exporting): no step
             # ran here, so the result carries the last report of the run that trained.
@@ -203,7 +207,12 @@ class Controller:
         return {k: report[k] for k in ("loss", "accuracy", "examples_per_sec") if k in report}
 
     def _report(
-        self, step: int, metrics: dict[str, float], examples_per_sec: float, wall_per_step: float | None, learning_rate: float
+        self,
+        step: int,
+        metrics: dict[str, float],
+        examples_per_sec: float | None,
+        wall_per_step: float | None,
+        learning_rate: float,
     ) -> None:
         remaining = self.total_steps - step
         fields: dict[str, Any] = {
@@ -211,7 +220,7 @@ class Controller:
             "total": self.total_steps,
             "loss": round(metrics["loss"], 6),
             "accuracy": round(metrics["accuracy"], 6),
-            "examples_per_sec": round(examples_per_sec, 2),
+            "examples_per_sec": _rounded(examples_per_sec),
             "eta_seconds": round(remaining * wall_per_step, 1) if wall_per_step else None,
             "learning_rate": learning_rate,
             "phase": "training",

@@ -167,6 +167,16 @@ def test_epochs_train_partial_batches_and_scalars_count_their_examples(tmp_path)
         assert rates[step] == pytest.approx(examples * 1000 / times[step], rel=1e-4), step
 
 
+def test_run_job_of_one_step_has_no_speed_to_report(tmp_path):
+    # The only step traces the function, and is not timed: the speed is unknown (null), not 0.
+    spec = with_(TINY, steps=1, eval={"every_steps": 0}, summaries={"trace_steps": []})
+    code, result, log = run_worker(tmp_path / "one", spec)
+    assert code == 0, log
+    [report] = [e for e in read_progress(tmp_path / "one" / "progress.jsonl")[0] if e["event"] == "progress"]
+    assert report["step"] == 1 and report["examples_per_sec"] is None
+    assert result["metrics"]["examples_per_sec"] is None and result["metrics"]["loss"] > 0
+
+
 def test_run_job_traces_each_tower(tiny_run):
     job_dir, _, _ = tiny_run
     traces = list((job_dir / "tb" / "plugins" / "profile").glob("*/*.xplane.pb"))

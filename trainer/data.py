@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import math
+import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -538,17 +539,28 @@ def _read_tfrecord(path: Path) -> _Chunk:
             images.append(np.frombuffer(b"".join(raw), np.uint8).reshape(-1, *shape))
             labels.append(batch["label"])
             first += len(raw)
+    except tf.errors.DataLossError as error:
+        raise DataError(
+            "Expected readable TFRecord files. Received: a damaged, cut-short or non-TFRecord file: "
+            f"{_op_reason(error)} ({path})"
+        ) from None
     except tf.errors.OpError as error:
-        reason = error.message.splitlines()[0]
         raise DataError(
             "Expected TFRecord files of tf.train.Example with `image_raw` (bytes) and `label` "
-            f"(int64). Received: {reason} ({path})"
+            f"(int64). Received: {_op_reason(error)} ({path})"
         ) from None
     if shape is None:
         raise DataError(f"Expected at least one record. Received: an empty TFRecord file ({path})")
     return _checked(
         np.concatenate(images), np.concatenate(labels), str(path), ("image_raw", "label")
     )
+
+
+def _op_reason(error: tf.errors.OpError) -> str:
+    """TensorFlow's message without the function and op names it wraps around it."""
+    reason = error.message.splitlines()[0]
+    reason = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", reason)
+    return re.sub(r"\s*\[Op:\w+\].*$", "", reason).strip()
 
 
 def _record_shape(batch: dict[str, np.ndarray], first: int, path: Path) -> tuple[int, int, int]:

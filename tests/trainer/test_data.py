@@ -473,11 +473,24 @@ def test_load_arrays_tfrecord_corrupt_file(tmp_path: Path) -> None:
     with pytest.raises(DataError) as error:
         load_arrays(spec("tfrecord", path), seed=0)
 
-    assert str(error.value).startswith(
-        "Expected TFRecord files of tf.train.Example with `image_raw` (bytes) and `label` (int64). "
-        "Received: "
+    assert str(error.value) == (
+        "Expected readable TFRecord files. Received: a damaged, cut-short or non-TFRecord file: "
+        f"corrupted record at 0 (Is this even a TFRecord file?) ({path})"
     )
-    assert str(error.value).endswith(f" ({path})")
+
+
+def test_load_arrays_tfrecord_cut_short(tmp_path: Path) -> None:
+    # TensorFlow's own message, without the function and op names it wraps around it.
+    path = write_tfrecord(tmp_path / "a.tfrecord", images(4, (8, 8, 1)), [0, 1, 2, 3])
+    path.write_bytes(path.read_bytes()[:-20])
+
+    with pytest.raises(DataError) as error:
+        load_arrays(spec("tfrecord", path), seed=0)
+
+    message = str(error.value)
+    assert message.startswith("Expected readable TFRecord files. Received: a damaged, cut-short or non-TFRecord file: ")
+    assert "truncated record" in message and message.endswith(f" ({path})")
+    assert "function_node" not in message and "[Op:" not in message
 
 
 # --- synthetic ---------------------------------------------------------------------------

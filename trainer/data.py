@@ -12,6 +12,7 @@ import gzip
 import math
 import re
 import struct
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -464,8 +465,22 @@ def _read_idx_pair(images_path: Path, labels_path: Path) -> _Chunk:
     return _checked(images, labels, source, names=("images", "labels"))
 
 
+_NPY_MAGIC = b"\x93NUMPY"
+
+
 def _read_npz(path: Path) -> tuple[_Chunk, _Chunk | None]:
     """`x`, `y` and, if present, `x_eval`, `y_eval` of one .npz file."""
+    # np.load takes whatever the bytes look like: a lone .npy array, or (refused, as
+    # pickled data) anything else that is not a zip. Say which the file is instead.
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_NPY_MAGIC))
+        is_zip = zipfile.is_zipfile(path)
+    except OSError as error:
+        raise DataError(f"Expected a readable .npz file. Received: {error} ({path})") from None
+    if not is_zip:
+        what = "a single .npy array" if head == _NPY_MAGIC else "a file that is not a zip archive, or one cut short"
+        raise DataError(f"Expected an .npz file (a zip archive of .npy arrays). Received: {what} ({path})")
     try:
         # allow_pickle=False: an uploaded file must not run code when loaded.
         with np.load(path, allow_pickle=False) as archive:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -402,6 +403,38 @@ def test_load_arrays_npz_pickled_object_array(tmp_path: Path) -> None:
     assert message.startswith(
         "Expected a readable .npz file. Received: Object arrays cannot be loaded"
     )
+
+
+def _random_bytes(path: Path) -> None:
+    path.write_bytes(bytes(range(256)) * 2)
+
+
+def _lone_npy(path: Path) -> None:
+    with open(path, "wb") as f:  # np.save(path) would add ".npy" to the name
+        np.save(f, images(2))
+
+
+def _cut_short(path: Path) -> None:
+    np.savez(path, x=images(2), y=[0, 1])
+    path.write_bytes(path.read_bytes()[:-30])
+
+
+@pytest.mark.parametrize(
+    "write, what",
+    [
+        (_random_bytes, "a file that is not a zip archive, or one cut short"),
+        (_lone_npy, "a single .npy array"),
+        (_cut_short, "a file that is not a zip archive, or one cut short"),
+    ],
+    ids=["random-bytes", "npy", "cut-short"],
+)
+def test_load_arrays_npz_that_is_not_a_zip(tmp_path: Path, write: Callable[[Path], None], what: str) -> None:
+    # Not numpy's "pickled data" refusal, nor a TypeError from a lone .npy array.
+    path = tmp_path / "x.npz"
+    write(path)
+    with pytest.raises(DataError) as error:
+        load_arrays(spec("npz", path), seed=0)
+    assert str(error.value) == f"Expected an .npz file (a zip archive of .npy arrays). Received: {what} ({path})"
 
 
 def test_load_arrays_missing_path_is_data_files_error(tmp_path: Path) -> None:

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import hmac
 import json
+from typing import Any
 from urllib.parse import unquote
 
+from fastapi import FastAPI
 from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -72,3 +74,22 @@ class BearerAuth:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+def document_bearer_auth(app: FastAPI) -> None:
+    """Declare the token in the OpenAPI schema, so /docs shows it and offers Authorize."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()  # caches itself in app.openapi_schema, which is changed here
+            schema.setdefault("components", {})["securitySchemes"] = {
+                "bearer": {"type": "http", "scheme": "bearer", "description": "The service's TOWERBOARD_TOKEN"}
+            }
+            schema["security"] = [{"bearer": []}]
+            for path in OPEN_PATHS & schema["paths"].keys():
+                for operation in schema["paths"][path].values():
+                    operation["security"] = []
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

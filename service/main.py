@@ -24,7 +24,7 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.responses import Response
 
-from service.auth import BearerAuth
+from service.auth import BearerAuth, document_bearer_auth
 from service.bodylimit import BodyLimit
 from service.deps import Runtime
 from service.devices import DevicePool
@@ -162,4 +162,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimit)
     if settings.token is not None:  # added last, so it runs first: no body is read unauthenticated
         app.add_middleware(BearerAuth, token=settings.token.get_secret_value())
+        document_bearer_auth(app)
     return app

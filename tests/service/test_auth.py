@@ -120,3 +120,13 @@ def test_read_without_token_when_auth_off(make_service: Callable[..., Service]) 
         f"{service.base_url}/api/v1/devices", headers={"Authorization": "Bearer anything"}
     )
     assert response.status_code == 200
+
+
+def test_openapi_declares_the_token(secured: Service, service: Service) -> None:
+    schema = httpx.get(f"{secured.base_url}/openapi.json", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+    assert schema["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    assert schema["security"] == [{"bearer": []}]
+    assert schema["paths"]["/healthz"]["get"]["security"] == []  # open, and said to be
+    assert "security" not in schema["paths"]["/api/v1/jobs"]["post"]  # the global one holds
+    # Without a token, no scheme is declared.
+    assert "security" not in service.client.get("/openapi.json").json()

@@ -475,7 +475,7 @@ def _read_npz(path: Path) -> tuple[_Chunk, _Chunk | None]:
     try:
         with open(path, "rb") as f:
             head = f.read(len(_NPY_MAGIC))
-        is_zip = zipfile.is_zipfile(path)
+            is_zip = zipfile.is_zipfile(f)  # one open for both looks
     except OSError as error:
         raise DataError(f"Expected a readable .npz file. Received: {error} ({path})") from None
     if not is_zip:

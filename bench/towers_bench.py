@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import cast
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = Path(__file__).resolve().parents[1]
@@ -209,11 +210,12 @@ def monitoring_costs(args: argparse.Namespace) -> None:
     import numpy as np
     import tensorflow as tf
 
+    from trainer.checkpoints import Checkpointer
     from trainer.controller import Controller
     from trainer.models import build_model
     from trainer.optim import make_optimizer
     from trainer.profiling import TraceCapture
-    from trainer.rundir import RunDir
+    from trainer.rundir import ProgressWriter, RunDir
     from trainer.spec import JobSpec, ModelSpec, OptimizerSpec
     from trainer.summaries import SummaryManager
     from trainer.towers import TowerTrainer
@@ -234,7 +236,9 @@ def monitoring_costs(args: argparse.Namespace) -> None:
     summaries = SummaryManager(tmp / "tb")
     controller = Controller(
         spec=spec, trainer=trainer, train_batches=iter(()), eval_data=None, total_steps=0,
-        rundir=RunDir(tmp), progress=None, summaries=summaries, checkpointer=None, stop=threading.Event(),
+        rundir=RunDir(tmp), progress=ProgressWriter(tmp / "progress.jsonl"), summaries=summaries,
+        checkpointer=cast(Checkpointer, None),  # the summary methods timed here never checkpoint
+        stop=threading.Event(),
     )  # fmt: skip
 
     def seconds(fn, repeats: int = 1) -> float:
@@ -272,6 +276,8 @@ def monitoring_costs(args: argparse.Namespace) -> None:
         steps(3)
         controller._tower_ms = None
         path = capture.stop()
+        if path is None:
+            raise RuntimeError("Expected the profiler to write a trace. Received: none (see the log above)")
         from trainer.profiling import tower_times_ms
 
         tower_times_ms(path, 2, 3)

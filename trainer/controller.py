@@ -12,7 +12,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,7 +74,7 @@ class RunSummary:
 
     outcome: Outcome
     step: int
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: Mapping[str, float | None] = field(default_factory=dict)
     eval: dict[str, float] | None = None
     checkpoint: str | None = None
 
@@ -199,7 +199,7 @@ class Controller:
 
     # -- pieces of the loop ----------------------------------------------------------
 
-    def _last_reported(self, step: int) -> dict[str, float] | None:
+    def _last_reported(self, step: int) -> dict[str, float | None] | None:
         """Loss, accuracy and examples/sec of the run dir's last report, if it is of `step`."""
         report = last_progress(self.rundir.progress)
         if report is None or report.get("step") != step:

@@ -410,7 +410,7 @@ def _labels(y: np.ndarray, name: str, source: str) -> np.ndarray:
 
 
 # IDX: magic 0x00 0x00 <dtype> <ndim>, then ndim big-endian uint32 sizes, then the data.
-_IDX_DTYPES = {
+_IDX_DTYPES: dict[int, np.dtype] = {
     0x08: np.dtype(np.uint8),
     0x09: np.dtype(np.int8),
     0x0B: np.dtype(">i2"),

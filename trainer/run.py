@@ -140,7 +140,11 @@ def _train(spec: JobSpec, job: dict[str, Any], rundir: RunDir, stop: threading.E
 
     devices, arrays, model = job["devices"], job["arrays"], job["model"]
 
-    total = spec.steps or spec.epochs * steps_per_epoch(arrays.num_train, spec.batch_size)
+    if spec.steps is not None:
+        total = spec.steps
+    else:
+        assert spec.epochs is not None  # the spec holds one of the two
+        total = spec.epochs * steps_per_epoch(arrays.num_train, spec.batch_size)
     progress = ProgressWriter(rundir.progress)
     summaries = SummaryManager(rundir.tensorboard)
     step, controller = 0, None
@@ -183,7 +187,7 @@ def _train(spec: JobSpec, job: dict[str, Any], rundir: RunDir, stop: threading.E
         fields = {
             "step": summary.step,
             "total": total,
-            "metrics": summary.metrics,
+            "metrics": dict(summary.metrics),
             "eval": summary.eval,
             "checkpoint": summary.checkpoint,
             "export": None,

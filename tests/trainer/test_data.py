@@ -52,7 +52,7 @@ def write_idx_pair(
     write_idx(folder / f"{prefix}-labels-idx1-ubyte{suffix}", y)
 
 
-def write_tfrecord(path: Path, x: np.ndarray, y: np.ndarray, shape_features: str = "hwc") -> Path:
+def write_tfrecord(path: Path, x: np.ndarray, y: np.ndarray | list[int], shape_features: str = "hwc") -> Path:
     """`image_raw` bytes, `label`, and `pixels` or `height`/`width`/`channels` per record."""
 
     def ints(*values: int) -> tf.train.Feature:

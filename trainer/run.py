@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 import signal
 import threading
 import time
@@ -133,6 +131,7 @@ def _train(spec: JobSpec, job: dict[str, Any], rundir: RunDir, stop: threading.E
     from trainer.checkpoints import Checkpointer
     from trainer.controller import Controller, NonFiniteLoss
     from trainer.data import eval_dataset, steps_per_epoch, train_dataset
+    from trainer.export import export_model
     from trainer.optim import make_optimizer
     from trainer.rundir import ProgressWriter
     from trainer.summaries import SummaryManager
@@ -196,7 +195,7 @@ def _train(spec: JobSpec, job: dict[str, Any], rundir: RunDir, stop: threading.E
             progress.write("end", step=step, total=total, outcome="cancelled", phase="done")
             return _write_result(rundir, Outcome.CANCELLED, f"Stopped by SIGTERM at step {step}, after a checkpoint.", **fields)
         progress.write("phase", step=step, total=total, phase="exporting")
-        _export(trainer, rundir.export)
+        export_model(trainer, arrays.image_shape, rundir.export)
         fields["export"] = "export"
         progress.write("end", step=step, total=total, outcome="succeeded", phase="done")
         return _write_result(rundir, Outcome.SUCCEEDED, f"Trained {step} steps.", **fields)
@@ -212,13 +211,3 @@ def _train(spec: JobSpec, job: dict[str, Any], rundir: RunDir, stop: threading.E
     finally:
         summaries.close()
         progress.close()
-
-
-def _export(trainer: Any, export_dir: Path) -> None:
-    """SavedModel of the model (EMA weights when enabled), written whole then renamed."""
-    tmp = export_dir.with_name(f".{export_dir.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    with trainer.eval_weights():
-        trainer.model.export(str(tmp), format="tf_saved_model", verbose=False)
-    shutil.rmtree(export_dir, ignore_errors=True)
-    os.replace(tmp, export_dir)

@@ -1,0 +1,92 @@
+"""The SavedModel a job exports: its endpoints answer what the trained model answers, with
+the EMA's weights when the job kept one."""
+
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tests.trainer.test_towers import SHAPE, batch, make_trainer
+from trainer.export import export_model
+from trainer.models import build_model
+from trainer.optim import make_optimizer
+from trainer.spec import ModelSpec, OptimizerSpec
+from trainer.towers import TowerTrainer
+
+
+def test_export_serving_default_answers_logits_probabilities_and_classes(tmp_path: Path) -> None:
+    trainer = make_trainer(2, lr=0.5)
+    x, y = batch(32)
+    for _ in range(3):
+        trainer.train_step(x, y)
+    expected = trainer.model(x, training=False).numpy()
+
+    export_model(trainer, SHAPE, tmp_path / "export")
+
+    loaded = tf.saved_model.load(str(tmp_path / "export"))
+    assert not (tmp_path / ".export.tmp").exists()
+    np.testing.assert_allclose(loaded.serve(x).numpy(), expected, atol=1e-6)
+    answer = loaded.signatures["serving_default"](images=tf.constant(x))
+    assert set(answer) == {"logits", "probabilities", "classes"}
+    np.testing.assert_allclose(answer["logits"].numpy(), expected, atol=1e-6)
+    probabilities = answer["probabilities"].numpy()
+    np.testing.assert_allclose(probabilities.sum(-1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(probabilities, tf.nn.softmax(expected).numpy(), atol=1e-6)
+    assert answer["classes"].dtype == tf.int32
+    np.testing.assert_array_equal(answer["classes"].numpy(), expected.argmax(-1))
+
+
+def test_export_holds_the_ema_weights(tmp_path: Path) -> None:
+    trainer = make_trainer(2, lr=0.5, ema_decay=0.9)
+    x, y = batch(32)
+    for _ in range(3):
+        trainer.train_step(x, y)
+    raw = trainer.model(x, training=False).numpy()
+    assert trainer.ema is not None
+    with trainer.ema.swapped_in():
+        averaged = trainer.model(x, training=False).numpy()
+    assert np.abs(raw - averaged).max() > 1e-3  # otherwise this test could not tell them apart
+
+    export_model(trainer, SHAPE, tmp_path / "export")
+
+    loaded = tf.saved_model.load(str(tmp_path / "export"))
+    np.testing.assert_allclose(loaded.serve(x).numpy(), averaged, atol=1e-6)
+    # Exporting put the trained weights back.
+    np.testing.assert_allclose(trainer.model(x, training=False).numpy(), raw, atol=1e-6)
+
+
+def test_export_of_a_binary_model_answers_sigmoid_and_a_class_per_example(tmp_path: Path) -> None:
+    keras.utils.set_random_seed(3)
+    with tf.device("/CPU:0"):
+        trainer = TowerTrainer(
+            model=build_model(ModelSpec(name="logistic"), SHAPE, 2),
+            optimizer=make_optimizer(OptimizerSpec(name="sgd", learning_rate=0.5)),
+            tower_devices=["/CPU:0", "/CPU:1"],
+            parameter_device="/CPU:0",
+            binary=True,
+        )
+    x, _ = batch(16)
+    y = (x.reshape(16, -1).mean(-1) > 0.5).astype(np.int32)
+    trainer.train_step(x, y)
+    logits = trainer.model(x, training=False).numpy()
+
+    export_model(trainer, SHAPE, tmp_path / "export")
+
+    answer = tf.saved_model.load(str(tmp_path / "export")).signatures["serving_default"](images=tf.constant(x))
+    assert answer["probabilities"].shape == (16, 1)
+    np.testing.assert_allclose(answer["probabilities"].numpy(), tf.sigmoid(logits).numpy(), atol=1e-6)
+    assert answer["classes"].shape == (16,)
+    np.testing.assert_array_equal(answer["classes"].numpy(), (logits[:, 0] > 0).astype(np.int32))
+
+
+def test_export_replaces_an_earlier_export_whole(tmp_path: Path) -> None:
+    # A worker restarted after dying mid-export writes the export again over what it left.
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "stale.txt").write_text("left by a killed worker")
+    (tmp_path / ".export.tmp").mkdir()
+    (tmp_path / ".export.tmp" / "half.pb").write_text("half written")
+    export_model(make_trainer(1), SHAPE, tmp_path / "export")
+    assert not (tmp_path / "export" / "stale.txt").exists()
+    assert (tmp_path / "export" / "saved_model.pb").exists()
+    assert not (tmp_path / ".export.tmp").exists()

@@ -1,0 +1,56 @@
+"""The SavedModel a successful job leaves in `export/`: what it takes and what it answers.
+
+Two endpoints, both taking `images`, float32 of shape (batch, H, W, C) scaled as the job
+trained on them (uint8 pixels divided by 255; float data as it was given):
+- `serving_default` (TF Serving's default signature) answers a dict: `logits`,
+  `probabilities` (softmax; for a one-logit binary model, the sigmoid of shape (batch, 1))
+  and `classes` (the predicted class id, int32 of shape (batch,)).
+- `serve` answers the logits alone, the one output of Keras's own `model.export`.
+The weights are the EMA's when the job kept one. The directory is written whole under a
+temporary name and then renamed, so a reader never sees half an export.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+
+from trainer.towers import TowerTrainer
+
+
+def predictions(logits: tf.Tensor, binary: bool) -> dict[str, tf.Tensor]:
+    """Logits, class probabilities and the predicted class of each example."""
+    if binary:
+        probabilities = tf.sigmoid(logits)
+        classes = tf.cast(tf.squeeze(logits, -1) > 0, tf.int32)
+    else:
+        probabilities = tf.nn.softmax(logits)
+        classes = tf.argmax(logits, -1, output_type=tf.int32)
+    return {"logits": logits, "probabilities": probabilities, "classes": classes}
+
+
+def export_model(trainer: TowerTrainer, image_shape: Sequence[int], export_dir: Path) -> None:
+    """Write `trainer.model` (EMA weights when enabled) as a SavedModel at `export_dir`."""
+    model = trainer.model
+    signature = [tf.TensorSpec([None, *image_shape], tf.float32, name="images")]
+    tmp = export_dir.with_name(f".{export_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    # Keras would alias the first endpoint as `serving_default`; naming one so keeps it
+    # from doing that.
+    archive.add_endpoint("serve", lambda images: model(images, training=False), input_signature=signature)
+    archive.add_endpoint(
+        "serving_default",
+        lambda images: predictions(model(images, training=False), trainer.binary),
+        input_signature=signature,
+    )
+    with trainer.eval_weights():  # the variables' values are read as the archive is written
+        archive.write_out(str(tmp), verbose=False)
+    shutil.rmtree(export_dir, ignore_errors=True)
+    os.replace(tmp, export_dir)

@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response
+from fastapi import Path as FastAPIPath
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import TypeAdapter
@@ -17,7 +18,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from typing_extensions import TypedDict  # pydantic needs it, not typing's, before 3.12
 
 from service.admission import admit
-from service.checkpoints import find_checkpoint, list_checkpoints, open_archive
+from service.checkpoints import list_checkpoints, open_archive
 from service.deps import JobDep, Runtime, RuntimeDep, SettingsDep
 from service.errors import FieldErrors
 from service.events import JobEvent
@@ -190,7 +191,9 @@ def cancel_job(job: JobDep, runtime: RuntimeDep) -> Response:
     status_code=202,
     responses={**_NOT_FOUND, 409: {"model": ErrorPublic, "description": "The job is not running"}},
 )
-def profile_job(job: JobDep, settings: SettingsDep, profile_in: ProfileCreate | None = None) -> ProfilePublic:
+def profile_job(
+    job: JobDep, settings: SettingsDep, profile_in: ProfileCreate | None = None
+) -> ProfilePublic:
     """Capture a device trace of the next N steps of a running job. The worker takes the
     request at its next progress report (within a few seconds); the trace then shows in
     TensorBoard's profile plugin, and a `trace` event with each tower's time follows."""
@@ -251,7 +254,9 @@ _LOG_READ_BYTES = 1024 * 1024
         **_NOT_FOUND,
         200: {
             "content": {"text/plain": {}},
-            "headers": {LOG_OFFSET_HEADER: {"description": "Pass as `offset` to read on from here"}},
+            "headers": {
+                LOG_OFFSET_HEADER: {"description": "Pass as `offset` to read on from here"}
+            },
         },
         416: {"model": ErrorPublic, "description": "`offset` is past the end of the log"},
     },
@@ -262,11 +267,15 @@ def read_job_logs(
     tail: Annotated[int, Query(ge=1, le=100_000, description="How many last lines")] = 200,
     offset: Annotated[
         int | None,
-        Query(ge=0, description="Read whole lines from this byte on instead of the tail: the "
-              f"{LOG_OFFSET_HEADER} header of the previous read"),
+        Query(
+            ge=0,
+            description="Read whole lines from this byte on instead of the tail: the "
+            f"{LOG_OFFSET_HEADER} header of the previous read",
+        ),
     ] = None,
     limit: Annotated[
-        int, Query(ge=1, le=16 * _LOG_READ_BYTES, description="With `offset`: at most this many bytes")
+        int,
+        Query(ge=1, le=16 * _LOG_READ_BYTES, description="With `offset`: at most this many bytes"),
     ] = _LOG_READ_BYTES,
 ) -> PlainTextResponse:
     """The job's worker.log (empty before its worker starts): the last `tail` lines, or
@@ -351,31 +360,76 @@ def read_job_checkpoints(job: JobDep, settings: SettingsDep, request: Request) -
     )
 
 
+_LATEST = "latest"
+# A step as a path segment: plain ASCII digits, few enough for a 64-bit integer.
+_STEP = re.compile(r"[0-9]{1,18}")
+# `latest` re-reads the listing when the newest checkpoint went between listing and
+# opening: a job with `keep: 1` deletes its previous checkpoint at every save.
+_LATEST_TRIES = 5
+
+
 @router.get(
     "/{job_id}/checkpoints/{step}",
     response_class=StreamingResponse,
     responses={
-        200: {"content": {"application/gzip": {}}, "description": "A .tar.gz of the checkpoint"},
+        200: {
+            "content": {"application/gzip": {}},
+            "description": "A .tar.gz of the checkpoint (uncompressed gzip, with Content-Length)",
+        },
         404: {"model": ErrorPublic, "description": "No such job, or no such checkpoint"},
+        422: {"model": ErrorPublic, "description": "`step` is neither a step nor `latest`"},
     },
 )
-def download_checkpoint(job: JobDep, settings: SettingsDep, step: int) -> StreamingResponse:
-    """One checkpoint as a streamed .tar.gz with its spec.json, restorable by
-    `tf.train.Checkpoint` (extract it, then `tf.train.latest_checkpoint(dir)`)."""
-    run = _run(settings, job)
-    checkpoint = find_checkpoint(run, step)
-    spec = (json.dumps(job.spec, indent=2, sort_keys=True) + "\n").encode()
-    archive = open_archive(checkpoint, spec) if checkpoint is not None else None
-    if archive is None:
-        steps = [c.step for c in list_checkpoints(run)]
-        raise HTTPException(
-            404,
-            f"Job {job.id!r} has no checkpoint at step {step}. "
-            f"Retained steps: {', '.join(map(str, steps)) or 'none'}.",
+def download_checkpoint(
+    job: JobDep,
+    settings: SettingsDep,
+    step: Annotated[str, FastAPIPath(description="A retained checkpoint's step, or `latest`")],
+) -> StreamingResponse:
+    """One checkpoint (`latest`: the newest retained one) as a streamed .tar.gz with its
+    spec.json, restorable by `tf.train.Checkpoint` (extract it, then
+    `tf.train.latest_checkpoint(dir)`)."""
+    if step != _LATEST and not _STEP.fullmatch(step):
+        raise FieldErrors(
+            [
+                {
+                    "field": "path.step",
+                    "message": f"Expected a checkpoint's step (a whole number) or {_LATEST!r}. "
+                    f"Received: {step[:200]!r}",
+                }
+            ]
         )
-    filename = f"{job.id}-ckpt-{step}.tar.gz"
+    run = _run(settings, job)
+    spec = (json.dumps(job.spec, indent=2, sort_keys=True) + "\n").encode()
+    checkpoint, archive = None, None
+    for _ in range(_LATEST_TRIES if step == _LATEST else 1):
+        retained = list_checkpoints(run)
+        if step == _LATEST:
+            checkpoint = retained[-1] if retained else None
+        else:
+            checkpoint = next((c for c in retained if c.step == int(step)), None)
+        archive = open_archive(checkpoint, spec) if checkpoint is not None else None
+        if archive is not None or checkpoint is None:
+            break
+    if checkpoint is None or archive is None:
+        steps = ", ".join(str(c.step) for c in list_checkpoints(run)) or "none"
+        if step == _LATEST:
+            detail = f"Job {job.id!r} has no retained checkpoint (it is {job.state.value})."
+            if steps != "none":  # every try lost the race with the worker's deletions
+                detail = (
+                    f"Job {job.id!r} replaced its latest checkpoint while it was being read; "
+                    f"try again. Retained steps: {steps}."
+                )
+        else:
+            detail = (
+                f"Job {job.id!r} has no checkpoint at step {int(step)}. Retained steps: {steps}."
+            )
+        raise HTTPException(404, detail)
+    filename = f"{job.id}-ckpt-{checkpoint.step}.tar.gz"
     return StreamingResponse(
-        archive,
+        archive.chunks,
         media_type="application/gzip",
-        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+        headers={
+            "Content-Disposition": f'attachment; filename="{filename}"',
+            "Content-Length": str(archive.size),
+        },
     )

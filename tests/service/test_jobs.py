@@ -59,7 +59,11 @@ def finished(service: Service) -> dict[str, Any]:
     subscribed = threading.Event()
 
     def ended(event: dict[str, Any]) -> bool:
-        return event["event"] == "state" and event["data"]["state"] in ("succeeded", "failed", "cancelled")
+        return event["event"] == "state" and event["data"]["state"] in (
+            "succeeded",
+            "failed",
+            "cancelled",
+        )
 
     all_reader = threading.Thread(
         target=read_sse,
@@ -241,7 +245,10 @@ def test_read_job_metrics(service: Service, finished: dict[str, Any]) -> None:
     assert [p["step"] for p in series["eval_loss"]] == [20, 40]
     # Rendered without a model per point, yet exactly as the MetricsPublic model renders.
     assert response.headers["content-type"] == "application/json"
-    assert response.content == MetricsPublic.model_validate_json(response.content).model_dump_json().encode()
+    assert (
+        response.content
+        == MetricsPublic.model_validate_json(response.content).model_dump_json().encode()
+    )
     point = series["loss"][0]
     assert list(point) == ["step", "time", "value"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", point["time"]), point
@@ -534,7 +541,9 @@ def test_create_job_not_json(service: Service) -> None:
 def test_create_job_nested_too_deep(service: Service) -> None:
     # Valid JSON that Python's parser cannot read (past its recursion limit).
     response = service.client.post(
-        "/api/v1/jobs", content=b"[" * 100_000 + b"]" * 100_000, headers={"content-type": "application/json"}
+        "/api/v1/jobs",
+        content=b"[" * 100_000 + b"]" * 100_000,
+        headers={"content-type": "application/json"},
     )
     assert response.status_code == 422
     [error] = response.json()["errors"]
@@ -543,12 +552,16 @@ def test_create_job_nested_too_deep(service: Service) -> None:
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
-def test_create_job_body_too_large_is_413_and_stores_nothing(service: Service, chunked: bool) -> None:
+def test_create_job_body_too_large_is_413_and_stores_nothing(
+    service: Service, chunked: bool
+) -> None:
     before = service.client.get("/api/v1/jobs", params={"limit": 200}).json()["count"]
     spec = job_spec(model={"name": "mlp", "params": {"hidden": [1] * 400_000}})  # 1.2 MB
     body = json.dumps(spec).encode()
     content = iter([body[i : i + 65536] for i in range(0, len(body), 65536)]) if chunked else body
-    response = service.client.post("/api/v1/jobs", content=content, headers={"content-type": "application/json"})
+    response = service.client.post(
+        "/api/v1/jobs", content=content, headers={"content-type": "application/json"}
+    )
     assert response.status_code == 413
     detail = response.json()["detail"]
     assert detail.startswith("Request body too large: ") and "at most 1048576 bytes" in detail
@@ -625,17 +638,73 @@ def test_download_checkpoint_path_traversal_404(service: Service, finished: dict
     assert response.status_code == 404
 
 
-def test_download_checkpoint_step_not_a_number(service: Service, finished: dict[str, Any]) -> None:
+@pytest.mark.parametrize("step", ["last", "-1", "1.5", "4e1", "99999999999999999999"])
+def test_download_checkpoint_step_not_a_number(
+    service: Service, finished: dict[str, Any], step: str
+) -> None:
     job_id = finished["job"]["id"]
-    response = service.client.get(f"/api/v1/jobs/{job_id}/checkpoints/latest")
+    response = service.client.get(f"/api/v1/jobs/{job_id}/checkpoints/{step}")
     assert response.status_code == 422
     assert response.json()["errors"] == [
         {
             "field": "path.step",
-            "message": "Input should be a valid integer, unable to parse string as an "
-            "integer. Received: 'latest'",
+            "message": f"Expected a checkpoint's step (a whole number) or 'latest'. Received: {step!r}",
         }
     ]
+
+
+def test_download_checkpoint_latest(service: Service, finished: dict[str, Any]) -> None:
+    job_id = finished["job"]["id"]
+    response = service.client.get(f"/api/v1/jobs/{job_id}/checkpoints/latest")
+    assert response.status_code == 200
+    assert response.headers["content-disposition"] == (
+        f'attachment; filename="{job_id}-ckpt-40.tar.gz"'
+    )
+    # Known in advance, so a browser or curl shows how far a long download has come.
+    assert response.headers["content-length"] == str(len(response.content))
+    with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as archive:
+        assert "ckpt-40.index" in archive.getnames()
+
+
+def test_download_checkpoint_latest_none_yet_404(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    service = make_service(env=fake_worker_env(tmp_path))  # runs until cancelled, saves nothing
+    service.start()
+    job = service.submit(job_spec(name="waits"))
+    service.wait_state(job["id"], "running")
+    response = service.client.get(f"/api/v1/jobs/{job['id']}/checkpoints/latest")
+    assert response.status_code == 404
+    assert response.json() == {
+        "detail": f"Job '{job['id']}' has no retained checkpoint (it is running).",
+        "errors": [],
+    }
+
+
+def test_download_checkpoint_latest_while_rotating(service: Service) -> None:
+    # keep 1: every save deletes the one before, a few times a second.
+    job = service.submit(
+        long_job(name="rotating", checkpoint={"every_steps": 5, "every_seconds": 0, "keep": 1})
+    )
+    try:
+        service.wait_checkpoint(job["id"])
+        steps: list[int] = []
+        deadline = time.monotonic() + 90
+        while len(set(steps)) < 4:  # downloads across several saves, each deleting the last
+            assert time.monotonic() < deadline, f"the job did not save on: {steps}"
+            response = service.client.get(f"/api/v1/jobs/{job['id']}/checkpoints/latest")
+            assert response.status_code == 200, response.text
+            assert response.headers["content-length"] == str(len(response.content))
+            with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as archive:
+                names = archive.getnames()
+            step = int(re.fullmatch(r'attachment; filename=".*-ckpt-(\d+)\.tar\.gz"',
+                                    response.headers["content-disposition"])[1])  # type: ignore[index]  # fmt: skip
+            assert f"ckpt-{step}.index" in names
+            steps.append(step)
+        assert steps == sorted(steps), steps
+    finally:
+        service.client.post(f"/api/v1/jobs/{job['id']}/cancel")
+        service.wait_state(job["id"], "cancelled", "failed", "succeeded")
 
 
 def test_download_checkpoint_symlink_outside_404(

@@ -40,13 +40,17 @@ def tail_with_end(path: Path, count: int) -> tuple[list[str], int]:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             end = size = f.tell()
-            data = b""
-            # Read backwards a block at a time until there are enough newlines.
-            while end > 0 and data.count(b"\n") <= count:
+            blocks: list[bytes] = []
+            newlines = 0
+            # Read backwards a block at a time until there are enough newlines, counting
+            # each block once (recounting all read so far made a long tail quadratic).
+            while end > 0 and newlines <= count:
                 start = max(0, end - _TAIL_BLOCK)
                 f.seek(start)
-                data = f.read(end - start) + data
+                blocks.append(f.read(end - start))
+                newlines += blocks[-1].count(b"\n")
                 end = start
+            data = b"".join(reversed(blocks))
     except (FileNotFoundError, IsADirectoryError):
         return [], 0
     lines = data.decode("utf-8", errors="replace").splitlines()

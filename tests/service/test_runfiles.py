@@ -1,5 +1,6 @@
 """Reading a worker log by lines: the tail, and whole lines from a byte offset on."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,26 @@ def test_inside_refuses_links_out_of_the_run_dir(tmp_path: Path) -> None:
     (run / "real.log").write_text("yes")
     assert not inside(run, run / "worker.log")
     assert inside(run, run / "real.log")
+
+
+def test_tail_long_log_in_linear_time(tmp_path: Path) -> None:
+    # 30 MB of 1 kB lines (TensorFlow's warnings run long), all 30,000 asked for: reading
+    # each block once takes well under a second; recounting all read so far took seconds.
+    log = tmp_path / "worker.log"
+    log.write_bytes((b"W" * 999 + b"\n") * 30_000)
+    started = time.monotonic()
+    lines, end = tail_with_end(log, 30_000)
+    assert time.monotonic() - started < 1.5
+    assert len(lines) == 30_000 and lines[0] == "W" * 999
+    assert end == 30_000_000
+
+
+@pytest.mark.parametrize("count", [1, 2, 63, 64, 65, 129, 1000])
+def test_tail_across_block_edges_matches_every_line(tmp_path: Path, count: int) -> None:
+    log = tmp_path / "worker.log"
+    # Lines of 1,023 and 1,024 bytes: newlines fall just before, on and after 64 KiB edges.
+    text = b"".join(b"%05d" % i + b"x" * (1018 + i % 2) + b"\n" for i in range(300))
+    log.write_bytes(text)
+    lines, end = tail_with_end(log, count)
+    assert lines == text.decode().splitlines()[-count:]
+    assert end == len(text)

@@ -41,7 +41,9 @@ class ProgressPublic(BaseModel):
     total: int | None = None
     percent: float | None = None
     phase: str | None = None
-    phase_done: int | None = Field(None, description="How much of the phase is done (eval: batches).")
+    phase_done: int | None = Field(
+        None, description="How much of the phase is done (eval: batches)."
+    )
     phase_total: int | None = Field(None, description="How much the phase has to do.")
     loss: float | None = None
     accuracy: float | None = None
@@ -181,7 +183,9 @@ class ProfilePublic(BaseModel):
     """A trace request handed to a running job's worker."""
 
     job_id: str
-    steps: int
+    steps: int = Field(
+        description="How many steps the trace will cover (with a request still pending, the larger)."
+    )
     detail: str
 
 

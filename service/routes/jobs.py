@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
 from datetime import datetime
 from typing import Annotated, Any
@@ -185,28 +186,65 @@ def cancel_job(job: JobDep, runtime: RuntimeDep) -> Response:
     return Response(render_job(updated), status_code=status, media_type=_JSON)
 
 
+# One profile request at a time: each reads what is pending and writes the merge.
+_PROFILE_LOCK = threading.Lock()
+
+
+def _pending_trace_steps(run: RunDir) -> int | None:
+    """The steps of a trace request the worker has not taken yet, if any."""
+    if not inside(run.root, run.profile_request):
+        return None
+    try:
+        steps = json.loads(run.profile_request.read_text()).get("steps")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
+
+
 @router.post(
     "/{job_id}/profile",
     response_model=ProfilePublic,
     status_code=202,
-    responses={**_NOT_FOUND, 409: {"model": ErrorPublic, "description": "The job is not running"}},
+    responses={
+        **_NOT_FOUND,
+        409: {"model": ErrorPublic, "description": "The job is not running, or is stopping"},
+    },
 )
 def profile_job(
     job: JobDep, settings: SettingsDep, profile_in: ProfileCreate | None = None
 ) -> ProfilePublic:
     """Capture a device trace of the next N steps of a running job. The worker takes the
-    request at its next progress report (within a few seconds); the trace then shows in
-    TensorBoard's profile plugin, and a `trace` event with each tower's time follows."""
+    request at its next progress report (within a few seconds); a `trace` event on the
+    job's event stream says when it is done, and the trace then shows in TensorBoard's
+    profile plugin. A request made while another still waits for the worker joins it: one
+    trace, of the larger number of steps."""
     steps = (profile_in or ProfileCreate()).steps
     if job.state is not JobState.RUNNING:
         raise HTTPException(
             409, f"Job {job.id!r} is {job.state.value}; only a running job can be traced."
         )
-    write_json_atomic(_run(settings, job).profile_request, {"steps": steps})
+    if job.cancel_requested_at is not None:
+        raise HTTPException(
+            409, f"Job {job.id!r} is stopping (cancel requested); only a running job can be traced."
+        )
+    run = _run(settings, job)
+    with _PROFILE_LOCK:
+        pending = _pending_trace_steps(run)
+        traced = max(steps, pending or 0)
+        write_json_atomic(run.profile_request, {"steps": traced})
+    if pending is None:
+        asked = f"A trace of the next {traced} steps was requested from the worker."
+    else:  # one file, one trace: replacing it would cut short what was asked before
+        asked = (
+            f"A trace of the next {pending} steps was already waiting for the worker; "
+            f"the trace now covers the next {traced} steps."
+        )
     return ProfilePublic(
         job_id=job.id,
-        steps=steps,
-        detail=f"A trace of the next {steps} steps was requested from the worker.",
+        steps=traced,
+        detail=f"{asked} Follow GET /api/v1/jobs/{job.id}/events for its `trace` event "
+        "(none comes if the job ends first); the trace then shows in TensorBoard's profile "
+        "plugin.",
     )
 
 

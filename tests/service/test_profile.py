@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.service.harness import Service, job_spec, long_job
+from tests.service.harness import Service, fake_worker_env, job_spec, long_job
 
 pytestmark = pytest.mark.slow  # real TensorFlow workers, like its siblings
 
@@ -24,7 +26,9 @@ def test_profile_running_job_traces_next_steps(make_service: Callable[..., Servi
     assert response.json() == {
         "job_id": job["id"],
         "steps": 2,
-        "detail": "A trace of the next 2 steps was requested from the worker.",
+        "detail": "A trace of the next 2 steps was requested from the worker. Follow "
+        f"GET /api/v1/jobs/{job['id']}/events for its `trace` event (none comes if the job "
+        "ends first); the trace then shows in TensorBoard's profile plugin.",
     }
     traced = service.wait_for(
         job["id"],
@@ -63,3 +67,45 @@ def test_profile_bad_steps_422_and_unknown_job_404(make_service: Callable[..., S
     assert response.json()["errors"] == [
         {"field": "steps", "message": "Input should be greater than or equal to 1. Received: 0"}
     ]
+
+
+def test_profile_twice_before_worker_takes_it_traces_the_larger(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # The stand-in worker never takes a request, so the first one stays pending.
+    service = make_service(env=fake_worker_env(tmp_path))
+    service.start()
+    job = service.submit(job_spec(name="waits"))
+    service.wait_state(job["id"], "running")
+    path = f"/api/v1/jobs/{job['id']}/profile"
+    first = service.client.post(path, json={"steps": 50})
+    assert first.status_code == 202
+    assert first.json()["steps"] == 50
+    second = service.client.post(path, json={"steps": 2})
+    assert second.status_code == 202
+    assert second.json()["steps"] == 50  # not cut to 2 behind the first caller's back
+    assert second.json()["detail"].startswith(
+        "A trace of the next 50 steps was already waiting for the worker; the trace now "
+        "covers the next 50 steps. Follow "
+    )
+    request = service.data_dir / "runs" / job["id"] / "profile_request.json"
+    assert json.loads(request.read_text()) == {"steps": 50}
+    third = service.client.post(path, json={"steps": 80})
+    assert third.json()["steps"] == 80
+    assert json.loads(request.read_text()) == {"steps": 80}
+
+
+def test_profile_job_stopping_409(make_service: Callable[..., Service], tmp_path: Path) -> None:
+    service = make_service(env=fake_worker_env(tmp_path))
+    service.start()
+    job = service.submit(job_spec(name="deaf"))  # ignores SIGTERM: stays running, stopping
+    service.wait_state(job["id"], "running")
+    assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+    response = service.client.post(f"/api/v1/jobs/{job['id']}/profile")
+    assert response.status_code == 409
+    assert response.json() == {
+        "detail": f"Job {job['id']!r} is stopping (cancel requested); only a running job can "
+        "be traced.",
+        "errors": [],
+    }
+    assert not (service.data_dir / "runs" / job["id"] / "profile_request.json").exists()

@@ -18,6 +18,8 @@ _TRAIN_SERIES = {
     "learning_rate": "learning_rate",
 }
 _EVAL_SERIES = {"eval_loss": "eval_loss", "eval_accuracy": "eval_accuracy"}
+# Every series a job can have, in the order the API names them.
+SERIES = (*_TRAIN_SERIES.values(), *_EVAL_SERIES.values())
 _SNAPSHOT_FIELDS = ("loss", "accuracy", "examples_per_sec", "eta_seconds", "learning_rate")
 
 

@@ -16,7 +16,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -238,7 +238,9 @@ class JobStore:
             where.append("seq < ?")
             params.append(before_seq)
         page_sql = f"WHERE {' AND '.join(where)}" if where else ""
-        page = self._records(f"SELECT * FROM jobs {page_sql} ORDER BY seq DESC LIMIT ?", [*params, limit])
+        page = self._records(
+            f"SELECT * FROM jobs {page_sql} ORDER BY seq DESC LIMIT ?", [*params, limit]
+        )
         return page, count
 
     def _records(self, sql: str, params: list[object] | None = None) -> list[JobRecord]:
@@ -247,7 +249,9 @@ class JobStore:
 
     def queued(self) -> list[JobRecord]:
         """Queued jobs in the order they should run: highest priority, then oldest."""
-        return self._records("SELECT * FROM jobs WHERE state = 'queued' ORDER BY priority DESC, seq")
+        return self._records(
+            "SELECT * FROM jobs WHERE state = 'queued' ORDER BY priority DESC, seq"
+        )
 
     def running(self) -> list[JobRecord]:
         return self._records("SELECT * FROM jobs WHERE state = 'running' ORDER BY seq")
@@ -259,11 +263,20 @@ class JobStore:
             counts[JobState(state)] = count
         return counts
 
-    def metrics(self, job_id: str) -> list[MetricPoint]:
-        rows = self._reader().execute(
-            "SELECT name, step, time, value FROM metrics WHERE job_id = ? ORDER BY name, step",
-            (job_id,),
-        )
+    def metrics(
+        self, job_id: str, *, names: Sequence[str] = (), after_step: int | None = None
+    ) -> list[MetricPoint]:
+        """The job's points by series and step: only the series in `names` (all when
+        empty), only steps after `after_step` (all when None)."""
+        query = "SELECT name, step, time, value FROM metrics WHERE job_id = ?"
+        args: list[Any] = [job_id]
+        if names:
+            query += f" AND name IN ({', '.join('?' * len(names))})"
+            args += names
+        if after_step is not None:
+            query += " AND step > ?"
+            args.append(after_step)
+        rows = self._reader().execute(query + " ORDER BY name, step", args)
         return [MetricPoint(*row) for row in rows]
 
     # --- writes ------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from service.deps import JobDep, Runtime, RuntimeDep, SettingsDep
 from service.errors import FieldErrors
 from service.events import JobEvent
 from service.jobjson import render_job
+from service.progress import SERIES
 from service.runfiles import OffsetPastEnd, inside, read_lines_from, tail_with_end
 from service.schemas import (
     CheckpointPublic,
@@ -370,12 +371,42 @@ def _metrics_json(job_id: str, points: list[MetricPoint]) -> bytes:
     return b"".join(parts)
 
 
-@router.get("/{job_id}/metrics", response_model=MetricsPublic, responses=_NOT_FOUND)
-def read_job_metrics(job: JobDep, runtime: RuntimeDep) -> Response:
+@router.get(
+    "/{job_id}/metrics",
+    response_model=MetricsPublic,
+    responses={**_NOT_FOUND, 422: {"model": ErrorPublic, "description": "An unknown series"}},
+)
+def read_job_metrics(
+    job: JobDep,
+    runtime: RuntimeDep,
+    name: Annotated[
+        list[str],
+        Query(description=f"Only these series (repeat it): {', '.join(SERIES)}"),
+    ] = [],  # noqa: B006
+    after_step: Annotated[
+        int | None,
+        Query(
+            ge=0,
+            le=2**63 - 1,
+            description="Only points after this step: the last step already read, to read on",
+        ),
+    ] = None,
+) -> Response:
     """The job's scalar series, from its progress lines."""
+    errors = [
+        {
+            "field": f"query.name.{index}",
+            "message": f"Expected one of {', '.join(SERIES)}. Received: {series[:200]!r}",
+        }
+        for index, series in enumerate(name)
+        if series not in SERIES
+    ]
+    if errors:
+        raise FieldErrors(errors)
     # A plain def: a long job's series take a while to render, on a worker thread rather
     # than the event loop every other request needs.
-    return Response(_metrics_json(job.id, runtime.store.metrics(job.id)), media_type=_JSON)
+    points = runtime.store.metrics(job.id, names=name, after_step=after_step)
+    return Response(_metrics_json(job.id, points), media_type=_JSON)
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointsPublic, responses=_NOT_FOUND)

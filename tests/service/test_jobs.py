@@ -254,6 +254,51 @@ def test_read_job_metrics(service: Service, finished: dict[str, Any]) -> None:
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", point["time"]), point
 
 
+def test_read_job_metrics_by_series_and_after_step(
+    service: Service, finished: dict[str, Any]
+) -> None:
+    job_id = finished["job"]["id"]
+    path = f"/api/v1/jobs/{job_id}/metrics"
+    everything = service.client.get(path).json()["series"]
+    response = service.client.get(path, params={"name": ["eval_loss", "loss"]})
+    assert response.status_code == 200
+    assert response.json()["series"] == {k: everything[k] for k in ("eval_loss", "loss")}
+    # Reading on from the last step read: only what came after it.
+    response = service.client.get(path, params={"name": "eval_loss", "after_step": 20})
+    assert response.json()["series"] == {"eval_loss": everything["eval_loss"][1:]}
+    assert service.client.get(path, params={"after_step": 40}).json()["series"] == {}
+
+
+@pytest.mark.parametrize(
+    "params, field, message",
+    [
+        (
+            {"name": ["loss", "los"]},
+            "query.name.1",
+            "Expected one of loss, accuracy, examples_per_sec, learning_rate, eval_loss, "
+            "eval_accuracy. Received: 'los'",
+        ),
+        (
+            {"after_step": "-1"},
+            "query.after_step",
+            "Input should be greater than or equal to 0. Received: '-1'",
+        ),
+        (
+            {"after_step": "ten"},
+            "query.after_step",
+            "Input should be a valid integer, unable to parse string as an integer. "
+            "Received: 'ten'",
+        ),
+    ],
+)
+def test_read_job_metrics_bad_filter_422(
+    service: Service, finished: dict[str, Any], params: dict[str, Any], field: str, message: str
+) -> None:
+    response = service.client.get(f"/api/v1/jobs/{finished['job']['id']}/metrics", params=params)
+    assert response.status_code == 422
+    assert response.json()["errors"] == [{"field": field, "message": message}]
+
+
 def test_read_jobs_filter_and_pages(service: Service, finished: dict[str, Any]) -> None:
     ids = [finished["job"]["id"]]
     for _ in range(2):  # queued behind nothing, they may start; only their order matters

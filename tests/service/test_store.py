@@ -121,6 +121,20 @@ def test_record_progress_replaces_repeated_steps(store: JobStore) -> None:
     assert store.get(job.id).progress_offset == 20  # type: ignore[union-attr]
 
 
+def test_metrics_by_series_after_step(store: JobStore) -> None:
+    job = store.create(SPEC)
+    store.record_progress(
+        job.id, offset=10, progress={"step": 3}, eval=None,
+        points=[MetricPoint(name, step, float(step), step / 10)
+                for name in ("loss", "accuracy", "eval_loss") for step in (1, 2, 3)],
+    )  # fmt: skip
+    picked = store.metrics(job.id, names=["loss", "eval_loss"], after_step=1)
+    assert [(p.name, p.step) for p in picked] == [
+        ("eval_loss", 2), ("eval_loss", 3), ("loss", 2), ("loss", 3),
+    ]  # fmt: skip
+    assert len(store.metrics(job.id)) == 9
+
+
 def test_read_from_many_threads_while_writing(store: JobStore) -> None:
     job = store.create(SPEC)
     errors: list[BaseException] = []

@@ -3,12 +3,16 @@
     towerboard serve [--host H] [--port P] [--data-dir D]
 
 Everything else comes from `TOWERBOARD_*` environment variables (see service/settings.py).
+`serve` exits 2 on an invalid setting and 1 when it cannot start (its port is taken, or
+another service holds the data dir), saying why in one line.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,11 +23,28 @@ from pydantic import ValidationError
 from service.client import add_client_commands
 from service.settings import Settings
 
+EXIT_CANNOT_START = 1
+EXIT_BAD_SETTING = 2
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port (as uvicorn binds one; it listens once the app is up)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from service.main import create_app
+    from service.main import DataDirInUse, create_app, lock_data_dir
+
+    log = logging.getLogger("towerboard")
 
     overrides = {
         key: value
@@ -35,10 +56,32 @@ def _serve(args: argparse.Namespace) -> int:
     except ValidationError as error:
         for item in error.errors(include_url=False):
             field = ".".join(str(part) for part in item["loc"])
-            logging.getLogger("towerboard").error(
-                "Invalid setting TOWERBOARD_%s: %s", field.upper(), item["msg"]
-            )
-        return 2
+            log.error("Invalid setting TOWERBOARD_%s: %s", field.upper(), item["msg"])
+        return EXIT_BAD_SETTING
+    # The port and the data dir's lock are checked before the app starts: its start-up
+    # adopts running workers and starts queued jobs, and a service that then could not
+    # listen would stop at once, leaving the workers it started behind it.
+    try:
+        sock = _listen(settings.host, settings.port)
+    except OSError as error:
+        log.error(
+            "Cannot listen on %s:%d (%s). Expected a free port: stop what holds it, or "
+            "pick another with --port or TOWERBOARD_PORT.",
+            settings.host,
+            settings.port,
+            error.strerror or error,
+        )
+        return EXIT_CANNOT_START
+    try:
+        # Taken and let go: the app's lifespan takes it again and holds it (and still
+        # refuses, should another service take it in between).
+        os.close(lock_data_dir(settings.resolved().data_dir))
+    except (DataDirInUse, OSError) as error:
+        sock.close()
+        log.error("%s", error)
+        return EXIT_CANNOT_START
+    host, port = sock.getsockname()[:2]
+    log.info("Listening on http://%s:%d (Ctrl-C stops)", f"[{host}]" if ":" in host else host, port)
     app = create_app(settings)
 
     class Server(uvicorn.Server):
@@ -58,7 +101,7 @@ def _serve(args: argparse.Namespace) -> int:
         access_log=args.access_log,
         timeout_graceful_shutdown=5,
     )
-    Server(config).run()
+    Server(config).run(sockets=[sock])
     return 0
 
 

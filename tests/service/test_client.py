@@ -18,7 +18,16 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.service.harness import ROOT, Service, job_spec, long_job
+from service.store import JobStore
+from tests.service.harness import (
+    ROOT,
+    Service,
+    fake_worker_env,
+    free_port,
+    job_spec,
+    long_job,
+    processes_under,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -116,10 +125,15 @@ def test_logs_tail_and_follow_an_ended_job(service: Service, watched: dict[str, 
     whole = service.client.get(f"/api/v1/jobs/{watched['id']}/logs", params={"tail": 3}).text
     assert tail.stdout == whole
     # Following a job that has ended prints what there is, each line once, and returns.
-    follow = towerboard("logs", watched["id"], "--follow", "--tail", "100000", url=service.base_url, timeout=30)
+    follow = towerboard(
+        "logs", watched["id"], "--follow", "--tail", "100000", url=service.base_url, timeout=30
+    )
     assert follow.returncode == 0, follow.stderr
     assert "starting" in follow.stdout
-    assert follow.stdout == service.client.get(f"/api/v1/jobs/{watched['id']}/logs", params={"tail": 100_000}).text
+    assert (
+        follow.stdout
+        == service.client.get(f"/api/v1/jobs/{watched['id']}/logs", params={"tail": 100_000}).text
+    )
 
 
 def test_checkpoints_list_and_download(
@@ -248,6 +262,29 @@ def test_followers_outlive_a_service_restart(
     assert f"--- towerboard: attempt 1 of job {job_id} starting" in logs_out
 
 
+def test_tensorboard_open_says_when_no_browser_opens(
+    service: Service, watched: dict[str, Any]
+) -> None:
+    # No display, and a "browser" that fails: Python's webbrowser opens nothing.
+    headless = {"DISPLAY": "", "WAYLAND_DISPLAY": "", "BROWSER": "false"}
+    result = towerboard(
+        "tensorboard", "--jobs", watched["id"], "--open", url=service.base_url, env=headless,
+        timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{service.base_url}/tensorboard/\n"
+    assert result.stderr.strip().splitlines()[-1] == (
+        "could not open a web browser here (no display?); open the URL above in one"
+    )
+    # One that opens (`true` takes the URL and succeeds) is not reported.
+    opened = towerboard(
+        "tensorboard", "--jobs", watched["id"], "--open", url=service.base_url,
+        env={**headless, "BROWSER": "true"}, timeout=240,
+    )  # fmt: skip
+    assert opened.returncode == 0, opened.stderr
+    assert "could not open" not in opened.stderr
+
+
 def test_tensorboard_starts_and_prints_proxied_url(
     service: Service, watched: dict[str, Any]
 ) -> None:
@@ -352,3 +389,63 @@ def test_phase_shows_how_far_a_phase_is() -> None:
     assert _phase({"phase": "eval", "phase_done": 31, "phase_total": 50}) == "eval 31/50"
     assert _phase({"phase": "training"}) == "training"
     assert _phase({}) == ""
+
+
+def test_serve_refuses_a_taken_port_before_touching_jobs(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # A job left "running" by a service that was killed, whose worker died with it: the
+    # next service to start on this data dir would requeue it and start a worker.
+    first = make_service(env=fake_worker_env(tmp_path))
+    first.start()
+    job = first.submit(job_spec(name="sleepy"))
+    first.wait_state(job["id"], "running")
+    first.kill()
+    for pid in processes_under(first.data_dir):
+        os.killpg(pid, 9)
+    busy = make_service()
+    busy.start()
+
+    second = subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve", "--port", str(busy.port),
+         "--data-dir", str(first.data_dir)],
+        cwd=ROOT, env=first.env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert second.returncode == 1, second.stderr
+    lines = second.stderr.strip().splitlines()
+    assert len(lines) == 1, second.stderr
+    assert lines[0].endswith(
+        f"ERROR towerboard: Cannot listen on 127.0.0.1:{busy.port} (Address already in use). "
+        "Expected a free port: stop what holds it, or pick another with --port or "
+        "TOWERBOARD_PORT."
+    )
+    # Nothing was recovered, requeued or started: the job is as the killed service left it.
+    assert processes_under(first.data_dir) == []
+    store = JobStore(first.data_dir / "towerboard.db")
+    try:
+        record = store.get(job["id"])
+    finally:
+        store.close()
+    assert record is not None
+    assert (record.state.value, record.attempts) == ("running", 1)
+
+
+def test_serve_refuses_a_data_dir_in_use_in_one_line(
+    make_service: Callable[..., Service],
+) -> None:
+    first = make_service()
+    first.start()
+    second = subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve", "--port", str(free_port()),
+         "--data-dir", str(first.data_dir)],
+        cwd=ROOT, env=first.env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert second.returncode == 1, second.stderr
+    lines = second.stderr.strip().splitlines()
+    assert len(lines) == 1, second.stderr  # no traceback from the app's start-up
+    assert lines[0].endswith(
+        f"ERROR towerboard: Another Towerboard service is using the data dir {first.data_dir} "
+        f"(it holds {first.data_dir / 'towerboard.lock'}); refusing to start a second one on "
+        "it. Stop that one, or give this one another --data-dir / TOWERBOARD_DATA_DIR."
+    )
+    assert first.process is not None and first.process.poll() is None

@@ -47,6 +47,16 @@ async def start_tensorboard(
     the one already up over the same selection. It is served under /tensorboard/ and
     answers once it has loaded (`state` goes from `starting` to `running`)."""
     job_ids = body.job_ids if body is not None else None
+    if job_ids == []:  # a TensorBoard over nothing: surely not what was meant
+        raise FieldErrors(
+            [
+                {
+                    "field": "job_ids",
+                    "message": "Expected at least one job id, or no `job_ids` for every job. "
+                    "Received: []",
+                }
+            ]
+        )
     if job_ids is not None:
         errors = [
             {"field": f"job_ids.{index}", "message": f"Unknown job. Received: {job_id!r}"}

@@ -140,6 +140,23 @@ def test_start_tensorboard_unknown_job_422(service: Service) -> None:
     }
 
 
+def test_start_tensorboard_no_jobs_422(service: Service) -> None:
+    before = service.client.get("/api/v1/tensorboard").json()
+    response = service.client.post("/api/v1/tensorboard", json={"job_ids": []})
+    assert response.status_code == 422
+    assert response.json() == {
+        "detail": "Invalid request: 1 error; see `errors`.",
+        "errors": [
+            {
+                "field": "job_ids",
+                "message": "Expected at least one job id, or no `job_ids` for every job. "
+                "Received: []",
+            }
+        ],
+    }
+    assert service.client.get("/api/v1/tensorboard").json() == before  # nothing started
+
+
 def test_start_tensorboard_new_selection_replaces(
     service: Service, traced_job: dict[str, Any]
 ) -> None:

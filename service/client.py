@@ -692,8 +692,12 @@ def tensorboard(client: Client, args: argparse.Namespace) -> int:
             "a browser needs the token too: enter it once on the dashboard, which keeps it "
             "in the towerboard_token cookie\n"
         )
-    if args.open:
-        webbrowser.open(board["url"])
+    # Without a display (ssh, a container) Python finds no browser and opens nothing;
+    # say so, or `--open` would look like it worked.
+    if args.open and not webbrowser.open(board["url"]):
+        sys.stderr.write(
+            "could not open a web browser here (no display?); open the URL above in one\n"
+        )
     return EXIT_OK
 
 

@@ -38,7 +38,9 @@ class _RequestErrors:
         return self._items
 
 
-def _request_field_errors(exc: RequestValidationError) -> list[dict[str, str]]:
+def _request_field_errors(exc: RequestValidationError, *, spec: bool) -> list[dict[str, str]]:
+    """The request's errors as fields; the body itself is "(spec)" when it is a job spec,
+    else "(body)" (a trace request or a TensorBoard selection is no spec)."""
     items = []
     for item in exc.errors():
         item = dict(item)
@@ -49,6 +51,8 @@ def _request_field_errors(exc: RequestValidationError) -> list[dict[str, str]]:
                 f"Expected a JSON body. {item.get('ctx', {}).get('error', 'Invalid JSON')}"
             )
             item.pop("input", None)
+        elif loc == ("body",) and not spec:
+            item["loc"] = ("(body)",)
         elif loc[:1] == ("body",):
             item["loc"] = loc[1:]  # the body itself: "(spec)", as trainer.spec names it
         items.append(item)
@@ -62,7 +66,9 @@ def error_body(detail: str, errors: list[dict[str, str]] | None = None) -> dict[
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = _request_field_errors(exc)
+        # POST /api/v1/jobs is the one route whose body is a job spec.
+        spec = request.method == "POST" and request.url.path.rstrip("/").endswith("/jobs")
+        errors = _request_field_errors(exc, spec=spec)
         return JSONResponse(error_body(_count_detail(len(errors)), errors), status_code=422)
 
     @app.exception_handler(FieldErrors)
@@ -76,7 +82,9 @@ def install_error_handlers(app: FastAPI) -> None:
             # JSON that parses as text but not as data (nested past Python's recursion
             # limit, say): the same 422 as any other body that is not a JSON spec.
             cause = f"{type(exc.__cause__).__name__}: {exc.__cause__}" if exc.__cause__ else detail
-            errors = [{"field": "(body)", "message": f"Expected a JSON body that can be read. {cause}"}]
+            errors = [
+                {"field": "(body)", "message": f"Expected a JSON body that can be read. {cause}"}
+            ]
             return JSONResponse(error_body(_count_detail(1), errors), status_code=422)
         if exc.status_code == 404 and detail == "Not Found":  # no route matched
             detail = f"No such resource: {request.method} {request.url.path}. See /docs."

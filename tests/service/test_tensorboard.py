@@ -157,6 +157,18 @@ def test_start_tensorboard_no_jobs_422(service: Service) -> None:
     assert service.client.get("/api/v1/tensorboard").json() == before  # nothing started
 
 
+def test_start_tensorboard_body_not_object_422(service: Service) -> None:
+    response = service.client.post("/api/v1/tensorboard", json=["abc"])
+    assert response.status_code == 422
+    assert response.json()["errors"] == [
+        {
+            "field": "(body)",  # not "(spec)": a selection of jobs is no job spec
+            "message": "Input should be a valid dictionary or object to extract fields from. "
+            "Received: ['abc']",
+        }
+    ]
+
+
 def test_start_tensorboard_new_selection_replaces(
     service: Service, traced_job: dict[str, Any]
 ) -> None:

@@ -45,9 +45,9 @@ async def proxy_tensorboard(
 ) -> Response:
     raw_path = request.scope.get("raw_path") or request.url.path.encode()
     path = raw_path.decode("latin-1")
-    if path == PATH_PREFIX:
-        return RedirectResponse(f"{PATH_PREFIX}/", status_code=307)
     query = request.url.query
+    if path == PATH_PREFIX:  # TensorBoard's own settings may ride in the query (?darkMode=)
+        return RedirectResponse(f"{PATH_PREFIX}/" + (f"?{query}" if query else ""), status_code=307)
     for name, value in parse_qsl(query, keep_blank_values=True):
         if _escapes(value):
             return _error(

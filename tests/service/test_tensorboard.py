@@ -128,6 +128,12 @@ def test_proxy_tensorboard_path_traversal_400(
     }
 
 
+def test_proxy_tensorboard_redirect_keeps_query(service: Service) -> None:
+    response = service.client.get("/tensorboard?darkMode=true&x=a%2Fb")
+    assert response.status_code == 307
+    assert response.headers["location"] == "/tensorboard/?darkMode=true&x=a%2Fb"
+
+
 def test_start_tensorboard_unknown_job_422(service: Service) -> None:
     response = service.client.post("/api/v1/tensorboard", json={"job_ids": ["nope", "nada"]})
     assert response.status_code == 422

@@ -26,10 +26,12 @@ export function setToken(token) {
   }
 }
 
-/** Any non-2xx answer: `status`, the service's `detail` and its field `errors`. */
+/** Any non-2xx answer: `status`, the service's `detail` and its field `errors`. The
+ *  message names the field errors too: a detail alone may only say "see `errors`". */
 export class ApiError extends Error {
   constructor(status, detail, errors = []) {
-    super(detail);
+    const fields = errors.map((e) => `${e.field}: ${e.message}`).join("; ");
+    super(fields ? `${detail} ${fields}` : detail);
     this.status = status;
     this.detail = detail;
     this.errors = errors;

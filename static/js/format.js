@@ -179,6 +179,13 @@ export function liveNotice(reload) {
   };
 }
 
+/** Why a job ended badly, as the service says it, without a leading "Cancelled:" or
+ *  "Failed:" (the state badge beside it says that); "" when it gave no reason. */
+export function endReason(job) {
+  const reason = job.error && job.error.reason ? String(job.error.reason) : "";
+  return reason.replace(/^(cancelled|failed):\s*/i, "");
+}
+
 export function stateBadge(state) {
   return h("span", { class: `state state-${state}` }, state);
 }

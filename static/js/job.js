@@ -5,12 +5,13 @@ import { TERMINAL, api, followJob, getJSON } from "./api.js";
 import { LineChart } from "./charts.js";
 import { applyProgressEvent, fresher, mark } from "./jobs.js";
 import {
-  age, bytes, devicesText, duration, eta, h, liveNotice, localTime, num, percent, phaseText,
-  progressBar, rate, setProgress, stateBadge, stepText,
+  age, bytes, devicesText, duration, endReason, eta, h, liveNotice, localTime, num, percent,
+  phaseText, progressBar, rate, setProgress, stateBadge, stepText,
 } from "./format.js";
 
 const LOG_LINES = 200;
 const LOG_POLL_MS = 3000;
+const LOAD_RETRY_MS = 3000; // a job page that got no answer asks again this often
 // The series the charts draw (the learning rate is a stat, not a chart).
 const SERIES = ["loss", "accuracy", "examples_per_sec", "eval_loss", "eval_accuracy"];
 
@@ -27,6 +28,7 @@ export function mountJob(view, jobId) {
   let closeStream = null;
   let logTimer = null;
   let checkpointTimer = null;
+  let loadTimer = null;
   let ticker = null;
   let drawQueued = false;
   const series = Object.fromEntries(SERIES.map((key) => [key, []]));
@@ -52,7 +54,7 @@ export function mountJob(view, jobId) {
   const checkpoints = h("div", { id: "checkpoints" }, h("p", { class: "muted" }, "Loading…"));
   const logs = h("pre", { class: "log", id: "log", tabindex: "0" }, "");
   const spec = h("pre", { class: "spec", id: "spec" }, "");
-  const notFound = h("p", { class: "error", role: "alert", hidden: true });
+  const notFound = h("p", { class: "error", id: "job-load-error", role: "alert", hidden: true });
   const notice = liveNotice(() => {
     closeStream();
     follow();
@@ -142,33 +144,49 @@ export function mountJob(view, jobId) {
     set("eta", eta(job));
     set("learning_rate", num(p.learning_rate, 6));
     set("devices", devicesText(job));
+    renderMeta();
+    cancelButton.hidden = TERMINAL.has(job.state);
+    if (TERMINAL.has(job.state)) notice.clear(); // no more live updates to miss
+    cancelButton.disabled = job.cancel_requested;
+    renderError();
+    const text = JSON.stringify(job.spec, null, 2);
+    if (spec.textContent !== text) spec.textContent = text;
+    renderTowers();
+  }
+
+  function renderMeta() {
     const started = job.started_at ? ` · started ${localTime(job.started_at)}` : "";
     const ran = job.started_at && job.finished_at
       ? ` · ran ${duration((Date.parse(job.finished_at) - Date.parse(job.started_at)) / 1000)}` : "";
     meta.textContent = `${job.id} · submitted ${age(job.created_at)} ago${started}${ran}` +
       ` · priority ${job.priority} · attempt ${job.attempts}` +
       (job.cancel_requested && !TERMINAL.has(job.state) ? " · cancel requested" : "");
-    cancelButton.hidden = TERMINAL.has(job.state);
-    if (TERMINAL.has(job.state)) notice.clear(); // no more live updates to miss
-    cancelButton.disabled = job.cancel_requested;
-    if (job.error) {
-      // The service's reasons may already say it ("Cancelled: the worker was stopped…").
-      const label = job.state === "cancelled" ? "Cancelled" : "Failed";
-      const reason = String(job.error.reason || "").replace(/^(cancelled|failed):\s*/i, "");
-      errorBox.hidden = false;
-      errorBox.replaceChildren(
-        h("strong", {}, `${label}: `),
-        reason,
-        job.error.exit_code !== null && job.error.exit_code !== undefined
-          ? ` (exit code ${job.error.exit_code})` : "",
-        job.error.log_tail && job.error.log_tail.length
-          ? h("pre", { class: "log" }, job.error.log_tail.join("\n")) : "");
-    } else {
+  }
+
+  let shownError = null; // the job.error the box shows, as JSON
+
+  function renderError() {
+    const key = JSON.stringify(job.error || null);
+    if (key === shownError) return; // redrawn, it would lose its scroll position
+    shownError = key;
+    if (!job.error) {
       errorBox.hidden = true;
+      errorBox.replaceChildren();
+      return;
     }
-    const text = JSON.stringify(job.spec, null, 2);
-    if (spec.textContent !== text) spec.textContent = text;
-    renderTowers();
+    // The service's reasons may already say it ("Cancelled: the worker was stopped…").
+    const label = job.state === "cancelled" ? "Cancelled" : "Failed";
+    const tail = job.error.log_tail && job.error.log_tail.length
+      ? h("pre", { class: "log", tabindex: "0" }, job.error.log_tail.join("\n")) : "";
+    errorBox.hidden = false;
+    errorBox.replaceChildren(
+      h("strong", {}, `${label}: `),
+      endReason(job),
+      job.error.exit_code !== null && job.error.exit_code !== undefined
+        ? ` (exit code ${job.error.exit_code})` : "",
+      tail);
+    // The cause is in the last lines (TensorFlow's start-up chatter comes first).
+    if (tail) tail.scrollTop = tail.scrollHeight;
   }
 
   async function loadLogs() {
@@ -177,7 +195,9 @@ export function mountJob(view, jobId) {
       const text = await getJSON(`${base}/logs?tail=${LOG_LINES}`);
       if (stopped) return;
       const atBottom = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 8;
-      logs.textContent = text || "(no output yet)";
+      const next = text || "(no output yet)";
+      // Unchanged, it is left alone: rewriting it would drop a selection being copied.
+      if (logs.textContent !== next) logs.textContent = next;
       if (atBottom) logs.scrollTop = logs.scrollHeight;
     } catch (error) {
       if (!stopped) logs.textContent = `Could not read the log: ${error.message}`;
@@ -336,6 +356,25 @@ export function mountJob(view, jobId) {
     }
   }
 
+  let parked = []; // what showOnly() hid, to show again once the job is read
+
+  /** Show only `message` (and the way back to the jobs). */
+  function showOnly(message) {
+    notFound.textContent = message;
+    notFound.hidden = false;
+    if (parked.length === 0) {
+      parked = [...view.children].filter((el) =>
+        el !== notFound && !el.classList.contains("crumbs") && !el.hidden);
+    }
+    for (const el of parked) el.hidden = true;
+  }
+
+  function showAll() {
+    notFound.hidden = true;
+    for (const el of parked) el.hidden = false;
+    parked = [];
+  }
+
   async function load() {
     follow(); // first, then read: nothing falls between the snapshot and the stream
     const asked = mark();
@@ -345,12 +384,17 @@ export function mountJob(view, jobId) {
     } catch (error) {
       if (stopped) return;
       closeStream();
-      notFound.textContent = error.status === 404 ? `No job ${jobId}.` : error.message;
-      notFound.hidden = false;
-      for (const el of view.children) if (el !== notFound && !el.classList.contains("crumbs")) el.hidden = true;
+      notice.clear(); // the message below says it all
+      // No answer (the service is restarting, say) or a server error: it may answer soon,
+      // so the page tries again rather than stay blank until the user reloads it.
+      const again = error.status === 0 || error.status >= 500;
+      showOnly(error.status === 404 ? `No job ${jobId}.`
+        : again ? `Could not load job ${jobId}: ${error.message} Trying again…` : error.message);
+      if (again) loadTimer = setTimeout(load, LOAD_RETRY_MS);
       return;
     }
     if (stopped) return;
+    showAll();
     // Only if the stream has said nothing newer meanwhile (it may have seen the job end).
     job = fresher(job, streamedAt, snapshot, asked);
     renderJob();
@@ -373,7 +417,9 @@ export function mountJob(view, jobId) {
   }
 
   ticker = setInterval(() => {
-    if (job && job.state === "running") {
+    if (!job) return;
+    renderMeta(); // "submitted 3m 05s ago" counts on
+    if (job.state === "running") {
       stats.querySelector('[data-stat="eta"]').textContent = eta(job);
     }
   }, 1000);
@@ -385,6 +431,7 @@ export function mountJob(view, jobId) {
     if (closeStream) closeStream();
     clearTimeout(logTimer);
     clearTimeout(checkpointTimer);
+    clearTimeout(loadTimer);
     clearInterval(ticker);
     for (const chart of charts) chart.destroy();
     document.title = "Towerboard";

@@ -8,8 +8,8 @@
 
 import { STATES, TERMINAL, followAllJobs, getJSON } from "./api.js";
 import {
-  age, devicesText, eta, h, jobLink, liveNotice, num, percent, progressBar, rate, setProgress,
-  stateBadge, stepText,
+  age, devicesText, endReason, eta, h, jobLink, liveNotice, num, percent, progressBar, rate,
+  setProgress, stateBadge, stepText,
 } from "./format.js";
 
 const POLL_MS = 15000;
@@ -125,7 +125,8 @@ export function mountJobs(view, query) {
     if (!entry) {
       const cells = Object.fromEntries(COLUMNS.map(([key, label]) =>
         [key, h("td", { class: `col-${key}`, dataset: { label } })]));
-      cells.name.append(h("a", { href: jobLink(job), class: "job-name" }), h("span", { class: "job-id" }));
+      cells.name.append(h("a", { href: jobLink(job), class: "job-name" }), h("span", { class: "job-id" }),
+        h("span", { class: "job-reason", hidden: true }));
       const bar = progressBar(job);
       cells.progress.append(bar, h("span", { class: "step" }));
       const tr = h("tr", { dataset: { job: job.id } }, Object.values(cells));
@@ -135,8 +136,15 @@ export function mountJobs(view, query) {
     const { cells, bar } = entry;
     const p = job.progress || {};
     entry.tr.dataset.state = job.state;
-    cells.name.firstChild.textContent = job.name;
-    cells.name.lastChild.textContent = job.id;
+    const [name, id, why] = cells.name.children;
+    name.textContent = job.name;
+    id.textContent = job.id;
+    // Why it failed or was cancelled, so the table answers that without opening the job;
+    // two lines at most here, the whole reason on hover and on the job's page.
+    const reason = endReason(job);
+    why.textContent = reason;
+    why.title = reason;
+    why.hidden = !reason;
     cells.state.replaceChildren(stateBadge(job.state));
     setProgress(bar, job);
     cells.progress.lastChild.textContent = stepText(job);
@@ -256,6 +264,7 @@ export function mountJobs(view, query) {
       if (stopped || id !== reads) return;
       error.textContent = `Could not load jobs: ${e.message}`;
       error.hidden = false;
+      if (summary.textContent === "Loading…") summary.textContent = ""; // it is not loading
     } finally {
       clearTimeout(timer); // one poll pending, however many reads overlapped
       if (!stopped) timer = setTimeout(refresh, POLL_MS);

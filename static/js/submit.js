@@ -1,19 +1,38 @@
 // The submit form: a preset or another job's spec as editable JSON; the service's 422
-// field errors are listed beside it. What the editor holds is kept as a draft in
-// sessionStorage until the job is submitted, and comes back when the form is opened again.
+// field errors are listed beside it. What the editor holds is kept in sessionStorage until
+// the job is submitted, and comes back when the form is opened again. The user's own
+// edit is kept apart, as the "Draft" start: picking a preset or another job's spec after
+// editing never throws the edit away; picking "Draft" brings it back.
 
 import { api, getJSON } from "./api.js";
 import { h, jobLink } from "./format.js";
 import { PRESETS } from "./presets.js";
 
-const DRAFT_KEY = "towerboard.draft";
+const DRAFT_KEY = "towerboard.draft"; // what the editor holds
+const EDIT_KEY = "towerboard.edit"; // the user's last edit: the "Draft" start
+const FROM_KEY = "towerboard.from"; // {id, text}: the last job spec loaded to edit
+
+function stored(key) {
+  return sessionStorage.getItem(key);
+}
+
+function storedFrom() {
+  try {
+    const from = JSON.parse(stored(FROM_KEY) || "null");
+    return from && typeof from.id === "string" && typeof from.text === "string" ? from : null;
+  } catch {
+    return null;
+  }
+}
 
 export function mountSubmit(view, query) {
-  // "Draft" or "From job <id>": a start that is no preset; picking it again brings back
-  // the text it started with.
-  const custom = h("option", { value: "", hidden: true });
-  let customText = "";
-  const select = h("select", { id: "preset", "aria-label": "Preset" }, custom,
+  // Besides the presets, two starts that are no preset: "Draft" (the user's edit) and
+  // "From job <id>" (Edit & resubmit); each is listed once there is one.
+  const draftOption = h("option", { value: "draft", hidden: true }, "Draft");
+  const fromOption = h("option", { value: "from", hidden: true });
+  let editText = stored(EDIT_KEY);
+  let fromText = "";
+  const select = h("select", { id: "preset", "aria-label": "Preset" }, draftOption, fromOption,
     PRESETS.map((preset) => h("option", { value: preset.id }, preset.label)));
   const editor = h("textarea", {
     id: "spec", spellcheck: "false", autocomplete: "off", rows: "24", "aria-label": "Job spec (JSON)",
@@ -44,28 +63,41 @@ export function mountSubmit(view, query) {
     clearErrors();
   }
 
+  function showDraftOption() {
+    draftOption.hidden = editText === null;
+  }
+
   function usePreset(id) {
     const preset = PRESETS.find((p) => p.id === id) || PRESETS[0];
     select.value = preset.id;
     setEditor(presetText(preset));
   }
 
-  function useCustom(label, text) {
-    custom.textContent = label;
-    custom.hidden = false;
-    customText = text;
-    select.value = "";
+  function useEdit() {
+    select.value = "draft";
+    setEditor(editText ?? "");
+  }
+
+  function useFrom(id, text) {
+    fromOption.textContent = `From job ${id}`;
+    fromOption.hidden = false;
+    fromText = text;
+    select.value = "from";
     setEditor(text);
   }
 
-  /** The draft if there is one (under its preset's name if it is one unchanged), else
-   *  the first preset. */
-  function useDraft() {
-    const draft = sessionStorage.getItem(DRAFT_KEY);
-    const preset = draft && PRESETS.find((p) => presetText(p) === draft);
+  /** What the editor held last (under its start's name), else the first preset. */
+  function restore() {
+    const text = stored(DRAFT_KEY);
+    const preset = text !== null && PRESETS.find((p) => presetText(p) === text);
+    const earlier = storedFrom();
     if (preset) usePreset(preset.id);
-    else if (draft) useCustom("Draft", draft);
-    else usePreset(PRESETS[0].id);
+    else if (text !== null && earlier && earlier.text === text) useFrom(earlier.id, text);
+    else if (text !== null) {
+      editText = text;
+      showDraftOption();
+      useEdit();
+    } else usePreset(PRESETS[0].id);
   }
 
   function clearErrors() {
@@ -81,10 +113,18 @@ export function mountSubmit(view, query) {
   }
 
   select.addEventListener("change", () => {
-    if (select.value) usePreset(select.value);
-    else setEditor(customText);
+    if (select.value === "draft") useEdit();
+    else if (select.value === "from") setEditor(fromText);
+    else usePreset(select.value);
   });
-  editor.addEventListener("input", () => sessionStorage.setItem(DRAFT_KEY, editor.value));
+  editor.addEventListener("input", () => {
+    // Typed into: the editor now holds the user's draft, whatever it started from.
+    editText = editor.value;
+    sessionStorage.setItem(EDIT_KEY, editText);
+    sessionStorage.setItem(DRAFT_KEY, editText);
+    showDraftOption();
+    select.value = "draft";
+  });
 
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
@@ -100,10 +140,11 @@ export function mountSubmit(view, query) {
     submit.textContent = "Submitting…";
     try {
       const { data: job } = await api("/api/v1/jobs", { method: "POST", body });
-      sessionStorage.removeItem(DRAFT_KEY);
+      // Submitted: the job's page has it, and Edit & resubmit brings it back.
+      for (const key of [DRAFT_KEY, EDIT_KEY, FROM_KEY]) sessionStorage.removeItem(key);
       location.hash = jobLink(job);
     } catch (error) {
-      showErrors(error.status === 422 ? "The service rejected this spec:" : error.message,
+      showErrors(error.status === 422 ? "The service rejected this spec:" : error.detail,
         error.errors || []);
     } finally {
       submit.disabled = false;
@@ -113,26 +154,28 @@ export function mountSubmit(view, query) {
 
   const from = query.get("from");
   let stopped = false;
+  showDraftOption();
   if (from) {
-    custom.textContent = `From job ${from}`;
-    custom.hidden = false;
-    select.value = "";
+    fromOption.textContent = `From job ${from}`;
+    fromOption.hidden = false;
+    select.value = "from";
     editor.value = "Loading…";
     getJSON(`/api/v1/jobs/${encodeURIComponent(from)}`).then((job) => {
       const text = JSON.stringify(job.spec, null, 2);
       if (stopped) return;
-      if (select.value === "") useCustom(`From job ${from}`, text);
-      else customText = text; // a preset was picked meanwhile: keep it
+      sessionStorage.setItem(FROM_KEY, JSON.stringify({ id: from, text }));
+      if (select.value === "from") useFrom(from, text);
+      else fromText = text; // another start was picked, or typed into, meanwhile: keep it
     }).catch((error) => {
-      if (stopped || select.value !== "") return;
-      custom.hidden = true;
-      useDraft();
+      if (stopped) return;
+      fromOption.hidden = true;
+      if (select.value === "from") restore();
       showErrors(`Could not load job ${from}: ${error.message}`, []);
     });
   } else if (query.has("preset")) {
     usePreset(query.get("preset"));
   } else {
-    useDraft();
+    restore();
   }
   return () => {
     stopped = true;

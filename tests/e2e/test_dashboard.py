@@ -20,7 +20,7 @@ from playwright.sync_api import Browser, BrowserContext, Page, Request, expect
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
-from tests.service.harness import Service, job_spec, long_job
+from tests.service.harness import Service, fake_worker_env, job_spec, long_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
 
@@ -344,6 +344,18 @@ def test_job_without_metrics_and_cancel(
     expect(page.locator('[data-stat="devices"]')).to_have_text("waiting for devices (1 tower)")
     expect(page.locator("#checkpoints")).to_contain_text("No checkpoint yet")
     expect(page.locator("#towers")).to_contain_text("No device trace")
+    # The log is polled every 3 s; a poll that brings nothing new keeps a selection being
+    # copied.
+    log = page.locator("#log")
+    expect(log).to_have_text("(no output yet)")
+    log.evaluate(
+        "el => { const range = document.createRange(); range.selectNodeContents(el);"
+        " getSelection().removeAllRanges(); getSelection().addRange(range); }"
+    )
+    with page.expect_response(lambda r: "/logs?tail=" in r.url, timeout=10_000):
+        pass
+    page.wait_for_timeout(300)
+    assert page.evaluate("getSelection().toString()") == "(no output yet)"
 
     cancel = page.locator("#cancel-job")
     cancel.click()
@@ -420,6 +432,142 @@ def test_job_cancelled_while_starting_says_why_once(session: Session, service: S
     assert session.errors == []
 
 
+def test_jobs_table_shows_long_names_and_why_jobs_failed(
+    browser: Browser, session: Session, service: Service
+) -> None:
+    page = session.page
+    roots = Path(service.env["TOWERBOARD_DATA_ROOTS"])
+    (roots / "not-a-zip.npz").write_bytes(b"not a zip archive")
+    failing = service.submit(
+        job_spec(name="bad-data", data={"format": "npz", "path": str(roots / "not-a-zip.npz")})
+    )
+    long_name = "a-run-name-with-no-space-" + "x" * 175  # the spec's longest: 200 characters
+    long_named = service.submit(job_spec(name=long_name))
+    ended = service.wait_state(failing["id"], *TERMINAL, timeout=180)
+    assert ended["state"] == "failed", ended
+    reason = ended["error"]["reason"]
+    assert reason.startswith("The worker rejected the spec: data: Expected an .npz file"), reason
+
+    page.goto("/#/")
+    row = page.locator(f'tr[data-job="{failing["id"]}"]')
+    expect(row.locator(".state")).to_have_text("failed")
+    # Why it failed, in the table: the reason (clamped to two lines; all of it on hover).
+    why = row.locator(".job-reason")
+    expect(why).to_be_visible()
+    expect(why).to_have_text(reason)
+    expect(why).to_have_attribute("title", reason)
+    expect(page.locator(f'tr[data-job="{long_named["id"]}"] .job-reason')).to_be_hidden()
+    # The long name wraps: every column stays in view, with no sideways scrolling.
+    expect(page.locator(f'tr[data-job="{long_named["id"]}"] a.job-name')).to_have_text(long_name)
+    wrap = page.locator(".table-wrap")
+    widths = wrap.evaluate("el => [el.scrollWidth, el.clientWidth]")
+    assert widths[0] <= widths[1], f"the table scrolls sideways: {widths}"
+    phone = open_session(browser, service, PHONE)
+    try:
+        phone.page.goto("/#/")
+        expect(phone.page.locator(f'tr[data-job="{long_named["id"]}"] a.job-name')).to_be_visible()
+        assert no_overflow(phone.page)
+        assert phone.errors == []
+    finally:
+        phone.context.close()
+
+    # The job's page: the log tail under the reason is scrolled to its end, where the
+    # cause is (TensorFlow's start-up lines come first).
+    row.locator("a.job-name").click()
+    error = page.locator(".job-error")
+    expect(error).to_contain_text(f"Failed: {reason} (exit code 2)")
+    tail = error.locator("pre.log")
+    expect(tail).to_contain_text("Cannot load the data")
+    top, height, full = tail.evaluate("el => [el.scrollTop, el.clientHeight, el.scrollHeight]")
+    assert full > height, "the log tail fits its box: this test shows nothing"
+    assert top + height >= full - 1, (top, height, full)
+    # "submitted … ago" counts on, though the job has ended and nothing more comes.
+    meta = page.locator(".meta")
+    expect(meta).to_contain_text("submitted")
+    expect(meta).not_to_have_text(meta.inner_text(), timeout=5_000)
+    assert session.errors == []
+
+
+def test_submit_form_keeps_an_edit_when_another_start_is_picked(
+    session: Session, submitted: dict[str, Any]
+) -> None:
+    page = session.page
+    spec, start = page.locator("#spec"), page.locator("#preset option:checked")
+    page.goto("/#/submit?preset=mnist-cnn")
+    edit = '{"name": "an hour of edits", "data": {"format": "synthetic"}}'
+    page.fill("#spec", edit)
+    # Typed into, the editor holds the user's draft, and the form says so.
+    expect(start).to_have_text("Draft")
+    page.select_option("#preset", "smoke")
+    expect(spec).to_have_value(re.compile(r'"name": "smoke-test"'))
+    page.select_option("#preset", label="Draft")
+    expect(spec).to_have_value(edit)
+    # Edit & resubmit another job keeps it too.
+    page.goto(f"/#/submit?from={submitted['id']}")
+    expect(start).to_have_text(f"From job {submitted['id']}")
+    expect(spec).to_have_value(re.compile(r'"steps": 1500'))
+    page.select_option("#preset", label="Draft")
+    expect(spec).to_have_value(edit)
+    page.select_option("#preset", label=f"From job {submitted['id']}")
+    expect(spec).to_have_value(re.compile(r'"steps": 1500'))
+    # Back later, the form shows what it held, named by where it came from.
+    page.goto("/#/")
+    page.goto("/#/submit")
+    expect(start).to_have_text(f"From job {submitted['id']}")
+    page.select_option("#preset", label="Draft")
+    expect(spec).to_have_value(edit)
+    assert session.errors == []
+
+
+def test_api_error_names_the_field_errors(session: Session) -> None:
+    """A refused request's message says what was wrong, not only "see `errors`" (what
+    Could not start TensorBoard / Could not cancel show)."""
+    page = session.page
+    page.goto("/#/")
+    message = page.evaluate("""async () => {
+      const { api } = await import("/static/js/api.js");
+      try {
+        await api("/api/v1/tensorboard", { method: "POST", body: { job_ids: ["nosuch"] } });
+        return "no error";
+      } catch (error) {
+        return error.message;
+      }
+    }""")
+    assert message == (
+        "Invalid request: 1 error; see `errors`. job_ids.0: Unknown job. Received: 'nosuch'"
+    )
+
+
+def test_job_page_waits_out_a_service_restart(browser: Browser, tmp_path: Path) -> None:
+    """A job opened while the service is down (a restart) shows once it answers again."""
+    restarting = Service(tmp_path / "data", fake_worker_env(tmp_path))
+    restarting.start()
+    session = open_session(browser, restarting, LAPTOP)
+    try:
+        page = session.page
+        job = restarting.submit(job_spec(name="quick"))
+        restarting.wait_state(job["id"], "succeeded")
+        page.goto("/#/")
+        expect(page.locator(f'tr[data-job="{job["id"]}"] .state')).to_have_text("succeeded")
+        restarting.stop()
+        page.locator(f'tr[data-job="{job["id"]}"] a.job-name').click()
+        message = page.locator("#job-load-error")
+        expect(message).to_have_text(
+            re.compile(
+                rf"^Could not load job {job['id']}: The service did not answer .* Trying again…$"
+            )
+        )
+        restarting.start()
+        expect(page.locator(".job-heading .state")).to_have_text("succeeded", timeout=15_000)
+        expect(message).to_be_hidden()
+        expect(page.locator("#spec")).to_be_visible()
+        expect(page.locator(".live-notice")).to_be_hidden()
+        assert session.errors == []
+    finally:
+        session.context.close()
+        restarting.close()
+
+
 def test_older_snapshot_never_undoes_the_stream(session: Session) -> None:
     """The rule both views use to merge a list or job read with the stream (a real race
     cannot be staged here without mocking the network)."""
@@ -489,6 +637,8 @@ def test_token_field_when_service_needs_one(browser: Browser, tmp_path: Path) ->
         assert httpx.get(f"{secured.base_url}/").status_code == 200
         page.goto("/")
         expect(page.locator("#token-bar")).to_be_visible()
+        expect(page.locator(".error")).to_contain_text("Could not load jobs: Missing bearer token")
+        expect(page.locator("#jobs-summary")).to_have_text("")  # not "Loading…" for ever
         page.fill("#token-input", token)
         page.get_by_role("button", name="Use token").click()
         expect(page.locator("#token-bar")).to_be_hidden()

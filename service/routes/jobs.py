@@ -19,10 +19,12 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from typing_extensions import TypedDict  # pydantic needs it, not typing's, before 3.12
 
 from service.admission import admit
+from service.archives import Archive
 from service.checkpoints import list_checkpoints, open_archive
 from service.deps import JobDep, Runtime, RuntimeDep, SettingsDep
 from service.errors import FieldErrors
 from service.events import JobEvent
+from service.exports import open_export
 from service.jobjson import render_job
 from service.progress import SERIES
 from service.runfiles import OffsetPastEnd, inside, read_lines_from, tail_with_end
@@ -493,7 +495,40 @@ def download_checkpoint(
                 f"Job {job.id!r} has no checkpoint at step {int(step)}. Retained steps: {steps}."
             )
         raise HTTPException(404, detail)
-    filename = f"{job.id}-ckpt-{checkpoint.step}.tar.gz"
+    return _attachment(archive, f"{job.id}-ckpt-{checkpoint.step}.tar.gz")
+
+
+@router.get(
+    "/{job_id}/export",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {"application/gzip": {}},
+            "description": "A .tar.gz of the SavedModel (uncompressed gzip, with Content-Length)",
+        },
+        404: {"model": ErrorPublic, "description": "No such job, or no export (yet)"},
+    },
+)
+def download_export(job: JobDep, settings: SettingsDep) -> StreamingResponse:
+    """The model a succeeded job exported, as a streamed .tar.gz: the SavedModel's files at
+    its top (extract it, then `tf.saved_model.load(dir)`), with the job's spec.json and
+    result.json."""
+    spec = (json.dumps(job.spec, indent=2, sort_keys=True) + "\n").encode()
+    archive = open_export(_run(settings, job), spec)
+    if archive is None:
+        when = (
+            "its worker is still writing it"
+            if job.state is JobState.RUNNING
+            else "a job exports its model when it succeeds"
+        )
+        raise HTTPException(
+            404, f"Job {job.id!r} has no exported model ({when}; it is {job.state.value})."
+        )
+    return _attachment(archive, f"{job.id}-export.tar.gz")
+
+
+def _attachment(archive: Archive, filename: str) -> StreamingResponse:
+    """A download: its length sent ahead, so a browser or curl shows progress."""
     return StreamingResponse(
         archive.chunks,
         media_type="application/gzip",

@@ -197,6 +197,75 @@ def test_download_checkpoint_unknown_step(service: Service, finished: dict[str, 
     }
 
 
+def test_download_export_loads_with_tensorflow(
+    service: Service, finished: dict[str, Any], tmp_path: Path
+) -> None:
+    job_id = finished["job"]["id"]
+    response = service.client.get(f"/api/v1/jobs/{job_id}/export")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/gzip"
+    assert (
+        response.headers["content-disposition"] == f'attachment; filename="{job_id}-export.tar.gz"'
+    )
+    assert response.headers["content-length"] == str(len(response.content))
+    with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as archive:
+        names = set(archive.getnames())
+        archive.extractall(tmp_path, filter="data")
+    assert {"saved_model.pb", "spec.json", "result.json"} <= names
+    assert any(name.startswith("variables/variables.data-") for name in names)
+    assert json.loads((tmp_path / "spec.json").read_text()) == finished["job"]["spec"]
+    assert json.loads((tmp_path / "result.json").read_text())["outcome"] == "succeeded"
+
+    import numpy as np
+    import tensorflow as tf
+
+    model = tf.saved_model.load(str(tmp_path))
+    images = np.zeros((3, *finished["job"]["spec"]["data"]["params"]["shape"], 1), np.float32)
+    answer = model.signatures["serving_default"](images=tf.constant(images))
+    assert answer["classes"].shape == (3,)
+
+
+def test_download_export_none_yet_404(make_service: Callable[..., Service], tmp_path: Path) -> None:
+    service = make_service(env=fake_worker_env(tmp_path))  # runs until cancelled, exports nothing
+    service.start()
+    job = service.submit(job_spec(name="waits"))
+    service.wait_state(job["id"], "running")
+    response = service.client.get(f"/api/v1/jobs/{job['id']}/export")
+    assert response.status_code == 404
+    assert response.json() == {
+        "detail": f"Job '{job['id']}' has no exported model (its worker is still writing it; "
+        "it is running).",
+        "errors": [],
+    }
+    service.client.post(f"/api/v1/jobs/{job['id']}/cancel")
+    service.wait_state(job["id"], "cancelled")
+    response = service.client.get(f"/api/v1/jobs/{job['id']}/export")
+    assert response.status_code == 404
+    assert response.json()["detail"] == (
+        f"Job '{job['id']}' has no exported model (a job exports its model when it succeeds; "
+        "it is cancelled)."
+    )
+
+
+def test_download_export_skips_symlinks_outside(
+    service: Service, finished: dict[str, Any], tmp_path: Path
+) -> None:
+    job_id = finished["job"]["id"]
+    secret = tmp_path / "secret"
+    secret.write_text("not yours")
+    link = service.data_dir / "runs" / job_id / "export" / "assets" / "secret.txt"
+    link.parent.mkdir(exist_ok=True)
+    link.symlink_to(secret)
+    try:
+        response = service.client.get(f"/api/v1/jobs/{job_id}/export")
+        assert response.status_code == 200
+        with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as archive:
+            names = archive.getnames()
+        assert "saved_model.pb" in names and "assets/secret.txt" not in names
+    finally:
+        link.unlink()
+
+
 def test_read_job_logs_tail(service: Service, finished: dict[str, Any]) -> None:
     job_id = finished["job"]["id"]
     full = service.client.get(f"/api/v1/jobs/{job_id}/logs", params={"tail": 100_000})

@@ -436,10 +436,12 @@ def test_jobs_table_shows_long_names_and_why_jobs_failed(
     browser: Browser, session: Session, service: Service
 ) -> None:
     page = session.page
-    roots = Path(service.env["TOWERBOARD_DATA_ROOTS"])
-    (roots / "not-a-zip.npz").write_bytes(b"not a zip archive")
+    # In a folder with a long name and no space, which the reason names.
+    folder = Path(service.env["TOWERBOARD_DATA_ROOTS"]) / ("a_folder_name_with_no_space_" * 5)
+    folder.mkdir()
+    (folder / "not-a-zip.npz").write_bytes(b"not a zip archive")
     failing = service.submit(
-        job_spec(name="bad-data", data={"format": "npz", "path": str(roots / "not-a-zip.npz")})
+        job_spec(name="bad-data", data={"format": "npz", "path": str(folder / "not-a-zip.npz")})
     )
     long_name = "a-run-name-with-no-space-" + "x" * 175  # the spec's longest: 200 characters
     long_named = service.submit(job_spec(name=long_name))
@@ -476,6 +478,7 @@ def test_jobs_table_shows_long_names_and_why_jobs_failed(
     row.locator("a.job-name").click()
     error = page.locator(".job-error")
     expect(error).to_contain_text(f"Failed: {reason} (exit code 2)")
+    assert no_overflow(page), "the reason's long path widens the page"
     tail = error.locator("pre.log")
     expect(tail).to_contain_text("Cannot load the data")
     top, height, full = tail.evaluate("el => [el.scrollTop, el.clientHeight, el.scrollHeight]")

@@ -5,6 +5,7 @@
     towerboard logs ID [--tail N] [--follow]       the worker's log
     towerboard cancel ID [--wait]                  cancel a queued or running job
     towerboard checkpoints ID [--download STEP]    list checkpoints, or fetch one (.tar.gz)
+    towerboard export ID [-o PATH]                 fetch the exported SavedModel (.tar.gz)
     towerboard tensorboard [--jobs ID ...] [--open] [--stop]
 
 Every verb takes `--url` (default `$TOWERBOARD_URL`, else http://127.0.0.1:8000) and sends
@@ -601,31 +602,31 @@ def cancel(client: Client, args: argparse.Namespace) -> int:
 _SEPARATORS = tuple(sep for sep in ("/", os.sep, os.altsep) if sep)
 
 
-def _download(client: Client, job_id: str, which: str, output: str | None) -> Path:
-    listing = client.get(f"/api/v1/jobs/{job_id}/checkpoints")["data"]
-    if which == "latest":
-        if not listing:
-            raise ClientError(f"job {job_id} has no checkpoint yet")
-        step = max(c["step"] for c in listing)
-    else:
-        try:
-            step = int(which)
-        except ValueError:
-            raise ClientError(
-                f"--download takes a step number or 'latest'. Received: {which!r}", EXIT_USAGE
-            ) from None
-    name = f"{job_id}-ckpt-{step}.tar.gz"
-    if output is None:
-        target = Path(name)
-    elif output.endswith(_SEPARATORS) or Path(output).is_dir():
-        target = Path(output) / name  # a folder, made below if it does not exist yet
-    else:
-        target = Path(output)
+def _attachment_name(response: httpx.Response, fallback: str) -> str:
+    """The file name the service gave the download, if it is a plain one."""
+    disposition = response.headers.get("content-disposition", "")
+    name = disposition.partition('filename="')[2].partition('"')[0]
+    plain = name and name not in (".", "..") and not any(sep in name for sep in _SEPARATORS)
+    return name if plain else fallback
+
+
+def _download(client: Client, path: str, fallback_name: str, output: str | None) -> Path:
+    """GET `path` into a file: `output`, or into the folder `output` names (made if need
+    be), or ./ under the name the service gives. Progress on stderr when it is a terminal."""
     try:
-        with client.http.stream("GET", f"/api/v1/jobs/{job_id}/checkpoints/{step}") as response:
+        with client.http.stream("GET", path) as response:
             if not response.is_success:
                 response.read()
                 client.check(response)
+            name = _attachment_name(response, fallback_name)
+            if output is None:
+                target = Path(name)
+            elif output.endswith(_SEPARATORS) or Path(output).is_dir():
+                target = Path(output) / name  # a folder, made below if it does not exist yet
+            else:
+                target = Path(output)
+            total = int(response.headers.get("content-length") or 0) or None
+            progress = _DownloadProgress(name, total) if sys.stderr.isatty() else None
             # Written to a temp name beside the target, then renamed: never a half file.
             target.parent.mkdir(parents=True, exist_ok=True)
             fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
@@ -633,6 +634,10 @@ def _download(client: Client, job_id: str, which: str, output: str | None) -> Pa
                 with os.fdopen(fd, "wb") as file:
                     for chunk in response.iter_bytes():
                         file.write(chunk)
+                        if progress is not None:
+                            progress.add(len(chunk))
+                if progress is not None:
+                    progress.done()
                 umask = os.umask(0)
                 os.umask(umask)
                 os.chmod(temp, 0o666 & ~umask)  # mkstemp makes it 0600
@@ -647,9 +652,46 @@ def _download(client: Client, job_id: str, which: str, output: str | None) -> Pa
     return target
 
 
+class _DownloadProgress:
+    """`downloading NAME: 45% of 75.0 MB` on one stderr line, redrawn a few times a second."""
+
+    def __init__(self, name: str, total: int | None) -> None:
+        self.name, self.total, self.done_bytes, self.drawn = name, total, 0, 0.0
+
+    def add(self, count: int) -> None:
+        self.done_bytes += count
+        if time.monotonic() - self.drawn >= 0.2:
+            self._draw()
+
+    def done(self) -> None:
+        self._draw()
+        sys.stderr.write("\n")
+
+    def _draw(self) -> None:
+        self.drawn = time.monotonic()
+        if self.total:
+            how_far = f"{100 * self.done_bytes // self.total}% of {_bytes(self.total)}"
+        else:
+            how_far = _bytes(self.done_bytes)
+        sys.stderr.write(f"\rdownloading {self.name}: {how_far}\x1b[K")
+        sys.stderr.flush()
+
+
 def checkpoints(client: Client, args: argparse.Namespace) -> int:
     if args.download is not None:
-        path = _download(client, args.id, args.download, args.output)
+        which = args.download
+        if which != "latest" and not (which.isascii() and which.isdigit()):
+            raise ClientError(
+                f"--download takes a step number or 'latest'. Received: {which!r}", EXIT_USAGE
+            )
+        # `latest` is the service's to resolve: it retries when the job's checkpoint
+        # rotation deletes the newest one between listing and reading.
+        path = _download(
+            client,
+            f"/api/v1/jobs/{args.id}/checkpoints/{which}",
+            f"{args.id}-ckpt-{which}.tar.gz",
+            args.output,
+        )
         sys.stderr.write(f"saved checkpoint to {path} ({_bytes(path.stat().st_size)})\n")
         sys.stdout.write(f"{path}\n")
         return EXIT_OK
@@ -664,6 +706,18 @@ def checkpoints(client: Client, args: argparse.Namespace) -> int:
     for c in sorted(listing, key=lambda c: c["step"]):
         rows.append([str(c["step"]), c["time"], _bytes(c["size_bytes"]), c["url"]])
     _table(rows, sys.stdout)
+    return EXIT_OK
+
+
+def export(client: Client, args: argparse.Namespace) -> int:
+    path = _download(
+        client, f"/api/v1/jobs/{args.id}/export", f"{args.id}-export.tar.gz", args.output
+    )
+    sys.stderr.write(
+        f"saved the exported model to {path} ({_bytes(path.stat().st_size)}); "
+        "extract it and tf.saved_model.load the folder\n"
+    )
+    sys.stdout.write(f"{path}\n")
     return EXIT_OK
 
 
@@ -765,7 +819,7 @@ def _job_id(value: str) -> str:
 
 
 def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register submit, status, logs, cancel, checkpoints and tensorboard on `verbs`."""
+    """Register submit, status, logs, cancel, checkpoints, export and tensorboard on `verbs`."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--url",
@@ -838,6 +892,16 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
         "(default: ./ID-ckpt-STEP.tar.gz)",
     )
     p.add_argument("--json", action="store_true", help="print the API's JSON")
+
+    p = verb("export", export, "download the model a succeeded job exported (a SavedModel)")
+    p.add_argument("id", type=_job_id, metavar="ID")
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="PATH",
+        help="file, or folder (an existing one, or ending in /) to save the .tar.gz to "
+        "(default: ./ID-export.tar.gz)",
+    )
 
     p = verb("tensorboard", tensorboard, "start (or reuse) TensorBoard and print its URL")
     p.add_argument(

@@ -516,13 +516,10 @@ def download_export(job: JobDep, settings: SettingsDep) -> StreamingResponse:
     spec = (json.dumps(job.spec, indent=2, sort_keys=True) + "\n").encode()
     archive = open_export(_run(settings, job), spec)
     if archive is None:
-        when = (
-            "its worker is still writing it"
-            if job.state is JobState.RUNNING
-            else "a job exports its model when it succeeds"
-        )
         raise HTTPException(
-            404, f"Job {job.id!r} has no exported model ({when}; it is {job.state.value})."
+            404,
+            f"Job {job.id!r} has no exported model (a job exports its model as it succeeds; "
+            f"it is {job.state.value}).",
         )
     return _attachment(archive, f"{job.id}-export.tar.gz")
 

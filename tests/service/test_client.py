@@ -181,6 +181,63 @@ def test_checkpoints_list_and_download(
     )
 
 
+def test_export_downloads_the_saved_model(
+    service: Service, watched: dict[str, Any], tmp_path: Path
+) -> None:
+    job_id = watched["id"]
+    got = towerboard("export", job_id, "-o", f"{tmp_path}/model/", url=service.base_url)
+    assert got.returncode == 0, got.stderr
+    path = Path(got.stdout.strip())
+    assert path == tmp_path / "model" / f"{job_id}-export.tar.gz"
+    assert got.stderr.startswith(f"saved the exported model to {path} (")
+    with tarfile.open(path) as tar:
+        assert {"saved_model.pb", "spec.json", "result.json"} <= set(tar.getnames())
+
+    running = service.submit(long_job(name="not-yet"))
+    try:
+        service.wait_state(running["id"], "running")
+        missing = towerboard("export", running["id"], url=service.base_url)
+        assert missing.returncode == 1
+        assert one_error_line(missing) == (
+            f"towerboard: error: Job {running['id']!r} has no exported model (a job exports its "
+            "model as it succeeds; it is running)."
+        )
+    finally:
+        service.client.post(f"/api/v1/jobs/{running['id']}/cancel")
+        service.wait_state(running["id"], "cancelled", "failed")
+
+
+def test_download_shows_progress_on_a_terminal(
+    service: Service, watched: dict[str, Any], tmp_path: Path
+) -> None:
+    import pty
+
+    controller, terminal = pty.openpty()  # stderr is a terminal: progress is drawn on it
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "service.cli", "checkpoints", watched["id"], "--download",
+             "latest", "-o", str(tmp_path)],
+            cwd=ROOT, env=cli_env(service.base_url), stdout=subprocess.PIPE, stderr=terminal,
+            timeout=180,
+        )  # fmt: skip
+        os.close(terminal)
+        drawn = b""
+        while True:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # EIO: the terminal's other end is closed and all is read
+                break
+            if not chunk:
+                break
+            drawn += chunk
+    finally:
+        os.close(controller)
+    assert done.returncode == 0, drawn
+    assert (tmp_path / f"{watched['id']}-ckpt-40.tar.gz").exists()
+    name = re.escape(f"{watched['id']}-ckpt-40.tar.gz")
+    assert re.search(rf"\rdownloading {name}: 100% of [0-9.]+ (B|KiB|MiB)".encode(), drawn), drawn
+
+
 def test_cancel_queued_and_running_jobs(service: Service) -> None:
     running = service.submit(long_job())
     queued = service.submit(job_spec(name="waits"))  # one job slot: this one waits

@@ -233,8 +233,8 @@ def test_download_export_none_yet_404(make_service: Callable[..., Service], tmp_
     response = service.client.get(f"/api/v1/jobs/{job['id']}/export")
     assert response.status_code == 404
     assert response.json() == {
-        "detail": f"Job '{job['id']}' has no exported model (its worker is still writing it; "
-        "it is running).",
+        "detail": f"Job '{job['id']}' has no exported model (a job exports its model as it "
+        "succeeds; it is running).",
         "errors": [],
     }
     service.client.post(f"/api/v1/jobs/{job['id']}/cancel")
@@ -242,7 +242,7 @@ def test_download_export_none_yet_404(make_service: Callable[..., Service], tmp_
     response = service.client.get(f"/api/v1/jobs/{job['id']}/export")
     assert response.status_code == 404
     assert response.json()["detail"] == (
-        f"Job '{job['id']}' has no exported model (a job exports its model when it succeeds; "
+        f"Job '{job['id']}' has no exported model (a job exports its model as it succeeds; "
         "it is cancelled)."
     )
 

@@ -1,7 +1,7 @@
 """The SavedModel a successful job leaves in `export/`: what it takes and what it answers.
 
-Two endpoints, both taking `images`, float32 of shape (batch, H, W, C) scaled as the job
-trained on them (uint8 pixels divided by 255; float data as it was given):
+Two endpoints, both taking `images`, float32 of shape (batch, H, W, C) in [0, 1] as the
+job trained on them (integer pixels divided by 255; float data as it was given):
 - `serving_default` (TF Serving's default signature) answers a dict: `logits`,
   `probabilities` (softmax; for a one-logit binary model, the sigmoid of shape (batch, 1))
   and `classes` (the predicted class id, int32 of shape (batch,)).

@@ -30,6 +30,11 @@ from trainer.towers import TowerTrainer, tower_sizes
 log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_SECONDS = 2.0
+# Progress lines are also the service's metric series, which the dashboard charts: a job
+# reports at every hundredth of its steps too, so a short one draws a curve and not two
+# points, but no more often than this (each line is a store write and an SSE event).
+PROGRESS_MIN_SECONDS = 0.25
+CHART_POINTS = 100
 
 MAX_REQUESTED_TRACE_STEPS = 100
 
@@ -127,6 +132,7 @@ class Controller:
         scalar_clock, report_clock = _StepClock(), _StepClock()
         first_step, started_at = step + 1, time.monotonic()
         last_report = time.monotonic()
+        chart_every = max(1, self.total_steps // CHART_POINTS)
         examples_per_sec: float | None = None  # until a step other than the first is timed
         graph_written = False
 
@@ -169,7 +175,9 @@ class Controller:
                 self._write_images(step, images)
 
             now = time.monotonic()
-            if now - last_report >= PROGRESS_EVERY_SECONDS or step == self.total_steps:
+            since = now - last_report
+            chart_point = step % chart_every == 0 and since >= PROGRESS_MIN_SECONDS
+            if since >= PROGRESS_EVERY_SECONDS or chart_point or step == self.total_steps:
                 timed = report_clock.take()
                 step_seconds = None
                 if timed is not None:

@@ -104,6 +104,24 @@ def test_run_job_reports_progress(tiny_run):
     assert [(e["step"], e["phase_total"]) for e in starts] == [(20, 2), (40, 2)]
 
 
+def test_run_job_short_job_reports_enough_points_for_a_chart(tmp_path):
+    # 2,000 steps of a tiny model train in a few seconds: a report every 2 s alone would
+    # chart two or three points.
+    spec = with_(TINY, towers=1, steps=2000, eval={"every_steps": 0, "batches": 1},
+                 summaries={"trace_steps": [], "histograms_every": 0, "images_every": 0},
+                 checkpoint={"every_steps": 0, "every_seconds": 0, "keep": 1})  # fmt: skip
+    code, _, log = run_worker(tmp_path / "job", spec)
+    assert code == 0, log
+    events, _ = read_progress(tmp_path / "job" / "progress.jsonl")
+    reports = [e for e in events if e["event"] == "progress"]
+    # At every 20th step (a hundredth of the job), at most 4 a second.
+    assert all(e["step"] % 20 == 0 for e in reports), [e["step"] for e in reports]
+    gaps = [b["time"] - a["time"] for a, b in zip(reports, reports[1:], strict=False)]
+    assert all(gap >= 0.24 for gap in gaps[:-1]), gaps  # the last is the final step's
+    trained = reports[-1]["time"] - reports[0]["time"]
+    assert len(reports) >= min(100, int(trained / 0.75)) >= 2, (len(reports), trained)
+
+
 def test_run_job_writes_every_summary_kind(tiny_run):
     job_dir, _, _ = tiny_run
     train = tags_by_plugin(job_dir / "tb" / "train")

@@ -42,6 +42,10 @@ export function mountJob(view, jobId) {
     "Open in TensorBoard");
   const cancelButton = h("button", { type: "button", class: "danger", id: "cancel-job", onclick: cancel },
     "Cancel");
+  // The exported SavedModel, there once the job has succeeded (the service streams it).
+  const modelLink = h("a", { class: "button", id: "download-model", hidden: true,
+    href: `${base}/export`, download: `${jobId}-export.tar.gz`,
+    title: "The trained model as a SavedModel (.tar.gz)" }, "Download model");
   const actionStatus = h("p", { class: "action-status small", role: "status" });
   const meta = h("p", { class: "meta muted small" });
   const errorBox = h("div", { class: "job-error", role: "alert", hidden: true });
@@ -66,7 +70,7 @@ export function mountJob(view, jobId) {
     notFound,
     h("div", { class: "job-head" },
       h("div", { class: "job-heading" }, title, badge),
-      h("div", { class: "actions" }, tbButton, cancelButton)),
+      h("div", { class: "actions" }, modelLink, tbButton, cancelButton)),
     actionStatus, notice.el, meta, bar, barText, errorBox, stats,
     h("section", { class: "section" }, h("h2", {}, "Metrics"), chartGrid),
     h("section", { class: "section" }, h("h2", {}, "Per-tower step time"), towers),
@@ -146,6 +150,7 @@ export function mountJob(view, jobId) {
     set("devices", devicesText(job));
     renderMeta();
     cancelButton.hidden = TERMINAL.has(job.state);
+    modelLink.hidden = job.state !== "succeeded";
     if (TERMINAL.has(job.state)) notice.clear(); // no more live updates to miss
     cancelButton.disabled = job.cancel_requested;
     renderError();

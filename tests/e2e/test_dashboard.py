@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page, Request, expect
+from playwright.sync_api import Browser, BrowserContext, Page, Request, ViewportSize, expect
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
@@ -35,8 +35,8 @@ MOVING_JOB = job_spec(
     summaries={"trace_steps": [5]},
     checkpoint={"every_steps": 500, "every_seconds": 0, "keep": 3},
 )
-LAPTOP = {"width": 1280, "height": 860}
-PHONE = {"width": 390, "height": 844}
+LAPTOP: ViewportSize = {"width": 1280, "height": 860}
+PHONE: ViewportSize = {"width": 390, "height": 844}
 TERMINAL = ("succeeded", "failed", "cancelled")
 LIST_READ = re.compile(r"/api/v1/jobs\?")  # the jobs table's list reads (and "Show more")
 
@@ -48,7 +48,7 @@ class Session:
     errors: list[str] = field(default_factory=list)
 
 
-def open_session(browser: Browser, service: Service, viewport: dict[str, int]) -> Session:
+def open_session(browser: Browser, service: Service, viewport: ViewportSize) -> Session:
     context = browser.new_context(
         viewport=viewport, base_url=service.base_url, accept_downloads=True
     )
@@ -227,6 +227,20 @@ def test_download_checkpoint(session: Session, submitted: dict[str, Any]) -> Non
     assert spec["name"] == "dashboard-mlp"
 
 
+def test_download_model(session: Session, submitted: dict[str, Any]) -> None:
+    page = session.page
+    job_id = submitted["id"]
+    link = page.locator("#download-model")
+    expect(link).to_be_visible()
+    with page.expect_download() as download_info:
+        link.click()
+    download = download_info.value
+    assert download.suggested_filename == f"{job_id}-export.tar.gz"
+    with tarfile.open(fileobj=io.BytesIO(Path(download.path()).read_bytes()), mode="r:gz") as tar:
+        names = set(tar.getnames())
+    assert {"saved_model.pb", "spec.json", "result.json"} <= names
+
+
 def test_open_tensorboard_through_proxy(
     session: Session, submitted: dict[str, Any], screenshots: Path
 ) -> None:
@@ -344,6 +358,7 @@ def test_job_without_metrics_and_cancel(
     expect(page.locator('[data-stat="devices"]')).to_have_text("waiting for devices (1 tower)")
     expect(page.locator("#checkpoints")).to_contain_text("No checkpoint yet")
     expect(page.locator("#towers")).to_contain_text("No device trace")
+    expect(page.locator("#download-model")).to_be_hidden()  # nothing exported yet
     # The log is polled every 3 s; a poll that brings nothing new keeps a selection being
     # copied.
     log = page.locator("#log")

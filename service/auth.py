@@ -90,6 +90,7 @@ def document_bearer_auth(app: FastAPI) -> None:
             for path in OPEN_PATHS & schema["paths"].keys():
                 for operation in schema["paths"][path].values():
                     operation["security"] = []
+            return schema
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -165,7 +165,7 @@ class Client:
                 if not r.is_success:
                     r.read()
                     self.check(r)
-                name, data = "message", []
+                name, data = "message", list[str]()
                 for line in r.iter_lines():
                     if line.startswith(":"):
                         continue  # a ping

@@ -111,10 +111,10 @@ class JobPublic(BaseModel):
             devices=job.devices,
             attempts=job.attempts,
             cancel_requested=job.cancel_requested_at is not None,
-            created_at=_time(job.created_at),  # type: ignore[arg-type]
+            created_at=_time(job.created_at),
             started_at=_time(job.started_at),
             finished_at=_time(job.finished_at),
-            updated_at=_time(job.updated_at),  # type: ignore[arg-type]
+            updated_at=_time(job.updated_at),
             progress=ProgressPublic.model_validate(progress) if progress else None,
             eval=EvalPublic.model_validate(eval) if eval else None,
             result=job.result,

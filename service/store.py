@@ -226,7 +226,8 @@ class JobStore:
         self, *, states: Iterable[JobState] = (), limit: int = 50, before_seq: int | None = None
     ) -> tuple[list[JobRecord], int]:
         """Newest first; jobs with seq below `before_seq` when given. Returns (page, count)."""
-        where, params = [], []
+        where: list[str] = []
+        params: list[str | int] = []
         state_values = [state.value for state in states]
         if state_values:
             where.append(f"state IN ({','.join('?' * len(state_values))})")

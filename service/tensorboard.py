@@ -53,8 +53,8 @@ def _link(link: Path, target: Path) -> None:
 def mirror_logdir(logdir: Path, runs_dir: Path, job_ids: tuple[str, ...] | None) -> None:
     """Bring the view logdir up to date with the jobs' tb/ folders (None: every job)."""
     if job_ids is None:
-        with os.scandir(runs_dir) as entries:
-            job_ids = tuple(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+        with os.scandir(runs_dir) as found:
+            job_ids = tuple(e.name for e in found if e.is_dir() and not e.name.startswith("."))
     for job_id in job_ids:
         source = runs_dir / job_id / "tb"
         try:

@@ -46,7 +46,9 @@ from trainer.rundir import RunDir, write_json_atomic
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
-_NOT_FOUND = {404: {"model": ErrorPublic, "description": "No such job"}}
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorPublic, "description": "No such job"}
+}
 _JSON = "application/json"
 # A cursor is a job's seq: plain ASCII digits ("²".isdigit() is true, int() refuses it),
 # few enough to bind as SQLite's 64-bit integer.

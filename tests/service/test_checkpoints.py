@@ -46,8 +46,8 @@ def test_open_archive_survives_deletion_mid_download(tmp_path: Path) -> None:
         path.unlink()
     data = b"".join(archive.chunks)
     assert len(data) == archive.size
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
-        members = {m.name: archive.extractfile(m).read() for m in archive.getmembers()}  # type: ignore[union-attr]
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}  # type: ignore[union-attr]
     assert sorted(members) == [
         "checkpoint", "ckpt-10.data-00000-of-00002", "ckpt-10.data-00001-of-00002",
         "ckpt-10.index", "spec.json",

@@ -6,15 +6,20 @@ from typing import Any
 
 import pytest
 
-from service.outcomes import crashed, final_state, interrupted
+from service.outcomes import FinalState, crashed, final_state, interrupted
 from service.store import JobState
 from service.workers import WorkerExit
 
 TAIL = ["last line"]
 
 
+def reason(final: FinalState) -> str:
+    assert final.error is not None, final
+    return str(final.error["reason"])
+
+
 def _final(exit: WorkerExit, result: dict[str, Any] | None, cancel: bool = False,
-           killed: bool = False):  # type: ignore[no-untyped-def]  # fmt: skip
+           killed: bool = False) -> FinalState:  # fmt: skip
     return final_state(
         exit, result, cancel_requested=cancel, killed_after_grace=killed, grace_seconds=30,
         log_tail=TAIL,
@@ -29,7 +34,7 @@ def test_final_state_succeeded() -> None:
 def test_final_state_exit_0_without_result_failed() -> None:
     final = _final(WorkerExit(code=0), None)
     assert final.state is JobState.FAILED
-    assert final.error["reason"] == "The worker exited with code 0 but result.json is missing."
+    assert reason(final) == "The worker exited with code 0 but result.json is missing."
 
 
 def test_final_state_failed_with_message_and_log() -> None:
@@ -44,7 +49,7 @@ def test_final_state_invalid_spec_lists_errors() -> None:
     result = {"outcome": "invalid_spec", "message": "Invalid job spec",
               "errors": [{"field": "model.name", "message": "No module named 'x'"}]}  # fmt: skip
     final = _final(WorkerExit(code=2), result)
-    assert final.error["reason"] == "The worker rejected the spec: model.name: No module named 'x'"
+    assert reason(final) == "The worker rejected the spec: model.name: No module named 'x'"
 
 
 def test_final_state_cancelled_by_sigterm() -> None:
@@ -67,14 +72,14 @@ def test_final_state_signal_is_failed(signum: int, name: str) -> None:
 def test_final_state_cancel_killed_after_grace() -> None:
     final = _final(WorkerExit(signal=9), None, cancel=True, killed=True)
     assert final.state is JobState.CANCELLED
-    assert final.error["reason"] == (
+    assert reason(final) == (
         "Cancelled: the worker did not exit within 30 s of SIGTERM and was killed with SIGKILL."
     )
 
 
 def test_final_state_unknown_exit_code() -> None:
     final = _final(WorkerExit(code=137), None)
-    assert final.error["reason"] == "The worker exited with code 137."
+    assert reason(final) == "The worker exited with code 137."
 
 
 def test_final_state_adopted_worker_from_result() -> None:
@@ -82,13 +87,13 @@ def test_final_state_adopted_worker_from_result() -> None:
     assert _final(WorkerExit(), {"outcome": "cancelled"}).state is JobState.CANCELLED
     crashed = _final(WorkerExit(), None)
     assert crashed.state is JobState.FAILED
-    assert crashed.error["reason"].startswith("The worker ended without writing result.json")
+    assert reason(crashed).startswith("The worker ended without writing result.json")
 
 
 def test_final_state_adopted_worker_cancelled_without_result() -> None:
     final = _final(WorkerExit(), None, cancel=True)
     assert final.state is JobState.CANCELLED
-    assert final.error["reason"] == (
+    assert reason(final) == (
         "Cancelled: the worker ended while the service was not its parent, without writing "
         "result.json."
     )
@@ -141,8 +146,8 @@ def test_final_state_signal_after_restarts_says_so() -> None:
         WorkerExit(signal=9), None, cancel_requested=False, killed_after_grace=False,
         grace_seconds=30, log_tail=[], restarts_after_kills=2,
     )  # fmt: skip
-    assert final.state is JobState.FAILED
-    assert final.error["reason"] == (
+    assert final.state is JobState.FAILED and final.error is not None
+    assert reason(final) == (
         "The worker was killed by SIGKILL (9). The job had already been restarted from its "
         "checkpoint 2 times after its worker was killed, the most TOWERBOARD_CRASH_RETRIES allows."
     )

@@ -47,19 +47,36 @@ TOWERS = (1, 2, 4)
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"), default="adam", help="default: the spec's")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--optimizer",
+        choices=("sgd", "momentum", "adam"),
+        default="adam",
+        help="default: the spec's",
+    )
     p.add_argument("--steps", type=int, default=5, help="steps per configuration per round")
-    p.add_argument("--rounds", type=int, default=40, help="rounds; every configuration runs once per round")
+    p.add_argument(
+        "--rounds", type=int, default=40, help="rounds; every configuration runs once per round"
+    )
     p.add_argument("--batch", type=int, default=128, help="global batch")
-    p.add_argument("--split-gpu-mb", type=int, default=None, help="split GPU 0 into logical GPUs of this size")
-    p.add_argument("--worker-steps", type=int, default=1000, help="steps of each whole-worker run (0 skips it)")
-    p.add_argument("--worker-repeats", type=int, default=5, help="whole-worker runs per configuration")
+    p.add_argument(
+        "--split-gpu-mb", type=int, default=None, help="split GPU 0 into logical GPUs of this size"
+    )
+    p.add_argument(
+        "--worker-steps", type=int, default=1000, help="steps of each whole-worker run (0 skips it)"
+    )
+    p.add_argument(
+        "--worker-repeats", type=int, default=5, help="whole-worker runs per configuration"
+    )
     p.add_argument("--skip-steps", action="store_true", help="only the monitoring comparison")
     return p.parse_args()
 
 
-def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float | None, float | None]:
+def median_interval(
+    values: list[float], confidence: float = 0.95
+) -> tuple[float, float | None, float | None]:
     """The median and a distribution-free confidence interval for it (order statistics).
 
     The interval is [x_(j), x_(n+1-j)] for the largest j with P(Binomial(n, 1/2) < j) <=
@@ -115,8 +132,16 @@ def step_benchmarks(args: argparse.Namespace) -> tuple[dict[str, list[float]], i
         def step(images, labels):
             with tf.GradientTape() as tape:
                 logits = net(images, training=True)
-                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
-            opt.apply_gradients(zip(tape.gradient(loss, net.trainable_variables), net.trainable_variables, strict=True))
+                loss = tf.reduce_mean(
+                    tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+                )
+            opt.apply_gradients(
+                zip(
+                    tape.gradient(loss, net.trainable_variables),
+                    net.trainable_variables,
+                    strict=True,
+                )
+            )
             return loss
 
         return lambda: step(*next(batches))
@@ -135,7 +160,9 @@ def step_benchmarks(args: argparse.Namespace) -> tuple[dict[str, list[float]], i
         # collectives clash between strategies of different sizes in one process, so it
         # reduces to one device, the shape of our towers' parameter-device average.
         cross_device_ops = tf.distribute.ReductionToOneDevice() if kind == "CPU" else None
-        strategy = tf.distribute.MirroredStrategy(devices=list(devices.towers[:n]), cross_device_ops=cross_device_ops)
+        strategy = tf.distribute.MirroredStrategy(
+            devices=list(devices.towers[:n]), cross_device_ops=cross_device_ops
+        )
         with strategy.scope():
             net, opt = model(), optimizer()
             opt.build(net.trainable_variables)  # slots mirrored now, not lazily inside the step
@@ -144,9 +171,17 @@ def step_benchmarks(args: argparse.Namespace) -> tuple[dict[str, list[float]], i
         def replica(images, labels):
             with tf.GradientTape() as tape:
                 logits = net(images, training=True)
-                per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+                per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(
+                    labels=labels, logits=logits
+                )
                 loss = tf.nn.compute_average_loss(per_example, global_batch_size=args.batch)
-            opt.apply_gradients(zip(tape.gradient(loss, net.trainable_variables), net.trainable_variables, strict=True))
+            opt.apply_gradients(
+                zip(
+                    tape.gradient(loss, net.trainable_variables),
+                    net.trainable_variables,
+                    strict=True,
+                )
+            )
             return loss
 
         @tf.function
@@ -189,10 +224,14 @@ def print_step_benchmarks(seconds: dict[str, list[float]], examples: int) -> Non
         median, low, high = median_interval(rounds)
         label = f"{faster} / {than}"
         if low is None or high is None:
-            print(f"{label:<34}= {median:.3f}  (too few rounds for a 95% interval; target >= {target}: not judged)")
+            print(
+                f"{label:<34}= {median:.3f}  (too few rounds for a 95% interval; target >= {target}: not judged)"
+            )
             return
         verdict = "met" if low >= target else "not met" if high < target else "within the interval"
-        print(f"{label:<34}= {median:.3f}  (95% CI {low:.3f}-{high:.3f}; target >= {target}: {verdict})")
+        print(
+            f"{label:<34}= {median:.3f}  (95% CI {low:.3f}-{high:.3f}; target >= {target}: {verdict})"
+        )
 
     print(f"\nmedian of per-round ratios over {len(next(iter(seconds.values())))} rounds")
     ratio("towers(1)", "plain", 0.97)
@@ -220,11 +259,16 @@ def monitoring_costs(args: argparse.Namespace) -> None:
     from trainer.summaries import SummaryManager
     from trainer.towers import TowerTrainer
 
-    spec = JobSpec.model_validate({"data": {"format": "synthetic"}, "towers": 2, "batch_size": args.batch})
+    spec = JobSpec.model_validate(
+        {"data": {"format": "synthetic"}, "towers": 2, "batch_size": args.batch}
+    )
     rng = np.random.default_rng(1)
     x = tf.constant(rng.random((args.batch, 28, 28, 1), dtype=np.float32))
     y = tf.constant(rng.integers(0, 10, args.batch).astype(np.int32))
-    devices = [d.name for d in tf.config.list_logical_devices(tf.config.list_logical_devices()[0].device_type)][:2]
+    devices = [
+        d.name
+        for d in tf.config.list_logical_devices(tf.config.list_logical_devices()[0].device_type)
+    ][:2]
     with tf.device(devices[0]):
         trainer = TowerTrainer(
             model=build_model(ModelSpec(name="cnn"), (28, 28, 1), 10),
@@ -277,7 +321,9 @@ def monitoring_costs(args: argparse.Namespace) -> None:
         controller._tower_ms = None
         path = capture.stop()
         if path is None:
-            raise RuntimeError("Expected the profiler to write a trace. Received: none (see the log above)")
+            raise RuntimeError(
+                "Expected the profiler to write a trace. Received: none (see the log above)"
+            )
         from trainer.profiling import tower_times_ms
 
         tower_times_ms(path, 2, 3)
@@ -291,7 +337,9 @@ def monitoring_costs(args: argparse.Namespace) -> None:
         + costs["images"] * (job_steps // s.images_every - 1) + costs["images, first call"]
         + costs["graph (once)"] + costs["trace of 3 steps (once)"]
     )  # fmt: skip
-    print(f"\nmonitoring cost per call (cnn on 2 towers, batch {args.batch}; one step = {step * 1000:.1f} ms)")
+    print(
+        f"\nmonitoring cost per call (cnn on 2 towers, batch {args.batch}; one step = {step * 1000:.1f} ms)"
+    )
     for name, cost in costs.items():
         print(f"  {name:<26}{cost * 1000:>8.1f} ms")
     share = per_job / (job_steps * step)
@@ -305,7 +353,12 @@ def worker_examples_per_sec(spec: dict, job_dir: Path) -> float:
     """Examples/sec of a whole worker run, from its first progress report to its last step."""
     job_dir.mkdir(parents=True)
     (job_dir / "spec.json").write_text(json.dumps(spec))
-    subprocess.run([sys.executable, "-m", "trainer", "run", "--job-dir", str(job_dir)], cwd=REPO, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "trainer", "run", "--job-dir", str(job_dir)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
     events = [json.loads(line) for line in (job_dir / "progress.jsonl").read_text().splitlines()]
     progress = [e for e in events if e["event"] == "progress"]
     first, last = progress[0], progress[-1]
@@ -316,40 +369,68 @@ def monitoring_benchmark(args: argparse.Namespace) -> dict[str, list[float]]:
     base = {
         "name": "bench-monitoring",
         "model": {"name": "cnn"},
-        "data": {"format": "synthetic", "params": {"shape": [28, 28, 1], "classes": 10, "size": 8192}},
+        "data": {
+            "format": "synthetic",
+            "params": {"shape": [28, 28, 1], "classes": 10, "size": 8192},
+        },
         "towers": 2,
         "batch_size": args.batch,
         "steps": args.worker_steps,
         "eval": {"every_steps": 0, "batches": 1},
         "checkpoint": {"every_steps": 0, "every_seconds": 0, "keep": 1},
     }
-    off = {"scalars_every": 0, "histograms_every": 0, "images_every": 0, "trace_steps": [], "graph": False}
+    off = {
+        "scalars_every": 0,
+        "histograms_every": 0,
+        "images_every": 0,
+        "trace_steps": [],
+        "graph": False,
+    }
     specs = {"default summaries": base, "no summaries": {**base, "summaries": off}}
     samples: dict[str, list[float]] = {name: [] for name in specs}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.worker_repeats):
             # Alternate which runs first, so a drift of the machine favours neither.
             for name in list(specs) if r % 2 == 0 else list(specs)[::-1]:
-                samples[name].append(worker_examples_per_sec(specs[name], Path(tmp) / f"{name}-{r}"))
+                samples[name].append(
+                    worker_examples_per_sec(specs[name], Path(tmp) / f"{name}-{r}")
+                )
     return samples
 
 
 def main() -> None:
     args = parse_args()
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}")
-    print(f"model cnn, optimizer {args.optimizer}, global batch {args.batch}; {args.rounds} rounds of {args.steps} steps\n")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}"
+    )
+    print(
+        f"model cnn, optimizer {args.optimizer}, global batch {args.batch}; {args.rounds} rounds of {args.steps} steps\n"
+    )
     if not args.skip_steps:
         print_step_benchmarks(*step_benchmarks(args))
         monitoring_costs(args)
     if args.worker_steps:
         samples = monitoring_benchmark(args)
-        print(f"\nwhole workers, cnn on 2 towers, {args.worker_steps} steps, {args.worker_repeats} pairs of runs")
+        print(
+            f"\nwhole workers, cnn on 2 towers, {args.worker_steps} steps, {args.worker_repeats} pairs of runs"
+        )
         for name, rates in samples.items():
-            print(f"{name:<20}{statistics.median(rates):>10.1f} examples/sec (median; runs {', '.join(f'{r:.0f}' for r in rates)})")
-        pairs = [d / n for d, n in zip(samples["default summaries"], samples["no summaries"], strict=True)]
+            print(
+                f"{name:<20}{statistics.median(rates):>10.1f} examples/sec (median; runs {', '.join(f'{r:.0f}' for r in rates)})"
+            )
+        pairs = [
+            d / n
+            for d, n in zip(samples["default summaries"], samples["no summaries"], strict=True)
+        ]
         median, low, high = median_interval(pairs)
-        interval = f"95% CI {low:.3f}-{high:.3f}" if low is not None else "too few pairs for a 95% interval"
-        print(f"default / none       = {median:.3f}   (median of per-pair ratios, {interval}; target >= 0.97)")
+        interval = (
+            f"95% CI {low:.3f}-{high:.3f}"
+            if low is not None
+            else "too few pairs for a 95% interval"
+        )
+        print(
+            f"default / none       = {median:.3f}   (median of per-pair ratios, {interval}; target >= 0.97)"
+        )
 
 
 if __name__ == "__main__":

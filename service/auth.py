@@ -49,7 +49,11 @@ class BearerAuth:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Only http scopes have a path; lifespan and the rest pass straight through.
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or scope["path"].startswith(OPEN_PREFIXES):
+        if (
+            scope["type"] != "http"
+            or scope["path"] in OPEN_PATHS
+            or scope["path"].startswith(OPEN_PREFIXES)
+        ):
             await self._app(scope, receive, send)
             return
         presented = _presented_token(scope)
@@ -84,7 +88,11 @@ def document_bearer_auth(app: FastAPI) -> None:
         if app.openapi_schema is None:
             schema = build()  # caches itself in app.openapi_schema, which is changed here
             schema.setdefault("components", {})["securitySchemes"] = {
-                "bearer": {"type": "http", "scheme": "bearer", "description": "The service's TOWERBOARD_TOKEN"}
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "The service's TOWERBOARD_TOKEN",
+                }
             }
             schema["security"] = [{"bearer": []}]
             for path in OPEN_PATHS & schema["paths"].keys():

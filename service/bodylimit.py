@@ -60,7 +60,10 @@ class BodyLimit:
                 "errors": [],
             }
         ).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
         # The rest of the body is not read: close the connection rather than leave it
         # half-read for the next request.
         headers.append((b"connection", b"close"))

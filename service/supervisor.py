@@ -101,7 +101,9 @@ class Supervisor:
         requeued, and starting them again then would only leave a worker behind it.
         """
         if self._starting.is_set():
-            log.info("Shutting down: no more workers will be started; running ones are left to the next service")
+            log.info(
+                "Shutting down: no more workers will be started; running ones are left to the next service"
+            )
         self._starting.clear()
 
     def stop_workers(self, timeout: float) -> bool:
@@ -115,7 +117,9 @@ class Supervisor:
             self._wake.set()  # reap each as soon as it ends
             time.sleep(0.05)
         if self._workers:
-            log.warning("Shutting down: %d worker(s) still running after %g s", len(self._workers), timeout)
+            log.warning(
+                "Shutting down: %d worker(s) still running after %g s", len(self._workers), timeout
+            )
         return not self._workers
 
     def wake(self) -> None:

@@ -162,7 +162,9 @@ def _nice_session(pid: int, nice: int) -> None:
         Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
 
 
-def adopt_worker(*, job_id: str, run: RunDir, pid: int | None, started: int | None) -> Worker | None:
+def adopt_worker(
+    *, job_id: str, run: RunDir, pid: int | None, started: int | None
+) -> Worker | None:
     """The worker a previous service started for this job, if it is still running.
 
     Without a pid (the service died after starting the worker, before storing its pid) it

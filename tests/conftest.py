@@ -19,7 +19,9 @@ from tests.service.harness import Service  # noqa: E402
 LOGICAL_CPUS = 4
 
 _cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(_cpu, [tf.config.LogicalDeviceConfiguration()] * LOGICAL_CPUS)
+tf.config.set_logical_device_configuration(
+    _cpu, [tf.config.LogicalDeviceConfiguration()] * LOGICAL_CPUS
+)
 
 
 @pytest.fixture(scope="module")

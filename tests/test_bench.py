@@ -12,7 +12,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def towers_bench():
-    spec = importlib.util.spec_from_file_location("towers_bench", ROOT / "bench" / "towers_bench.py")
+    spec = importlib.util.spec_from_file_location(
+        "towers_bench", ROOT / "bench" / "towers_bench.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -35,7 +37,15 @@ def test_towers_bench_runs_and_reports_every_ratio() -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    for ratio in ("towers(1) / plain", "towers(1) / mirrored(1)", "towers(2) / mirrored(2)", "towers(4) / mirrored(4)"):
+    for ratio in (
+        "towers(1) / plain",
+        "towers(1) / mirrored(1)",
+        "towers(2) / mirrored(2)",
+        "towers(4) / mirrored(4)",
+    ):
         line = next((line for line in done.stdout.splitlines() if line.startswith(ratio)), None)
         assert line is not None and "95% CI" in line, done.stdout
-    assert "default cadences over a 1000-step job:" in done.stdout and "throughput ratio" in done.stdout
+    assert (
+        "default cadences over a 1000-step job:" in done.stdout
+        and "throughput ratio" in done.stdout
+    )

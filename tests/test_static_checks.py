@@ -1,5 +1,5 @@
-"""The tree passes its own static checks: ruff's lint rules and mypy's types, as configured
-in pyproject.toml. Run here so that CI holds every change to them, not only the ones
+"""The tree passes its own static checks: ruff's lint rules and format, and mypy's types,
+as configured in pyproject.toml. Run here so that CI holds every change to them, not only the ones
 whose author remembered."""
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize(
     "check",
-    [("ruff", "check", "."), ("mypy",)],
-    ids=["ruff-check", "mypy"],
+    [("ruff", "check", "."), ("ruff", "format", "--check", "."), ("mypy",)],
+    ids=["ruff-check", "ruff-format", "mypy"],
 )
 def test_tree_passes_static_check(check: tuple[str, ...]) -> None:
     result = run(*check)
-    assert result.returncode == 0, f"{' '.join(check)} found problems:\n{result.stdout}{result.stderr}"
+    assert result.returncode == 0, (
+        f"{' '.join(check)} found problems:\n{result.stdout}{result.stderr}"
+    )

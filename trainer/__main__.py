@@ -13,11 +13,17 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer", description="Towerboard's tower trainer.")
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer", description="Towerboard's tower trainer."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="train the job in a run directory")
-    run.add_argument("--job-dir", type=Path, required=True, help="the run directory (reads spec.json there)")
-    run.add_argument("--spec", type=Path, help="read the spec from this file instead (copied to the job dir)")
+    run.add_argument(
+        "--job-dir", type=Path, required=True, help="the run directory (reads spec.json there)"
+    )
+    run.add_argument(
+        "--spec", type=Path, help="read the spec from this file instead (copied to the job dir)"
+    )
     args = parser.parse_args(argv)
 
     # TensorFlow's C++ start-up chatter (CUDA probes on CPU hosts) would bury the job's log.

@@ -30,7 +30,13 @@ def _seed_states(model: keras.Model) -> list[tf.Variable]:
 class Checkpointer:
     """Saves every `every_steps` steps and/or `every_seconds` seconds, keeping `keep`."""
 
-    def __init__(self, directory: Path, trainer: TowerTrainer, iterator: tf.data.Iterator, spec: CheckpointSpec) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        trainer: TowerTrainer,
+        iterator: tf.data.Iterator,
+        spec: CheckpointSpec,
+    ) -> None:
         items: dict[str, object] = {
             "model": trainer.model,
             "optimizer": trainer.optimizer,
@@ -70,7 +76,10 @@ class Checkpointer:
         if step == self._last_step:
             return False
         by_steps = self.spec.every_steps > 0 and step % self.spec.every_steps == 0
-        by_time = self.spec.every_seconds > 0 and time.monotonic() - self._last_time >= self.spec.every_seconds
+        by_time = (
+            self.spec.every_seconds > 0
+            and time.monotonic() - self._last_time >= self.spec.every_seconds
+        )
         return by_steps or by_time
 
     def save(self, step: int) -> str:

@@ -38,6 +38,7 @@ CHART_POINTS = 100
 
 MAX_REQUESTED_TRACE_STEPS = 100
 
+
 def _metrics(loss: float, out: dict[str, Any] | None) -> dict[str, float]:
     """Loss and accuracy of the last step (read only when reported: one sync less a step)."""
     return {} if out is None else {"loss": loss, "accuracy": float(out["accuracy"])}
@@ -62,7 +63,11 @@ class _StepClock:
         """The mean seconds a step and the examples a second since the last take (None if
         no step was timed); resets. Examples are counted, not assumed to be `batch_size`
         each: the last batch of an epoch is partial."""
-        timed = (self.seconds / self.steps, self.examples / self.seconds) if self.steps and self.seconds > 0 else None
+        timed = (
+            (self.seconds / self.steps, self.examples / self.seconds)
+            if self.steps and self.seconds > 0
+            else None
+        )
         self.seconds, self.steps, self.examples = 0.0, 0, 0
         return timed
 
@@ -123,7 +128,13 @@ class Controller:
     def run(self) -> RunSummary:
         step = int(self.trainer.step.numpy())
         s = self.spec.summaries
-        self.progress.write("start", step=step, total=self.total_steps, phase="starting", towers=self.trainer.num_towers)
+        self.progress.write(
+            "start",
+            step=step,
+            total=self.total_steps,
+            phase="starting",
+            towers=self.trainer.num_towers,
+        )
         out: dict[str, Any] | None = None
         loss = math.nan
         # Step time is the time spent in steps alone: waiting for input, the step, reading
@@ -163,7 +174,9 @@ class Controller:
                 if step + 1 not in self._trace_steps:
                     self._finish_trace(step)
             if s.graph and not graph_written:
-                self.summaries.graph("train", self.trainer.train_function.get_concrete_function().graph)
+                self.summaries.graph(
+                    "train", self.trainer.train_function.get_concrete_function().graph
+                )
                 graph_written = True
 
             if scalars_due:
@@ -182,13 +195,26 @@ class Controller:
                 step_seconds = None
                 if timed is not None:
                     step_seconds, examples_per_sec = timed
-                wall_per_step = (now - started_at) / (step - first_step) if step > first_step else step_seconds
-                self._report(step, _metrics(loss, out), examples_per_sec, wall_per_step, float(out["learning_rate"]))
+                wall_per_step = (
+                    (now - started_at) / (step - first_step) if step > first_step else step_seconds
+                )
+                self._report(
+                    step,
+                    _metrics(loss, out),
+                    examples_per_sec,
+                    wall_per_step,
+                    float(out["learning_rate"]),
+                )
                 last_report = now
                 self._take_profile_request(step)
 
             e = self.spec.eval
-            if e.every_steps and step % e.every_steps == 0 and step < self.total_steps and not self.stop.is_set():
+            if (
+                e.every_steps
+                and step % e.every_steps == 0
+                and step < self.total_steps
+                and not self.stop.is_set()
+            ):
                 self._evaluate(step)
             if self.checkpointer.due(step) and step < self.total_steps:
                 self._save(step)
@@ -238,7 +264,11 @@ class Controller:
         self.progress.write("progress", **fields)
 
     def _write_scalars(
-        self, step: int, out: dict[str, tf.Tensor], step_seconds: float | None, examples_per_sec: float | None = None
+        self,
+        step: int,
+        out: dict[str, tf.Tensor],
+        step_seconds: float | None,
+        examples_per_sec: float | None = None,
     ) -> None:
         """`step_seconds`: the mean time of the steps since the last write (None: none timed);
         `examples_per_sec`: the examples those steps trained on a second (None: `batch_size`
@@ -251,10 +281,16 @@ class Controller:
         }
         if step_seconds is not None:
             values["step_time_ms"] = step_seconds * 1000.0
-            values["examples_per_sec"] = examples_per_sec if examples_per_sec is not None else self.spec.batch_size / step_seconds
+            values["examples_per_sec"] = (
+                examples_per_sec
+                if examples_per_sec is not None
+                else self.spec.batch_size / step_seconds
+            )
         # A tower whose shard was empty (a last batch smaller than the tower count) has no
         # loss this step; a 0 would plot as a perfect tower.
-        for i, (tower_loss, count) in enumerate(zip(out["tower_loss"].numpy(), out["tower_examples"].numpy(), strict=True)):
+        for i, (tower_loss, count) in enumerate(
+            zip(out["tower_loss"].numpy(), out["tower_examples"].numpy(), strict=True)
+        ):
             if count > 0:
                 values[f"tower_{i}/loss"] = float(tower_loss)
         self.summaries.scalars("train", values, step)
@@ -292,7 +328,10 @@ class Controller:
             "train", {f"tower_{i}/compute_ms": ms for i, ms in enumerate(self._tower_ms)}, step
         )
         self.progress.write(
-            "trace", step=step, tower_ms=self._tower_ms, trace_dir=str(path.parent.relative_to(self.rundir.root))
+            "trace",
+            step=step,
+            tower_ms=self._tower_ms,
+            trace_dir=str(path.parent.relative_to(self.rundir.root)),
         )
 
     def _take_profile_request(self, step: int) -> None:
@@ -339,7 +378,12 @@ class Controller:
 
         def report(done: int) -> None:
             self.progress.write(
-                "phase", step=step, total=self.total_steps, phase="eval", phase_done=done, phase_total=batches
+                "phase",
+                step=step,
+                total=self.total_steps,
+                phase="eval",
+                phase_done=done,
+                phase_total=batches,
             )
 
         report(0)
@@ -359,7 +403,13 @@ class Controller:
         path = self.checkpointer.save(step)
         self._checkpoint_path = str(Path(path).relative_to(self.rundir.root))
         self.summaries.flush()
-        self.progress.write("checkpoint", step=step, total=self.total_steps, checkpoint=self._checkpoint_path, phase="checkpoint")
+        self.progress.write(
+            "checkpoint",
+            step=step,
+            total=self.total_steps,
+            checkpoint=self._checkpoint_path,
+            phase="checkpoint",
+        )
 
     def _finish_cancelled(self, step: int, metrics: dict[str, float]) -> RunSummary:
         if self.trace.active:

@@ -479,8 +479,14 @@ def _read_npz(path: Path) -> tuple[_Chunk, _Chunk | None]:
     except OSError as error:
         raise DataError(f"Expected a readable .npz file. Received: {error} ({path})") from None
     if not is_zip:
-        what = "a single .npy array" if head == _NPY_MAGIC else "a file that is not a zip archive, or one cut short"
-        raise DataError(f"Expected an .npz file (a zip archive of .npy arrays). Received: {what} ({path})")
+        what = (
+            "a single .npy array"
+            if head == _NPY_MAGIC
+            else "a file that is not a zip archive, or one cut short"
+        )
+        raise DataError(
+            f"Expected an .npz file (a zip archive of .npy arrays). Received: {what} ({path})"
+        )
     try:
         # allow_pickle=False: an uploaded file must not run code when loaded.
         with np.load(path, allow_pickle=False) as archive:

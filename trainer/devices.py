@@ -23,7 +23,9 @@ class Devices:
     kind: str  # "GPU" or "CPU"
 
 
-def setup_devices(towers: int, parameter_device: str, *, split_gpu_mb: int | None = None) -> Devices:
+def setup_devices(
+    towers: int, parameter_device: str, *, split_gpu_mb: int | None = None
+) -> Devices:
     """Give each of `towers` towers a device of its own.
 
     GPUs when there are enough (memory growth on, so one job does not grab a whole card

@@ -44,7 +44,9 @@ def export_model(trainer: TowerTrainer, image_shape: Sequence[int], export_dir: 
     archive.track(model)
     # Keras would alias the first endpoint as `serving_default`; naming one so keeps it
     # from doing that.
-    archive.add_endpoint("serve", lambda images: model(images, training=False), input_signature=signature)
+    archive.add_endpoint(
+        "serve", lambda images: model(images, training=False), input_signature=signature
+    )
     archive.add_endpoint(
         "serving_default",
         lambda images: predictions(model(images, training=False), trainer.binary),

@@ -20,7 +20,9 @@ class ModelError(ValueError):
     """A model that cannot be built from its spec (bad custom builder, wrong data)."""
 
 
-def _mlp(input_shape: tuple[int, ...], num_classes: int, hidden: list[int], dropout: float) -> keras.Model:
+def _mlp(
+    input_shape: tuple[int, ...], num_classes: int, hidden: list[int], dropout: float
+) -> keras.Model:
     inputs = keras.Input(input_shape, name="images")
     x = keras.layers.Flatten()(inputs)
     for width in hidden:
@@ -31,7 +33,11 @@ def _mlp(input_shape: tuple[int, ...], num_classes: int, hidden: list[int], drop
 
 
 def _cnn(
-    input_shape: tuple[int, ...], num_classes: int, filters: tuple[int, int], dense: int, dropout: float
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    filters: tuple[int, int],
+    dense: int,
+    dropout: float,
 ) -> keras.Model:
     inputs = keras.Input(input_shape, name="images")
     x = keras.layers.Conv2D(filters[0], 3, padding="same", activation="relu")(inputs)
@@ -68,7 +74,9 @@ def _resnet(
             y = keras.layers.Conv2D(channels, 3, padding="same", use_bias=False)(y)
             y = bn()(y)
             if stride != 1 or shortcut.shape[-1] != channels:
-                shortcut = keras.layers.Conv2D(channels, 1, strides=stride, use_bias=False)(shortcut)
+                shortcut = keras.layers.Conv2D(channels, 1, strides=stride, use_bias=False)(
+                    shortcut
+                )
                 shortcut = bn()(shortcut)
             x = keras.layers.ReLU()(keras.layers.Add()([y, shortcut]))
     x = keras.layers.GlobalAveragePooling2D()(x)
@@ -96,10 +104,14 @@ def _custom_builder(name: str) -> Callable[..., Any]:
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001 - a SyntaxError or a failing top level is user code too
-        raise ModelError(f"Cannot import module {module_name!r} of model {name!r}: {type(e).__name__}: {e}") from e
+        raise ModelError(
+            f"Cannot import module {module_name!r} of model {name!r}: {type(e).__name__}: {e}"
+        ) from e
     builder = getattr(module, function_name, None)
     if not callable(builder):
-        raise ModelError(f"Module {module_name!r} has no function {function_name!r} (model {name!r})")
+        raise ModelError(
+            f"Module {module_name!r} has no function {function_name!r} (model {name!r})"
+        )
     return builder
 
 
@@ -123,7 +135,9 @@ def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int)
                 f"Expected {spec.name!r} to return a keras.Model. Received: {type(model).__name__}"
             )
         try:
-            output_shape = tuple(model(np.zeros((1, *input_shape), np.float32), training=False).shape)
+            output_shape = tuple(
+                model(np.zeros((1, *input_shape), np.float32), training=False).shape
+            )
         except Exception as e:  # noqa: BLE001 - any failure of user code is the model's fault
             raise ModelError(
                 f"Model {spec.name!r} failed on a batch of shape {(1, *input_shape)}: {type(e).__name__}: {e}"

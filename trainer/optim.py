@@ -15,7 +15,12 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
     the same thing with or without warm-up.
     """
 
-    def __init__(self, base: keras.optimizers.schedules.LearningRateSchedule | float, warmup_steps: int, peak: float):
+    def __init__(
+        self,
+        base: keras.optimizers.schedules.LearningRateSchedule | float,
+        warmup_steps: int,
+        peak: float,
+    ):
         self.base = base
         self.warmup_steps = warmup_steps
         self.peak = peak

@@ -66,7 +66,11 @@ class TraceCapture:
         except Exception as e:  # noqa: BLE001
             log.warning("could not stop the profiler: %s", e)
             return None
-        written = [p for p in self.logdir.glob("plugins/profile/*/*.xplane.pb") if p.stat().st_mtime >= self._started_at - 1]
+        written = [
+            p
+            for p in self.logdir.glob("plugins/profile/*/*.xplane.pb")
+            if p.stat().st_mtime >= self._started_at - 1
+        ]
         return max(written, key=lambda p: p.stat().st_mtime) if written else None
 
 
@@ -90,7 +94,11 @@ def tower_times_ms(trace: Path, towers: int, steps: int) -> list[float]:
         tf_op = next((key for key, name in stat_names.items() if name == "tf_op"), None)
         for line in plane.lines:
             for event in line.events:
-                name = _gpu_op_name(event, tf_op, stat_names) if is_gpu else names.get(event.metadata_id, "")
+                name = (
+                    _gpu_op_name(event, tf_op, stat_names)
+                    if is_gpu
+                    else names.get(event.metadata_id, "")
+                )
                 match = _TOWER_OP.match(name)
                 if match and int(match.group(1)) < towers:
                     totals[int(match.group(1))] += event.duration_ps

@@ -80,7 +80,9 @@ def run_job(job_dir: Path, spec_path: Path | None = None) -> ExitCode:
         return _write_result(rundir, Outcome.INVALID_SPEC, str(e), errors=e.errors)
     except Exception as e:  # noqa: BLE001 - whatever breaks, the job ends with a result.json saying why
         log.error("preparing the job failed:\n%s", traceback.format_exc())
-        return _write_result(rundir, Outcome.FAILED, f"Preparing the job failed: {type(e).__name__}: {e}")
+        return _write_result(
+            rundir, Outcome.FAILED, f"Preparing the job failed: {type(e).__name__}: {e}"
+        )
     if spec_path is not None and spec_path.resolve() != rundir.spec.resolve():
         write_json_atomic(rundir.spec, spec.model_dump(mode="json"))
     return _train(spec, job, rundir, stop)
@@ -108,8 +110,14 @@ def _prepare(spec: JobSpec) -> dict[str, Any]:
     try:
         arrays = load_arrays(spec.data, spec.seed)
     except Exception as e:  # noqa: BLE001 - a corrupt file can raise anything (zlib.error, EOFError, MemoryError)
-        reason = str(e) if isinstance(e, (DataError, ValueError, OSError)) else f"{type(e).__name__}: {e}"
-        raise InvalidJob(f"Cannot load the data: {reason}", [{"field": "data", "message": reason}]) from e
+        reason = (
+            str(e)
+            if isinstance(e, (DataError, ValueError, OSError))
+            else f"{type(e).__name__}: {e}"
+        )
+        raise InvalidJob(
+            f"Cannot load the data: {reason}", [{"field": "data", "message": reason}]
+        ) from e
 
     import keras
     import tensorflow as tf
@@ -193,7 +201,12 @@ def _train(spec: JobSpec, job: dict[str, Any], rundir: RunDir, stop: threading.E
         }
         if summary.outcome is Outcome.CANCELLED:
             progress.write("end", step=step, total=total, outcome="cancelled", phase="done")
-            return _write_result(rundir, Outcome.CANCELLED, f"Stopped by SIGTERM at step {step}, after a checkpoint.", **fields)
+            return _write_result(
+                rundir,
+                Outcome.CANCELLED,
+                f"Stopped by SIGTERM at step {step}, after a checkpoint.",
+                **fields,
+            )
         progress.write("phase", step=step, total=total, phase="exporting")
         export_model(trainer, arrays.image_shape, rundir.export)
         fields["export"] = "export"
@@ -207,7 +220,9 @@ def _train(spec: JobSpec, job: dict[str, Any], rundir: RunDir, stop: threading.E
         log.error("training failed:\n%s", traceback.format_exc())
         step = controller.at_step if controller is not None else step
         progress.write("end", step=step, total=total, outcome="failed", phase="done")
-        return _write_result(rundir, Outcome.FAILED, f"{type(e).__name__}: {e}", step=step, total=total)
+        return _write_result(
+            rundir, Outcome.FAILED, f"{type(e).__name__}: {e}", step=step, total=total
+        )
     finally:
         summaries.close()
         progress.close()

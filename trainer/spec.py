@@ -47,7 +47,12 @@ def _validate_nested(model: type[BaseModel], raw: dict[str, Any], field: str) ->
         return model.model_validate(raw)
     except ValidationError as e:
         line_errors = [
-            {"type": err["type"], "loc": (field, *err["loc"]), "input": err["input"], "ctx": err.get("ctx", {})}
+            {
+                "type": err["type"],
+                "loc": (field, *err["loc"]),
+                "input": err["input"],
+                "ctx": err.get("ctx", {}),
+            }
             for err in e.errors(include_url=False)
         ]
         raise ValidationError.from_exception_data(model.__name__, line_errors) from None  # type: ignore[arg-type]
@@ -65,7 +70,9 @@ class _Strict(BaseModel):
 class MlpParams(_Strict):
     """`mlp`: flatten, hidden dense layers with ReLU, logits."""
 
-    hidden: list[LayerWidth] = Field(default_factory=lambda: [500], min_length=1, max_length=MAX_LAYERS)
+    hidden: list[LayerWidth] = Field(
+        default_factory=lambda: [500], min_length=1, max_length=MAX_LAYERS
+    )
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
 
 
@@ -152,7 +159,9 @@ class AugmentSpec(_Strict):
 class SyntheticParams(_Strict):
     """`synthetic` data: class prototypes plus noise, learnable, generated from the seed."""
 
-    shape: list[PositiveInt] = Field(default_factory=lambda: [28, 28, 1], min_length=2, max_length=3)
+    shape: list[PositiveInt] = Field(
+        default_factory=lambda: [28, 28, 1], min_length=2, max_length=3
+    )
     classes: int = Field(10, ge=2, le=10_000)
     size: int = Field(4096, ge=2, le=10_000_000)
     noise: float = Field(0.3, ge=0.0, le=10.0)
@@ -186,11 +195,15 @@ class DataSpec(_Strict):
     def _check_source(self) -> DataSpec:
         if self.format == "synthetic":
             if self.path is not None:
-                raise ValueError(f"`path` must be empty for synthetic data. Received: {self.path!r}")
+                raise ValueError(
+                    f"`path` must be empty for synthetic data. Received: {self.path!r}"
+                )
             self.params = _validate_nested(SyntheticParams, self.params, "params").model_dump()
         else:
             if not self.path:
-                raise ValueError(f"`path` is required for {self.format!r} data. Received: {self.path!r}")
+                raise ValueError(
+                    f"`path` is required for {self.format!r} data. Received: {self.path!r}"
+                )
             if self.params:
                 raise ValueError(
                     f"`params` is only for synthetic data. Received: {sorted(self.params)}"

@@ -65,20 +65,36 @@ class SummaryManager:
     def scalars(self, subdir: str, values: Mapping[str, float], step: int) -> None:
         summary = summary_pb2.Summary()
         for tag, value in values.items():
-            summary.value.add(tag=tag, metadata=_SCALAR, tensor=tensor_util.make_tensor_proto(float(value), dtype=np.float32))
+            summary.value.add(
+                tag=tag,
+                metadata=_SCALAR,
+                tensor=tensor_util.make_tensor_proto(float(value), dtype=np.float32),
+            )
         self._write_proto(subdir, summary, step)
 
-    def histograms(self, subdir: str, tensors: Mapping[str, tf.Tensor | np.ndarray], step: int) -> None:
+    def histograms(
+        self, subdir: str, tensors: Mapping[str, tf.Tensor | np.ndarray], step: int
+    ) -> None:
         """One histogram per tensor (note: copies each tensor to the host)."""
         if self.logdir is None:
             return
         summary = summary_pb2.Summary()
         for tag, tensor in tensors.items():
-            values = tensor.numpy() if isinstance(tensor, tf.Tensor | tf.Variable) else np.asarray(tensor)
-            summary.value.add(tag=tag, metadata=_HISTOGRAM, tensor=tensor_util.make_tensor_proto(histogram_buckets(values)))
+            values = (
+                tensor.numpy()
+                if isinstance(tensor, tf.Tensor | tf.Variable)
+                else np.asarray(tensor)
+            )
+            summary.value.add(
+                tag=tag,
+                metadata=_HISTOGRAM,
+                tensor=tensor_util.make_tensor_proto(histogram_buckets(values)),
+            )
         self._write_proto(subdir, summary, step)
 
-    def images(self, subdir: str, images: Mapping[str, tf.Tensor | np.ndarray], step: int, max_images: int) -> None:
+    def images(
+        self, subdir: str, images: Mapping[str, tf.Tensor | np.ndarray], step: int, max_images: int
+    ) -> None:
         """Image grids; channel counts TensorBoard cannot show (not 1, 3 or 4) show channel 0."""
         with self.writer(subdir).as_default(step=step):
             for tag, batch in images.items():
@@ -104,4 +120,3 @@ class SummaryManager:
 def variable_tag(name: str) -> str:
     """A TensorBoard-friendly tag for a variable path (`dense/kernel` stays as it is)."""
     return name.replace(":", "_")
-

@@ -42,7 +42,9 @@ def tower_sizes(batch: tf.Tensor, towers: int) -> tf.Tensor:
     return base + extra
 
 
-def _shards(images: tf.Tensor, labels: tf.Tensor, sizes: tf.Tensor, towers: int) -> list[tuple[tf.Tensor, tf.Tensor, tf.Tensor]]:
+def _shards(
+    images: tf.Tensor, labels: tf.Tensor, sizes: tf.Tensor, towers: int
+) -> list[tuple[tf.Tensor, tf.Tensor, tf.Tensor]]:
     """Each tower's (images, labels, weight); an empty shard becomes example 0 at weight 0."""
     if towers == 1:  # the whole batch, with no split or guard to pay for
         return [(images, labels, tf.constant(1.0))]
@@ -58,7 +60,11 @@ def _shards(images: tf.Tensor, labels: tf.Tensor, sizes: tf.Tensor, towers: int)
 
 
 def _batch_norm_layers(model: keras.Model) -> list[keras.layers.BatchNormalization]:
-    return [layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.BatchNormalization)]
+    return [
+        layer
+        for layer in model._flatten_layers()
+        if isinstance(layer, keras.layers.BatchNormalization)
+    ]
 
 
 def _is_weight_decayed(var: keras.Variable) -> bool:
@@ -113,9 +119,15 @@ class TowerTrainer:
         self._variables = list(model.trainable_variables)
         # With one tower, batch norm updates its statistics in place, as in a plain step;
         # with more, the step takes each tower's update and averages them.
-        self._bn_variables = [
-            var for layer in _batch_norm_layers(model) for var in (layer.moving_mean, layer.moving_variance)
-        ] if len(tower_devices) > 1 else []
+        self._bn_variables = (
+            [
+                var
+                for layer in _batch_norm_layers(model)
+                for var in (layer.moving_mean, layer.moving_variance)
+            ]
+            if len(tower_devices) > 1
+            else []
+        )
         with tf.device(parameter_device):
             # Built now, not on the first step, so slots exist (on the parameter device)
             # before a checkpoint is restored into them.
@@ -125,15 +137,21 @@ class TowerTrainer:
         self.ema = WeightEMA(self._variables, ema_decay, parameter_device) if ema_decay else None
 
         # A subclassed model has no `input_shape`; the caller then says what it takes.
-        image_shape = tuple(input_shape) if input_shape is not None else tuple(model.input_shape[1:])
+        image_shape = (
+            tuple(input_shape) if input_shape is not None else tuple(model.input_shape[1:])
+        )
         image_spec = tf.TensorSpec([None, *image_shape], tf.float32)
         label_spec = tf.TensorSpec([None], tf.int32)
         flag_spec = tf.TensorSpec([], tf.bool)
-        self.train_function = tf.function(self._train_step, input_signature=[image_spec, label_spec, flag_spec])
+        self.train_function = tf.function(
+            self._train_step, input_signature=[image_spec, label_spec, flag_spec]
+        )
         self.eval_step = tf.function(self._eval_step, input_signature=[image_spec, label_spec])
         self._flags = {flag: tf.constant(flag) for flag in (False, True)}  # made once, not per step
 
-    def train_step(self, images: tf.Tensor, labels: tf.Tensor, with_grad_norm: bool = False) -> dict[str, tf.Tensor]:
+    def train_step(
+        self, images: tf.Tensor, labels: tf.Tensor, with_grad_norm: bool = False
+    ) -> dict[str, tf.Tensor]:
         return self.train_function(images, labels, self._flags[with_grad_norm])
 
     @property
@@ -151,7 +169,9 @@ class TowerTrainer:
             correct = tf.cast(tf.equal(tf.cast(logits > 0, tf.int32), labels), tf.float32)
         else:
             loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
-            correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32)
+            correct = tf.cast(
+                tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32
+            )
         return loss, correct
 
     def _gradients(self, tape: tf.GradientTape, target: tf.Tensor, warn: bool) -> list[tf.Tensor]:
@@ -163,10 +183,18 @@ class TowerTrainer:
         grads = tape.gradient(target, self._variables)
         unreached = [v.path for v, g in zip(self._variables, grads, strict=True) if g is None]
         if unreached and warn:
-            log.warning("No gradient reaches %s: they are not trained (does the model use them?)", ", ".join(unreached))
-        return [tf.zeros_like(v) if g is None else g for v, g in zip(self._variables, grads, strict=True)]
+            log.warning(
+                "No gradient reaches %s: they are not trained (does the model use them?)",
+                ", ".join(unreached),
+            )
+        return [
+            tf.zeros_like(v) if g is None else g
+            for v, g in zip(self._variables, grads, strict=True)
+        ]
 
-    def _train_step(self, images: tf.Tensor, labels: tf.Tensor, with_grad_norm: tf.Tensor) -> dict[str, tf.Tensor]:
+    def _train_step(
+        self, images: tf.Tensor, labels: tf.Tensor, with_grad_norm: tf.Tensor
+    ) -> dict[str, tf.Tensor]:
         batch = tf.shape(images)[0]
         batch_f = tf.cast(batch, tf.float32)
         sizes = tower_sizes(batch, self.num_towers)
@@ -194,7 +222,8 @@ class TowerTrainer:
 
         with tf.device(self.parameter_device), tf.name_scope("average"):
             grads = [
-                tf.add_n([tf.convert_to_tensor(g[k]) for g in tower_grads]) for k in range(len(self._variables))
+                tf.add_n([tf.convert_to_tensor(g[k]) for g in tower_grads])
+                for k in range(len(self._variables))
             ]
             if self.weight_decay:
                 grads = [
@@ -206,14 +235,18 @@ class TowerTrainer:
                 grad_norm = tf.linalg.global_norm(grads)
                 grads, _ = tf.clip_by_global_norm(grads, self.clip_norm, use_norm=grad_norm)
             else:
-                grad_norm = tf.cond(with_grad_norm, lambda: tf.linalg.global_norm(averaged), lambda: 0.0)
+                grad_norm = tf.cond(
+                    with_grad_norm, lambda: tf.linalg.global_norm(averaged), lambda: 0.0
+                )
             learning_rate = self.current_learning_rate()
             self._apply(grads, learning_rate)
             if self._bn_variables:
                 shares = tf.cast(sizes, tf.float32) / batch_f
                 for k, var in enumerate(self._bn_variables):
                     # A stand-in shard has share zero, so it does not move the statistics.
-                    var.assign(tf.add_n([shares[i] * bn_updates[i][k] for i in range(self.num_towers)]))
+                    var.assign(
+                        tf.add_n([shares[i] * bn_updates[i][k] for i in range(self.num_towers)])
+                    )
             self.step.assign_add(1)
             if self.ema is not None:
                 self.ema.update(self.step)

@@ -48,7 +48,10 @@ def _handle(variable: keras.Variable) -> tf.Tensor:
 
 
 def make_apply(
-    optimizer: keras.optimizers.Optimizer, variables: Sequence[keras.Variable], *, fused: bool = True
+    optimizer: keras.optimizers.Optimizer,
+    variables: Sequence[keras.Variable],
+    *,
+    fused: bool = True,
 ) -> Apply:
     """A function `apply(grads, learning_rate)` that updates `variables` in place.
 
@@ -62,7 +65,10 @@ def make_apply(
     keras_only = _keras_only_features(optimizer)
     if not fused or keras_only or kind not in (keras.optimizers.SGD, keras.optimizers.Adam):
         if fused:
-            log.info("updates through Keras: %s", ", ".join(keras_only) or f"no fused kernel for {kind.__name__}")
+            log.info(
+                "updates through Keras: %s",
+                ", ".join(keras_only) or f"no fused kernel for {kind.__name__}",
+            )
 
         def keras_apply(grads: Sequence[tf.Tensor], learning_rate: tf.Tensor) -> None:
             optimizer.apply_gradients(zip(grads, variables, strict=True))

@@ -123,7 +123,9 @@ def test_read_without_token_when_auth_off(make_service: Callable[..., Service]) 
 
 
 def test_openapi_declares_the_token(secured: Service, service: Service) -> None:
-    schema = httpx.get(f"{secured.base_url}/openapi.json", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+    schema = httpx.get(
+        f"{secured.base_url}/openapi.json", headers={"Authorization": f"Bearer {TOKEN}"}
+    ).json()
     assert schema["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
     assert schema["security"] == [{"bearer": []}]
     assert schema["paths"]["/healthz"]["get"]["security"] == []  # open, and said to be

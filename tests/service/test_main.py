@@ -109,7 +109,9 @@ def _raw_get_status(port: int, target: str) -> int:
     """The status of `GET target` sent byte for byte, as a client that does not normalise
     paths would send it."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        sock.sendall(
+            f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode()
+        )
         status_line = sock.makefile("rb").readline().decode("latin-1")
     version, status, _ = status_line.split(" ", 2)
     assert version == "HTTP/1.1", status_line

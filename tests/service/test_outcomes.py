@@ -110,9 +110,7 @@ def test_interrupted_exit_3_without_cancel_request_requeues() -> None:
 
 def test_interrupted_adopted_result_cancelled_without_cancel_request_requeues() -> None:
     why = interrupted(WorkerExit(), {"outcome": "cancelled"}, cancel_requested=False)
-    assert why == (
-        "its worker was stopped by a SIGTERM nobody asked for (result.json: cancelled)"
-    )
+    assert why == ("its worker was stopped by a SIGTERM nobody asked for (result.json: cancelled)")
 
 
 @pytest.mark.parametrize(
@@ -135,7 +133,10 @@ def test_interrupted_only_for_an_unasked_sigterm_stop(
 
 
 def test_crashed_only_for_a_signal_that_was_not_a_cancel() -> None:
-    assert crashed(WorkerExit(signal=9), cancel_requested=False) == "its worker was killed by SIGKILL (9)"
+    assert (
+        crashed(WorkerExit(signal=9), cancel_requested=False)
+        == "its worker was killed by SIGKILL (9)"
+    )
     assert crashed(WorkerExit(signal=9), cancel_requested=True) is None
     assert crashed(WorkerExit(code=1), cancel_requested=False) is None
     assert crashed(WorkerExit(), cancel_requested=False) is None  # adopted: no signal known

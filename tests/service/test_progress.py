@@ -44,7 +44,18 @@ def test_fold_progress_phase_says_how_far_until_the_phase_changes() -> None:
     assert progress is not None
     assert (progress["phase"], progress["phase_done"], progress["phase_total"]) == ("eval", 31, 50)
     progress, _, _ = fold_progress(
-        progress, None, [{"time": 4.0, "event": "eval", "step": 20, "total": 40, "eval_loss": 1.0, "phase": "eval"}]
+        progress,
+        None,
+        [
+            {
+                "time": 4.0,
+                "event": "eval",
+                "step": 20,
+                "total": 40,
+                "eval_loss": 1.0,
+                "phase": "eval",
+            }
+        ],
     )
     assert progress is not None and "phase_done" not in progress and "phase_total" not in progress
 

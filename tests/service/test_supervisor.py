@@ -176,10 +176,7 @@ def test_worker_sigterm_without_cancel_requeued_and_resumes(
     assert first_end["outcome"] == "cancelled"
     service.wait_for(
         job_id,
-        lambda job: (
-            job["attempts"] == 2
-            and checkpoint_step(job) > first_end["step"]
-        ),
+        lambda job: job["attempts"] == 2 and checkpoint_step(job) > first_end["step"],
         what="a checkpoint of the second attempt",
     )
 
@@ -361,7 +358,9 @@ def test_restart_finds_a_worker_whose_pid_was_never_stored(
     assert adopted["state"] == "running" and adopted["attempts"] == 1
     assert worker_pids(service, job_id) == [pid]
     step = adopted["progress"]["step"]
-    service.wait_for(job_id, lambda job: job["progress"]["step"] > step, what="progress while adopted")
+    service.wait_for(
+        job_id, lambda job: job["progress"]["step"] > step, what="progress while adopted"
+    )
     assert service.client.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 202
     assert service.wait_state(job_id, "cancelled", "failed", "succeeded")["state"] == "cancelled"
     assert worker_pids(service, job_id) == []
@@ -377,7 +376,12 @@ def test_stop_signal_stops_starting_workers(
     store = JobStore(settings.db_path)
 
     def supervisor() -> Supervisor:
-        return Supervisor(settings=settings, store=store, pool=DevicePool.from_settings(settings), publish=lambda _: None)
+        return Supervisor(
+            settings=settings,
+            store=store,
+            pool=DevicePool.from_settings(settings),
+            publish=lambda _: None,
+        )
 
     job = store.create(JobSpec.model_validate(job_spec(name="waits")).model_dump(mode="json"))
     stopping = supervisor()
@@ -404,17 +408,25 @@ def test_stop_workers_on_exit_checkpoints_them_for_the_next_service(
     # In a container the stop kills every process, so with TOWERBOARD_STOP_WORKERS_ON_EXIT
     # the service SIGTERMs its workers on the way out and waits while they checkpoint: the
     # next service resumes the job from the step it stopped at.
-    service, job_id = long_job_checkpointed(make_service, {"TOWERBOARD_STOP_WORKERS_ON_EXIT": "true"})
+    service, job_id = long_job_checkpointed(
+        make_service, {"TOWERBOARD_STOP_WORKERS_ON_EXIT": "true"}
+    )
     service.stop()  # SIGTERM
     assert service.process is not None and service.process.returncode is not None
     assert worker_pids(service, job_id) == [], "the worker outlived the service"
     (stopped,) = [line for line in progress_lines(service, job_id) if line["event"] == "end"]
     assert stopped["outcome"] == "cancelled"
-    assert (service.data_dir / "runs" / job_id / "checkpoints" / f"ckpt-{stopped['step']}.index").exists()
+    assert (
+        service.data_dir / "runs" / job_id / "checkpoints" / f"ckpt-{stopped['step']}.index"
+    ).exists()
 
     service.start()
-    service.wait_for(job_id, lambda job: job["attempts"] == 2 and job["state"] == "running", what="the restart")
-    service.wait_for(job_id, lambda job: job["progress"]["step"] > stopped["step"], what="progress after it")
+    service.wait_for(
+        job_id, lambda job: job["attempts"] == 2 and job["state"] == "running", what="the restart"
+    )
+    service.wait_for(
+        job_id, lambda job: job["progress"]["step"] > stopped["step"], what="progress after it"
+    )
     starts = [line["step"] for line in progress_lines(service, job_id) if line["event"] == "start"]
     assert starts == [0, stopped["step"]]
     assert service.client.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 202

@@ -52,7 +52,9 @@ def write_idx_pair(
     write_idx(folder / f"{prefix}-labels-idx1-ubyte{suffix}", y)
 
 
-def write_tfrecord(path: Path, x: np.ndarray, y: np.ndarray | list[int], shape_features: str = "hwc") -> Path:
+def write_tfrecord(
+    path: Path, x: np.ndarray, y: np.ndarray | list[int], shape_features: str = "hwc"
+) -> Path:
     """`image_raw` bytes, `label`, and `pixels` or `height`/`width`/`channels` per record."""
 
     def ints(*values: int) -> tf.train.Feature:
@@ -330,7 +332,9 @@ def test_load_arrays_npz_wrong_dims(tmp_path: Path) -> None:
     )
 
 
-@pytest.mark.parametrize("shape", [(3, 0, 8), (3, 8, 0), (3, 8, 8, 0)], ids=["no-rows", "no-columns", "no-channels"])
+@pytest.mark.parametrize(
+    "shape", [(3, 0, 8), (3, 8, 0), (3, 8, 8, 0)], ids=["no-rows", "no-columns", "no-channels"]
+)
 def test_load_arrays_npz_images_without_pixels(tmp_path: Path, shape: tuple[int, ...]) -> None:
     # Trained on, these abort the worker inside oneDNN with no result.json.
     message = _npz_error(tmp_path, x=np.zeros(shape, np.float32), y=[0, 1, 2])
@@ -428,13 +432,18 @@ def _cut_short(path: Path) -> None:
     ],
     ids=["random-bytes", "npy", "cut-short"],
 )
-def test_load_arrays_npz_that_is_not_a_zip(tmp_path: Path, write: Callable[[Path], None], what: str) -> None:
+def test_load_arrays_npz_that_is_not_a_zip(
+    tmp_path: Path, write: Callable[[Path], None], what: str
+) -> None:
     # Not numpy's "pickled data" refusal, nor a TypeError from a lone .npy array.
     path = tmp_path / "x.npz"
     write(path)
     with pytest.raises(DataError) as error:
         load_arrays(spec("npz", path), seed=0)
-    assert str(error.value) == f"Expected an .npz file (a zip archive of .npy arrays). Received: {what} ({path})"
+    assert (
+        str(error.value)
+        == f"Expected an .npz file (a zip archive of .npy arrays). Received: {what} ({path})"
+    )
 
 
 def test_load_arrays_missing_path_is_data_files_error(tmp_path: Path) -> None:
@@ -521,7 +530,9 @@ def test_load_arrays_tfrecord_cut_short(tmp_path: Path) -> None:
         load_arrays(spec("tfrecord", path), seed=0)
 
     message = str(error.value)
-    assert message.startswith("Expected readable TFRecord files. Received: a damaged, cut-short or non-TFRecord file: ")
+    assert message.startswith(
+        "Expected readable TFRecord files. Received: a damaged, cut-short or non-TFRecord file: "
+    )
     assert "truncated record" in message and message.endswith(f" ({path})")
     assert "function_node" not in message and "[Op:" not in message
 
@@ -765,7 +776,10 @@ def test_eval_dataset_yields_eval_examples_once_in_order() -> None:
 def test_eval_dataset_stops_after_the_batches_asked_for() -> None:
     arrays = arrays_of(4, n_eval=7)
 
-    assert [y.tolist() for _, y in batches(eval_dataset(arrays, 3, batches=2), 100)] == [[4, 5, 6], [7, 8, 9]]
+    assert [y.tolist() for _, y in batches(eval_dataset(arrays, 3, batches=2), 100)] == [
+        [4, 5, 6],
+        [7, 8, 9],
+    ]
     assert len(batches(eval_dataset(arrays, 3, batches=10), 100)) == 3
 
 

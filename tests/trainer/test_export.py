@@ -73,9 +73,13 @@ def test_export_of_a_binary_model_answers_sigmoid_and_a_class_per_example(tmp_pa
 
     export_model(trainer, SHAPE, tmp_path / "export")
 
-    answer = tf.saved_model.load(str(tmp_path / "export")).signatures["serving_default"](images=tf.constant(x))
+    answer = tf.saved_model.load(str(tmp_path / "export")).signatures["serving_default"](
+        images=tf.constant(x)
+    )
     assert answer["probabilities"].shape == (16, 1)
-    np.testing.assert_allclose(answer["probabilities"].numpy(), tf.sigmoid(logits).numpy(), atol=1e-6)
+    np.testing.assert_allclose(
+        answer["probabilities"].numpy(), tf.sigmoid(logits).numpy(), atol=1e-6
+    )
     assert answer["classes"].shape == (16,)
     np.testing.assert_array_equal(answer["classes"].numpy(), (logits[:, 0] > 0).astype(np.int32))
 

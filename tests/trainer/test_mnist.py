@@ -8,7 +8,12 @@ from tests.trainer.test_run import run_worker
 from trainer.data import load_arrays
 from trainer.spec import DataSpec
 
-MNIST = __import__("pathlib").Path(__file__).resolve().parents[2].parent / "shared" / "data" / "mnist-t10k"
+MNIST = (
+    __import__("pathlib").Path(__file__).resolve().parents[2].parent
+    / "shared"
+    / "data"
+    / "mnist-t10k"
+)
 
 
 @pytest.mark.slow

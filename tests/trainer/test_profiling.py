@@ -26,13 +26,22 @@ def host_plane(space) -> None:
 def gpu_plane(space) -> None:
     plane = space.planes.add(name="/device:GPU:0")
     plane.event_metadata[1].name = "ampere_sgemm_128x64_nn"
-    for key, name in ((1, "tf_op"), (2, "tower_0/dense/MatMul:MatMul"), (3, "tower_1/dense/MatMul:MatMul"), (4, "correlation_id")):
+    for key, name in (
+        (1, "tf_op"),
+        (2, "tower_0/dense/MatMul:MatMul"),
+        (3, "tower_1/dense/MatMul:MatMul"),
+        (4, "correlation_id"),
+    ):
         plane.stat_metadata[key].name = name
     line = plane.lines.add(name="Stream #7(Kernel)")
     line.events.add(metadata_id=1, duration_ps=2 * MS).stats.add(metadata_id=1, ref_value=2)
     line.events.add(metadata_id=1, duration_ps=3 * MS).stats.add(metadata_id=1, ref_value=3)
-    line.events.add(metadata_id=1, duration_ps=1 * MS).stats.add(metadata_id=1, str_value="tower_1/dense/BiasAdd:BiasAdd")
-    line.events.add(metadata_id=1, duration_ps=5 * MS).stats.add(metadata_id=4, int64_value=9)  # no op: not a tower's
+    line.events.add(metadata_id=1, duration_ps=1 * MS).stats.add(
+        metadata_id=1, str_value="tower_1/dense/BiasAdd:BiasAdd"
+    )
+    line.events.add(metadata_id=1, duration_ps=5 * MS).stats.add(
+        metadata_id=4, int64_value=9
+    )  # no op: not a tower's
 
 
 def write(tmp_path: Path, *planes) -> Path:

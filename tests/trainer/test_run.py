@@ -27,7 +27,12 @@ TINY = {
     "batch_size": 32,
     "steps": 40,
     "eval": {"every_steps": 20, "batches": 2},
-    "summaries": {"scalars_every": 5, "histograms_every": 20, "images_every": 20, "trace_steps": [6, 7]},
+    "summaries": {
+        "scalars_every": 5,
+        "histograms_every": 20,
+        "images_every": 20,
+        "trace_steps": [6, 7],
+    },
     "checkpoint": {"every_steps": 20, "every_seconds": 0, "keep": 3},
 }
 
@@ -38,7 +43,9 @@ def with_(base: dict, **changes) -> dict:
     return spec
 
 
-def start_worker(job_dir: Path, spec: dict | None = None, spec_file: Path | None = None, env=None) -> subprocess.Popen:
+def start_worker(
+    job_dir: Path, spec: dict | None = None, spec_file: Path | None = None, env=None
+) -> subprocess.Popen:
     job_dir.mkdir(parents=True, exist_ok=True)
     args = [sys.executable, "-m", "trainer", "run", "--job-dir", str(job_dir)]
     if spec is not None:
@@ -46,7 +53,12 @@ def start_worker(job_dir: Path, spec: dict | None = None, spec_file: Path | None
     if spec_file is not None:
         args += ["--spec", str(spec_file)]
     return subprocess.Popen(
-        args, cwd=REPO, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        args,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 
@@ -57,7 +69,9 @@ def run_worker(job_dir: Path, spec: dict | None = None, **kw) -> tuple[int, dict
 
 
 def tags_by_plugin(logdir: Path) -> dict[str, set[str]]:
-    acc = event_accumulator.EventAccumulator(str(logdir), size_guidance={event_accumulator.TENSORS: 0})
+    acc = event_accumulator.EventAccumulator(
+        str(logdir), size_guidance={event_accumulator.TENSORS: 0}
+    )
     acc.Reload()
     found: dict[str, set[str]] = {}
     for tag in acc.Tags()["tensors"]:
@@ -81,7 +95,10 @@ def test_run_job_succeeds_and_writes_run_dir(tiny_run):
     assert result["outcome"] == "succeeded" and result["step"] == 40 and result["total"] == 40
     assert result["checkpoint"] == "checkpoints/ckpt-40" and result["export"] == "export"
     assert 0.0 <= result["eval"]["accuracy"] <= 1.0
-    assert sorted(p.name for p in (job_dir / "checkpoints").glob("*.index")) == ["ckpt-20.index", "ckpt-40.index"]
+    assert sorted(p.name for p in (job_dir / "checkpoints").glob("*.index")) == [
+        "ckpt-20.index",
+        "ckpt-40.index",
+    ]
     assert (job_dir / "export" / "saved_model.pb").exists()
     restored = tf.saved_model.load(str(job_dir / "export"))
     logits = restored.serve(tf.zeros([3, 8, 8, 1]))
@@ -96,11 +113,21 @@ def test_run_job_reports_progress(tiny_run):
     assert {"progress", "eval", "checkpoint", "trace"} <= set(kinds)
     last = [e for e in events if e["event"] == "progress"][-1]
     assert last["step"] == 40 and last["total"] == 40
-    assert set(last) >= {"loss", "accuracy", "examples_per_sec", "eta_seconds", "learning_rate", "phase", "tower_ms"}
+    assert set(last) >= {
+        "loss",
+        "accuracy",
+        "examples_per_sec",
+        "eta_seconds",
+        "learning_rate",
+        "phase",
+        "tower_ms",
+    }
     checkpoints = [e["checkpoint"] for e in events if e["event"] == "checkpoint"]
     assert checkpoints == ["checkpoints/ckpt-20", "checkpoints/ckpt-40"]
     # Each eval (steps 20 and 40) says first how many batches it has: TINY asks for 2.
-    starts = [e for e in events if e["event"] == "phase" and e["phase"] == "eval" and e["phase_done"] == 0]
+    starts = [
+        e for e in events if e["event"] == "phase" and e["phase"] == "eval" and e["phase_done"] == 0
+    ]
     assert [(e["step"], e["phase_total"]) for e in starts] == [(20, 2), (40, 2)]
 
 
@@ -130,7 +157,10 @@ def test_run_job_writes_every_summary_kind(tiny_run):
         "tower_0/loss", "tower_1/loss", "tower_0/compute_ms", "tower_1/compute_ms",
     }  # fmt: skip
     assert train["histograms"] == {
-        f"{kind}/{layer}/{var}" for kind in ("weights", "gradients") for layer in ("dense", "logits") for var in ("kernel", "bias")
+        f"{kind}/{layer}/{var}"
+        for kind in ("weights", "gradients")
+        for layer in ("dense", "logits")
+        for var in ("kernel", "bias")
     }
     assert train["images"] == {"tower_0/inputs", "tower_1/inputs"}
     assert "graph" in train
@@ -142,14 +172,18 @@ def test_run_job_step_time_is_the_steps_alone(tiny_run):
     # checkpoints between steps. Counted in, the step-5 point was ~100x a usual step; a
     # noisy machine moves points by a few times at most.
     job_dir, _, _ = tiny_run
-    acc = event_accumulator.EventAccumulator(str(job_dir / "tb" / "train"), size_guidance={"tensors": 0})
+    acc = event_accumulator.EventAccumulator(
+        str(job_dir / "tb" / "train"), size_guidance={"tensors": 0}
+    )
     acc.Reload()
     times = {e.step: float(tf.make_ndarray(e.tensor_proto)) for e in acc.Tensors("step_time_ms")}
     assert sorted(times) == list(range(5, 41, 5))
     assert max(times.values()) < 20 * float(np.median(list(times.values()))), times
     # Examples are counted, not assumed: TINY trains on 410 examples, 13 batches an epoch
     # whose last (steps 13, 26, 39) holds 26. Step 1 (tracing) is left out of the times.
-    rates = {e.step: float(tf.make_ndarray(e.tensor_proto)) for e in acc.Tensors("examples_per_sec")}
+    rates = {
+        e.step: float(tf.make_ndarray(e.tensor_proto)) for e in acc.Tensors("examples_per_sec")
+    }
     for s in times:
         timed = [t for t in range(s - 4, s + 1) if t > 1]
         examples = sum(26 if t % 13 == 0 else 32 for t in timed)
@@ -162,7 +196,11 @@ def test_epochs_train_partial_batches_and_scalars_count_their_examples(tmp_path)
     # example, and tower 1 writes no loss where it had no examples (0 would plot as perfect).
     spec = with_(
         TINY,
-        data={"format": "synthetic", "eval_fraction": 0.0, "params": {"shape": [4, 4], "classes": 2, "size": 10}},
+        data={
+            "format": "synthetic",
+            "eval_fraction": 0.0,
+            "params": {"shape": [4, 4], "classes": 2, "size": 10},
+        },
         batch_size=9,
         steps=None,
         epochs=2,
@@ -171,7 +209,9 @@ def test_epochs_train_partial_batches_and_scalars_count_their_examples(tmp_path)
     code, result, log = run_worker(tmp_path / "job", spec)
     assert code == 0, log
     assert result["step"] == result["total"] == 4
-    acc = event_accumulator.EventAccumulator(str(tmp_path / "job" / "tb" / "train"), size_guidance={"tensors": 0})
+    acc = event_accumulator.EventAccumulator(
+        str(tmp_path / "job" / "tb" / "train"), size_guidance={"tensors": 0}
+    )
     acc.Reload()
 
     def series(tag: str) -> dict[int, float]:
@@ -190,7 +230,9 @@ def test_run_job_of_one_step_has_no_speed_to_report(tmp_path):
     spec = with_(TINY, steps=1, eval={"every_steps": 0}, summaries={"trace_steps": []})
     code, result, log = run_worker(tmp_path / "one", spec)
     assert code == 0, log
-    [report] = [e for e in read_progress(tmp_path / "one" / "progress.jsonl")[0] if e["event"] == "progress"]
+    [report] = [
+        e for e in read_progress(tmp_path / "one" / "progress.jsonl")[0] if e["event"] == "progress"
+    ]
     assert report["step"] == 1 and report["examples_per_sec"] is None
     assert result["metrics"]["examples_per_sec"] is None and result["metrics"]["loss"] > 0
 
@@ -200,9 +242,13 @@ def test_run_job_traces_each_tower(tiny_run):
     traces = list((job_dir / "tb" / "plugins" / "profile").glob("*/*.xplane.pb"))
     assert len(traces) == 1
     names = trace_op_names(traces[0])
-    assert any(n.startswith("tower_0/") for n in names) and any(n.startswith("tower_1/") for n in names)
+    assert any(n.startswith("tower_0/") for n in names) and any(
+        n.startswith("tower_1/") for n in names
+    )
     # The compute time the job reported is the one the trace holds (2 traced steps).
-    reported = [e for e in read_progress(job_dir / "progress.jsonl")[0] if e["event"] == "trace"][0]["tower_ms"]
+    reported = [e for e in read_progress(job_dir / "progress.jsonl")[0] if e["event"] == "trace"][
+        0
+    ]["tower_ms"]
     assert reported == tower_times_ms(traces[0], towers=2, steps=2)
     assert all(ms > 0 for ms in reported)
 
@@ -220,7 +266,9 @@ def test_restart_at_the_final_checkpoint_keeps_the_train_metrics(tiny_run, tmp_p
     assert result["outcome"] == "succeeded" and result["step"] == 40
     assert result["metrics"]["loss"] == pytest.approx(first["metrics"]["loss"], abs=1e-6)
     assert result["metrics"]["accuracy"] == pytest.approx(first["metrics"]["accuracy"], abs=1e-6)
-    assert result["metrics"]["examples_per_sec"] == pytest.approx(first["metrics"]["examples_per_sec"], abs=0.01)
+    assert result["metrics"]["examples_per_sec"] == pytest.approx(
+        first["metrics"]["examples_per_sec"], abs=0.01
+    )
     assert (again / "export" / "saved_model.pb").exists()
 
 
@@ -246,7 +294,12 @@ def test_resume_after_sigterm_equals_uninterrupted(tmp_path):
         TINY,
         steps=1500,
         deterministic=True,
-        summaries={"scalars_every": 50, "histograms_every": 0, "images_every": 0, "trace_steps": []},
+        summaries={
+            "scalars_every": 50,
+            "histograms_every": 0,
+            "images_every": 0,
+            "trace_steps": [],
+        },
         eval={"every_steps": 0, "batches": 1},
         checkpoint={"every_steps": 100, "every_seconds": 0, "keep": 2},
     )
@@ -257,7 +310,9 @@ def test_resume_after_sigterm_equals_uninterrupted(tmp_path):
     proc = start_worker(interrupted, spec)
     deadline = time.monotonic() + 120
     while not (interrupted / "checkpoints" / "ckpt-100.index").exists():
-        assert proc.poll() is None and time.monotonic() < deadline, "worker ended before its first checkpoint"
+        assert proc.poll() is None and time.monotonic() < deadline, (
+            "worker ended before its first checkpoint"
+        )
         time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
     log, _ = proc.communicate(timeout=120)
@@ -272,7 +327,11 @@ def test_resume_after_sigterm_equals_uninterrupted(tmp_path):
     assert resumed["step"] == 1500
     a = tf.train.load_checkpoint(str(tmp_path / "whole" / "checkpoints" / "ckpt-1500"))
     b = tf.train.load_checkpoint(str(interrupted / "checkpoints" / "ckpt-1500"))
-    names = [n for n in a.get_variable_to_shape_map() if n.startswith(("model/", "seed_states/", "optimizer/"))]
+    names = [
+        n
+        for n in a.get_variable_to_shape_map()
+        if n.startswith(("model/", "seed_states/", "optimizer/"))
+    ]
     assert any(n.startswith("seed_states/") for n in names)
     for name in names:
         np.testing.assert_array_equal(a.get_tensor(name), b.get_tensor(name), err_msg=name)
@@ -298,7 +357,9 @@ def test_sigterm_while_the_worker_starts_up_exits_3_with_a_result(tmp_path):
     proc = start_worker(job_dir, spec, env={"PYTHONPATH": f"{tmp_path}:{REPO}"})
     deadline = time.monotonic() + 120
     while not marker.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, "worker ended before building its model"
+        assert proc.poll() is None and time.monotonic() < deadline, (
+            "worker ended before building its model"
+        )
         time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
     log, _ = proc.communicate(timeout=120)
@@ -311,7 +372,10 @@ def test_sigterm_while_the_worker_starts_up_exits_3_with_a_result(tmp_path):
 
 BAD_SPECS = {
     "not_json": ("{not json", "is not valid JSON"),
-    "unknown_key": (json.dumps(with_(TINY, tower=2)), "tower: Unknown key. Remove it or check its spelling."),
+    "unknown_key": (
+        json.dumps(with_(TINY, tower=2)),
+        "tower: Unknown key. Remove it or check its spelling.",
+    ),
     "unknown_model": (
         json.dumps(with_(TINY, model={"name": "transformer"})),
         "model.name: Expected one of mlp, cnn, resnet, logistic or 'module:function'. Received: 'transformer'",
@@ -426,7 +490,10 @@ def test_run_job_custom_model_that_cannot_run_exits_2(tmp_path):
             "def build(input_shape, num_classes):\n    assert input_shape[-1] == 3, 'wants colour images'\n",
             "Model 'userbug:build' failed to build: AssertionError: wants colour images",
         ),
-        ("def build(input_shape, num_classes)\n    pass\n", "Cannot import module 'userbug' of model 'userbug:build': SyntaxError: "),
+        (
+            "def build(input_shape, num_classes)\n    pass\n",
+            "Cannot import module 'userbug' of model 'userbug:build': SyntaxError: ",
+        ),
     ],
     ids=["builder-raises", "module-does-not-parse"],
 )
@@ -472,7 +539,11 @@ def test_sigterm_during_a_long_eval_stops_without_finishing_it(tmp_path):
     # and checkpoint, not finish it first (the service SIGKILLs after its grace period).
     spec = with_(
         TINY,
-        data={"format": "synthetic", "eval_fraction": 0.9, "params": {"shape": [8, 8], "classes": 4, "size": 400_000}},
+        data={
+            "format": "synthetic",
+            "eval_fraction": 0.9,
+            "params": {"shape": [8, 8], "classes": 4, "size": 400_000},
+        },
         steps=1000,
         eval={"every_steps": 5, "batches": 10_000},
         summaries={"scalars_every": 0, "histograms_every": 0, "images_every": 0, "trace_steps": []},
@@ -482,11 +553,17 @@ def test_sigterm_during_a_long_eval_stops_without_finishing_it(tmp_path):
     deadline = time.monotonic() + 120
 
     def eval_reports() -> list[dict]:
-        return [e for e in read_progress(job_dir / "progress.jsonl")[0] if e["event"] == "phase" and e["phase"] == "eval"]
+        return [
+            e
+            for e in read_progress(job_dir / "progress.jsonl")[0]
+            if e["event"] == "phase" and e["phase"] == "eval"
+        ]
 
     # The eval reports how far it is every 2 s: wait for a report from inside it.
     while not any(e["phase_done"] > 0 for e in eval_reports()):
-        assert proc.poll() is None and time.monotonic() < deadline, "worker ended before reporting an eval's progress"
+        assert proc.poll() is None and time.monotonic() < deadline, (
+            "worker ended before reporting an eval's progress"
+        )
         time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
     log, _ = proc.communicate(timeout=120)
@@ -495,6 +572,8 @@ def test_sigterm_during_a_long_eval_stops_without_finishing_it(tmp_path):
     assert json.loads((job_dir / "result.json").read_text())["step"] == 5
     assert not [e for e in events if e["event"] == "eval"], "the eval ran to its end"
     reports = eval_reports()
-    assert reports[0]["phase_done"] == 0 and all(e["phase_total"] == 10_000 and e["step"] == 5 for e in reports)
+    assert reports[0]["phase_done"] == 0 and all(
+        e["phase_total"] == 10_000 and e["step"] == 5 for e in reports
+    )
     assert reports[-1]["phase_done"] < 10_000
     assert [e["checkpoint"] for e in events if e["event"] == "checkpoint"] == ["checkpoints/ckpt-5"]

@@ -22,7 +22,11 @@ def errors_of(raw: dict) -> dict[str, str]:
 def test_parse_spec_defaults():
     spec = JobSpec.model_validate({"data": SYNTHETIC})
     assert spec.steps == 1000 and spec.epochs is None
-    assert spec.model.name == "cnn" and spec.model.params == {"filters": (32, 64), "dense": 512, "dropout": 0.4}
+    assert spec.model.name == "cnn" and spec.model.params == {
+        "filters": (32, 64),
+        "dense": 512,
+        "dropout": 0.4,
+    }
     assert spec.summaries.trace_steps == [20, 21, 22]
     assert spec.data.params["shape"] == [28, 28, 1]
 
@@ -38,7 +42,12 @@ def test_parse_spec_design_example():
             "path": "/data/mnist",
             "eval_fraction": 0.2,
             "shuffle_buffer": 10000,
-            "augment": {"flip_left_right": False, "random_crop_padding": 0, "brightness": 0.0, "contrast": 0.0},
+            "augment": {
+                "flip_left_right": False,
+                "random_crop_padding": 0,
+                "brightness": 0.0,
+                "contrast": 0.0,
+            },
         },
         "towers": 2,
         "parameter_device": "cpu",
@@ -47,14 +56,25 @@ def test_parse_spec_design_example():
         "optimizer": {
             "name": "adam",
             "learning_rate": 0.001,
-            "schedule": {"name": "exponential_decay", "decay_steps": 1000, "decay_rate": 0.96, "staircase": True},
+            "schedule": {
+                "name": "exponential_decay",
+                "decay_steps": 1000,
+                "decay_rate": 0.96,
+                "staircase": True,
+            },
             "warmup_steps": 0,
         },
         "weight_decay": 0.0001,
         "clip_norm": None,
         "ema_decay": None,
         "eval": {"every_steps": 500, "batches": 20},
-        "summaries": {"scalars_every": 10, "histograms_every": 500, "images_every": 500, "max_images": 8, "trace_steps": [20, 21, 22]},
+        "summaries": {
+            "scalars_every": 10,
+            "histograms_every": 500,
+            "images_every": 500,
+            "max_images": 8,
+            "trace_steps": [20, 21, 22],
+        },
         "checkpoint": {"every_steps": 500, "every_seconds": 300, "keep": 5},
         "seed": 0,
         "deterministic": False,
@@ -66,7 +86,9 @@ def test_parse_spec_design_example():
 
 
 def test_parse_spec_unknown_key():
-    assert errors_of({"data": SYNTHETIC, "tower": 2}) == {"tower": "Unknown key. Remove it or check its spelling."}
+    assert errors_of({"data": SYNTHETIC, "tower": 2}) == {
+        "tower": "Unknown key. Remove it or check its spelling."
+    }
     assert errors_of({"data": {**SYNTHETIC, "augment": {"flip": True}}}) == {
         "data.augment.flip": "Unknown key. Remove it or check its spelling."
     }
@@ -77,7 +99,9 @@ def test_parse_spec_missing_data():
 
 
 def test_parse_spec_bad_ranges_lists_every_field():
-    errors = errors_of({"data": SYNTHETIC, "towers": 0, "batch_size": -1, "optimizer": {"learning_rate": 0}})
+    errors = errors_of(
+        {"data": SYNTHETIC, "towers": 0, "batch_size": -1, "optimizer": {"learning_rate": 0}}
+    )
     assert errors == {
         "towers": "Input should be greater than or equal to 1. Received: 0",
         "batch_size": "Input should be greater than or equal to 1. Received: -1",
@@ -104,7 +128,9 @@ def test_parse_spec_bad_model_params():
 def test_parse_spec_model_too_large_to_build():
     # Typos that would hang the worker building a million layers, or run it out of memory,
     # are refused by field; the message shows the start of what it refuses, not all of it.
-    errors = errors_of({"data": SYNTHETIC, "model": {"name": "mlp", "params": {"hidden": [1] * 100_000}}})
+    errors = errors_of(
+        {"data": SYNTHETIC, "model": {"name": "mlp", "params": {"hidden": [1] * 100_000}}}
+    )
     assert errors == {
         "model.params.hidden": "List should have at most 64 items after validation, not 100000. Received: "
         f"{str([1] * 100_000)[:200]}... (300,000 characters in all)"
@@ -122,7 +148,9 @@ def test_parse_spec_model_too_large_to_build():
 def test_parse_spec_synthetic_data_too_large_for_memory():
     # 10M examples of 64x64x3 would be 123 billion float32 values: refused here, not by a
     # MemoryError in the worker after the job was queued.
-    errors = errors_of({"data": {**SYNTHETIC, "params": {"size": 10_000_000, "shape": [64, 64, 3]}}})
+    errors = errors_of(
+        {"data": {**SYNTHETIC, "params": {"size": 10_000_000, "shape": [64, 64, 3]}}}
+    )
     assert errors == {
         "data.params": "Expected synthetic data of at most 268,435,456 values (1 GiB of float32). "
         "Received: size 10000000 x shape [64, 64, 3] = 122,880,000,000 values"
@@ -131,11 +159,15 @@ def test_parse_spec_synthetic_data_too_large_for_memory():
 
 def test_parse_spec_unknown_data_format():
     errors = errors_of({"data": {"format": "csv", "path": "/x"}})
-    assert errors == {"data.format": "Input should be 'synthetic', 'idx', 'npz' or 'tfrecord'. Received: 'csv'"}
+    assert errors == {
+        "data.format": "Input should be 'synthetic', 'idx', 'npz' or 'tfrecord'. Received: 'csv'"
+    }
 
 
 def test_parse_spec_file_data_needs_path():
-    assert errors_of({"data": {"format": "idx"}}) == {"data": "`path` is required for 'idx' data. Received: None"}
+    assert errors_of({"data": {"format": "idx"}}) == {
+        "data": "`path` is required for 'idx' data. Received: None"
+    }
 
 
 def test_parse_spec_steps_and_epochs_conflict():

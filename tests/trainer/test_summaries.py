@@ -9,7 +9,9 @@ from trainer.summaries import SummaryManager, histogram_buckets
 
 
 def read(logdir):
-    acc = event_accumulator.EventAccumulator(str(logdir), size_guidance={event_accumulator.TENSORS: 0})
+    acc = event_accumulator.EventAccumulator(
+        str(logdir), size_guidance={event_accumulator.TENSORS: 0}
+    )
     acc.Reload()
     return acc
 

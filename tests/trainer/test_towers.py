@@ -15,7 +15,9 @@ SHAPE = (8, 8, 1)
 CLASSES = 4
 
 
-def make_trainer(towers: int, *, optimizer: str = "sgd", lr: float = 0.01, model: str = "mlp", params=None, **kw):
+def make_trainer(
+    towers: int, *, optimizer: str = "sgd", lr: float = 0.01, model: str = "mlp", params=None, **kw
+):
     keras.utils.set_random_seed(7)  # same initial weights for every trainer
     with tf.device("/CPU:0"):
         net = build_model(ModelSpec(name=model, params=params or {}), SHAPE, CLASSES)
@@ -67,7 +69,9 @@ def test_train_step_uneven_batch_weights_towers_by_share():
     assert max_weight_difference(one, four) <= 1e-6
     # Tower losses are means over shards of 63, 63, 62, 62; weighted, they are the batch mean.
     shares = np.array([63, 63, 62, 62]) / 250
-    assert float(np.dot(shares, out["tower_loss"].numpy())) == pytest.approx(float(out["loss"]), abs=1e-5)
+    assert float(np.dot(shares, out["tower_loss"].numpy())) == pytest.approx(
+        float(out["loss"]), abs=1e-5
+    )
 
 
 def test_train_step_batch_smaller_than_towers_stays_finite():
@@ -85,7 +89,12 @@ def test_batch_norm_moving_mean_matches_one_device():
     x, y = batch(64)
     one.train_step(x, y)
     two.train_step(x, y)
-    first_bn = lambda t: next(layer for layer in t.model.layers if isinstance(layer, keras.layers.BatchNormalization))  # noqa: E731
+
+    def first_bn(t: TowerTrainer) -> keras.layers.BatchNormalization:
+        return next(
+            layer for layer in t.model.layers if isinstance(layer, keras.layers.BatchNormalization)
+        )
+
     # The first BN layer sees the same conv outputs in both, so the averaged update of the
     # moving mean equals the single-device update on the whole batch.
     m1, m2 = first_bn(one).moving_mean.numpy(), first_bn(two).moving_mean.numpy()
@@ -104,7 +113,12 @@ def test_clip_norm_bounds_the_update():
     free.train_step(x, y)
     out = clipped.train_step(x, y)
     assert float(out["grad_norm"]) > 1e-3
-    moved = np.sqrt(sum(((v.numpy() - s) ** 2).sum() for v, s in zip(clipped.model.trainable_variables, start, strict=True)))
+    moved = np.sqrt(
+        sum(
+            ((v.numpy() - s) ** 2).sum()
+            for v, s in zip(clipped.model.trainable_variables, start, strict=True)
+        )
+    )
     assert moved == pytest.approx(1e-3, rel=1e-3)
 
 
@@ -114,7 +128,9 @@ def test_weight_decay_shrinks_kernels_only():
     before = [v.numpy().copy() for v in decayed.model.trainable_variables]
     plain.train_step(x, y)
     decayed.train_step(x, y)
-    for p, d, w in zip(plain.model.trainable_variables, decayed.model.trainable_variables, before, strict=True):
+    for p, d, w in zip(
+        plain.model.trainable_variables, decayed.model.trainable_variables, before, strict=True
+    ):
         if len(p.shape) > 1:
             # SGD: w' = w - lr * (g + wd * w), so decay takes lr * wd * w_before off.
             np.testing.assert_allclose(p.numpy() - d.numpy(), 0.1 * 0.5 * w, atol=1e-6)
@@ -143,17 +159,27 @@ def test_learning_rate_warmup_then_schedule():
     spec = OptimizerSpec(
         learning_rate=0.1,
         warmup_steps=10,
-        schedule={"name": "exponential_decay", "decay_steps": 5, "decay_rate": 0.5, "staircase": True},
+        schedule={
+            "name": "exponential_decay",
+            "decay_steps": 5,
+            "decay_rate": 0.5,
+            "staircase": True,
+        },
     )
     schedule = make_schedule(spec)
     assert float(schedule(0)) == pytest.approx(0.01)
     assert float(schedule(9)) == pytest.approx(0.1)
     assert float(schedule(14)) == pytest.approx(0.1)  # staircase: still the first stair
     assert float(schedule(15)) == pytest.approx(0.05)
-    cosine = make_schedule(OptimizerSpec(learning_rate=0.1, schedule={"name": "cosine", "decay_steps": 10}))
+    cosine = make_schedule(
+        OptimizerSpec(learning_rate=0.1, schedule={"name": "cosine", "decay_steps": 10})
+    )
     assert float(cosine(10)) == pytest.approx(0.0, abs=1e-7)
     poly = make_schedule(
-        OptimizerSpec(learning_rate=0.1, schedule={"name": "polynomial", "decay_steps": 10, "end_learning_rate": 0.02})
+        OptimizerSpec(
+            learning_rate=0.1,
+            schedule={"name": "polynomial", "decay_steps": 10, "end_learning_rate": 0.02},
+        )
     )
     assert float(poly(5)) == pytest.approx(0.06)
 
@@ -162,7 +188,11 @@ def test_learning_rate_schedule_config_round_trips():
     from trainer.optim import WarmupSchedule, make_schedule
 
     decayed = make_schedule(
-        OptimizerSpec(learning_rate=0.1, warmup_steps=3, schedule={"name": "exponential_decay", "decay_steps": 5, "decay_rate": 0.5})
+        OptimizerSpec(
+            learning_rate=0.1,
+            warmup_steps=3,
+            schedule={"name": "exponential_decay", "decay_steps": 5, "decay_rate": 0.5},
+        )
     )
     for schedule in (decayed, make_schedule(OptimizerSpec(learning_rate=0.1, warmup_steps=3))):
         copy = WarmupSchedule.from_config(schedule.get_config())

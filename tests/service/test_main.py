@@ -74,6 +74,7 @@ def test_read_openapi_lists_every_route(make_service: Callable[..., Service]) ->
         "/api/v1/jobs/{job_id}/profile",
         "/api/v1/jobs/{job_id}/checkpoints",
         "/api/v1/jobs/{job_id}/checkpoints/{step}",
+        "/api/v1/jobs/{job_id}/export",
         "/api/v1/events",
         "/api/v1/tensorboard",
         "/api/v1/devices",

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import socket
 import tarfile
 import threading
 import time
@@ -160,17 +161,22 @@ def test_read_job_checkpoints(service: Service, finished: dict[str, Any]) -> Non
     assert body["data"][1]["url"] == f"{service.base_url}/api/v1/jobs/{job_id}/checkpoints/40"
 
 
+def downloaded(response: httpx.Response, filename: str) -> tarfile.TarFile:
+    """The .tar.gz a download route answered, after checking it came as one: named, and
+    with its length known in advance (so a browser or curl shows how far it has come)."""
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "application/gzip"
+    assert response.headers["content-disposition"] == f'attachment; filename="{filename}"'
+    assert response.headers["content-length"] == str(len(response.content))
+    return tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz")
+
+
 def test_download_checkpoint_restores_with_tensorflow(
     service: Service, finished: dict[str, Any], tmp_path: Path
 ) -> None:
     job_id = finished["job"]["id"]
     response = service.client.get(f"/api/v1/jobs/{job_id}/checkpoints/20")
-    assert response.status_code == 200
-    assert response.headers["content-type"] == "application/gzip"
-    assert response.headers["content-disposition"] == (
-        f'attachment; filename="{job_id}-ckpt-20.tar.gz"'
-    )
-    with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as archive:
+    with downloaded(response, f"{job_id}-ckpt-20.tar.gz") as archive:
         names = sorted(archive.getnames())
         archive.extractall(tmp_path, filter="data")
     assert names == [
@@ -202,13 +208,7 @@ def test_download_export_loads_with_tensorflow(
 ) -> None:
     job_id = finished["job"]["id"]
     response = service.client.get(f"/api/v1/jobs/{job_id}/export")
-    assert response.status_code == 200
-    assert response.headers["content-type"] == "application/gzip"
-    assert (
-        response.headers["content-disposition"] == f'attachment; filename="{job_id}-export.tar.gz"'
-    )
-    assert response.headers["content-length"] == str(len(response.content))
-    with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as archive:
+    with downloaded(response, f"{job_id}-export.tar.gz") as archive:
         names = set(archive.getnames())
         archive.extractall(tmp_path, filter="data")
     assert {"saved_model.pb", "spec.json", "result.json"} <= names
@@ -665,12 +665,18 @@ def test_create_job_nested_too_deep(service: Service) -> None:
     assert error["message"].startswith("Expected a JSON body that can be read. RecursionError")
 
 
-@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+@pytest.mark.parametrize(
+    ("chunked", "layers"),
+    [(False, 400_000), (True, 400_000), (False, 2_700_000), (True, 2_700_000)],
+    ids=["content-length", "chunked", "content-length-8MB", "chunked-8MB"],
+)
 def test_create_job_body_too_large_is_413_and_stores_nothing(
-    service: Service, chunked: bool
+    service: Service, chunked: bool, layers: int
 ) -> None:
+    # 1.2 MB, and 8 MB: a client still sending MBs when the server answers gets the 413,
+    # not a connection reset (the server reads the rest before it closes).
     before = service.client.get("/api/v1/jobs", params={"limit": 200}).json()["count"]
-    spec = job_spec(model={"name": "mlp", "params": {"hidden": [1] * 400_000}})  # 1.2 MB
+    spec = job_spec(model={"name": "mlp", "params": {"hidden": [1] * layers}})
     body = json.dumps(spec).encode()
     content = iter([body[i : i + 65536] for i in range(0, len(body), 65536)]) if chunked else body
     response = service.client.post(
@@ -688,6 +694,22 @@ def test_create_job_body_too_large_is_413_and_stores_nothing(
     response = service.client.post("/api/v1/jobs", json=under)
     assert response.status_code == 422
     assert "bogus" in [e["field"] for e in response.json()["errors"]]
+
+
+def test_create_job_body_too_large_with_expect_continue_is_413_at_once(service: Service) -> None:
+    # The client waits for "100 Continue" before sending its 5 MB: it gets the 413 instead.
+    host, port = service.base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(
+            b"POST /api/v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 5000000\r\nExpect: 100-continue\r\n\r\n"
+        )
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = sock.recv(4096)
+            assert chunk, answer
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 413 "), answer
 
 
 def test_create_job_body_not_object(service: Service) -> None:
@@ -770,13 +792,7 @@ def test_download_checkpoint_step_not_a_number(
 def test_download_checkpoint_latest(service: Service, finished: dict[str, Any]) -> None:
     job_id = finished["job"]["id"]
     response = service.client.get(f"/api/v1/jobs/{job_id}/checkpoints/latest")
-    assert response.status_code == 200
-    assert response.headers["content-disposition"] == (
-        f'attachment; filename="{job_id}-ckpt-40.tar.gz"'
-    )
-    # Known in advance, so a browser or curl shows how far a long download has come.
-    assert response.headers["content-length"] == str(len(response.content))
-    with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as archive:
+    with downloaded(response, f"{job_id}-ckpt-40.tar.gz") as archive:
         assert "ckpt-40.index" in archive.getnames()
 
 

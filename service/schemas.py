@@ -195,6 +195,25 @@ class TensorBoardCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     job_ids: list[str] | None = Field(None, max_length=200)
+    merge: bool = Field(
+        False,
+        strict=True,  # true or false, not "yes" or 1
+        description="Keep the jobs the running TensorBoard shows and add these (added in "
+        "place, no restart): it is shared, and this never takes a job away from another "
+        "user. Without it, a selection that leaves out jobs it shows restarts it over "
+        "just these, and the answer's `replaced` says what was stopped.",
+    )
+
+
+class TensorBoardReplaced(BaseModel):
+    """The TensorBoard a start stopped because it showed jobs the new selection leaves out."""
+
+    job_ids: list[str] | None = Field(description="The jobs it showed (null: every job).")
+    pid: int
+    started_at: datetime
+    last_used_at: datetime = Field(
+        description="When it was last used (a proxied request or a start) before it was replaced."
+    )
 
 
 class TensorBoardPublic(BaseModel):
@@ -202,13 +221,20 @@ class TensorBoardPublic(BaseModel):
 
     state: str = Field(description="stopped, starting or running")
     url: str | None = None
-    job_ids: list[str] | None = None
+    job_ids: list[str] | None = Field(
+        None, description="The jobs it shows; null for every job (or when stopped)."
+    )
     pid: int | None = None
     started_at: datetime | None = None
     last_used_at: datetime | None = None
     idle_stop_at: datetime | None = None
     last_error: str | None = Field(
         None, description="Why the last TensorBoard ended on its own; null after a start."
+    )
+    replaced: TensorBoardReplaced | None = Field(
+        None,
+        description="The TensorBoard this one replaced when it started, because that one "
+        "showed jobs this one does not (another user's, maybe); null when it replaced none.",
     )
 
 

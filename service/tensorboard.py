@@ -15,6 +15,13 @@ It is stopped after `tb_idle_minutes` without a proxied request, and a TensorBoa
 a killed service is stopped at the next start. One that exits on its own (a crash, a kill)
 is noticed at the next look (status, proxy, /metrics, or the watch loop every few
 seconds): it is reaped, reported "stopped", and why is kept in `last_error`.
+
+It is shared, so a start never takes a job away from the running one without saying so:
+a start over a superset of what it shows (or over every job) adds the jobs to it in
+place, with no restart, so tabs already open on it carry on; `merge` asks for that
+union whatever the selection; only a start that leaves out jobs it shows restarts it, and
+the new instance keeps what it `replaced` (its jobs, pid, start and last use) for the
+start's answer and the status to say.
 """
 
 from __future__ import annotations
@@ -29,7 +36,8 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from enum import Enum
 from pathlib import Path
 
 import httpx
@@ -43,6 +51,10 @@ PATH_PREFIX = "/tensorboard"
 _READY_TIMEOUT = 120.0  # TensorBoard imports TensorFlow: tens of seconds on a busy host
 _STOP_TIMEOUT = 10.0
 _MIRROR_SECONDS = 3.0
+_RELOAD_SECONDS = 5  # TensorBoard's --reload_interval: how soon it finds added runs
+# A start that adds jobs in place answers once TensorBoard lists their runs (two reloads
+# and some), so a tab opened on its answer shows them; past this it answers anyway.
+_ADDED_RUNS_TIMEOUT = 3 * _RELOAD_SECONDS
 
 
 def _link(link: Path, target: Path) -> None:
@@ -73,6 +85,23 @@ def mirror_logdir(logdir: Path, runs_dir: Path, job_ids: tuple[str, ...] | None)
                 _link(view / entry.name, Path(entry.path))
 
 
+def covers(shown: tuple[str, ...] | None, wanted: tuple[str, ...] | None) -> bool:
+    """Whether a TensorBoard over `shown` shows every job of `wanted` (None: every job)."""
+    if shown is None:
+        return True
+    return wanted is not None and set(wanted) <= set(shown)
+
+
+@dataclass(frozen=True)
+class ReplacedInstance:
+    """The TensorBoard a start stopped because it showed jobs the new one leaves out."""
+
+    job_ids: tuple[str, ...] | None
+    pid: int
+    started_at: float
+    last_used_at: float
+
+
 @dataclass(frozen=True)
 class TensorBoardInstance:
     """A TensorBoard process the service started."""
@@ -83,10 +112,25 @@ class TensorBoardInstance:
     logdir: Path
     job_ids: tuple[str, ...] | None  # None: every job, including jobs submitted later
     started_at: float
+    replaced: ReplacedInstance | None = None
 
     @property
     def upstream(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+
+def _union(shown: tuple[str, ...] | None, wanted: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    if shown is None or wanted is None:
+        return None
+    return tuple(sorted(set(shown) | set(wanted)))
+
+
+def _entries(folder: Path) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(folder) as found:
+            return list(found)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def _signal_name(signum: int) -> str:
@@ -94,6 +138,14 @@ def _signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+class StartOutcome(Enum):
+    """What a start did: the route answers 201 for STARTED, 200 for the others."""
+
+    STARTED = "started"  # a new process (none was up, or it replaced one)
+    REUSED = "reused"  # already up over these jobs
+    ADDED = "added"  # the jobs were added to the running one, in place
 
 
 def _free_port() -> int:
@@ -161,18 +213,69 @@ class TensorBoardLauncher:
 
     # --- start / stop ------------------------------------------------------------------
 
-    async def start(self, job_ids: list[str] | None) -> tuple[TensorBoardInstance, bool]:
-        """Start TensorBoard over `job_ids` (every job when None), or reuse the one already
-        up over the same selection. Returns the instance and whether it was started now."""
+    async def start(
+        self, job_ids: list[str] | None, *, merge: bool = False
+    ) -> tuple[TensorBoardInstance, StartOutcome]:
+        """Show `job_ids` (every job when None). A running TensorBoard that shows them is
+        reused; one whose jobs they include (None includes all) gets them added in place;
+        with `merge`, so does any running one (it then shows its jobs and these). Only a
+        selection that leaves out jobs it shows restarts it, recording what it replaced."""
         selection = tuple(sorted(set(job_ids))) if job_ids is not None else None
         async with self._lock:
+            last_used = self._last_used
             self.touch()
-            current = self._instance
-            if current is not None and current.job_ids == selection and self._alive():
-                return current, False
+            current = self._instance if self._alive() else None
+            if current is not None and merge:
+                selection = _union(current.job_ids, selection)
+            if current is not None and covers(selection, current.job_ids):
+                if selection == current.job_ids:
+                    return current, StartOutcome.REUSED
+                added = replace(current, job_ids=selection)
+                self._instance = added
+                # Now, not at the watch loop's next pass: TensorBoard's next reload finds them.
+                await asyncio.to_thread(
+                    mirror_logdir, added.logdir, self._settings.runs_dir, selection
+                )
+                log.info(
+                    "Added %s to TensorBoard pid %d",
+                    "every job" if selection is None else ", ".join(selection),
+                    added.pid,
+                )
+                return added, StartOutcome.ADDED
+            replaced = None
+            if current is not None:
+                replaced = ReplacedInstance(
+                    job_ids=current.job_ids,
+                    pid=current.pid,
+                    started_at=current.started_at,
+                    last_used_at=last_used,
+                )
             await self._stop_locked()
-            instance = self._launch(selection)
-            return instance, True
+            return self._launch(selection, replaced), StartOutcome.STARTED
+
+    async def wait_runs_listed(self, instance: TensorBoardInstance, job_ids: list[str]) -> None:
+        """Wait (a bounded time) until a running TensorBoard lists a run of each of
+        `job_ids` that has one to list: it finds added jobs at its next reload."""
+        pending = {
+            job_id
+            for job_id in job_ids
+            if any(entry.name != "plugins" for entry in _entries(instance.logdir / job_id))
+        }
+        if not pending or not self._ready.is_set():
+            return  # nothing written yet, or it loads them as it starts
+        deadline = time.monotonic() + _ADDED_RUNS_TIMEOUT
+        url = f"{instance.upstream}{PATH_PREFIX}/data/runs"
+        while pending and time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                runs = (await self._client.get(url, timeout=2.0)).json()
+                if isinstance(runs, list):
+                    pending = {
+                        job_id
+                        for job_id in pending
+                        if not any(str(run).startswith(f"{job_id}/") for run in runs)
+                    }
+            if pending:
+                await asyncio.sleep(0.25)
 
     async def stop(self) -> bool:
         """Stop TensorBoard; False when none was running."""
@@ -190,12 +293,7 @@ class TensorBoardLauncher:
         code = process.poll()  # reaps it: no zombie left behind
         if code is None:
             return
-        how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
-        when = "after it was ready" if self._ready.is_set() else "while starting"
-        self.last_error = (
-            f"TensorBoard (pid {instance.pid}) {how} {when}; see "
-            f"{self._settings.data_dir / 'tensorboard.log'}."
-        )
+        self.last_error = self._exit_reason(instance.pid, code, ready=self._ready.is_set())
         log.error("%s", self.last_error)
         task, self._ready_task = self._ready_task, None
         if task is not None:
@@ -205,7 +303,17 @@ class TensorBoardLauncher:
         self._ready = asyncio.Event()
         self._record.unlink(missing_ok=True)
 
-    def _launch(self, selection: tuple[str, ...] | None) -> TensorBoardInstance:
+    def _exit_reason(self, pid: int, code: int, *, ready: bool) -> str:
+        how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+        when = "after it was ready" if ready else "while starting"
+        return (
+            f"TensorBoard (pid {pid}) {how} {when}; see "
+            f"{self._settings.data_dir / 'tensorboard.log'}."
+        )
+
+    def _launch(
+        self, selection: tuple[str, ...] | None, replaced: ReplacedInstance | None
+    ) -> TensorBoardInstance:
         logdir = self._home / "logdir"
         shutil.rmtree(logdir, ignore_errors=True)
         logdir.mkdir(parents=True)
@@ -217,7 +325,7 @@ class TensorBoardLauncher:
             "--host", "127.0.0.1",
             "--port", str(port),
             "--path_prefix", PATH_PREFIX,
-            "--reload_interval", "5",
+            "--reload_interval", str(_RELOAD_SECONDS),
         ]  # fmt: skip
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # never hold GPU memory jobs need
         with open(self._settings.data_dir / "tensorboard.log", "ab") as log_file:
@@ -236,6 +344,7 @@ class TensorBoardLauncher:
             logdir=logdir,
             job_ids=selection,
             started_at=time.time(),
+            replaced=replaced,
         )
         self._instance = instance
         self.last_error = None
@@ -247,10 +356,11 @@ class TensorBoardLauncher:
             )
         )
         log.info(
-            "Started TensorBoard pid %d on 127.0.0.1:%d for %s",
+            "Started TensorBoard pid %d on 127.0.0.1:%d for %s%s",
             instance.pid,
             port,
             "every job" if selection is None else ", ".join(selection),
+            "" if replaced is None else f", replacing pid {replaced.pid}",
         )
         return instance
 
@@ -258,11 +368,12 @@ class TensorBoardLauncher:
         deadline = time.monotonic() + _READY_TIMEOUT
         probe = f"{instance.upstream}{PATH_PREFIX}/data/environment"
         while time.monotonic() < deadline:
-            if not self._alive():
-                self.last_error = (
-                    "TensorBoard exited while starting; see "
-                    f"{self._settings.data_dir / 'tensorboard.log'}."
-                )
+            process = self._process
+            if process is None:
+                return  # stopped meanwhile; the stop cancels this task too
+            code = process.poll()
+            if code is not None:
+                self.last_error = self._exit_reason(instance.pid, code, ready=False)
                 break
             with contextlib.suppress(httpx.HTTPError):
                 if (await self._client.get(probe, timeout=2.0)).status_code == 200:
@@ -274,7 +385,8 @@ class TensorBoardLauncher:
             self.last_error = f"TensorBoard did not answer within {_READY_TIMEOUT:g} s."
         log.error("%s", self.last_error)
         async with self._lock:
-            if self._instance is instance:
+            # By pid: a start that adds jobs swaps in a copy of the same instance.
+            if self._instance is not None and self._instance.pid == instance.pid:
                 await self._stop_locked(error=self.last_error)
 
     async def _stop_locked(self, error: str | None = None) -> bool:

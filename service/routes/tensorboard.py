@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request, Response
 from service.deps import RuntimeDep
 from service.errors import FieldErrors
 from service.schemas import ErrorPublic, TensorBoardCreate, TensorBoardPublic
-from service.tensorboard import PATH_PREFIX, TensorBoardLauncher
+from service.tensorboard import PATH_PREFIX, StartOutcome, TensorBoardLauncher
 
 router = APIRouter(prefix="/tensorboard", tags=["tensorboard"])
 
@@ -17,6 +17,7 @@ def _public(launcher: TensorBoardLauncher, request: Request) -> TensorBoardPubli
     if instance is None:
         return TensorBoardPublic(state="stopped", last_error=launcher.last_error)
     base = str(request.base_url).rstrip("/")
+    replaced = instance.replaced
     return TensorBoardPublic.model_validate(
         {
             "state": launcher.state,
@@ -27,6 +28,14 @@ def _public(launcher: TensorBoardLauncher, request: Request) -> TensorBoardPubli
             "last_used_at": launcher.last_used,
             "idle_stop_at": launcher.last_used + launcher.idle_seconds,
             "last_error": launcher.last_error,
+            "replaced": None
+            if replaced is None
+            else {
+                "job_ids": list(replaced.job_ids) if replaced.job_ids is not None else None,
+                "pid": replaced.pid,
+                "started_at": replaced.started_at,
+                "last_used_at": replaced.last_used_at,
+            },
         }
     )
 
@@ -36,16 +45,23 @@ def _public(launcher: TensorBoardLauncher, request: Request) -> TensorBoardPubli
     response_model=TensorBoardPublic,
     status_code=201,
     responses={
-        200: {"model": TensorBoardPublic, "description": "Reused: already up for this selection"},
+        200: {
+            "model": TensorBoardPublic,
+            "description": "Reused: already up over these jobs, or they were added to it",
+        },
         422: {"model": ErrorPublic, "description": "Unknown job ids"},
     },
 )
 async def start_tensorboard(
     runtime: RuntimeDep, request: Request, response: Response, body: TensorBoardCreate | None = None
 ) -> TensorBoardPublic:
-    """Start TensorBoard over the given jobs (all jobs when `job_ids` is left out), or reuse
-    the one already up over the same selection. It is served under /tensorboard/ and
-    answers once it has loaded (`state` goes from `starting` to `running`)."""
+    """Show the given jobs (all jobs when `job_ids` is left out) in the one TensorBoard the
+    service runs for everyone: 201 when it starts now, 200 when the running one already
+    showed them or they were added to it in place (no restart: a selection that includes
+    every job it shows, or any selection with `merge`). A selection that leaves out jobs it
+    shows restarts it over just these, and `replaced` says which jobs it showed. It is
+    served under /tensorboard/ and answers once it has loaded (`state` goes from
+    `starting` to `running`, or to `stopped` with `last_error`)."""
     job_ids = body.job_ids if body is not None else None
     if job_ids == []:  # a TensorBoard over nothing: surely not what was meant
         raise FieldErrors(
@@ -65,8 +81,12 @@ async def start_tensorboard(
         ]
         if errors:
             raise FieldErrors(errors)
-    _, started = await runtime.launcher.start(job_ids)
-    response.status_code = 201 if started else 200
+    merge = body.merge if body is not None else False
+    instance, outcome = await runtime.launcher.start(job_ids, merge=merge)
+    if outcome is StartOutcome.ADDED and job_ids is not None:
+        # Answer once TensorBoard lists them, so a tab opened on this answer shows them.
+        await runtime.launcher.wait_runs_listed(instance, job_ids)
+    response.status_code = 201 if outcome is StartOutcome.STARTED else 200
     return _public(runtime.launcher, request)
 
 

@@ -175,19 +175,120 @@ def test_start_tensorboard_body_not_object_422(service: Service) -> None:
     ]
 
 
-def test_start_tensorboard_new_selection_replaces(
-    service: Service, traced_job: dict[str, Any]
+@pytest.fixture(scope="module")
+def other_job(service: Service) -> dict[str, Any]:
+    """A second tiny job, run to success: TensorBoard has its runs to show too."""
+    job = service.submit(job_spec(name="other"))
+    return service.wait_state(job["id"], "succeeded", "failed")
+
+
+def _running(service: Service) -> dict[str, Any]:
+    status: dict[str, Any] = _wait(
+        lambda: (s := service.client.get("/api/v1/tensorboard").json())["state"] == "running" and s,
+        120,
+        "TensorBoard to run",
+    )
+    return status
+
+
+def _runs(service: Service) -> list[str]:
+    runs: list[str] = service.client.get("/tensorboard/data/runs").json()
+    return runs
+
+
+def test_start_tensorboard_over_more_jobs_adds_them_in_place(
+    service: Service, traced_job: dict[str, Any], other_job: dict[str, Any]
 ) -> None:
-    old = service.client.post("/api/v1/tensorboard", json={"job_ids": [traced_job["id"]]}).json()
+    """A start whose jobs include every job shown adds them to the running TensorBoard:
+    no restart, so a tab another user has open on it carries on."""
+    service.client.delete("/api/v1/tensorboard")
+    old = service.client.post("/api/v1/tensorboard", json={"job_ids": [traced_job["id"]]})
+    assert old.status_code == 201
+    _running(service)
     response = service.client.post("/api/v1/tensorboard")  # every job
-    assert response.status_code == 201
+    assert response.status_code == 200
     new = response.json()
-    assert new["job_ids"] is None and new["pid"] != old["pid"]
-    assert not _alive(old["pid"])
+    assert new["job_ids"] is None and new["pid"] == old.json()["pid"]
+    assert new["state"] == "running" and new["replaced"] is None
+    assert _alive(new["pid"])
     runs = _wait(
-        lambda: service.client.get("/tensorboard/data/runs").json(), 120, "runs of every job"
+        lambda: (r := _runs(service)) and f"{other_job['id']}/train" in r and r,
+        60,
+        "the other job's runs, added",
     )
     assert f"{traced_job['id']}/train" in runs
+
+
+def test_start_tensorboard_merge_adds_to_what_it_shows(
+    service: Service, traced_job: dict[str, Any], other_job: dict[str, Any]
+) -> None:
+    """`merge` keeps another user's jobs and adds these, in place; the answer comes once
+    TensorBoard lists the added job's runs, so a tab opened on it shows them."""
+    service.client.delete("/api/v1/tensorboard")
+    first = service.client.post("/api/v1/tensorboard", json={"job_ids": [traced_job["id"]]})
+    _running(service)
+    assert f"{other_job['id']}/train" not in _runs(service)
+    response = service.client.post(
+        "/api/v1/tensorboard", json={"job_ids": [other_job["id"]], "merge": True}
+    )
+    assert response.status_code == 200
+    merged = response.json()
+    assert merged["pid"] == first.json()["pid"] and merged["replaced"] is None
+    assert merged["job_ids"] == sorted([traced_job["id"], other_job["id"]])
+    runs = _runs(service)
+    assert {f"{traced_job['id']}/train", f"{other_job['id']}/train"} <= set(runs), runs
+    # Asked again, it is simply reused.
+    again = service.client.post(
+        "/api/v1/tensorboard", json={"job_ids": [traced_job["id"]], "merge": True}
+    )
+    assert again.status_code == 200 and again.json()["job_ids"] == merged["job_ids"]
+
+
+def test_start_tensorboard_over_other_jobs_says_what_it_replaced(
+    service: Service, traced_job: dict[str, Any], other_job: dict[str, Any]
+) -> None:
+    """Without `merge`, a start that leaves out jobs the running one shows restarts it,
+    and its answer and the status say what was replaced (another user's TensorBoard)."""
+    service.client.delete("/api/v1/tensorboard")
+    old = service.client.post("/api/v1/tensorboard", json={"job_ids": [traced_job["id"]]}).json()
+    response = service.client.post("/api/v1/tensorboard", json={"job_ids": [other_job["id"]]})
+    assert response.status_code == 201
+    new = response.json()
+    assert new["job_ids"] == [other_job["id"]] and new["pid"] != old["pid"]
+    assert not _alive(old["pid"])
+    replaced = new["replaced"]
+    assert replaced["job_ids"] == [traced_job["id"]] and replaced["pid"] == old["pid"]
+    assert replaced["started_at"] == old["started_at"]
+    assert replaced["last_used_at"] == old["last_used_at"]  # nobody used it since
+    status = service.client.get("/api/v1/tensorboard").json()
+    assert status["pid"] == new["pid"] and status["replaced"] == replaced
+    runs = _wait(lambda: _runs(service), 120, "the new TensorBoard's runs")
+    assert f"{traced_job['id']}/train" not in runs
+    # Every job, narrowed to one: replaced says it showed every job (null).
+    service.client.post("/api/v1/tensorboard")
+    narrowed = service.client.post("/api/v1/tensorboard", json={"job_ids": [other_job["id"]]})
+    assert narrowed.status_code == 201
+    assert narrowed.json()["replaced"]["job_ids"] is None
+
+
+def test_start_tensorboard_merge_with_none_running_starts_one(
+    service: Service, traced_job: dict[str, Any]
+) -> None:
+    service.client.delete("/api/v1/tensorboard")
+    response = service.client.post(
+        "/api/v1/tensorboard", json={"job_ids": [traced_job["id"]], "merge": True}
+    )
+    assert response.status_code == 201
+    assert response.json()["job_ids"] == [traced_job["id"]]
+    assert response.json()["replaced"] is None
+
+
+def test_start_tensorboard_merge_not_bool_422(service: Service) -> None:
+    response = service.client.post("/api/v1/tensorboard", json={"merge": "perhaps"})
+    assert response.status_code == 422
+    assert response.json()["errors"] == [
+        {"field": "merge", "message": "Input should be a valid boolean. Received: 'perhaps'"}
+    ]
 
 
 def test_stop_tensorboard(service: Service) -> None:
@@ -197,6 +298,7 @@ def test_stop_tensorboard(service: Service) -> None:
     assert response.json() == {
         "state": "stopped", "url": None, "job_ids": None, "pid": None,
         "started_at": None, "last_used_at": None, "idle_stop_at": None, "last_error": None,
+        "replaced": None,
     }  # fmt: skip
     assert not _alive(pid)
     proxied = service.client.get("/tensorboard/data/runs")
@@ -231,6 +333,23 @@ def test_tensorboard_killed_after_ready_reported_stopped(service: Service) -> No
         f"TensorBoard is not running. Start it with POST /api/v1/tensorboard. Last error: {error}"
     )
     assert "\ntowerboard_tensorboard_up 0\n" in service.client.get("/metrics").text
+
+
+def test_tensorboard_killed_while_starting_says_so(service: Service) -> None:
+    service.client.delete("/api/v1/tensorboard")
+    started = service.client.post("/api/v1/tensorboard").json()
+    assert started["state"] == "starting"  # it imports TensorFlow first: seconds
+    os.kill(started["pid"], signal.SIGKILL)
+    status = _wait(
+        lambda: (s := service.client.get("/api/v1/tensorboard").json())["state"] == "stopped" and s,
+        30,
+        "the dead TensorBoard reported",
+    )
+    # Whoever notices first (the readiness probe or a look), the reason is the same.
+    assert status["last_error"] == (
+        f"TensorBoard (pid {started['pid']}) was killed by SIGKILL while starting; see "
+        f"{service.data_dir / 'tensorboard.log'}."
+    )
 
 
 def test_stop_tensorboard_after_idle_timeout(make_service: Callable[..., Service]) -> None:

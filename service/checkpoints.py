@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.archives import Archive, archive
+from service.archives import Archive, ArchiveHead, archive, describe
 from service.runfiles import inside
 from trainer.rundir import RunDir
 
@@ -72,10 +72,21 @@ def _state_file(step: int) -> bytes:
     ).encode()
 
 
-def open_archive(checkpoint: Checkpoint, spec_json: bytes) -> Archive | None:
-    """A .tar.gz of `checkpoint`'s files, a `checkpoint` state file naming it and the
-    job's spec.json; None when the worker deleted it meanwhile."""
-    return archive(
+def _sources(
+    checkpoint: Checkpoint, spec_json: bytes
+) -> tuple[list[tuple[str, Path]], list[tuple[str, bytes]]]:
+    return (
         [(path.name, path) for path in checkpoint.files],
         [("checkpoint", _state_file(checkpoint.step)), ("spec.json", spec_json)],
     )
+
+
+def open_archive(checkpoint: Checkpoint, spec_json: bytes) -> Archive | None:
+    """A .tar.gz of `checkpoint`'s files, a `checkpoint` state file naming it and the
+    job's spec.json; None when the worker deleted it meanwhile."""
+    return archive(*_sources(checkpoint, spec_json))
+
+
+def describe_archive(checkpoint: Checkpoint, spec_json: bytes) -> ArchiveHead | None:
+    """`open_archive`'s size and ETag from the files' stat alone (for HEAD)."""
+    return describe(*_sources(checkpoint, spec_json))

@@ -9,11 +9,10 @@ which loading ignores. Only plain files inside the run directory are served.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 
-from service.archives import Archive, archive
+from service.archives import Archive, ArchiveHead, archive, describe
 from service.runfiles import inside
 from trainer.rundir import RunDir
 
@@ -33,13 +32,26 @@ def export_files(run: RunDir) -> list[tuple[str, Path]] | None:
     return files if any(name == _MARKER for name, _ in files) else None
 
 
-def open_export(run: RunDir, spec_json: bytes) -> Archive | None:
-    """The export with spec.json and result.json as a .tar.gz; None if there is none."""
+def _sources(
+    run: RunDir, spec_json: bytes
+) -> tuple[list[tuple[str, Path]], list[tuple[str, bytes]]] | None:
     files = export_files(run)
     if files is None:
         return None
-    extras = [("spec.json", spec_json)]
     # The worker writes its result just after the export: in between, there is none yet.
-    with contextlib.suppress(OSError):
-        extras.append(("result.json", run.result.read_bytes()))
-    return archive(files, extras)
+    # A file, not bytes read here: HEAD then only stats it, and a link is refused.
+    if inside(run.root, run.result):
+        files.append(("result.json", run.result))
+    return files, [("spec.json", spec_json)]
+
+
+def open_export(run: RunDir, spec_json: bytes) -> Archive | None:
+    """The export with result.json and spec.json as a .tar.gz; None if there is none."""
+    sources = _sources(run, spec_json)
+    return archive(*sources) if sources is not None else None
+
+
+def describe_export(run: RunDir, spec_json: bytes) -> ArchiveHead | None:
+    """`open_export`'s size and ETag from the files' stat alone (for HEAD)."""
+    sources = _sources(run, spec_json)
+    return describe(*sources) if sources is not None else None

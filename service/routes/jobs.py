@@ -8,7 +8,7 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response
 from fastapi import Path as FastAPIPath
@@ -19,12 +19,18 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from typing_extensions import TypedDict  # pydantic needs it, not typing's, before 3.12
 
 from service.admission import admit
-from service.archives import Archive
-from service.checkpoints import list_checkpoints, open_archive
+from service.archives import ArchiveHead
+from service.checkpoints import (
+    Checkpoint,
+    describe_archive,
+    list_checkpoints,
+    open_archive,
+)
 from service.deps import JobDep, Runtime, RuntimeDep, SettingsDep
+from service.downloads import MEDIA_TYPE, archive_response
 from service.errors import FieldErrors
 from service.events import JobEvent
-from service.exports import open_export
+from service.exports import describe_export, open_export
 from service.jobjson import render_job
 from service.progress import SERIES
 from service.runfiles import OffsetPastEnd, inside, read_lines_from, tail_with_end
@@ -441,26 +447,54 @@ _STEP = re.compile(r"[0-9]{1,18}")
 _LATEST_TRIES = 5
 
 
-@router.get(
-    "/{job_id}/checkpoints/{step}",
-    response_class=StreamingResponse,
-    responses={
+_DOWNLOAD_HEADERS = {
+    "ETag": {"description": "Strong; changes when the files do. Send it as If-Range to resume"},
+    "Accept-Ranges": {"description": "`bytes`: a single `Range` is served (206)"},
+}
+_HEAD_DESCRIPTION = "The headers a GET would answer (length, ETag, name), without reading a file"
+_HEAD_OK: dict[int | str, dict[str, Any]] = {
+    200: {"headers": _DOWNLOAD_HEADERS, "description": "What a GET would send, without a body"}
+}
+_BAD_STEP: dict[int | str, dict[str, Any]] = {
+    422: {"model": ErrorPublic, "description": "`step` is neither a step nor `latest`"}
+}
+_NO_CHECKPOINT: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorPublic, "description": "No such job, or no such checkpoint"}
+}
+_NO_EXPORT: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorPublic, "description": "No such job, or no export (yet)"}
+}
+_A = TypeVar("_A", bound=ArchiveHead)
+
+
+def _download_responses(what: str) -> dict[int | str, dict[str, Any]]:
+    return {
         200: {
-            "content": {"application/gzip": {}},
-            "description": "A .tar.gz of the checkpoint (uncompressed gzip, with Content-Length)",
+            "content": {MEDIA_TYPE: {}},
+            "headers": _DOWNLOAD_HEADERS,
+            "description": f"A .tar.gz of {what} (uncompressed gzip, with Content-Length)",
         },
-        404: {"model": ErrorPublic, "description": "No such job, or no such checkpoint"},
-        422: {"model": ErrorPublic, "description": "`step` is neither a step nor `latest`"},
-    },
-)
-def download_checkpoint(
-    job: JobDep,
-    settings: SettingsDep,
-    step: Annotated[str, FastAPIPath(description="A retained checkpoint's step, or `latest`")],
-) -> StreamingResponse:
-    """One checkpoint (`latest`: the newest retained one) as a streamed .tar.gz with its
-    spec.json, restorable by `tf.train.Checkpoint` (extract it, then
-    `tf.train.latest_checkpoint(dir)`)."""
+        206: {
+            "content": {MEDIA_TYPE: {}},
+            "headers": _DOWNLOAD_HEADERS,
+            "description": "The single range `Range` asked for (`If-Range` matching the ETag, "
+            "or absent); several ranges get the whole, as a 200",
+        },
+        416: {"model": ErrorPublic, "description": "The range starts past the end"},
+    }
+
+
+def _spec_json(job: JobRecord) -> bytes:
+    return (json.dumps(job.spec, indent=2, sort_keys=True) + "\n").encode()
+
+
+def _checkpoint_archive(
+    job: JobRecord,
+    settings: Settings,
+    step: str,
+    build: Callable[[Checkpoint, bytes], _A | None],
+) -> tuple[Checkpoint, _A]:
+    """The checkpoint `step` names, and `build` of it (an open archive, or its head)."""
     if step != _LATEST and not _STEP.fullmatch(step):
         raise FieldErrors(
             [
@@ -472,7 +506,7 @@ def download_checkpoint(
             ]
         )
     run = _run(settings, job)
-    spec = (json.dumps(job.spec, indent=2, sort_keys=True) + "\n").encode()
+    spec = _spec_json(job)
     checkpoint, archive = None, None
     for _ in range(_LATEST_TRIES if step == _LATEST else 1):
         retained = list_checkpoints(run)
@@ -480,7 +514,7 @@ def download_checkpoint(
             checkpoint = retained[-1] if retained else None
         else:
             checkpoint = next((c for c in retained if c.step == int(step)), None)
-        archive = open_archive(checkpoint, spec) if checkpoint is not None else None
+        archive = build(checkpoint, spec) if checkpoint is not None else None
         if archive is not None or checkpoint is None:
             break
     if checkpoint is None or archive is None:
@@ -497,42 +531,79 @@ def download_checkpoint(
                 f"Job {job.id!r} has no checkpoint at step {int(step)}. Retained steps: {steps}."
             )
         raise HTTPException(404, detail)
-    return _attachment(archive, f"{job.id}-ckpt-{checkpoint.step}.tar.gz")
+    return checkpoint, archive
+
+
+_STEP_PATH = FastAPIPath(description="A retained checkpoint's step, or `latest`")
 
 
 @router.get(
-    "/{job_id}/export",
+    "/{job_id}/checkpoints/{step}",
     response_class=StreamingResponse,
-    responses={
-        200: {
-            "content": {"application/gzip": {}},
-            "description": "A .tar.gz of the SavedModel (uncompressed gzip, with Content-Length)",
-        },
-        404: {"model": ErrorPublic, "description": "No such job, or no export (yet)"},
-    },
+    responses={**_download_responses("the checkpoint"), **_NO_CHECKPOINT, **_BAD_STEP},
 )
-def download_export(job: JobDep, settings: SettingsDep) -> StreamingResponse:
-    """The model a succeeded job exported, as a streamed .tar.gz: the SavedModel's files at
-    its top (extract it, then `tf.saved_model.load(dir)`), with the job's spec.json and
-    result.json."""
-    spec = (json.dumps(job.spec, indent=2, sort_keys=True) + "\n").encode()
-    archive = open_export(_run(settings, job), spec)
+def download_checkpoint(
+    job: JobDep,
+    settings: SettingsDep,
+    step: Annotated[str, _STEP_PATH],
+    request: Request,
+) -> Response:
+    """One checkpoint (`latest`: the newest retained one) as a streamed .tar.gz with its
+    spec.json, restorable by `tf.train.Checkpoint` (extract it, then
+    `tf.train.latest_checkpoint(dir)`). Resumable: `Range: bytes=N-` with `If-Range: ETAG`
+    sends the rest (206), or the whole (200) if the files have changed since."""
+    checkpoint, archive = _checkpoint_archive(job, settings, step, open_archive)
+    return archive_response(request, archive, f"{job.id}-ckpt-{checkpoint.step}.tar.gz")
+
+
+@router.head(
+    "/{job_id}/checkpoints/{step}",
+    response_class=Response,
+    responses={**_HEAD_OK, **_NO_CHECKPOINT, **_BAD_STEP},
+    description=_HEAD_DESCRIPTION,
+)
+def head_checkpoint(
+    job: JobDep,
+    settings: SettingsDep,
+    step: Annotated[str, _STEP_PATH],
+    request: Request,
+) -> Response:
+    checkpoint, head = _checkpoint_archive(job, settings, step, describe_archive)
+    return archive_response(request, head, f"{job.id}-ckpt-{checkpoint.step}.tar.gz")
+
+
+def _export_archive(
+    job: JobRecord, settings: Settings, build: Callable[[RunDir, bytes], _A | None]
+) -> _A:
+    archive = build(_run(settings, job), _spec_json(job))
     if archive is None:
         raise HTTPException(
             404,
             f"Job {job.id!r} has no exported model (a job exports its model as it succeeds; "
             f"it is {job.state.value}).",
         )
-    return _attachment(archive, f"{job.id}-export.tar.gz")
+    return archive
 
 
-def _attachment(archive: Archive, filename: str) -> StreamingResponse:
-    """A download: its length sent ahead, so a browser or curl shows progress."""
-    return StreamingResponse(
-        archive.chunks,
-        media_type="application/gzip",
-        headers={
-            "Content-Disposition": f'attachment; filename="{filename}"',
-            "Content-Length": str(archive.size),
-        },
-    )
+@router.get(
+    "/{job_id}/export",
+    response_class=StreamingResponse,
+    responses={**_download_responses("the SavedModel"), **_NO_EXPORT},
+)
+def download_export(job: JobDep, settings: SettingsDep, request: Request) -> Response:
+    """The model a succeeded job exported, as a streamed .tar.gz: the SavedModel's files at
+    its top (extract it, then `tf.saved_model.load(dir)`), with the job's spec.json and
+    result.json. Resumable as a checkpoint's download is."""
+    archive = _export_archive(job, settings, open_export)
+    return archive_response(request, archive, f"{job.id}-export.tar.gz")
+
+
+@router.head(
+    "/{job_id}/export",
+    response_class=Response,
+    responses={**_HEAD_OK, **_NO_EXPORT},
+    description=_HEAD_DESCRIPTION,
+)
+def head_export(job: JobDep, settings: SettingsDep, request: Request) -> Response:
+    head = _export_archive(job, settings, describe_export)
+    return archive_response(request, head, f"{job.id}-export.tar.gz")

@@ -1,16 +1,25 @@
-"""Listing a run's checkpoints and streaming one as .tar.gz."""
+"""Listing a run's checkpoints and streaming one as .tar.gz: whole, or any byte range of
+it, the same bytes for the same files every time."""
 
 from __future__ import annotations
 
 import io
 import os
+import re
 import subprocess
 import tarfile
 from pathlib import Path
 
 import pytest
 
-from service.checkpoints import find_checkpoint, list_checkpoints, open_archive
+from service.archives import Archive
+from service.checkpoints import (
+    describe_archive,
+    find_checkpoint,
+    list_checkpoints,
+    open_archive,
+)
+from service.exports import describe_export, open_export
 from trainer.rundir import RunDir
 
 
@@ -44,7 +53,7 @@ def test_open_archive_survives_deletion_mid_download(tmp_path: Path) -> None:
     assert archive is not None
     for path in checkpoint.files:  # CheckpointManager drops it as the download starts
         path.unlink()
-    data = b"".join(archive.chunks)
+    data = b"".join(archive.stream())
     assert len(data) == archive.size
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
         members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}  # type: ignore[union-attr]
@@ -86,7 +95,7 @@ def test_open_archive_size_is_exact_and_gunzips(tmp_path: Path, data_size: int) 
     assert checkpoint is not None
     archive = open_archive(checkpoint, b"{}\n")
     assert archive is not None
-    data = b"".join(archive.chunks)
+    data = b"".join(archive.stream())
     assert len(data) == archive.size  # sent as Content-Length: a byte off hangs or cuts it
     path = tmp_path / "ckpt.tar.gz"
     path.write_bytes(data)
@@ -111,4 +120,101 @@ def test_open_archive_shrunk_file_ends_stream_short(tmp_path: Path) -> None:
     assert archive is not None
     os.truncate(checkpoint.files[1], 1000)  # cut in place: the open file shrinks too
     with pytest.raises(OSError, match="ckpt-3.data-00000-of-00001 shrank"):
-        b"".join(archive.chunks)
+        b"".join(archive.stream())
+
+
+def _opened(run: RunDir, step: int, spec: bytes = b"{}\n") -> Archive:
+    checkpoint = find_checkpoint(run, step)
+    assert checkpoint is not None
+    archive = open_archive(checkpoint, spec)
+    assert archive is not None
+    return archive
+
+
+# Sizes around the stored blocks (65,535 bytes) and the read chunk (256 KiB): one block,
+# several read chunks, and a tar of exactly 512 whole blocks.
+@pytest.mark.parametrize("data_size", [1000, 700_000, 65_535 * 512 - 7 * 512 - 1024])
+def test_stream_of_any_range_is_that_slice_of_the_whole(tmp_path: Path, data_size: int) -> None:
+    run = RunDir(tmp_path / "run")
+    _checkpoint(run, 5, size=data_size)
+    whole = b"".join(_opened(run, 5).stream())
+    size = len(whole)
+    block = 65_535 + 5
+    starts = {0, 1, 9, 10, 11, 14, 15, 16, block + 10, block + 9, 3 * block + 17, size // 2}
+    starts |= {size - 9, size - 8, size - 7, size - 1}
+    for start in sorted(s for s in starts if 0 <= s < size):
+        # To the end (a resume: the trailer's CRC needs every byte before), and short of the
+        # trailer (the bytes before `start` are then skipped unread).
+        for stop in sorted({size, size - 8, start + 1, start + 70_000, size - 1}):
+            if start < stop <= size:
+                part = b"".join(_opened(run, 5).stream(start, stop))
+                assert part == whole[start:stop], (start, stop)
+
+
+def test_archive_bytes_come_from_the_files_alone(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "run")
+    _checkpoint(run, 8, shards=2, size=3000)
+    for path in run.checkpoints.iterdir():
+        os.utime(path, ns=(1_600_000_000_123_456_789, 1_600_000_000_123_456_789))
+    first = b"".join(_opened(run, 8).stream())
+    assert first[4:8] == b"\0\0\0\0"  # the gzip header holds no time
+    with tarfile.open(fileobj=io.BytesIO(first), mode="r:gz") as tar:
+        members = tar.getmembers()
+    # The members the service makes up take the files' time, not the time of the request.
+    assert {m.name: m.mtime for m in members} == {
+        "ckpt-8.index": 1_600_000_000, "ckpt-8.data-00000-of-00002": 1_600_000_000,
+        "ckpt-8.data-00001-of-00002": 1_600_000_000, "checkpoint": 1_600_000_000,
+        "spec.json": 1_600_000_000,
+    }  # fmt: skip
+    assert {(m.uid, m.gid, m.uname, m.gname, m.mode) for m in members} == {(0, 0, "", "", 0o644)}
+    assert b"".join(_opened(run, 8).stream()) == first
+
+
+def test_etag_follows_the_files(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "run")
+    _checkpoint(run, 9, size=2000)
+    tag = _opened(run, 9).etag
+    assert re.fullmatch(r'"[0-9a-f]{32}"', tag)
+    assert _opened(run, 9).etag == tag
+    assert _opened(run, 9, spec=b'{"name": "other"}\n').etag != tag
+    data = run.checkpoints / "ckpt-9.data-00000-of-00001"
+    stat = data.stat()
+    data.write_bytes(os.urandom(2000))  # same size, rewritten
+    os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+    assert _opened(run, 9).etag != tag
+
+
+def test_head_stats_and_opens_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = RunDir(tmp_path / "run")
+    _checkpoint(run, 4, shards=3, size=5000)
+    (run.export / "variables").mkdir(parents=True)
+    (run.export / "saved_model.pb").write_bytes(b"pb" * 100)
+    (run.export / "variables" / "variables.index").write_bytes(b"v" * 30)
+    run.result.write_text('{"outcome": "succeeded"}')
+    checkpoint = find_checkpoint(run, 4)
+    assert checkpoint is not None
+    opened = [open_archive(checkpoint, b"{}\n"), open_export(run, b"{}\n")]
+
+    def no_open(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"HEAD opened {args[0]}")
+
+    monkeypatch.setattr("builtins.open", no_open)
+    heads = [describe_archive(checkpoint, b"{}\n"), describe_export(run, b"{}\n")]
+    monkeypatch.undo()
+    for head, archive in zip(heads, opened, strict=True):
+        assert head is not None and archive is not None
+        assert (head.size, head.etag) == (archive.size, archive.etag)
+        assert len(b"".join(archive.stream())) == archive.size
+
+
+def test_export_result_json_link_is_left_out(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "run")
+    run.export.mkdir(parents=True)
+    (run.export / "saved_model.pb").write_bytes(b"pb")
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"not": "yours"}')
+    run.result.symlink_to(secret)
+    archive = open_export(run, b"{}\n")
+    assert archive is not None
+    with tarfile.open(fileobj=io.BytesIO(b"".join(archive.stream())), mode="r:gz") as tar:
+        assert tar.getnames() == ["saved_model.pb", "spec.json"]

@@ -1,0 +1,108 @@
+"""Answering a download of an archive (`service.archives`): HEAD, byte ranges, ETag.
+
+A dropped download resumes where it stopped: the client sends `Range: bytes=N-` and
+`If-Range: <the ETag it started with>`, and gets a 206 of the rest, or, if the files have
+changed since, a 200 of the whole new archive (RFC 9110, sections 13.1.5 and 14).
+
+Only a single range is served. A request for several gets the whole archive as a 200, as
+RFC 9110 allows a server to ignore Range: a multipart/byteranges answer is rarely used by
+clients (a resume asks for one range), and each range after the first would cost the
+reading and CRC of everything before it again. A 416 instead would fail a client that
+could have used the whole. A Range that cannot be parsed, or in another unit, is ignored
+likewise; one whose start lies past the end gets 416 with `Content-Range: bytes */SIZE`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from fastapi import HTTPException, Request, Response
+from fastapi.responses import StreamingResponse
+
+from service.archives import Archive, ArchiveHead
+
+MEDIA_TYPE = "application/gzip"
+_SPEC = re.compile(r"([0-9]*)-([0-9]*)")
+_HUGE = 10**30  # any position past every archive: the end of the list of digits is not read
+
+
+class Unsatisfiable(Exception):
+    """A single range whose start lies past the end."""
+
+
+def requested_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """The one byte range `header` (a Range header's value) asks of `size` bytes, as
+    [start, stop), or None to send the whole (no header, a malformed one, another unit,
+    several ranges). Raises Unsatisfiable when the range starts past the end."""
+    if header is None:
+        return None
+    unit, equals, ranges = header.strip().partition("=")
+    if not equals or unit.lower() != "bytes":
+        return None
+    specs = [spec.strip(" \t") for spec in ranges.split(",")]
+    specs = [spec for spec in specs if spec]  # a list may hold empty elements (RFC 9110 5.6.1)
+    if len(specs) != 1:
+        return None
+    match = _SPEC.fullmatch(specs[0])
+    if match is None or not (match.group(1) or match.group(2)):
+        return None
+    first, last = (_position(group) if group else None for group in match.groups())
+    if first is None:  # "-N": the last N bytes
+        assert last is not None
+        if last == 0:
+            raise Unsatisfiable
+        return max(0, size - last), size
+    if last is not None and last < first:
+        return None  # invalid: ignored, as malformed
+    if first >= size:
+        raise Unsatisfiable
+    return first, size if last is None else min(last + 1, size)
+
+
+def _position(digits: str) -> int:
+    return int(digits) if len(digits) <= 30 else _HUGE
+
+
+def if_range_holds(header: str | None, etag: str) -> bool:
+    """Whether a Range may be served under `If-Range: header`: it names this very ETag
+    (compared strongly: a weak tag never matches). A date never holds: these archives send
+    no Last-Modified to compare it with."""
+    return header is None or header.strip() == etag
+
+
+def archive_response(request: Request, archive: ArchiveHead, filename: str) -> Response:
+    """The answer to a GET or HEAD of `archive` (an open `Archive` for a GET): 200 with
+    the whole, or 206 with the one range asked for, or 416; the same headers either way,
+    length and ETag included, so a HEAD tells what a GET would send."""
+    tagged = {"ETag": archive.etag, "Accept-Ranges": "bytes"}
+    headers = {**tagged, "Content-Disposition": f'attachment; filename="{filename}"'}
+    whole = {**headers, "Content-Length": str(archive.size)}
+    if not isinstance(archive, Archive):  # HEAD: Range is defined for GET only
+        return Response(status_code=200, media_type=MEDIA_TYPE, headers=whole)
+    wanted = request.headers.get("range")
+    span = None
+    try:
+        if if_range_holds(request.headers.get("if-range"), archive.etag):
+            span = requested_range(wanted, archive.size)
+    except Unsatisfiable:
+        archive.close()
+        raise HTTPException(
+            416,
+            f"Range {(wanted or '')[:100]!r} starts at or past the end of the archive, which is "
+            f"{archive.size} bytes: ask for a range that starts before it.",
+            # Not an attachment: the body is the error, as JSON.
+            headers={**tagged, "Content-Range": f"bytes */{archive.size}"},
+        ) from None
+    if span is None:
+        return StreamingResponse(archive.stream(), media_type=MEDIA_TYPE, headers=whole)
+    start, stop = span
+    return StreamingResponse(
+        archive.stream(start, stop),
+        status_code=206,
+        media_type=MEDIA_TYPE,
+        headers={
+            **headers,
+            "Content-Length": str(stop - start),
+            "Content-Range": f"bytes {start}-{stop - 1}/{archive.size}",
+        },
+    )

@@ -1,0 +1,186 @@
+"""Resumable downloads against a real service: HEAD, Range, If-Range and ETag on the
+checkpoint and export routes.
+
+The job is the stand-in worker's (it succeeds at once); its checkpoints and export are
+real files written into its run directory here, as the trainer would leave them, so the
+tests can add, change and size them at will.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.service.harness import Service, fake_worker_env, job_spec
+
+DOWNLOAD_HEADERS = (
+    "content-type", "content-length", "content-disposition", "etag", "accept-ranges",
+)  # fmt: skip
+
+
+@pytest.fixture
+def served(make_service: Callable[..., Service], tmp_path: Path) -> tuple[Service, str, Path]:
+    """A service, a succeeded job's id, and its run directory, with checkpoints 20 and 40
+    (1.5 MB of data each: many stored blocks) and an export."""
+    service = make_service(env=fake_worker_env(tmp_path))
+    service.start()
+    job = service.submit(job_spec(name="quick"))
+    service.wait_state(job["id"], "succeeded")
+    run = service.data_dir / "runs" / job["id"]
+    for step in (20, 40):
+        write_checkpoint(run, step)
+    (run / "export" / "variables").mkdir(parents=True)
+    (run / "export" / "saved_model.pb").write_bytes(os.urandom(40_000))
+    (run / "export" / "variables" / "variables.index").write_bytes(b"v" * 300)
+    (run / "export" / "variables" / "variables.data-00000-of-00001").write_bytes(
+        os.urandom(900_000)
+    )
+    return service, job["id"], run
+
+
+def write_checkpoint(run: Path, step: int, size: int = 1_500_000) -> None:
+    folder = run / "checkpoints"
+    folder.mkdir(exist_ok=True)
+    (folder / f"ckpt-{step}.data-00000-of-00001").write_bytes(os.urandom(size))
+    (folder / f"ckpt-{step}.index").write_bytes(b"i" * 100)
+
+
+def urls(job_id: str) -> list[str]:
+    base = f"/api/v1/jobs/{job_id}"
+    return [f"{base}/checkpoints/20", f"{base}/checkpoints/latest", f"{base}/export"]
+
+
+def test_head_answers_the_headers_a_get_does(served: tuple[Service, str, Path]) -> None:
+    service, job_id, _ = served
+    for url in urls(job_id):
+        got = service.client.get(url)
+        head = service.client.head(url)
+        assert got.status_code == head.status_code == 200, (url, head.status_code)
+        assert head.content == b""
+        assert {h: head.headers.get(h) for h in DOWNLOAD_HEADERS} == {
+            h: got.headers.get(h) for h in DOWNLOAD_HEADERS
+        }
+        assert head.headers["content-length"] == str(len(got.content))
+        assert head.headers["accept-ranges"] == "bytes"
+        assert head.headers["etag"].startswith('"')
+    head = service.client.head(f"/api/v1/jobs/{job_id}/checkpoints/30")
+    assert head.status_code == 404 and head.content == b""
+
+
+def test_range_is_that_slice_of_the_whole(served: tuple[Service, str, Path]) -> None:
+    service, job_id, _ = served
+    for url in urls(job_id):
+        whole = service.client.get(url)
+        data, size, tag = whole.content, len(whole.content), whole.headers["etag"]
+        assert size > 900_000  # many stored blocks
+        cases = {
+            f"bytes={size // 3}-": (size // 3, size),
+            f"bytes=10-{size // 2}": (10, size // 2 + 1),
+            "bytes=0-0": (0, 1),
+            f"bytes={size - 3}-{size + 1000}": (size - 3, size),  # past the end: to the end
+            "bytes=-100": (size - 100, size),
+            f"bytes=-{size * 2}": (0, size),
+            "BYTES=70000-70100": (70_000, 70_101),  # the unit in any case
+        }
+        for header, (start, stop) in cases.items():
+            for extra in ({}, {"If-Range": tag}):
+                part = service.client.get(url, headers={"Range": header, **extra})
+                assert part.status_code == 206, (url, header, part.text[:200])
+                assert part.content == data[start:stop], (url, header)
+                assert part.headers["content-range"] == f"bytes {start}-{stop - 1}/{size}"
+                assert part.headers["content-length"] == str(stop - start)
+                assert part.headers["etag"] == tag
+                assert part.headers["content-type"] == "application/gzip"
+
+
+def test_range_past_the_end_is_416(served: tuple[Service, str, Path]) -> None:
+    service, job_id, _ = served
+    url = urls(job_id)[0]
+    size = int(service.client.head(url).headers["content-length"])
+    for header in (
+        f"bytes={size}-",
+        f"bytes={size + 5}-{size + 10}",
+        "bytes=-0",
+        "bytes=" + "9" * 40 + "-",
+    ):
+        refused = service.client.get(url, headers={"Range": header})
+        assert refused.status_code == 416, header
+        assert refused.headers["content-range"] == f"bytes */{size}"
+        assert refused.json()["detail"] == (
+            f"Range {header!r} starts at or past the end of the archive, which is {size} bytes: "
+            "ask for a range that starts before it."
+        )
+
+
+def test_if_range_not_this_etag_sends_the_whole(served: tuple[Service, str, Path]) -> None:
+    service, job_id, _ = served
+    url = urls(job_id)[2]
+    whole = service.client.get(url)
+    tag = whole.headers["etag"]
+    for if_range in (
+        '"0123456789abcdef0123456789abcdef"',
+        f"W/{tag}",
+        "Wed, 21 Oct 2015 07:28:00 GMT",
+    ):
+        got = service.client.get(url, headers={"Range": "bytes=100-", "If-Range": if_range})
+        assert got.status_code == 200, if_range
+        assert "content-range" not in got.headers
+        assert got.content == whole.content
+    # The If-Range comes first: a range it turns down is not checked either.
+    got = service.client.get(url, headers={"Range": "bytes=999999999-", "If-Range": '"old"'})
+    assert got.status_code == 200 and got.content == whole.content
+
+
+@pytest.mark.parametrize(
+    "header",
+    ["bytes=abc", "bytes=5-2", "items=0-5", "bytes=", "bytes=-", "bytes 0-5", "bytes=0-1,5-6",
+     "bytes=0-1, -5", "bytes=1.5-"],
+)  # fmt: skip
+def test_malformed_or_several_ranges_send_the_whole(
+    served: tuple[Service, str, Path], header: str
+) -> None:
+    service, job_id, _ = served
+    url = urls(job_id)[0]
+    whole = service.client.get(url).content
+    got = service.client.get(url, headers={"Range": header})
+    assert got.status_code == 200
+    assert got.content == whole
+    # HEAD answers as a GET without Range would: Range is for GET alone.
+    assert service.client.head(url, headers={"Range": "bytes=5-"}).status_code == 200
+
+
+def test_etag_changes_with_the_files_and_only_then(served: tuple[Service, str, Path]) -> None:
+    service, job_id, run = served
+    step20, latest, export = urls(job_id)
+
+    def etag(url: str) -> str:
+        return service.client.head(url).headers["etag"]
+
+    before = {url: etag(url) for url in (step20, latest, export)}
+    assert len(set(before.values())) == 3
+    write_checkpoint(run, 60, size=1000)  # a new checkpoint: `latest` is another archive
+    assert etag(latest) != before[latest]
+    assert etag(latest) == service.client.get(latest).headers["etag"]
+    assert (
+        service.client.get(latest)
+        .headers["content-disposition"]
+        .endswith(f'"{job_id}-ckpt-60.tar.gz"')
+    )
+    assert etag(step20) == before[step20]  # its own files did not change
+    (run / "export" / "assets").mkdir()
+    (run / "export" / "assets" / "vocab.txt").write_text("a\nb\n")
+    assert etag(export) != before[export]
+
+
+def test_same_bytes_after_a_restart(served: tuple[Service, str, Path]) -> None:
+    service, job_id, _ = served
+    before = [service.client.get(url) for url in urls(job_id)]
+    service.stop()
+    service.start()
+    for url, old in zip(urls(job_id), before, strict=True):
+        new = service.client.get(url)
+        assert new.headers["etag"] == old.headers["etag"]
+        assert new.content == old.content, url

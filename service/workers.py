@@ -119,6 +119,10 @@ def spawn_worker(
     if nice > 0:
         command = ["nice", "-n", str(nice), *command]
     env = dict(os.environ)
+    # A job the service runs trains on this host's devices alone. A TF_CONFIG left in the
+    # service's environment (a shell that also launched a multi-worker job) would make
+    # every worker wait for a cluster that is not coming (trainer/cluster.py).
+    env.pop("TF_CONFIG", None)
     env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(worker_pythonpath())

@@ -13,8 +13,13 @@ Every verb takes `--url` (default `$TOWERBOARD_URL`, else http://127.0.0.1:8000)
 just the job id, so `id=$(towerboard submit spec.json)` works); progress and errors go to
 stderr, each error as one line. Exit codes: 0 done; 1 the service refused or failed the
 request, or a watched job did not succeed; 2 bad usage or a rejected spec; 3 the service
-could not be reached; 130 interrupted; 141 (as a shell reports SIGPIPE) the reader of
-stdout went away, as `| head` does, which ends the command quietly.
+could not be reached, or a download was cut off (run it again: it resumes); 130
+interrupted; 141 (as a shell reports SIGPIPE) the reader of stdout went away, as `| head`
+does, which ends the command quietly.
+
+Downloads (`checkpoints --download`, `export`) write `TARGET.part`, renamed to TARGET once
+complete; a part left by a download that was cut off or interrupted is resumed by the next
+run to the same target, when the service still serves the same archive (its ETag).
 
 Only httpx and the standard library: the client never imports TensorFlow.
 """
@@ -27,7 +32,6 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
 import time
 import webbrowser
 from collections.abc import Callable, Iterator
@@ -37,6 +41,8 @@ from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 import httpx
+
+from service.partfile import PartFile, PartInUse, part_paths, resumable_bytes
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -54,6 +60,9 @@ _LOG_POLL_SECONDS = 1.0
 # How long a verb that follows a job (submit --watch, logs --follow, cancel --wait) keeps
 # trying a service it cannot reach: a restart takes seconds, and the job runs on meanwhile.
 RECONNECT_SECONDS = 120.0
+# A download waits up to this long between bytes: resuming near the end of a large
+# archive, the service reads all before the first (for the gzip trailer's CRC).
+_DOWNLOAD_TIMEOUT = httpx.Timeout(300.0, connect=5.0)
 _T = TypeVar("_T")
 LOG_OFFSET_HEADER = "X-Log-Offset"  # the logs route's "read on from here" (HTTP contract)
 
@@ -610,53 +619,136 @@ def _attachment_name(response: httpx.Response, fallback: str) -> str:
     return name if plain else fallback
 
 
+def _target(output: str | None, name: str) -> Path:
+    """Where a download named `name` goes: `output`, or into the folder `output` names
+    (made if need be), or ./NAME."""
+    if output is None:
+        return Path(name)
+    if output.endswith(_SEPARATORS) or Path(output).is_dir():
+        return Path(output) / name
+    return Path(output)
+
+
+def _length(response: httpx.Response | None) -> int | None:
+    value = response.headers.get("content-length", "") if response is not None else ""
+    return int(value) if value.isascii() and value.isdigit() else None
+
+
+def _head(client: Client, path: str) -> httpx.Response | None:
+    """HEAD `path`: the download's name, length and ETag, to resume by. None when it
+    fails: the GET then says why, with the body a HEAD has not got."""
+    try:
+        response = client.http.head(path)
+    except httpx.TransportError as error:
+        raise client._unreachable(error) from error
+    return response if response.is_success else None
+
+
 def _download(client: Client, path: str, fallback_name: str, output: str | None) -> Path:
     """GET `path` into a file: `output`, or into the folder `output` names (made if need
-    be), or ./ under the name the service gives. Progress on stderr when it is a terminal."""
+    be), or ./ under the name the service gives. The bytes go to `TARGET.part`, renamed to
+    TARGET once all have come; a part left by a download that stopped is resumed (a
+    `Range` for the rest, with `If-Range` its ETag, kept in `TARGET.part.etag`). Progress
+    on stderr when it is a terminal."""
+    head = _head(client, path)
+    name = _attachment_name(head, fallback_name) if head is not None else fallback_name
+    target = _target(output, name)
+    etag = head.headers.get("etag") if head is not None else None
+    size = _length(head)
+    held = resumable_bytes(target, etag, size)
+    part: PartFile | None = None
     try:
-        with client.http.stream("GET", path) as response:
+        if held and held == size:  # complete before: only the rename was missed
+            part = PartFile(target)
+            if part.held() == size:
+                return part.finish()
+        ranged = f"bytes {held}-{size - 1}/{size}" if held and size else None
+        headers = {"Range": f"bytes={held}-", "If-Range": etag or ""} if ranged else {}
+        with client.http.stream(
+            "GET", path, headers=headers, timeout=_DOWNLOAD_TIMEOUT
+        ) as response:
             if not response.is_success:
                 response.read()
                 client.check(response)
             name = _attachment_name(response, fallback_name)
-            if output is None:
-                target = Path(name)
-            elif output.endswith(_SEPARATORS) or Path(output).is_dir():
-                target = Path(output) / name  # a folder, made below if it does not exist yet
+            resumed = response.status_code == 206
+            if resumed and response.headers.get("content-range") != ranged:
+                raise ClientError(
+                    f"the service answered the resume of {name} with Content-Range "
+                    f"{response.headers.get('content-range')!r}, not {ranged!r}; remove "
+                    f"{part_paths(target)[0]} to download it whole"
+                )
+            if not resumed:  # a first download, or the archive changed: the whole comes
+                target = _target(output, name)
+            if part is None or part.target != target:
+                if part is not None:
+                    part.close()
+                part = PartFile(target)
+            if resumed:
+                total: int | None = size
+                if part.held() != held:
+                    raise ClientError(f"{part.path} changed as the download began; try again")
+                sys.stderr.write(f"resuming {name} at {_bytes(held)} of {_bytes(total)}\n")
             else:
-                target = Path(output)
-            total = int(response.headers.get("content-length") or 0) or None
-            progress = _DownloadProgress(name, total) if sys.stderr.isatty() else None
-            # Written to a temp name beside the target, then renamed: never a half file.
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-            try:
-                with os.fdopen(fd, "wb") as file:
-                    for chunk in response.iter_bytes():
-                        file.write(chunk)
-                        if progress is not None:
-                            progress.add(len(chunk))
+                total, held = _length(response), 0
+                if stale := part.held():
+                    sys.stderr.write(
+                        f"the {_bytes(stale)} in {part.path} are of another version of "
+                        f"{name}: downloading it whole\n"
+                    )
+                part.restart(response.headers.get("etag"))
+            progress = _DownloadProgress(name, total, held) if sys.stderr.isatty() else None
+            for chunk in response.iter_bytes():
+                part.write(chunk)
                 if progress is not None:
-                    progress.done()
-                umask = os.umask(0)
-                os.umask(umask)
-                os.chmod(temp, 0o666 & ~umask)  # mkstemp makes it 0600
-                os.replace(temp, target)
-            except BaseException:
-                Path(temp).unlink(missing_ok=True)
-                raise
+                    progress.add(len(chunk))
+            if progress is not None:
+                progress.done()
+        if total is not None and part.held() != total:
+            raise ClientError(
+                f"the download of {name} ended at {_bytes(part.held())} of {_bytes(total)}"
+                f"{_kept(part)}"
+            )
+        return part.finish()
+    except PartInUse as error:
+        raise ClientError(str(error)) from error
     except httpx.TransportError as error:
-        raise client._unreachable(error) from error
+        if part is None or part.finished:  # no answer came
+            raise client._unreachable(error) from error
+        raise ClientError(
+            f"the download of {name} was cut off at {_bytes(part.held())} of {_bytes(total)} "
+            f"({error.__class__.__name__}: {error}){_kept(part)}",
+            EXIT_UNREACHABLE,
+        ) from error
+    except KeyboardInterrupt:
+        if note := _kept(part):
+            sys.stderr.write(f"\ninterrupted{note}\n")
+        raise
     except OSError as error:
         raise ClientError(f"cannot write {target}: {error.strerror or error}") from error
-    return target
+    finally:
+        if part is not None:
+            part.close()
+
+
+def _kept(part: PartFile | None) -> str:
+    """What a stopped download leaves to resume from, as the end of a sentence."""
+    if part is None or part.finished or not part.tag_path.exists():
+        return ""
+    try:
+        held = part.held()
+    except OSError:
+        return ""
+    if not held:
+        return ""
+    return f"; {_bytes(held)} kept in {part.path}: run the same command again to resume"
 
 
 class _DownloadProgress:
     """`downloading NAME: 45% of 75.0 MB` on one stderr line, redrawn a few times a second."""
 
-    def __init__(self, name: str, total: int | None) -> None:
-        self.name, self.total, self.done_bytes, self.drawn = name, total, 0, 0.0
+    def __init__(self, name: str, total: int | None, done: int = 0) -> None:
+        self.name, self.total, self.done_bytes, self.drawn = name, total, done, 0.0
 
     def add(self, count: int) -> None:
         self.done_bytes += count

@@ -1,5 +1,5 @@
 """Resumable downloads against a real service: HEAD, Range, If-Range and ETag on the
-checkpoint and export routes.
+checkpoint and export routes, and the CLI resuming a partial download.
 
 The job is the stand-in worker's (it succeeds at once); its checkpoints and export are
 real files written into its run directory here, as the trainer would leave them, so the
@@ -8,13 +8,19 @@ tests can add, change and size them at will.
 
 from __future__ import annotations
 
+import fcntl
+import http.server
 import os
+import subprocess
+import sys
+import tarfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.service.harness import Service, fake_worker_env, job_spec
+from tests.service.harness import ROOT, Service, fake_worker_env, job_spec
 
 DOWNLOAD_HEADERS = (
     "content-type", "content-length", "content-disposition", "etag", "accept-ranges",
@@ -184,3 +190,155 @@ def test_same_bytes_after_a_restart(served: tuple[Service, str, Path]) -> None:
         new = service.client.get(url)
         assert new.headers["etag"] == old.headers["etag"]
         assert new.content == old.content, url
+
+
+# --- the CLI ---------------------------------------------------------------------------
+
+
+def towerboard(
+    service: Service, *args: str, url: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("TOWERBOARD_TOKEN", "TOWERBOARD_URL")}
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args, "--url", url or service.base_url],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_cli_resumes_a_partial_download(served: tuple[Service, str, Path], tmp_path: Path) -> None:
+    service, job_id, _ = served
+    folder = tmp_path / "fresh"
+    fresh = towerboard(service, "checkpoints", job_id, "--download", "20", "-o", f"{folder}/")
+    assert fresh.returncode == 0, fresh.stderr
+    name = f"{job_id}-ckpt-20.tar.gz"
+    whole = (folder / name).read_bytes()
+    assert sorted(p.name for p in folder.iterdir()) == [name]  # no .part left behind
+    tag = service.client.head(urls(job_id)[0]).headers["etag"]
+
+    out = tmp_path / "resumed" / "ckpt.tar.gz"
+    out.parent.mkdir()
+    part, saved_tag = Path(f"{out}.part"), Path(f"{out}.part.etag")
+    part.write_bytes(whole[: len(whole) * 6 // 10])  # a download cut at 60%
+    saved_tag.write_text(tag)
+    resumed = towerboard(service, "checkpoints", job_id, "--download", "20", "-o", str(out))
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming {name} at 882.4 KiB of 1.4 MiB" in resumed.stderr
+    assert out.read_bytes() == whole
+    assert not part.exists() and not saved_tag.exists()
+
+    # What is in the part is kept, not fetched again: a byte changed in it stays changed.
+    marked = bytearray(whole[:1000])
+    marked[500] ^= 0xFF
+    part.write_bytes(marked)
+    saved_tag.write_text(tag)
+    again = towerboard(service, "checkpoints", job_id, "--download", "20", "-o", str(out))
+    assert again.returncode == 0, again.stderr
+    assert out.read_bytes() == bytes(marked) + whole[1000:]
+
+    # Another download writing the same part holds it: this one says so and leaves it be.
+    part.write_bytes(whole[:1000])
+    with open(part, "ab") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        busy = towerboard(service, "checkpoints", job_id, "--download", "20", "-o", str(out))
+    assert busy.returncode == 1
+    assert busy.stderr == (
+        f"towerboard: error: {part} is being written by another download; wait for it to end\n"
+    )
+    assert part.read_bytes() == whole[:1000]
+
+
+def test_cli_starts_over_when_the_archive_changed(
+    served: tuple[Service, str, Path], tmp_path: Path
+) -> None:
+    service, job_id, run = served
+    out = tmp_path / "model.tar.gz"
+    part, saved_tag = Path(f"{out}.part"), Path(f"{out}.part.etag")
+    part.write_bytes(b"x" * 5000)
+    saved_tag.write_text('"0123456789abcdef0123456789abcdef"')  # of files since replaced
+    got = towerboard(service, "export", job_id, "-o", str(out))
+    assert got.returncode == 0, got.stderr
+    assert "resuming" not in got.stderr
+    assert out.read_bytes() == service.client.get(urls(job_id)[2]).content
+    assert not part.exists() and not saved_tag.exists()
+
+    # `latest` moved on since the part was saved: another archive, downloaded whole.
+    write_checkpoint(run, 60, size=1000)
+    part.write_bytes(b"y" * 3000)
+    saved_tag.write_text(service.client.head(urls(job_id)[1]).headers["etag"])
+    write_checkpoint(run, 80, size=2000)  # `latest` moves on after the tag was saved
+    latest = towerboard(service, "checkpoints", job_id, "--download", "latest", "-o", str(out))
+    assert latest.returncode == 0, latest.stderr
+    assert out.read_bytes() == service.client.get(urls(job_id)[1]).content
+    with tarfile.open(out) as tar:
+        assert "ckpt-80.index" in tar.getnames()
+    assert "are of another version of" in latest.stderr  # the part it threw away is named
+
+
+class CuttingProxy(http.server.ThreadingHTTPServer):
+    """A proxy to the service that drops the connection after `cut` bytes of a GET's body,
+    as a network that fails mid-download does."""
+
+    def __init__(self, service: Service, cut: int) -> None:
+        self.service, self.cut = service, cut
+        super().__init__(("127.0.0.1", 0), _CuttingHandler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _CuttingHandler(http.server.BaseHTTPRequestHandler):
+    server: CuttingProxy
+
+    def do_HEAD(self) -> None:
+        self._forward(body=False)
+
+    def do_GET(self) -> None:
+        self._forward(body=True)
+
+    def _forward(self, *, body: bool) -> None:
+        asked = {k: v for k, v in self.headers.items() if k.lower() in ("range", "if-range")}
+        with self.server.service.client.stream(self.command, self.path, headers=asked) as answer:
+            self.send_response(answer.status_code)
+            for name in (*DOWNLOAD_HEADERS, "content-range"):
+                if name in answer.headers:
+                    self.send_header(name, answer.headers[name])
+            self.end_headers()
+            if body:
+                self.wfile.write(answer.read()[: self.server.cut])
+        self.close_connection = True  # and short of its Content-Length: the client sees a cut
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_cli_download_cut_short_resumes_on_the_next_run(
+    served: tuple[Service, str, Path], tmp_path: Path
+) -> None:
+    service, job_id, _ = served
+    whole = service.client.get(urls(job_id)[2]).content
+    out = tmp_path / "model.tar.gz"
+    proxy = CuttingProxy(service, cut=len(whole) // 2)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        cut = towerboard(service, "export", job_id, "-o", str(out), url=proxy.url)
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+    assert cut.returncode == 3, cut.stderr
+    part = Path(f"{out}.part")
+    assert part.read_bytes() == whole[: len(whole) // 2]
+    assert cut.stderr.startswith(
+        f"towerboard: error: the download of {job_id}-export.tar.gz was cut off at 462.3 KiB "
+        "of 924.6 KiB (RemoteProtocolError: "
+    ), cut.stderr
+    assert cut.stderr.endswith(
+        f"; 462.3 KiB kept in {part}: run the same command again to resume\n"
+    ), cut.stderr
+    assert not out.exists()
+
+    resumed = towerboard(service, "export", job_id, "-o", str(out))
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming {job_id}-export.tar.gz at 462.3 KiB of 924.6 KiB" in resumed.stderr
+    assert out.read_bytes() == whole
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("model")) == [out.name]

@@ -55,32 +55,52 @@ class Checkpointer:
         self._last_step = -1
         self._last_time = time.monotonic()
 
+    def _kept(self) -> dict[int, str]:
+        """Step -> path prefix of the checkpoints kept, oldest first."""
+        return {int(path.rsplit("-", 1)[1]): path for path in self.manager.checkpoints}
+
+    def steps(self) -> list[int]:
+        """The steps of the checkpoints kept, oldest first."""
+        return list(self._kept())
+
+    def latest_step(self) -> int | None:
+        steps = self.steps()
+        return steps[-1] if steps else None
+
     def restore_latest(self) -> int | None:
         """Restore the newest checkpoint, if any; return its step."""
-        latest = self.manager.latest_checkpoint
-        if latest is None:
-            return None
+        latest = self.latest_step()
+        return None if latest is None else self.restore(latest)
+
+    def restore(self, step: int) -> int:
+        """Restore the checkpoint of `step` (one of `steps()`); return the step restored."""
+        path = self._kept()[step]
         try:
-            self.checkpoint.restore(latest).assert_existing_objects_matched()
+            self.checkpoint.restore(path).assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as e:
             # TensorFlow names a variable and two shapes; say what that means for a job.
             raise CheckpointMismatch(
-                f"Cannot resume from {Path(latest).parent.name}/{Path(latest).name}: it does not fit this job's "
+                f"Cannot resume from {Path(path).parent.name}/{Path(path).name}: it does not fit this job's "
                 f"model or optimizer (was the spec changed after it was written? Use a new job dir). {e}"
             ) from e
         self._last_step = int(self._trainer.step.numpy())
         self._last_time = time.monotonic()
         return self._last_step
 
-    def due(self, step: int) -> bool:
-        if step == self._last_step:
-            return False
-        by_steps = self.spec.every_steps > 0 and step % self.spec.every_steps == 0
-        by_time = (
+    def due_by_steps(self, step: int) -> bool:
+        return (
+            step != self._last_step
+            and self.spec.every_steps > 0
+            and step % self.spec.every_steps == 0
+        )
+
+    def due_by_time(self) -> bool:
+        """The `every_seconds` cadence. A cluster's workers each have their own clock, so
+        the controller saves by it only when the step's requests agree (`REQUESTS`)."""
+        return (
             self.spec.every_seconds > 0
             and time.monotonic() - self._last_time >= self.spec.every_seconds
         )
-        return by_steps or by_time
 
     def save(self, step: int) -> str:
         """Save at `step` (once per step); returns the checkpoint's path prefix."""

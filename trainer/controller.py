@@ -21,11 +21,12 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.checkpoints import Checkpointer
+from trainer.cluster import Cluster
 from trainer.profiling import TraceCapture, tower_times_ms
 from trainer.rundir import Outcome, ProgressWriter, RunDir, last_progress
 from trainer.spec import JobSpec
 from trainer.summaries import SummaryManager, variable_tag
-from trainer.towers import TowerTrainer, tower_sizes
+from trainer.towers import REQUESTS, TowerTrainer, tower_sizes
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ class Controller:
         summaries: SummaryManager,
         checkpointer: Checkpointer,
         stop: threading.Event,
+        cluster: Cluster | None = None,
     ) -> None:
         self.spec = spec
         self.trainer = trainer
@@ -114,8 +116,11 @@ class Controller:
         self.summaries = summaries
         self.checkpointer = checkpointer
         self.stop = stop
+        # In a cluster every worker trains, and the chief alone evaluates, traces and
+        # takes the service's profile requests; the others wait for it at the next step.
+        self.cluster = cluster or Cluster()
         self.trace = TraceCapture(rundir.tensorboard)
-        self._trace_steps = set(spec.summaries.trace_steps)
+        self._trace_steps = set(spec.summaries.trace_steps) if self.cluster.is_chief else set()
         self._traced_steps = 0
         self._tower_ms: list[float] | None = None
         self._last_eval: dict[str, float] | None = None
@@ -134,6 +139,7 @@ class Controller:
             total=self.total_steps,
             phase="starting",
             towers=self.trainer.num_towers,
+            **({"workers": self.cluster.workers} if self.cluster.is_multi_worker else {}),
         )
         out: dict[str, Any] | None = None
         loss = math.nan
@@ -148,8 +154,12 @@ class Controller:
         graph_written = False
 
         self.at_step = step
+        requests = np.zeros(len(REQUESTS), np.int32)
+        # One process stops before its next step; a cluster's workers stop after the step
+        # whose requests carried the stop, all of them at that step.
+        agreed_stop = self.cluster.is_multi_worker
         while step < self.total_steps:
-            if self.stop.is_set():
+            if not agreed_stop and self.stop.is_set():
                 return self._finish_cancelled(step, _metrics(loss, out))
             self.at_step = step + 1
             if step + 1 in self._trace_steps and not self.trace.active:
@@ -158,11 +168,15 @@ class Controller:
             images, labels = next(self.train_batches)
             examples = int(images.shape[0])
             scalars_due = bool(s.scalars_every) and (step + 1) % s.scalars_every == 0
-            out = self.trainer.train_step(images, labels, with_grad_norm=scalars_due)
+            requests[:] = (self.stop.is_set(), self.checkpointer.due_by_time())
+            out = self.trainer.train_step(
+                images, labels, with_grad_norm=scalars_due, requests=tf.constant(requests)
+            )
             step += 1
             loss = float(out["loss"])  # the one host-device sync point of a step
             if not math.isfinite(loss):
                 raise NonFiniteLoss(step, loss)
+            stop_asked, checkpoint_asked = (bool(r) for r in out["requests"].numpy())
             if step == first_step:
                 started_at = time.monotonic()
             else:
@@ -208,6 +222,8 @@ class Controller:
                 last_report = now
                 self._take_profile_request(step)
 
+            if agreed_stop and stop_asked:
+                return self._finish_cancelled(step, _metrics(loss, out))
             e = self.spec.eval
             if (
                 e.every_steps
@@ -216,7 +232,9 @@ class Controller:
                 and not self.stop.is_set()
             ):
                 self._evaluate(step)
-            if self.checkpointer.due(step) and step < self.total_steps:
+            if (
+                self.checkpointer.due_by_steps(step) or checkpoint_asked
+            ) and step < self.total_steps:
                 self._save(step)
 
         if self.trace.active:
@@ -320,7 +338,7 @@ class Controller:
         if path is None:
             return
         try:
-            self._tower_ms = tower_times_ms(path, self.trainer.num_towers, steps)
+            self._tower_ms = tower_times_ms(path, self.trainer.local_towers, steps)
         except Exception as e:  # noqa: BLE001 - a trace we cannot read must not stop training
             log.warning("could not read the trace %s: %s", path, e)
             return
@@ -337,7 +355,7 @@ class Controller:
     def _take_profile_request(self, step: int) -> None:
         """A trace asked for by the service (`RunDir.profile_request`), taken at a report."""
         request = self.rundir.profile_request
-        if not request.exists():
+        if not self.cluster.is_chief or not request.exists():
             return
         try:
             steps = int(json.loads(request.read_text()).get("steps", 3))
@@ -349,7 +367,7 @@ class Controller:
         self._trace_steps.update(range(step + 1, step + 1 + steps))
 
     def _evaluate(self, step: int) -> None:
-        if self.eval_data is None:
+        if self.eval_data is None or not self.cluster.is_chief:
             return
         with self.trainer.eval_weights():
             sums = self._eval_sums(step)

@@ -24,7 +24,11 @@ class Devices:
 
 
 def setup_devices(
-    towers: int, parameter_device: str, *, split_gpu_mb: int | None = None
+    towers: int,
+    parameter_device: str,
+    *,
+    split_gpu_mb: int | None = None,
+    multi_worker: bool = False,
 ) -> Devices:
     """Give each of `towers` towers a device of its own.
 
@@ -33,24 +37,38 @@ def setup_devices(
     runs the same multi-device code on a machine without accelerators. `split_gpu_mb`
     splits the first GPU into logical GPUs of that much memory each (benchmarks on a
     single card).
+
+    `multi_worker`: this host is one worker of a cluster, whose strategy takes every
+    visible GPU as a tower, or else the one CPU (it does not use logical CPU devices):
+    the first `towers` GPUs are made the visible ones, and a host without GPUs runs one
+    tower.
     """
     if towers < 1:
         raise ValueError(f"Expected `towers` to be a positive integer. Received: towers={towers}")
     gpus = tf.config.list_physical_devices("GPU")
-    if gpus and split_gpu_mb:
+    if multi_worker and not gpus and towers > 1:
+        raise ValueError(
+            "Expected towers=1: a worker of a multi-worker job on a host without GPUs "
+            f"trains one tower (the CPU). Received: towers={towers}"
+        )
+    if gpus and split_gpu_mb and not multi_worker:
         tf.config.set_logical_device_configuration(
             gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=split_gpu_mb)] * towers
         )
-        gpus = gpus[:1]
         kind = "GPU"
     elif gpus:
-        for gpu in gpus:
-            tf.config.experimental.set_memory_growth(gpu, True)
         if len(gpus) < towers:
             raise ValueError(
                 f"Expected at most {len(gpus)} towers, one per visible GPU. Received: towers={towers}"
             )
+        if multi_worker:
+            gpus = gpus[:towers]
+            tf.config.set_visible_devices(gpus, "GPU")
+        for gpu in gpus:
+            tf.config.experimental.set_memory_growth(gpu, True)
         kind = "GPU"
+    elif multi_worker:
+        kind = "CPU"
     else:
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(

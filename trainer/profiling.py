@@ -18,7 +18,9 @@ import tensorflow as tf
 
 log = logging.getLogger(__name__)
 
-_TOWER_OP = re.compile(r"^tower_(\d+)/")
+# A tower's ops; under a tf.distribute strategy (trainer/multiworker.py) the second and
+# later towers of a worker sit inside its `replica_<k>/` scope.
+_TOWER_OP = re.compile(r"^(?:replica_\d+/)?tower_(\d+)/")
 
 
 def _xplane_pb2():  # noqa: ANN202 - generated protobuf module

@@ -8,6 +8,7 @@ nothing else written.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import signal
@@ -19,6 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from trainer.cluster import Cluster, ClusterError, cluster_from_env
 from trainer.rundir import OUTCOME_EXIT_CODES, ExitCode, Outcome, RunDir, write_json_atomic
 from trainer.spec import JobSpec, field_errors, format_errors
 
@@ -62,19 +64,39 @@ def _write_result(rundir: RunDir, outcome: Outcome, message: str, **fields: Any)
 
 
 def run_job(job_dir: Path, spec_path: Path | None = None) -> ExitCode:
-    """Train the job in `job_dir` (spec from `spec_path`, else `job_dir/spec.json`)."""
-    rundir = RunDir(job_dir)
-    job_dir.mkdir(parents=True, exist_ok=True)
+    """Train the job in `job_dir` (spec from `spec_path`, else `job_dir/spec.json`).
+
+    With a multi-worker `TF_CONFIG` this process is one worker of a cluster
+    (trainer/cluster.py): the chief writes `job_dir`, any other worker its own directory
+    under it.
+    """
+    try:
+        cluster = cluster_from_env()
+    except ClusterError as e:
+        log.error("%s", e)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        return _write_result(
+            RunDir(job_dir),
+            Outcome.INVALID_SPEC,
+            str(e),
+            errors=[{"field": "TF_CONFIG", "message": str(e)}],
+        )
+    spec_path = spec_path or RunDir(job_dir).spec
+    rundir = RunDir(cluster.run_dir(job_dir))
+    rundir.root.mkdir(parents=True, exist_ok=True)
     # SIGTERM (the service's cancel, or its shutdown) and Ctrl-C finish the step,
     # checkpoint, and exit 3. Caught from the start: one that lands while TensorFlow is
     # imported or the data loaded (seconds) must not kill the worker with no result.json,
     # which the service would take for a crash and run again.
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    _stop_on_signals(stop)
     try:
-        spec = load_spec(spec_path or rundir.spec)
-        job = _prepare(spec)
+        spec = load_spec(spec_path)
+        job = _prepare(spec, cluster)
+        if job["strategy"] is not None:
+            # TensorFlow's coordination service installs its own SIGTERM handler (a
+            # preemption notice it would act on alone); ours must decide, with the cluster.
+            _stop_on_signals(stop)
     except InvalidJob as e:
         log.error("%s", e)
         return _write_result(rundir, Outcome.INVALID_SPEC, str(e), errors=e.errors)
@@ -83,12 +105,17 @@ def run_job(job_dir: Path, spec_path: Path | None = None) -> ExitCode:
         return _write_result(
             rundir, Outcome.FAILED, f"Preparing the job failed: {type(e).__name__}: {e}"
         )
-    if spec_path is not None and spec_path.resolve() != rundir.spec.resolve():
+    if spec_path.resolve() != rundir.spec.resolve():
         write_json_atomic(rundir.spec, spec.model_dump(mode="json"))
-    return _train(spec, job, rundir, stop)
+    return _train(spec, job, rundir, stop, cluster)
 
 
-def _prepare(spec: JobSpec) -> dict[str, Any]:
+def _stop_on_signals(stop: threading.Event) -> None:
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+
+def _prepare(spec: JobSpec, cluster: Cluster) -> dict[str, Any]:
     """Everything that can reject the job, before anything is written."""
     from trainer.datafiles import DataFilesError, resolve_files
 
@@ -104,9 +131,17 @@ def _prepare(spec: JobSpec) -> dict[str, Any]:
     from trainer.models import ModelError, build_model
 
     try:
-        devices = setup_devices(spec.towers, spec.parameter_device)
+        devices = setup_devices(
+            spec.towers, spec.parameter_device, multi_worker=cluster.is_multi_worker
+        )
     except ValueError as e:
         raise InvalidJob(str(e), [{"field": "towers", "message": str(e)}]) from e
+    strategy = None
+    if cluster.is_multi_worker:
+        from trainer.multiworker import make_strategy
+
+        # Before any other op (it starts this worker's server); waits for the others.
+        strategy = make_strategy()
     try:
         arrays = load_arrays(spec.data, spec.seed)
     except Exception as e:  # noqa: BLE001 - a corrupt file can raise anything (zlib.error, EOFError, MemoryError)
@@ -126,14 +161,16 @@ def _prepare(spec: JobSpec) -> dict[str, Any]:
     if spec.deterministic:
         tf.config.experimental.enable_op_determinism()
     try:
-        with tf.device(devices.parameter):
+        with strategy.scope() if strategy else tf.device(devices.parameter):
             model = build_model(spec.model, arrays.image_shape, arrays.num_classes)
     except (ModelError, ValueError, TypeError) as e:
         raise InvalidJob(str(e), [{"field": "model", "message": str(e)}]) from e
-    return {"devices": devices, "arrays": arrays, "model": model}
+    return {"devices": devices, "arrays": arrays, "model": model, "strategy": strategy}
 
 
-def _train(spec: JobSpec, job: dict[str, Any], rundir: RunDir, stop: threading.Event) -> ExitCode:
+def _train(
+    spec: JobSpec, job: dict[str, Any], rundir: RunDir, stop: threading.Event, cluster: Cluster
+) -> ExitCode:
     import tensorflow as tf
 
     from trainer.checkpoints import Checkpointer
@@ -153,27 +190,44 @@ def _train(spec: JobSpec, job: dict[str, Any], rundir: RunDir, stop: threading.E
         assert spec.epochs is not None  # the spec holds one of the two
         total = spec.epochs * steps_per_epoch(arrays.num_train, spec.batch_size)
     progress = ProgressWriter(rundir.progress)
-    summaries = SummaryManager(rundir.tensorboard)
+    # In a cluster the chief alone writes TensorBoard's logs (trainer/cluster.py).
+    summaries = SummaryManager(rundir.tensorboard if cluster.is_chief else None)
     step, controller = 0, None
     try:
-        with tf.device(devices.parameter):
-            trainer = TowerTrainer(
-                model=model,
-                optimizer=make_optimizer(spec.optimizer),
-                tower_devices=devices.towers,
-                parameter_device=devices.parameter,
-                binary=spec.model.name == "logistic",
-                weight_decay=spec.weight_decay,
-                clip_norm=spec.clip_norm,
-                ema_decay=spec.ema_decay,
-                input_shape=arrays.image_shape,
-            )
+        strategy = job["strategy"]
+        # Keras ties an optimizer to the strategy it is made under.
+        with strategy.scope() if strategy else contextlib.nullcontext():
+            optimizer = make_optimizer(spec.optimizer)
+        settings: dict[str, Any] = {
+            "model": model,
+            "optimizer": optimizer,
+            "parameter_device": devices.parameter,
+            "binary": spec.model.name == "logistic",
+            "weight_decay": spec.weight_decay,
+            "clip_norm": spec.clip_norm,
+            "ema_decay": spec.ema_decay,
+            "input_shape": arrays.image_shape,
+        }
+        trainer: TowerTrainer
+        cluster_trainer = None
+        if strategy is not None:
+            from trainer.multiworker import ClusterTrainer, fingerprint, start_together
+
+            trainer = cluster_trainer = ClusterTrainer(strategy=strategy, **settings)
+        else:
+            with tf.device(devices.parameter):
+                trainer = TowerTrainer(tower_devices=devices.towers, **settings)
         with tf.device("/CPU:0"):
             batches = iter(train_dataset(arrays, spec.data, spec.batch_size, spec.seed))
         evaluates = arrays.num_eval and spec.eval.every_steps
         evals = eval_dataset(arrays, spec.batch_size, spec.eval.batches) if evaluates else None
         checkpointer = Checkpointer(rundir.checkpoints, trainer, batches, spec.checkpoint)
-        resumed = checkpointer.restore_latest()
+        if cluster_trainer is not None:
+            # Same spec and data on every worker, then the same checkpoint restored on each.
+            job_print = fingerprint(spec.model_dump_json(), arrays.num_train, arrays.num_eval)
+            resumed = start_together(cluster_trainer, checkpointer, job_print)
+        else:
+            resumed = checkpointer.restore_latest()
         if resumed is not None:
             log.info("resumed from step %d", resumed)
         step = int(trainer.step.numpy())
@@ -188,6 +242,7 @@ def _train(spec: JobSpec, job: dict[str, Any], rundir: RunDir, stop: threading.E
             summaries=summaries,
             checkpointer=checkpointer,
             stop=stop,
+            cluster=cluster,
         )
         summary = controller.run()
         step = summary.step
@@ -199,6 +254,8 @@ def _train(spec: JobSpec, job: dict[str, Any], rundir: RunDir, stop: threading.E
             "checkpoint": summary.checkpoint,
             "export": None,
         }
+        if cluster.is_multi_worker:
+            fields["cluster"] = {"workers": cluster.workers, "task": cluster.name}
         if summary.outcome is Outcome.CANCELLED:
             progress.write("end", step=step, total=total, outcome="cancelled", phase="done")
             return _write_result(
@@ -207,9 +264,10 @@ def _train(spec: JobSpec, job: dict[str, Any], rundir: RunDir, stop: threading.E
                 f"Stopped by SIGTERM at step {step}, after a checkpoint.",
                 **fields,
             )
-        progress.write("phase", step=step, total=total, phase="exporting")
-        export_model(trainer, arrays.image_shape, rundir.export)
-        fields["export"] = "export"
+        if cluster.is_chief:
+            progress.write("phase", step=step, total=total, phase="exporting")
+            export_model(trainer, arrays.image_shape, rundir.export)
+            fields["export"] = "export"
         progress.write("end", step=step, total=total, outcome="succeeded", phase="done")
         return _write_result(rundir, Outcome.SUCCEEDED, f"Trained {step} steps.", **fields)
     except NonFiniteLoss as e:

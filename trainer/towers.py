@@ -34,6 +34,11 @@ from trainer.updates import make_apply
 
 log = logging.getLogger(__name__)
 
+# What a controller may ask of a step that every worker of a cluster must agree on
+# (`TowerTrainer.train_step`'s `requests`): stop after this step; checkpoint after it
+# (a time-based cadence, whose clock differs per worker).
+REQUESTS = ("stop", "checkpoint")
+
 
 def tower_sizes(batch: tf.Tensor, towers: int) -> tf.Tensor:
     """Split `batch` examples over `towers`: the first `batch % towers` get one extra."""
@@ -81,7 +86,7 @@ class TowerTrainer:
     grad_norm (global norm of the averaged gradient before clipping; computed only when
     asked for or when clipping needs it, since it is a pass over every gradient, 3% of a
     `cnn` step on a CPU; 0 otherwise), learning_rate (the rate this step used), grads (the
-    averaged gradients, before clipping).
+    averaged gradients, before clipping), requests (see `train_step`).
 
     The update goes through TensorFlow's fused training kernels when the optimizer allows
     (`trainer.updates`); `fused_updates=False` applies it through Keras instead.
@@ -143,19 +148,39 @@ class TowerTrainer:
         image_spec = tf.TensorSpec([None, *image_shape], tf.float32)
         label_spec = tf.TensorSpec([None], tf.int32)
         flag_spec = tf.TensorSpec([], tf.bool)
+        request_spec = tf.TensorSpec([len(REQUESTS)], tf.int32)
         self.train_function = tf.function(
-            self._train_step, input_signature=[image_spec, label_spec, flag_spec]
+            self._train_step, input_signature=[image_spec, label_spec, flag_spec, request_spec]
         )
         self.eval_step = tf.function(self._eval_step, input_signature=[image_spec, label_spec])
-        self._flags = {flag: tf.constant(flag) for flag in (False, True)}  # made once, not per step
+        # Made once, not per step.
+        self._flags = {flag: tf.constant(flag) for flag in (False, True)}
+        self._no_requests = tf.zeros([len(REQUESTS)], tf.int32)
 
     def train_step(
-        self, images: tf.Tensor, labels: tf.Tensor, with_grad_norm: bool = False
+        self,
+        images: tf.Tensor,
+        labels: tf.Tensor,
+        with_grad_norm: bool = False,
+        requests: tf.Tensor | None = None,
     ) -> dict[str, tf.Tensor]:
-        return self.train_function(images, labels, self._flags[with_grad_norm])
+        """One update. `requests` (int32, one per `REQUESTS` name, non-zero = asked) come
+        back as `out["requests"]`, agreed by every worker of a cluster: the ones any asked for."""
+        return self.train_function(
+            images,
+            labels,
+            self._flags[with_grad_norm],
+            self._no_requests if requests is None else requests,
+        )
 
     @property
     def num_towers(self) -> int:
+        """Towers the global batch is split over (in a cluster: over every worker)."""
+        return len(self.tower_devices)
+
+    @property
+    def local_towers(self) -> int:
+        """Towers this process runs: `tower_0` to `tower_<local_towers - 1>` in its traces."""
         return len(self.tower_devices)
 
     # -- the step ------------------------------------------------------------------
@@ -193,7 +218,7 @@ class TowerTrainer:
         ]
 
     def _train_step(
-        self, images: tf.Tensor, labels: tf.Tensor, with_grad_norm: tf.Tensor
+        self, images: tf.Tensor, labels: tf.Tensor, with_grad_norm: tf.Tensor, requests: tf.Tensor
     ) -> dict[str, tf.Tensor]:
         batch = tf.shape(images)[0]
         batch_f = tf.cast(batch, tf.float32)
@@ -225,19 +250,7 @@ class TowerTrainer:
                 tf.add_n([tf.convert_to_tensor(g[k]) for g in tower_grads])
                 for k in range(len(self._variables))
             ]
-            if self.weight_decay:
-                grads = [
-                    g + self.weight_decay * tf.convert_to_tensor(v) if _is_weight_decayed(v) else g
-                    for g, v in zip(grads, self._variables, strict=True)
-                ]
-            averaged = grads
-            if self.clip_norm is not None:
-                grad_norm = tf.linalg.global_norm(grads)
-                grads, _ = tf.clip_by_global_norm(grads, self.clip_norm, use_norm=grad_norm)
-            else:
-                grad_norm = tf.cond(
-                    with_grad_norm, lambda: tf.linalg.global_norm(averaged), lambda: 0.0
-                )
+            grads, averaged, grad_norm = self._finish_gradients(grads, with_grad_norm)
             learning_rate = self.current_learning_rate()
             self._apply(grads, learning_rate)
             if self._bn_variables:
@@ -260,12 +273,35 @@ class TowerTrainer:
                 "learning_rate": learning_rate,
                 # For histograms; unused outputs cost nothing beyond keeping them alive.
                 "grads": averaged,
+                # One process: what it asked for is what is agreed (trainer.multiworker).
+                "requests": requests,
             }
+
+    def _finish_gradients(
+        self, grads: list[tf.Tensor], with_grad_norm: tf.Tensor
+    ) -> tuple[list[tf.Tensor], list[tf.Tensor], tf.Tensor]:
+        """From the summed gradient of the global mean loss: the gradients to apply
+        (weight decay added, clipped), the same before clipping (for histograms), and
+        their global norm before clipping (0 unless asked for or clipping needs it)."""
+        if self.weight_decay:
+            grads = [
+                g + self.weight_decay * tf.convert_to_tensor(v) if _is_weight_decayed(v) else g
+                for g, v in zip(grads, self._variables, strict=True)
+            ]
+        averaged = grads
+        if self.clip_norm is not None:
+            grad_norm = tf.linalg.global_norm(grads)
+            grads, _ = tf.clip_by_global_norm(grads, self.clip_norm, use_norm=grad_norm)
+        else:
+            grad_norm = tf.cond(
+                with_grad_norm, lambda: tf.linalg.global_norm(averaged), lambda: 0.0
+            )
+        return grads, averaged, grad_norm
 
     def _eval_step(self, images: tf.Tensor, labels: tf.Tensor) -> dict[str, tf.Tensor]:
         """Sums of loss and correct predictions over a batch (the caller divides)."""
         batch = tf.shape(images)[0]
-        shards = _shards(images, labels, tower_sizes(batch, self.num_towers), self.num_towers)
+        shards = _shards(images, labels, tower_sizes(batch, self.local_towers), self.local_towers)
         loss_sums, correct_sums = [], []
         for i, device in enumerate(self.tower_devices):
             shard_images, shard_labels, weight = shards[i]

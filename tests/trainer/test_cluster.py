@@ -1,0 +1,91 @@
+"""`TF_CONFIG` as the trainer reads it (no TensorFlow needed)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainer.cluster import Cluster, ClusterError, cluster_from_env
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def config(cluster: object, task: object) -> dict[str, str]:
+    return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": task})}
+
+
+def test_no_tf_config_is_one_worker():
+    for environ in ({}, {"TF_CONFIG": ""}, {"TF_CONFIG": "  "}):
+        cluster = cluster_from_env(environ)
+        assert cluster == Cluster() and not cluster.is_multi_worker and cluster.is_chief
+
+
+def test_workers_only_the_first_is_chief(tmp_path):
+    workers = {"worker": ["a:1", "b:1", "c:1"]}
+    first = cluster_from_env(config(workers, {"type": "worker", "index": 0}))
+    third = cluster_from_env(config(workers, {"type": "worker", "index": 2}))
+    assert (first.workers, first.index, first.is_chief, first.is_multi_worker) == (3, 0, True, True)
+    assert (third.index, third.is_chief, third.name) == (2, False, "worker-2")
+    assert first.run_dir(tmp_path) == tmp_path
+    assert third.run_dir(tmp_path) == tmp_path / "workers" / "worker-2"
+
+
+def test_a_chief_task_comes_before_the_workers():
+    cluster = {"chief": ["a:1"], "worker": ["b:1", "c:1"]}
+    chief = cluster_from_env(config(cluster, {"type": "chief", "index": 0}))
+    worker = cluster_from_env(config(cluster, {"type": "worker", "index": 0}))
+    assert (chief.workers, chief.index, chief.is_chief) == (3, 0, True)
+    assert (worker.index, worker.is_chief, worker.name) == (1, False, "worker-0")
+
+
+def test_a_one_worker_cluster_is_not_multi_worker():
+    cluster = cluster_from_env(config({"worker": ["a:1"]}, {"type": "worker", "index": 0}))
+    assert not cluster.is_multi_worker and cluster.is_chief
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"TF_CONFIG": "{not json"}, "expected JSON"),
+        ({"TF_CONFIG": "[1]"}, "expected a JSON object"),
+        (config({}, {"type": "worker", "index": 0}), "expected `cluster`"),
+        (config({"worker": "a:1"}, {"type": "worker", "index": 0}), "list of host:port"),
+        (config({"worker": ["a:1"], "ps": ["b:1"]}, {"type": "worker"}), "'ps' is not used"),
+        (config({"worker": ["a:1"], "evaluator": ["b:1"]}, {"type": "worker"}), "evaluator"),
+        (config({"chief": ["a:1", "b:1"]}, {"type": "chief"}), "at most one chief"),
+        (config({"worker": ["a:1", "b:1"]}, None), "expected `task`"),
+        (config({"worker": ["a:1", "b:1"]}, {"type": "chief"}), "`task.type`"),
+        (config({"worker": ["a:1", "b:1"]}, {"type": "worker", "index": 2}), "0..1"),
+        (config({"worker": ["a:1", "b:1"]}, {"type": "worker", "index": "1"}), "`task.index`"),
+        (config({"worker": ["a:1", "b:1"]}, {"type": "worker", "index": True}), "`task.index`"),
+    ],
+)
+def test_bad_tf_config_says_what_is_wrong(environ, message):
+    with pytest.raises(ClusterError, match="TF_CONFIG") as error:
+        cluster_from_env(environ)
+    assert message in str(error.value)
+    assert "Received:" in str(error.value)
+
+
+def test_a_worker_with_a_bad_tf_config_exits_2_before_importing_tensorflow(tmp_path):
+    # The check runs before TensorFlow is imported: the worker must not connect anywhere.
+    code = (
+        "import sys\nfrom pathlib import Path\nfrom trainer.run import run_job\n"
+        f"rc = run_job(Path({str(tmp_path)!r}), Path({str(tmp_path / 'missing.json')!r}))\n"
+        "assert 'tensorflow' not in sys.modules\nsys.exit(int(rc))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env={"TF_CONFIG": '{"cluster": {"ps": ["a:1"]}, "task": {"type": "ps"}}', "PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["outcome"] == "invalid_spec"
+    assert "'ps' is not used" in result["message"]
+    assert result["errors"][0]["field"] == "TF_CONFIG"

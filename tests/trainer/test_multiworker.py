@@ -1,0 +1,208 @@
+"""A job across hosts: real worker processes joined by `TF_CONFIG` on loopback ports.
+
+Each worker is `python -m trainer run`, as on its own host, with TensorFlow's
+MultiWorkerMirroredStrategy between them (gRPC over 127.0.0.1). On this CPU-only machine
+each worker trains one tower, the CPU.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.trainer.test_run import REPO, run_worker, tags_by_plugin, with_
+
+SPEC = {
+    "name": "cluster",
+    "model": {"name": "resnet", "params": {"width": 4, "blocks_per_stage": [1, 1]}},
+    "data": {"format": "synthetic", "params": {"shape": [8, 8], "classes": 4, "size": 512}},
+    "towers": 1,
+    "batch_size": 30,
+    "steps": 160,
+    "deterministic": True,
+    "eval": {"every_steps": 100, "batches": 2},
+    "summaries": {
+        "scalars_every": 10,
+        "histograms_every": 100,
+        "images_every": 100,
+        "trace_steps": [6, 7],
+    },
+    "checkpoint": {"every_steps": 20, "every_seconds": 0, "keep": 8},
+}
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+@dataclass
+class Worker:
+    proc: subprocess.Popen
+    log: Path
+
+
+def start_cluster(job_dir: Path, specs: list[dict]) -> list[Worker]:
+    """One worker process per spec, all given `job_dir` (a shared disk); worker 0 is chief."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(len(specs))]
+    workers = []
+    for index, spec in enumerate(specs):
+        spec_file = job_dir.parent / f"{job_dir.name}-spec-{index}.json"
+        spec_file.write_text(json.dumps(spec))
+        tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
+        # Logs go to files: a worker blocked on a full pipe would stall every other worker.
+        log = job_dir.parent / f"{job_dir.name}-{index}.log"
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "trainer", "run", "--job-dir", str(job_dir)]
+                + ["--spec", str(spec_file)],
+                cwd=REPO,
+                env={**os.environ, "TF_CONFIG": json.dumps(tf_config)},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        workers.append(Worker(proc, log))
+    return workers
+
+
+def finish(workers: list[Worker]) -> list[tuple[int, str]]:
+    """Each worker's exit code and log."""
+    codes = [w.proc.wait(timeout=300) for w in workers]
+    return [(code, w.log.read_text()) for code, w in zip(codes, workers, strict=True)]
+
+
+def worker_dirs(job_dir: Path, workers: int) -> list[Path]:
+    return [job_dir] + [job_dir / "workers" / f"worker-{i}" for i in range(1, workers)]
+
+
+def results(job_dir: Path, workers: int) -> list[dict]:
+    return [json.loads((d / "result.json").read_text()) for d in worker_dirs(job_dir, workers)]
+
+
+def variables(checkpoint: Path) -> dict[str, np.ndarray]:
+    """The model's weights and batch-norm statistics, and the optimizer's slots."""
+    reader = tf.train.load_checkpoint(str(checkpoint))
+    return {
+        name: reader.get_tensor(name)
+        for name in reader.get_variable_to_shape_map()
+        if name.startswith(("model/", "optimizer/", "step/"))
+    }
+
+
+@pytest.fixture(scope="module")
+def cluster_run(tmp_path_factory) -> Path:
+    job_dir = tmp_path_factory.mktemp("cluster") / "job"
+    for code, log in finish(start_cluster(job_dir, [SPEC, SPEC])):
+        assert code == 0, log
+    return job_dir
+
+
+def test_two_workers_train_as_two_towers_of_one_machine(cluster_run, tmp_path):
+    # The same global batch split over 2 towers in 2 processes or in 1: the same updates,
+    # batch-norm statistics included (both average the towers' updates). Compared after
+    # 20 steps: rounding differences of 1e-7 stay that small for about 50 steps here,
+    # until one flips a ReLU somewhere and the two runs part ways as any two runs do.
+    code, _, log = run_worker(tmp_path / "one", with_(SPEC, towers=2, steps=20))
+    assert code == 0, log
+    one = variables(tmp_path / "one" / "checkpoints" / "ckpt-20")
+    chief, worker = (variables(d / "checkpoints" / "ckpt-20") for d in worker_dirs(cluster_run, 2))
+    assert any("moving_variance" in name for name in one)
+    assert one.keys() == chief.keys() == worker.keys()
+    for name in one:
+        # Every worker holds the same copy of every variable, bit for bit.
+        np.testing.assert_array_equal(chief[name], worker[name], err_msg=name)
+        # The one-machine towers update through fused kernels, the cluster through Keras:
+        # the same arithmetic, with rounding that may differ in the last bits.
+        np.testing.assert_allclose(chief[name], one[name], rtol=1e-4, atol=1e-5, err_msg=name)
+    final = [variables(d / "checkpoints" / "ckpt-160") for d in worker_dirs(cluster_run, 2)]
+    for name in final[0]:
+        np.testing.assert_array_equal(final[0][name], final[1][name], err_msg=name)
+
+
+def test_the_chief_writes_the_run_dir_and_the_other_workers_their_own(cluster_run):
+    chief, worker = results(cluster_run, 2)
+    assert chief["outcome"] == worker["outcome"] == "succeeded"
+    assert chief["cluster"] == {"workers": 2, "task": "worker-0"}
+    assert worker["cluster"] == {"workers": 2, "task": "worker-1"}
+    assert chief["metrics"]["loss"] == worker["metrics"]["loss"]
+    assert chief["export"] == "export" and (cluster_run / "export" / "saved_model.pb").exists()
+    assert chief["eval"] is not None and worker["eval"] is None
+
+    tags = tags_by_plugin(cluster_run / "tb" / "train")
+    assert {"loss", "tower_0/loss", "tower_1/loss", "tower_0/compute_ms"} <= tags["scalars"]
+    assert {"tower_0/inputs", "tower_1/inputs"} <= tags["images"]
+    assert "graph" in tags
+    start = json.loads((cluster_run / "progress.jsonl").read_text().splitlines()[0])
+    assert (start["towers"], start["workers"]) == (2, 2)
+
+    other = cluster_run / "workers" / "worker-1"
+    assert (other / "checkpoints" / "ckpt-160.index").exists()
+    assert (other / "progress.jsonl").exists()
+    assert not (other / "tb").exists() and not (other / "export").exists()
+
+
+def test_sigterm_to_one_worker_stops_every_worker_at_one_step_and_they_resume(
+    cluster_run, tmp_path
+):
+    job_dir = tmp_path / "job"
+    workers = start_cluster(job_dir, [SPEC, SPEC])
+    deadline = time.monotonic() + 180
+    while not (job_dir / "checkpoints" / "ckpt-40.index").exists():
+        assert all(w.proc.poll() is None for w in workers) and time.monotonic() < deadline, (
+            "a worker ended before the first checkpoint"
+        )
+        time.sleep(0.01)
+    workers[1].proc.send_signal(signal.SIGTERM)  # not the chief: the stop must still reach it
+    for code, log in finish(workers):
+        assert code == 3, log
+    chief, worker = results(job_dir, 2)
+    assert chief["outcome"] == worker["outcome"] == "cancelled"
+    assert chief["step"] == worker["step"], "every worker stops after the same step"
+    assert 40 <= chief["step"] < 160, "SIGTERM must land mid-run for this test to mean anything"
+    for d in worker_dirs(job_dir, 2):
+        assert (d / "checkpoints" / f"ckpt-{chief['step']}.index").exists()
+
+    for code, log in finish(start_cluster(job_dir, [SPEC, SPEC])):
+        assert code == 0, log
+    assert [r["step"] for r in results(job_dir, 2)] == [160, 160]
+    resumed = variables(job_dir / "checkpoints" / "ckpt-160")
+    whole = variables(cluster_run / "checkpoints" / "ckpt-160")
+    for name in whole:
+        np.testing.assert_array_equal(resumed[name], whole[name], err_msg=name)
+
+
+def test_workers_given_different_jobs_fail_saying_so(tmp_path):
+    job_dir = tmp_path / "job"
+    for code, log in finish(start_cluster(job_dir, [SPEC, with_(SPEC, steps=100)])):
+        assert code == 1, log
+    for result in results(job_dir, 2):
+        assert result["outcome"] == "failed"
+        assert "given different jobs" in result["message"]
+    assert not (job_dir / "checkpoints").exists()
+
+
+def test_more_than_one_tower_per_cpu_worker_exits_2(tmp_path):
+    # Refused before the strategy starts, so this worker needs no peer to say so.
+    job_dir = tmp_path / "job"
+    workers = start_cluster(job_dir, [with_(SPEC, towers=2), SPEC])
+    workers[1].proc.kill()
+    code, log = finish(workers[:1])[0]
+    assert code == 2, log
+    result = json.loads((job_dir / "result.json").read_text())
+    assert "Expected towers=1" in result["message"]
+    assert result["errors"][0]["field"] == "towers"

@@ -1,0 +1,111 @@
+"""Which task of a multi-worker cluster this process is, read from `TF_CONFIG`.
+
+A job outgrows one machine by running the same `python -m trainer run` on every host,
+each with `TF_CONFIG` naming the cluster and its own task, the way TensorFlow's
+`tf.distribute.MultiWorkerMirroredStrategy` expects (trainer/multiworker.py). This module
+only reads and checks that variable, without TensorFlow, so a mistake in it is a clear
+exit 2 before anything is imported or connected.
+
+Tasks that train are the `chief` (at most one) and the `worker`s. The chief is task 0
+(the `chief`, else `worker` 0): it writes the job's run directory. Every other task
+writes its own under `workers/<type>-<index>/` of the job dir it was given, so workers
+that share one directory over NFS never write the same file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+TRAINING_TASKS = ("chief", "worker")
+
+
+class ClusterError(ValueError):
+    """`TF_CONFIG` is not a cluster this trainer can run in."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """This process's place in the cluster: `workers` training tasks, this one at `index`."""
+
+    workers: int = 1
+    index: int = 0
+    task_type: str = "worker"
+    task_index: int = 0
+
+    @property
+    def is_multi_worker(self) -> bool:
+        return self.workers > 1
+
+    @property
+    def is_chief(self) -> bool:
+        return self.index == 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.task_type}-{self.task_index}"
+
+    def run_dir(self, job_dir: Path) -> Path:
+        """Where this task writes: the job dir for the chief, a directory of its own otherwise."""
+        return job_dir if self.is_chief else job_dir / "workers" / self.name
+
+
+def _fail(problem: str, received: object) -> ClusterError:
+    return ClusterError(f"TF_CONFIG: {problem}. Received: {received!r}")
+
+
+def cluster_from_env(environ: Mapping[str, str] | None = None) -> Cluster:
+    """The cluster `TF_CONFIG` describes; a single worker when it is unset or empty."""
+    raw = (os.environ if environ is None else environ).get("TF_CONFIG", "").strip()
+    if not raw:
+        return Cluster()
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise _fail(f"expected JSON ({e})", raw) from e
+    if not isinstance(config, dict):
+        raise _fail("expected a JSON object with `cluster` and `task`", config)
+    cluster, task = config.get("cluster"), config.get("task")
+    if not isinstance(cluster, dict) or not cluster:
+        raise _fail("expected `cluster`, an object of task type to a list of host:port", cluster)
+    for task_type, addresses in cluster.items():
+        if task_type not in TRAINING_TASKS:
+            raise _fail(
+                f"task type {task_type!r} is not used: MultiWorkerMirroredStrategy trains "
+                f"on {' and '.join(TRAINING_TASKS)} tasks only",
+                sorted(cluster),
+            )
+        if (
+            not isinstance(addresses, list)
+            or not addresses
+            or not all(isinstance(a, str) and a for a in addresses)
+        ):
+            raise _fail(f"expected `cluster.{task_type}` to be a list of host:port", addresses)
+    if len(cluster.get("chief", [])) > 1:
+        raise _fail("expected at most one chief", cluster["chief"])
+    if not isinstance(task, dict):
+        raise _fail("expected `task`, an object with `type` and `index`", task)
+    task_type, task_index = task.get("type"), task.get("index", 0)
+    if task_type not in cluster:
+        raise _fail(f"expected `task.type` to be one of {sorted(cluster)}", task_type)
+    if (
+        not isinstance(task_index, int)
+        or isinstance(task_index, bool)
+        or not 0 <= task_index < len(cluster[task_type])
+    ):
+        raise _fail(
+            f"expected `task.index` in 0..{len(cluster[task_type]) - 1} for "
+            f"{len(cluster[task_type])} {task_type} task(s)",
+            task_index,
+        )
+    chiefs = len(cluster.get("chief", []))
+    index = task_index if task_type == "chief" else chiefs + task_index
+    return Cluster(
+        workers=chiefs + len(cluster.get("worker", [])),
+        index=index,
+        task_type=str(task_type),
+        task_index=task_index,
+    )

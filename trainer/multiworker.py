@@ -1,0 +1,216 @@
+"""Training across hosts, on TensorFlow's own multi-worker engine.
+
+When `TF_CONFIG` names a cluster of several workers (trainer/cluster.py), every host runs
+the same `python -m trainer run`, and `tf.distribute.MultiWorkerMirroredStrategy` does
+what crosses hosts: it keeps a copy of every variable on every tower of every worker,
+broadcasts the initial values, and sums tensors across all of them with its collective
+ops. Nothing here talks to another host by itself.
+
+`ClusterTrainer` is the `TowerTrainer` with the strategy's replicas as its towers: each
+worker reads the same global batch (the same data, seed and pipeline on every host), and
+tower `i` of the cluster (replica `i` in sync) trains on shard `i` of it, exactly as the
+towers of one machine do. The towers' gradients are summed by one all-reduce, so every
+copy of the variables receives the same update; the losses, accuracies and requests the
+controller reads (`REQUESTS`: stop, checkpoint) are summed by another, so every worker
+makes the same decisions at the same step. Batch-norm moving statistics are set to the
+share-weighted average of the towers' updates, as on one machine (one more all-reduce).
+
+What it costs beside one machine's towers: the update goes through Keras (the fused
+kernels of trainer/updates.py write one variable handle, not a strategy's copies), and
+every worker builds the whole global batch to take its shard of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from trainer.checkpoints import Checkpointer
+from trainer.towers import TowerTrainer, _batch_norm_layers, tower_sizes
+
+log = logging.getLogger(__name__)
+
+
+class ClusterMismatch(RuntimeError):
+    """The workers of one cluster were not given the same job, or cannot resume together."""
+
+
+def make_strategy() -> tf.distribute.MultiWorkerMirroredStrategy:
+    """The strategy for `TF_CONFIG`'s cluster. Must be made before TensorFlow runs any op
+    (it starts this worker's server), and waits until every worker has started."""
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    log.info(
+        "multi-worker: %d towers in sync, %s here",
+        strategy.num_replicas_in_sync,
+        ", ".join(strategy.extended.worker_devices),
+    )
+    return strategy
+
+
+def _replica_index(context: tf.distribute.ReplicaContext) -> int:
+    """This replica's place among all replicas in sync, as a Python int (for names)."""
+    index = tf.get_static_value(context.replica_id_in_sync_group)
+    if index is None:  # pragma: no cover - MultiWorkerMirroredStrategy knows it statically
+        raise RuntimeError("The replica id is not known when the step is traced.")
+    return int(index)
+
+
+class ClusterTrainer(TowerTrainer):
+    """`TowerTrainer` over every tower of every worker of `strategy`'s cluster."""
+
+    def __init__(self, *, strategy: tf.distribute.Strategy, **kwargs: Any) -> None:
+        self.strategy = strategy
+        with strategy.scope():  # every variable made from here on is mirrored
+            super().__init__(
+                tower_devices=strategy.extended.worker_devices, fused_updates=False, **kwargs
+            )
+        # One machine's towers average batch-norm statistics from two towers up; here
+        # a single local tower still has others on other workers.
+        self._bn_variables = (
+            [
+                v
+                for layer in _batch_norm_layers(self.model)
+                for v in (layer.moving_mean, layer.moving_variance)
+            ]
+            if self.num_towers > 1
+            else []
+        )
+
+    @property
+    def num_towers(self) -> int:
+        return int(self.strategy.num_replicas_in_sync)
+
+    def _train_step(
+        self, images: tf.Tensor, labels: tf.Tensor, with_grad_norm: tf.Tensor, requests: tf.Tensor
+    ) -> dict[str, tf.Tensor]:
+        out = self.strategy.run(self._tower_step, args=(images, labels, with_grad_norm, requests))
+        # Each tower's copy of the summed gradients goes to its copy of the variables.
+        self._apply(out["grads"], out["learning_rate"])
+        self.step.assign_add(1)
+        if self.ema is not None:
+            self.ema.update(self.step)
+        # Every tower holds the same summed values: this worker's first tower speaks for all.
+        first = self._first_local
+        return {
+            "loss": first(out["loss"]),
+            "accuracy": first(out["accuracy"]),
+            "tower_loss": first(out["tower_loss"]),
+            "tower_examples": first(out["tower_examples"]),
+            "grad_norm": first(out["grad_norm"]),
+            "learning_rate": first(out["learning_rate"]),
+            "grads": [first(g) for g in out["averaged"]],
+            "requests": first(out["requests"]),
+        }
+
+    def _first_local(self, value: Any) -> tf.Tensor:
+        return self.strategy.experimental_local_results(value)[0]
+
+    def _tower_step(
+        self, images: tf.Tensor, labels: tf.Tensor, with_grad_norm: tf.Tensor, requests: tf.Tensor
+    ) -> dict[str, Any]:
+        """One tower of the cluster, in replica context: its shard of the global batch."""
+        context = tf.distribute.get_replica_context()
+        tower, towers = _replica_index(context), self.num_towers
+        batch = tf.shape(images)[0]
+        batch_f = tf.cast(batch, tf.float32)
+        sizes = tower_sizes(batch, towers)
+        start, size = tf.reduce_sum(sizes[:tower]), sizes[tower]
+        present = size > 0
+        # An empty shard trains example 0 at weight zero, as one machine's towers do.
+        shard_images = tf.cond(present, lambda: images[start : start + size], lambda: images[:1])
+        shard_labels = tf.cond(present, lambda: labels[start : start + size], lambda: labels[:1])
+        weight = tf.cast(present, tf.float32)
+        with tf.name_scope(f"tower_{tower}"):
+            with tf.GradientTape() as tape:
+                logits = self.model(shard_images, training=True)
+                loss, correct = self._per_example(shard_labels, logits)
+                loss_sum = weight * tf.reduce_sum(loss)
+                scaled = loss_sum / batch_f
+            grads = self._gradients(tape, scaled, warn=tower == 0)
+
+        sum_ = tf.distribute.ReduceOp.SUM
+        with tf.name_scope("average"):
+            grads = context.all_reduce(sum_, grads)
+            numbers = context.all_reduce(
+                sum_,
+                tf.concat(
+                    [
+                        tf.stack([loss_sum, weight * tf.reduce_sum(correct)]),
+                        tf.one_hot(tower, towers) * loss_sum,
+                        tf.cast(requests, tf.float32),
+                    ],
+                    axis=0,
+                ),
+            )
+            if self._bn_variables:
+                share = tf.cast(size, tf.float32) / batch_f
+                averages = context.all_reduce(
+                    sum_, [share * tf.convert_to_tensor(v) for v in self._bn_variables]
+                )
+                for var, average in zip(self._bn_variables, averages, strict=True):
+                    var.assign(average)  # this tower's copy; every tower assigns the same
+            grads, averaged, grad_norm = self._finish_gradients(grads, with_grad_norm)
+            learning_rate = self.current_learning_rate()
+        return {
+            "grads": grads,
+            "averaged": averaged,
+            "loss": numbers[0] / batch_f,
+            "accuracy": numbers[1] / batch_f,
+            "tower_loss": numbers[2 : 2 + towers] / tf.maximum(tf.cast(sizes, tf.float32), 1.0),
+            "tower_examples": sizes,
+            "grad_norm": grad_norm,
+            "learning_rate": learning_rate,
+            "requests": tf.cast(numbers[2 + towers :] > 0, tf.int32),
+        }
+
+    def gather(self, values: list[int]) -> np.ndarray:
+        """Every tower's `values` (int64), one row a tower, in replica order; a collective,
+        so every worker must call it at the same point."""
+        mine = tf.constant([values], tf.int64)
+
+        @tf.function
+        def gathered() -> Any:
+            return self.strategy.run(
+                lambda: tf.distribute.get_replica_context().all_gather(mine, axis=0)
+            )
+
+        return np.asarray(self._first_local(gathered()))
+
+
+def fingerprint(*parts: object) -> int:
+    """A 62-bit digest of `parts`' reprs, to compare what each worker was given."""
+    digest = hashlib.sha256(repr(parts).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 2
+
+
+def start_together(trainer: ClusterTrainer, checkpointer: Checkpointer, job: int) -> int | None:
+    """Check that every worker runs the same `job` (a `fingerprint`), then restore the
+    same checkpoint on all of them; returns its step, or None for a fresh start.
+
+    Each worker keeps its own checkpoints (no shared disk needed), so after a crash they
+    can differ by the save that was under way: all of them restore the newest step every
+    worker has.
+    """
+    latest = checkpointer.latest_step()
+    rows = trainer.gather([job, -1 if latest is None else latest])
+    if len(set(rows[:, 0].tolist())) > 1:
+        raise ClusterMismatch(
+            "The workers of this cluster were given different jobs (spec or data differ): "
+            "give every worker the same spec.json and the same data."
+        )
+    common = int(rows[:, 1].min())
+    if common < 0:
+        if latest is not None:
+            log.warning("another worker has no checkpoint: starting from step 0 with it")
+        return None
+    if common not in checkpointer.steps():
+        raise ClusterMismatch(
+            f"Cannot resume together: another worker's newest checkpoint is step {common}, "
+            f"which this worker no longer keeps (it has {checkpointer.steps()}). "
+            "Keep more checkpoints (checkpoint.keep), or start the job in new directories."
+        )
+    return checkpointer.restore(common)

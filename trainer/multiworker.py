@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from typing import Any
 
 import numpy as np
@@ -214,3 +215,24 @@ def start_together(trainer: ClusterTrainer, checkpointer: Checkpointer, job: int
             "Keep more checkpoints (checkpoint.keep), or start the job in new directories."
         )
     return checkpointer.restore(common)
+
+
+def lost_worker(error: BaseException, step: int) -> str | None:
+    """What to tell the user when a collective failed because a worker is gone (killed,
+    its host down, the network cut); None for any other error. TensorFlow's own message
+    is a page of traceback around one useful line."""
+    if not isinstance(error, (tf.errors.UnavailableError, tf.errors.AbortedError)):
+        return None
+    text = str(error)
+    cause = re.search(r"Collective ops is aborted by: ([^\n]+)", text)
+    peer = re.search(r"remote target (\S+)", text)
+    detail = "; ".join(
+        part
+        for part in (cause and cause.group(1).strip(), peer and f"peer {peer.group(1)}")
+        if part
+    )
+    return (
+        f"Lost another worker of the cluster at step {step}"
+        + (f" ({detail})" if detail else f" ({type(error).__name__})")
+        + ". Start every worker again: they resume from the newest checkpoint they all have."
+    )

@@ -193,8 +193,8 @@ def _train(
     # In a cluster the chief alone writes TensorBoard's logs (trainer/cluster.py).
     summaries = SummaryManager(rundir.tensorboard if cluster.is_chief else None)
     step, controller = 0, None
+    strategy = job["strategy"]
     try:
-        strategy = job["strategy"]
         # Keras ties an optimizer to the strategy it is made under.
         with strategy.scope() if strategy else contextlib.nullcontext():
             optimizer = make_optimizer(spec.optimizer)
@@ -277,10 +277,13 @@ def _train(
     except Exception as e:  # noqa: BLE001 - any crash becomes a failed result, not a stuck job
         log.error("training failed:\n%s", traceback.format_exc())
         step = controller.at_step if controller is not None else step
+        message = f"{type(e).__name__}: {e}"
+        if strategy is not None:
+            from trainer.multiworker import lost_worker
+
+            message = lost_worker(e, step) or message
         progress.write("end", step=step, total=total, outcome="failed", phase="done")
-        return _write_result(
-            rundir, Outcome.FAILED, f"{type(e).__name__}: {e}", step=step, total=total
-        )
+        return _write_result(rundir, Outcome.FAILED, message, step=step, total=total)
     finally:
         summaries.close()
         progress.close()

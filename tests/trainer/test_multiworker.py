@@ -186,6 +186,35 @@ def test_sigterm_to_one_worker_stops_every_worker_at_one_step_and_they_resume(
         np.testing.assert_array_equal(resumed[name], whole[name], err_msg=name)
 
 
+def test_a_killed_worker_fails_the_others_and_all_resume_from_a_step_they_share(
+    cluster_run, tmp_path
+):
+    job_dir = tmp_path / "job"
+    workers = start_cluster(job_dir, [SPEC, SPEC])
+    other = job_dir / "workers" / "worker-1" / "checkpoints"
+    deadline = time.monotonic() + 180
+    while not (other / "ckpt-40.index").exists():
+        assert all(w.proc.poll() is None for w in workers) and time.monotonic() < deadline, (
+            "a worker ended before the first checkpoint"
+        )
+        time.sleep(0.01)
+    workers[1].proc.kill()  # no checkpoint, no result: its host went away
+    code, log = finish(workers[:1])[0]
+    assert code == 1, log
+    failed = json.loads((job_dir / "result.json").read_text())
+    assert failed["outcome"] == "failed"
+    assert failed["message"].startswith("Lost another worker of the cluster at step"), failed
+    assert "Start every worker again" in failed["message"]
+    assert len(failed["message"]) < 400, "one line the user can read, not TensorFlow's page"
+
+    for code, log in finish(start_cluster(job_dir, [SPEC, SPEC])):
+        assert code == 0, log
+    resumed = variables(job_dir / "checkpoints" / "ckpt-160")
+    whole = variables(cluster_run / "checkpoints" / "ckpt-160")
+    for name in whole:
+        np.testing.assert_array_equal(resumed[name], whole[name], err_msg=name)
+
+
 def test_workers_given_different_jobs_fail_saying_so(tmp_path):
     job_dir = tmp_path / "job"
     for code, log in finish(start_cluster(job_dir, [SPEC, with_(SPEC, steps=100)])):

@@ -3,6 +3,22 @@
 import { h } from "./format.js";
 
 const HEIGHT = 190;
+// Steps are whole numbers: the step axis never ticks between them.
+const STEP_INCRS = [1, 2, 5].flatMap((m) => Array.from({ length: 10 }, (_, e) => m * 10 ** e))
+  .sort((a, b) => a - b);
+
+/** The step axis's span. With every point at one step (a job's first report), uPlot
+ *  spans 0 to twice the step (0–600 for step 300), which says nothing, and it hands that
+ *  span here rather than the step: so it is read from the data. Centred on the step, a
+ *  round half-decade either side (250–350), never below step 0. */
+export function stepRange(u, min, max) {
+  const steps = u.data[0];
+  if (!steps || steps.length !== 1) return [min, max];
+  const step = steps[0];
+  const pad = Math.max(1, 10 ** Math.floor(Math.log10(Math.max(1, step))) / 2);
+  const low = Math.max(0, step - pad);
+  return [low, low + 2 * pad];
+}
 
 /** Series that share the x axis (steps) but not their steps (train vs eval) are joined
  *  on the union of steps, with null where a series has no point; lines span the gaps. */
@@ -29,16 +45,19 @@ export class LineChart {
     this.root = h("figure", { class: "chart", dataset: { chart: title.toLowerCase(), points: "0" } },
       h("figcaption", {}, title),
       (this.canvas = h("div", { class: "chart-plot" })),
-      (this.empty = h("p", { class: "chart-empty muted" }, "No data yet")));
+      (this.empty = h("p", { class: "chart-empty muted" }, "No data yet")),
+      (this.single = h("p", { class: "chart-note muted small", hidden: true })));
     container.append(this.root);
     this.options = {
       width: this.width(),
       height: HEIGHT,
       legend: { show: true, live: false },
       cursor: { drag: { x: true, y: false } },
-      scales: yRange ? { x: { time: false }, y: { range: yRange } } : { x: { time: false } },
+      scales: yRange
+        ? { x: { time: false, range: stepRange }, y: { range: yRange } }
+        : { x: { time: false, range: stepRange } },
       axes: [
-        { stroke: "#667", grid: { stroke: "#e7e9ee" }, ticks: { stroke: "#d7dae0" } },
+        { stroke: "#667", grid: { stroke: "#e7e9ee" }, ticks: { stroke: "#d7dae0" }, incrs: STEP_INCRS },
         {
           stroke: "#667",
           size: 56,
@@ -47,6 +66,10 @@ export class LineChart {
           values: (u, ticks) => ticks.map((v) => Number(v.toPrecision(yDigits)).toString()),
         },
       ],
+      // data-x-range: the step axis's span, as drawn.
+      hooks: { setScale: [(u, key) => {
+        if (key === "x") this.root.dataset.xRange = `${u.scales.x.min}..${u.scales.x.max}`;
+      }] },
       series: [
         { label: "step" },
         ...series.map((s) => ({
@@ -79,6 +102,10 @@ export class LineChart {
     this.root.dataset.points = String(this.points);
     this.empty.hidden = this.points > 0;
     this.canvas.hidden = this.points === 0;
+    // One step so far (a job's first report): the lone dot is easy to miss, so say it.
+    const steps = data[0];
+    this.single.hidden = steps.length !== 1;
+    this.single.textContent = steps.length === 1 ? `One report so far, at step ${steps[0]}.` : "";
     if (this.points === 0 || typeof uPlot === "undefined") return;
     if (!this.plot) {
       this.options.width = this.width();

@@ -1,9 +1,10 @@
 // One job: live progress and charts, per-tower step time, spec, log tail, checkpoints,
-// Cancel and "Open in TensorBoard".
+// Cancel and "Open in TensorBoard" (tensorboard.js).
 
 import { TERMINAL, api, followJob, getJSON } from "./api.js";
 import { LineChart } from "./charts.js";
 import { applyProgressEvent, fresher, mark } from "./jobs.js";
+import { tensorBoardControl } from "./tensorboard.js";
 import {
   age, bytes, devicesText, duration, endReason, eta, h, liveNotice, localTime, num, percent,
   phaseText, progressBar, rate, setProgress, stateBadge, stepText,
@@ -38,8 +39,7 @@ export function mountJob(view, jobId) {
   const bar = progressBar({ state: "queued", progress: null });
   bar.classList.add("bar-large");
   const barText = h("p", { class: "bar-text", id: "job-progress-text" });
-  const tbButton = h("button", { type: "button", id: "open-tensorboard", onclick: openTensorBoard },
-    "Open in TensorBoard");
+  const tensorBoard = tensorBoardControl(jobId);
   const cancelButton = h("button", { type: "button", class: "danger", id: "cancel-job", onclick: cancel },
     "Cancel");
   // The exported SavedModel, there once the job has succeeded (the service streams it).
@@ -70,8 +70,9 @@ export function mountJob(view, jobId) {
     notFound,
     h("div", { class: "job-head" },
       h("div", { class: "job-heading" }, title, badge),
-      h("div", { class: "actions" }, modelLink, tbButton, cancelButton)),
-    actionStatus, notice.el, meta, bar, barText, errorBox, stats,
+      h("div", { class: "actions" }, modelLink, tensorBoard.button, cancelButton)),
+    actionStatus, tensorBoard.status, tensorBoard.notice, notice.el, meta, bar, barText, errorBox,
+    stats,
     h("section", { class: "section" }, h("h2", {}, "Metrics"), chartGrid),
     h("section", { class: "section" }, h("h2", {}, "Per-tower step time"), towers),
     h("section", { class: "section" }, h("h2", {}, "Checkpoints"), checkpoints),
@@ -276,33 +277,6 @@ export function mountJob(view, jobId) {
     }
   }
 
-  async function openTensorBoard() {
-    // Opened now, inside the click, so a popup blocker lets it through; pointed at
-    // TensorBoard once it is asked to show this job. The proxy holds the first request
-    // until TensorBoard has loaded.
-    const tab = window.open("", "_blank");
-    actionStatus.textContent = "Starting TensorBoard…";
-    try {
-      let tb = await getJSON("/api/v1/tensorboard");
-      const up = tb.state !== "stopped";
-      if (!(up && (tb.job_ids === null || tb.job_ids.includes(jobId)))) {
-        // Keep the jobs it already shows, and add this one.
-        const ids = up && tb.job_ids ? [...new Set([...tb.job_ids, jobId])] : [jobId];
-        tb = (await api("/api/v1/tensorboard", { method: "POST", body: { job_ids: ids } })).data;
-      }
-      const url = `/tensorboard/?runFilter=${encodeURIComponent(jobId)}#timeseries`;
-      actionStatus.replaceChildren(`TensorBoard is ${tb.state}: `,
-        h("a", { href: url, target: "_blank", rel: "noopener" }, "open it"), ".");
-      if (tab) {
-        tab.opener = null;
-        tab.location.href = url;
-      }
-    } catch (error) {
-      if (tab) tab.close();
-      actionStatus.textContent = `Could not start TensorBoard: ${error.message}`;
-    }
-  }
-
   /** Take `next` as the job. If that ends it while this page watches, read what it wrote
    *  last (a job that had ended before the page opened is read once, by load()). */
   function take(next) {
@@ -438,6 +412,7 @@ export function mountJob(view, jobId) {
     clearTimeout(checkpointTimer);
     clearTimeout(loadTimer);
     clearInterval(ticker);
+    tensorBoard.destroy();
     for (const chart of charts) chart.destroy();
     document.title = "Towerboard";
   };

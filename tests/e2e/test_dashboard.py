@@ -256,7 +256,7 @@ def test_open_tensorboard_through_proxy(
     assert board.url.startswith(f"{page.url.split('#')[0].rstrip('/')}/tensorboard/")
     # The job's runs, listed by TensorBoard's own page, read through the proxy.
     expect(board.get_by_text(f"{job_id}/train").first).to_be_visible(timeout=120_000)
-    expect(page.locator(".action-status")).to_contain_text("TensorBoard is")
+    expect(page.locator("#tensorboard-status")).to_have_text("TensorBoard is running: open it.")
     board.wait_for_timeout(1000)
     board.screenshot(path=screenshots / "dashboard-tensorboard.png")
     board.close()

@@ -1,0 +1,125 @@
+// A job page's "Open in TensorBoard": asks the service's one, shared TensorBoard to show
+// the job (adding it to what it shows, never taking other users' jobs away), then follows
+// its status: starting, running, why it failed, and whether another start replaced it
+// with one that no longer shows this job.
+
+import { api, getJSON } from "./api.js";
+import { h } from "./format.js";
+
+const STARTING_POLL_MS = 1000; // until it answers (it imports TensorFlow: seconds)
+const RUNNING_POLL_MS = 5000; // then: has it stopped, or been replaced?
+const SHOWN_IDS = 5; // a notice names this many of the jobs it shows now
+
+function shows(tb, jobId) {
+  return tb.job_ids === null || tb.job_ids.includes(jobId);
+}
+
+function jobList(ids) {
+  const named = ids.slice(0, SHOWN_IDS).join(", ");
+  const more = ids.length > SHOWN_IDS ? ` and ${ids.length - SHOWN_IDS} more` : "";
+  return `${ids.length === 1 ? "job" : "jobs"} ${named}${more}`;
+}
+
+/** The button, its status line and its notice, for `jobId`'s page; `destroy()` stops
+ *  following the status. */
+export function tensorBoardControl(jobId) {
+  const url = `/tensorboard/?runFilter=${encodeURIComponent(jobId)}#timeseries`;
+  const button = h("button", { type: "button", id: "open-tensorboard", onclick: open },
+    "Open in TensorBoard");
+  const status = h("p", { class: "action-status small", id: "tensorboard-status", role: "status" });
+  const noticeText = h("span", {});
+  const again = h("button", { type: "button", class: "link", onclick: open }, "Show this job again");
+  const notice = h("div", { class: "tb-notice", id: "tensorboard-notice", role: "alert", hidden: true },
+    noticeText, " ", again);
+  let pid = null; // the TensorBoard this page asked to show the job
+  let wasRunning = false;
+  let timer = null;
+  let gone = false;
+
+  function say(state, ...parts) {
+    status.dataset.state = state;
+    status.classList.toggle("error", state === "failed");
+    status.replaceChildren(...parts);
+  }
+
+  function link() {
+    return h("a", { href: url, target: "_blank", rel: "noopener" }, "open it");
+  }
+
+  /** Show what the service says of its TensorBoard; follow it while it may change. */
+  function show(tb) {
+    clearTimeout(timer);
+    if (gone) return;
+    if (tb.state === "stopped") {
+      pid = null;
+      if (tb.last_error) {
+        say("failed", `${wasRunning ? "TensorBoard stopped" : "TensorBoard failed to start"}: ` +
+          tb.last_error);
+      } else {
+        say("stopped", "TensorBoard has stopped (unused for a while, or stopped on request).");
+      }
+      return;
+    }
+    if (tb.pid !== pid) {
+      // Another start restarted it. Still showing this job: carry on with the new one.
+      if (!shows(tb, jobId)) {
+        pid = null;
+        say("replaced", "");
+        noticeText.textContent = `TensorBoard was restarted by another start over ` +
+          `${jobList(tb.job_ids)}, and no longer shows this job.`;
+        notice.hidden = false;
+        return;
+      }
+      pid = tb.pid;
+    }
+    wasRunning = wasRunning || tb.state === "running";
+    say(tb.state, `TensorBoard is ${tb.state}: `, link(), ".");
+    timer = setTimeout(watch, tb.state === "starting" ? STARTING_POLL_MS : RUNNING_POLL_MS);
+  }
+
+  async function watch() {
+    try {
+      const tb = await getJSON("/api/v1/tensorboard");
+      show(tb);
+    } catch {
+      // No answer this time (a restart, say): ask again; the line keeps what it said.
+      if (!gone) timer = setTimeout(watch, RUNNING_POLL_MS);
+    }
+  }
+
+  async function open() {
+    // Opened now, inside the click, so a popup blocker lets it through; pointed at
+    // TensorBoard once it shows this job. The proxy holds the first request until
+    // TensorBoard has loaded.
+    const tab = window.open("", "_blank");
+    clearTimeout(timer);
+    notice.hidden = true;
+    say("asking", "Starting TensorBoard…");
+    try {
+      // merge: it is shared; the jobs it shows for others stay, this one is added.
+      const { data } = await api("/api/v1/tensorboard", {
+        method: "POST", body: { job_ids: [jobId], merge: true } });
+      if (gone) return;
+      pid = data.pid;
+      wasRunning = false;
+      if (tab) {
+        tab.opener = null;
+        tab.location.href = url;
+      }
+      show(data);
+    } catch (error) {
+      if (tab) tab.close();
+      say("failed", `Could not start TensorBoard: ${error.message}`);
+    }
+  }
+
+  return {
+    button,
+    status,
+    notice,
+    destroy() {
+      gone = true;
+      clearTimeout(timer);
+    },
+  };
+}

@@ -1,0 +1,203 @@
+"""A job's page in headless Chromium against a real service whose worker is a stand-in
+(it writes the progress lines a test needs, at once) and a real TensorBoard: the charts
+of a job with one report, and the TensorBoard line following the shared TensorBoard as
+it starts, runs, fails or is replaced by another user's start."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, Locator, Page, expect
+
+from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
+from tests.e2e.test_dashboard import LAPTOP, Session, open_session
+from tests.service.harness import Service, job_spec
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
+
+# `python -m points_worker run --job-dir DIR`: reports the steps its spec's name lists
+# ("steps-300" reports step 300; "steps-100-300" steps 100 and 300), then succeeds.
+POINTS_WORKER = """\
+import json, sys, time
+from pathlib import Path
+
+job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1])
+name = json.loads((job_dir / "spec.json").read_text())["name"]
+
+
+def progress(**line):
+    with open(job_dir / "progress.jsonl", "a") as f:
+        f.write(json.dumps({"time": time.time(), **line}) + "\\n")
+
+
+progress(event="start", step=0, total=1000)
+for step in name.split("-")[1:]:
+    progress(event="progress", step=int(step), total=1000, loss=0.5, accuracy=0.8,
+             examples_per_sec=1234.0)
+(job_dir / "result.json").write_text(json.dumps({"outcome": "succeeded", "message": name}))
+"""
+CHARTS = ("loss", "accuracy", "examples/sec")
+STARTING = "TensorBoard is starting: open it."
+RUNNING = "TensorBoard is running: open it."
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    folder = tmp_path_factory.mktemp("stand-in")
+    (folder / "points_worker.py").write_text(POINTS_WORKER)
+    path = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
+    svc = Service(
+        folder / "data", {"TOWERBOARD_WORKER_MODULE": "points_worker", "PYTHONPATH": path}
+    )
+    svc.start()
+    yield svc
+    svc.close()
+
+
+@pytest.fixture
+def session(browser: Browser, service: Service) -> Iterator[Session]:
+    session = open_session(browser, service, LAPTOP)
+    yield session
+    session.context.close()
+
+
+def finished(service: Service, name: str) -> str:
+    """A job run to success by the stand-in worker; its id."""
+    job = service.submit(job_spec(name=name))
+    ended = service.wait_state(job["id"], "succeeded", "failed", "cancelled")
+    assert ended["state"] == "succeeded", ended
+    return str(job["id"])
+
+
+def tensorboard(service: Service) -> dict[str, Any]:
+    status: dict[str, Any] = service.client.get("/api/v1/tensorboard").json()
+    return status
+
+
+def wait_tensorboard(service: Service, predicate: Callable[[dict[str, Any]], bool]) -> Any:
+    deadline = time.monotonic() + 120
+    while not predicate(status := tensorboard(service)):
+        assert time.monotonic() < deadline, f"timed out; TensorBoard: {status}"
+        time.sleep(0.2)
+    return status
+
+
+def open_job(page: Page, job_id: str) -> None:
+    page.goto(f"/#/jobs/{job_id}")
+    expect(page.locator(".job-heading .state")).to_have_text("succeeded")
+
+
+def tensorboard_line(page: Page) -> Locator:
+    """The line that says how TensorBoard is doing (found as a reader finds it)."""
+    return page.get_by_role("status").filter(has_text="TensorBoard")
+
+
+def click_open(session: Session, button: str = "#open-tensorboard") -> None:
+    """Click what opens TensorBoard; close the tab it opens (another test follows it)."""
+    with session.context.expect_page() as popup:
+        session.page.click(button)
+    popup.value.close()
+
+
+def test_one_point_chart_centres_its_step(
+    session: Session, service: Service, screenshots: Path
+) -> None:
+    """A job's first report alone: the step axis spans the step, not 0 to twice it."""
+    page = session.page
+    open_job(page, finished(service, "steps-300"))
+    page.screenshot(path=screenshots / "dashboard-one-point.png")
+    for chart in CHARTS:
+        figure = page.locator(f'figure[data-chart="{chart}"]')
+        expect(figure).to_have_attribute("data-points", "1")
+        expect(figure.locator("canvas").first).to_be_visible()
+        expect(figure).to_have_attribute("data-x-range", "250..350")  # was 0..600
+        expect(figure.locator(".chart-note")).to_have_text("One report so far, at step 300.")
+    assert session.errors == []
+
+
+def test_chart_of_two_steps_spans_them(session: Session, service: Service) -> None:
+    page = session.page
+    open_job(page, finished(service, "steps-100-300"))
+    for chart in CHARTS:
+        figure = page.locator(f'figure[data-chart="{chart}"]')
+        expect(figure).to_have_attribute("data-points", "2")
+        expect(figure).to_have_attribute("data-x-range", "100..300")
+        expect(figure.locator(".chart-note")).to_be_hidden()
+    assert session.errors == []
+
+
+def test_tensorboard_line_says_when_it_runs(session: Session, service: Service) -> None:
+    service.client.delete("/api/v1/tensorboard")
+    job_id = finished(service, "steps-300")
+    page = session.page
+    open_job(page, job_id)
+    status = tensorboard_line(page)
+    click_open(session)
+    expect(status).to_have_text(STARTING)  # it imports TensorFlow first: seconds
+    expect(status).to_have_text(RUNNING, timeout=120_000)
+    expect(status).to_have_attribute("data-state", "running")
+    assert tensorboard(service)["state"] == "running"
+    expect(status.get_by_role("link", name="open it")).to_have_attribute(
+        "href", f"/tensorboard/?runFilter={job_id}#timeseries"
+    )
+    expect(page.locator("#tensorboard-notice")).to_be_hidden()
+    assert session.errors == []
+
+
+def test_tensorboard_line_says_why_it_failed(session: Session, service: Service) -> None:
+    service.client.delete("/api/v1/tensorboard")
+    page = session.page
+    open_job(page, finished(service, "steps-300"))
+    status = tensorboard_line(page)
+    click_open(session)
+    expect(status).to_have_text(STARTING)
+    starting = tensorboard(service)
+    assert starting["state"] == "starting", starting
+    os.kill(starting["pid"], signal.SIGKILL)
+    stopped = wait_tensorboard(service, lambda tb: tb["state"] == "stopped")
+    assert stopped["last_error"], stopped
+    expect(status).to_have_text(f"TensorBoard failed to start: {stopped['last_error']}")
+    expect(status).to_have_attribute("data-state", "failed")
+    expect(status).to_have_class(re.compile(r"\berror\b"))
+    assert session.errors == []
+
+
+def test_tensorboard_replaced_by_another_start_says_so(
+    session: Session, service: Service, screenshots: Path
+) -> None:
+    """Another user starts TensorBoard over other jobs only: this page says its job is no
+    longer shown, and showing it again adds it without taking theirs away."""
+    service.client.delete("/api/v1/tensorboard")
+    mine, theirs = finished(service, "steps-300"), finished(service, "steps-300")
+    page = session.page
+    open_job(page, mine)
+    status, notice = tensorboard_line(page), page.locator("#tensorboard-notice")
+    click_open(session)
+    expect(status).to_have_text(RUNNING, timeout=120_000)
+
+    other = service.client.post("/api/v1/tensorboard", json={"job_ids": [theirs]})
+    assert other.status_code == 201, other.text
+    assert other.json()["replaced"]["job_ids"] == [mine]
+    expect(notice).to_be_visible(timeout=15_000)  # the line asks every 5 s
+    expect(notice).to_contain_text(
+        f"TensorBoard was restarted by another start over job {theirs}, "
+        "and no longer shows this job."
+    )
+    expect(page.locator("#tensorboard-status")).to_have_attribute("data-state", "replaced")
+    page.screenshot(path=screenshots / "dashboard-tensorboard-replaced.png")
+
+    click_open(session, "#tensorboard-notice button")
+    expect(status).to_have_text(RUNNING, timeout=120_000)
+    expect(notice).to_be_hidden()
+    shared = tensorboard(service)
+    # Added to theirs in place: the same process, showing both jobs.
+    assert shared["pid"] == other.json()["pid"]
+    assert shared["job_ids"] == sorted([mine, theirs])
+    assert session.errors == []

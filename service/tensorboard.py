@@ -266,6 +266,9 @@ class TensorBoardLauncher:
         deadline = time.monotonic() + _ADDED_RUNS_TIMEOUT
         url = f"{instance.upstream}{PATH_PREFIX}/data/runs"
         while pending and time.monotonic() < deadline:
+            current = self._instance
+            if current is None or current.pid != instance.pid:
+                return  # stopped or replaced meanwhile: nothing to wait for
             with contextlib.suppress(httpx.HTTPError, ValueError):
                 runs = (await self._client.get(url, timeout=2.0)).json()
                 if isinstance(runs, list):

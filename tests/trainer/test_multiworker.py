@@ -36,7 +36,8 @@ SPEC = {
         "images_every": 100,
         "trace_steps": [6, 7],
     },
-    "checkpoint": {"every_steps": 20, "every_seconds": 0, "keep": 8},
+    # Every 20 steps, and every second: each worker's clock says when, the step agrees it.
+    "checkpoint": {"every_steps": 20, "every_seconds": 1, "keep": 40},
 }
 
 
@@ -151,6 +152,9 @@ def test_the_chief_writes_the_run_dir_and_the_other_workers_their_own(cluster_ru
     assert (start["towers"], start["workers"]) == (2, 2)
 
     other = cluster_run / "workers" / "worker-1"
+    steps = [sorted(d.glob("checkpoints/ckpt-*.index")) for d in (cluster_run, other)]
+    assert [p.name for p in steps[0]] == [p.name for p in steps[1]], "saved at the same steps"
+    assert any(int(p.name[5:-6]) % 20 for p in steps[0]), "a save by time, not by step count"
     assert (other / "checkpoints" / "ckpt-160.index").exists()
     assert (other / "progress.jsonl").exists()
     assert not (other / "tb").exists() and not (other / "export").exists()

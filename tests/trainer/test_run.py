@@ -338,6 +338,20 @@ def test_resume_after_sigterm_equals_uninterrupted(tmp_path):
     assert resumed["metrics"]["loss"] == whole["metrics"]["loss"]
 
 
+def test_checkpoints_by_time_alone(tmp_path):
+    spec = with_(
+        TINY,
+        steps=2000,
+        summaries={"scalars_every": 0, "histograms_every": 0, "images_every": 0, "trace_steps": []},
+        checkpoint={"every_steps": 0, "every_seconds": 1, "keep": 100},
+    )
+    code, result, log = run_worker(tmp_path, spec)
+    assert code == 0, log
+    saved = sorted(int(p.name[5:-6]) for p in (tmp_path / "checkpoints").glob("ckpt-*.index"))
+    assert saved[-1] == 2000
+    assert len(saved) >= 2, f"a run of {result['metrics']} saved only at its end: {saved}"
+
+
 def test_sigterm_while_the_worker_starts_up_exits_3_with_a_result(tmp_path):
     # A cancel or a service shutdown can land in the seconds a worker spends importing
     # TensorFlow, loading data and building the model, before its first step. It must

@@ -157,9 +157,9 @@ class Controller:
         requests = np.zeros(len(REQUESTS), np.int32)
         # One process stops before its next step; a cluster's workers stop after the step
         # whose requests carried the stop, all of them at that step.
-        agreed_stop = self.cluster.is_multi_worker
+        in_cluster = self.cluster.is_multi_worker
         while step < self.total_steps:
-            if not agreed_stop and self.stop.is_set():
+            if not in_cluster and self.stop.is_set():
                 return self._finish_cancelled(step, _metrics(loss, out))
             self.at_step = step + 1
             if step + 1 in self._trace_steps and not self.trace.active:
@@ -170,13 +170,18 @@ class Controller:
             scalars_due = bool(s.scalars_every) and (step + 1) % s.scalars_every == 0
             requests[:] = (self.stop.is_set(), self.checkpointer.due_by_time())
             out = self.trainer.train_step(
-                images, labels, with_grad_norm=scalars_due, requests=tf.constant(requests)
+                images,
+                labels,
+                with_grad_norm=scalars_due,
+                requests=tf.constant(requests) if in_cluster else None,
             )
             step += 1
             loss = float(out["loss"])  # the one host-device sync point of a step
             if not math.isfinite(loss):
                 raise NonFiniteLoss(step, loss)
-            stop_asked, checkpoint_asked = (bool(r) for r in out["requests"].numpy())
+            # One process's requests are its own (no read back from the step's outputs).
+            agreed = out["requests"].numpy() if in_cluster else requests
+            stop_asked, checkpoint_asked = (bool(r) for r in agreed)
             if step == first_step:
                 started_at = time.monotonic()
             else:
@@ -222,7 +227,7 @@ class Controller:
                 last_report = now
                 self._take_profile_request(step)
 
-            if agreed_stop and stop_asked:
+            if in_cluster and stop_asked:
                 return self._finish_cancelled(step, _metrics(loss, out))
             e = self.spec.eval
             if (

@@ -6,7 +6,7 @@
     towerboard cancel ID [--wait]                  cancel a queued or running job
     towerboard checkpoints ID [--download STEP]    list checkpoints, or fetch one (.tar.gz)
     towerboard export ID [-o PATH]                 fetch the exported SavedModel (.tar.gz)
-    towerboard tensorboard [--jobs ID ...] [--open] [--stop]
+    towerboard tensorboard [--jobs ID ...] [--merge] [--open] [--stop]
 
 Every verb takes `--url` (default `$TOWERBOARD_URL`, else http://127.0.0.1:8000) and sends
 `$TOWERBOARD_TOKEN`, when set, as its bearer token. Results go to stdout (`submit` prints
@@ -818,8 +818,14 @@ def tensorboard(client: Client, args: argparse.Namespace) -> int:
         client.request("DELETE", "/api/v1/tensorboard")
         sys.stdout.write("tensorboard stopped\n")
         return EXIT_OK
-    body = {"job_ids": args.jobs} if args.jobs else {}
-    board = client.request("POST", "/api/v1/tensorboard", json=body).json()
+    body: dict[str, Any] = {"job_ids": args.jobs} if args.jobs else {}
+    if args.merge:
+        body["merge"] = True
+    started = client.request("POST", "/api/v1/tensorboard", json=body)
+    board = started.json()
+    # `replaced` stays in the status for the instance's life; this start did it only when
+    # it started a new one (201).
+    replaced = board.get("replaced") if started.status_code == 201 else None
     deadline = time.monotonic() + _TENSORBOARD_READY_SECONDS
     if board["state"] == "starting":
         sys.stderr.write("starting TensorBoard ...\n")
@@ -832,6 +838,13 @@ def tensorboard(client: Client, args: argparse.Namespace) -> int:
         )
     shown = "all jobs" if board.get("job_ids") is None else ", ".join(board["job_ids"])
     sys.stderr.write(f"TensorBoard is running over {shown}\n")
+    if replaced:
+        # One TensorBoard serves every user: say whose view this start took away.
+        gone = "all jobs" if replaced.get("job_ids") is None else ", ".join(replaced["job_ids"])
+        sys.stderr.write(
+            f"this replaced the shared TensorBoard over {gone}, which others may have had "
+            "open (--merge adds jobs to what it shows instead)\n"
+        )
     sys.stdout.write(f"{board['url']}\n")
     if client.has_token:
         sys.stderr.write(
@@ -1002,6 +1015,11 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
         type=_job_id,
         metavar="ID",
         help="show only these jobs (default: all jobs)",
+    )
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="add these jobs to what the shared TensorBoard shows, never taking any away",
     )
     p.add_argument("--open", action="store_true", help="open it in a web browser")
     p.add_argument("--stop", action="store_true", help="stop it instead")

@@ -354,6 +354,18 @@ def test_tensorboard_starts_and_prints_proxied_url(
     runs = httpx.get(f"{service.base_url}/tensorboard/data/runs", timeout=60).json()
     assert f"{watched['id']}/train" in runs
 
+    # Over every job, then back to one: the second start takes the others away, and says so.
+    every = towerboard("tensorboard", url=service.base_url, timeout=240)
+    assert every.returncode == 0 and "replaced" not in every.stderr, every.stderr
+    one = towerboard("tensorboard", "--jobs", watched["id"], url=service.base_url, timeout=240)
+    assert one.returncode == 0, one.stderr
+    assert "this replaced the shared TensorBoard over all jobs" in one.stderr
+    # --merge never takes any away: the same jobs again reuse it, with nothing replaced.
+    merged = towerboard(
+        "tensorboard", "--jobs", watched["id"], "--merge", url=service.base_url, timeout=240
+    )
+    assert merged.returncode == 0 and "replaced" not in merged.stderr, merged.stderr
+
     stop = towerboard("tensorboard", "--stop", url=service.base_url)
     assert stop.returncode == 0 and stop.stdout == "tensorboard stopped\n"
 

@@ -46,7 +46,7 @@ export function mountJob(view, jobId) {
   const modelLink = h("a", { class: "button", id: "download-model", hidden: true,
     href: `${base}/export`, download: `${jobId}-export.tar.gz`,
     title: "The trained model as a SavedModel (.tar.gz)" }, "Download model");
-  const actionStatus = h("p", { class: "action-status small", role: "status" });
+  const actionStatus = h("p", { class: "action-status small", id: "action-status", role: "status" });
   const meta = h("p", { class: "meta muted small" });
   const errorBox = h("div", { class: "job-error", role: "alert", hidden: true });
   const stats = h("div", { class: "stats" },

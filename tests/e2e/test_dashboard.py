@@ -416,7 +416,7 @@ def test_job_without_metrics_and_cancel(
     expect(page.locator(".job-heading .state")).to_have_text("running")
     page.locator("#cancel-job").click()
     page.locator("#cancel-job").click()
-    expect(page.locator(".action-status")).to_contain_text("Cancel requested")
+    expect(page.locator("#action-status")).to_contain_text("Cancel requested")
     expect(page.locator(".job-heading .state")).to_have_text("cancelled", timeout=60_000)
     expect(page.locator("#cancel-job")).to_be_hidden()
     assert service.job(running["id"])["state"] == "cancelled"

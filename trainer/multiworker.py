@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.checkpoints import Checkpointer
-from trainer.towers import TowerTrainer, _batch_norm_layers, tower_sizes
+from trainer.towers import TowerTrainer, tower_sizes
 
 log = logging.getLogger(__name__)
 
@@ -69,17 +69,6 @@ class ClusterTrainer(TowerTrainer):
             super().__init__(
                 tower_devices=strategy.extended.worker_devices, fused_updates=False, **kwargs
             )
-        # One machine's towers average batch-norm statistics from two towers up; here
-        # a single local tower still has others on other workers.
-        self._bn_variables = (
-            [
-                v
-                for layer in _batch_norm_layers(self.model)
-                for v in (layer.moving_mean, layer.moving_variance)
-            ]
-            if self.num_towers > 1
-            else []
-        )
 
     @property
     def num_towers(self) -> int:

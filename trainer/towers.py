@@ -123,14 +123,15 @@ class TowerTrainer:
 
         self._variables = list(model.trainable_variables)
         # With one tower, batch norm updates its statistics in place, as in a plain step;
-        # with more, the step takes each tower's update and averages them.
+        # with more (in a cluster, counting other workers' towers), the step takes each
+        # tower's update and averages them.
         self._bn_variables = (
             [
                 var
                 for layer in _batch_norm_layers(model)
                 for var in (layer.moving_mean, layer.moving_variance)
             ]
-            if len(tower_devices) > 1
+            if self.num_towers > 1
             else []
         )
         with tf.device(parameter_device):

@@ -15,8 +15,8 @@ controller reads (`REQUESTS`: stop, checkpoint) are summed by another, so every 
 makes the same decisions at the same step. Batch-norm moving statistics are set to the
 share-weighted average of the towers' updates, as on one machine (one more all-reduce).
 
-What it costs beside one machine's towers: the update goes through Keras (the fused
-kernels of trainer/updates.py write one variable handle, not a strategy's copies), and
+The update is one machine's too: TensorFlow's fused kernels (trainer/updates.py), run
+once per copy through the strategy's `update`. What it costs beside one machine's towers:
 every worker builds the whole global batch to take its shard of it.
 """
 
@@ -32,6 +32,7 @@ import tensorflow as tf
 
 from trainer.checkpoints import Checkpointer
 from trainer.towers import TowerTrainer, tower_sizes
+from trainer.updates import Apply, make_apply
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +67,10 @@ class ClusterTrainer(TowerTrainer):
     def __init__(self, *, strategy: tf.distribute.Strategy, **kwargs: Any) -> None:
         self.strategy = strategy
         with strategy.scope():  # every variable made from here on is mirrored
-            super().__init__(
-                tower_devices=strategy.extended.worker_devices, fused_updates=False, **kwargs
-            )
+            super().__init__(tower_devices=strategy.extended.worker_devices, **kwargs)
+
+    def _make_apply(self, fused: bool) -> Apply:
+        return make_apply(self.optimizer, self._variables, fused=fused, strategy=self.strategy)
 
     @property
     def num_towers(self) -> int:

@@ -30,7 +30,7 @@ import keras
 import tensorflow as tf
 
 from trainer.ema import WeightEMA
-from trainer.updates import make_apply
+from trainer.updates import Apply, make_apply
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class TowerTrainer:
             # Built now, not on the first step, so slots exist (on the parameter device)
             # before a checkpoint is restored into them.
             optimizer.build(self._variables)
-            self._apply = make_apply(optimizer, self._variables, fused=fused_updates)
+            self._apply = self._make_apply(fused_updates)
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self.ema = WeightEMA(self._variables, ema_decay, parameter_device) if ema_decay else None
 
@@ -173,6 +173,10 @@ class TowerTrainer:
             self._flags[with_grad_norm],
             self._no_requests if requests is None else requests,
         )
+
+    def _make_apply(self, fused: bool) -> Apply:
+        """How the step applies the summed gradients (a cluster's goes through its strategy)."""
+        return make_apply(self.optimizer, self._variables, fused=fused)
 
     @property
     def num_towers(self) -> int:

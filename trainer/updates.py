@@ -52,6 +52,7 @@ def make_apply(
     variables: Sequence[keras.Variable],
     *,
     fused: bool = True,
+    strategy: tf.distribute.Strategy | None = None,
 ) -> Apply:
     """A function `apply(grads, learning_rate)` that updates `variables` in place.
 
@@ -59,6 +60,10 @@ def make_apply(
     update (the schedule at the optimizer's iteration count); the iteration count goes up
     by one per call, as with `optimizer.apply_gradients`. `fused=False` always applies
     through Keras (the benchmark's comparison, or to rule the kernels out).
+
+    Under a `strategy` (its variables mirrored), `apply` is called in cross-replica
+    context with per-replica `grads` and `learning_rate`, and updates every copy of every
+    variable with its own device's values.
     """
     variables = list(variables)
     kind = type(optimizer)
@@ -78,42 +83,82 @@ def make_apply(
     index = [optimizer._get_variable_index(v) for v in variables]
     constrained = [v for v in variables if v.constraint is not None]
 
+    # Each kind is two parts: what one update computes once for every variable, and the
+    # kernel that updates one variable (a handle read where it runs, so that under a
+    # strategy it is the copy on that device).
     if kind is keras.optimizers.Adam:
         beta_1, beta_2, epsilon = (
             tf.constant(x, tf.float32)
             for x in (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon)
         )
 
-        def update(grads: Sequence[tf.Tensor], learning_rate: tf.Tensor) -> None:
+        def prepare() -> tuple[tf.Tensor, ...]:
             t = tf.cast(optimizer.iterations + 1, tf.float32)
-            beta_1_power, beta_2_power = tf.pow(beta_1, t), tf.pow(beta_2, t)
-            for var, grad, k in zip(variables, grads, index, strict=True):
-                tf.raw_ops.ResourceApplyAdam(
-                    var=_handle(var), m=_handle(optimizer._momentums[k]), v=_handle(optimizer._velocities[k]),
-                    beta1_power=beta_1_power, beta2_power=beta_2_power, lr=learning_rate,
-                    beta1=beta_1, beta2=beta_2, epsilon=epsilon, grad=grad,
-                )  # fmt: skip
+            return tf.pow(beta_1, t), tf.pow(beta_2, t)
+
+        def kernel(
+            var: keras.Variable,
+            k: int,
+            grad: tf.Tensor,
+            lr: tf.Tensor,
+            powers: tuple[tf.Tensor, ...],
+        ) -> None:
+            tf.raw_ops.ResourceApplyAdam(
+                var=_handle(var), m=_handle(optimizer._momentums[k]), v=_handle(optimizer._velocities[k]),
+                beta1_power=powers[0], beta2_power=powers[1], lr=lr,
+                beta1=beta_1, beta2=beta_2, epsilon=epsilon, grad=grad,
+            )  # fmt: skip
 
     elif optimizer.momentum:
         momentum = tf.constant(optimizer.momentum, tf.float32)
 
-        def update(grads: Sequence[tf.Tensor], learning_rate: tf.Tensor) -> None:
-            for var, grad, k in zip(variables, grads, index, strict=True):
-                tf.raw_ops.ResourceApplyKerasMomentum(
-                    var=_handle(var), accum=_handle(optimizer.momentums[k]), lr=learning_rate, grad=grad,
-                    momentum=momentum, use_nesterov=optimizer.nesterov,
-                )  # fmt: skip
+        def prepare() -> tuple[tf.Tensor, ...]:
+            return ()
+
+        def kernel(
+            var: keras.Variable,
+            k: int,
+            grad: tf.Tensor,
+            lr: tf.Tensor,
+            powers: tuple[tf.Tensor, ...],
+        ) -> None:
+            tf.raw_ops.ResourceApplyKerasMomentum(
+                var=_handle(var), accum=_handle(optimizer.momentums[k]), lr=lr, grad=grad,
+                momentum=momentum, use_nesterov=optimizer.nesterov,
+            )  # fmt: skip
 
     else:
 
-        def update(grads: Sequence[tf.Tensor], learning_rate: tf.Tensor) -> None:
-            for var, grad in zip(variables, grads, strict=True):
-                tf.raw_ops.ResourceApplyGradientDescent(
-                    var=_handle(var), alpha=learning_rate, delta=grad
-                )
+        def prepare() -> tuple[tf.Tensor, ...]:
+            return ()
+
+        def kernel(
+            var: keras.Variable,
+            k: int,
+            grad: tf.Tensor,
+            lr: tf.Tensor,
+            powers: tuple[tf.Tensor, ...],
+        ) -> None:
+            tf.raw_ops.ResourceApplyGradientDescent(var=_handle(var), alpha=lr, delta=grad)
 
     def fused_apply(grads: Sequence[tf.Tensor], learning_rate: tf.Tensor) -> None:
-        update([tf.convert_to_tensor(g) for g in grads], tf.cast(learning_rate, tf.float32))
+        prepared = prepare()
+        for var, grad, k in zip(variables, grads, index, strict=True):
+            if strategy is None:
+                kernel(
+                    var, k, tf.convert_to_tensor(grad), tf.cast(learning_rate, tf.float32), prepared
+                )
+            else:
+                # Once per copy, on its device, with that device's gradient and rate: inside
+                # `update`, every mirrored variable's handle is the copy on that device.
+                strategy.extended.update(
+                    var.value,
+                    lambda _, grad, lr, var=var, k=k: kernel(
+                        var, k, tf.convert_to_tensor(grad), tf.cast(lr, tf.float32), prepared
+                    ),
+                    args=(grad, learning_rate),
+                    group=False,
+                )
         for var in constrained:  # as Keras does, after the update
             var.assign(var.constraint(var))
         optimizer.iterations.assign_add(1)

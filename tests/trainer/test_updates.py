@@ -122,3 +122,47 @@ def test_keras_only_features_go_through_keras():
     for got, expected in zip(clipped_vars, reference_vars, strict=True):
         np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=0, atol=1e-7)
     assert 0.0 < largest_change(clipped_vars) <= 0.01 + 1e-6
+
+
+@pytest.mark.parametrize("name", ["momentum", "adam"])
+def test_fused_update_under_a_strategy_updates_each_copy_with_its_own_gradient(name):
+    # A cluster's variables are mirrored: one copy per tower. MirroredStrategy over two
+    # logical CPUs has the same copies and the same `update` as MultiWorkerMirroredStrategy.
+    # Each copy gets a different gradient here (in training they are the same sum), so a
+    # copy updated with another's gradient, or not at all, shows.
+    strategy = tf.distribute.MirroredStrategy(
+        ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()
+    )
+    with strategy.scope():
+        optimizer, variables = OPTIMIZERS[name](), make_variables()
+        optimizer.build(variables)
+        apply = make_apply(optimizer, variables, strategy=strategy)
+
+    def replica_grads(step: int) -> tuple[list[tf.Tensor], tf.Tensor]:
+        copy = tf.distribute.get_replica_context().replica_id_in_sync_group
+        scale = tf.cast(copy + 1, tf.float32)
+        return [scale * tf.constant(g) for g in gradients(step)], optimizer.learning_rate
+
+    @tf.function
+    def step(i):
+        grads, lr = strategy.run(replica_grads, args=(i,))
+        apply(grads, lr)
+
+    for i in range(3):
+        step(i)
+
+    graph = step.get_concrete_function(0).graph.as_graph_def()
+    kernels = [n for n in graph.node if n.op.startswith("ResourceApply")]
+    assert {n.device.lower().split("/")[-1] for n in kernels} == {"device:cpu:0", "device:cpu:1"}
+    assert int(optimizer.iterations.numpy()) == 3
+    for copy in range(2):
+        # The same updates without a strategy, with this copy's gradients.
+        expected_opt, expected_vars = OPTIMIZERS[name](), make_variables()
+        expected_opt.build(expected_vars)
+        for i in range(3):
+            expected_opt.apply_gradients(
+                zip([(copy + 1) * g for g in gradients(i)], expected_vars, strict=True)
+            )
+        for got, expected in zip(variables, expected_vars, strict=True):
+            local = strategy.experimental_local_results(got.value)[copy]
+            np.testing.assert_allclose(local.numpy(), expected.numpy(), rtol=0, atol=1e-6)

@@ -63,11 +63,43 @@ def error_body(detail: str, errors: list[dict[str, str]] | None = None) -> dict[
     return {"detail": detail, "errors": errors or []}
 
 
+def _not_json(exc: RequestValidationError) -> bool:
+    """FastAPI hands a body to validation as raw bytes when its Content-Type is not JSON
+    (none, or a form as `curl -d` sends): the body itself failing as bytes means that."""
+    return any(
+        tuple(item.get("loc", ())) == ("body",) and isinstance(item.get("input"), bytes)
+        for item in exc.errors()
+    )
+
+
+def _missing_body(exc: RequestValidationError) -> bool:
+    return any(
+        tuple(item.get("loc", ())) == ("body",) and item.get("type") == "missing"
+        for item in exc.errors()
+    )
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if _not_json(exc):
+            received = request.headers.get("content-type")
+            shown = repr(received[:200]) if received else "none"
+            detail = (
+                "Expected the body as JSON, with the header 'Content-Type: application/json'. "
+                f"Received: Content-Type {shown}."
+            )
+            return JSONResponse(error_body(detail), status_code=415)
         # POST /api/v1/jobs is the one route whose body is a job spec.
         spec = request.method == "POST" and request.url.path.rstrip("/").endswith("/jobs")
+        if spec and _missing_body(exc):
+            errors = [
+                {
+                    "field": "(spec)",
+                    "message": "Expected a JSON body: the job spec. Received: no body",
+                }
+            ]
+            return JSONResponse(error_body(_count_detail(1), errors), status_code=422)
         errors = _request_field_errors(exc, spec=spec)
         return JSONResponse(error_body(_count_detail(len(errors)), errors), status_code=422)
 

@@ -111,7 +111,10 @@ def include(app: FastAPI, prefix: str) -> None:
     "",
     status_code=201,
     response_model=JobPublic,
-    responses={422: {"model": ErrorPublic, "description": "Every problem with the spec"}},
+    responses={
+        415: {"model": ErrorPublic, "description": "The body was not sent as JSON"},
+        422: {"model": ErrorPublic, "description": "Every problem with the spec"},
+    },
 )
 def create_job(job_in: JobCreate, runtime: RuntimeDep) -> Response:
     """Validate a job spec, store it as `queued` and return it with its id."""

@@ -1,0 +1,66 @@
+"""Requests a person gets wrong, against a real service: a body that is not sent as JSON, a
+missing body, HEAD on the routes monitors probe, and query parameters no route knows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.service.harness import Service, job_spec
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [None, "application/x-www-form-urlencoded", "text/plain"],
+    ids=["none", "form (curl -d)", "text"],
+)
+def test_create_job_body_not_sent_as_json_is_415(
+    service: Service, content_type: str | None
+) -> None:
+    # `curl -d @spec.json` without `-H content-type:...` sends a form; `requests.post(url,
+    # data=json.dumps(spec))` sends no type at all. Either way the body is good JSON: say
+    # what header is missing, not "Input should be a valid dictionary ... Received: b'{...'".
+    headers = {"content-type": content_type} if content_type else {}
+    before = service.client.get("/api/v1/jobs").json()["count"]
+    response = service.client.post(
+        "/api/v1/jobs", content=b'{"data": {"format": "synthetic"}}', headers=headers
+    )
+    assert response.status_code == 415, response.text
+    shown = repr(content_type) if content_type else "none"
+    assert response.json() == {
+        "detail": "Expected the body as JSON, with the header 'Content-Type: application/json'. "
+        f"Received: Content-Type {shown}.",
+        "errors": [],
+    }
+    assert service.client.get("/api/v1/jobs").json()["count"] == before
+
+
+def test_optional_body_not_sent_as_json_is_415(service: Service) -> None:
+    # TensorBoard's selection may be left out, but one sent as text is not ignored (that
+    # would start TensorBoard over every job instead of the ones asked for).
+    response = service.client.post(
+        "/api/v1/tensorboard", content=b'{"job_ids": ["x"]}', headers={"content-type": "text/plain"}
+    )
+    assert response.status_code == 415, response.text
+    assert response.json()["detail"].startswith("Expected the body as JSON")
+
+
+def test_create_job_json_with_charset_is_accepted(service: Service) -> None:
+    spec = job_spec(name="charset", steps=1, data={"format": "npz", "path": "nothing-here.npz"})
+    response = service.client.post(
+        "/api/v1/jobs",
+        content=json.dumps(spec).encode(),
+        headers={"content-type": "application/json; charset=utf-8"},
+    )
+    # Read as JSON: the spec's own error (its data path), not a content type.
+    assert response.status_code == 422, response.text
+    assert [e["field"] for e in response.json()["errors"]] == ["data.path"]
+
+
+def test_create_job_without_body(service: Service) -> None:
+    response = service.client.post("/api/v1/jobs", headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    assert response.json()["errors"] == [
+        {"field": "(spec)", "message": "Expected a JSON body: the job spec. Received: no body"}
+    ]

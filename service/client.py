@@ -449,10 +449,19 @@ def _summary(job: dict[str, Any]) -> str:
 def _read_spec(path: str) -> dict[str, Any]:
     name = "stdin" if path == "-" else path
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     except OSError as error:
         raise ClientError(
             f"cannot read the spec {name}: {error.strerror or error}", EXIT_USAGE
+        ) from error
+    try:
+        # JSON is UTF-8 whatever the locale says; a BOM, as some editors write, is skipped.
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise ClientError(
+            f"cannot read the spec {name}: it is not UTF-8 text ({error.reason} at byte "
+            f"{error.start}); save it as UTF-8 JSON",
+            EXIT_USAGE,
         ) from error
     try:
         spec = json.loads(text)

@@ -417,6 +417,29 @@ def test_errors_are_one_line_with_exit_codes(service: Service, tmp_path: Path) -
     )
 
 
+def test_submit_spec_not_utf8_is_one_line_exit_2(tmp_path: Path) -> None:
+    # A spec saved as UTF-16 (as some Windows editors do), or a binary file by mistake: read
+    # before any request, so no service is needed. It was a UnicodeDecodeError traceback.
+    utf16 = tmp_path / "utf16.json"
+    utf16.write_text(json.dumps(job_spec()), encoding="utf-16")
+    result = towerboard("submit", str(utf16), url="http://127.0.0.1:1")
+    assert result.returncode == 2, result.stderr
+    assert one_error_line(result) == (
+        f"towerboard: error: cannot read the spec {utf16}: it is not UTF-8 text "
+        "(invalid start byte at byte 0); save it as UTF-8 JSON"
+    )
+    piped = subprocess.run(
+        [sys.executable, "-m", "service.cli", "submit", "-"],
+        cwd=ROOT, env=cli_env("http://127.0.0.1:1"), input=b"\xff{}", capture_output=True,
+        timeout=60,
+    )  # fmt: skip
+    assert piped.returncode == 2, piped.stderr
+    assert piped.stderr.decode().strip() == (
+        "towerboard: error: cannot read the spec stdin: it is not UTF-8 text "
+        "(invalid start byte at byte 0); save it as UTF-8 JSON"
+    )
+
+
 def test_output_cut_short_by_its_reader_ends_quietly(
     service: Service, watched: dict[str, Any]
 ) -> None:

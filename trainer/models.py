@@ -32,6 +32,18 @@ def _mlp(
     return keras.Model(inputs, keras.layers.Dense(num_classes, name="logits")(x), name="mlp")
 
 
+def _halve(x: keras.KerasTensor) -> keras.KerasTensor:
+    """A 2x2 max-pool of each side that has 2 pixels or more.
+
+    A side of 1 pixel is left as it is: a 2x2 pool would leave it no pixels, which Keras
+    refuses to build, and the contract says images of any size train. Images whose sides
+    are all 2 or more get exactly the classic model, so their checkpoints still fit.
+    """
+    height, width = x.shape[1], x.shape[2]
+    size = (min(2, height), min(2, width))
+    return x if size == (1, 1) else keras.layers.MaxPooling2D(pool_size=size)(x)
+
+
 def _cnn(
     input_shape: tuple[int, ...],
     num_classes: int,
@@ -41,9 +53,9 @@ def _cnn(
 ) -> keras.Model:
     inputs = keras.Input(input_shape, name="images")
     x = keras.layers.Conv2D(filters[0], 3, padding="same", activation="relu")(inputs)
-    x = keras.layers.MaxPooling2D()(x)
+    x = _halve(x)
     x = keras.layers.Conv2D(filters[1], 3, padding="same", activation="relu")(x)
-    x = keras.layers.MaxPooling2D()(x)
+    x = _halve(x)
     x = keras.layers.Flatten()(x)
     x = keras.layers.Dense(dense, activation="relu")(x)
     if dropout:

@@ -7,6 +7,7 @@ returns a Keras model that outputs logits: `num_classes` of them, or one for `lo
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -111,11 +112,16 @@ BUILDERS: dict[str, Callable[..., keras.Model]] = {
 }
 
 
+# User code may end the process itself (`sys.exit()` in a builder or at a module's top
+# level): that is the model's fault too, and must end the job with a result.json.
+_USER_CODE_ERRORS = (Exception, SystemExit)
+
+
 def _custom_builder(name: str) -> Callable[..., Any]:
     module_name, function_name = name.split(":")
     try:
         module = importlib.import_module(module_name)
-    except Exception as e:  # noqa: BLE001 - a SyntaxError or a failing top level is user code too
+    except _USER_CODE_ERRORS as e:  # a SyntaxError or a failing top level is user code too
         raise ModelError(
             f"Cannot import module {module_name!r} of model {name!r}: {type(e).__name__}: {e}"
         ) from e
@@ -127,40 +133,77 @@ def _custom_builder(name: str) -> Callable[..., Any]:
     return builder
 
 
+def _check_signature(
+    name: str, builder: Callable[..., Any], params: dict[str, Any], kwargs: dict[str, Any]
+) -> None:
+    """Says which arguments a builder does not take, before calling it.
+
+    Checked apart from the call, so a TypeError raised inside the builder is reported as
+    its own failure, not as a rejection of the spec's params.
+    """
+    try:
+        signature = inspect.signature(builder)
+    except (TypeError, ValueError):  # some callables (C functions) have no signature
+        return
+    try:
+        signature.bind(**kwargs, **params)
+    except TypeError as e:
+        given = ", ".join(["input_shape", "num_classes", *params])
+        raise ModelError(
+            f"Expected model {name!r} to take the keyword arguments {given}. "
+            f"Received: a function {_function_label(builder)}{signature} ({e})"
+        ) from None
+
+
+def _function_label(builder: Callable[..., Any]) -> str:
+    return getattr(builder, "__qualname__", None) or type(builder).__name__
+
+
+def _output_shape(name: str, model: keras.Model, input_shape: tuple[int, ...]) -> tuple:
+    """The shape a custom model answers a zero batch of one with (this also builds it)."""
+    try:
+        output = model(np.zeros((1, *input_shape), np.float32), training=False)
+    except _USER_CODE_ERRORS as e:
+        raise ModelError(
+            f"Model {name!r} failed on a batch of shape {(1, *input_shape)}: {type(e).__name__}: {e}"
+        ) from e
+    if isinstance(output, (list, tuple, dict)):
+        raise ModelError(
+            f"Expected model {name!r} to output one tensor of logits. "
+            f"Received: a {type(output).__name__} of {len(output)} outputs"
+        )
+    return tuple(output.shape)
+
+
 def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
     """Build the model of `spec` for images of `input_shape` (H, W, C) and `num_classes`.
 
     A custom model may be functional or subclassed: it is called once on a zero batch of
-    one, which builds a subclassed model and checks that it runs and how many logits it
-    gives, before any training starts.
+    one, which builds a subclassed model and checks that it runs and gives logits of shape
+    (batch, classes), before any training starts.
     """
     if spec.is_custom:
         builder = _custom_builder(spec.name)
+        kwargs = {"input_shape": input_shape, "num_classes": num_classes}
+        _check_signature(spec.name, builder, spec.params, kwargs)
         try:
-            model = builder(input_shape=input_shape, num_classes=num_classes, **spec.params)
-        except TypeError as e:
-            raise ModelError(f"Model {spec.name!r} rejected its params {spec.params}: {e}") from e
-        except Exception as e:  # noqa: BLE001 - any failure of user code is the model's fault
+            model = builder(**kwargs, **spec.params)
+        except _USER_CODE_ERRORS as e:  # any failure of user code is the model's fault
             raise ModelError(f"Model {spec.name!r} failed to build: {type(e).__name__}: {e}") from e
         if not isinstance(model, keras.Model):
             raise ModelError(
                 f"Expected {spec.name!r} to return a keras.Model. Received: {type(model).__name__}"
             )
-        try:
-            output_shape = tuple(
-                model(np.zeros((1, *input_shape), np.float32), training=False).shape
-            )
-        except Exception as e:  # noqa: BLE001 - any failure of user code is the model's fault
-            raise ModelError(
-                f"Model {spec.name!r} failed on a batch of shape {(1, *input_shape)}: {type(e).__name__}: {e}"
-            ) from e
+        output_shape = _output_shape(spec.name, model, input_shape)
     else:
         model = BUILDERS[spec.name](input_shape, num_classes, **spec.params)
         output_shape = model.output_shape
     expected = 1 if spec.name == "logistic" else num_classes
-    if output_shape[-1] != expected:
+    if len(output_shape) != 2 or output_shape[-1] != expected:
+        # A (batch, H, W, classes) map would pass a check of the last axis alone, and then
+        # fail in the first step's loss with TensorFlow's traceback instead of this line.
         raise ModelError(
-            f"Expected model {spec.name!r} to output {expected} logits. "
+            f"Expected model {spec.name!r} to output logits of shape (batch, {expected}). "
             f"Received: output shape {output_shape}"
         )
     return model

@@ -1,10 +1,19 @@
-"""The model registry: built-in models on any image size."""
+"""The model registry: built-in models on any image size, and custom `module:function`
+models that are wrong in the ways user code is wrong, each refused with one line."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from trainer.models import build_model
+from trainer.models import ModelError, build_model
 from trainer.spec import ModelSpec
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 1), (3, 3, 1), (1, 9, 3), (2, 5, 2)])
@@ -21,3 +30,128 @@ def test_cnn_on_mnist_sized_images_is_the_classic_model():
     pools = [layer for layer in model.layers if "pooling" in layer.name]
     assert [layer.output.shape[1:3] for layer in pools] == [(14, 14), (7, 7)]
     assert model.count_params() == 1_630_090  # as before the change
+
+
+CUSTOM = """
+import sys
+import keras
+
+def flat(input_shape, num_classes):
+    inputs = keras.Input(input_shape)
+    return keras.Model(inputs, keras.layers.Dense(num_classes)(keras.layers.Flatten()(inputs)))
+
+def spatial(input_shape, num_classes):
+    inputs = keras.Input(input_shape)
+    return keras.Model(inputs, keras.layers.Conv2D(num_classes, 1)(inputs))
+
+def two_outputs(input_shape, num_classes):
+    inputs = keras.Input(input_shape)
+    x = keras.layers.Flatten()(inputs)
+    return keras.Model(inputs, [keras.layers.Dense(num_classes)(x), keras.layers.Dense(1)(x)])
+
+def exits(input_shape, num_classes):
+    sys.exit(5)
+
+def positional(shape, classes):
+    return flat(shape, classes)
+
+def typo_inside(input_shape, num_classes, width=8):
+    return flat(input_shape, num_classes, width)
+
+def one_logit(input_shape, num_classes):
+    return flat(input_shape, 1)
+"""
+
+
+@pytest.fixture
+def custom(tmp_path, monkeypatch):
+    (tmp_path / "qa_custom.py").write_text(CUSTOM)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    sys.modules.pop("qa_custom", None)
+
+
+def refusal(name: str, params: dict | None = None) -> str:
+    with pytest.raises(ModelError) as error:
+        build_model(ModelSpec(name=f"qa_custom:{name}", params=params or {}), (4, 4, 1), 3)
+    message = str(error.value)
+    assert "\n" not in message
+    return message
+
+
+def test_custom_model_with_a_map_of_logits_is_refused_before_training(custom):
+    # (1, 4, 4, 3) ends in 3 classes too: it passed the check, and the job then failed in
+    # its first step with TensorFlow's traceback (exit 1, not 2).
+    assert refusal("spatial") == (
+        "Expected model 'qa_custom:spatial' to output logits of shape (batch, 3). "
+        "Received: output shape (1, 4, 4, 3)"
+    )
+
+
+def test_custom_model_with_two_outputs_is_refused_saying_so(custom):
+    assert refusal("two_outputs") == (
+        "Expected model 'qa_custom:two_outputs' to output one tensor of logits. "
+        "Received: a list of 2 outputs"
+    )
+
+
+def test_custom_model_of_one_logit_on_three_classes_is_refused(custom):
+    assert refusal("one_logit") == (
+        "Expected model 'qa_custom:one_logit' to output logits of shape (batch, 3). "
+        "Received: output shape (1, 1)"
+    )
+
+
+def test_custom_builder_that_calls_sys_exit_is_a_model_error(custom):
+    assert refusal("exits") == "Model 'qa_custom:exits' failed to build: SystemExit: 5"
+
+
+def test_custom_builder_with_other_argument_names_is_told_the_names(custom):
+    # It said "rejected its params {}", though the spec gave no params.
+    assert refusal("positional") == (
+        "Expected model 'qa_custom:positional' to take the keyword arguments "
+        "input_shape, num_classes. Received: a function positional(shape, classes) "
+        "(missing a required argument: 'shape')"
+    )
+
+
+def test_custom_builder_told_which_param_it_does_not_take(custom):
+    message = refusal("flat", {"widht": 3})
+    assert message.startswith(
+        "Expected model 'qa_custom:flat' to take the keyword arguments "
+        "input_shape, num_classes, widht. Received: a function flat(input_shape, num_classes)"
+    )
+
+
+def test_type_error_inside_a_builder_is_its_own_failure_not_the_params(custom):
+    message = refusal("typo_inside", {"width": 4})
+    assert message.startswith("Model 'qa_custom:typo_inside' failed to build: TypeError: ")
+
+
+def test_worker_with_a_builder_that_exits_ends_with_exit_2_and_a_result(tmp_path):
+    # sys.exit() in user code ended the worker with the user's exit code and no
+    # result.json, which the service would take for a crash and run again.
+    (tmp_path / "quitter.py").write_text(
+        "import sys\ndef build(input_shape, num_classes):\n    sys.exit(5)\n"
+    )
+    spec = {
+        "model": {"name": "quitter:build"},
+        "data": {"format": "synthetic", "params": {"shape": [4, 4], "size": 64}},
+        "batch_size": 8,
+        "steps": 2,
+    }
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    job_dir = tmp_path / "job"
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", "run", "--spec", str(tmp_path / "spec.json")]
+        + ["--job-dir", str(job_dir)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr
+    result = json.loads((job_dir / "result.json").read_text())
+    assert result["message"] == "Model 'quitter:build' failed to build: SystemExit: 5"
+    assert sorted(p.name for p in job_dir.iterdir()) == ["result.json"]

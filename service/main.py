@@ -157,7 +157,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         async def read_dashboard() -> FileResponse:
             return FileResponse(STATIC_DIR / "index.html")
 
-        app.add_api_route("/", read_dashboard, methods=["GET"], include_in_schema=False)
+        # HEAD as for /healthz: a monitor may probe the page a person opens.
+        app.add_api_route("/", read_dashboard, methods=["GET", "HEAD"], include_in_schema=False)
 
     app.add_middleware(BodyLimit)
     if settings.token is not None:  # added last, so it runs first: no body is read unauthenticated

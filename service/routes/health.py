@@ -12,9 +12,12 @@ from service.store import JobState
 router = APIRouter(tags=["health"])
 
 
+# HEAD too: uptime monitors and load balancers often probe with it. Two routes, not one
+# of two methods, so each has its own OpenAPI operation id.
+@router.head("/healthz", response_model=HealthPublic)
 @router.get("/healthz", response_model=HealthPublic)
 async def read_health() -> HealthPublic:
-    """200 while the service answers."""
+    """200 while the service answers (GET or HEAD)."""
     return HealthPublic(status="ok")
 
 

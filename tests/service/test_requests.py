@@ -64,3 +64,14 @@ def test_create_job_without_body(service: Service) -> None:
     assert response.json()["errors"] == [
         {"field": "(spec)", "message": "Expected a JSON body: the job spec. Received: no body"}
     ]
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/"])
+def test_head_on_health_and_dashboard(service: Service, path: str) -> None:
+    # Uptime monitors and load balancers often probe with HEAD; it was a 405.
+    got = service.client.get(path)
+    head = service.client.head(path)
+    assert head.status_code == 200, head.text
+    assert head.content == b""
+    assert head.headers["content-type"] == got.headers["content-type"]
+    assert head.headers["content-length"] == str(len(got.content))

@@ -581,6 +581,12 @@ def _op_reason(error: tf.errors.OpError) -> str:
     """TensorFlow's message without the function and op names it wraps around it."""
     reason = error.message.splitlines()[0]
     reason = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", reason)
+    # A record that lacks a feature or holds it in another type fails inside the parsing
+    # map: TensorFlow names the map's function and iterator, and an unnamed example.
+    reason = re.sub(
+        r"^Error in user-defined function passed to .*? with iterator: \S+: ", "", reason
+    )
+    reason = re.sub(r"^Name: <unknown>, ", "", reason)
     return re.sub(r"\s*\[Op:\w+\].*$", "", reason).strip()
 
 

@@ -537,6 +537,47 @@ def test_load_arrays_tfrecord_cut_short(tmp_path: Path) -> None:
     assert "function_node" not in message and "[Op:" not in message
 
 
+def write_examples(path: Path, features: list[dict[str, tf.train.Feature]]) -> Path:
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for feature in features:
+            example = tf.train.Example(features=tf.train.Features(feature=feature))
+            writer.write(example.SerializeToString())
+    return path
+
+
+@pytest.mark.parametrize(
+    ("label", "reason"),
+    [
+        (None, "Feature: label (data type: int64) is required but could not be found."),
+        (
+            tf.train.Feature(float_list=tf.train.FloatList(value=[1.0])),
+            "Key: label, Index: 0.  Data types don't match. Data type: float but expected type: int64",
+        ),
+    ],
+    ids=["no-label", "float-label"],
+)
+def test_load_arrays_tfrecord_without_an_int64_label_says_so_plainly(
+    tmp_path: Path, label: tf.train.Feature | None, reason: str
+) -> None:
+    # The reason came wrapped in "Error in user-defined function passed to MapDataset:18
+    # transformation with iterator: Iterator::Root::ParallelMapV2: Name: <unknown>, ".
+    feature = {
+        "image_raw": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"\x00" * 4])),
+        "pixels": tf.train.Feature(int64_list=tf.train.Int64List(value=[4])),
+    }
+    if label is not None:
+        feature["label"] = label
+    path = write_examples(tmp_path / "a.tfrecord", [feature])
+
+    with pytest.raises(DataError) as error:
+        load_arrays(spec("tfrecord", path), seed=0)
+
+    assert str(error.value) == (
+        "Expected TFRecord files of tf.train.Example with `image_raw` (bytes) and `label` "
+        f"(int64). Received: {reason} ({path})"
+    )
+
+
 # --- synthetic ---------------------------------------------------------------------------
 
 

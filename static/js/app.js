@@ -14,6 +14,16 @@ const DEVICES_POLL_MS = 5000;
 const view = document.getElementById("view");
 let unmount = () => {};
 
+/** A path segment, unescaped; as it is when its escapes are broken (a link cut short
+ *  mid-`%XX`): decodeURIComponent would throw, and leave a blank view. */
+function unescaped(segment) {
+  try {
+    return decodeURIComponent(segment);
+  } catch {
+    return segment;
+  }
+}
+
 function route() {
   unmount();
   view.replaceChildren();
@@ -24,7 +34,7 @@ function route() {
   let current = "jobs";
   if ((match = path.match(/^\/jobs\/([^/]+)$/))) {
     current = "";
-    unmount = mountJob(view, decodeURIComponent(match[1]));
+    unmount = mountJob(view, unescaped(match[1]));
   } else if (path === "/submit") {
     current = "submit";
     unmount = mountSubmit(view, query);

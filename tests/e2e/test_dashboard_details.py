@@ -1,0 +1,43 @@
+"""What a demanding user of the dashboard notices, in headless Chromium against a real
+service whose worker is the harness's stand-in (it runs until cancelled, or ends at once):
+a mangled link, what the page says once a job has ended, the log through a restart,
+contrast, and the submit form's odd inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from playwright.sync_api import Browser, expect
+
+from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
+from tests.e2e.test_dashboard import LAPTOP, Session, open_session
+from tests.service.harness import Service, fake_worker_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    folder = tmp_path_factory.mktemp("stand-in")
+    svc = Service(folder / "data", fake_worker_env(folder))
+    svc.start()
+    yield svc
+    svc.close()
+
+
+@pytest.fixture
+def session(browser: Browser, service: Service) -> Iterator[Session]:
+    session = open_session(browser, service, LAPTOP)
+    yield session
+    session.context.close()
+
+
+def test_mangled_job_link_says_no_such_job(session: Session) -> None:
+    """A job link cut short mid-escape (`%E0%A4%A`, from a truncated copy) names the job
+    it could not find, rather than leaving a blank page and an uncaught URIError."""
+    page = session.page
+    page.goto("/#/jobs/%E0%A4%A")
+    expect(page.locator("#job-load-error")).to_have_text("No job %E0%A4%A.")
+    expect(page.locator(".crumbs a")).to_be_visible()  # the way back
+    assert session.errors == []

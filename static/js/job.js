@@ -155,6 +155,7 @@ export function mountJob(view, jobId) {
     if (TERMINAL.has(job.state)) notice.clear(); // no more live updates to miss
     cancelButton.disabled = job.cancel_requested;
     renderError();
+    renderCancelled();
     const text = JSON.stringify(job.spec, null, 2);
     if (spec.textContent !== text) spec.textContent = text;
     renderTowers();
@@ -167,6 +168,17 @@ export function mountJob(view, jobId) {
     meta.textContent = `${job.id} · submitted ${age(job.created_at)} ago${started}${ran}` +
       ` · priority ${job.priority} · attempt ${job.attempts}` +
       (job.cancel_requested && !TERMINAL.has(job.state) ? " · cancel requested" : "");
+  }
+
+  /** A cancel asked for on this page, once the job has ended: the line under Cancel said
+   *  the worker checkpoints and stops, and now says where it stopped (or that the job
+   *  ended otherwise first). */
+  function renderCancelled() {
+    if (actionStatus.dataset.action !== "cancel" || !TERMINAL.has(job.state)) return;
+    const step = job.progress && Number.isInteger(job.progress.step)
+      ? ` at step ${job.progress.step}` : "";
+    actionStatus.textContent = job.state === "cancelled"
+      ? `Cancelled${step}.` : `The job ${job.state}${step} before the cancel took effect.`;
   }
 
   let shownError = null; // the job.error the box shows, as JSON
@@ -270,6 +282,7 @@ export function mountJob(view, jobId) {
       if (data.cancel_requested && !TERMINAL.has(job.state)) job = { ...job, cancel_requested: true };
       actionStatus.textContent = status === 202
         ? "Cancel requested: the worker checkpoints and stops." : "Cancelled.";
+      actionStatus.dataset.action = "cancel"; // renderCancelled() says how it ended
       renderJob();
     } catch (error) {
       actionStatus.textContent = `Could not cancel: ${error.message}`;

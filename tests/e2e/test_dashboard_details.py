@@ -12,7 +12,7 @@ from playwright.sync_api import Browser, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import LAPTOP, Session, open_session
-from tests.service.harness import Service, fake_worker_env
+from tests.service.harness import Service, fake_worker_env, job_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
 
@@ -40,4 +40,22 @@ def test_mangled_job_link_says_no_such_job(session: Session) -> None:
     page.goto("/#/jobs/%E0%A4%A")
     expect(page.locator("#job-load-error")).to_have_text("No job %E0%A4%A.")
     expect(page.locator(".crumbs a")).to_be_visible()  # the way back
+    assert session.errors == []
+
+
+def test_cancel_line_follows_the_job_to_its_end(session: Session, service: Service) -> None:
+    """Once the cancelled job has stopped, the line under Cancel says so; it went on
+    saying "the worker checkpoints and stops" beside the cancelled badge."""
+    job = service.submit(job_spec(name="runs-until-cancelled"))
+    service.wait_for(job["id"], lambda j: j["progress"] is not None, what="its start line")
+    page = session.page
+    page.goto(f"/#/jobs/{job['id']}")
+    expect(page.locator(".job-heading .state")).to_have_text("running")
+    cancel, line = page.locator("#cancel-job"), page.locator("#action-status")
+    cancel.click()
+    cancel.click()
+    expect(page.locator(".job-heading .state")).to_have_text("cancelled", timeout=30_000)
+    ended = service.job(job["id"])
+    assert ended["state"] == "cancelled", ended
+    expect(line).to_have_text(f"Cancelled at step {ended['progress']['step']}.")
     assert session.errors == []

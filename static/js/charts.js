@@ -89,6 +89,11 @@ export class LineChart {
     this.resizer.observe(this.root);
   }
 
+  /** What the chart says while it has no point ("No data yet" while more may come). */
+  setEmptyText(text) {
+    if (this.empty.textContent !== text) this.empty.textContent = text;
+  }
+
   width() {
     return Math.max(200, Math.floor(this.root.clientWidth || 300));
   }

@@ -16,6 +16,11 @@ const LOAD_RETRY_MS = 3000; // a job page that got no answer asks again this oft
 // The series the charts draw (the learning rate is a stat, not a chart).
 const SERIES = ["loss", "accuracy", "examples_per_sec", "eval_loss", "eval_accuracy"];
 
+/** "step 5", "steps 20, 21, 22". */
+function stepsText(steps) {
+  return `step${steps.length === 1 ? "" : "s"} ${steps.join(", ")}`;
+}
+
 function stat(label, key) {
   return h("div", { class: "stat" }, h("span", { class: "stat-label" }, label),
     h("span", { class: "stat-value", dataset: { stat: key } }, "—"));
@@ -111,9 +116,12 @@ export function mountJob(view, jobId) {
     const ms = Array.isArray(p.tower_ms) ? p.tower_ms : null;
     if (!ms || ms.length === 0) {
       const traced = job && job.spec && job.spec.summaries && job.spec.summaries.trace_steps;
-      towers.replaceChildren(h("p", { class: "muted" }, traced && traced.length
-        ? `Measured from the device trace of steps ${traced.join(", ")}; not taken yet.`
-        : "No device trace in this job's spec (summaries.trace_steps), so no per-tower times."));
+      const which = traced && traced.length ? stepsText(traced) : "";
+      towers.replaceChildren(h("p", { class: "muted" }, !which
+        ? "No device trace in this job's spec (summaries.trace_steps), so no per-tower times."
+        : job && TERMINAL.has(job.state)
+          ? `The job ended before the device trace of ${which} was taken.`
+          : `Measured from the device trace of ${which}; not taken yet.`));
       return;
     }
     const most = Math.max(...ms, 1e-9);
@@ -123,13 +131,14 @@ export function mountJob(view, jobId) {
       h("span", { class: "tower-bar" }, h("span", { style: `width:${(100 * value) / most}%` })),
       h("span", { class: "tower-value" }, `${value.toFixed(2)} ms`))),
     h("p", { class: "muted small" }, "Device compute time of one step on each tower, from the " +
-      `device trace${traced && traced.length ? ` of step ${traced.join(", ")}` : ""}.`));
+      `device trace${traced && traced.length ? ` of ${stepsText(traced)}` : ""}.`));
   }
 
   function renderJob() {
     if (!job) return;
     const p = job.progress || {};
     const e = job.eval || {};
+    const ended = TERMINAL.has(job.state);
     title.textContent = job.name;
     const fresh = stateBadge(job.state);
     badge.replaceWith(fresh);
@@ -156,6 +165,8 @@ export function mountJob(view, jobId) {
     cancelButton.disabled = job.cancel_requested;
     renderError();
     renderCancelled();
+    // Ended, a job reports nothing more: "yet" would promise what will not come.
+    for (const chart of charts) chart.setEmptyText(ended ? "No data reported." : "No data yet");
     const text = JSON.stringify(job.spec, null, 2);
     if (spec.textContent !== text) spec.textContent = text;
     renderTowers();
@@ -213,7 +224,7 @@ export function mountJob(view, jobId) {
       const text = await getJSON(`${base}/logs?tail=${LOG_LINES}`);
       if (stopped) return;
       const atBottom = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 8;
-      const next = text || "(no output yet)";
+      const next = text || (job && TERMINAL.has(job.state) ? "(no output)" : "(no output yet)");
       // Unchanged, it is left alone: rewriting it would drop a selection being copied.
       if (logs.textContent !== next) logs.textContent = next;
       if (atBottom) logs.scrollTop = logs.scrollHeight;
@@ -228,7 +239,8 @@ export function mountJob(view, jobId) {
       const list = await getJSON(`${base}/checkpoints`);
       if (stopped) return;
       if (list.data.length === 0) {
-        checkpoints.replaceChildren(h("p", { class: "muted" }, "No checkpoint yet."));
+        checkpoints.replaceChildren(h("p", { class: "muted" },
+          job && TERMINAL.has(job.state) ? "No checkpoint was saved." : "No checkpoint yet."));
         return;
       }
       const rows = [...list.data].sort((a, b) => b.step - a.step).map((c) => h("tr", {},

@@ -59,3 +59,20 @@ def test_cancel_line_follows_the_job_to_its_end(session: Session, service: Servi
     assert ended["state"] == "cancelled", ended
     expect(line).to_have_text(f"Cancelled at step {ended['progress']['step']}.")
     assert session.errors == []
+
+
+def test_ended_job_says_what_it_never_reported(session: Session, service: Service) -> None:
+    """A job that ended without metrics, checkpoints or its device trace says so; the page
+    said "No data yet", "No checkpoint yet" and "not taken yet" as if more could come."""
+    job = service.submit(job_spec(name="quick", summaries={"trace_steps": [5]}))
+    assert service.wait_state(job["id"], "succeeded", "failed")["state"] == "succeeded"
+    page = session.page
+    page.goto(f"/#/jobs/{job['id']}")
+    expect(page.locator(".job-heading .state")).to_have_text("succeeded")
+    expect(page.locator(".chart-empty")).to_have_text(["No data reported."] * 3)
+    expect(page.locator("#checkpoints")).to_have_text("No checkpoint was saved.")
+    expect(page.locator("#towers")).to_have_text(
+        "The job ended before the device trace of step 5 was taken."
+    )
+    expect(page.locator("#view")).not_to_contain_text("yet")
+    assert session.errors == []

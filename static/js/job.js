@@ -61,7 +61,10 @@ export function mountJob(view, jobId) {
   const chartGrid = h("div", { class: "charts" });
   const towers = h("div", { class: "towers", id: "towers" });
   const checkpoints = h("div", { id: "checkpoints" }, h("p", { class: "muted" }, "Loading…"));
-  const logs = h("pre", { class: "log", id: "log", tabindex: "0" }, "");
+  const logs = h("pre", { class: "log", id: "log", tabindex: "0", "aria-label": "Worker log" }, "");
+  // A failed read is said here, and the lines already read stay below it.
+  const logError = h("p", { class: "error small log-error", id: "log-error", role: "status",
+    hidden: true });
   const spec = h("pre", { class: "spec", id: "spec" }, "");
   const notFound = h("p", { class: "error", id: "job-load-error", role: "alert", hidden: true });
   const notice = liveNotice(() => {
@@ -84,7 +87,7 @@ export function mountJob(view, jobId) {
     h("section", { class: "section" },
       h("div", { class: "section-head" }, h("h2", {}, "Log"),
         h("span", { class: "muted small" }, `last ${LOG_LINES} lines of worker.log`)),
-      logs),
+      logError, logs),
     h("section", { class: "section" },
       h("div", { class: "section-head" }, h("h2", {}, "Spec"),
         h("a", { href: `#/submit?from=${encodeURIComponent(jobId)}`, class: "small" }, "Edit & resubmit")),
@@ -228,8 +231,14 @@ export function mountJob(view, jobId) {
       // Unchanged, it is left alone: rewriting it would drop a selection being copied.
       if (logs.textContent !== next) logs.textContent = next;
       if (atBottom) logs.scrollTop = logs.scrollHeight;
+      logError.hidden = true;
     } catch (error) {
-      if (!stopped) logs.textContent = `Could not read the log: ${error.message}`;
+      if (!stopped) {
+        // No answer (a restart, say): what was read stays, for the user reading it.
+        logError.textContent = `Could not read the log: ${error.message}` +
+          (logs.textContent ? " The lines below are from the last read." : "");
+        logError.hidden = false;
+      }
     }
     if (!stopped && job && !TERMINAL.has(job.state)) logTimer = setTimeout(loadLogs, LOG_POLL_MS);
   }

@@ -6,6 +6,7 @@ contrast, and the submit form's odd inputs."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import Browser, expect
@@ -76,3 +77,33 @@ def test_ended_job_says_what_it_never_reported(session: Session, service: Servic
     )
     expect(page.locator("#view")).not_to_contain_text("yet")
     assert session.errors == []
+
+
+def test_log_stays_while_the_service_restarts(browser: Browser, tmp_path: Path) -> None:
+    """A log read that gets no answer (the service restarting) keeps the lines already
+    shown and says the read failed beside them; it replaced the log with the error."""
+    restarting = Service(tmp_path / "data", fake_worker_env(tmp_path))
+    restarting.start()
+    session = open_session(browser, restarting, LAPTOP)
+    try:
+        page = session.page
+        job = restarting.submit(job_spec(name="runs-until-cancelled"))
+        restarting.wait_state(job["id"], "running")
+        page.goto(f"/#/jobs/{job['id']}")
+        log, note = page.locator("#log"), page.locator("#log-error")
+        header = f"attempt 1 of job {job['id']} starting"
+        expect(log).to_contain_text(header)
+        expect(note).to_be_hidden()
+        restarting.stop()  # the worker lives on, to be adopted
+        # The log is read every 3 s while the job runs.
+        expect(note).to_contain_text("Could not read the log: The service did not answer")
+        expect(note).to_contain_text("The lines below are from the last read.")
+        expect(log).to_contain_text(header)
+        restarting.start()
+        expect(note).to_be_hidden(timeout=15_000)
+        expect(log).to_contain_text(header)
+        assert restarting.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+        assert session.errors == []
+    finally:
+        session.context.close()
+        restarting.close()

@@ -14,6 +14,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from trainer.modelsize import too_large
 from trainer.spec import ModelSpec
 
 
@@ -196,6 +197,11 @@ def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int)
             )
         output_shape = _output_shape(spec.name, model, input_shape)
     else:
+        # The spec checked the size it could know without the data; this is the real one,
+        # counted before a single weight is allocated.
+        reason = too_large(spec.name, spec.params, input_shape, num_classes)
+        if reason is not None:
+            raise ModelError(reason)
         model = BUILDERS[spec.name](input_shape, num_classes, **spec.params)
         output_shape = model.output_shape
     expected = 1 if spec.name == "logistic" else num_classes

@@ -20,6 +20,9 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from trainer.modelsize import too_large
 
 # Names the registries know. The trainer's builders are keyed by exactly these names; a
 # test checks that the two stay in step.
@@ -318,7 +321,29 @@ class JobSpec(_Strict):
                     "Model `logistic` needs two-class data. "
                     f"Received: data.params.classes={classes}"
                 )
+        if not self.model.is_custom:
+            self._check_model_size()
         return self
+
+    def _check_model_size(self) -> None:
+        """Refuses a built-in model too large for any worker to build (`trainer.modelsize`)."""
+        if self.data.format == "synthetic":
+            # The exact size: synthetic data's shape and classes are known here.
+            shape, classes = [*self.data.params["shape"], 1][:3], self.data.params["classes"]
+            data = None
+        else:
+            # Files are not read here: count on the smallest images and two classes. What
+            # is too large even then is too large for any data; the worker counts again
+            # with the real shape before it builds the model.
+            shape, classes = [1, 1, 1], 2
+            data = "on 1x1x1 images of 2 classes, the least any data gives"
+        reason = too_large(self.model.name, self.model.params, shape, classes, data)
+        if reason is not None:
+            # Under `model.params`, where the fix goes; the message is a template's value
+            # because it holds braces (the params).
+            error = PydanticCustomError("model_too_large", "{reason}", {"reason": reason})
+            details = InitErrorDetails(type=error, loc=("model", "params"), input=self.model.params)
+            raise ValidationError.from_exception_data(type(self).__name__, [details])
 
 
 _SHOWN_CHARS = 200

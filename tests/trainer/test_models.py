@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from trainer.models import ModelError, build_model
+from trainer.modelsize import parameter_count
 from trainer.spec import ModelSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,6 +31,40 @@ def test_cnn_on_mnist_sized_images_is_the_classic_model():
     pools = [layer for layer in model.layers if "pooling" in layer.name]
     assert [layer.output.shape[1:3] for layer in pools] == [(14, 14), (7, 7)]
     assert model.count_params() == 1_630_090  # as before the change
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("mlp", {}),
+        ("mlp", {"hidden": [7, 5, 3], "dropout": 0.1}),
+        ("cnn", {}),
+        ("cnn", {"filters": [3, 5], "dense": 7, "dropout": 0.0}),
+        ("resnet", {}),
+        ("resnet", {"width": 3, "blocks_per_stage": [2, 1, 3]}),
+        ("logistic", {}),
+    ],
+)
+@pytest.mark.parametrize("shape", [(28, 28, 1), (1, 1, 1), (3, 7, 3), (9, 2, 5)])
+def test_parameter_count_from_the_spec_is_what_keras_builds(name, params, shape):
+    # The spec (no TensorFlow) refuses models by this count: it must be the real one.
+    spec = ModelSpec(name=name, params=params)
+    classes = 2 if name == "logistic" else 10
+    model = build_model(spec, shape, classes)
+    assert parameter_count(name, spec.params, shape, classes) == model.count_params()
+
+
+def test_model_too_large_for_its_images_is_refused_before_it_is_built():
+    # Under the cap on the smallest images (the service's check), over it on these: the
+    # worker counts before allocating 12 GB of first-layer kernel.
+    spec = ModelSpec(name="mlp", params={"hidden": [16_384]})
+    with pytest.raises(ModelError) as error:
+        build_model(spec, (300, 200, 3), 10)
+    assert str(error.value) == (
+        "Expected a model of at most 1,073,741,824 parameters (4 GiB of float32 weights). "
+        "Received: mlp with params {'hidden': [16384], 'dropout': 0.0} has 2,949,300,234 "
+        "on 300x200x3 images of 10 classes"
+    )
 
 
 CUSTOM = """

@@ -145,6 +145,34 @@ def test_parse_spec_model_too_large_to_build():
     }
 
 
+def test_parse_spec_model_of_capped_widths_but_too_many_parameters():
+    # Each width under its cap, the whole far over any memory: a 3x3 kernel of 65,536 x
+    # 65,536 is 155 GB. The worker died building it (OOM-killed, so the service ran it again).
+    cnn = {"name": "cnn", "params": {"filters": [65_536, 65_536]}}
+    assert errors_of({"data": SYNTHETIC, "model": cnn}) == {
+        "model.params": "Expected a model of at most 1,073,741,824 parameters (4 GiB of float32 "
+        "weights). Received: cnn with params {'filters': (65536, 65536), 'dense': 512, "
+        "'dropout': 0.4} has 40,299,599,370 on 28x28x1 images of 10 classes"
+    }
+    # File data is not read here: what no image size can make smaller is refused.
+    mlp = {"name": "mlp", "params": {"hidden": [65_536, 65_536]}}
+    assert errors_of({"data": {"format": "npz", "path": "/x.npz"}, "model": mlp}) == {
+        "model.params": "Expected a model of at most 1,073,741,824 parameters (4 GiB of float32 "
+        "weights). Received: mlp with params {'hidden': [65536, 65536], 'dropout': 0.0} has "
+        "4,295,294,978 on 1x1x1 images of 2 classes, the least any data gives"
+    }
+    wide = {"name": "resnet", "params": {"width": 1024, "blocks_per_stage": [1, 1, 1, 1]}}
+    assert list(errors_of({"data": SYNTHETIC, "model": wide})) == ["model.params"]
+
+
+def test_parse_spec_accepts_large_models_under_the_parameter_cap():
+    # The widest resnet base the field allows, on RGB: 317 million parameters.
+    rgb = {**SYNTHETIC, "params": {"shape": [32, 32, 3]}}
+    JobSpec.model_validate({"data": rgb, "model": {"name": "resnet", "params": {"width": 1024}}})
+    # A custom model's size is its own business: it is not counted.
+    JobSpec.model_validate({"data": SYNTHETIC, "model": {"name": "big:build", "params": {}}})
+
+
 def test_parse_spec_synthetic_data_too_large_for_memory():
     # 10M examples of 64x64x3 would be 123 billion float32 values: refused here, not by a
     # MemoryError in the worker after the job was queued.

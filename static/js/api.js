@@ -60,7 +60,7 @@ export async function api(path, { method = "GET", body, signal } = {}) {
   const init = { method, headers, signal, credentials: "same-origin" };
   if (body !== undefined) {
     headers["Content-Type"] = "application/json";
-    init.body = typeof body === "string" ? body : JSON.stringify(body);
+    init.body = JSON.stringify(body); // a string too: the form's spec may be a JSON string
   }
   let response;
   try {

@@ -13,6 +13,7 @@ import math
 import re
 import struct
 import zipfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -426,7 +427,7 @@ def read_idx(path: Path) -> np.ndarray:
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = gzip.decompress(raw)
-        except (OSError, EOFError) as error:
+        except (OSError, EOFError, zlib.error) as error:  # zlib.error: damaged compressed data
             raise DataError(f"Expected a readable gzip file. Received: {error} ({path})") from None
     if len(raw) < 4 or raw[:2] != b"\x00\x00" or raw[2] not in _IDX_DTYPES:
         raise DataError(
@@ -491,7 +492,9 @@ def _read_npz(path: Path) -> tuple[_Chunk, _Chunk | None]:
         # allow_pickle=False: an uploaded file must not run code when loaded.
         with np.load(path, allow_pickle=False) as archive:
             arrays = {name: archive[name] for name in archive.files}
-    except (OSError, ValueError) as error:
+    # A damaged member fails its CRC (BadZipFile) or, compressed, its inflate (zlib.error):
+    # neither is an OSError, and neither names the file.
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as error:
         raise DataError(f"Expected a readable .npz file. Received: {error} ({path})") from None
     missing = [name for name in ("x", "y") if name not in arrays]
     if missing:

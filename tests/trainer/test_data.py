@@ -87,6 +87,19 @@ def images(n: int, shape: tuple[int, ...] = (4, 4), seed: int = 0) -> np.ndarray
     return np.random.default_rng(seed).integers(0, 256, size=(n, *shape), dtype=np.uint8)
 
 
+def damage_first_member(path: Path) -> None:
+    """Sets the first data byte of a gzip file's or zip archive's first member to 0xFF: a
+    stored member then fails its CRC, a deflated one starts with an invalid block type."""
+    data = bytearray(path.read_bytes())
+    if data[:2] == b"\x1f\x8b":  # gzip: a 10-byte header, then the file name if flagged
+        start = data.index(0, 10) + 1 if data[3] & 0x08 else 10
+    else:  # zip: a 30-byte local header, then the member's name and extra field
+        name_length, extra_length = struct.unpack("<HH", data[26:30])
+        start = 30 + name_length + extra_length
+    data[start] = 0xFF if data[start] != 0xFF else 0x00
+    path.write_bytes(bytes(data))
+
+
 def spec(fmt: str, path: Path | str, **fields: Any) -> DataSpec:
     return DataSpec(format=fmt, path=str(path), **fields)
 
@@ -220,6 +233,23 @@ def test_load_arrays_idx_not_idx(tmp_path: Path) -> None:
     assert str(error.value) == (
         f"Expected an IDX file starting 0x00 0x00 <type 0x08-0x0E> <dims>. Received: 68 65 6c 6c ({path})"
     )
+
+
+def test_load_arrays_idx_gzip_damaged_inside_names_the_file(tmp_path: Path) -> None:
+    # Damaged deflate data raises zlib.error, not the OSError a bad header does: the job
+    # said "Cannot load the data: error: Error -3 while decompressing data: ...", no file.
+    write_idx_pair(tmp_path, "train", images(500, (16, 16)), np.zeros(500, np.int64), gz=True)
+    path = tmp_path / "train-images-idx3-ubyte.gz"
+    damage_first_member(path)
+
+    with pytest.raises(DataError) as error:
+        load_arrays(spec("idx", tmp_path), seed=0)
+
+    message = str(error.value)
+    assert message.startswith(
+        "Expected a readable gzip file. Received: Error -3 while decompressing data: invalid block type"
+    ), message
+    assert message.endswith(f" ({path})")
 
 
 def test_load_arrays_idx_wrong_dims(tmp_path: Path) -> None:
@@ -444,6 +474,31 @@ def test_load_arrays_npz_that_is_not_a_zip(
         str(error.value)
         == f"Expected an .npz file (a zip archive of .npy arrays). Received: {what} ({path})"
     )
+
+
+@pytest.mark.parametrize(
+    ("save", "reason"),
+    [
+        (np.savez, "Bad CRC-32 for file 'x.npy'"),
+        (np.savez_compressed, "Error -3 while decompressing"),
+    ],
+    ids=["stored", "compressed"],
+)
+def test_load_arrays_npz_damaged_inside_names_the_file(
+    tmp_path: Path, save: Callable[..., None], reason: str
+) -> None:
+    # A zip whose member is damaged: BadZipFile and zlib.error are not OSErrors, so the job
+    # ended with "Cannot load the data: BadZipFile: Bad CRC-32 for file 'x.npy'", no file.
+    path = tmp_path / "x.npz"
+    save(path, x=images(200, (8, 8)), y=np.zeros(200, np.int64))
+    damage_first_member(path)
+
+    with pytest.raises(DataError) as error:
+        load_arrays(spec("npz", path), seed=0)
+
+    message = str(error.value)
+    assert message.startswith(f"Expected a readable .npz file. Received: {reason}"), message
+    assert message.endswith(f" ({path})")
 
 
 def test_load_arrays_missing_path_is_data_files_error(tmp_path: Path) -> None:

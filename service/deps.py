@@ -7,8 +7,11 @@ from typing import Annotated
 
 import httpx
 from fastapi import Depends, HTTPException, Request
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
 
 from service.devices import DevicePool
+from service.errors import FieldErrors
 from service.events import EventBroker
 from service.jobjson import JobJson
 from service.settings import Settings
@@ -58,3 +61,48 @@ async def get_job(job_id: str, runtime: RuntimeDep) -> JobRecord:
 
 
 JobDep = Annotated[JobRecord, Depends(get_job)]
+
+
+# Query parameter names each route declares, found once per route. Keyed by id (routes
+# compare by value, so are not hashable); the route is kept with them, so an id is never
+# taken for another route's.
+_KNOWN_QUERY: dict[int, tuple[APIRoute, tuple[str, ...]]] = {}
+
+
+def _query_names(dependant: Dependant) -> tuple[str, ...]:
+    names = [field.alias for field in dependant.query_params]
+    for sub in dependant.dependencies:
+        names += [name for name in _query_names(sub) if name not in names]
+    return tuple(names)
+
+
+def check_query(request: Request, known: tuple[str, ...]) -> None:
+    """422 for a query parameter the route does not take: a misspelt filter (`status=`
+    for `state=`) would otherwise be ignored, and the unfiltered answer look like the
+    filtered one."""
+    unknown = [name for name in request.query_params if name not in known]
+    if unknown:
+        takes = ", ".join(known) or "none"
+        raise FieldErrors(
+            [
+                {
+                    "field": f"query.{name[:100]}",
+                    "message": f"Unknown query parameter; this route takes {takes}. "
+                    "Remove it or check its spelling.",
+                }
+                for name in unknown
+            ]
+        )
+
+
+async def known_query(request: Request) -> None:
+    """A route dependency: `check_query` against the parameters the route declares."""
+    if not request.scope.get("query_string"):
+        return
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute):
+        return
+    cached = _KNOWN_QUERY.get(id(route))
+    if cached is None or cached[0] is not route:
+        cached = _KNOWN_QUERY[id(route)] = (route, _query_names(route.dependant))
+    check_query(request, cached[1])

@@ -19,14 +19,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.responses import Response
 
 from service.auth import BearerAuth, document_bearer_auth
 from service.bodylimit import BodyLimit
-from service.deps import Runtime
+from service.deps import Runtime, known_query
 from service.devices import DevicePool
 from service.errors import install_error_handlers
 from service.events import EventBroker
@@ -141,7 +141,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     jobs.include(app, API_PREFIX)  # first: routes are matched in order
     for module in (events, tensorboard, devices):
-        app.include_router(module.router, prefix=API_PREFIX)
+        app.include_router(module.router, prefix=API_PREFIX, dependencies=[Depends(known_query)])
     app.include_router(health.router)
 
     async def tensorboard_proxy(request: Request) -> Response:

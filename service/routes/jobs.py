@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from datetime import datetime
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi import Path as FastAPIPath
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from fastapi.routing import APIRoute
@@ -26,7 +26,7 @@ from service.checkpoints import (
     list_checkpoints,
     open_archive,
 )
-from service.deps import JobDep, Runtime, RuntimeDep, SettingsDep
+from service.deps import JobDep, Runtime, RuntimeDep, SettingsDep, check_query, known_query
 from service.downloads import MEDIA_TYPE, archive_response
 from service.errors import FieldErrors
 from service.events import JobEvent
@@ -84,6 +84,8 @@ async def read_job(job_id: str, request: Request) -> Response:
     """A job's state, progress, latest eval, result and error."""
     # The route every dashboard polls: a version check and the rendered JSON (see
     # service.jobjson), through a DirectRoute added first to the app (see `include`).
+    if request.scope["query_string"]:  # no dependencies here: the check `known_query` does
+        check_query(request, ())
     runtime: Runtime = request.app.state.runtime
     body = runtime.job_json.get(job_id)
     if body is None:
@@ -104,7 +106,7 @@ def include(app: FastAPI, prefix: str) -> None:
         tags=["jobs"],
         route_class_override=DirectRoute,
     )
-    app.include_router(router, prefix=prefix)
+    app.include_router(router, prefix=prefix, dependencies=[Depends(known_query)])
 
 
 @router.post(

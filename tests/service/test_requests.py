@@ -75,3 +75,44 @@ def test_head_on_health_and_dashboard(service: Service, path: str) -> None:
     assert head.content == b""
     assert head.headers["content-type"] == got.headers["content-type"]
     assert head.headers["content-length"] == str(len(got.content))
+
+
+@pytest.mark.parametrize(
+    ("path", "query", "known"),
+    [
+        ("/api/v1/jobs", "status=running", "state, limit, cursor"),
+        ("/api/v1/jobs/{id}/logs", "lines=5", "tail, offset, limit"),
+        ("/api/v1/jobs/{id}/metrics", "names=loss", "name, after_step"),
+        ("/api/v1/jobs/{id}/metrics", "name=loss&since=3", "name, after_step"),
+        ("/api/v1/jobs/{id}", "verbose=1", None),
+        ("/api/v1/jobs/{id}/checkpoints", "limit=1", None),
+        ("/api/v1/devices", "kind=gpu", None),
+        ("/api/v1/tensorboard", "x=1", None),
+    ],
+)
+def test_unknown_query_parameter_is_422(
+    service: Service, path: str, query: str, known: str | None
+) -> None:
+    # A misspelt filter (`status=` for `state=`) was ignored: the whole unfiltered list came
+    # back as if it were the answer.
+    # The parameters are checked before the job is looked up: no job is needed.
+    url = path.format(id="nosuchjob") + "?" + query
+    response = service.client.get(url)
+    unknown = [part.partition("=")[0] for part in query.split("&")][-1]
+    takes = f"this route takes {known}" if known else "this route takes none"
+    assert response.status_code == 422, response.text
+    assert response.json()["errors"] == [
+        {
+            "field": f"query.{unknown}",
+            "message": f"Unknown query parameter; {takes}. Remove it or check its spelling.",
+        }
+    ]
+
+
+def test_known_query_parameters_still_work(service: Service) -> None:
+    response = service.client.get("/api/v1/jobs", params={"state": "failed", "limit": 1})
+    assert response.status_code == 200
+    assert service.client.get("/api/v1/jobs/nosuchjob?").status_code == 404  # empty query
+    # The TensorBoard proxy passes TensorBoard's own parameters through untouched.
+    proxied = service.client.get("/tensorboard/data/runs", params={"experiment": "x"})
+    assert proxied.status_code == 503  # not running; not a 422

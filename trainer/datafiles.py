@@ -9,7 +9,8 @@ Rules (`data.path` may name a file, a folder or a glob; file order is sorted by 
 
 - idx: MNIST-style `*-images-idx3-ubyte[.gz]` files, each with its
   `*-labels-idx1-ubyte[.gz]` beside it (the name with `images-idx3` replaced by
-  `labels-idx1`). Pairs whose names start `t10k` or `test` are eval when a train pair is
+  `labels-idx1`); also named `*-images.idx3-ubyte`, as copies of MNIST unpacked on
+  Windows or downloaded from Kaggle are. Pairs whose names start `t10k` or `test` are eval when a train pair is
   present too; otherwise every pair is train and eval is held out by `eval_fraction`.
 - npz, tfrecord: files whose names contain the word `eval` or `test` are eval, the rest
   train; again, only when some train file is present.
@@ -45,8 +46,8 @@ class DataFiles:
 
 
 _GLOB_CHARS = re.compile(r"[*?[]")
-_IDX_IMAGES = re.compile(r"images-idx3-ubyte(\.gz)?$")
-_IDX_LABELS = re.compile(r"labels-idx1-ubyte(\.gz)?$")
+# The separator before `idx3` is kept for the labels name (`train-labels.idx1-ubyte`).
+_IDX_IMAGES = re.compile(r"images([-.])idx3-ubyte(\.gz)?$")
 _IDX_EVAL = re.compile(r"^(t10k|test)", re.IGNORECASE)
 # `eval`/`test` starting a word, so `mnist_test.npz` and `eval-00001.tfrecord` are eval
 # but `latest.npz` and `contest.tfrecord` are not.
@@ -184,7 +185,7 @@ def _candidates(path: str, fmt: str) -> list[Path]:
 
 def _labels_candidates(images: Path) -> list[Path]:
     """Where the labels of an idx images file may be: same compression first, then the other."""
-    stem = _IDX_IMAGES.sub("labels-idx1-ubyte", images.name)
+    stem = _IDX_IMAGES.sub(r"labels\g<1>idx1-ubyte", images.name)
     first, second = (".gz", "") if images.name.endswith(".gz") else ("", ".gz")
     return [images.with_name(stem + first), images.with_name(stem + second)]
 

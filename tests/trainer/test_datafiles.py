@@ -79,6 +79,24 @@ def test_resolve_files_idx_images_file_finds_labels_of_other_compression(tmp_pat
     assert files == DataFiles(train=[images], eval=[], pairs={images: labels})
 
 
+def test_resolve_files_idx_takes_names_with_a_dot_before_idx3(tmp_path: Path) -> None:
+    # MNIST as Kaggle and Windows unpackers name it: refused as "a folder holding
+    # `*-images-idx3-ubyte[.gz]` files", so users had to rename four files.
+    train_x, train_y, test_x, test_y = touch(
+        tmp_path,
+        "train-images.idx3-ubyte",
+        "train-labels.idx1-ubyte",
+        "t10k-images.idx3-ubyte",
+        "t10k-labels.idx1-ubyte",
+    )
+
+    files = resolve_files(spec("idx", tmp_path))
+
+    assert files == DataFiles(
+        train=[train_x], eval=[test_x], pairs={train_x: train_y, test_x: test_y}
+    )
+
+
 def test_resolve_files_idx_reads_plain_twin_of_gz(tmp_path: Path) -> None:
     touch(tmp_path, "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
     images, labels = touch(tmp_path, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")

@@ -4,6 +4,7 @@
 import { TERMINAL, api, followJob, getJSON } from "./api.js";
 import { LineChart } from "./charts.js";
 import { applyProgressEvent, fresher, mark } from "./jobs.js";
+import { profileControl } from "./profile.js";
 import { tensorBoardControl } from "./tensorboard.js";
 import {
   age, bytes, devicesText, duration, endReason, eta, h, liveNotice, localTime, num, percent,
@@ -45,6 +46,8 @@ export function mountJob(view, jobId) {
   bar.classList.add("bar-large");
   const barText = h("p", { class: "bar-text", id: "job-progress-text" });
   const tensorBoard = tensorBoardControl(jobId);
+  const profile = profileControl(jobId);
+  let traceStep = null; // the step a trace seen on the stream ended at
   const cancelButton = h("button", { type: "button", class: "danger", id: "cancel-job", onclick: cancel },
     "Cancel");
   // The exported SavedModel, there once the job has succeeded (the service streams it).
@@ -82,7 +85,9 @@ export function mountJob(view, jobId) {
     actionStatus, tensorBoard.status, tensorBoard.notice, notice.el, meta, bar, barText, errorBox,
     stats,
     h("section", { class: "section" }, h("h2", {}, "Metrics"), chartGrid),
-    h("section", { class: "section" }, h("h2", {}, "Per-tower step time"), towers),
+    h("section", { class: "section" },
+      h("div", { class: "section-head" }, h("h2", {}, "Per-tower step time"), profile.button),
+      profile.status, towers),
     h("section", { class: "section" }, h("h2", {}, "Checkpoints"), checkpoints),
     h("section", { class: "section" },
       h("div", { class: "section-head" }, h("h2", {}, "Log"),
@@ -129,12 +134,15 @@ export function mountJob(view, jobId) {
     }
     const most = Math.max(...ms, 1e-9);
     const traced = job.spec.summaries && job.spec.summaries.trace_steps;
+    // A trace seen on the stream may be one asked for here, not the spec's trace_steps.
+    const which = traceStep !== null ? ` that ended at step ${traceStep}`
+      : traced && traced.length ? ` of ${stepsText(traced)}` : "";
     towers.replaceChildren(...ms.map((value, i) => h("div", { class: "tower" },
       h("span", { class: "tower-label" }, `tower ${i}`),
       h("span", { class: "tower-bar" }, h("span", { style: `width:${(100 * value) / most}%` })),
       h("span", { class: "tower-value" }, `${value.toFixed(2)} ms`))),
     h("p", { class: "muted small" }, "Device compute time of one step on each tower, from the " +
-      `device trace${traced && traced.length ? ` of ${stepsText(traced)}` : ""}.`));
+      `device trace${which}.`));
   }
 
   function renderJob() {
@@ -168,6 +176,7 @@ export function mountJob(view, jobId) {
     cancelButton.disabled = job.cancel_requested;
     renderError();
     renderCancelled();
+    profile.render(job);
     // Ended, a job reports nothing more: "yet" would promise what will not come.
     for (const chart of charts) chart.setEmptyText(ended ? "No data reported." : "No data yet");
     const text = JSON.stringify(job.spec, null, 2);
@@ -352,7 +361,9 @@ export function mountJob(view, jobId) {
         if (name === "state" || !job) return;
         job = applyProgressEvent(job, event);
         streamedAt = mark();
+        if (name === "trace" && Number.isInteger(event.step)) traceStep = event.step;
         renderJob();
+        if (name === "trace") profile.traced(event);
         addPoints(event);
         if (name === "checkpoint" || name === "end") checkpointsSoon();
       },
@@ -447,6 +458,7 @@ export function mountJob(view, jobId) {
     clearTimeout(loadTimer);
     clearInterval(ticker);
     tensorBoard.destroy();
+    profile.destroy();
     for (const chart of charts) chart.destroy();
     document.title = "Towerboard";
   };

@@ -5,6 +5,7 @@ contrast, and the submit form's odd inputs."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,40 @@ from tests.e2e.test_dashboard import LAPTOP, Session, open_session
 from tests.service.harness import Service, fake_worker_env, job_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
+
+# `python -m trace_worker run --job-dir DIR`: a step every 0.2 s until SIGTERM; takes the
+# service's profile request as the trainer does (at a report, deleting the file) and
+# writes the `trace` event once the asked steps have run, with each tower's time.
+TRACE_WORKER = """\
+import json, signal, sys, time
+from pathlib import Path
+
+job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1])
+request = job_dir / "profile_request.json"
+stopped = []
+signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
+
+
+def progress(**line):
+    with open(job_dir / "progress.jsonl", "a") as f:
+        f.write(json.dumps({"time": time.time(), **line}) + "\\n")
+
+
+progress(event="start", step=0, total=1000)
+step, until = 0, None
+while not stopped:
+    time.sleep(0.2)
+    step += 1
+    progress(event="progress", step=step, total=1000, loss=0.5)
+    if until is None and request.exists():
+        until = step + json.loads(request.read_text())["steps"]
+        request.unlink()
+    if step == until:
+        progress(event="trace", step=step, tower_ms=[1.5, 2.5], trace_dir="tb/plugins/profile/1")
+        until = None
+(job_dir / "result.json").write_text(json.dumps({"outcome": "cancelled", "message": "stopped"}))
+sys.exit(3)
+"""
 
 
 @pytest.fixture(scope="module")
@@ -174,3 +209,37 @@ def test_spec_that_is_a_json_string_is_sent_as_json(session: Session) -> None:
     expect(error).to_contain_text("Received: 'hello'")
     expect(page.locator("#spec")).to_have_value('"hello"')  # kept, to be fixed
     assert session.errors == []
+
+
+def test_trace_asked_for_from_the_job_page(browser: Browser, tmp_path: Path) -> None:
+    """The job page asks a running job for a device trace (the API's POST /profile had no
+    control on the page) and shows each tower's time from it once the worker has taken it."""
+    (tmp_path / "trace_worker.py").write_text(TRACE_WORKER)
+    tracing = Service(
+        tmp_path / "data", {"TOWERBOARD_WORKER_MODULE": "trace_worker", "PYTHONPATH": str(tmp_path)}
+    )
+    tracing.start()
+    session = open_session(browser, tracing, LAPTOP)
+    try:
+        page = session.page
+        job = tracing.submit(job_spec(name="traced"))
+        page.goto(f"/#/jobs/{job['id']}")
+        expect(page.locator(".job-heading .state")).to_have_text("running")
+        button, status = page.locator("#profile-job"), page.locator("#profile-status")
+        expect(page.locator("#towers")).to_contain_text("No device trace in this job's spec")
+        button.click()
+        expect(status).to_have_text(re.compile(r"^(Tracing the next 5 steps|Traced up to)"))
+        expect(status).to_have_text(re.compile(r"^Traced up to step (\d+): the per-tower times"))
+        step = re.search(r"step (\d+)", status.inner_text())
+        assert step is not None
+        assert tracing.job(job["id"])["progress"]["tower_ms"] == [1.5, 2.5]
+        towers = page.locator("#towers")
+        expect(towers.locator(".tower-value")).to_have_text(["1.50 ms", "2.50 ms"])
+        expect(towers).to_contain_text(f"from the device trace that ended at step {step[1]}.")
+        assert tracing.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+        expect(page.locator(".job-heading .state")).to_have_text("cancelled", timeout=30_000)
+        expect(button).to_be_hidden()  # only a running job can be traced
+        assert session.errors == []
+    finally:
+        session.context.close()
+        tracing.close()

@@ -1,0 +1,64 @@
+// A job page's "Trace next 5 steps": asks the running job's worker for a device trace
+// (POST /jobs/{id}/profile), then says when it was taken (the job's `trace` event), or
+// that the job ended first. The per-tower times beside it come from that trace.
+
+import { TERMINAL, api } from "./api.js";
+import { h } from "./format.js";
+
+export const PROFILE_STEPS = 5;
+
+/** The button and its status line for `jobId`'s page. `render(job)` shows the button
+ *  while the job can be traced; `traced(event)` takes the job's `trace` event. */
+export function profileControl(jobId) {
+  const base = `/api/v1/jobs/${encodeURIComponent(jobId)}`;
+  const button = h("button", { type: "button", id: "profile-job", hidden: true,
+    title: "Device trace of the next steps: each tower's step time here, the trace in " +
+      "TensorBoard's profile tab", onclick: ask }, `Trace next ${PROFILE_STEPS} steps`);
+  const status = h("p", { class: "action-status small", id: "profile-status", role: "status" });
+  let waiting = false; // asked, and no trace has come since
+  let gone = false;
+
+  function say(state, text) {
+    status.dataset.state = state;
+    status.classList.toggle("error", state === "failed");
+    status.textContent = text;
+  }
+
+  async function ask() {
+    button.disabled = true;
+    say("asking", "Asking the worker for a trace…");
+    try {
+      const { data } = await api(`${base}/profile`, { method: "POST", body: { steps: PROFILE_STEPS } });
+      if (gone) return;
+      waiting = true;
+      say("waiting", `Tracing the next ${data.steps} steps: the worker starts at its next ` +
+        "report, and the per-tower times below update when the trace is taken.");
+    } catch (error) {
+      if (!gone) say("failed", `Could not ask for a trace: ${error.message}`);
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  return {
+    button,
+    status,
+    render(job) {
+      const ended = TERMINAL.has(job.state);
+      button.hidden = job.state !== "running" || Boolean(job.cancel_requested);
+      if (waiting && ended) {
+        waiting = false;
+        say("ended", `The job ${job.state} before the trace was taken.`);
+      }
+    },
+    traced(event) {
+      if (!waiting) return; // a trace of the spec's trace_steps: the times say it
+      waiting = false;
+      say("traced", `Traced up to step ${event.step}: the per-tower times below are from ` +
+        "it, and the trace is in TensorBoard's profile tab.");
+    },
+    destroy() {
+      gone = true;
+    },
+  };
+}

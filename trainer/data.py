@@ -496,20 +496,31 @@ def _read_npz(path: Path) -> tuple[_Chunk, _Chunk | None]:
     # neither is an OSError, and neither names the file.
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as error:
         raise DataError(f"Expected a readable .npz file. Received: {error} ({path})") from None
-    missing = [name for name in ("x", "y") if name not in arrays]
-    if missing:
+    # Keras's own `mnist.npz` (and files saved like it) names the arrays `x_train`,
+    # `y_train`, `x_test`, `y_test`: read as `x`, `y`, `x_eval`, `y_eval` where those are absent.
+    train_names = ("x", "y") if "x" in arrays or "y" in arrays else ("x_train", "y_train")
+    if any(name not in arrays for name in train_names):
         raise DataError(
-            f"Expected arrays `x` and `y` in the .npz file. Received: {sorted(arrays)} ({path})"
+            "Expected arrays `x` and `y` (or `x_train` and `y_train`) in the .npz file. "
+            f"Received: {sorted(arrays)} ({path})"
         )
-    chunk = _checked(arrays["x"], arrays["y"], str(path))
-    has_eval = ("x_eval" in arrays, "y_eval" in arrays)
-    if has_eval == (False, False):
+    chunk = _checked(arrays[train_names[0]], arrays[train_names[1]], str(path), names=train_names)
+    eval_names = next(
+        (
+            (x, y)
+            for x, y in (("x_eval", "y_eval"), ("x_test", "y_test"))
+            if x in arrays or y in arrays
+        ),
+        None,
+    )
+    if eval_names is None:
         return chunk, None
-    if has_eval != (True, True):
+    if any(name not in arrays for name in eval_names):
         raise DataError(
-            f"Expected both `x_eval` and `y_eval`, or neither. Received: {sorted(arrays)} ({path})"
+            f"Expected both `{eval_names[0]}` and `{eval_names[1]}`, or neither. "
+            f"Received: {sorted(arrays)} ({path})"
         )
-    eval_chunk = _checked(arrays["x_eval"], arrays["y_eval"], str(path), names=("x_eval", "y_eval"))
+    eval_chunk = _checked(arrays[eval_names[0]], arrays[eval_names[1]], str(path), names=eval_names)
     return chunk, eval_chunk
 
 

@@ -396,7 +396,7 @@ def test_load_arrays_npz_missing_y(tmp_path: Path) -> None:
     message = _npz_error(tmp_path, x=images(2), labels=[0, 1])
 
     assert message == (
-        "Expected arrays `x` and `y` in the .npz file. "
+        "Expected arrays `x` and `y` (or `x_train` and `y_train`) in the .npz file. "
         f"Received: ['labels', 'x'] ({tmp_path / 'bad.npz'})"
     )
 
@@ -407,6 +407,30 @@ def test_load_arrays_npz_x_eval_without_y_eval(tmp_path: Path) -> None:
     assert message == (
         "Expected both `x_eval` and `y_eval`, or neither. "
         f"Received: ['x', 'x_eval', 'y'] ({tmp_path / 'bad.npz'})"
+    )
+
+
+def test_load_arrays_reads_npz_saved_as_keras_mnist(tmp_path: Path) -> None:
+    # keras.datasets.mnist's own file: it was refused for lacking `x` and `y`.
+    x, x_test = images(6, (5, 5)), images(2, (5, 5), seed=1)
+    np.savez(
+        tmp_path / "mnist.npz", x_train=x, y_train=[0, 1, 2, 0, 1, 2], x_test=x_test, y_test=[2, 1]
+    )
+
+    arrays = load_arrays(spec("npz", tmp_path / "mnist.npz"), seed=0)
+
+    np.testing.assert_array_equal(arrays.x_train[..., 0], x)
+    np.testing.assert_array_equal(arrays.y_train, [0, 1, 2, 0, 1, 2])
+    np.testing.assert_array_equal(arrays.x_eval[..., 0], x_test)
+    np.testing.assert_array_equal(arrays.y_eval, [2, 1])
+
+
+def test_load_arrays_npz_x_test_without_y_test(tmp_path: Path) -> None:
+    message = _npz_error(tmp_path, x_train=images(2), y_train=[0, 1], x_test=images(1))
+
+    assert message == (
+        "Expected both `x_test` and `y_test`, or neither. "
+        f"Received: ['x_test', 'x_train', 'y_train'] ({tmp_path / 'bad.npz'})"
     )
 
 

@@ -255,6 +255,12 @@ def _bytes(n: Any) -> str:
     return "-"
 
 
+def _printable(text: Any) -> str:
+    """`text` with its control characters escaped (\\x1b, \\n): a job's name is what
+    another user typed, and printed raw an escape sequence in it acts on the terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
 def _steps(job: dict[str, Any]) -> str:
     p = job.get("progress") or {}
     if not isinstance(p.get("step"), int):
@@ -509,7 +515,7 @@ def status(client: Client, args: argparse.Namespace) -> int:
         p, evaluation = job.get("progress") or {}, job.get("eval") or {}
         rows = [
             ["id", job["id"]],
-            ["name", job["name"]],
+            ["name", _printable(job["name"])],
             ["state", job["state"] + (" (cancel requested)" if job.get("cancel_requested") and job["state"] not in TERMINAL else "")],
             ["progress", f"{_steps(job)}" + (f" ({p['percent']}%)" if p.get("percent") is not None else "")],
             ["phase", _phase(p) or "-"],
@@ -557,7 +563,7 @@ def status(client: Client, args: argparse.Namespace) -> int:
         p = job.get("progress") or {}
         percent = 100.0 if job["state"] == "succeeded" else p.get("percent")
         rows.append([
-            job["id"], job["name"][:32], job["state"],
+            job["id"], _printable(job["name"])[:32], job["state"],
             f"{percent:.0f}%" if isinstance(percent, int | float) else "-",
             _steps(job), _number(p.get("loss")), _percent(p.get("accuracy")),
             _rate(p.get("examples_per_sec")), _eta(job), _devices(job), _age(job["created_at"]),

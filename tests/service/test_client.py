@@ -238,6 +238,27 @@ def test_download_shows_progress_on_a_terminal(
     assert re.search(rf"\rdownloading {name}: 100% of [0-9.]+ (B|KiB|MiB)".encode(), drawn), drawn
 
 
+def test_status_escapes_control_characters_in_names(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # A job's name is any text another user typed; printed raw, an escape sequence in it
+    # would clear the terminal of whoever lists the jobs, and a newline break the table.
+    service = make_service(env=fake_worker_env(tmp_path))
+    service.start()
+    job = service.submit(job_spec(name="evil\x1b[2J\nname\x07"))
+    listing = towerboard("status", url=service.base_url)
+    assert listing.returncode == 0, listing.stderr
+    assert "\x1b" not in listing.stdout and "\x07" not in listing.stdout
+    header, row = listing.stdout.splitlines()
+    assert row.split()[:2] == [job["id"], "evil\\x1b[2J\\nname\\x07"]
+    one = towerboard("status", job["id"], url=service.base_url)
+    assert re.search(r"^name\s{2,}evil\\x1b\[2J\\nname\\x07$", one.stdout, re.M), one.stdout
+    # --json is the API's JSON, escaped by JSON itself.
+    as_json = towerboard("status", job["id"], "--json", url=service.base_url)
+    assert json.loads(as_json.stdout)["name"] == "evil\x1b[2J\nname\x07"
+    assert towerboard("cancel", job["id"], "--wait", url=service.base_url).returncode == 0
+
+
 def test_cancel_queued_and_running_jobs(service: Service) -> None:
     running = service.submit(long_job())
     queued = service.submit(job_spec(name="waits"))  # one job slot: this one waits

@@ -268,12 +268,14 @@ export function mountJob(view, jobId) {
         h("td", {}, h("a", {
           href: new URL(c.url, location.href).pathname,
           download: `${jobId}-ckpt-${c.step}.tar.gz`,
+          // Read aloud, every link would be the same "Download .tar.gz".
+          "aria-label": `Download .tar.gz of step ${c.step}`,
           class: "download",
           dataset: { step: String(c.step) },
         }, "Download .tar.gz"))));
       checkpoints.replaceChildren(h("div", { class: "scroll-x" }, h("table", { class: "plain" },
         h("thead", {}, h("tr", {}, h("th", {}, "Step"), h("th", {}, "Saved"), h("th", {}, "Size"),
-          h("th", {}, ""))),
+          h("th", {}, h("span", { class: "visually-hidden" }, "Download")))),
         h("tbody", {}, rows))));
     } catch (error) {
       if (!stopped) checkpoints.replaceChildren(h("p", { class: "error" }, error.message));

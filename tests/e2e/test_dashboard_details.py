@@ -243,3 +243,23 @@ def test_trace_asked_for_from_the_job_page(browser: Browser, tmp_path: Path) -> 
     finally:
         session.context.close()
         tracing.close()
+
+
+def test_checkpoint_links_name_their_step(session: Session, service: Service) -> None:
+    """Each checkpoint's download link names its step to a screen reader, which read every
+    one as the same "Download .tar.gz", and the links' column has a header."""
+    job = service.submit(job_spec(name="quick"))
+    assert service.wait_state(job["id"], "succeeded", "failed")["state"] == "succeeded"
+    folder = service.data_dir / "runs" / job["id"] / "checkpoints"
+    folder.mkdir(exist_ok=True)
+    for step in (10, 20):  # as tf.train.CheckpointManager names them
+        (folder / f"ckpt-{step}.index").write_bytes(b"index")
+        (folder / f"ckpt-{step}.data-00000-of-00001").write_bytes(b"weights" * 100)
+    page = session.page
+    page.goto(f"/#/jobs/{job['id']}")
+    for step in (10, 20):
+        link = page.get_by_role("link", name=f"Download .tar.gz of step {step}", exact=True)
+        expect(link).to_have_attribute("href", f"/api/v1/jobs/{job['id']}/checkpoints/{step}")
+        expect(link).to_have_text("Download .tar.gz")  # what the eye reads is unchanged
+    expect(page.get_by_role("columnheader", name="Download", exact=True)).to_have_count(1)
+    assert session.errors == []

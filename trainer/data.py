@@ -9,6 +9,7 @@ continues with exactly the batches the old one would have given.
 from __future__ import annotations
 
 import gzip
+import logging
 import math
 import re
 import struct
@@ -23,6 +24,8 @@ import tensorflow as tf
 
 from trainer.datafiles import DataFiles, resolve_files
 from trainer.spec import AugmentSpec, DataSpec, SyntheticParams
+
+log = logging.getLogger(__name__)
 
 # Class ids must lie below this: the output layer has one logit per id up to the largest.
 MAX_CLASSES = 100_000
@@ -72,7 +75,9 @@ def load_arrays(data: DataSpec, seed: int) -> Arrays:
             training examples).
     """
     if data.format == "synthetic":
-        return _synthetic(SyntheticParams.model_validate(data.params), data.eval_fraction, seed)
+        arrays = _synthetic(SyntheticParams.model_validate(data.params), data.eval_fraction, seed)
+        _log_loaded(arrays, "synthetic data", None, data.eval_fraction)
+        return arrays
     files = resolve_files(data)
     train, evals = _read_files(data.format, files)
     x_train, y_train = _concatenate(train)
@@ -96,7 +101,44 @@ def load_arrays(data: DataSpec, seed: int) -> Arrays:
             f"{', '.join(str(path) for path in files.train)}"
         )
     num_classes = max(2, int(max(y_train.max(), y_eval.max(initial=0))) + 1)
-    return Arrays(x_train, y_train, x_eval, y_eval, num_classes)
+    arrays = Arrays(x_train, y_train, x_eval, y_eval, num_classes)
+    eval_sources = [chunk.source for chunk in evals] if evals else None
+    _log_loaded(arrays, f"{len(train)} file(s) in {data.path}", eval_sources, data.eval_fraction)
+    return arrays
+
+
+def _log_loaded(
+    arrays: Arrays, source: str, eval_sources: list[str] | None, eval_fraction: float
+) -> None:
+    """Says in the job's log what it trains and evaluates on: the first place to look when
+    a number looks wrong (eval files taken as training data, a shape not as expected)."""
+    height, width, channels = arrays.image_shape
+    if eval_sources is not None:
+        held_out = f"from {', '.join(eval_sources)}"
+    elif eval_fraction:
+        held_out = f"held out: the last {eval_fraction:g} of the examples"
+    else:
+        held_out = "none held out: eval_fraction 0"
+    log.info(
+        "data: %d train and %d eval examples (%s) of %dx%dx%d %s pixels, %d classes, from %s",
+        arrays.num_train,
+        arrays.num_eval,
+        held_out,
+        height,
+        width,
+        channels,
+        arrays.x_train.dtype,
+        arrays.num_classes,
+        source,
+    )
+    if arrays.num_eval == 0 and (eval_sources is not None or eval_fraction > 0):
+        # Not an error (a tiny set may have nothing to spare), but the user asked for an eval.
+        log.warning(
+            "no eval examples (%s): the job runs no eval",
+            "its eval arrays or files are empty"
+            if eval_sources is not None
+            else f"eval_fraction {eval_fraction:g} of {arrays.num_train} examples is less than one",
+        )
 
 
 def steps_per_epoch(num_examples: int, batch_size: int) -> int:

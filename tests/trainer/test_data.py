@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import logging
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -655,6 +656,49 @@ def test_load_arrays_tfrecord_without_an_int64_label_says_so_plainly(
         "Expected TFRecord files of tf.train.Example with `image_raw` (bytes) and `label` "
         f"(int64). Received: {reason} ({path})"
     )
+
+
+# --- what the log says -----------------------------------------------------------------
+
+
+def test_load_arrays_logs_what_it_trains_and_evaluates_on(tmp_path: Path, caplog) -> None:
+    # The job's log said nothing of its data: a user could not see that eval came from
+    # the t10k files, nor how many examples or what shape the worker found.
+    write_idx_pair(tmp_path, "train", images(8, (5, 6)), np.arange(8) % 3)
+    write_idx_pair(tmp_path, "t10k", images(2, (5, 6)), np.array([0, 1]))
+
+    with caplog.at_level(logging.INFO, logger="trainer.data"):
+        load_arrays(spec("idx", tmp_path), seed=0)
+
+    eval_source = f"{tmp_path}/t10k-images-idx3-ubyte.gz, {tmp_path}/t10k-labels-idx1-ubyte.gz"
+    assert caplog.messages == [
+        f"data: 8 train and 2 eval examples (from {eval_source}) of 5x6x1 uint8 pixels, "
+        f"3 classes, from 1 file(s) in {tmp_path}"
+    ]
+
+
+def test_load_arrays_warns_when_eval_fraction_holds_out_nothing(tmp_path: Path, caplog) -> None:
+    np.savez(tmp_path / "tiny.npz", x=images(3), y=[0, 1, 0])
+
+    with caplog.at_level(logging.INFO, logger="trainer.data"):
+        load_arrays(spec("npz", tmp_path / "tiny.npz", eval_fraction=0.2), seed=0)
+
+    assert caplog.records[-1].levelno == logging.WARNING
+    assert caplog.messages[-1] == (
+        "no eval examples (eval_fraction 0.2 of 3 examples is less than one): the job runs no eval"
+    )
+
+
+def test_load_arrays_asked_for_no_eval_does_not_warn(caplog) -> None:
+    data = DataSpec(format="synthetic", eval_fraction=0.0, params={"size": 10})
+
+    with caplog.at_level(logging.INFO, logger="trainer.data"):
+        load_arrays(data, seed=0)
+
+    assert caplog.messages == [
+        "data: 10 train and 0 eval examples (none held out: eval_fraction 0) of 28x28x1 "
+        "float32 pixels, 10 classes, from synthetic data"
+    ]
 
 
 # --- synthetic ---------------------------------------------------------------------------

@@ -32,7 +32,7 @@ export function mountSubmit(view, query) {
   const fromOption = h("option", { value: "from", hidden: true });
   let editText = stored(EDIT_KEY);
   let fromText = "";
-  const select = h("select", { id: "preset", "aria-label": "Preset" }, draftOption, fromOption,
+  const select = h("select", { id: "preset" }, draftOption, fromOption,
     PRESETS.map((preset) => h("option", { value: preset.id }, preset.label)));
   const editor = h("textarea", {
     id: "spec", spellcheck: "false", autocomplete: "off", rows: "24", "aria-label": "Job spec (JSON)",

@@ -263,3 +263,13 @@ def test_checkpoint_links_name_their_step(session: Session, service: Service) ->
         expect(link).to_have_text("Download .tar.gz")  # what the eye reads is unchanged
     expect(page.get_by_role("columnheader", name="Download", exact=True)).to_have_count(1)
     assert session.errors == []
+
+
+def test_submit_form_controls_are_named_as_labelled(session: Session) -> None:
+    """A screen reader (or voice control, which goes by what is shown) names each control
+    by its visible label: the start's select was "Preset" under the label "Start from"."""
+    page = session.page
+    page.goto("/#/submit")
+    expect(page.get_by_role("combobox", name="Start from", exact=True)).to_be_visible()
+    expect(page.get_by_role("textbox", name="Job spec (JSON)", exact=True)).to_be_visible()
+    assert session.errors == []

@@ -86,6 +86,17 @@ class CnnParams(_Strict):
     dense: LayerWidth = 512
     dropout: float = Field(0.4, ge=0.0, lt=1.0)
 
+    @field_validator("filters", mode="before")
+    @classmethod
+    def _two_filters(cls, filters: Any) -> Any:
+        # Pydantic says "filters.1: Field required" for [32], which does not say why.
+        if isinstance(filters, (list, tuple)) and len(filters) != 2:
+            raise ValueError(
+                "Expected two filter counts, one for each conv layer (default [32, 64]). "
+                f"Received: {list(filters)}"
+            )
+        return filters
+
 
 class ResnetParams(_Strict):
     """`resnet`: a small residual network with batch norm."""

@@ -125,6 +125,16 @@ def test_parse_spec_bad_model_params():
     }
 
 
+@pytest.mark.parametrize("filters", [[32], [32, 64, 128], []])
+def test_parse_spec_cnn_filters_must_be_two(filters):
+    # [32] was refused as "model.params.filters.1: Field required".
+    cnn = {"name": "cnn", "params": {"filters": filters}}
+    assert errors_of({"data": SYNTHETIC, "model": cnn}) == {
+        "model.params.filters": "Expected two filter counts, one for each conv layer "
+        f"(default [32, 64]). Received: {filters}"
+    }
+
+
 def test_parse_spec_model_too_large_to_build():
     # Typos that would hang the worker building a million layers, or run it out of memory,
     # are refused by field; the message shows the start of what it refuses, not all of it.

@@ -56,7 +56,15 @@ def _serve(args: argparse.Namespace) -> int:
     except ValidationError as error:
         for item in error.errors(include_url=False):
             field = ".".join(str(part) for part in item["loc"])
-            log.error("Invalid setting TOWERBOARD_%s: %s", field.upper(), item["msg"])
+            # Name what the person gave: the option when it was one, else the variable.
+            name = (
+                f"--{field.replace('_', '-')}"
+                if field in overrides
+                else f"setting TOWERBOARD_{field.upper()}"
+            )
+            shown = "input" in item and field != "token"  # never a secret into a log
+            received = f". Received: {item['input']!r}" if shown else ""
+            log.error("Invalid %s: %s%s", name, item["msg"], received)
         return EXIT_BAD_SETTING
     # The port and the data dir's lock are checked before the app starts: its start-up
     # adopts running workers and starts queued jobs, and a service that then could not
@@ -76,9 +84,18 @@ def _serve(args: argparse.Namespace) -> int:
         # Taken and let go: the app's lifespan takes it again and holds it (and still
         # refuses, should another service take it in between).
         os.close(lock_data_dir(settings.resolved().data_dir))
-    except (DataDirInUse, OSError) as error:
+    except DataDirInUse as error:
         sock.close()
         log.error("%s", error)
+        return EXIT_CANNOT_START
+    except OSError as error:
+        sock.close()
+        log.error(
+            "Cannot use the data dir %s (%s). Expected a folder this service can create and "
+            "write: give another with --data-dir or TOWERBOARD_DATA_DIR.",
+            settings.resolved().data_dir,
+            error.strerror or error,
+        )
         return EXIT_CANNOT_START
     host, port = sock.getsockname()[:2]
     log.info("Listening on http://%s:%d (Ctrl-C stops)", f"[{host}]" if ":" in host else host, port)

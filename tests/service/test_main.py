@@ -60,6 +60,38 @@ def test_serve_bad_setting_exits_2(tmp_path: Path) -> None:
     )
 
 
+def test_serve_bad_option_names_the_option(tmp_path: Path) -> None:
+    # It named TOWERBOARD_PORT, which the person never set, for a bad --port.
+    result = subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve", "--port", "70000",
+         "--data-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert line.endswith(
+        "ERROR towerboard: Invalid --port: Input should be less than or equal to 65535. "
+        "Received: 70000"
+    ), line
+
+
+def test_serve_data_dir_that_cannot_be_made_exits_1_in_one_line(tmp_path: Path) -> None:
+    # A data dir under a file: it was "[Errno 20] Not a directory: '...'", naming no setting.
+    (tmp_path / "file").write_text("")
+    data_dir = tmp_path / "file" / "data"
+    result = subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve", "--port", "0", "--data-dir", str(data_dir)],
+        cwd=ROOT, capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert result.returncode == 1
+    [line] = result.stderr.strip().splitlines()
+    assert line.endswith(
+        f"ERROR towerboard: Cannot use the data dir {data_dir} (Not a directory). Expected a "
+        "folder this service can create and write: give another with --data-dir or "
+        "TOWERBOARD_DATA_DIR."
+    ), line
+
+
 def test_read_openapi_lists_every_route(make_service: Callable[..., Service]) -> None:
     service = make_service()
     service.start()

@@ -131,6 +131,16 @@ def _log_loaded(
         arrays.num_classes,
         source,
     )
+    if channels > 4 and height <= 4 < width:
+        # (N, 3, 32, 32), PyTorch's layout, reads as 3-pixel-high images of 32 channels:
+        # it trains, on nonsense. Not refused, as the shape could be meant.
+        log.warning(
+            "images of %dx%dx%d (height x width x channels) look channels-first; the "
+            "layout is (N, H, W, C): transpose them, e.g. x.transpose(0, 2, 3, 1)",
+            height,
+            width,
+            channels,
+        )
     if arrays.num_eval == 0 and (eval_sources is not None or eval_fraction > 0):
         # Not an error (a tiny set may have nothing to spare), but the user asked for an eval.
         log.warning(

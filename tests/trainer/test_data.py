@@ -689,6 +689,20 @@ def test_load_arrays_warns_when_eval_fraction_holds_out_nothing(tmp_path: Path, 
     )
 
 
+def test_load_arrays_warns_of_channels_first_images(tmp_path: Path, caplog) -> None:
+    # CIFAR as PyTorch lays it out trained silently as 3x32 images of 32 channels.
+    np.savez(tmp_path / "cifar.npz", x=images(4, (3, 32, 32)), y=[0, 1, 2, 3])
+
+    with caplog.at_level(logging.INFO, logger="trainer.data"):
+        arrays = load_arrays(spec("npz", tmp_path / "cifar.npz", eval_fraction=0.0), seed=0)
+
+    assert arrays.image_shape == (3, 32, 32)
+    assert caplog.messages[-1] == (
+        "images of 3x32x32 (height x width x channels) look channels-first; the layout is "
+        "(N, H, W, C): transpose them, e.g. x.transpose(0, 2, 3, 1)"
+    )
+
+
 def test_load_arrays_asked_for_no_eval_does_not_warn(caplog) -> None:
     data = DataSpec(format="synthetic", eval_fraction=0.0, params={"size": 10})
 

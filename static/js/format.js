@@ -111,6 +111,7 @@ export function progressBar(job) {
   const bar = h("div", {
     class: `bar bar-${job.state}`,
     role: "progressbar",
+    "aria-label": "Progress",
     "aria-valuemin": "0",
     "aria-valuemax": "100",
   });
@@ -125,6 +126,7 @@ export function setProgress(bar, job, value = progressPercent(job)) {
     if (cls.startsWith("bar-") && cls !== "bar-large") bar.classList.remove(cls);
   }
   bar.classList.add(`bar-${job.state}`);
+  bar.setAttribute("aria-valuetext", stepText(job)); // "51 / 300", as the page shows it
   const fill = bar.firstElementChild;
   if (value === null) {
     bar.removeAttribute("aria-valuenow");

@@ -68,7 +68,7 @@ export function mountJob(view, jobId) {
   // A failed read is said here, and the lines already read stay below it.
   const logError = h("p", { class: "error small log-error", id: "log-error", role: "status",
     hidden: true });
-  const spec = h("pre", { class: "spec", id: "spec" }, "");
+  const spec = h("pre", { class: "spec", id: "spec", tabindex: "0", "aria-label": "Job spec" }, "");
   const notFound = h("p", { class: "error", id: "job-load-error", role: "alert", hidden: true });
   const notice = liveNotice(() => {
     closeStream();

@@ -47,7 +47,7 @@ export function mountSubmit(view, query) {
         h("span", { class: "muted small" }, "Unknown keys are errors. Every field is in ",
           h("a", { href: "/docs#/jobs/create_job_api_v1_jobs_post", target: "_blank", rel: "noopener" },
             "the API docs"), "."))),
-    h("aside", { class: "form-side" }, errors,
+    h("div", { class: "form-side" }, errors,
       h("div", { class: "help muted small" },
         h("p", {}, "towers: devices the global batch is split across; batch_size is global."),
         h("p", {}, "Give steps or epochs, not both."),

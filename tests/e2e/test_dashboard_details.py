@@ -273,3 +273,27 @@ def test_submit_form_controls_are_named_as_labelled(session: Session) -> None:
     expect(page.get_by_role("combobox", name="Start from", exact=True)).to_be_visible()
     expect(page.get_by_role("textbox", name="Job spec (JSON)", exact=True)).to_be_visible()
     assert session.errors == []
+
+
+def test_what_axe_core_flagged(session: Session, service: Service) -> None:
+    """What axe-core 4.14 (run by hand over each view) found serious: progress bars with
+    no name, the job's spec scrolling out of a keyboard's reach, a link told from the text
+    around it by colour alone, and two "complementary" landmarks on the submit page."""
+    job = service.submit(job_spec(name="quick"))
+    assert service.wait_state(job["id"], "succeeded", "failed")["state"] == "succeeded"
+    page = session.page
+    page.goto("/#/")
+    row = page.locator(f'tr[data-job="{job["id"]}"]')
+    expect(row.get_by_role("progressbar", name="Progress", exact=True)).to_have_attribute(
+        "aria-valuetext", "0 / 10"
+    )
+    page.goto(f"/#/jobs/{job['id']}")
+    expect(page.get_by_role("progressbar", name="Progress", exact=True)).to_have_count(1)
+    spec = page.locator("pre#spec")
+    expect(spec).to_have_attribute("tabindex", "0")  # it scrolls: the keyboard scrolls it
+    expect(spec).to_have_accessible_name("Job spec")
+    page.goto("/#/submit")
+    expect(page.get_by_role("complementary")).to_have_count(1)  # the devices panel
+    docs = page.get_by_role("link", name="the API docs")
+    assert docs.evaluate("a => getComputedStyle(a).textDecorationLine") == "underline"
+    assert session.errors == []

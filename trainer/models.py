@@ -14,6 +14,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from trainer.errors import one_line
 from trainer.modelsize import too_large
 from trainer.spec import ModelSpec
 
@@ -124,7 +125,7 @@ def _custom_builder(name: str) -> Callable[..., Any]:
         module = importlib.import_module(module_name)
     except _USER_CODE_ERRORS as e:  # a SyntaxError or a failing top level is user code too
         raise ModelError(
-            f"Cannot import module {module_name!r} of model {name!r}: {type(e).__name__}: {e}"
+            f"Cannot import module {module_name!r} of model {name!r}: {one_line(e)}"
         ) from e
     builder = getattr(module, function_name, None)
     if not callable(builder):
@@ -166,7 +167,7 @@ def _output_shape(name: str, model: keras.Model, input_shape: tuple[int, ...]) -
         output = model(np.zeros((1, *input_shape), np.float32), training=False)
     except _USER_CODE_ERRORS as e:
         raise ModelError(
-            f"Model {name!r} failed on a batch of shape {(1, *input_shape)}: {type(e).__name__}: {e}"
+            f"Model {name!r} failed on a batch of shape {(1, *input_shape)}: {one_line(e)}"
         ) from e
     if isinstance(output, (list, tuple, dict)):
         raise ModelError(
@@ -190,7 +191,7 @@ def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int)
         try:
             model = builder(**kwargs, **spec.params)
         except _USER_CODE_ERRORS as e:  # any failure of user code is the model's fault
-            raise ModelError(f"Model {spec.name!r} failed to build: {type(e).__name__}: {e}") from e
+            raise ModelError(f"Model {spec.name!r} failed to build: {one_line(e)}") from e
         if not isinstance(model, keras.Model):
             raise ModelError(
                 f"Expected {spec.name!r} to return a keras.Model. Received: {type(model).__name__}"

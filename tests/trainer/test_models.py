@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
+from trainer.errors import one_line
 from trainer.models import ModelError, build_model
 from trainer.modelsize import parameter_count
 from trainer.spec import ModelSpec
@@ -95,6 +98,21 @@ def typo_inside(input_shape, num_classes, width=8):
 
 def one_logit(input_shape, num_classes):
     return flat(input_shape, 1)
+
+class Picky(keras.layers.Layer):
+    def call(self, x, training=False):
+        raise ValueError("wants colour\\nimages only")
+
+def picky_layer(input_shape, num_classes):
+    inputs = keras.Input(input_shape)
+    return keras.Model(inputs, Picky()(keras.layers.Flatten()(inputs)))
+
+class PickyModel(keras.Model):
+    def call(self, x, training=False):
+        raise ValueError("subclassed says no")
+
+def picky_model(input_shape, num_classes):
+    return PickyModel()
 """
 
 
@@ -161,6 +179,36 @@ def test_custom_builder_told_which_param_it_does_not_take(custom):
 def test_type_error_inside_a_builder_is_its_own_failure_not_the_params(custom):
     message = refusal("typo_inside", {"width": 4})
     assert message.startswith("Model 'qa_custom:typo_inside' failed to build: TypeError: ")
+
+
+def test_custom_layer_that_raises_is_one_line_naming_the_layer(custom):
+    # Keras's page (the reason in ANSI bold between "Exception encountered when calling"
+    # and the arguments the layer received) was the job's message as it was.
+    assert refusal("picky_layer") == (
+        "Model 'qa_custom:picky_layer' failed to build: ValueError: wants colour images only "
+        "(in Picky.call())"
+    )
+    assert refusal("picky_model") == (
+        "Model 'qa_custom:picky_model' failed on a batch of shape (1, 4, 4, 1): "
+        "ValueError: subclassed says no (in PickyModel.call())"
+    )
+
+
+def test_one_line_of_an_error_raised_in_a_traced_step():
+    # What a layer that fails only when training gives inside a tf.function: autograph's
+    # traceback, then Keras's page. One line keeps the error and the layer.
+    class TrainBoom(keras.layers.Layer):
+        def call(self, x, training=False):
+            if training:
+                raise ValueError("only fails when training")
+            return x
+
+    layer = TrainBoom()
+    step = tf.function(lambda x: layer(x, training=True))
+    with pytest.raises(ValueError) as error:
+        step(tf.zeros([2, 3]))
+    assert "in user code:" in str(error.value) and "\x1b[" in str(error.value)
+    assert one_line(error.value) == "ValueError: only fails when training (in TrainBoom.call())"
 
 
 def test_worker_with_a_builder_that_exits_ends_with_exit_2_and_a_result(tmp_path):

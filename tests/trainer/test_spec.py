@@ -232,6 +232,6 @@ def test_registry_names_match_builders():
 
 
 def test_import_spec_without_tensorflow():
-    code = "import sys, trainer.spec, trainer.rundir, trainer.datafiles; print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'tensorboard')))"
+    code = "import sys, trainer.spec, trainer.rundir, trainer.datafiles, trainer.modelsize, trainer.errors; print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'tensorboard')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -11,9 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+import anyio
+from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from service.schemas import JobPublic
 from service.store import JobRecord
@@ -22,6 +25,10 @@ log = logging.getLogger(__name__)
 
 # A listener that falls this far behind loses its oldest events rather than holding memory.
 _QUEUE_SIZE = 1024
+# How long a stream has, once the server is stopping, to end itself (well within the
+# 5 s uvicorn gives open connections): ended, its client sees a complete response.
+_SHUTDOWN_GRACE_SECONDS = 1.0
+_PING_SECONDS = 15
 
 
 @dataclass(frozen=True)
@@ -73,3 +80,35 @@ class EventBroker:
                 listeners.discard(queue)
                 if not listeners:
                     del self._listeners[job_id]
+
+
+def sse_response(
+    events: Callable[[anyio.Event], AsyncIterator[ServerSentEvent]],
+) -> EventSourceResponse:
+    """A Server-Sent-Events response of `events(stopping)`, which must end soon after
+    `stopping` is set (as the server stops; `next_event` does). Cut off instead, a stream
+    leaves its client an incomplete response and the server logs an error for it."""
+    stopping = anyio.Event()
+    return EventSourceResponse(
+        events(stopping),
+        ping=_PING_SECONDS,
+        shutdown_event=stopping,
+        shutdown_grace_period=_SHUTDOWN_GRACE_SECONDS,
+    )
+
+
+async def next_event(queue: asyncio.Queue[JobEvent], stopping: anyio.Event) -> JobEvent | None:
+    """The queue's next event, or None once `stopping` is set."""
+    if stopping.is_set():
+        return None
+    if not queue.empty():
+        return queue.get_nowait()
+    getter = asyncio.ensure_future(queue.get())
+    stopper = asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait((getter, stopper), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+        if not getter.done():
+            getter.cancel()  # a get cancelled while waiting takes nothing from the queue
+    return getter.result() if getter.done() and not getter.cancelled() else None

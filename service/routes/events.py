@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
+import anyio
 from fastapi import APIRouter
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from service.deps import RuntimeDep
+from service.events import next_event, sse_response
 
 router = APIRouter(prefix="/events", tags=["jobs"])
 
@@ -34,14 +36,13 @@ router = APIRouter(prefix="/events", tags=["jobs"])
 async def stream_all_events(runtime: RuntimeDep) -> EventSourceResponse:
     """Server-Sent Events of every job's progress and state changes, live."""
 
-    async def events() -> AsyncIterator[ServerSentEvent]:
+    async def events(stopping: anyio.Event) -> AsyncIterator[ServerSentEvent]:
         with runtime.broker.listen(None) as queue:
             # A comment (browsers skip it) that says the stream is subscribed: whatever
             # happens after a client reads it reaches that client.
             yield ServerSentEvent(comment="following every job")
-            while True:
-                event = await queue.get()
+            while (event := await next_event(queue, stopping)) is not None:
                 data = {"job_id": event.job_id, **event.data}
                 yield ServerSentEvent(event=event.event, data=json.dumps(data))
 
-    return EventSourceResponse(events(), ping=15)
+    return sse_response(events)

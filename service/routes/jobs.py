@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from datetime import datetime
 from typing import Annotated, Any, TypeVar
 
+import anyio
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi import Path as FastAPIPath
 from fastapi.responses import PlainTextResponse, StreamingResponse
@@ -29,7 +30,7 @@ from service.checkpoints import (
 from service.deps import JobDep, Runtime, RuntimeDep, SettingsDep, check_query, known_query
 from service.downloads import MEDIA_TYPE, archive_response
 from service.errors import FieldErrors
-from service.events import JobEvent
+from service.events import JobEvent, next_event, sse_response
 from service.exports import describe_export, open_export
 from service.jobjson import render_job
 from service.progress import SERIES
@@ -280,7 +281,7 @@ def profile_job(
 async def stream_job_events(job: JobDep, runtime: RuntimeDep) -> EventSourceResponse:
     """Server-Sent Events of a job's progress and state changes, live."""
 
-    async def events() -> AsyncIterator[ServerSentEvent]:
+    async def events(stopping: anyio.Event) -> AsyncIterator[ServerSentEvent]:
         with runtime.broker.listen(job.id) as queue:
             # Read after subscribing, so no change falls between the two.
             current = runtime.store.get(job.id)
@@ -288,13 +289,12 @@ async def stream_job_events(job: JobDep, runtime: RuntimeDep) -> EventSourceResp
             yield ServerSentEvent(event="state", data=render_job(current).decode())
             if current.state.is_terminal:
                 return
-            while True:
-                event = await queue.get()
+            while (event := await next_event(queue, stopping)) is not None:
                 yield ServerSentEvent(event=event.event, data=json.dumps(event.data))
                 if event.event == "state" and JobState(event.data["state"]).is_terminal:
                     return
 
-    return EventSourceResponse(events(), ping=15)
+    return sse_response(events)
 
 
 LOG_OFFSET_HEADER = "X-Log-Offset"

@@ -297,3 +297,31 @@ def test_what_axe_core_flagged(session: Session, service: Service) -> None:
     docs = page.get_by_role("link", name="the API docs")
     assert docs.evaluate("a => getComputedStyle(a).textDecorationLine") == "underline"
     assert session.errors == []
+
+
+@pytest.mark.parametrize("width", [800, 840, 1024, 1210, 1280])
+def test_jobs_table_fits_tablet_and_laptop_widths(
+    browser: Browser, service: Service, width: int
+) -> None:
+    """Every column of the jobs table is in view at any width: between the phone layout's
+    cards (now up to 820px) and a wide screen, the table needed 895px or more and scrolled
+    its Devices and Age columns out of sight, with nothing to say so (at 1024px, beside the
+    devices panel, it had 716)."""
+    running = service.submit(job_spec(name="runs-until-cancelled", towers=2))
+    service.wait_state(running["id"], "running")
+    session = open_session(browser, service, {"width": width, "height": 900})
+    try:
+        page = session.page
+        page.goto("/#/")
+        cell = page.locator(f'tr[data-job="{running["id"]}"] .col-devices')
+        expect(cell).to_have_text("cpu:0 (2 towers)")
+        sizes = page.evaluate("""() => {
+          const wrap = document.querySelector(".table-wrap");
+          return [wrap.scrollWidth, wrap.clientWidth];
+        }""")
+        assert sizes[0] <= sizes[1], f"the table is {sizes[0]} px wide in {sizes[1]} px"
+        assert session.errors == []
+    finally:
+        session.context.close()
+        service.client.post(f"/api/v1/jobs/{running['id']}/cancel")
+        service.wait_state(running["id"], "cancelled")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import os
 import tempfile
 import time
@@ -95,13 +96,29 @@ class RunDir:
             return None
 
 
+def _finite(value: Any) -> Any:
+    """`value` with every NaN or infinite float made None (null).
+
+    Python writes them as `NaN` and `Infinity`, which are not JSON: browsers' JSON.parse,
+    jq and most other readers refuse the whole file. An eval loss can be NaN while training
+    runs on (a model that gives inf only in inference), so they do reach these files.
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
 def write_json_atomic(path: Path, payload: Any) -> None:
     """Write JSON to a temp file beside `path`, then rename: readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=2, sort_keys=True)
+            json.dump(_finite(payload), f, indent=2, sort_keys=True, allow_nan=False)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
@@ -126,8 +143,8 @@ class ProgressWriter:
         self._file = open(path, "a", buffering=1)  # noqa: SIM115 - held for the run
 
     def write(self, event: str, **fields: Any) -> None:
-        line = {"time": round(time.time(), 3), "event": event, **fields}
-        self._file.write(json.dumps(line, sort_keys=True) + "\n")
+        line = _finite({"time": round(time.time(), 3), "event": event, **fields})
+        self._file.write(json.dumps(line, sort_keys=True, allow_nan=False) + "\n")
         self._file.flush()
 
     def close(self) -> None:

@@ -1,0 +1,84 @@
+"""The run directory's files are JSON any reader takes: no NaN or Infinity in them."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainer.rundir import ProgressWriter, read_progress, write_json_atomic
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def strict_loads(text: str):
+    """json.loads as JSON is: Python's own reader takes NaN and Infinity, browsers do not."""
+
+    def refuse(constant: str):
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_write_json_atomic_writes_non_finite_numbers_as_null(tmp_path: Path) -> None:
+    payload = {"eval": {"loss": math.nan, "accuracy": 0.5}, "steps": [1.0, math.inf, -math.inf]}
+
+    write_json_atomic(tmp_path / "result.json", payload)
+
+    assert strict_loads((tmp_path / "result.json").read_text()) == {
+        "eval": {"loss": None, "accuracy": 0.5},
+        "steps": [1.0, None, None],
+    }
+
+
+def test_progress_lines_write_non_finite_numbers_as_null(tmp_path: Path) -> None:
+    writer = ProgressWriter(tmp_path / "progress.jsonl")
+    writer.write("eval", step=2, eval_loss=math.nan, eval_accuracy=0.25)
+    writer.close()
+
+    line = strict_loads((tmp_path / "progress.jsonl").read_text())
+    assert (line["eval_loss"], line["eval_accuracy"]) == (None, 0.25)
+    assert read_progress(tmp_path / "progress.jsonl")[0][0]["eval_loss"] is None
+
+
+@pytest.mark.slow
+def test_worker_whose_eval_loss_is_nan_writes_json_files(tmp_path: Path) -> None:
+    # A model that answers inf only in inference: training goes on, eval loss is NaN, and
+    # result.json and progress.jsonl held `NaN`, which JSON.parse and jq refuse.
+    (tmp_path / "evalinf.py").write_text(
+        "import keras\n"
+        "class Blowup(keras.layers.Layer):\n"
+        "    def call(self, x, training=False):\n"
+        "        return x if training else x * float('inf')\n"
+        "def build(input_shape, num_classes):\n"
+        "    inputs = keras.Input(input_shape)\n"
+        "    x = keras.layers.Dense(num_classes)(keras.layers.Flatten()(inputs))\n"
+        "    return keras.Model(inputs, Blowup()(x))\n"
+    )
+    spec = {
+        "model": {"name": "evalinf:build"},
+        "data": {"format": "synthetic", "params": {"shape": [4, 4], "classes": 2, "size": 64}},
+        "batch_size": 8,
+        "steps": 2,
+        "eval": {"every_steps": 2, "batches": 1},
+        "summaries": {"trace_steps": []},
+    }
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    job_dir = tmp_path / "job"
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", "run", "--spec", str(tmp_path / "spec.json")]
+        + ["--job-dir", str(job_dir)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = strict_loads((job_dir / "result.json").read_text())
+    assert result["eval"]["loss"] is None and 0.0 <= result["eval"]["accuracy"] <= 1.0
+    lines = [strict_loads(line) for line in (job_dir / "progress.jsonl").read_text().splitlines()]
+    assert [line["eval_loss"] for line in lines if line["event"] == "eval"] == [None]

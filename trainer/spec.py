@@ -208,9 +208,12 @@ class DataSpec(_Strict):
     @model_validator(mode="after")
     def _check_source(self) -> DataSpec:
         if self.format == "synthetic":
+            if self.path == "":  # a form's unused path field: nothing named, as with null
+                self.path = None
             if self.path is not None:
                 raise ValueError(
-                    f"`path` must be empty for synthetic data. Received: {self.path!r}"
+                    "Expected no `path` for synthetic data (leave it out, or null). "
+                    f"Received: {self.path!r}"
                 )
             self.params = _validate_nested(SyntheticParams, self.params, "params").model_dump()
         else:

@@ -208,6 +208,15 @@ def test_parse_spec_file_data_needs_path():
     }
 
 
+def test_parse_spec_synthetic_data_takes_an_empty_path_as_none():
+    # An empty path was refused as "`path` must be empty for synthetic data. Received: ''".
+    assert JobSpec.model_validate({"data": {**SYNTHETIC, "path": ""}}).data.path is None
+    assert errors_of({"data": {**SYNTHETIC, "path": "/data/mnist"}}) == {
+        "data": "Expected no `path` for synthetic data (leave it out, or null). "
+        "Received: '/data/mnist'"
+    }
+
+
 def test_parse_spec_steps_and_epochs_conflict():
     assert errors_of({"data": SYNTHETIC, "steps": 10, "epochs": 2}) == {
         "(spec)": "Give `steps` or `epochs`, not both. Received: steps=10, epochs=2"

@@ -2,8 +2,10 @@
 
 Keras wraps an error raised in a layer in a page: "Exception encountered when calling
 X.call().", the reason in ANSI bold, then the arguments the layer received; autograph
-puts a traceback before the error. `one_line` keeps the reason and where it was raised.
-No TensorFlow here: it reads messages only.
+puts a traceback before the error; an op that fails as the step runs (a
+`tf.debugging.assert_*`, a bad index) is "Graph execution error:" and the Python stack
+that defined the op, every frame with its full path. `one_line` keeps the reason and
+where it was raised. No TensorFlow here: it reads messages only.
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ _KERAS_INFER = re.compile(
 )
 # The error itself, the last line of an autograph "in user code:" traceback.
 _RAISED = re.compile(r"^\s*(\w+(?:Error|Exception|Exit)): (.*)$")
+# A TensorFlow op's failure at run time: the node, the stack that defined it, the reason.
+_NODE = re.compile(r"^Detected at node (\S+) defined at \(most recent call last\):$")
+_FRAME = re.compile(r'^\s*File "(?:[^"]*/)?([^"/]+)", line (\d+), in (\S+)$')
+_NOISE = re.compile(r"^(?:Graph execution error:|\s*\[\[\{\{node .*\}\}\]\].*|\s*\[Op:\S+\])$")
 
 
 def one_line(error: BaseException) -> str:
     """`Type: reason` on one line, without ANSI codes, Keras's arguments or a traceback."""
     kind, text = type(error).__name__, _ANSI.sub("", str(error))
-    where = ""
     if text.lstrip().startswith("in user code:"):
         lines = text.splitlines()
         for i, line in enumerate(lines):
@@ -34,9 +39,30 @@ def one_line(error: BaseException) -> str:
             if raised:  # the error after the traceback; Keras's layer page may follow it
                 kind, text = raised.group(1), "\n".join([raised.group(2), *lines[i + 1 :]])
                 break
+    text, where = _graph_error(text)
     call = _KERAS_CALL.search(text)
     if call:
         where = f" (in {call.group(1)}())"
         text = _KERAS_INFER.sub("", call.group(2).strip())
     reason = " ".join(line.strip() for line in text.splitlines() if line.strip())
     return f"{kind}: {reason}{where}"
+
+
+def _graph_error(text: str) -> tuple[str, str]:
+    """A run-time op failure's reason, and where: its node and the last frame of the stack
+    that defined it (the user's line, by file name: the full paths are in the log)."""
+    node = frame = None
+    kept = []
+    for line in text.splitlines():
+        if match := _NODE.match(line):
+            node = match.group(1)
+        elif match := _FRAME.match(line):
+            frame = match
+        elif not _NOISE.match(line):
+            kept.append(line)
+    if node is None:
+        return text, ""
+    where = f"at node {node}"
+    if frame is not None:
+        where += f", {frame.group(1)} line {frame.group(2)}, in {frame.group(3)}"
+    return "\n".join(kept), f" ({where})"

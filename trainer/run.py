@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from trainer.cluster import Cluster, ClusterError, cluster_from_env
+from trainer.errors import one_line
 from trainer.rundir import OUTCOME_EXIT_CODES, ExitCode, Outcome, RunDir, write_json_atomic
 from trainer.spec import JobSpec, field_errors, format_errors
 
@@ -102,9 +103,7 @@ def run_job(job_dir: Path, spec_path: Path | None = None) -> ExitCode:
         return _write_result(rundir, Outcome.INVALID_SPEC, str(e), errors=e.errors)
     except Exception as e:  # noqa: BLE001 - whatever breaks, the job ends with a result.json saying why
         log.error("preparing the job failed:\n%s", traceback.format_exc())
-        return _write_result(
-            rundir, Outcome.FAILED, f"Preparing the job failed: {type(e).__name__}: {e}"
-        )
+        return _write_result(rundir, Outcome.FAILED, f"Preparing the job failed: {one_line(e)}")
     if spec_path.resolve() != rundir.spec.resolve():
         write_json_atomic(rundir.spec, spec.model_dump(mode="json"))
     return _train(spec, job, rundir, stop, cluster)
@@ -145,11 +144,7 @@ def _prepare(spec: JobSpec, cluster: Cluster) -> dict[str, Any]:
     try:
         arrays = load_arrays(spec.data, spec.seed)
     except Exception as e:  # noqa: BLE001 - a corrupt file can raise anything (zlib.error, EOFError, MemoryError)
-        reason = (
-            str(e)
-            if isinstance(e, (DataError, ValueError, OSError))
-            else f"{type(e).__name__}: {e}"
-        )
+        reason = str(e) if isinstance(e, (DataError, ValueError, OSError)) else one_line(e)
         raise InvalidJob(
             f"Cannot load the data: {reason}", [{"field": "data", "message": reason}]
         ) from e
@@ -277,7 +272,7 @@ def _train(
     except Exception as e:  # noqa: BLE001 - any crash becomes a failed result, not a stuck job
         log.error("training failed:\n%s", traceback.format_exc())
         step = controller.at_step if controller is not None else step
-        message = f"{type(e).__name__}: {e}"
+        message = one_line(e)  # the whole traceback is in the log, above
         if strategy is not None:
             from trainer.multiworker import lost_worker
 

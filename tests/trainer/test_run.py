@@ -546,6 +546,32 @@ def test_run_job_crash_in_training_reports_its_step(tmp_path):
     assert result["outcome"] == "failed"
     assert "fuse blew" in result["message"]
     assert result["step"] == 4
+    assert "\n" not in result["message"], result["message"]  # the traceback is in the log
+
+
+def test_run_job_failed_step_is_one_line_without_keras_page(tmp_path):
+    # A custom layer that raises only in training, when the train step is traced: Keras
+    # wraps it in a page (ANSI bold, the arguments received) and autograph in a traceback.
+    # The job's message is the reason and the layer; the log keeps the whole of it.
+    code, result, log = run_custom_model(
+        tmp_path,
+        "picky",
+        "import keras\n"
+        "class Picky(keras.layers.Layer):\n"
+        "    def call(self, x, training=False):\n"
+        "        if training:\n"
+        "            raise ValueError('wants colour images only')\n"
+        "        return x\n"
+        "def build(input_shape, num_classes):\n"
+        "    inputs = keras.Input(input_shape)\n"
+        "    x = Picky()(keras.layers.Flatten()(inputs))\n"
+        "    return keras.Model(inputs, keras.layers.Dense(num_classes)(x))\n",
+        towers=1,
+    )
+    assert code == 1, log
+    assert result["outcome"] == "failed"
+    assert result["message"] == "ValueError: wants colour images only (in Picky.call())"
+    assert "Arguments received by Picky.call()" in log
 
 
 def test_sigterm_during_a_long_eval_stops_without_finishing_it(tmp_path):

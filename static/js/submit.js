@@ -25,6 +25,18 @@ function storedFrom() {
   }
 }
 
+/** Where JSON.parse stopped, as an offset into `text`, from its message; null if it
+ *  does not say. */
+export function parseErrorOffset(message, text) {
+  const position = message.match(/position (\d+)/);
+  if (position) return Math.min(Number(position[1]), text.length);
+  const lineColumn = message.match(/line (\d+) column (\d+)/);
+  if (!lineColumn) return null;
+  const lines = text.split("\n").slice(0, Number(lineColumn[1]) - 1);
+  const start = lines.reduce((n, line) => n + line.length + 1, 0);
+  return Math.min(start + Number(lineColumn[2]) - 1, text.length);
+}
+
 export function mountSubmit(view, query) {
   // Besides the presets, two starts that are no preset: "Draft" (the user's edit) and
   // "From job <id>" (Edit & resubmit); each is listed once there is one.
@@ -134,6 +146,13 @@ export function mountSubmit(view, query) {
       body = JSON.parse(editor.value);
     } catch (error) {
       showErrors("The spec is not valid JSON.", [{ field: "(json)", message: error.message }]);
+      // The caret goes where parsing stopped (Chromium and Firefox say "position N" or
+      // "line L column C"), so a long spec's typo is found without counting.
+      const at = parseErrorOffset(error.message, editor.value);
+      if (at !== null) {
+        editor.focus();
+        editor.setSelectionRange(at, at);
+      }
       return;
     }
     submit.disabled = true;

@@ -325,3 +325,19 @@ def test_jobs_table_fits_tablet_and_laptop_widths(
         session.context.close()
         service.client.post(f"/api/v1/jobs/{running['id']}/cancel")
         service.wait_state(running["id"], "cancelled")
+
+
+def test_invalid_json_puts_the_caret_where_it_broke(session: Session) -> None:
+    """A spec that is not JSON takes the caret to where parsing stopped, so a long spec's
+    typo is found without counting characters to "position 33"."""
+    page = session.page
+    page.goto("/#/submit")
+    editor = page.locator("#spec")
+    text = '{\n  "data": {"format": "synthetic"},\n  "steps": 10,,\n  "towers": 1\n}'
+    editor.fill(text)
+    page.locator("#submit-job").click()
+    expect(page.locator("#form-errors")).to_contain_text("The spec is not valid JSON.")
+    expect(editor).to_be_focused()
+    assert editor.evaluate("el => el.selectionStart") == text.index(",,") + 1
+    expect(editor).to_have_value(text)
+    assert session.errors == []

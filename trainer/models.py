@@ -1,7 +1,8 @@
 """The model registry: builders keyed by the names in `trainer.spec.MODEL_NAMES`.
 
 A builder takes the input shape (H, W, C), the class count and the validated params, and
-returns a Keras model that outputs logits: `num_classes` of them, or one for `logistic`.
+returns a Keras model that outputs logits: `num_classes` of them, or one for `logistic`
+(a custom model on two-class data may also give one: a sigmoid logit).
 """
 
 from __future__ import annotations
@@ -205,12 +206,23 @@ def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int)
             raise ModelError(reason)
         model = BUILDERS[spec.name](input_shape, num_classes, **spec.params)
         output_shape = model.output_shape
+    # Two classes may be one sigmoid logit: `logistic` always, a custom model if it likes.
+    one_logit_ok = spec.name == "logistic" or (spec.is_custom and num_classes == 2)
     expected = 1 if spec.name == "logistic" else num_classes
-    if len(output_shape) != 2 or output_shape[-1] != expected:
+    if len(output_shape) != 2 or output_shape[-1] not in {expected, 1 if one_logit_ok else -1}:
         # A (batch, H, W, classes) map would pass a check of the last axis alone, and then
         # fail in the first step's loss with TensorFlow's traceback instead of this line.
+        alternative = " or (batch, 1) (one sigmoid logit)" if one_logit_ok and expected != 1 else ""
         raise ModelError(
-            f"Expected model {spec.name!r} to output logits of shape (batch, {expected}). "
-            f"Received: output shape {output_shape}"
+            f"Expected model {spec.name!r} to output logits of shape (batch, {expected})"
+            f"{alternative}. Received: output shape {output_shape}"
         )
     return model
+
+
+def is_binary(spec: ModelSpec, model: keras.Model, input_shape: tuple[int, ...]) -> bool:
+    """Whether a model `build_model` accepted gives one sigmoid logit (two classes), not
+    one logit per class (softmax)."""
+    if not spec.is_custom:
+        return spec.name == "logistic"
+    return _output_shape(spec.name, model, input_shape)[-1] == 1

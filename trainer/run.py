@@ -127,7 +127,7 @@ def _prepare(spec: JobSpec, cluster: Cluster) -> dict[str, Any]:
     # TensorFlow only now: a spec error above is reported without paying its import.
     from trainer.data import DataError, load_arrays
     from trainer.devices import setup_devices
-    from trainer.models import ModelError, build_model
+    from trainer.models import ModelError, build_model, is_binary
 
     try:
         devices = setup_devices(
@@ -158,9 +158,16 @@ def _prepare(spec: JobSpec, cluster: Cluster) -> dict[str, Any]:
     try:
         with strategy.scope() if strategy else tf.device(devices.parameter):
             model = build_model(spec.model, arrays.image_shape, arrays.num_classes)
+            binary = is_binary(spec.model, model, arrays.image_shape)
     except (ModelError, ValueError, TypeError) as e:
         raise InvalidJob(str(e), [{"field": "model", "message": str(e)}]) from e
-    return {"devices": devices, "arrays": arrays, "model": model, "strategy": strategy}
+    return {
+        "devices": devices,
+        "arrays": arrays,
+        "model": model,
+        "binary": binary,
+        "strategy": strategy,
+    }
 
 
 def _train(
@@ -197,7 +204,7 @@ def _train(
             "model": model,
             "optimizer": optimizer,
             "parameter_device": devices.parameter,
-            "binary": spec.model.name == "logistic",
+            "binary": job["binary"],
             "weight_decay": spec.weight_decay,
             "clip_norm": spec.clip_norm,
             "ema_decay": spec.ema_decay,

@@ -483,6 +483,39 @@ def test_run_job_trains_and_exports_a_subclassed_custom_model(tmp_path):
     assert exported.serve(np.zeros((2, 8, 8, 1), np.float32)).shape == (2, 4)  # TINY's data
 
 
+ONE_LOGIT = (
+    "import keras\n"
+    "def build(input_shape, num_classes):\n"
+    "    inputs = keras.Input(input_shape)\n"
+    "    x = keras.layers.Dense(16, activation='relu')(keras.layers.Flatten()(inputs))\n"
+    "    return keras.Model(inputs, keras.layers.Dense(1)(x))\n"
+)
+
+
+def test_run_job_custom_model_with_one_sigmoid_logit_for_two_classes(tmp_path):
+    # As `logistic` does: one logit, a sigmoid loss, its sign for the class, and an export
+    # whose probabilities are the sigmoid. It was refused for not giving 2 logits.
+    two_classes = {"format": "synthetic", "params": {"shape": [8, 8], "classes": 2, "size": 512}}
+    code, result, log = run_custom_model(
+        tmp_path, "onelogit", ONE_LOGIT, data=two_classes, towers=1, steps=60
+    )
+    assert code == 0, log
+    assert result["eval"]["accuracy"] > 0.9, result  # synthetic classes are easy to tell apart
+    exported = tf.saved_model.load(str(tmp_path / "job" / "export"))
+    out = exported.signatures["serving_default"](images=tf.zeros((3, 8, 8, 1)))
+    assert out["probabilities"].shape == (3, 1)
+    np.testing.assert_allclose(out["probabilities"], tf.sigmoid(out["logits"]), rtol=1e-6)
+
+
+def test_run_job_custom_model_with_one_logit_for_four_classes_exits_2(tmp_path):
+    code, result, log = run_custom_model(tmp_path, "onelogit", ONE_LOGIT)
+    assert code == 2, log
+    assert result["message"] == (
+        "Expected model 'onelogit:build' to output logits of shape (batch, 4). "
+        "Received: output shape (1, 1)"
+    )
+
+
 def test_run_job_custom_model_that_cannot_run_exits_2(tmp_path):
     code, result, log = run_custom_model(
         tmp_path,

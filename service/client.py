@@ -343,7 +343,8 @@ class ProgressLine:
         self.tty = out.isatty()
         self.shown = ""
         self.last_line_at = 0.0
-        self.last_key: tuple[Any, ...] = ()
+        self.last_state: Any = None
+        self.phases_seen: set[Any] = set()
 
     def text(self, job: dict[str, Any]) -> str:
         p = job.get("progress") or {}
@@ -377,14 +378,17 @@ class ProgressLine:
             self.out.flush()
             self.shown = text
             return
-        # A log file gets a line per state or phase change, or per 10 s.
-        p = job.get("progress") or {}
-        key = (job.get("state"), p.get("phase"))
+        # A log file gets a line per state change and per phase first seen, else one per
+        # 10 s: a job that checkpoints often goes from training to checkpoint and back
+        # a few times a second, and a line for each would bury the rest.
+        state, phase = job.get("state"), (job.get("progress") or {}).get("phase")
         now = time.monotonic()
-        if key != self.last_key or now - self.last_line_at >= 10.0:
+        new = state != self.last_state or (phase is not None and phase not in self.phases_seen)
+        if new or now - self.last_line_at >= 10.0:
             self.out.write(text + "\n")
             self.out.flush()
-            self.last_key, self.last_line_at, self.shown = key, now, text
+            self.last_state, self.last_line_at, self.shown = state, now, text
+            self.phases_seen.add(phase)
 
     def note(self, text: str) -> None:
         """A line of its own between progress lines (the bar is drawn again below it)."""
@@ -392,7 +396,7 @@ class ProgressLine:
             self.out.write("\r" + " " * len(self.shown) + "\r")
         self.out.write(text + "\n")
         self.out.flush()
-        self.shown, self.last_key = "", ()
+        self.shown, self.last_state = "", None  # the next update writes a line
 
     def finish(self, job: dict[str, Any]) -> None:
         if self.tty:

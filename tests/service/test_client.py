@@ -504,6 +504,51 @@ def test_phase_shows_how_far_a_phase_is() -> None:
     assert _phase({}) == ""
 
 
+def test_watch_into_a_file_writes_a_line_per_new_phase_not_per_checkpoint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `submit --watch 2> job.log`: a job checkpointing every 100 steps flips between the
+    # training and checkpoint phases a few times a second, and each flip was a line (360
+    # lines for a 7-minute job). A phase is written when first seen, a state change always,
+    # and otherwise a line per 10 s.
+    import io
+
+    from service.client import ProgressLine
+
+    now = [0.0]
+    monkeypatch.setattr("service.client.time.monotonic", lambda: now[0])
+    out = io.StringIO()
+    line = ProgressLine(out)
+
+    def job(state: str, phase: str | None, step: int) -> dict[str, Any]:
+        progress = {"phase": phase, "step": step, "total": 1000, "percent": step / 10}
+        return {"state": state, "progress": progress if phase else None}
+
+    line.update(job("queued", None, 0))
+    line.update(job("running", None, 0))
+    line.update(job("running", "starting", 0))
+    for step in range(100, 600, 100):
+        now[0] += 0.3
+        line.update(job("running", "training", step - 50))
+        line.update(job("running", "checkpoint", step))
+    line.update(job("running", "eval", 600))
+    now[0] += 10.0
+    line.update(job("running", "training", 700))
+    line.finish(job("succeeded", "done", 1000))
+    pattern = re.compile(r"\]\s+(?:[\d.]+%|-)\s+(.+?) step ")
+    phases = [pattern.search(text)[1] for text in out.getvalue().splitlines()]  # type: ignore[index]
+    assert phases == [
+        "queued",
+        "running",
+        "running (starting)",
+        "running (training)",
+        "running (checkpoint)",
+        "running (eval)",
+        "running (training)",  # 10 s on
+        "succeeded",
+    ]
+
+
 def test_serve_refuses_a_taken_port_before_touching_jobs(
     make_service: Callable[..., Service], tmp_path: Path
 ) -> None:

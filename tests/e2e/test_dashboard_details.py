@@ -1,7 +1,9 @@
 """What a demanding user of the dashboard notices, in headless Chromium against a real
-service whose worker is the harness's stand-in (it runs until cancelled, or ends at once):
-a mangled link, what the page says once a job has ended, the log through a restart,
-contrast, and the submit form's odd inputs."""
+service whose worker is a stand-in (the harness's, which runs until cancelled or ends at
+once, or TRACE_WORKER below): a mangled link, what the page says once a job has ended or
+was cancelled, the log through a restart, a trace asked for from the job page, contrast
+and names for assistive technology, the jobs table at tablet and laptop widths, and the
+submit form's odd inputs. No model is trained here, so none of it is marked slow."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import LAPTOP, Session, open_session
 from tests.service.harness import Service, fake_worker_env, job_spec
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
 
 # `python -m trace_worker run --job-dir DIR`: a step every 0.2 s until SIGTERM; takes the
 # service's profile request as the trainer does (at a report, deleting the file) and

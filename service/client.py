@@ -138,8 +138,21 @@ class Client:
             raise self._unreachable(error) from error
         return self.check(response)
 
+    def request_json(self, method: str, path: str, **kwargs: Any) -> tuple[httpx.Response, Any]:
+        """`request`, and its body as JSON: anything else is not the service answering (a
+        wrong port, or a proxy's sign-in page)."""
+        response = self.request(method, path, **kwargs)
+        try:
+            return response, response.json()
+        except ValueError:
+            kind = response.headers.get("content-type", "no content type").partition(";")[0]
+            raise ClientError(
+                f"{self.url} answered {path} with {kind or 'no content type'}, not the "
+                "service's JSON: is --url (or TOWERBOARD_URL) a Towerboard service?"
+            ) from None
+
     def get(self, path: str, **kwargs: Any) -> Any:
-        return self.request("GET", path, **kwargs).json()
+        return self.request_json("GET", path, **kwargs)[1]
 
     def patiently(self, call: Callable[[], _T], note: Callable[[str], None]) -> _T:
         """`call()`, tried again each second while the service cannot be reached, for up
@@ -488,7 +501,7 @@ def _read_spec(path: str) -> dict[str, Any]:
 def submit(client: Client, args: argparse.Namespace) -> int:
     spec = _read_spec(args.spec)
     try:
-        job = client.request("POST", "/api/v1/jobs", json=spec).json()
+        job = client.request_json("POST", "/api/v1/jobs", json=spec)[1]
     except ClientError as error:
         if error.code == EXIT_USAGE:
             source = "the spec from stdin" if args.spec == "-" else args.spec
@@ -615,8 +628,7 @@ def logs(client: Client, args: argparse.Namespace) -> int:
 
 
 def cancel(client: Client, args: argparse.Namespace) -> int:
-    response = client.request("POST", f"/api/v1/jobs/{args.id}/cancel")
-    job = response.json()
+    response, job = client.request_json("POST", f"/api/v1/jobs/{args.id}/cancel")
     if response.status_code == 202:
         sys.stderr.write(f"cancel requested: job {job['id']} checkpoints and stops\n")
     if args.wait and job["state"] not in TERMINAL:
@@ -840,8 +852,7 @@ def tensorboard(client: Client, args: argparse.Namespace) -> int:
     body: dict[str, Any] = {"job_ids": args.jobs} if args.jobs else {}
     if args.merge:
         body["merge"] = True
-    started = client.request("POST", "/api/v1/tensorboard", json=body)
-    board = started.json()
+    started, board = client.request_json("POST", "/api/v1/tensorboard", json=body)
     # `replaced` stays in the status for the instance's life; this start did it only when
     # it started a new one (201).
     replaced = board.get("replaced") if started.status_code == 201 else None

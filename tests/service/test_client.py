@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -459,6 +460,43 @@ def test_submit_spec_not_utf8_is_one_line_exit_2(tmp_path: Path) -> None:
         "towerboard: error: cannot read the spec stdin: it is not UTF-8 text "
         "(invalid start byte at byte 0); save it as UTF-8 JSON"
     )
+
+
+def test_url_of_something_else_than_the_service_is_one_line(tmp_path: Path) -> None:
+    # --url at another web server (a wrong port, or a proxy's sign-in page) that answers
+    # 200 with HTML: it was a JSONDecodeError traceback.
+    import http.server
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the handler's own name)
+            self.send_response(200)
+            self.send_header("content-type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<html>Sign in</html>")
+
+        do_POST = do_GET  # noqa: N815
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(job_spec()))
+    try:
+        for args in (("status", "abc"), ("status",), ("submit", str(spec)), ("cancel", "abc")):
+            result = towerboard(*args, url=url)
+            assert result.returncode == 1, (args, result.stderr)
+            path = "/api/v1/jobs" + ("/abc" if "abc" in args else "")
+            path += "/cancel" if args[0] == "cancel" else ""
+            assert one_error_line(result) == (
+                f"towerboard: error: {url} answered {path} with text/html, not the "
+                "service's JSON: is --url (or TOWERBOARD_URL) a Towerboard service?"
+            ), args
+    finally:
+        server.shutdown()
 
 
 def test_output_cut_short_by_its_reader_ends_quietly(

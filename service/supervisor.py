@@ -77,6 +77,7 @@ class Supervisor:
         self._stop = threading.Event()
         self._starting = threading.Event()  # cleared: start no more workers (shutting down)
         self._starting.set()
+        self._stopping_workers = threading.Event()  # set: stop_workers sent the SIGTERMs
         self._thread: threading.Thread | None = None
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -102,7 +103,11 @@ class Supervisor:
         """
         if self._starting.is_set():
             log.info(
-                "Shutting down: no more workers will be started; running ones are left to the next service"
+                "Shutting down: no more workers will be started; running ones are %s",
+                "stopped at a checkpoint (TOWERBOARD_STOP_WORKERS_ON_EXIT), to resume on the "
+                "next start"
+                if self._settings.stop_workers_on_exit
+                else "left to the next service",
             )
         self._starting.clear()
 
@@ -110,6 +115,7 @@ class Supervisor:
         """SIGTERM every running worker and wait up to `timeout` s for them to end; True if
         all did. Each checkpoints and exits 3, and with no cancel asked for its job goes
         back to the queue, to resume from that step (call `stop_starting` first)."""
+        self._stopping_workers.set()  # their exit 3 is this stop's, not a stranger's
         for worker in list(self._workers.values()):
             worker.terminate()
         deadline = time.monotonic() + timeout
@@ -247,6 +253,10 @@ class Supervisor:
         result = run.read_result() if inside(run.root, run.result) else None
         cancel_requested = job.cancel_requested_at is not None
         why = interrupted(exit, result, cancel_requested=cancel_requested)
+        if why is not None and self._stopping_workers.is_set():
+            why = "its worker stopped after a checkpoint as the service shut down"
+            self._requeue(job, why, expected=True)
+            return
         if why is not None:
             self._requeue(job, why)
             return
@@ -274,14 +284,18 @@ class Supervisor:
         )
         self._publish_state(job.id)
 
-    def _requeue(self, job: JobRecord, why: str, *, killed: bool = False) -> None:
+    def _requeue(
+        self, job: JobRecord, why: str, *, killed: bool = False, expected: bool = False
+    ) -> None:
         """Running -> queued with attempts + 1 (and crashes + 1 if its worker was killed);
-        the next attempt resumes from the latest checkpoint."""
+        the next attempt resumes from the latest checkpoint. `expected`: the service's own
+        doing, logged as information rather than a warning."""
         # False: no longer running (finished since)
         requeued = self._store.requeue(job.id, crashed=killed)
         self._forget(job.id)
         if requeued:
-            log.warning(
+            log.log(
+                logging.INFO if expected else logging.WARNING,
                 "Job %s: %s; requeued as attempt %d to resume from its latest checkpoint",
                 job.id,
                 why,

@@ -431,3 +431,29 @@ def test_stop_workers_on_exit_checkpoints_them_for_the_next_service(
     assert starts == [0, stopped["step"]]
     assert service.client.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 202
     assert service.wait_state(job_id, "cancelled", "failed", "succeeded")["state"] == "cancelled"
+
+
+def test_stop_workers_on_exit_logs_what_it_does(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # With TOWERBOARD_STOP_WORKERS_ON_EXIT the stop said "running ones are left to the next
+    # service" and then warned of "a SIGTERM nobody asked for": the service's own.
+    env = {**fake_worker_env(tmp_path), "TOWERBOARD_STOP_WORKERS_ON_EXIT": "true"}
+    service = make_service(env=env)
+    service.start()
+    job = service.submit(job_spec(name="sleepy"))  # the stand-in runs until SIGTERM, exits 3
+    service.wait_state(job["id"], "running")
+    service.stop()
+    log = service.log.read_text()
+    assert "running ones are left to the next service" not in log
+    assert "nobody asked for" not in log
+    assert (
+        "Shutting down: no more workers will be started; running ones are stopped at a "
+        "checkpoint (TOWERBOARD_STOP_WORKERS_ON_EXIT), to resume on the next start"
+    ) in log
+    assert re.search(
+        rf"INFO service\.supervisor: Job {job['id']}: its worker stopped after a checkpoint "
+        r"as the service shut down; requeued as attempt 2 to resume from its "
+        r"latest checkpoint",
+        log,
+    ), log

@@ -64,7 +64,8 @@ def _serve(args: argparse.Namespace) -> int:
             )
             shown = "input" in item and field != "token"  # never a secret into a log
             received = f". Received: {item['input']!r}" if shown else ""
-            log.error("Invalid %s: %s%s", name, item["msg"], received)
+            message = item["msg"].removeprefix("Value error, ")
+            log.error("Invalid %s: %s%s", name, message, received)
         return EXIT_BAD_SETTING
     # The port and the data dir's lock are checked before the app starts: its start-up
     # adopts running workers and starts queued jobs, and a service that then could not

@@ -893,10 +893,28 @@ def tensorboard(client: Client, args: argparse.Namespace) -> int:
 # --- wiring --------------------------------------------------------------------------
 
 
+def _token_from_env() -> str | None:
+    """TOWERBOARD_TOKEN without the whitespace around it (as the service reads it: a header
+    value cannot keep it), or None; a usage error if a header cannot carry it."""
+    token = os.environ.get("TOWERBOARD_TOKEN", "").strip()
+    if not all(" " <= c <= "~" for c in token):
+        raise ClientError(
+            "TOWERBOARD_TOKEN holds characters an HTTP header cannot carry (expected "
+            "printable ASCII only)",
+            EXIT_USAGE,
+        )
+    return token or None
+
+
 def _run(verb: Callable[[Client, argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per request
-        client = Client(args.url, os.environ.get("TOWERBOARD_TOKEN") or None)
+        try:
+            token = _token_from_env()
+        except ClientError as error:
+            sys.stderr.write(f"towerboard: error: {error.message}\n")
+            return error.code
+        client = Client(args.url, token)
         try:
             code = verb(client, args)
             sys.stdout.flush()  # here, where a closed pipe can still be handled

@@ -89,8 +89,26 @@ class Settings(BaseSettings):
 
     @field_validator("token", mode="before")
     @classmethod
-    def _empty_token_is_none(cls, value: object) -> object:
-        return None if value == "" else value
+    def _token(cls, value: object) -> object:
+        """Empty is unset; whitespace around it is dropped (a header value loses it, so a
+        token kept with it could never match); what a header cannot carry is refused.
+        The messages never show the token: they go to the log."""
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        if not isinstance(value, str):
+            return value
+        if value == "":
+            return None
+        token = value.strip()
+        if not token:
+            raise ValueError(
+                "Expected a token, not only whitespace (leave it empty or unset for no token)"
+            )
+        if not all(" " <= c <= "~" for c in token):
+            raise ValueError(
+                "Expected printable ASCII characters only: the token travels in an HTTP header"
+            )
+        return token
 
     @field_validator("gpus")
     @classmethod

@@ -534,6 +534,25 @@ def test_token_from_environment(make_service: Callable[..., Service]) -> None:
     assert right.stdout == "no jobs\n"
 
 
+def test_token_with_whitespace_around_it(make_service: Callable[..., Service]) -> None:
+    # `TOWERBOARD_TOKEN="cli-token "` on both sides: the service never matched a header (its
+    # value loses the space), and the CLI failed with "cannot reach the service ...
+    # LocalProtocolError: Illegal header value" (exit 3, as if the service were down).
+    secured = make_service(env={"TOWERBOARD_TOKEN": "cli-token "})
+    secured.start()
+    right = towerboard("status", url=secured.base_url, env={"TOWERBOARD_TOKEN": "cli-token \n"})
+    assert right.returncode == 0, right.stderr
+    assert right.stdout == "no jobs\n"
+    headers = {"Authorization": "Bearer cli-token"}
+    assert httpx.get(f"{secured.base_url}/api/v1/jobs", headers=headers).status_code == 200
+    bad = towerboard("status", url=secured.base_url, env={"TOWERBOARD_TOKEN": "cli\x01token"})
+    assert bad.returncode == 2
+    assert one_error_line(bad) == (
+        "towerboard: error: TOWERBOARD_TOKEN holds characters an HTTP header cannot carry "
+        "(expected printable ASCII only)"
+    )
+
+
 def test_phase_shows_how_far_a_phase_is() -> None:
     from service.client import _phase
 

@@ -45,3 +45,32 @@ def test_read_settings_duplicate_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
         ValidationError, match=r"Expected distinct GPU ids >= 0. Received: \[0, 0\]"
     ):
         Settings()
+
+
+def test_read_settings_token_whitespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `TOWERBOARD_TOKEN="s3cret "` (a space from a copy, or a line end from a file): the
+    # header's value loses the space, so no request could ever match; it is dropped.
+    monkeypatch.setenv("TOWERBOARD_TOKEN", " s3cret \n")
+    token = Settings().token
+    assert token is not None and token.get_secret_value() == "s3cret"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("   ", "Expected a token, not only whitespace"),
+        ("s3c\x01ret", "Expected printable ASCII characters only"),
+        ("sécret", "Expected printable ASCII characters only"),
+    ],
+)
+def test_read_settings_token_refused(
+    monkeypatch: pytest.MonkeyPatch, value: str, message: str
+) -> None:
+    # Whitespace alone would have been a token no client can send (not no token: that
+    # would turn auth off); so would a character a header cannot carry.
+    monkeypatch.setenv("TOWERBOARD_TOKEN", value)
+    with pytest.raises(ValidationError, match=message) as raised:
+        Settings()
+    # What `towerboard serve` logs of it: the message, never the secret.
+    [error] = raised.value.errors()
+    assert value.strip() not in error["msg"] or not value.strip()

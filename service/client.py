@@ -523,6 +523,24 @@ def submit(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK if job["state"] == "succeeded" else EXIT_FAILED
 
 
+_PAGE_MOST = 200  # the API's largest page
+
+
+def _jobs(client: Client, limit: int, states: list[str]) -> dict[str, Any]:
+    """The newest `limit` jobs as one page of the API's shape, read a page at a time."""
+    data: list[dict[str, Any]] = []
+    cursor: str | None = None
+    while True:
+        params: list[tuple[str, str | int]] = [("limit", min(_PAGE_MOST, limit - len(data)))]
+        params += [("state", state) for state in states]
+        params += [("cursor", cursor)] if cursor else []
+        page: dict[str, Any] = client.get("/api/v1/jobs", params=params)
+        data += page["data"]
+        cursor = page.get("next_cursor")
+        if not cursor or len(data) >= limit:
+            return {**page, "data": data}
+
+
 def status(client: Client, args: argparse.Namespace) -> int:
     if args.id:
         job = client.job(args.id)
@@ -564,9 +582,7 @@ def status(client: Client, args: argparse.Namespace) -> int:
             for log_line in job["error"]["log_tail"]:
                 sys.stdout.write(f"  {log_line}\n")
         return EXIT_OK
-    params: list[tuple[str, str | int]] = [("limit", args.limit)]
-    params += [("state", state) for state in args.state or []]
-    page = client.get("/api/v1/jobs", params=params)
+    page = _jobs(client, args.limit, args.state or [])
     if args.json:
         sys.stdout.write(json.dumps(page, indent=2) + "\n")
         return EXIT_OK
@@ -1006,10 +1022,10 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
     )
     p.add_argument(
         "--limit",
-        type=_count(200),
+        type=_count(100_000),
         default=50,
         metavar="N",
-        help="most jobs to list (1-200, default 50)",
+        help="most jobs to list, newest first (default 50)",
     )
     p.add_argument("--json", action="store_true", help="print the API's JSON")
 

@@ -29,6 +29,7 @@ from tests.service.harness import (
     long_job,
     processes_under,
 )
+from trainer.spec import JobSpec
 
 pytestmark = pytest.mark.slow
 
@@ -551,6 +552,28 @@ def test_token_with_whitespace_around_it(make_service: Callable[..., Service]) -
         "towerboard: error: TOWERBOARD_TOKEN holds characters an HTTP header cannot carry "
         "(expected printable ASCII only)"
     )
+
+
+def test_status_lists_more_than_one_page(make_service: Callable[..., Service]) -> None:
+    # The API gives at most 200 jobs a page; --limit stopped at 200 too, and past it the
+    # listing said "... 50 more (use --limit)" with no --limit left to use.
+    service = make_service()
+    store = JobStore(service.data_dir / "towerboard.db")
+    spec = JobSpec.model_validate(job_spec(name="old")).model_dump(mode="json")
+    for _ in range(230):
+        store.cancel_queued(store.create(spec).id)  # ended before the service starts
+    store.close()
+    service.start()
+    listing = towerboard("status", "--limit", "500", url=service.base_url)
+    assert listing.returncode == 0, listing.stderr
+    header, *rows = listing.stdout.splitlines()
+    assert len(rows) == 230 and len({row.split()[0] for row in rows}) == 230
+    some = towerboard("status", "--limit", "210", url=service.base_url)
+    assert some.stdout.splitlines()[-1] == "... 20 more (use --limit)"
+    assert len(some.stdout.splitlines()) == 1 + 210 + 1
+    as_json = towerboard("status", "--limit", "201", "--json", url=service.base_url)
+    page = json.loads(as_json.stdout)
+    assert len(page["data"]) == 201 and page["count"] == 230 and page["next_cursor"]
 
 
 def test_phase_shows_how_far_a_phase_is() -> None:

@@ -909,6 +909,15 @@ def tensorboard(client: Client, args: argparse.Namespace) -> int:
 # --- wiring --------------------------------------------------------------------------
 
 
+def _url_from_env() -> str:
+    """TOWERBOARD_URL, or the default; a usage error naming the variable if it is no URL."""
+    value = os.environ.get("TOWERBOARD_URL") or DEFAULT_URL
+    try:
+        return _url(value)
+    except argparse.ArgumentTypeError as error:
+        raise ClientError(f"TOWERBOARD_URL: {error}", EXIT_USAGE) from None
+
+
 def _token_from_env() -> str | None:
     """TOWERBOARD_TOKEN without the whitespace around it (as the service reads it: a header
     value cannot keep it), or None; a usage error if a header cannot carry it."""
@@ -927,10 +936,11 @@ def _run(verb: Callable[[Client, argparse.Namespace], int]) -> Callable[[argpars
         logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per request
         try:
             token = _token_from_env()
+            url = args.url or _url_from_env()
         except ClientError as error:
             sys.stderr.write(f"towerboard: error: {error.message}\n")
             return error.code
-        client = Client(args.url, token)
+        client = Client(url, token)
         try:
             code = verb(client, args)
             sys.stdout.flush()  # here, where a closed pipe can still be handled
@@ -992,9 +1002,8 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--url",
-        default=os.environ.get("TOWERBOARD_URL") or DEFAULT_URL,
-        type=_url,
-        help="the service (default $TOWERBOARD_URL, else %(default)s); "
+        type=_url,  # TOWERBOARD_URL is read (and judged, by its own name) in `_run`
+        help=f"the service (default $TOWERBOARD_URL, else {DEFAULT_URL}); "
         "the token comes from $TOWERBOARD_TOKEN",
     )
 

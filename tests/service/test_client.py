@@ -500,6 +500,19 @@ def test_url_of_something_else_than_the_service_is_one_line(tmp_path: Path) -> N
         server.shutdown()
 
 
+def test_bad_url_from_the_environment_names_the_variable() -> None:
+    # It said "argument --url: ..." to someone who never gave --url.
+    result = towerboard("status", url="localhost:8000")
+    assert result.returncode == 2, result.stderr
+    assert one_error_line(result) == (
+        "towerboard: error: TOWERBOARD_URL: expected the service's URL, like "
+        "http://127.0.0.1:8000. Received: 'localhost:8000'"
+    )
+    # --url wins over it, bad or not.
+    down = towerboard("status", "--url", "http://127.0.0.1:1", url="localhost:8000")
+    assert down.returncode == 3, down.stderr
+
+
 def test_output_cut_short_by_its_reader_ends_quietly(
     service: Service, watched: dict[str, Any]
 ) -> None:

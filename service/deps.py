@@ -52,11 +52,19 @@ async def get_settings(request: Request) -> Settings:
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
+def job_not_found(job_id: str) -> str:
+    """The 404's message; an id past any real one's length is cut, not sent back whole."""
+    shown = (
+        repr(job_id[:200])[:-1] + "..." + repr(job_id)[-1] if len(job_id) > 200 else repr(job_id)
+    )
+    return f"Job {shown} not found."
+
+
 async def get_job(job_id: str, runtime: RuntimeDep) -> JobRecord:
     # A primary-key read on the event loop: quicker than a hop to the thread pool.
     job = runtime.store.get(job_id)
     if job is None:
-        raise HTTPException(404, f"Job {job_id!r} not found.")
+        raise HTTPException(404, job_not_found(job_id))
     return job
 
 

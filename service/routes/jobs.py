@@ -27,7 +27,15 @@ from service.checkpoints import (
     list_checkpoints,
     open_archive,
 )
-from service.deps import JobDep, Runtime, RuntimeDep, SettingsDep, check_query, known_query
+from service.deps import (
+    JobDep,
+    Runtime,
+    RuntimeDep,
+    SettingsDep,
+    check_query,
+    job_not_found,
+    known_query,
+)
 from service.downloads import MEDIA_TYPE, archive_response
 from service.errors import FieldErrors
 from service.events import JobEvent, next_event, sse_response
@@ -90,7 +98,7 @@ async def read_job(job_id: str, request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
     body = runtime.job_json.get(job_id)
     if body is None:
-        raise HTTPException(404, f"Job {job_id!r} not found.")
+        raise HTTPException(404, job_not_found(job_id))
     return Response(body, media_type=_JSON)
 
 

@@ -116,3 +116,15 @@ def test_known_query_parameters_still_work(service: Service) -> None:
     # The TensorBoard proxy passes TensorBoard's own parameters through untouched.
     proxied = service.client.get("/tensorboard/data/runs", params={"experiment": "x"})
     assert proxied.status_code == 503  # not running; not a 422
+
+
+def test_unknown_job_id_is_not_echoed_whole(service: Service) -> None:
+    # A 10 KB "id" came back whole in the 404's message (and in every log that keeps it).
+    long_id = "x" * 10_000
+    for path in (f"/api/v1/jobs/{long_id}", f"/api/v1/jobs/{long_id}/logs"):
+        response = service.client.get(path)
+        assert response.status_code == 404
+        assert response.json()["detail"] == f"Job '{'x' * 200}...' not found."
+    assert service.client.get("/api/v1/jobs/nosuchjob").json()["detail"] == (
+        "Job 'nosuchjob' not found."
+    )

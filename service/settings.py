@@ -53,7 +53,10 @@ class Settings(BaseSettings):
         30.0, gt=0, description="Stop the TensorBoard after this long without a request."
     )
     cancel_grace_seconds: float = Field(
-        30.0, gt=0, description="SIGKILL a cancelled worker that has not exited after SIGTERM."
+        30.0,
+        gt=0,
+        description="SIGKILL a cancelled worker that has not exited after SIGTERM, or one "
+        "that has written its result and not exited.",
     )
     crash_retries: int = Field(
         2,

@@ -4,6 +4,11 @@ Every `poll_seconds` (or at once when woken by a submit or cancel) it
   1. tails each running job's progress.jsonl into the store and out to event listeners,
   2. sends SIGTERM to workers whose job was cancelled, SIGKILL after the grace period,
   3. reaps workers that ended and records the final state (see `service.outcomes`),
+     as soon as a worker has written result.json, its last file: a worker's exit can
+     take seconds more (TensorFlow's memory going back to the system, at a low CPU
+     priority on a busy host; 30 s was seen), and the job is over. Its devices stay held
+     until the process is gone, and one that has not exited within the cancel grace
+     period is killed,
   4. starts the queued jobs the scheduler places on free devices.
 
 On start it recovers from a previous service: a living worker is adopted, a job whose
@@ -38,7 +43,7 @@ from service.scheduler import never_fit, next_placements
 from service.settings import Settings
 from service.store import JobRecord, JobState, JobStore
 from service.workers import Worker, WorkerExit, adopt_worker, spawn_worker
-from trainer.rundir import RunDir, read_progress
+from trainer.rundir import OUTCOME_EXIT_CODES, Outcome, RunDir, read_progress
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +58,16 @@ class _Tail:
     offset: int
     progress: dict[str, Any] | None
     eval: dict[str, Any] | None
+
+
+@dataclass
+class _Exiting:
+    """A worker whose job is over (it wrote result.json) and whose process has not ended."""
+
+    job_id: str
+    worker: Worker
+    devices: list[str]
+    since: float
 
 
 class Supervisor:
@@ -70,6 +85,7 @@ class Supervisor:
         self._publish = publish
         self._workers: dict[str, Worker] = {}
         self._tails: dict[str, _Tail] = {}
+        self._exiting: dict[str, _Exiting] = {}
         # The last error logged per guarded part ((job id, part) or ("", "schedule")), so a
         # failure that repeats every tick is logged once, not five times a second.
         self._errors: dict[tuple[str, str], str] = {}
@@ -164,7 +180,16 @@ class Supervisor:
 
     # --- one pass ----------------------------------------------------------------------
 
+    def held_after_their_jobs(self) -> dict[str, str]:
+        """Devices still held by the process of a job that is over: device -> job id."""
+        return {
+            device: exiting.job_id
+            for exiting in list(self._exiting.values())
+            for device in exiting.devices
+        }
+
     def tick(self) -> None:
+        self._reap_exiting()
         running = {job.id: job for job in self._store.running()}
         for job_id, worker in list(self._workers.items()):
             job = running.get(job_id)
@@ -185,6 +210,40 @@ class Supervisor:
         if exit is not None:
             self._read_progress_guarded(job.id)  # the last lines, written just before the exit
             self._ended(job, exit, killed=worker.killed)
+            return
+        told = self._told_exit(job)
+        if told is not None:
+            self._read_progress_guarded(job.id)  # the end line, written before result.json
+            self._exiting[job.id] = _Exiting(job.id, worker, list(job.devices), time.monotonic())
+            self._ended(job, told, killed=False)
+
+    def _told_exit(self, job: JobRecord) -> WorkerExit | None:
+        """The exit a running worker's result.json announces, when that ends its job (not a
+        stop that requeues it, whose next attempt must wait for this process to be gone)."""
+        run = self.run_dir(job.id)
+        result = run.read_result() if inside(run.root, run.result) else None
+        if not isinstance(result, dict):
+            return None
+        try:
+            outcome = Outcome(str(result.get("outcome")))
+        except ValueError:
+            return None  # not the trainer's: let the exit code decide
+        if outcome is Outcome.CANCELLED and job.cancel_requested_at is None:
+            return None
+        return WorkerExit(code=int(OUTCOME_EXIT_CODES[outcome]))
+
+    def _reap_exiting(self) -> None:
+        grace = self._settings.cancel_grace_seconds
+        for job_id, exiting in list(self._exiting.items()):
+            if exiting.worker.poll() is not None:
+                del self._exiting[job_id]
+            elif not exiting.worker.killed and time.monotonic() - exiting.since > grace:
+                log.warning(
+                    "Job %s: its worker wrote its result %g s ago and has not exited; killing it",
+                    job_id,
+                    grace,
+                )
+                exiting.worker.kill()
 
     @contextmanager
     def _guard(self, key: tuple[str, str], what: str) -> Iterator[None]:
@@ -319,6 +378,7 @@ class Supervisor:
                 self._publish_state(job.id)
         queued = [job for job in queued if job not in unfit]
         held = [device for job in self._store.running() for device in job.devices]
+        held += self.held_after_their_jobs()
         for placement in next_placements(queued, self._pool, held):
             self._start(placement.job, placement.devices)
 

@@ -12,9 +12,12 @@ router = APIRouter(prefix="/devices", tags=["devices"])
 
 @router.get("", response_model=DevicesPublic)
 async def read_devices(runtime: RuntimeDep) -> DevicesPublic:
-    """Each GPU (or, on a CPU-only host, each job slot) and the running job holding it."""
+    """Each GPU (or, on a CPU-only host, each job slot) and the job holding it: a running
+    one, or one whose worker is still exiting."""
     pool = runtime.pool
-    holders = {device: job.id for job in runtime.store.running() for device in job.devices}
+    # A job that has ended holds its devices until its worker process is gone.
+    holders = runtime.supervisor.held_after_their_jobs()
+    holders.update({device: job.id for job in runtime.store.running() for device in job.devices})
     return DevicesPublic(
         data=[
             DevicePublic(id=device, kind="gpu" if pool.gpu else "cpu", job_id=holders.get(device))

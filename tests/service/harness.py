@@ -57,8 +57,8 @@ def long_job(**changes: Any) -> dict[str, Any]:
 
 
 # A stand-in worker, `python -m fake_worker run --job-dir DIR`, for what the real trainer
-# never does on purpose: ignore SIGTERM, write a progress line the store cannot take, or
-# swap a link in for its worker.log. It keeps the run-directory contract (progress lines,
+# never does on purpose: ignore SIGTERM, write a progress line the store cannot take,
+# swap a link in for its worker.log, or take seconds (or forever) to exit after its result. It keeps the run-directory contract (progress lines,
 # result.json, the exit codes) and does what its spec's name says.
 FAKE_WORKER = """\
 import json, signal, sys, time
@@ -89,6 +89,12 @@ if behaviour == "quick":
 elif behaviour == "poison":  # a step too large for a SQLite integer
     progress(event="progress", step=1, total=10, loss=0.5)
     progress(event="progress", step=2**70, total=10, loss=0.25)
+elif behaviour in ("linger", "hang"):  # done, and then slow to exit, or never exits
+    progress(event="end", step=10, total=10, outcome="succeeded", phase="done")
+    (job_dir / "result.json").write_text(json.dumps({"outcome": "succeeded", "message": "done"}))
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(8 if behaviour == "linger" else 3600)
+    sys.exit(0)
 elif behaviour == "leak":  # worker.log becomes a link to a file beside the data dir
     log = job_dir / "worker.log"
     log.unlink()

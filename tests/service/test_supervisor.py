@@ -151,6 +151,52 @@ def test_cancel_job_killed_after_grace(
     assert pid not in worker_pids(service, job["id"])
 
 
+def test_job_ends_at_its_result_and_its_device_waits_for_the_worker_to_exit(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # A worker that has written result.json can take seconds more to exit (TensorFlow's
+    # teardown at a low CPU priority on a busy host); its job is over, so it says so. Its
+    # device is not free until the process is gone: the next job waits for it.
+    service = make_service(env={"TOWERBOARD_CPU_JOBS": "1", **fake_worker_env(tmp_path)})
+    service.start()
+    first = service.submit(job_spec(name="linger"))  # exits 8 s after its result
+    second = service.submit(job_spec(name="quick"))
+    done = service.wait_state(first["id"], "succeeded", "failed", "cancelled")
+    pid = worker_pid(service, first["id"])  # still there
+    devices = service.client.get("/api/v1/devices").json()["data"]
+    assert done["state"] == "succeeded" and done["result"]["message"] == "done", done
+    assert done["progress"]["phase"] == "done"
+    assert [device["job_id"] for device in devices] == [first["id"]]
+    assert service.job(second["id"])["state"] == "queued"
+
+    assert service.wait_state(second["id"], "succeeded")["state"] == "succeeded"
+    assert pid not in worker_pids(service, first["id"])
+    assert service.job(first["id"])["state"] == "succeeded"
+
+
+def test_worker_that_never_exits_after_its_result_is_killed_after_the_grace(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    service = make_service(
+        env={
+            "TOWERBOARD_CPU_JOBS": "1",
+            "TOWERBOARD_CANCEL_GRACE_SECONDS": "1",
+            **fake_worker_env(tmp_path),
+        }
+    )
+    service.start()
+    first = service.submit(job_spec(name="hang"))  # sleeps an hour after its result
+    second = service.submit(job_spec(name="quick"))
+    assert service.wait_state(first["id"], "succeeded")["state"] == "succeeded"
+    assert service.wait_state(second["id"], "succeeded", timeout=30)["state"] == "succeeded"
+    assert worker_pids(service, first["id"]) == []
+    assert service.job(first["id"])["state"] == "succeeded"  # the kill changes nothing
+    assert (
+        f"Job {first['id']}: its worker wrote its result 1 s ago and has not exited; killing it"
+        in service.log.read_text()
+    )
+
+
 def test_worker_sigterm_without_cancel_requeued_and_resumes(
     make_service: Callable[..., Service],
 ) -> None:

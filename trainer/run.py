@@ -61,6 +61,9 @@ def _write_result(rundir: RunDir, outcome: Outcome, message: str, **fields: Any)
             **fields,
         },
     )
+    # The log's last line says how the job ended, as result.json does (a cancelled job's
+    # log otherwise ends on whatever TensorFlow printed last).
+    log.info("%s (exit %d): %s", outcome.value, int(code), message)
     return code
 
 

@@ -321,6 +321,15 @@ def test_resume_after_sigterm_equals_uninterrupted(tmp_path):
     assert stopped["outcome"] == "cancelled"
     assert 100 <= stopped["step"] < 1500, "SIGTERM must land mid-run for this test to mean anything"
     assert stopped["checkpoint"] == f"checkpoints/ckpt-{stopped['step']}"
+    # The log ends saying so too, not on whatever TensorFlow printed last.
+    assert (
+        log.rstrip()
+        .splitlines()[-1]
+        .endswith(
+            f"INFO trainer: cancelled (exit 3): Stopped by SIGTERM at step {stopped['step']}, "
+            "after a checkpoint."
+        )
+    ), log[-2000:]
 
     code, resumed, log = run_worker(interrupted)
     assert code == 0, log

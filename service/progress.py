@@ -6,6 +6,7 @@ stores what these return.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from service.store import MetricPoint
@@ -24,9 +25,12 @@ _SNAPSHOT_FIELDS = ("loss", "accuracy", "examples_per_sec", "eta_seconds", "lear
 
 
 def _number(value: Any) -> float | None:
+    """A finite number, else None: a NaN or infinity (Python's json reads `NaN`, which
+    today's trainer writes as null) would make the job's JSON unwritable, not just odd."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    number = float(value)
+    return number if math.isfinite(number) else None
 
 
 def fold_progress(

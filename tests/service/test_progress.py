@@ -79,3 +79,23 @@ def test_fold_progress_ignores_non_numbers() -> None:
     )
     assert progress is not None and progress["loss"] is None and progress["accuracy"] is None
     assert points == []
+
+
+def test_fold_progress_drops_non_finite_numbers_and_keeps_the_rest() -> None:
+    # An older worker wrote NaN (json.loads reads it); an eval's loss can be infinite while
+    # its accuracy means something. The job's JSON must stay writable, the accuracy kept.
+    progress, eval, points = fold_progress(
+        None,
+        None,
+        [
+            {"time": 1.0, "event": "progress", "step": 5, "loss": float("nan"), "accuracy": 0.5},
+            {"time": 2.0, "event": "eval", "step": 5, "eval_loss": float("inf"),
+             "eval_accuracy": 0.75},
+        ],
+    )  # fmt: skip
+    assert progress is not None and progress["loss"] is None and progress["accuracy"] == 0.5
+    assert eval is not None and eval["loss"] is None and eval["accuracy"] == 0.75
+    assert sorted((p.name, p.value) for p in points) == [
+        ("accuracy", 0.5),
+        ("eval_accuracy", 0.75),
+    ]

@@ -86,15 +86,18 @@ def make_apply(
     # Each kind is two parts: what one update computes once for every variable, and the
     # kernel that updates one variable (a handle read where it runs, so that under a
     # strategy it is the copy on that device).
+    prepare: Callable[[], tuple[tf.Tensor, ...]] = tuple  # nothing, but for Adam
     if kind is keras.optimizers.Adam:
         beta_1, beta_2, epsilon = (
             tf.constant(x, tf.float32)
             for x in (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon)
         )
 
-        def prepare() -> tuple[tf.Tensor, ...]:
+        def beta_powers() -> tuple[tf.Tensor, ...]:
             t = tf.cast(optimizer.iterations + 1, tf.float32)
             return tf.pow(beta_1, t), tf.pow(beta_2, t)
+
+        prepare = beta_powers
 
         def kernel(
             var: keras.Variable,
@@ -112,9 +115,6 @@ def make_apply(
     elif optimizer.momentum:
         momentum = tf.constant(optimizer.momentum, tf.float32)
 
-        def prepare() -> tuple[tf.Tensor, ...]:
-            return ()
-
         def kernel(
             var: keras.Variable,
             k: int,
@@ -128,9 +128,6 @@ def make_apply(
             )  # fmt: skip
 
     else:
-
-        def prepare() -> tuple[tf.Tensor, ...]:
-            return ()
 
         def kernel(
             var: keras.Variable,

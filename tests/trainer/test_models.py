@@ -1,9 +1,6 @@
 """The model registry: built-in models on any image size, and custom `module:function`
 models that are wrong in the ways user code is wrong, each refused with one line."""
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.trainer.test_run import run_custom_model
 from trainer.errors import one_line
 from trainer.models import ModelError, build_model
 from trainer.modelsize import parameter_count
@@ -214,27 +212,9 @@ def test_one_line_of_an_error_raised_in_a_traced_step():
 def test_worker_with_a_builder_that_exits_ends_with_exit_2_and_a_result(tmp_path):
     # sys.exit() in user code ended the worker with the user's exit code and no
     # result.json, which the service would take for a crash and run again.
-    (tmp_path / "quitter.py").write_text(
-        "import sys\ndef build(input_shape, num_classes):\n    sys.exit(5)\n"
+    code, result, log = run_custom_model(
+        tmp_path, "quitter", "import sys\ndef build(input_shape, num_classes):\n    sys.exit(5)\n"
     )
-    spec = {
-        "model": {"name": "quitter:build"},
-        "data": {"format": "synthetic", "params": {"shape": [4, 4], "size": 64}},
-        "batch_size": 8,
-        "steps": 2,
-    }
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    job_dir = tmp_path / "job"
-    proc = subprocess.run(
-        [sys.executable, "-m", "trainer", "run", "--spec", str(tmp_path / "spec.json")]
-        + ["--job-dir", str(job_dir)],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 2, proc.stderr
-    result = json.loads((job_dir / "result.json").read_text())
+    assert code == 2, log
     assert result["message"] == "Model 'quitter:build' failed to build: SystemExit: 5"
-    assert sorted(p.name for p in job_dir.iterdir()) == ["result.json"]
+    assert sorted(p.name for p in (tmp_path / "job").iterdir()) == ["result.json", "spec.json"]

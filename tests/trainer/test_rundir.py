@@ -2,13 +2,11 @@
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.trainer.test_run import run_custom_model
 from trainer.rundir import ProgressWriter, read_progress, write_json_atomic
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,7 +46,9 @@ def test_progress_lines_write_non_finite_numbers_as_null(tmp_path: Path) -> None
 def test_worker_whose_eval_loss_is_nan_writes_json_files(tmp_path: Path) -> None:
     # A model that answers inf only in inference: training goes on, eval loss is NaN, and
     # result.json and progress.jsonl held `NaN`, which JSON.parse and jq refuse.
-    (tmp_path / "evalinf.py").write_text(
+    code, _, log = run_custom_model(
+        tmp_path,
+        "evalinf",
         "import keras\n"
         "class Blowup(keras.layers.Layer):\n"
         "    def call(self, x, training=False):\n"
@@ -56,28 +56,14 @@ def test_worker_whose_eval_loss_is_nan_writes_json_files(tmp_path: Path) -> None
         "def build(input_shape, num_classes):\n"
         "    inputs = keras.Input(input_shape)\n"
         "    x = keras.layers.Dense(num_classes)(keras.layers.Flatten()(inputs))\n"
-        "    return keras.Model(inputs, Blowup()(x))\n"
+        "    return keras.Model(inputs, Blowup()(x))\n",
+        data={"format": "synthetic", "params": {"shape": [4, 4], "classes": 2, "size": 64}},
+        batch_size=8,
+        steps=2,
+        eval={"every_steps": 2, "batches": 1},
     )
-    spec = {
-        "model": {"name": "evalinf:build"},
-        "data": {"format": "synthetic", "params": {"shape": [4, 4], "classes": 2, "size": 64}},
-        "batch_size": 8,
-        "steps": 2,
-        "eval": {"every_steps": 2, "batches": 1},
-        "summaries": {"trace_steps": []},
-    }
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
     job_dir = tmp_path / "job"
-    proc = subprocess.run(
-        [sys.executable, "-m", "trainer", "run", "--spec", str(tmp_path / "spec.json")]
-        + ["--job-dir", str(job_dir)],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
+    assert code == 0, log
     result = strict_loads((job_dir / "result.json").read_text())
     assert result["eval"]["loss"] is None and 0.0 <= result["eval"]["accuracy"] <= 1.0
     lines = [strict_loads(line) for line in (job_dir / "progress.jsonl").read_text().splitlines()]

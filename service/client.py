@@ -157,11 +157,11 @@ class Client:
     def patiently(self, call: Callable[[], _T], note: Callable[[str], None]) -> _T:
         """`call()`, tried again each second while the service cannot be reached, for up
         to RECONNECT_SECONDS: a follower outlives a service restart, as the job does.
-        `note` is told once, when the service is first found gone."""
+        `note` is told when the service is first found gone, and when it is back."""
         deadline = None
         while True:
             try:
-                return call()
+                answer = call()
             except ClientError as error:
                 if error.code != EXIT_UNREACHABLE:
                     raise
@@ -173,6 +173,10 @@ class Client:
                     )
                 elif time.monotonic() >= deadline:
                     raise
+            else:
+                if deadline is not None:
+                    note(f"the service at {self.url} is back")
+                return answer
             time.sleep(1.0)
 
     def job(self, job_id: str) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from service.events import EventBroker
 from service.jobjson import JobJson
 from service.proxy import proxy_tensorboard
 from service.routes import devices, events, health, jobs, tensorboard
+from service.schemas import UNKNOWN_QUERY
 from service.settings import Settings
 from service.store import JobStore
 from service.supervisor import Supervisor
@@ -141,7 +142,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     jobs.include(app, API_PREFIX)  # first: routes are matched in order
     for module in (events, tensorboard, devices):
-        app.include_router(module.router, prefix=API_PREFIX, dependencies=[Depends(known_query)])
+        app.include_router(
+            module.router,
+            prefix=API_PREFIX,
+            dependencies=[Depends(known_query)],
+            responses=UNKNOWN_QUERY,
+        )
     app.include_router(health.router)
 
     async def tensorboard_proxy(request: Request) -> Response:

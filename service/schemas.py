@@ -32,6 +32,15 @@ class ErrorPublic(BaseModel):
     errors: list[FieldError] = Field(default_factory=list)
 
 
+# OpenAPI entries shared by many routes.
+NOT_JSON: dict[int | str, dict[str, Any]] = {
+    415: {"model": ErrorPublic, "description": "The body was not sent as JSON"}
+}
+UNKNOWN_QUERY: dict[int | str, dict[str, Any]] = {
+    422: {"model": ErrorPublic, "description": "An unknown or invalid parameter"}
+}
+
+
 class ProgressPublic(BaseModel):
     """A running job's latest progress, from the worker's progress.jsonl."""
 

@@ -44,6 +44,8 @@ from service.jobjson import render_job
 from service.progress import SERIES
 from service.runfiles import OffsetPastEnd, inside, read_lines_from, tail_with_end
 from service.schemas import (
+    NOT_JSON,
+    UNKNOWN_QUERY,
     CheckpointPublic,
     CheckpointsPublic,
     ErrorPublic,
@@ -115,7 +117,9 @@ def include(app: FastAPI, prefix: str) -> None:
         tags=["jobs"],
         route_class_override=DirectRoute,
     )
-    app.include_router(router, prefix=prefix, dependencies=[Depends(known_query)])
+    app.include_router(
+        router, prefix=prefix, dependencies=[Depends(known_query)], responses=UNKNOWN_QUERY
+    )
 
 
 @router.post(
@@ -123,7 +127,7 @@ def include(app: FastAPI, prefix: str) -> None:
     status_code=201,
     response_model=JobPublic,
     responses={
-        415: {"model": ErrorPublic, "description": "The body was not sent as JSON"},
+        **NOT_JSON,
         422: {"model": ErrorPublic, "description": "Every problem with the spec"},
     },
 )
@@ -233,6 +237,7 @@ def _pending_trace_steps(run: RunDir) -> int | None:
     responses={
         **_NOT_FOUND,
         409: {"model": ErrorPublic, "description": "The job is not running, or is stopping"},
+        **NOT_JSON,
     },
 )
 def profile_job(

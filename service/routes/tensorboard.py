@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request, Response
 
 from service.deps import RuntimeDep
 from service.errors import FieldErrors
-from service.schemas import ErrorPublic, TensorBoardCreate, TensorBoardPublic
+from service.schemas import NOT_JSON, ErrorPublic, TensorBoardCreate, TensorBoardPublic
 from service.tensorboard import PATH_PREFIX, StartOutcome, TensorBoardLauncher
 
 router = APIRouter(prefix="/tensorboard", tags=["tensorboard"])
@@ -50,6 +50,7 @@ def _public(launcher: TensorBoardLauncher, request: Request) -> TensorBoardPubli
             "description": "Reused: already up over these jobs, or they were added to it",
         },
         422: {"model": ErrorPublic, "description": "Unknown job ids"},
+        **NOT_JSON,
     },
 )
 async def start_tensorboard(

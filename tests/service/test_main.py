@@ -117,6 +117,13 @@ def test_read_openapi_lists_every_route(make_service: Callable[..., Service]) ->
     assert create["requestBody"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/JobSpec"
     }
+    # Every API route refuses an unknown query parameter (422); every body is JSON (415).
+    for path, item in paths.items():
+        if path.startswith("/api/v1/"):
+            for method, operation in item.items():
+                assert "422" in operation["responses"], (method, path)
+    for path in ("/api/v1/jobs", "/api/v1/tensorboard", "/api/v1/jobs/{job_id}/profile"):
+        assert "415" in paths[path]["post"]["responses"], path
     docs = httpx.get(f"{service.base_url}/docs")
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
 

@@ -295,13 +295,19 @@ export function mountJob(view, jobId) {
     drawCharts();
   }
 
+  // Said in the status line as well as on the button: a screen reader announces the line
+  // (role=status), not a button's new label.
+  const ARMED = "Press Confirm cancel within 4 s to stop this job.";
+
   async function cancel() {
     if (cancelButton.dataset.armed !== "1") {
       cancelButton.dataset.armed = "1";
       cancelButton.textContent = "Confirm cancel";
+      actionStatus.textContent = ARMED;
       setTimeout(() => {
         cancelButton.dataset.armed = "";
         cancelButton.textContent = "Cancel";
+        if (actionStatus.textContent === ARMED) actionStatus.textContent = "";
       }, 4000);
       return;
     }

@@ -91,6 +91,8 @@ def test_cancel_line_follows_the_job_to_its_end(session: Session, service: Servi
     expect(page.locator(".job-heading .state")).to_have_text("running")
     cancel, line = page.locator("#cancel-job"), page.locator("#action-status")
     cancel.click()
+    # Armed: said where a screen reader announces it (the status line), not only on the button.
+    expect(line).to_have_text("Press Confirm cancel within 4 s to stop this job.")
     cancel.click()
     expect(page.locator(".job-heading .state")).to_have_text("cancelled", timeout=30_000)
     ended = service.job(job["id"])

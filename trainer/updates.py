@@ -83,63 +83,40 @@ def make_apply(
     index = [optimizer._get_variable_index(v) for v in variables]
     constrained = [v for v in variables if v.constraint is not None]
 
-    # Each kind is two parts: what one update computes once for every variable, and the
-    # kernel that updates one variable (a handle read where it runs, so that under a
-    # strategy it is the copy on that device).
-    prepare: Callable[[], tuple[tf.Tensor, ...]] = tuple  # nothing, but for Adam
-    if kind is keras.optimizers.Adam:
-        beta_1, beta_2, epsilon = (
-            tf.constant(x, tf.float32)
-            for x in (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon)
-        )
+    adam = kind is keras.optimizers.Adam
+    beta_1, beta_2, epsilon, momentum = (
+        tf.constant(getattr(optimizer, name, 0.0) or 0.0, tf.float32)
+        for name in ("beta_1", "beta_2", "epsilon", "momentum")
+    )
 
-        def beta_powers() -> tuple[tf.Tensor, ...]:
-            t = tf.cast(optimizer.iterations + 1, tf.float32)
-            return tf.pow(beta_1, t), tf.pow(beta_2, t)
+    def beta_powers() -> tuple[tf.Tensor, ...]:
+        """What Adam computes once per update for every variable; nothing for SGD."""
+        if not adam:
+            return ()
+        t = tf.cast(optimizer.iterations + 1, tf.float32)
+        return tf.pow(beta_1, t), tf.pow(beta_2, t)
 
-        prepare = beta_powers
-
-        def kernel(
-            var: keras.Variable,
-            k: int,
-            grad: tf.Tensor,
-            lr: tf.Tensor,
-            powers: tuple[tf.Tensor, ...],
-        ) -> None:
+    def kernel(
+        var: keras.Variable, k: int, grad: tf.Tensor, lr: tf.Tensor, powers: tuple[tf.Tensor, ...]
+    ) -> None:
+        """Update variable `var` (slot index `k`). Its handles are read here, where it
+        runs: under a strategy, that is the copy on this device."""
+        if adam:
             tf.raw_ops.ResourceApplyAdam(
                 var=_handle(var), m=_handle(optimizer._momentums[k]), v=_handle(optimizer._velocities[k]),
                 beta1_power=powers[0], beta2_power=powers[1], lr=lr,
                 beta1=beta_1, beta2=beta_2, epsilon=epsilon, grad=grad,
             )  # fmt: skip
-
-    elif optimizer.momentum:
-        momentum = tf.constant(optimizer.momentum, tf.float32)
-
-        def kernel(
-            var: keras.Variable,
-            k: int,
-            grad: tf.Tensor,
-            lr: tf.Tensor,
-            powers: tuple[tf.Tensor, ...],
-        ) -> None:
+        elif optimizer.momentum:
             tf.raw_ops.ResourceApplyKerasMomentum(
                 var=_handle(var), accum=_handle(optimizer.momentums[k]), lr=lr, grad=grad,
                 momentum=momentum, use_nesterov=optimizer.nesterov,
             )  # fmt: skip
-
-    else:
-
-        def kernel(
-            var: keras.Variable,
-            k: int,
-            grad: tf.Tensor,
-            lr: tf.Tensor,
-            powers: tuple[tf.Tensor, ...],
-        ) -> None:
+        else:
             tf.raw_ops.ResourceApplyGradientDescent(var=_handle(var), alpha=lr, delta=grad)
 
     def fused_apply(grads: Sequence[tf.Tensor], learning_rate: tf.Tensor) -> None:
-        prepared = prepare()
+        prepared = beta_powers()
         for var, grad, k in zip(variables, grads, index, strict=True):
             if strategy is None:
                 kernel(

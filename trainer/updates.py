@@ -84,6 +84,7 @@ def make_apply(
     constrained = [v for v in variables if v.constraint is not None]
 
     adam = kind is keras.optimizers.Adam
+    # The kernels' constants, made once; one the optimizer lacks (SGD's betas) is never read.
     beta_1, beta_2, epsilon, momentum = (
         tf.constant(getattr(optimizer, name, 0.0) or 0.0, tf.float32)
         for name in ("beta_1", "beta_2", "epsilon", "momentum")

@@ -2,8 +2,9 @@
 
 A capture writes `tb/plugins/profile/<run>/<host>.xplane.pb`, which TensorBoard's profile
 plugin shows (trace viewer, one row per device thread, ops named `tower_i/...`). Each
-tower's compute time is the sum of the durations of its ops in that trace, per traced
-step: measured, never estimated (on a GPU, its kernels' time on the device).
+tower's compute time is the sum of the durations of its ops in that trace, forward and
+backward, per traced step: measured, never estimated (on a GPU, its kernels' time on the
+device).
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ import tensorflow as tf
 
 log = logging.getLogger(__name__)
 
-# A tower's ops; under a tf.distribute strategy (trainer/multiworker.py) the second and
-# later towers of a worker sit inside its `replica_<k>/` scope.
-_TOWER_OP = re.compile(r"^(?:replica_\d+/)?tower_(\d+)/")
+# A tower's ops: its forward pass under `tower_<i>/`, and its backward pass, which the
+# gradient tape names `gradient_tape/tower_<i>/...` (two thirds of a step's compute: leaving
+# it out made `compute_ms` a third of the tower's time). Under a tf.distribute strategy
+# (trainer/multiworker.py) the second and later towers of a worker sit inside its
+# `replica_<k>/` scope, on either side of the tape's. Eval ops (`eval/tower_<i>/`) never match.
+_TOWER_OP = re.compile(r"^(?:replica_\d+/)?(?:gradient_tape/)?(?:replica_\d+/)?tower_(\d+)/")
 
 
 def _xplane_pb2():  # noqa: ANN202 - generated protobuf module

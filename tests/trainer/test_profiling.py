@@ -1,6 +1,6 @@
 """Reading each tower's time from a trace file.
 
-The CPU case is tested on real traces in test_run.py. A GPU trace cannot be made here (no
+The CPU case is tested on real traces here and in test_run.py. A GPU trace cannot be made here (no
 GPU), so the GPU case reads a hand-built XSpace shaped as TensorFlow's CUPTI collector
 writes one: kernel events on a `/device:GPU:0` plane, named after the kernel, with the op
 that launched them in a `tf_op` stat.
@@ -8,7 +8,16 @@ that launched them in a `tf_op` stat.
 
 from pathlib import Path
 
-from trainer.profiling import _xplane_pb2, tower_times_ms
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from trainer.models import build_model
+from trainer.optim import make_optimizer
+from trainer.profiling import TraceCapture, _xplane_pb2, tower_times_ms
+from trainer.spec import ModelSpec, OptimizerSpec
+from trainer.towers import TowerTrainer
 
 MS = 10**9  # picoseconds
 
@@ -62,3 +71,81 @@ def test_tower_times_on_gpu_are_kernel_times_from_the_device_plane(tmp_path):
 def test_tower_times_without_gpus_are_the_host_op_times(tmp_path):
     trace = write(tmp_path, host_plane)
     assert tower_times_ms(trace, towers=2, steps=1) == [0.001, 0.001]
+
+
+def backward_host_plane(space) -> None:
+    """Host events of one CPU step as TensorFlow names them: the gradient tape puts each
+    tower's backward ops under `gradient_tape/tower_i/`, an eval's under `eval/tower_i/`."""
+    plane = space.planes.add(name="/host:CPU")
+    names = {
+        1: "tower_0/dense/MatMul:MatMul",
+        2: "gradient_tape/tower_0/dense/MatMul/MatMul_1:MatMul",
+        3: "gradient_tape/tower_1/dense/BiasAdd/BiasAddGrad:BiasAddGrad",
+        4: "replica_1/gradient_tape/replica_1/tower_1/dense/MatMul/MatMul:MatMul",
+        5: "eval/tower_0/dense/MatMul:MatMul",
+        6: "average/AddN:AddN",
+    }
+    for key, name in names.items():
+        plane.event_metadata[key].name = name
+    line = plane.lines.add(name="tf_Compute")
+    for key, ms in ((1, 1), (2, 2), (3, 4), (4, 8), (5, 16), (6, 32)):
+        line.events.add(metadata_id=key, duration_ps=ms * MS)
+
+
+def test_tower_times_count_the_backward_pass(tmp_path):
+    trace = write(tmp_path, backward_host_plane)
+    assert tower_times_ms(trace, towers=2, steps=1) == [3.0, 12.0]
+
+
+def test_tower_times_on_gpu_count_the_backward_kernels(tmp_path):
+    def gpu(space) -> None:
+        plane = space.planes.add(name="/device:GPU:1")
+        plane.event_metadata[1].name = "sm80_xmma_wgrad"
+        plane.stat_metadata[1].name = "tf_op"
+        line = plane.lines.add(name="Stream #9(Kernel)")
+        line.events.add(metadata_id=1, duration_ps=7 * MS).stats.add(
+            metadata_id=1,
+            str_value="gradient_tape/tower_1/conv2d/Conv2DBackpropFilter:Conv2DBackpropFilter",
+        )
+
+    assert tower_times_ms(write(tmp_path, gpu), towers=2, steps=1) == [0.0, 7.0]
+
+
+def test_tower_times_of_a_real_step_hold_forward_and_backward(tmp_path):
+    # A real trace of one `cnn` step on two logical CPU devices (tests/conftest.py): every op
+    # of a tower, forward (`tower_i/`) and backward (`gradient_tape/tower_i/`), counts.
+    keras.utils.set_random_seed(0)
+    with tf.device("/CPU:0"):
+        model = build_model(ModelSpec(name="cnn"), (8, 8, 1), 4)
+        trainer = TowerTrainer(
+            model=model,
+            optimizer=make_optimizer(OptimizerSpec(name="sgd")),
+            tower_devices=["/CPU:0", "/CPU:1"],
+            parameter_device="/CPU:0",
+        )
+    images = tf.random.stateless_uniform((16, 8, 8, 1), seed=(1, 2))
+    labels = tf.constant(np.arange(16) % 4, tf.int32)
+    trainer.train_step(images, labels)  # traces the function, outside the capture
+    capture = TraceCapture(tmp_path)
+    assert capture.start()
+    float(trainer.train_step(images, labels)["loss"])
+    trace = capture.stop()
+    assert trace is not None
+
+    space = _xplane_pb2().XSpace()
+    space.ParseFromString(trace.read_bytes())
+    forward, backward = [0, 0], [0, 0]
+    for plane in space.planes:
+        names = {key: meta.name for key, meta in plane.event_metadata.items()}
+        for line in plane.lines:
+            for event in line.events:
+                name = names.get(event.metadata_id, "")
+                for i in range(2):
+                    if name.startswith(f"tower_{i}/"):
+                        forward[i] += event.duration_ps
+                    elif name.startswith(f"gradient_tape/tower_{i}/"):
+                        backward[i] += event.duration_ps
+    assert all(backward), "the trace names each tower's backward ops gradient_tape/tower_i/"
+    measured = tower_times_ms(trace, towers=2, steps=1)
+    for i in range(2):
+        assert measured[i] == pytest.approx((forward[i] + backward[i]) / MS, abs=0.002)

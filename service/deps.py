@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-import httpx
 from fastapi import Depends, HTTPException, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
@@ -18,6 +17,7 @@ from service.settings import Settings
 from service.store import JobRecord, JobStore
 from service.supervisor import Supervisor
 from service.tensorboard import TensorBoardLauncher
+from service.upstream import Upstream
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Runtime:
     broker: EventBroker
     supervisor: Supervisor
     launcher: TensorBoardLauncher
-    http: httpx.AsyncClient
+    upstream: Upstream
     job_json: JobJson
 
 

@@ -18,7 +18,6 @@ import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import httpx
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
@@ -38,6 +37,7 @@ from service.settings import Settings
 from service.store import JobStore
 from service.supervisor import Supervisor
 from service.tensorboard import PATH_PREFIX, TensorBoardLauncher
+from service.upstream import Upstream
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +84,8 @@ async def _running(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
     pool = DevicePool.from_settings(settings)
     broker = EventBroker(asyncio.get_running_loop())
     supervisor = Supervisor(settings=settings, store=store, pool=pool, publish=broker.publish)
-    # No pooled keep-alive limit worth having: TensorBoard is one local upstream.
-    http = httpx.AsyncClient(timeout=httpx.Timeout(300.0, connect=5.0))
-    launcher = TensorBoardLauncher(settings=settings, client=http)
+    upstream = Upstream()
+    launcher = TensorBoardLauncher(settings=settings, upstream=upstream)
     launcher.stop_orphan()
     supervisor.start()
     tensorboard_watch = asyncio.create_task(launcher.watch())
@@ -97,7 +96,7 @@ async def _running(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
         broker=broker,
         supervisor=supervisor,
         launcher=launcher,
-        http=http,
+        upstream=upstream,
         job_json=JobJson(store),
     )
     log.info("Towerboard serving with data dir %s, %s", settings.data_dir, pool.describe())
@@ -110,7 +109,7 @@ async def _running(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
         tensorboard_watch.cancel()
         supervisor.stop()  # workers left running: the next service adopts them
         await launcher.stop()
-        await http.aclose()
+        await upstream.aclose()
         store.close()
 
 
@@ -152,7 +151,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     async def tensorboard_proxy(request: Request) -> Response:
         runtime: Runtime = request.app.state.runtime
-        return await proxy_tensorboard(request, runtime.launcher, runtime.http)
+        return await proxy_tensorboard(request, runtime.launcher, runtime.upstream)
 
     for path in (PATH_PREFIX, f"{PATH_PREFIX}/{{path:path}}"):
         app.add_api_route(path, tensorboard_proxy, methods=_PROXY_METHODS, include_in_schema=False)

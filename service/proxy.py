@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 from urllib.parse import parse_qsl
 
-import httpx
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 
 from service.tensorboard import PATH_PREFIX, TensorBoardLauncher
+from service.upstream import Upstream
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def _error(status: int, detail: str) -> JSONResponse:
 
 
 async def proxy_tensorboard(
-    request: Request, launcher: TensorBoardLauncher, client: httpx.AsyncClient
+    request: Request, launcher: TensorBoardLauncher, upstream: Upstream
 ) -> Response:
     raw_path = request.scope.get("raw_path") or request.url.path.encode()
     path = raw_path.decode("latin-1")
@@ -76,23 +76,24 @@ async def proxy_tensorboard(
         # Else httpx would ask for gzip, and the raw gzip would reach a client that did not.
         headers.append((b"accept-encoding", b"identity"))
     has_body = "content-length" in request.headers or "transfer-encoding" in request.headers
+    client = upstream.client
     upstream_request = client.build_request(
         request.method, url, headers=headers, content=request.stream() if has_body else None
     )
     try:
-        upstream = await client.send(upstream_request, stream=True)
-    except httpx.HTTPError as error:
+        answer = await client.send(upstream_request, stream=True)
+    except upstream.errors as error:
         log.warning("TensorBoard proxy: %s %s failed: %s", request.method, path, error)
         return _error(502, f"TensorBoard did not answer: {error}")
     response = StreamingResponse(
-        upstream.aiter_raw(),
-        status_code=upstream.status_code,
-        background=BackgroundTask(upstream.aclose),
+        answer.aiter_raw(),
+        status_code=answer.status_code,
+        background=BackgroundTask(answer.aclose),
     )
     # Raw bytes as TensorBoard sent them (gzip included), with its headers, repeats kept.
     response.raw_headers = [
         (name.encode("latin-1"), value.encode("latin-1"))
-        for name, value in upstream.headers.multi_items()
+        for name, value in answer.headers.multi_items()
         if name.lower() not in _RESPONSE_DROP
     ]
     return response

@@ -40,10 +40,9 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 
-import httpx
-
 from service.processes import is_same_process, start_time
 from service.settings import Settings
+from service.upstream import Upstream
 
 log = logging.getLogger(__name__)
 
@@ -161,10 +160,10 @@ class TensorBoardLauncher:
         self,
         *,
         settings: Settings,
-        client: httpx.AsyncClient,
+        upstream: Upstream,
     ) -> None:
         self._settings = settings
-        self._client = client
+        self._upstream = upstream
         self._home = settings.data_dir / "tensorboard"
         self._record = self._home / "instance.json"
         self._instance: TensorBoardInstance | None = None
@@ -269,8 +268,8 @@ class TensorBoardLauncher:
             current = self._instance
             if current is None or current.pid != instance.pid:
                 return  # stopped or replaced meanwhile: nothing to wait for
-            with contextlib.suppress(httpx.HTTPError, ValueError):
-                runs = (await self._client.get(url, timeout=2.0)).json()
+            with contextlib.suppress(*self._upstream.errors, ValueError):
+                runs = (await self._upstream.client.get(url, timeout=2.0)).json()
                 if isinstance(runs, list):
                     pending = {
                         job_id
@@ -378,8 +377,8 @@ class TensorBoardLauncher:
             if code is not None:
                 self.last_error = self._exit_reason(instance.pid, code, ready=False)
                 break
-            with contextlib.suppress(httpx.HTTPError):
-                if (await self._client.get(probe, timeout=2.0)).status_code == 200:
+            with contextlib.suppress(*self._upstream.errors):
+                if (await self._upstream.client.get(probe, timeout=2.0)).status_code == 200:
                     self._ready.set()
                     log.info("TensorBoard pid %d is ready", instance.pid)
                     return

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from service.client import add_client_commands
+from service.client.commands import add_client_commands
 from service.settings import Settings
 
 EXIT_CANNOT_START = 1

@@ -591,11 +591,11 @@ def test_status_lists_more_than_one_page(make_service: Callable[..., Service]) -
 
 
 def test_phase_shows_how_far_a_phase_is() -> None:
-    from service.client import _phase
+    from service.client.display import phase
 
-    assert _phase({"phase": "eval", "phase_done": 31, "phase_total": 50}) == "eval 31/50"
-    assert _phase({"phase": "training"}) == "training"
-    assert _phase({}) == ""
+    assert phase({"phase": "eval", "phase_done": 31, "phase_total": 50}) == "eval 31/50"
+    assert phase({"phase": "training"}) == "training"
+    assert phase({}) == ""
 
 
 def test_watch_into_a_file_writes_a_line_per_new_phase_not_per_checkpoint(
@@ -607,10 +607,10 @@ def test_watch_into_a_file_writes_a_line_per_new_phase_not_per_checkpoint(
     # and otherwise a line per 10 s.
     import io
 
-    from service.client import ProgressLine
+    from service.client.display import ProgressLine
 
     now = [0.0]
-    monkeypatch.setattr("service.client.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("service.client.display.time.monotonic", lambda: now[0])
     out = io.StringIO()
     line = ProgressLine(out)
 

@@ -1,0 +1,29 @@
+"""The `towerboard` client verbs: drive a running service over its HTTP API.
+
+    towerboard submit SPEC.json [--watch]          submit a job (SPEC "-" reads stdin)
+    towerboard status [ID] [--state S] [--json]    the jobs table, or one job in detail
+    towerboard logs ID [--tail N] [--follow]       the worker's log
+    towerboard cancel ID [--wait]                  cancel a queued or running job
+    towerboard checkpoints ID [--download STEP]    list checkpoints, or fetch one (.tar.gz)
+    towerboard export ID [-o PATH]                 fetch the exported SavedModel (.tar.gz)
+    towerboard tensorboard [--jobs ID ...] [--merge] [--open] [--stop]
+
+Every verb takes `--url` (default `$TOWERBOARD_URL`, else http://127.0.0.1:8000) and sends
+`$TOWERBOARD_TOKEN`, when set, as its bearer token. Results go to stdout (`submit` prints
+just the job id, so `id=$(towerboard submit spec.json)` works); progress and errors go to
+stderr, each error as one line. Exit codes: 0 done; 1 the service refused or failed the
+request, or a watched job did not succeed; 2 bad usage or a rejected spec; 3 the service
+could not be reached, or a download was cut off (run it again: it resumes); 130
+interrupted; 141 (as a shell reports SIGPIPE) the reader of stdout went away, as `| head`
+does, which ends the command quietly.
+
+Downloads (`checkpoints --download`, `export`) write `TARGET.part`, renamed to TARGET once
+complete; a part left by a download that was cut off or interrupted is resumed by the next
+run to the same target, when the service still serves the same archive (its ETag).
+
+Only httpx and the standard library: the client never imports TensorFlow. Its parts:
+`commands` (the verbs' arguments; imports no httpx, so `towerboard serve` does not pay
+for the client), `verbs` (what each verb does), `api` (the service's HTTP API),
+`display` (tables, progress lines), `downloads` (resumable archive downloads) and
+`common` (exit codes, job states, the one-line error).
+"""

@@ -1,0 +1,153 @@
+"""The service's HTTP API over httpx, as the client verbs use it."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import httpx
+
+from service.client.common import (
+    EXIT_FAILED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    RECONNECT_SECONDS,
+    ClientError,
+)
+
+_T = TypeVar("_T")
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        text = response.text.strip().splitlines()
+        return f"HTTP {response.status_code}" + (f": {text[0][:200]}" if text else "")
+    detail = str(body.get("detail") or f"HTTP {response.status_code}")
+    errors = body.get("errors") or []
+    if errors:
+        fields = "; ".join(f"{e.get('field')}: {e.get('message')}" for e in errors)
+        return f"{detail.removesuffix(' see `errors`.').rstrip(';')}: {fields}"
+    return detail
+
+
+class Client:
+    """The service's API over httpx, raising ClientError with a one-line message."""
+
+    def __init__(self, url: str, token: str | None, *, timeout: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(
+            base_url=self.url,
+            headers={**headers, "User-Agent": "towerboard-cli"},
+            timeout=httpx.Timeout(timeout, connect=5.0),
+        )
+        self.has_token = bool(token)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def unreachable(self, error: httpx.TransportError) -> ClientError:
+        return ClientError(
+            f"cannot reach the service at {self.url} ({error.__class__.__name__}: {error}). "
+            "Is `towerboard serve` running? Set --url or TOWERBOARD_URL.",
+            EXIT_UNREACHABLE,
+        )
+
+    def check(self, response: httpx.Response) -> httpx.Response:
+        if response.is_success:
+            return response
+        if response.status_code == 401:
+            hint = (
+                "the token in TOWERBOARD_TOKEN was refused"
+                if self.has_token
+                else "the service needs a token: set TOWERBOARD_TOKEN"
+            )
+            raise ClientError(f"{hint} ({_error_message(response)})")
+        code = EXIT_USAGE if response.status_code == 422 else EXIT_FAILED
+        raise ClientError(_error_message(response), code)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.TransportError as error:
+            raise self.unreachable(error) from error
+        return self.check(response)
+
+    def request_json(self, method: str, path: str, **kwargs: Any) -> tuple[httpx.Response, Any]:
+        """`request`, and its body as JSON: anything else is not the service answering (a
+        wrong port, or a proxy's sign-in page)."""
+        response = self.request(method, path, **kwargs)
+        try:
+            return response, response.json()
+        except ValueError:
+            kind = response.headers.get("content-type", "no content type").partition(";")[0]
+            raise ClientError(
+                f"{self.url} answered {path} with {kind or 'no content type'}, not the "
+                "service's JSON: is --url (or TOWERBOARD_URL) a Towerboard service?"
+            ) from None
+
+    def get(self, path: str, **kwargs: Any) -> Any:
+        return self.request_json("GET", path, **kwargs)[1]
+
+    def patiently(self, call: Callable[[], _T], note: Callable[[str], None]) -> _T:
+        """`call()`, tried again each second while the service cannot be reached, for up
+        to RECONNECT_SECONDS: a follower outlives a service restart, as the job does.
+        `note` is told when the service is first found gone, and when it is back."""
+        deadline = None
+        while True:
+            try:
+                answer = call()
+            except ClientError as error:
+                if error.code != EXIT_UNREACHABLE:
+                    raise
+                if deadline is None:
+                    deadline = time.monotonic() + RECONNECT_SECONDS
+                    note(
+                        f"lost the service at {self.url}; trying again for up to "
+                        f"{RECONNECT_SECONDS:g} s (the job goes on meanwhile)"
+                    )
+                elif time.monotonic() >= deadline:
+                    raise
+            else:
+                if deadline is not None:
+                    note(f"the service at {self.url} is back")
+                return answer
+            time.sleep(1.0)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        job: dict[str, Any] = self.get(f"/api/v1/jobs/{job_id}")
+        return job
+
+    def events(self, job_id: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        """A job's Server-Sent Events as (event, data) until the service ends the stream."""
+        timeout = httpx.Timeout(60.0, connect=5.0)  # the service pings every 15 s
+        try:
+            with self.http.stream("GET", f"/api/v1/jobs/{job_id}/events", timeout=timeout) as r:
+                if not r.is_success:
+                    r.read()
+                    self.check(r)
+                name, data = "message", list[str]()
+                for line in r.iter_lines():
+                    if line.startswith(":"):
+                        continue  # a ping
+                    if line == "":
+                        if data:
+                            yield name, json.loads("\n".join(data))
+                        name, data = "message", []
+                    field, _, value = line.partition(":")
+                    value = value.removeprefix(" ")
+                    if field == "event":
+                        name = value
+                    elif field == "data":
+                        data.append(value)
+        except httpx.TransportError as error:
+            raise self.unreachable(error) from error
+
+
+# --- formatting ----------------------------------------------------------------------

@@ -1,0 +1,158 @@
+"""The client verbs' arguments, registered on the `towerboard` command.
+
+Kept apart from the verbs: parsing `towerboard serve` builds every verb's parser, and
+importing the client (httpx, about 0.1 s) there would slow the service's start. A verb's
+handler imports the client when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from service.client.common import DEFAULT_URL, STATES
+
+
+def _handler(name: str) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        from service.client import verbs
+
+        return verbs.run(name, args)
+
+    return handler
+
+
+def _count(most: int) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            number = 0
+        if not 1 <= number <= most:
+            raise argparse.ArgumentTypeError(
+                f"expected a whole number from 1 to {most}. Received: {value!r}"
+            )
+        return number
+
+    return parse
+
+
+def parse_url(value: str) -> str:
+    """An http(s) URL with a host: `localhost:8000` would otherwise be read as a URL of
+    scheme `localhost` and reported as a service that cannot be reached."""
+    import httpx  # here, not at the top: see the module's docstring
+
+    try:
+        url = httpx.URL(value) if "://" in value else None
+    except httpx.InvalidURL:
+        url = None
+    if url is None or url.scheme not in ("http", "https") or not url.host:
+        raise argparse.ArgumentTypeError(
+            f"expected the service's URL, like {DEFAULT_URL}. Received: {value!r}"
+        )
+    return value
+
+
+def _job_id(value: str) -> str:
+    if not value or "/" in value or value.startswith("."):
+        raise argparse.ArgumentTypeError(f"expected a job id. Received: {value!r}")
+    return value
+
+
+def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register submit, status, logs, cancel, checkpoints, export and tensorboard on `verbs`."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--url",
+        type=parse_url,  # TOWERBOARD_URL is read (and judged, by its own name) in `verbs.run`
+        help=f"the service (default $TOWERBOARD_URL, else {DEFAULT_URL}); "
+        "the token comes from $TOWERBOARD_TOKEN",
+    )
+
+    def verb(name: str, help: str) -> argparse.ArgumentParser:
+        parser = verbs.add_parser(
+            name, parents=[common], help=help, description=help[0].upper() + help[1:] + "."
+        )
+        parser.set_defaults(handler=_handler(name))
+        return parser
+
+    p = verb("submit", "submit a job spec (a JSON file, or - for stdin)")
+    p.add_argument("spec", metavar="SPEC.json")
+    p.add_argument(
+        "--watch",
+        action="store_true",
+        help="show a live progress bar until the job ends; exit 0 only if it succeeded",
+    )
+
+    p = verb("status", "list jobs, or show one job")
+    p.add_argument("id", nargs="?", type=_job_id, metavar="ID")
+    p.add_argument(
+        "--state", action="append", choices=STATES, help="only jobs in this state (repeatable)"
+    )
+    p.add_argument(
+        "--limit",
+        type=_count(100_000),
+        default=50,
+        metavar="N",
+        help="most jobs to list, newest first (default 50)",
+    )
+    p.add_argument("--json", action="store_true", help="print the API's JSON")
+
+    p = verb("logs", "print the end of a job's worker log")
+    p.add_argument("id", type=_job_id, metavar="ID")
+    p.add_argument(
+        "--tail",
+        type=_count(100_000),
+        default=200,
+        metavar="N",
+        help="how many last lines (default 200)",
+    )
+    p.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing new lines until the job ends"
+    )
+
+    p = verb("cancel", "cancel a queued or running job")
+    p.add_argument("id", type=_job_id, metavar="ID")
+    p.add_argument("--wait", action="store_true", help="wait until the job has stopped")
+
+    p = verb("checkpoints", "list a job's checkpoints, or download one")
+    p.add_argument("id", type=_job_id, metavar="ID")
+    p.add_argument(
+        "--download",
+        metavar="STEP",
+        help="download the checkpoint at STEP (or 'latest') as a .tar.gz",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="PATH",  # a str: Path("ckpts/") would drop the slash that makes it a folder
+        help="file, or folder (an existing one, or ending in /) to save it to "
+        "(default: ./ID-ckpt-STEP.tar.gz)",
+    )
+    p.add_argument("--json", action="store_true", help="print the API's JSON")
+
+    p = verb("export", "download the model a succeeded job exported (a SavedModel)")
+    p.add_argument("id", type=_job_id, metavar="ID")
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="PATH",
+        help="file, or folder (an existing one, or ending in /) to save the .tar.gz to "
+        "(default: ./ID-export.tar.gz)",
+    )
+
+    p = verb("tensorboard", "start (or reuse) TensorBoard and print its URL")
+    p.add_argument(
+        "--jobs",
+        nargs="+",
+        type=_job_id,
+        metavar="ID",
+        help="show only these jobs (default: all jobs)",
+    )
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="add these jobs to what the shared TensorBoard shows, never taking any away",
+    )
+    p.add_argument("--open", action="store_true", help="open it in a web browser")
+    p.add_argument("--stop", action="store_true", help="stop it instead")

@@ -1,0 +1,28 @@
+"""What every part of the client shares: exit codes, job states and its one-line error."""
+
+from __future__ import annotations
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+TERMINAL = ("succeeded", "failed", "cancelled")
+STATES = ("queued", "running", *TERMINAL)
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
+
+# How long a verb that follows a job (submit --watch, logs --follow, cancel --wait) keeps
+# trying a service it cannot reach: a restart takes seconds, and the job runs on meanwhile.
+RECONNECT_SECONDS = 120.0
+LOG_OFFSET_HEADER = "X-Log-Offset"  # the logs route's "read on from here" (HTTP contract)
+
+
+class ClientError(Exception):
+    """A failure to report as one line, with the exit code it ends the command with."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code

@@ -1,0 +1,274 @@
+"""How the client shows jobs: numbers, tables, one-line summaries and live progress."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TextIO
+
+from service.client.common import EXIT_UNREACHABLE, TERMINAL, ClientError
+
+if TYPE_CHECKING:
+    from service.client.api import Client
+
+
+def number(value: Any, digits: int = 4) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "-"
+    return f"{value:.{digits}g}"
+
+
+def percent(value: Any) -> str:
+    return f"{100 * value:.1f}%" if isinstance(value, int | float) else "-"
+
+
+def rate(value: Any) -> str:
+    if not isinstance(value, int | float):
+        return "-"
+    return f"{value / 1000:.1f}k" if value >= 10_000 else f"{value:.0f}"
+
+
+def duration(seconds: Any) -> str:
+    if not isinstance(seconds, int | float) or seconds < 0:
+        return "-"
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def timestamp(value: Any) -> float | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def age(value: Any) -> str:
+    at = timestamp(value)
+    if at is None:
+        return "-"
+    s = max(0, int(time.time() - at))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 172_800:
+        return f"{s // 3600}h"
+    return f"{s // 86400}d"
+
+
+def data_size(n: Any) -> str:
+    if not isinstance(n, int | float):
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return "-"
+
+
+def printable(text: Any) -> str:
+    """`text` with its control characters escaped (\\x1b, \\n): a job's name is what
+    another user typed, and printed raw an escape sequence in it acts on the terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
+def steps(job: dict[str, Any]) -> str:
+    p = job.get("progress") or {}
+    if not isinstance(p.get("step"), int):
+        return "-"
+    return f"{p['step']}/{p['total']}" if isinstance(p.get("total"), int) else str(p["step"])
+
+
+def phase(progress: dict[str, Any]) -> str:
+    """`eval 3/20` while a phase reports how far it is, else the phase's name ('' if none)."""
+    phase, done, of = progress.get("phase"), progress.get("phase_done"), progress.get("phase_total")
+    if not phase:
+        return ""
+    return f"{phase} {done}/{of}" if isinstance(done, int) and isinstance(of, int) else str(phase)
+
+
+def eta(job: dict[str, Any]) -> str:
+    p = job.get("progress") or {}
+    if job.get("state") != "running" or not isinstance(p.get("eta_seconds"), int | float):
+        return "-"
+    at = timestamp(p.get("updated_at"))
+    left = p["eta_seconds"] - (max(0.0, time.time() - at) if at else 0.0)
+    return duration(max(0.0, left))
+
+
+def devices(job: dict[str, Any]) -> str:
+    """The devices a job holds: only a running job holds any (the service clears them
+    when it ends)."""
+    return ",".join(job.get("devices") or []) or "-"
+
+
+def devices_and_towers(job: dict[str, Any]) -> str:
+    """`_devices`, or "none yet" for a queued job, and the towers the job asked for."""
+    held = devices(job)
+    if held == "-" and job.get("state") == "queued":
+        held = "none yet"
+    towers = (job.get("spec") or {}).get("towers")
+    return f"{held} ({towers} tower{'' if towers == 1 else 's'})" if towers else held
+
+
+def table(rows: list[list[str]], out: TextIO) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out.write(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+            + "\n"
+        )
+
+
+def fold_event(job: dict[str, Any], name: str, data: dict[str, Any]) -> dict[str, Any]:
+    """The job with one SSE event applied (as the service folds progress lines)."""
+    if name == "state":
+        return data
+    job = dict(job)
+    p = dict(job.get("progress") or {})
+    for key in ("step", "total", "phase", "tower_ms", "checkpoint"):
+        if key in data:
+            p[key] = data[key]
+    if name == "progress":
+        for key in ("loss", "accuracy", "examples_per_sec", "eta_seconds", "learning_rate"):
+            p[key] = data.get(key)
+        p["updated_at"] = (
+            datetime.fromtimestamp(data.get("time", time.time())).astimezone().isoformat()
+        )
+    if name == "eval":
+        job["eval"] = {"step": data.get("step"), "loss": data.get("eval_loss"),
+                       "accuracy": data.get("eval_accuracy")}  # fmt: skip
+    if isinstance(p.get("step"), int) and p.get("total"):
+        p["percent"] = round(100.0 * p["step"] / p["total"], 1)
+    job["progress"] = p
+    return job
+
+
+class ProgressLine:
+    """A one-line progress bar on a terminal; on anything else a line now and then."""
+
+    WIDTH = 24
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.tty = out.isatty()
+        self.shown = ""
+        self.last_line_at = 0.0
+        self.last_state: Any = None
+        self.phases_seen: set[Any] = set()
+
+    def text(self, job: dict[str, Any]) -> str:
+        p = job.get("progress") or {}
+        done = 100.0 if job.get("state") == "succeeded" else p.get("percent")
+        filled = round(self.WIDTH * (done or 0) / 100)
+        bar = "#" * filled + "-" * (self.WIDTH - filled)
+        parts = [f"[{bar}]", f"{done:5.1f}%" if isinstance(done, int | float) else "  -  "]
+        # State first: a narrow terminal cuts the end of the line.
+        doing, state = phase(p), job.get("state", "?")
+        parts.append(f"{state}" + (f" ({doing})" if doing and state == "running" else ""))
+        parts.append(f"step {steps(job)}")
+        if p.get("loss") is not None:
+            parts.append(f"loss {number(p.get('loss'))}")
+        if p.get("accuracy") is not None:
+            parts.append(f"acc {percent(p.get('accuracy'))}")
+        evaluation = job.get("eval") or {}
+        if evaluation.get("accuracy") is not None:
+            parts.append(f"eval acc {percent(evaluation['accuracy'])}")
+        if p.get("examples_per_sec"):
+            parts.append(f"{rate(p['examples_per_sec'])} ex/s")
+        if state == "running" and p.get("eta_seconds") is not None:
+            parts.append(f"ETA {eta(job)}")
+        return " ".join(parts)
+
+    def update(self, job: dict[str, Any]) -> None:
+        text = self.text(job)
+        if self.tty:
+            # Never wider than the terminal: a wrapped line cannot be redrawn with \r.
+            text = text[: shutil.get_terminal_size().columns - 1]
+            self.out.write("\r" + text + " " * max(0, len(self.shown) - len(text)))
+            self.out.flush()
+            self.shown = text
+            return
+        # A log file gets a line per state change and per phase first seen, else one per
+        # 10 s: a job that checkpoints often goes from training to checkpoint and back
+        # a few times a second, and a line for each would bury the rest.
+        state, phase = job.get("state"), (job.get("progress") or {}).get("phase")
+        now = time.monotonic()
+        new = state != self.last_state or (phase is not None and phase not in self.phases_seen)
+        if new or now - self.last_line_at >= 10.0:
+            self.out.write(text + "\n")
+            self.out.flush()
+            self.last_state, self.last_line_at, self.shown = state, now, text
+            self.phases_seen.add(phase)
+
+    def note(self, text: str) -> None:
+        """A line of its own between progress lines (the bar is drawn again below it)."""
+        if self.tty:
+            self.out.write("\r" + " " * len(self.shown) + "\r")
+        self.out.write(text + "\n")
+        self.out.flush()
+        self.shown, self.last_state = "", None  # the next update writes a line
+
+    def finish(self, job: dict[str, Any]) -> None:
+        if self.tty:
+            self.update(job)
+            self.out.write("\n")
+        elif self.text(job) != self.shown:
+            self.out.write(self.text(job) + "\n")
+        self.out.flush()
+
+
+def watch(client: Client, job_id: str, out: TextIO) -> dict[str, Any]:
+    """Follow the job's events with a progress line on `out` until it ends."""
+    line = ProgressLine(out)
+    job = client.job(job_id)
+    line.update(job)
+    try:
+        while job["state"] not in TERMINAL:
+            try:
+                for name, data in client.events(job_id):
+                    job = fold_event(job, name, data)
+                    line.update(job)
+                    if job["state"] in TERMINAL:
+                        break
+            except ClientError as error:
+                if error.code != EXIT_UNREACHABLE:
+                    raise
+                time.sleep(1.0)  # the service restarted or a proxy cut the stream: follow on
+            if job["state"] not in TERMINAL:
+                job = client.patiently(lambda: client.job(job_id), line.note)
+                line.update(job)
+    except BaseException:
+        if line.tty:
+            out.write("\n")  # leave the bar's line before the error
+        raise
+    line.finish(job)
+    return job
+
+
+def summary(job: dict[str, Any]) -> str:
+    parts = [f"{job['id']} {job['state']}"]
+    started, finished = timestamp(job.get("started_at")), timestamp(job.get("finished_at"))
+    if started and finished:
+        parts[0] += f" in {duration(finished - started)}"
+    p, evaluation = job.get("progress") or {}, job.get("eval") or {}
+    facts = [f"step {steps(job)}"]
+    if p.get("loss") is not None:
+        facts.append(f"loss {number(p['loss'])}")
+    if p.get("accuracy") is not None:
+        facts.append(f"accuracy {percent(p['accuracy'])}")
+    if evaluation.get("accuracy") is not None:
+        facts.append(f"eval accuracy {percent(evaluation['accuracy'])}")
+    if job.get("error"):
+        facts.append(f"error: {job['error'].get('reason')}")
+    return f"{parts[0]}: {', '.join(facts)}"
+
+
+# --- verbs ---------------------------------------------------------------------------

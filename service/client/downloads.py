@@ -1,0 +1,182 @@
+"""Archive downloads (checkpoints, exports) into a `.part` that resumes where it stopped."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from service.client import display as show
+from service.client.api import Client
+from service.client.common import EXIT_UNREACHABLE, ClientError
+from service.partfile import PartFile, PartInUse, part_paths, resumable_bytes
+
+# A download waits up to this long between bytes: resuming near the end of a large
+# archive, the service reads all before the first (for the gzip trailer's CRC).
+_DOWNLOAD_TIMEOUT = httpx.Timeout(300.0, connect=5.0)
+
+
+_SEPARATORS = tuple(sep for sep in ("/", os.sep, os.altsep) if sep)
+
+
+def _attachment_name(response: httpx.Response, fallback: str) -> str:
+    """The file name the service gave the download, if it is a plain one."""
+    disposition = response.headers.get("content-disposition", "")
+    name = disposition.partition('filename="')[2].partition('"')[0]
+    plain = name and name not in (".", "..") and not any(sep in name for sep in _SEPARATORS)
+    return name if plain else fallback
+
+
+def _target(output: str | None, name: str) -> Path:
+    """Where a download named `name` goes: `output`, or into the folder `output` names
+    (made if need be), or ./NAME."""
+    if output is None:
+        return Path(name)
+    if output.endswith(_SEPARATORS) or Path(output).is_dir():
+        return Path(output) / name
+    return Path(output)
+
+
+def _length(response: httpx.Response | None) -> int | None:
+    value = response.headers.get("content-length", "") if response is not None else ""
+    return int(value) if value.isascii() and value.isdigit() else None
+
+
+def _head(client: Client, path: str) -> httpx.Response | None:
+    """HEAD `path`: the download's name, length and ETag, to resume by. None when it
+    fails: the GET then says why, with the body a HEAD has not got."""
+    try:
+        response = client.http.head(path)
+    except httpx.TransportError as error:
+        raise client.unreachable(error) from error
+    return response if response.is_success else None
+
+
+def download(client: Client, path: str, fallback_name: str, output: str | None) -> Path:
+    """GET `path` into a file: `output`, or into the folder `output` names (made if need
+    be), or ./ under the name the service gives. The bytes go to `TARGET.part`, renamed to
+    TARGET once all have come; a part left by a download that stopped is resumed (a
+    `Range` for the rest, with `If-Range` its ETag, kept in `TARGET.part.etag`). Progress
+    on stderr when it is a terminal."""
+    head = _head(client, path)
+    name = _attachment_name(head, fallback_name) if head is not None else fallback_name
+    target = _target(output, name)
+    etag = head.headers.get("etag") if head is not None else None
+    size = _length(head)
+    held = resumable_bytes(target, etag, size)
+    part: PartFile | None = None
+    try:
+        if held and held == size:  # complete before: only the rename was missed
+            part = PartFile(target)
+            if part.held() == size:
+                return part.finish()
+        ranged = f"bytes {held}-{size - 1}/{size}" if held and size else None
+        headers = {"Range": f"bytes={held}-", "If-Range": etag or ""} if ranged else {}
+        with client.http.stream(
+            "GET", path, headers=headers, timeout=_DOWNLOAD_TIMEOUT
+        ) as response:
+            if not response.is_success:
+                response.read()
+                client.check(response)
+            name = _attachment_name(response, fallback_name)
+            resumed = response.status_code == 206
+            if resumed and response.headers.get("content-range") != ranged:
+                raise ClientError(
+                    f"the service answered the resume of {name} with Content-Range "
+                    f"{response.headers.get('content-range')!r}, not {ranged!r}; remove "
+                    f"{part_paths(target)[0]} to download it whole"
+                )
+            if not resumed:  # a first download, or the archive changed: the whole comes
+                target = _target(output, name)
+            if part is None or part.target != target:
+                if part is not None:
+                    part.close()
+                part = PartFile(target)
+            if resumed:
+                total: int | None = size
+                if part.held() != held:
+                    raise ClientError(f"{part.path} changed as the download began; try again")
+                sys.stderr.write(
+                    f"resuming {name} at {show.data_size(held)} of {show.data_size(total)}\n"
+                )
+            else:
+                total, held = _length(response), 0
+                if stale := part.held():
+                    sys.stderr.write(
+                        f"the {show.data_size(stale)} in {part.path} are of another version of "
+                        f"{name}: downloading it whole\n"
+                    )
+                part.restart(response.headers.get("etag"))
+            progress = _DownloadProgress(name, total, held) if sys.stderr.isatty() else None
+            for chunk in response.iter_bytes():
+                part.write(chunk)
+                if progress is not None:
+                    progress.add(len(chunk))
+            if progress is not None:
+                progress.done()
+        if total is not None and part.held() != total:
+            raise ClientError(
+                f"the download of {name} ended at {show.data_size(part.held())} of {show.data_size(total)}"
+                f"{_kept(part)}"
+            )
+        return part.finish()
+    except PartInUse as error:
+        raise ClientError(str(error)) from error
+    except httpx.TransportError as error:
+        if part is None or part.finished:  # no answer came
+            raise client.unreachable(error) from error
+        raise ClientError(
+            f"the download of {name} was cut off at {show.data_size(part.held())} of {show.data_size(total)} "
+            f"({error.__class__.__name__}: {error}){_kept(part)}",
+            EXIT_UNREACHABLE,
+        ) from error
+    except KeyboardInterrupt:
+        if note := _kept(part):
+            sys.stderr.write(f"\ninterrupted{note}\n")
+        raise
+    except OSError as error:
+        raise ClientError(f"cannot write {target}: {error.strerror or error}") from error
+    finally:
+        if part is not None:
+            part.close()
+
+
+def _kept(part: PartFile | None) -> str:
+    """What a stopped download leaves to resume from, as the end of a sentence."""
+    if part is None or part.finished or not part.tag_path.exists():
+        return ""
+    try:
+        held = part.held()
+    except OSError:
+        return ""
+    if not held:
+        return ""
+    return f"; {show.data_size(held)} kept in {part.path}: run the same command again to resume"
+
+
+class _DownloadProgress:
+    """`downloading NAME: 45% of 75.0 MB` on one stderr line, redrawn a few times a second."""
+
+    def __init__(self, name: str, total: int | None, done: int = 0) -> None:
+        self.name, self.total, self.done_bytes, self.drawn = name, total, done, 0.0
+
+    def add(self, count: int) -> None:
+        self.done_bytes += count
+        if time.monotonic() - self.drawn >= 0.2:
+            self._draw()
+
+    def done(self) -> None:
+        self._draw()
+        sys.stderr.write("\n")
+
+    def _draw(self) -> None:
+        self.drawn = time.monotonic()
+        if self.total:
+            how_far = f"{100 * self.done_bytes // self.total}% of {show.data_size(self.total)}"
+        else:
+            how_far = show.data_size(self.done_bytes)
+        sys.stderr.write(f"\rdownloading {self.name}: {how_far}\x1b[K")
+        sys.stderr.flush()

@@ -1,0 +1,376 @@
+"""What each client verb does, given the service's API and the verb's arguments."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+import webbrowser
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from service.client import display as show
+from service.client.api import Client
+from service.client.commands import parse_url
+from service.client.common import (
+    DEFAULT_URL,
+    EXIT_BROKEN_PIPE,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    LOG_OFFSET_HEADER,
+    TERMINAL,
+    ClientError,
+)
+from service.client.display import watch
+from service.client.downloads import download
+
+_TENSORBOARD_READY_SECONDS = 180.0  # it imports TensorFlow: slow on a busy host
+_LOG_POLL_SECONDS = 1.0
+
+
+def _read_spec(path: str) -> dict[str, Any]:
+    name = "stdin" if path == "-" else path
+    try:
+        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    except OSError as error:
+        raise ClientError(
+            f"cannot read the spec {name}: {error.strerror or error}", EXIT_USAGE
+        ) from error
+    try:
+        # JSON is UTF-8 whatever the locale says; a BOM, as some editors write, is skipped.
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise ClientError(
+            f"cannot read the spec {name}: it is not UTF-8 text ({error.reason} at byte "
+            f"{error.start}); save it as UTF-8 JSON",
+            EXIT_USAGE,
+        ) from error
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ClientError(
+            f"{name} is not valid JSON: {error.msg} at line {error.lineno} column {error.colno}",
+            EXIT_USAGE,
+        ) from error
+    if not isinstance(spec, dict):
+        raise ClientError(f"{name} must hold a JSON object (the job spec).", EXIT_USAGE)
+    return spec
+
+
+def submit(client: Client, args: argparse.Namespace) -> int:
+    spec = _read_spec(args.spec)
+    try:
+        job = client.request_json("POST", "/api/v1/jobs", json=spec)[1]
+    except ClientError as error:
+        if error.code == EXIT_USAGE:
+            source = "the spec from stdin" if args.spec == "-" else args.spec
+            error.message = f"the service rejected {source}: {error.message}"
+        raise
+    sys.stdout.write(f"{job['id']}\n")
+    sys.stdout.flush()
+    sys.stderr.write(f"submitted {job['name']!r} as job {job['id']} ({job['state']})\n")
+    if not args.watch:
+        return EXIT_OK
+    try:
+        job = watch(client, job["id"], sys.stderr)
+    except KeyboardInterrupt:
+        sys.stderr.write(
+            f"\nstopped watching; job {job['id']} goes on (towerboard cancel {job['id']})\n"
+        )
+        return EXIT_INTERRUPTED
+    sys.stderr.write(show.summary(job) + "\n")
+    return EXIT_OK if job["state"] == "succeeded" else EXIT_FAILED
+
+
+_PAGE_MOST = 200  # the API's largest page
+
+
+def _jobs(client: Client, limit: int, states: list[str]) -> dict[str, Any]:
+    """The newest `limit` jobs as one page of the API's shape, read a page at a time."""
+    data: list[dict[str, Any]] = []
+    cursor: str | None = None
+    while True:
+        params: list[tuple[str, str | int]] = [("limit", min(_PAGE_MOST, limit - len(data)))]
+        params += [("state", state) for state in states]
+        params += [("cursor", cursor)] if cursor else []
+        page: dict[str, Any] = client.get("/api/v1/jobs", params=params)
+        data += page["data"]
+        cursor = page.get("next_cursor")
+        if not cursor or len(data) >= limit:
+            return {**page, "data": data}
+
+
+def status(client: Client, args: argparse.Namespace) -> int:
+    if args.id:
+        job = client.job(args.id)
+        if args.json:
+            sys.stdout.write(json.dumps(job, indent=2) + "\n")
+            return EXIT_OK
+        p, evaluation = job.get("progress") or {}, job.get("eval") or {}
+        rows = [
+            ["id", job["id"]],
+            ["name", show.printable(job["name"])],
+            ["state", job["state"] + (" (cancel requested)" if job.get("cancel_requested") and job["state"] not in TERMINAL else "")],
+            ["progress", f"{show.steps(job)}" + (f" ({p['percent']}%)" if p.get("percent") is not None else "")],
+            ["phase", show.phase(p) or "-"],
+            ["loss", show.number(p.get("loss"))],
+            ["accuracy", show.percent(p.get("accuracy"))],
+            ["eval loss", show.number(evaluation.get("loss"))],
+            ["eval accuracy", show.percent(evaluation.get("accuracy"))],
+            ["examples/sec", show.rate(p.get("examples_per_sec"))],
+            ["eta", show.eta(job)],
+            ["tower ms", ", ".join(f"{ms:.2f}" for ms in p["tower_ms"]) if p.get("tower_ms") else "-"],
+            ["devices", show.devices_and_towers(job)],
+            ["priority", str(job["priority"])],
+            ["attempts", str(job["attempts"])],
+            ["created", f"{job['created_at']} ({show.age(job['created_at'])} ago)"],
+            ["started", job.get("started_at") or "-"],
+            ["finished", job.get("finished_at") or "-"],
+            ["checkpoint", str(p.get("checkpoint") or "-")],
+        ]  # fmt: skip
+        if job.get("error"):
+            error = job["error"]
+            rows.append(["error", str(error.get("reason"))])
+            if error.get("exit_code") is not None:
+                rows.append(["exit code", str(error["exit_code"])])
+        width = max(len(key) for key, _ in rows)
+        for key, value in rows:
+            sys.stdout.write(f"{key.ljust(width)}  {value}\n")
+        if job.get("error") and job["error"].get("log_tail"):
+            sys.stdout.write("log tail:\n")
+            for log_line in job["error"]["log_tail"]:
+                sys.stdout.write(f"  {log_line}\n")
+        return EXIT_OK
+    page = _jobs(client, args.limit, args.state or [])
+    if args.json:
+        sys.stdout.write(json.dumps(page, indent=2) + "\n")
+        return EXIT_OK
+    if not page["data"]:
+        sys.stdout.write("no jobs" + (f" {'/'.join(args.state)}" if args.state else "") + "\n")
+        return EXIT_OK
+    rows = [
+        ["ID", "NAME", "STATE", "PROGRESS", "STEP", "LOSS", "ACC", "EX/S", "ETA", "DEVICES", "AGE"]
+    ]
+    for job in page["data"]:
+        p = job.get("progress") or {}
+        percent = 100.0 if job["state"] == "succeeded" else p.get("percent")
+        rows.append([
+            job["id"], show.printable(job["name"])[:32], job["state"],
+            f"{percent:.0f}%" if isinstance(percent, int | float) else "-",
+            show.steps(job), show.number(p.get("loss")), show.percent(p.get("accuracy")),
+            show.rate(p.get("examples_per_sec")), show.eta(job), show.devices(job), show.age(job["created_at"]),
+        ])  # fmt: skip
+    show.table(rows, sys.stdout)
+    if page.get("next_cursor"):
+        sys.stdout.write(f"... {page['count'] - len(page['data'])} more (use --limit)\n")
+    return EXIT_OK
+
+
+def _note(text: str) -> None:
+    sys.stderr.write(f"towerboard: {text}\n")
+    sys.stderr.flush()
+
+
+def logs(client: Client, args: argparse.Namespace) -> int:
+    path = f"/api/v1/jobs/{args.id}/logs"
+    response = client.request("GET", path, params={"tail": args.tail})
+    sys.stdout.write(response.text)
+    sys.stdout.flush()
+    if not args.follow:
+        return EXIT_OK
+    # Read on from where the last read ended (the service says where), so every line
+    # shows once however fast the log grows.
+    offset = int(response.headers.get(LOG_OFFSET_HEADER, "0"))
+    try:
+        while True:
+            job = client.patiently(lambda: client.job(args.id), _note)
+            ended = job["state"] in TERMINAL
+            while True:  # drain: a fast log can hold more than one read's worth
+                response = client.patiently(
+                    partial(client.request, "GET", path, params={"offset": offset}), _note
+                )
+                sys.stdout.write(response.text)
+                sys.stdout.flush()
+                next_offset = int(response.headers[LOG_OFFSET_HEADER])
+                if next_offset == offset:
+                    break
+                offset = next_offset
+            if ended:  # read once more after the end, so the last lines are in
+                return EXIT_OK
+            time.sleep(_LOG_POLL_SECONDS)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def cancel(client: Client, args: argparse.Namespace) -> int:
+    response, job = client.request_json("POST", f"/api/v1/jobs/{args.id}/cancel")
+    if response.status_code == 202:
+        sys.stderr.write(f"cancel requested: job {job['id']} checkpoints and stops\n")
+    if args.wait and job["state"] not in TERMINAL:
+        while job["state"] not in TERMINAL:
+            time.sleep(0.5)
+            job = client.patiently(lambda: client.job(args.id), _note)
+    sys.stdout.write(f"{job['id']} {job['state']}\n")
+    return EXIT_OK
+
+
+def checkpoints(client: Client, args: argparse.Namespace) -> int:
+    if args.download is not None:
+        which = args.download
+        if which != "latest" and not (which.isascii() and which.isdigit()):
+            raise ClientError(
+                f"--download takes a step number or 'latest'. Received: {which!r}", EXIT_USAGE
+            )
+        # `latest` is the service's to resolve: it retries when the job's checkpoint
+        # rotation deletes the newest one between listing and reading.
+        path = download(
+            client,
+            f"/api/v1/jobs/{args.id}/checkpoints/{which}",
+            f"{args.id}-ckpt-{which}.tar.gz",
+            args.output,
+        )
+        sys.stderr.write(f"saved checkpoint to {path} ({show.data_size(path.stat().st_size)})\n")
+        sys.stdout.write(f"{path}\n")
+        return EXIT_OK
+    listing = client.get(f"/api/v1/jobs/{args.id}/checkpoints")["data"]
+    if args.json:
+        sys.stdout.write(json.dumps(listing, indent=2) + "\n")
+        return EXIT_OK
+    if not listing:
+        sys.stdout.write(f"job {args.id} has no checkpoint yet\n")
+        return EXIT_OK
+    rows = [["STEP", "SAVED", "SIZE", "URL"]]
+    for c in sorted(listing, key=lambda c: c["step"]):
+        rows.append([str(c["step"]), c["time"], show.data_size(c["size_bytes"]), c["url"]])
+    show.table(rows, sys.stdout)
+    return EXIT_OK
+
+
+def export(client: Client, args: argparse.Namespace) -> int:
+    path = download(
+        client, f"/api/v1/jobs/{args.id}/export", f"{args.id}-export.tar.gz", args.output
+    )
+    sys.stderr.write(
+        f"saved the exported model to {path} ({show.data_size(path.stat().st_size)}); "
+        "extract it and tf.saved_model.load the folder\n"
+    )
+    sys.stdout.write(f"{path}\n")
+    return EXIT_OK
+
+
+def tensorboard(client: Client, args: argparse.Namespace) -> int:
+    if args.stop:
+        client.request("DELETE", "/api/v1/tensorboard")
+        sys.stdout.write("tensorboard stopped\n")
+        return EXIT_OK
+    body: dict[str, Any] = {"job_ids": args.jobs} if args.jobs else {}
+    if args.merge:
+        body["merge"] = True
+    started, board = client.request_json("POST", "/api/v1/tensorboard", json=body)
+    # `replaced` stays in the status for the instance's life; this start did it only when
+    # it started a new one (201).
+    replaced = board.get("replaced") if started.status_code == 201 else None
+    deadline = time.monotonic() + _TENSORBOARD_READY_SECONDS
+    if board["state"] == "starting":
+        sys.stderr.write("starting TensorBoard ...\n")
+    while board["state"] == "starting" and time.monotonic() < deadline:
+        time.sleep(1.0)
+        board = client.get("/api/v1/tensorboard")
+    if board["state"] != "running":
+        raise ClientError(
+            f"TensorBoard did not come up (state {board['state']}); see the service log"
+        )
+    shown = "all jobs" if board.get("job_ids") is None else ", ".join(board["job_ids"])
+    sys.stderr.write(f"TensorBoard is running over {shown}\n")
+    if replaced:
+        # One TensorBoard serves every user: say whose view this start took away.
+        gone = "all jobs" if replaced.get("job_ids") is None else ", ".join(replaced["job_ids"])
+        sys.stderr.write(
+            f"this replaced the shared TensorBoard over {gone}, which others may have had "
+            "open (--merge adds jobs to what it shows instead)\n"
+        )
+    sys.stdout.write(f"{board['url']}\n")
+    if client.has_token:
+        sys.stderr.write(
+            "a browser needs the token too: enter it once on the dashboard, which keeps it "
+            "in the towerboard_token cookie\n"
+        )
+    # Without a display (ssh, a container) Python finds no browser and opens nothing;
+    # say so, or `--open` would look like it worked.
+    if args.open and not webbrowser.open(board["url"]):
+        sys.stderr.write(
+            "could not open a web browser here (no display?); open the URL above in one\n"
+        )
+    return EXIT_OK
+
+
+# --- wiring --------------------------------------------------------------------------
+
+
+def _url_from_env() -> str:
+    """TOWERBOARD_URL, or the default; a usage error naming the variable if it is no URL."""
+    value = os.environ.get("TOWERBOARD_URL") or DEFAULT_URL
+    try:
+        return parse_url(value)
+    except argparse.ArgumentTypeError as error:
+        raise ClientError(f"TOWERBOARD_URL: {error}", EXIT_USAGE) from None
+
+
+def _token_from_env() -> str | None:
+    """TOWERBOARD_TOKEN without the whitespace around it (as the service reads it: a header
+    value cannot keep it), or None; a usage error if a header cannot carry it."""
+    token = os.environ.get("TOWERBOARD_TOKEN", "").strip()
+    if not all(" " <= c <= "~" for c in token):
+        raise ClientError(
+            "TOWERBOARD_TOKEN holds characters an HTTP header cannot carry (expected "
+            "printable ASCII only)",
+            EXIT_USAGE,
+        )
+    return token or None
+
+
+def run(name: str, args: argparse.Namespace) -> int:
+    """Run the verb `name` (one of VERBS) on its parsed arguments; the exit code."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per request
+    try:
+        token = _token_from_env()
+        url = args.url or _url_from_env()
+    except ClientError as error:
+        sys.stderr.write(f"towerboard: error: {error.message}\n")
+        return error.code
+    client = Client(url, token)
+    try:
+        code = VERBS[name](client, args)
+        sys.stdout.flush()  # here, where a closed pipe can still be handled
+        return code
+    except ClientError as error:
+        sys.stderr.write(f"towerboard: error: {error.message}\n")
+        return error.code
+    except KeyboardInterrupt:
+        sys.stderr.write("\n")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader of stdout has gone (`towerboard status | head`): stop quietly, like
+        # any filter, and keep Python's flush at exit from failing on it again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    finally:
+        client.close()
+
+
+VERBS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
+    "submit": submit,
+    "status": status,
+    "logs": logs,
+    "cancel": cancel,
+    "checkpoints": checkpoints,
+    "export": export,
+    "tensorboard": tensorboard,
+}

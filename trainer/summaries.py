@@ -17,6 +17,7 @@ Measured by `bench/towers_bench.py` and recorded in docs/benchmarks.md.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -27,19 +28,48 @@ from tensorboard.plugins.histogram import metadata as histogram_metadata
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 from tensorboard.util import tensor_util
 
+log = logging.getLogger(__name__)
+
 HISTOGRAM_BUCKETS = 30
 _SCALAR = scalar_metadata.create_summary_metadata(display_name="", description="")
 _HISTOGRAM = histogram_metadata.create_summary_metadata(display_name="", description="")
 
 
 def histogram_buckets(values: np.ndarray, buckets: int = HISTOGRAM_BUCKETS) -> np.ndarray:
-    """[buckets, 3] of (left edge, right edge, count), the histogram plugin's format."""
+    """[buckets, 3] of (left edge, right edge, count), the histogram plugin's format.
+
+    Only finite values are counted: a NaN or infinity has no place on the axis, and
+    `np.histogram` refuses a range that holds one (a gradient that overflowed at a step
+    whose loss was still finite failed the job). A tensor of one value gets TensorBoard's
+    own shape for it (`tf.summary.histogram`): every edge at the value, every count in the
+    last bucket, so the distributions chart shows the value and not a spread from it to
+    value + 1. No values (empty, or none finite): zeros, as TensorBoard writes them.
+    """
     flat = np.asarray(values, dtype=np.float64).ravel()
-    low, high = (float(flat.min()), float(flat.max())) if flat.size else (0.0, 0.0)
-    if not high > low:  # a constant tensor still gets buckets of non-zero width
-        high = low + 1.0
-    counts, edges = np.histogram(flat, bins=buckets, range=(low, high))
-    return np.stack([edges[:-1], edges[1:], counts.astype(np.float64)], axis=1)
+    finite = np.isfinite(flat)
+    if not finite.all():
+        flat = flat[finite]
+    if not flat.size:
+        return np.zeros((buckets, 3))
+    low, high = float(flat.min()), float(flat.max())
+    if high > low:
+        try:
+            with np.errstate(over="raise", invalid="raise"):
+                counts, edges = np.histogram(flat, bins=buckets, range=(low, high))
+            return np.stack([edges[:-1], edges[1:], counts.astype(np.float64)], axis=1)
+        except (ValueError, FloatingPointError):
+            # A range float64 cannot cut into `buckets` finite widths (too narrow for its
+            # precision, or too wide to subtract): edges interpolated without overflow, and
+            # each value counted in the last bucket whose left edge it reaches.
+            t = np.arange(buckets + 1) / buckets
+            edges = np.maximum.accumulate(low * (1.0 - t) + high * t)  # rounding: keep sorted
+            index = np.clip(np.searchsorted(edges, flat, side="right") - 1, 0, buckets - 1)
+            counts = np.bincount(index, minlength=buckets)
+            return np.stack([edges[:-1], edges[1:], counts.astype(np.float64)], axis=1)
+    one = np.full((buckets, 3), low)
+    one[:, 2] = 0.0
+    one[-1, 2] = flat.size
+    return one
 
 
 class SummaryManager:
@@ -48,6 +78,7 @@ class SummaryManager:
     def __init__(self, logdir: Path | None) -> None:
         self.logdir = logdir
         self._writers: dict[str, tf.summary.SummaryWriter] = {}
+        self._warned_nonfinite: set[str] = set()
 
     def writer(self, subdir: str) -> tf.summary.SummaryWriter:
         if self.logdir is None:
@@ -85,10 +116,19 @@ class SummaryManager:
                 if isinstance(tensor, tf.Tensor | tf.Variable)
                 else np.asarray(tensor)
             )
+            buckets = histogram_buckets(values)
+            if tag not in self._warned_nonfinite and (dropped := values.size - buckets[:, 2].sum()):
+                # Once a tag: the log says why its histogram holds fewer values than the tensor.
+                self._warned_nonfinite.add(tag)
+                log.warning(
+                    "%s holds %d NaN or infinite values at step %d; its histogram counts the "
+                    "finite ones (said once)",
+                    tag, int(dropped), step,
+                )  # fmt: skip
             summary.value.add(
                 tag=tag,
                 metadata=_HISTOGRAM,
-                tensor=tensor_util.make_tensor_proto(histogram_buckets(values)),
+                tensor=tensor_util.make_tensor_proto(buckets),
             )
         self._write_proto(subdir, summary, step)
 

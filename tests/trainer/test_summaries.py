@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.plugins.distribution.compressor import compress_histogram
 
 from trainer.summaries import SummaryManager, histogram_buckets
 
@@ -26,8 +27,55 @@ def test_histogram_buckets_count_every_value():
 
 
 def test_histogram_buckets_constant_tensor():
+    # TensorBoard's own shape for one value: every edge at it, the count in the last bucket.
     buckets = histogram_buckets(np.full((4, 4), 3.0))
-    assert buckets[:, 2].sum() == 16 and buckets[0, 0] == 3.0 and buckets[-1, 1] == 4.0
+    assert buckets.shape == (30, 3)
+    assert (buckets[:, :2] == 3.0).all() and buckets[-1, 2] == 16 and buckets[:, 2].sum() == 16
+
+
+@pytest.mark.parametrize("value", [0.0, 3.0, -1e-6])
+def test_distribution_of_a_constant_tensor_is_the_value(value):
+    # What the distributions chart draws (TensorBoard's compressor): every percentile at the
+    # value. Buckets [v, v + 1] drew an all-zero bias as spread from 0 to 1, median 0.017.
+    for _, percentile in compress_histogram(histogram_buckets(np.full(64, value))):
+        assert percentile == value
+
+
+def test_histogram_buckets_count_finite_values_only():
+    # A NaN or an infinity in a gradient must not fail the job (np.histogram refuses a
+    # range that holds one): the histogram counts the finite values.
+    buckets = histogram_buckets(np.array([1.0, np.nan, np.inf, -np.inf, 2.0, 1.5]))
+    assert buckets[:, 2].sum() == 3 and buckets[0, 0] == 1.0 and buckets[-1, 1] == 2.0
+    for nothing in (np.array([np.nan, np.inf]), np.zeros((0, 3))):
+        assert (histogram_buckets(nothing) == 0).all()
+
+
+@pytest.mark.parametrize(
+    "values",
+    [np.array([1.0, 1.0 + 1e-15, 1.0]), np.array([-1.7e308, 0.0, 1.7e308])],
+    ids=["narrower than float64 can cut", "wider than float64 can subtract"],
+)
+def test_histogram_buckets_of_extreme_ranges(values):
+    buckets = histogram_buckets(values)
+    assert buckets[:, 2].sum() == values.size and np.isfinite(buckets).all()
+    assert buckets[0, 0] == values.min() and buckets[-1, 1] == values.max()
+    assert (np.diff(buckets[:, 0]) >= 0).all()
+
+
+def test_histograms_with_non_finite_values_are_written_and_logged_once(tmp_path, caplog):
+    summaries = SummaryManager(tmp_path)
+    grad = tf.constant([np.inf, 1.0, 2.0, np.nan])
+    for step in (1, 2):
+        summaries.histograms("train", {"gradients/w": grad, "weights/w": np.ones(3)}, step=step)
+    summaries.close()
+    acc = read(tmp_path / "train")
+    assert [e.step for e in acc.Tensors("gradients/w")] == [1, 2]
+    assert tf.make_ndarray(acc.Tensors("gradients/w")[0].tensor_proto)[:, 2].sum() == 2
+    warnings = [r.getMessage() for r in caplog.records if "gradients/w" in r.getMessage()]
+    assert warnings == [
+        "gradients/w holds 2 NaN or infinite values at step 1; its histogram counts the "
+        "finite ones (said once)"
+    ]
 
 
 def test_write_scalars_and_histograms_read_back(tmp_path):

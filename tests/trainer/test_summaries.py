@@ -4,8 +4,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.compat.proto import event_pb2
 from tensorboard.plugins.distribution.compressor import compress_histogram
 
+from trainer.descriptions import describe
 from trainer.summaries import SummaryManager, histogram_buckets
 
 
@@ -101,3 +103,78 @@ def test_summary_manager_without_logdir_writes_nothing(tmp_path, monkeypatch):
     summaries.close()
     assert list(tmp_path.iterdir()) == []
     assert summaries._writers == {}
+
+
+def raw_values(logdir):
+    """(tag, step, has metadata) of every summary value in `logdir`'s event files, in order."""
+    out = []
+    for path in sorted(logdir.glob("events.out.tfevents.*")):
+        for record in tf.data.TFRecordDataset(str(path)):
+            event = event_pb2.Event.FromString(record.numpy())
+            for value in event.summary.value:
+                out.append((value.tag, event.step, value.HasField("metadata")))
+    return out
+
+
+def test_every_tag_is_described_and_read_back_whole(tmp_path):
+    summaries = SummaryManager(tmp_path)
+    for step in (10, 20, 30):
+        summaries.scalars("train", {"loss": step / 10, "tower_1/compute_ms": 2.0}, step=step)
+        summaries.histograms("train", {"gradients/dense/kernel": np.arange(4.0)}, step=step)
+        summaries.scalars("eval", {"accuracy": 0.5}, step=step)
+    summaries.images(
+        "train", {"tower_0/inputs": np.zeros((2, 4, 4, 1), np.float32)}, step=10, max_images=2
+    )
+    summaries.close()
+    train, evals = read(tmp_path / "train"), read(tmp_path / "eval")
+    described = {
+        tag: acc.SummaryMetadata(tag).summary_description
+        for acc in (train, evals)
+        for tag in acc.Tags()["tensors"]
+    }
+    assert all(described.values()), described
+    assert "tower 1" in described["tower_1/compute_ms"]
+    assert "`dense/kernel`" in described["gradients/dense/kernel"]
+    assert "EMA" in evals.SummaryMetadata("accuracy").summary_description
+    # Metadata only in a tag's first value, yet every value is read, under its plugin.
+    assert [e.step for e in train.Tensors("loss")] == [10, 20, 30]
+    assert [tf.make_ndarray(e.tensor_proto) for e in train.Tensors("loss")] == [1.0, 2.0, 3.0]
+    assert [e.step for e in train.Tensors("gradients/dense/kernel")] == [10, 20, 30]
+    assert train.SummaryMetadata("loss").plugin_data.plugin_name == "scalars"
+    assert train.SummaryMetadata("gradients/dense/kernel").plugin_data.plugin_name == ("histograms")
+
+
+def test_metadata_is_written_once_a_tag_per_event_file(tmp_path):
+    # TensorBoard keeps a tag's first metadata; repeating it (with its description) in
+    # every value would triple the scalars' share of the event file.
+    summaries = SummaryManager(tmp_path)
+    for step in (1, 2, 3):
+        summaries.scalars("train", {"loss": 1.0, "accuracy": 0.5}, step=step)
+        summaries.histograms("train", {"weights/w": np.ones(3)}, step=step)
+    summaries.close()
+    # A resumed job writes a new event file: its first values carry the metadata again.
+    summaries.scalars("train", {"loss": 1.0}, step=4)
+    summaries.close()
+    with_metadata = [(tag, step) for tag, step, has in raw_values(tmp_path / "train") if has]
+    assert with_metadata == [("loss", 1), ("accuracy", 1), ("weights/w", 1), ("loss", 4)]
+
+
+def test_describe_knows_the_tags_a_job_writes():
+    for subdir, tag in [
+        ("train", "loss"),
+        ("train", "accuracy"),
+        ("train", "learning_rate"),
+        ("train", "grad_norm"),
+        ("train", "examples_per_sec"),
+        ("train", "step_time_ms"),
+        ("train", "tower_12/loss"),
+        ("train", "tower_0/compute_ms"),
+        ("train", "tower_3/inputs"),
+        ("train", "weights/block_1/conv/kernel"),
+        ("train", "gradients/dense/bias"),
+        ("eval", "loss"),
+        ("eval", "accuracy"),
+    ]:
+        assert describe(subdir, tag), (subdir, tag)
+    assert describe("train", "tower_12/loss").startswith("Mean loss of the examples tower 12")
+    assert describe("eval", "grad_norm") == describe("train", "no such tag") == ""

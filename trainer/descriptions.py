@@ -1,0 +1,58 @@
+"""What each TensorBoard tag of a job means: the description TensorBoard shows with its chart.
+
+Kept apart from `summaries.py` (which writes) and from the controller (which names the
+tags), so the words a user reads are in one place. No TensorFlow: a table and a lookup.
+A tag this table does not know gets no description (TensorBoard then shows the tag alone).
+"""
+
+from __future__ import annotations
+
+import re
+
+_EMA = "with the EMA weights when `ema_decay` is set"
+
+# (sub-directory, tag pattern, description); `{i}` is the tower, `{name}` the variable.
+_TABLE: list[tuple[str, str, str]] = [
+    ("train", r"loss",
+     "Mean loss of this step's global batch, over every tower (cross-entropy; the L2 "
+     "weight decay is not in it)."),
+    ("train", r"accuracy", "Fraction of this step's global batch classified right (0 to 1)."),
+    ("train", r"learning_rate",
+     "Learning rate this step's update used: the schedule, after its linear warm-up."),
+    ("train", r"grad_norm",
+     "Global L2 norm of this step's gradient, averaged over the towers, weight decay "
+     "included, before clipping."),
+    ("train", r"examples_per_sec",
+     "Examples trained per second over the steps since the previous point, timing the "
+     "steps alone (input, the step, reading its loss): summaries, evals and checkpoints "
+     "are left out."),
+    ("train", r"step_time_ms",
+     "Mean milliseconds a step took over the steps since the previous point (input, the "
+     "step, reading its loss): summaries, evals and checkpoints are left out."),
+    ("train", r"tower_(?P<i>\d+)/loss",
+     "Mean loss of the examples tower {i} trained on this step (no point where its shard "
+     "was empty)."),
+    ("train", r"tower_(?P<i>\d+)/compute_ms",
+     "Milliseconds tower {i}'s ops ran a step, forward and backward, measured in the device "
+     "trace that ended at this step (on a GPU, its kernels' time on the device)."),
+    ("train", r"tower_(?P<i>\d+)/inputs",
+     "Images tower {i} trained on at this step, after augmentation (the first "
+     "`summaries.max_images` of its shard)."),
+    ("train", r"weights/(?P<name>.+)", "Values of `{name}` after this step's update."),
+    ("train", r"gradients/(?P<name>.+)",
+     "Gradient of `{name}` at this step, averaged over the towers, weight decay included, "
+     "before clipping."),
+    ("eval", r"loss", f"Mean loss over the held-out eval batches, {_EMA}."),
+    ("eval", r"accuracy",
+     f"Fraction of the held-out eval examples classified right (0 to 1), {_EMA}."),
+]  # fmt: skip
+
+_COMPILED = [(subdir, re.compile(pattern), text) for subdir, pattern, text in _TABLE]
+
+
+def describe(subdir: str, tag: str) -> str:
+    """The description of `tag` under `tb/<subdir>`, or '' for a tag the table lacks."""
+    for where, pattern, text in _COMPILED:
+        if where == subdir and (match := pattern.fullmatch(tag)):
+            return text.format(**match.groupdict())
+    return ""

@@ -4,23 +4,78 @@ A checkpoint holds the model, the optimizer (slots and iteration count), the ste
 EMA shadows, the Keras seed-generator states (dropout masks; `tf.train.Checkpoint` does
 not reach them through the model) and the data iterator, so a resumed run continues
 exactly where it stopped. Files are `checkpoints/ckpt-<step>.*`, kept by
-`tf.train.CheckpointManager`.
+`tf.train.CheckpointManager`, which lists them in its `checkpoints/checkpoint` state file.
+
+Resuming survives damage a crash, a full disk or a hand can leave: a newest
+checkpoint whose files are missing or cut short is set aside (`checkpoints/damaged/`)
+for the newest one that reads whole. Only a checkpoint that reads whole and still does
+not restore is the job's own mismatch (`CheckpointMismatch`).
 """
 
 from __future__ import annotations
 
+import logging
+import shutil
 import time
 from pathlib import Path
 
 import keras
 import tensorflow as tf
 
+from trainer.rundir import write_text_atomic
 from trainer.spec import CheckpointSpec
 from trainer.towers import TowerTrainer
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointMismatch(RuntimeError):
     """The run dir's latest checkpoint was written for a different model or optimizer."""
+
+
+class CheckpointDamaged(RuntimeError):
+    """A checkpoint's files are missing or cut short, so it cannot be read whole."""
+
+
+def _damage(path: str) -> str | None:
+    """Why the checkpoint at `path` cannot be read whole, or None if every tensor reads.
+
+    Run only after a restore failed, to tell damage (a torn save, a lost file) from a
+    checkpoint of another job: it reads the whole checkpoint once more.
+    """
+    try:
+        dtypes = tf.train.load_checkpoint(path).get_variable_to_dtype_map()
+        # One RestoreV2 of every tensor: the reader's get_tensor cannot give a variant
+        # (the data iterator's state).
+        with tf.device("/CPU:0"):
+            tf.raw_ops.RestoreV2(
+                prefix=path,
+                tensor_names=list(dtypes),
+                shape_and_slices=[""] * len(dtypes),
+                dtypes=list(dtypes.values()),
+            )
+    except Exception as e:  # noqa: BLE001 - a torn file raises OpErrors, IndexError, ...
+        return " ".join(str(e).split()) or type(e).__name__
+    return None
+
+
+def _write_state(directory: Path, steps: list[int]) -> None:
+    """Write the state file listing the checkpoints of `steps` (oldest first)."""
+    names = [f"ckpt-{step}" for step in steps]
+    times = []
+    for name in names:
+        try:
+            times.append((directory / f"{name}.index").stat().st_mtime)
+        except OSError:
+            times.append(time.time())
+    # The manager tracks (and rotates) only checkpoints newer than the last preserved
+    # time: their own mtimes, then, and a preserved time before the oldest. The file is
+    # the text proto TensorFlow writes (its writer for it is deprecated in TF 2).
+    lines = [f'model_checkpoint_path: "{names[-1]}"']
+    lines += [f'all_model_checkpoint_paths: "{name}"' for name in names]
+    lines += [f"all_model_checkpoint_timestamps: {t!r}" for t in times]
+    lines.append(f"last_preserved_timestamp: {min(times) - 1.0!r}")
+    write_text_atomic(directory / "checkpoint", "\n".join(lines) + "\n")
 
 
 def _seed_states(model: keras.Model) -> list[tf.Variable]:
@@ -47,13 +102,18 @@ class Checkpointer:
         if trainer.ema is not None:
             items["ema"] = trainer.ema
         self.checkpoint = tf.train.Checkpoint(**items)
-        self.manager = tf.train.CheckpointManager(
-            self.checkpoint, str(directory), max_to_keep=spec.keep, checkpoint_name="ckpt"
-        )
+        self.directory = directory
         self.spec = spec
+        self.manager = self._manager()
         self._trainer = trainer
         self._last_step = -1
         self._last_time = time.monotonic()
+
+    def _manager(self) -> tf.train.CheckpointManager:
+        """A manager over the directory's state file as it is now."""
+        return tf.train.CheckpointManager(
+            self.checkpoint, str(self.directory), max_to_keep=self.spec.keep, checkpoint_name="ckpt"
+        )
 
     def _kept(self) -> dict[int, str]:
         """Step -> path prefix of the checkpoints kept, oldest first."""
@@ -68,24 +128,66 @@ class Checkpointer:
         return steps[-1] if steps else None
 
     def restore_latest(self) -> int | None:
-        """Restore the newest checkpoint, if any; return its step."""
-        latest = self.latest_step()
-        return None if latest is None else self.restore(latest)
+        """Restore the newest checkpoint that reads whole, if any; return its step.
+
+        Damaged newer ones are set aside once an older one is restored. If every one is
+        damaged, nothing is moved and `CheckpointDamaged` says so: training again from
+        step 0 is the user's call.
+        """
+        damaged: list[tuple[int, CheckpointDamaged]] = []
+        for step in reversed(self.steps()):
+            try:
+                restored = self.restore(step)
+            except CheckpointDamaged as e:
+                log.warning("%s; trying the one before it", e)
+                damaged.append((step, e))
+                continue
+            if damaged:
+                self._set_aside([s for s, _ in damaged])
+            return restored
+        if damaged:
+            raise CheckpointDamaged(
+                "Cannot resume: every checkpoint in checkpoints/ is damaged ("
+                + "; ".join(str(e) for _, e in damaged)
+                + "). Move checkpoints/ away to train the job again from step 0."
+            )
+        return None
 
     def restore(self, step: int) -> int:
         """Restore the checkpoint of `step` (one of `steps()`); return the step restored."""
         path = self._kept()[step]
+        name = f"{Path(path).parent.name}/{Path(path).name}"
         try:
             self.checkpoint.restore(path).assert_existing_objects_matched()
-        except (AssertionError, ValueError, tf.errors.OpError) as e:
+        except Exception as e:
+            damage = _damage(path)
+            if damage is not None:
+                raise CheckpointDamaged(f"{name} is damaged: {damage}") from e
+            if not isinstance(e, (AssertionError, ValueError, tf.errors.OpError)):
+                raise
             # TensorFlow names a variable and two shapes; say what that means for a job.
             raise CheckpointMismatch(
-                f"Cannot resume from {Path(path).parent.name}/{Path(path).name}: it does not fit this job's "
+                f"Cannot resume from {name}: it does not fit this job's "
                 f"model or optimizer (was the spec changed after it was written? Use a new job dir). {e}"
             ) from e
         self._last_step = int(self._trainer.step.numpy())
         self._last_time = time.monotonic()
         return self._last_step
+
+    def _set_aside(self, steps: list[int]) -> None:
+        """Move the damaged checkpoints of `steps` into `checkpoints/damaged/` (kept for a
+        look, out of the state file, the service's listing and the manager's rotation)."""
+        aside = self.directory / "damaged"
+        aside.mkdir(exist_ok=True)
+        for step in steps:
+            for path in self.directory.glob(f"ckpt-{step}.*"):
+                shutil.move(str(path), str(aside / path.name))
+        _write_state(self.directory, [s for s in self.steps() if s not in steps])
+        self.manager = self._manager()
+        log.warning(
+            "set aside damaged %s in checkpoints/damaged/",
+            ", ".join(f"ckpt-{s}" for s in steps),
+        )
 
     def due_by_steps(self, step: int) -> bool:
         return (

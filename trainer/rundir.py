@@ -112,20 +112,25 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def write_json_atomic(path: Path, payload: Any) -> None:
-    """Write JSON to a temp file beside `path`, then rename: readers never see half a file."""
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` to a temp file beside `path`, then rename: readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(_finite(payload), f, indent=2, sort_keys=True, allow_nan=False)
-            f.write("\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    """Write JSON atomically (`write_text_atomic`), every NaN or infinity as null."""
+    text = json.dumps(_finite(payload), indent=2, sort_keys=True, allow_nan=False)
+    write_text_atomic(path, text + "\n")
 
 
 class ProgressWriter:

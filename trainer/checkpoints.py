@@ -6,7 +6,8 @@ not reach them through the model) and the data iterator, so a resumed run contin
 exactly where it stopped. Files are `checkpoints/ckpt-<step>.*`, kept by
 `tf.train.CheckpointManager`, which lists them in its `checkpoints/checkpoint` state file.
 
-Resuming survives damage a crash, a full disk or a hand can leave: a newest
+Resuming survives damage a crash, a full disk or a hand can leave: a state file that is
+lost or unreadable is rebuilt from the `ckpt-<step>.index` files there, and a newest
 checkpoint whose files are missing or cut short is set aside (`checkpoints/damaged/`)
 for the newest one that reads whole. Only a checkpoint that reads whole and still does
 not restore is the job's own mismatch (`CheckpointMismatch`).
@@ -15,6 +16,7 @@ not restore is the job's own mismatch (`CheckpointMismatch`).
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import time
 from pathlib import Path
@@ -27,6 +29,8 @@ from trainer.spec import CheckpointSpec
 from trainer.towers import TowerTrainer
 
 log = logging.getLogger(__name__)
+
+_INDEX = re.compile(r"^ckpt-(\d+)\.index$")
 
 
 class CheckpointMismatch(RuntimeError):
@@ -78,6 +82,29 @@ def _write_state(directory: Path, steps: list[int]) -> None:
     write_text_atomic(directory / "checkpoint", "\n".join(lines) + "\n")
 
 
+def _recover_state(directory: Path) -> None:
+    """Rebuild a lost or unreadable `checkpoint` state file from the `ckpt-<step>.index`
+    files in `directory`. TensorFlow ignores such a state file (a warning in the log),
+    and the job would train again from step 0 over its own checkpoints."""
+    state = tf.train.get_checkpoint_state(str(directory))
+    if state is not None and state.all_model_checkpoint_paths:
+        return
+    steps = sorted(
+        int(m.group(1))
+        for m in (_INDEX.match(p.name) for p in directory.glob("ckpt-*.index"))
+        if m is not None
+    )
+    if not steps:
+        return
+    was = "unreadable" if (directory / "checkpoint").exists() else "missing"
+    _write_state(directory, steps)
+    log.warning(
+        "checkpoints/checkpoint was %s: rebuilt it from the checkpoint files (%s)",
+        was,
+        ", ".join(f"ckpt-{step}" for step in steps),
+    )
+
+
 def _seed_states(model: keras.Model) -> list[tf.Variable]:
     return [v.value for v in model.non_trainable_variables if "seed_generator" in v.path]
 
@@ -104,6 +131,8 @@ class Checkpointer:
         self.checkpoint = tf.train.Checkpoint(**items)
         self.directory = directory
         self.spec = spec
+        if directory.is_dir():
+            _recover_state(directory)
         self.manager = self._manager()
         self._trainer = trainer
         self._last_step = -1

@@ -90,3 +90,26 @@ def test_every_checkpoint_damaged_fails_saying_so_and_moves_nothing(finished, tm
     ), result["message"]
     assert "does not fit" not in result["message"]
     assert sorted(p.name for p in (job_dir / "checkpoints").iterdir()) == before
+
+
+@pytest.mark.parametrize("state", ["missing", "unreadable"])
+def test_a_lost_state_file_is_rebuilt_from_the_checkpoint_files(finished, tmp_path, state):
+    # TensorFlow ignores a missing or unparsable `checkpoint` file: the job trained again
+    # from step 0, over its own checkpoints.
+    job_dir = resumable(finished, tmp_path / "job")
+    state_file = job_dir / "checkpoints" / "checkpoint"
+    if state == "missing":
+        state_file.unlink()
+    else:
+        state_file.write_bytes(b"\x00garbage{")
+    code, result, log = run_worker(job_dir)
+    assert code == 0, log
+    assert result["step"] == 40
+    assert start_steps(job_dir) == [0, 30]
+    assert f"checkpoints/checkpoint was {state}: rebuilt it" in log
+    # Rotation still keeps 3: the rebuilt list is the manager's to rotate.
+    assert sorted(p.name for p in (job_dir / "checkpoints").glob("*.index")) == [
+        "ckpt-20.index",
+        "ckpt-30.index",
+        "ckpt-40.index",
+    ]

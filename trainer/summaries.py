@@ -161,11 +161,17 @@ class SummaryManager:
     def images(
         self, subdir: str, images: Mapping[str, tf.Tensor | np.ndarray], step: int, max_images: int
     ) -> None:
-        """Image grids; channel counts TensorBoard cannot show (not 1, 3 or 4) show channel 0."""
+        """Up to `max_images` images a tag, values clipped to [0, 1]. One channel shows as
+        grayscale, three as RGB; four show their first three as RGB, since TensorBoard would
+        take the fourth for alpha and hide every pixel where it is low (to a model it is
+        data: depth, infrared, or an alpha it reads as any channel); any other count shows
+        channel 0."""
         with self.writer(subdir).as_default(step=step):
             for tag, batch in images.items():
                 batch = tf.convert_to_tensor(batch)[:max_images]
-                if batch.shape[-1] not in (1, 3, 4):
+                if batch.shape[-1] == 4:
+                    batch = batch[..., :3]
+                elif batch.shape[-1] not in (1, 3):
                     batch = batch[..., :1]
                 tf.summary.image(
                     tag,

@@ -178,3 +178,24 @@ def test_describe_knows_the_tags_a_job_writes():
         assert describe(subdir, tag), (subdir, tag)
     assert describe("train", "tower_12/loss").startswith("Mean loss of the examples tower 12")
     assert describe("eval", "grad_norm") == describe("train", "no such tag") == ""
+
+
+@pytest.mark.parametrize(
+    ("channels", "shown"), [(1, 1), (2, 1), (3, 3), (4, 3), (5, 1)], ids=lambda v: str(v)
+)
+def test_images_show_what_the_tower_trained_on(tmp_path, channels, shown):
+    # Values as the model saw them (clipped to [0, 1]); a fourth channel is data, not
+    # alpha: as alpha, its zeros made the pixels invisible.
+    batch = np.zeros((3, 4, 5, channels), np.float32)
+    batch[..., 0] = 1.5  # clipped to 1
+    batch[0, 0, 0, :] = -1.0  # clipped to 0
+    summaries = SummaryManager(tmp_path)
+    summaries.images("train", {"tower_0/inputs": batch}, step=1, max_images=2)
+    summaries.close()
+    [event] = read(tmp_path / "train").Tensors("tower_0/inputs")
+    width, height, *pngs = tf.make_ndarray(event.tensor_proto)
+    assert (int(width), int(height), len(pngs)) == (5, 4, 2)
+    image = tf.io.decode_png(pngs[0]).numpy()
+    assert image.shape == (4, 5, shown)
+    assert image[0, 0, 0] == 0 and (image[1:, :, 0] == 255).all()
+    assert (image[..., 1:] == 0).all()

@@ -70,6 +70,9 @@ class JobRecord:
     error: dict[str, Any] | None
     progress_offset: int
     version: int  # +1 on every write to the row: a cheap test of whether it changed
+    # An ended job's worker process that had not exited yet ({"pid", "pid_started",
+    # "devices"}): its devices stay held until it has, across a service restart too.
+    exiting: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     result TEXT,
     error TEXT,
     progress_offset INTEGER NOT NULL DEFAULT 0,
-    version INTEGER NOT NULL DEFAULT 1
+    version INTEGER NOT NULL DEFAULT 1,
+    exiting TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, priority DESC, seq);
 CREATE TABLE IF NOT EXISTS metrics (
@@ -117,9 +121,9 @@ CREATE TABLE IF NOT EXISTS metrics (
 """
 
 # Columns added since the first schema, for stores made before them.
-_ADDED_COLUMNS = {"crashes": "INTEGER NOT NULL DEFAULT 0"}
+_ADDED_COLUMNS = {"crashes": "INTEGER NOT NULL DEFAULT 0", "exiting": "TEXT"}
 
-_JSON_COLUMNS = ("spec", "devices", "progress", "eval", "result", "error")
+_JSON_COLUMNS = ("spec", "devices", "progress", "eval", "result", "error", "exiting")
 
 
 def _row_to_record(row: sqlite3.Row) -> JobRecord:
@@ -257,6 +261,10 @@ class JobStore:
     def running(self) -> list[JobRecord]:
         return self._records("SELECT * FROM jobs WHERE state = 'running' ORDER BY seq")
 
+    def exiting(self) -> list[JobRecord]:
+        """Ended jobs whose worker had not exited when last seen (see JobRecord.exiting)."""
+        return self._records("SELECT * FROM jobs WHERE exiting IS NOT NULL ORDER BY seq")
+
     def count_by_state(self) -> dict[JobState, int]:
         rows = self._reader().execute("SELECT state, COUNT(*) FROM jobs GROUP BY state")
         counts = dict.fromkeys(JobState, 0)
@@ -356,8 +364,10 @@ class JobStore:
         *,
         result: dict[str, Any] | None,
         error: dict[str, Any] | None,
+        exiting: dict[str, Any] | None = None,
     ) -> bool:
-        """Running -> a terminal state; the devices are free again."""
+        """Running -> a terminal state; the job holds no devices. `exiting`: its worker has
+        not exited yet (its pid, pid_started and devices), until `exited` is called."""
         return self._update(
             job_id,
             JobState.RUNNING,
@@ -368,7 +378,14 @@ class JobStore:
             pid=None,
             pid_started=None,
             finished_at=time.time(),
+            exiting=exiting,
         )
+
+    def exited(self, job_id: str) -> None:
+        """An ended job's worker has exited (see `finish`'s `exiting`). The job's JSON does
+        not change, so neither does its version."""
+        with self._transaction() as conn:
+            conn.execute("UPDATE jobs SET exiting = NULL WHERE id = ?", (job_id,))
 
     def fail_queued(self, job_id: str, *, error: dict[str, Any]) -> bool:
         """Queued -> failed, for a job that can never start here."""

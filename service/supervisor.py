@@ -177,6 +177,19 @@ class Supervisor:
                 self._ended(job, WorkerExit(), killed=False)
             else:
                 self._requeue(job, "its worker is gone")
+        for job in self._store.exiting():
+            exiting = job.exiting or {}
+            worker = adopt_worker(
+                job_id=job.id,
+                run=self.run_dir(job.id),
+                pid=exiting.get("pid"),
+                started=exiting.get("pid_started"),
+            )
+            if worker is None:
+                self._store.exited(job.id)
+            else:  # its grace starts again: this service never saw it begin
+                devices = list(exiting.get("devices") or [])
+                self._exiting[job.id] = _Exiting(job.id, worker, devices, time.monotonic())
 
     # --- one pass ----------------------------------------------------------------------
 
@@ -215,7 +228,7 @@ class Supervisor:
         if told is not None:
             self._read_progress_guarded(job.id)  # the end line, written before result.json
             self._exiting[job.id] = _Exiting(job.id, worker, list(job.devices), time.monotonic())
-            self._ended(job, told, killed=False)
+            self._ended(job, told, killed=False, exiting=worker)
 
     def _told_exit(self, job: JobRecord) -> WorkerExit | None:
         """The exit a running worker's result.json announces, when that ends its job (not a
@@ -236,6 +249,7 @@ class Supervisor:
         grace = self._settings.cancel_grace_seconds
         for job_id, exiting in list(self._exiting.items()):
             if exiting.worker.poll() is not None:
+                self._store.exited(job_id)
                 del self._exiting[job_id]
             elif not exiting.worker.killed and time.monotonic() - exiting.since > grace:
                 log.warning(
@@ -306,8 +320,11 @@ class Supervisor:
         for line in lines:
             self._publish(JobEvent(job_id, str(line.get("event", "progress")), line))
 
-    def _ended(self, job: JobRecord, exit: WorkerExit, *, killed: bool) -> None:
-        """The worker has ended: requeue the job if it was only interrupted, else finish it."""
+    def _ended(
+        self, job: JobRecord, exit: WorkerExit, *, killed: bool, exiting: Worker | None = None
+    ) -> None:
+        """The worker has ended (or, `exiting`, said so and is still exiting): requeue the
+        job if it was only interrupted, else finish it."""
         run = self.run_dir(job.id)
         result = run.read_result() if inside(run.root, run.result) else None
         cancel_requested = job.cancel_requested_at is not None
@@ -333,7 +350,15 @@ class Supervisor:
             log_tail=tail_lines(run.log, ERROR_LOG_LINES) if inside(run.root, run.log) else [],
             restarts_after_kills=job.crashes,
         )
-        self._store.finish(job.id, final.state, result=final.result, error=final.error)
+        self._store.finish(
+            job.id,
+            final.state,
+            result=final.result,
+            error=final.error,
+            exiting=None
+            if exiting is None
+            else {"pid": exiting.pid, "pid_started": exiting.started, "devices": job.devices},
+        )
         self._forget(job.id)
         log.info(
             "Job %s %s%s",

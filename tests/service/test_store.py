@@ -75,7 +75,7 @@ def test_requeue_increments_attempts_and_frees_devices(store: JobStore) -> None:
     assert again is not None and again.attempts == 3 and again.crashes == 1
 
 
-def test_store_from_before_crashes_column_gains_it(tmp_path: Path) -> None:
+def test_store_from_before_added_columns_gains_them(tmp_path: Path) -> None:
     # A jobs table as the first version wrote it, with a job in it.
     path = tmp_path / "jobs.db"
     store = JobStore(path)
@@ -83,15 +83,28 @@ def test_store_from_before_crashes_column_gains_it(tmp_path: Path) -> None:
     store.close()
     conn = sqlite3.connect(path)
     conn.execute("ALTER TABLE jobs DROP COLUMN crashes")
+    conn.execute("ALTER TABLE jobs DROP COLUMN exiting")
     conn.commit()
     conn.close()
 
     reopened = JobStore(path)
     old = reopened.get(job.id)
-    assert old is not None and old.crashes == 0 and old.spec == SPEC
+    assert old is not None and old.crashes == 0 and old.exiting is None and old.spec == SPEC
     reopened.mark_running(job.id, devices=["cpu:0"])
     assert reopened.requeue(job.id, crashed=True)
     assert reopened.get(job.id).crashes == 1  # type: ignore[union-attr]
+
+
+def test_exiting_worker_kept_until_it_has_exited(store: JobStore) -> None:
+    job = store.create(SPEC)
+    store.mark_running(job.id, devices=["cpu:0"])
+    exiting = {"pid": 1234, "pid_started": 99, "devices": ["cpu:0"]}
+    store.finish(job.id, JobState.SUCCEEDED, result=None, error=None, exiting=exiting)
+    ended = store.get(job.id)
+    assert ended is not None and ended.devices == [] and ended.exiting == exiting
+    assert [record.id for record in store.exiting()] == [job.id]
+    store.exited(job.id)
+    assert store.exiting() == [] and store.get(job.id).version == ended.version  # type: ignore[union-attr]
 
 
 def test_finish_records_result_and_error(store: JobStore) -> None:

@@ -174,6 +174,38 @@ def test_job_ends_at_its_result_and_its_device_waits_for_the_worker_to_exit(
     assert service.job(first["id"])["state"] == "succeeded"
 
 
+def test_restarted_service_keeps_an_ended_jobs_devices_until_its_worker_exits(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # The service stops while a finished job's worker is still exiting. The next service
+    # must not give that worker's devices to another job (on a GPU, the old process still
+    # holds its memory), nor forget to kill it after the grace.
+    before = make_service(
+        env={"TOWERBOARD_CPU_JOBS": "1", "TOWERBOARD_CANCEL_GRACE_SECONDS": "600",
+             **fake_worker_env(tmp_path)},
+    )  # fmt: skip
+    before.start()
+    first = before.submit(job_spec(name="hang"))  # sleeps an hour after its result
+    assert before.wait_state(first["id"], "succeeded")["state"] == "succeeded"
+    second = before.submit(job_spec(name="quick"))
+    pid = worker_pid(before, first["id"])
+    before.kill()
+
+    after = make_service(
+        env={"TOWERBOARD_CPU_JOBS": "1", "TOWERBOARD_CANCEL_GRACE_SECONDS": "2",
+             **fake_worker_env(tmp_path)},
+        data_dir=before.data_dir,
+    )  # fmt: skip
+    after.start()
+    devices = after.client.get("/api/v1/devices").json()["data"]
+    assert [device["job_id"] for device in devices] == [first["id"]]
+    assert after.job(second["id"])["state"] == "queued"
+    assert after.wait_state(second["id"], "succeeded", timeout=30)["state"] == "succeeded"
+    assert pid not in worker_pids(after, first["id"])
+    assert after.job(first["id"])["state"] == "succeeded"
+    assert f"Job {first['id']}: its worker wrote its result 2 s ago" in after.log.read_text()
+
+
 def test_worker_that_never_exits_after_its_result_is_killed_after_the_grace(
     make_service: Callable[..., Service], tmp_path: Path
 ) -> None:

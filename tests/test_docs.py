@@ -242,19 +242,28 @@ def _documented(package: str, module: str) -> bool:
     return False
 
 
-ROUTES_PENDING = pytest.mark.xfail(
-    strict=True,
-    reason="architecture.md: the service table's `routes/` row does not name its modules "
-    "(fixed by the lead)",
-)
+# Modules architecture.md does not name yet, and why, until the lead adds them.
+UNDOCUMENTED_MODULES = {
+    **{
+        f"service/routes/{name}.py": "the service table's `routes/` row names no module"
+        for name in ("devices", "events", "health", "jobs", "tensorboard")
+    },
+    "trainer/descriptions.py": "the trainer table has no row for `descriptions.py`",
+}
+
+
+def _module_param(package: str, module: str) -> Any:
+    reason = UNDOCUMENTED_MODULES.get(f"{package}/{module}")
+    if reason is None:
+        return pytest.param(package, module)
+    xfail = pytest.mark.xfail(strict=True, reason=f"architecture.md: {reason} (fixed by the lead)")
+    return pytest.param(package, module, marks=xfail)
 
 
 @pytest.mark.parametrize(
     "package, module",
     [
-        pytest.param(package, module, marks=ROUTES_PENDING)
-        if module.startswith("routes/")
-        else (package, module)
+        _module_param(package, module)
         for package in ("service", "trainer")
         for module in _modules_on_disk(package)
     ],

@@ -113,7 +113,11 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
 
     p = verb("cancel", "cancel a queued or running job")
     p.add_argument("id", type=_job_id, metavar="ID")
-    p.add_argument("--wait", action="store_true", help="wait until the job has stopped")
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait until the job has stopped (one that had already ended is no error)",
+    )
 
     p = verb("checkpoints", "list a job's checkpoints, or download one")
     p.add_argument("id", type=_job_id, metavar="ID")

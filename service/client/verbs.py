@@ -210,7 +210,19 @@ def logs(client: Client, args: argparse.Namespace) -> int:
 
 
 def cancel(client: Client, args: argparse.Namespace) -> int:
-    response, job = client.request_json("POST", f"/api/v1/jobs/{args.id}/cancel")
+    try:
+        response, job = client.request_json("POST", f"/api/v1/jobs/{args.id}/cancel")
+    except ClientError as refused:
+        if not args.wait:
+            raise
+        # `--wait` asks for a stopped job: one that ended already (cancelled by someone
+        # else, or finished meanwhile) is that, and a script waiting on it goes on.
+        job = client.job(args.id)
+        if job["state"] not in TERMINAL:
+            raise refused from None
+        sys.stderr.write(f"job {job['id']} had already ended ({job['state']})\n")
+        sys.stdout.write(f"{job['id']} {job['state']}\n")
+        return EXIT_OK
     if response.status_code == 202:
         sys.stderr.write(f"cancel requested: job {job['id']} checkpoints and stops\n")
     if args.wait and job["state"] not in TERMINAL:

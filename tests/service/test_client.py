@@ -286,6 +286,11 @@ def test_cancel_queued_and_running_jobs(service: Service) -> None:
         f"towerboard: error: Job {running['id']!r} is already cancelled; "
         "only queued or running jobs can be cancelled."
     )
+    # --wait asks for a stopped job, and this one is: a script waiting on it goes on.
+    waited = towerboard("cancel", running["id"], "--wait", url=service.base_url)
+    assert waited.returncode == 0, waited.stderr
+    assert waited.stdout == f"{running['id']} cancelled\n"
+    assert waited.stderr == f"job {running['id']} had already ended (cancelled)\n"
 
 
 def test_submit_watch_failed_job_exits_1(service: Service, tmp_path: Path) -> None:

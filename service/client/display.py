@@ -94,13 +94,23 @@ def phase(progress: dict[str, Any]) -> str:
     return f"{phase} {done}/{of}" if isinstance(done, int) and isinstance(of, int) else str(phase)
 
 
-def eta(job: dict[str, Any]) -> str:
+# Seconds without a progress report after which a running job's time left is unknown. A
+# worker reports at least every 2 s while it trains, so this is a stall (or a long save):
+# counted on, the ETA would reach 0 and say the job is nearly done. As the dashboard.
+QUIET_SECONDS = 60.0
+
+
+def eta(job: dict[str, Any], *, why: bool = False) -> str:
+    """The worker's ETA counted down since it was reported; "?" after QUIET_SECONDS
+    without a report (`why`: and for how long)."""
     p = job.get("progress") or {}
     if job.get("state") != "running" or not isinstance(p.get("eta_seconds"), int | float):
         return "-"
     at = timestamp(p.get("updated_at"))
-    left = p["eta_seconds"] - (max(0.0, time.time() - at) if at else 0.0)
-    return duration(max(0.0, left))
+    quiet = max(0.0, time.time() - at) if at else 0.0
+    if quiet > QUIET_SECONDS:
+        return f"? (no report for {duration(quiet)})" if why else "?"
+    return duration(max(0.0, p["eta_seconds"] - quiet))
 
 
 def devices(job: dict[str, Any]) -> str:

@@ -125,7 +125,7 @@ def status(client: Client, args: argparse.Namespace) -> int:
             ["eval loss", show.number(evaluation.get("loss"))],
             ["eval accuracy", show.percent(evaluation.get("accuracy"))],
             ["examples/sec", show.rate(p.get("examples_per_sec"))],
-            ["eta", show.eta(job)],
+            ["eta", show.eta(job, why=True)],
             ["tower ms", ", ".join(f"{ms:.2f}" for ms in p["tower_ms"]) if p.get("tower_ms") else "-"],
             ["devices", show.devices_and_towers(job)],
             ["priority", str(job["priority"])],

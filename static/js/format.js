@@ -44,14 +44,20 @@ export function age(iso, now = Date.now() / 1000) {
   return t === null ? DASH : duration(Math.max(0, now - t));
 }
 
+/** Seconds without a progress report after which a running job's time left is unknown.
+ *  A worker reports at least every 2 s while it trains, so this is a stall (or a long
+ *  save): counted on, the ETA would reach 0 and say the job is nearly done. As the CLI. */
+export const QUIET_SECONDS = 60;
+
 /** A running job's time left: the worker's ETA, counted down since it was reported. */
 export function eta(job, now = Date.now() / 1000) {
   const p = job.progress;
   if (!p || !isNum(p.eta_seconds)) return DASH;
   if (job.state !== "running") return job.state === "succeeded" ? duration(0) : DASH;
   const at = seconds(p.updated_at);
-  const left = at === null ? p.eta_seconds : p.eta_seconds - Math.max(0, now - at);
-  return duration(Math.max(0, left));
+  const quiet = at === null ? 0 : Math.max(0, now - at);
+  if (quiet > QUIET_SECONDS) return `? (no report for ${duration(quiet)})`;
+  return duration(Math.max(0, p.eta_seconds - quiet));
 }
 
 export function bytes(n) {

@@ -345,3 +345,20 @@ def test_invalid_json_puts_the_caret_where_it_broke(session: Session) -> None:
     assert editor.evaluate("el => el.selectionStart") == text.index(",,") + 1
     expect(editor).to_have_value(text)
     assert session.errors == []
+
+
+def test_eta_is_unknown_once_the_worker_goes_quiet(session: Session) -> None:
+    """A stalled worker's ETA counted down to 0 and stayed there, saying "nearly done";
+    after a minute without a report it is unknown, and says for how long (as the CLI)."""
+    page = session.page
+    page.goto("/")
+    shown = page.evaluate("""async () => {
+      const { eta } = await import("/static/js/format.js");
+      const now = Date.now() / 1000;
+      const job = (ago) => ({ state: "running", progress: {
+        eta_seconds: 300, updated_at: new Date((now - ago) * 1000).toISOString() } });
+      return [eta(job(10), now), eta(job(59), now), eta(job(130), now),
+              eta({ ...job(130), state: "succeeded" }, now)];
+    }""")
+    assert shown == ["4m 50s", "4m 01s", "? (no report for 2m 10s)", "0s"]
+    assert session.errors == []

@@ -603,6 +603,23 @@ def test_phase_shows_how_far_a_phase_is() -> None:
     assert phase({}) == ""
 
 
+def test_eta_counts_down_then_is_unknown_once_the_worker_goes_quiet() -> None:
+    # A stalled worker's ETA counted down to 0 and stayed there: "nearly done".
+    from datetime import UTC, datetime, timedelta
+
+    from service.client.display import eta
+
+    def job(reported_ago: float) -> dict[str, Any]:
+        at = datetime.now(UTC) - timedelta(seconds=reported_ago)
+        return {"state": "running", "progress": {"eta_seconds": 300, "updated_at": at.isoformat()}}
+
+    assert eta(job(10)) == "4m50s"
+    assert eta(job(59)) == "4m01s"
+    assert eta(job(130)) == "?"
+    assert eta(job(130), why=True) == "? (no report for 2m10s)"
+    assert eta({**job(130), "state": "succeeded"}) == "-"
+
+
 def test_watch_into_a_file_writes_a_line_per_new_phase_not_per_checkpoint(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

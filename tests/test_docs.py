@@ -117,29 +117,7 @@ def _settings_table() -> dict[str, str]:
     return documented
 
 
-UNDOCUMENTED_SETTINGS = {
-    "poll_seconds": "TOWERBOARD_POLL_SECONDS",
-    "python": "TOWERBOARD_PYTHON",
-    "worker_module": "TOWERBOARD_WORKER_MODULE",
-}
-
-
-@pytest.mark.parametrize(
-    "field",
-    [
-        pytest.param(
-            name,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason=f"README: the settings table has no row for {UNDOCUMENTED_SETTINGS[name]} "
-                "(fixed by the lead)",
-            ),
-        )
-        if name in UNDOCUMENTED_SETTINGS
-        else name
-        for name in SETTINGS_FIELDS
-    ],
-)
+@pytest.mark.parametrize("field", SETTINGS_FIELDS)
 def test_every_setting_is_in_the_readme_settings_table(field: str) -> None:
     variable = ENV_PREFIX + field.upper()
     assert variable in _settings_table(), (
@@ -242,28 +220,10 @@ def _documented(package: str, module: str) -> bool:
     return False
 
 
-# Modules architecture.md does not name yet, and why, until the lead adds them.
-UNDOCUMENTED_MODULES = {
-    **{
-        f"service/routes/{name}.py": "the service table's `routes/` row names no module"
-        for name in ("devices", "events", "health", "jobs", "tensorboard")
-    },
-    "trainer/descriptions.py": "the trainer table has no row for `descriptions.py`",
-}
-
-
-def _module_param(package: str, module: str) -> Any:
-    reason = UNDOCUMENTED_MODULES.get(f"{package}/{module}")
-    if reason is None:
-        return pytest.param(package, module)
-    xfail = pytest.mark.xfail(strict=True, reason=f"architecture.md: {reason} (fixed by the lead)")
-    return pytest.param(package, module, marks=xfail)
-
-
 @pytest.mark.parametrize(
     "package, module",
     [
-        _module_param(package, module)
+        (package, module)
         for package in ("service", "trainer")
         for module in _modules_on_disk(package)
     ],
@@ -414,11 +374,6 @@ def test_every_api_path_the_docs_mention_exists(app: FastAPI) -> None:
     assert not wrong, f"The docs mention routes the app does not have: {wrong}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="README: GET /api/v1/jobs, POST /api/v1/jobs/<id>/cancel, GET /api/v1/devices and "
-    "DELETE /api/v1/tensorboard are not shown (fixed by the lead)",
-)
 def test_every_public_api_route_is_in_the_docs(app: FastAPI) -> None:
     mentioned = [(m, p) for m, p in _mentions() if m is not None]
     missing = [
@@ -431,11 +386,6 @@ def test_every_public_api_route_is_in_the_docs(app: FastAPI) -> None:
     assert not missing, f"Public routes the README and architecture.md never show: {missing}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="README: `curl -C - -OJ` is refused by curl ('--continue-at and --remote-header-name "
-    "cannot be combined'); name the file with -o instead (fixed by the lead)",
-)
 def test_no_curl_example_resumes_under_the_servers_file_name() -> None:
     """curl refuses `-C` with `-J` (it cannot know the name before it asks), exit 2."""
     curls = list(_curl_words())

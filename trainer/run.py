@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import signal
 import threading
 import time
@@ -22,7 +23,14 @@ from pydantic import ValidationError
 
 from trainer.cluster import Cluster, ClusterError, cluster_from_env
 from trainer.errors import one_line
-from trainer.rundir import OUTCOME_EXIT_CODES, ExitCode, Outcome, RunDir, write_json_atomic
+from trainer.rundir import (
+    OUTCOME_EXIT_CODES,
+    ExitCode,
+    Outcome,
+    ProgressWriter,
+    RunDir,
+    write_json_atomic,
+)
 from trainer.spec import JobSpec, field_errors, format_errors
 
 log = logging.getLogger("trainer")
@@ -51,16 +59,21 @@ def load_spec(path: Path) -> JobSpec:
 
 def _write_result(rundir: RunDir, outcome: Outcome, message: str, **fields: Any) -> ExitCode:
     code = OUTCOME_EXIT_CODES[outcome]
-    write_json_atomic(
-        rundir.result,
-        {
-            "outcome": outcome.value,
-            "exit_code": int(code),
-            "message": message,
-            "finished_at": round(time.time(), 3),
-            **fields,
-        },
-    )
+    try:
+        write_json_atomic(
+            rundir.result,
+            {
+                "outcome": outcome.value,
+                "exit_code": int(code),
+                "message": message,
+                "finished_at": round(time.time(), 3),
+                **fields,
+            },
+        )
+    except OSError as e:
+        # A full or read-only disk: the exit code and the log's last line still say how
+        # the job ended (the service reads a missing result.json with the exit code).
+        log.error("could not write result.json: %s", e)
     # The log's last line says how the job ended, as result.json does (a cancelled job's
     # log otherwise ends on whatever TensorFlow printed last).
     log.info("%s (exit %d): %s", outcome.value, int(code), message)
@@ -110,6 +123,44 @@ def run_job(job_dir: Path, spec_path: Path | None = None) -> ExitCode:
     if spec_path.resolve() != rundir.spec.resolve():
         write_json_atomic(rundir.spec, spec.model_dump(mode="json"))
     return _train(spec, job, rundir, stop, cluster)
+
+
+# What the OS says when a run directory cannot be written, in an OSError or TensorFlow's
+# message (a summary flush, a checkpoint save: "<path>; No space left on device"), and
+# what to do about it.
+_DISK_PROBLEMS = {
+    "No space left on device": "free space on its disk",
+    "Disk quota exceeded": "free space or raise the quota",
+    "Read-only file system": "make it writable",
+}
+_DISK_PATH = re.compile(r"(/[^\s;{}']+)'?(?:; |: )(?:" + "|".join(_DISK_PROBLEMS) + ")")
+
+
+def _disk_problem(error: BaseException, rundir: RunDir) -> str | None:
+    """One line for an error that is the disk's, not the job's: what, where, what to do."""
+    text = str(error)
+    problem = next((p for p in _DISK_PROBLEMS if p in text), None)
+    if problem is None:
+        return None
+    path = getattr(error, "filename", None) or next(iter(_DISK_PATH.findall(text)), None)
+    where = ""
+    if path:
+        with contextlib.suppress(ValueError):
+            path = str(Path(path).relative_to(rundir.root))
+        where = f" writing {path}"
+    return (
+        f"{problem}{where}: {_DISK_PROBLEMS[problem]}, then run the job again to resume "
+        "from its last checkpoint."
+    )
+
+
+def _quietly(what: str, action: Any, *args: Any, **kwargs: Any) -> None:
+    """Run a write on the way out of a failed job; a failure of its own (the same full
+    disk) is logged, not raised over the job's own error and exit code."""
+    try:
+        action(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        log.error("could not %s: %s", what, one_line(e))
 
 
 def _stop_on_signals(stop: threading.Event) -> None:
@@ -183,7 +234,6 @@ def _train(
     from trainer.data import eval_dataset, steps_per_epoch, train_dataset
     from trainer.export import export_model
     from trainer.optim import make_optimizer
-    from trainer.rundir import ProgressWriter
     from trainer.summaries import SummaryManager
     from trainer.towers import TowerTrainer
 
@@ -194,12 +244,13 @@ def _train(
     else:
         assert spec.epochs is not None  # the spec holds one of the two
         total = spec.epochs * steps_per_epoch(arrays.num_train, spec.batch_size)
-    progress = ProgressWriter(rundir.progress)
     # In a cluster the chief alone writes TensorBoard's logs (trainer/cluster.py).
     summaries = SummaryManager(rundir.tensorboard if cluster.is_chief else None)
     step, controller = 0, None
     strategy = job["strategy"]
+    progress: ProgressWriter | None = None
     try:
+        progress = ProgressWriter(rundir.progress)
         # Keras ties an optimizer to the strategy it is made under.
         with strategy.scope() if strategy else contextlib.nullcontext():
             optimizer = make_optimizer(spec.optimizer)
@@ -277,18 +328,33 @@ def _train(
         return _write_result(rundir, Outcome.SUCCEEDED, f"Trained {step} steps.", **fields)
     except NonFiniteLoss as e:
         log.error("%s", e)
-        progress.write("end", step=e.step, total=total, outcome="failed", phase="done")
+        _end_failed(progress, e.step, total)
         return _write_result(rundir, Outcome.FAILED, str(e), step=e.step, total=total)
     except Exception as e:  # noqa: BLE001 - any crash becomes a failed result, not a stuck job
         log.error("training failed:\n%s", traceback.format_exc())
         step = controller.at_step if controller is not None else step
-        message = one_line(e)  # the whole traceback is in the log, above
+        # The whole traceback is in the log, above.
+        message = _disk_problem(e, rundir) or one_line(e)
         if strategy is not None:
             from trainer.multiworker import lost_worker
 
             message = lost_worker(e, step) or message
-        progress.write("end", step=step, total=total, outcome="failed", phase="done")
+        _end_failed(progress, step, total)
         return _write_result(rundir, Outcome.FAILED, message, step=step, total=total)
     finally:
-        summaries.close()
-        progress.close()
+        _quietly("close the TensorBoard writers", summaries.close)
+        if progress is not None:
+            _quietly("close progress.jsonl", progress.close)
+
+
+def _end_failed(progress: ProgressWriter | None, step: int, total: int) -> None:
+    if progress is not None:
+        _quietly(
+            "write progress.jsonl",
+            progress.write,
+            "end",
+            step=step,
+            total=total,
+            outcome="failed",
+            phase="done",
+        )

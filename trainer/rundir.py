@@ -145,12 +145,17 @@ class ProgressWriter:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
         self._file = open(path, "a", buffering=1)  # noqa: SIM115 - held for the run
 
     def write(self, event: str, **fields: Any) -> None:
         line = _finite({"time": round(time.time(), 3), "event": event, **fields})
-        self._file.write(json.dumps(line, sort_keys=True, allow_nan=False) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(line, sort_keys=True, allow_nan=False) + "\n")
+            self._file.flush()
+        except OSError as e:
+            # A full disk's error names no file; the job's message should.
+            raise OSError(e.errno, e.strerror, str(self.path)) from e
 
     def close(self) -> None:
         self._file.close()

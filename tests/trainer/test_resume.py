@@ -1,13 +1,17 @@
 """Resuming a job from its run dir after what crashes, full disks and hands leave behind."""
 
+import contextlib
 import json
 import os
 import shutil
+import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.trainer.test_run import TINY, run_worker, with_
+from tests.trainer.test_run import TINY, run_worker, start_worker, with_
 from trainer.rundir import read_progress
 
 # Checkpoints at 10, 20 and 30, the last of them final.
@@ -113,3 +117,87 @@ def test_a_lost_state_file_is_rebuilt_from_the_checkpoint_files(finished, tmp_pa
         "ckpt-30.index",
         "ckpt-40.index",
     ]
+
+
+@pytest.fixture
+def small_disk(tmp_path) -> Iterator[Path]:
+    """A folder on its own 4 MiB tmpfs, to fill."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs to fill")
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_full_disk_fails_the_job_in_one_line_naming_the_file(small_disk):
+    # The disk fills mid-run: the worker died on a chain of tracebacks (the failed step's
+    # error, then progress.jsonl's and result.json's own), its log ending on TensorFlow's
+    # stack, with no word of what to do.
+    job_dir = small_disk / "job"
+    spec = with_(
+        BASE,
+        steps=100_000,
+        summaries={
+            "scalars_every": 10,
+            "histograms_every": 0,
+            "images_every": 0,
+            "trace_steps": [],
+        },
+        checkpoint={"every_steps": 100, "every_seconds": 0, "keep": 2},
+    )
+    proc = start_worker(job_dir, spec)
+    deadline = time.monotonic() + 120
+    while not (job_dir / "checkpoints" / "ckpt-100.index").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint came"
+        time.sleep(0.01)
+    # Unbuffered: nothing left to flush (and fail) on close.
+    with open(small_disk / "filler", "wb", buffering=0) as filler, contextlib.suppress(OSError):
+        while True:
+            filler.write(b"\0" * 65536)
+    log, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, log
+    last = log.rstrip().splitlines()[-1]
+    assert " INFO trainer: failed (exit 1): No space left on device writing " in last, log[-3000:]
+    assert last.endswith(
+        ": free space on its disk, then run the job again to resume from its last checkpoint."
+    ), last
+    assert "could not write result.json: [Errno 28] No space left on device" in log
+    # With space again, the job resumes from its last checkpoint.
+    (small_disk / "filler").unlink()
+    code, result, log = run_worker(job_dir, with_(spec, steps=300))
+    assert code == 0, log
+    assert "resumed from step" in log and result["step"] == 300
+
+
+def test_a_run_dir_made_read_only_fails_the_job_in_one_line(small_disk):
+    # The run dir goes read-only mid-run (a remount after disk errors): here a read-only
+    # bind mount over it, so files the worker holds open stay writable and the next
+    # checkpoint is the first write to fail.
+    job_dir = small_disk / "job"
+    proc = start_worker(job_dir, with_(BASE, steps=100_000))
+    deadline = time.monotonic() + 120
+    while not (job_dir / "checkpoints" / "ckpt-10.index").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint came"
+        time.sleep(0.01)
+    subprocess.run(["mount", "--bind", str(job_dir), str(job_dir)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(job_dir)], check=True)
+        log, _ = proc.communicate(timeout=120)
+    finally:
+        subprocess.run(["umount", "-l", str(job_dir)], check=False)
+    assert proc.returncode == 1, log
+    last = log.rstrip().splitlines()[-1]
+    assert " INFO trainer: failed (exit 1): Read-only file system writing checkpoints/ckpt-" in last
+    assert last.endswith(
+        ": make it writable, then run the job again to resume from its last checkpoint."
+    ), last

@@ -279,8 +279,11 @@ def export(client: Client, args: argparse.Namespace) -> int:
 
 def tensorboard(client: Client, args: argparse.Namespace) -> int:
     if args.stop:
+        was = client.get("/api/v1/tensorboard")["state"]
         client.request("DELETE", "/api/v1/tensorboard")
-        sys.stdout.write("tensorboard stopped\n")
+        sys.stdout.write(
+            "tensorboard stopped\n" if was != "stopped" else "tensorboard was not running\n"
+        )
         return EXIT_OK
     body: dict[str, Any] = {"job_ids": args.jobs} if args.jobs else {}
     if args.merge:

@@ -397,6 +397,8 @@ def test_tensorboard_starts_and_prints_proxied_url(
 
     stop = towerboard("tensorboard", "--stop", url=service.base_url)
     assert stop.returncode == 0 and stop.stdout == "tensorboard stopped\n"
+    again = towerboard("tensorboard", "--stop", url=service.base_url)
+    assert again.returncode == 0 and again.stdout == "tensorboard was not running\n"
 
 
 def test_errors_are_one_line_with_exit_codes(service: Service, tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ Measured by `bench/towers_bench.py` and recorded in docs/benchmarks.md.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
@@ -60,12 +61,14 @@ def histogram_buckets(values: np.ndarray, buckets: int = HISTOGRAM_BUCKETS) -> n
     value + 1. No values (empty, or none finite): zeros, as TensorBoard writes them.
     """
     flat = np.asarray(values, dtype=np.float64).ravel()
-    finite = np.isfinite(flat)
-    if not finite.all():
-        flat = flat[finite]
     if not flat.size:
         return np.zeros((buckets, 3))
     low, high = float(flat.min()), float(flat.max())
+    if not (math.isfinite(low) and math.isfinite(high)):  # a NaN or infinity is min or max
+        flat = flat[np.isfinite(flat)]
+        if not flat.size:
+            return np.zeros((buckets, 3))
+        low, high = float(flat.min()), float(flat.max())
     if high > low:
         try:
             with np.errstate(over="raise", invalid="raise"):

@@ -18,7 +18,7 @@ _TABLE: list[tuple[str, str, str]] = [
      "weight decay is not in it)."),
     ("train", r"accuracy", "Fraction of this step's global batch classified right (0 to 1)."),
     ("train", r"learning_rate",
-     "Learning rate this step's update used: the schedule, after its linear warm-up."),
+     "Learning rate this step's update used: the linear warm-up, then the schedule."),
     ("train", r"grad_norm",
      "Global L2 norm of this step's gradient, averaged over the towers, weight decay "
      "included, before clipping."),

@@ -82,6 +82,21 @@ def _write_state(directory: Path, steps: list[int]) -> None:
     write_text_atomic(directory / "checkpoint", "\n".join(lines) + "\n")
 
 
+def _remove_torn_saves(directory: Path) -> None:
+    """Delete what saves cut short left in `directory` (a SIGKILL mid-save): TensorFlow
+    writes a checkpoint into `ckpt-<step>_temp/` and renames it into place when whole, and
+    never looks at a leftover again; it can be as large as a checkpoint. Run before this
+    process saves, so no save of its own is under way."""
+    torn = [*directory.glob("ckpt-*_temp"), *directory.glob("ckpt-*.tempstate*")]
+    for path in torn:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    if torn:
+        log.info("removed %s, left by a save cut short", ", ".join(sorted(p.name for p in torn)))
+
+
 def _recover_state(directory: Path) -> None:
     """Rebuild a lost or unreadable `checkpoint` state file from the `ckpt-<step>.index`
     files in `directory`. TensorFlow ignores such a state file (a warning in the log),
@@ -132,6 +147,7 @@ class Checkpointer:
         self.directory = directory
         self.spec = spec
         if directory.is_dir():
+            _remove_torn_saves(directory)
             _recover_state(directory)
         self.manager = self._manager()
         self._trainer = trainer

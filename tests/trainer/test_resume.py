@@ -201,3 +201,19 @@ def test_a_run_dir_made_read_only_fails_the_job_in_one_line(small_disk):
     assert last.endswith(
         ": make it writable, then run the job again to resume from its last checkpoint."
     ), last
+
+
+def test_what_a_save_cut_short_left_is_removed(finished, tmp_path):
+    # SIGKILL while TensorFlow writes ckpt-40 leaves ckpt-40_temp/ (as large as a
+    # checkpoint, by the time the data is written) that nothing ever removed.
+    job_dir = resumable(finished, tmp_path / "job")
+    torn = job_dir / "checkpoints" / "ckpt-40_temp"
+    torn.mkdir()
+    (torn / "part-00000-of-00001.data-00000-of-00001.tempstate8172121586601828615").write_bytes(
+        b"\0" * 4096
+    )
+    code, result, log = run_worker(job_dir)
+    assert code == 0, log
+    assert "removed ckpt-40_temp, left by a save cut short" in log
+    assert "resumed from step 30" in log and result["step"] == 40
+    assert not torn.exists()

@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-access-log", dest="access_log", action="store_false", help="do not log each request"
     )
     serve.set_defaults(handler=_serve)
-    add_client_commands(verbs)  # submit, status, logs, cancel, checkpoints, export, tensorboard
+    add_client_commands(verbs)  # submit, status, logs, cancel, delete, checkpoints, export, ...
     return parser
 
 

@@ -35,6 +35,10 @@ class JobJson:
             return None
         return self.put(job)
 
+    def forget(self, job_id: str) -> None:
+        """Drop a deleted job's JSON."""
+        self._rendered.pop(job_id, None)
+
     def put(self, job: JobRecord) -> bytes:
         """Render `job` and keep it for later reads."""
         body = render_job(job)

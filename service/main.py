@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.responses import Response
 
+from service import deletion
 from service.auth import BearerAuth, document_bearer_auth
 from service.bodylimit import BodyLimit
 from service.deps import Runtime, known_query
@@ -80,6 +82,11 @@ def lock_data_dir(data_dir: Path) -> int:
 async def _running(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
     """The service's long-lived parts, from start to stop (the data dir lock is held)."""
     settings.runs_dir.mkdir(parents=True, exist_ok=True)
+    # What a stopped service left half-removed; in the background, as a delete removes, so
+    # a large leftover never delays the start (a daemon: a stop mid-way is swept again).
+    threading.Thread(
+        target=deletion.sweep, args=(settings.runs_dir,), name="sweep", daemon=True
+    ).start()
     store = JobStore(settings.db_path)
     pool = DevicePool.from_settings(settings)
     broker = EventBroker(asyncio.get_running_loop())

@@ -387,6 +387,19 @@ class JobStore:
         with self._transaction() as conn:
             conn.execute("UPDATE jobs SET exiting = NULL WHERE id = ?", (job_id,))
 
+    def delete(self, job_id: str) -> bool:
+        """Remove an ended job whose worker has exited, and its metrics. False when the job
+        is not (or no longer) such a job."""
+        with self._transaction() as conn:
+            deleted = conn.execute(
+                "DELETE FROM jobs WHERE id = ? AND state IN ('succeeded', 'failed', 'cancelled')"
+                " AND exiting IS NULL",
+                (job_id,),
+            ).rowcount
+            if deleted:
+                conn.execute("DELETE FROM metrics WHERE job_id = ?", (job_id,))
+            return deleted == 1
+
     def fail_queued(self, job_id: str, *, error: dict[str, Any]) -> bool:
         """Queued -> failed, for a job that can never start here."""
         return self._update(

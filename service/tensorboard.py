@@ -66,12 +66,13 @@ def mirror_logdir(logdir: Path, runs_dir: Path, job_ids: tuple[str, ...] | None)
     if job_ids is None:
         with os.scandir(runs_dir) as found:
             job_ids = tuple(e.name for e in found if e.is_dir() and not e.name.startswith("."))
+    _drop_deleted(logdir, runs_dir)
     for job_id in job_ids:
         source = runs_dir / job_id / "tb"
         try:
             entries = list(os.scandir(source))
         except (FileNotFoundError, NotADirectoryError):
-            continue  # not started yet
+            continue  # not started yet, or deleted
         view = logdir / job_id
         view.mkdir(exist_ok=True)
         for entry in entries:
@@ -82,6 +83,16 @@ def mirror_logdir(logdir: Path, runs_dir: Path, job_ids: tuple[str, ...] | None)
                         _link(view / "plugins" / plugin.name, Path(plugin.path))
             else:
                 _link(view / entry.name, Path(entry.path))
+
+
+def _drop_deleted(logdir: Path, runs_dir: Path) -> None:
+    """Take the view of every deleted job (its run directory gone) out of the logdir: its
+    links lead nowhere, and TensorBoard would list its runs on as empty."""
+    with os.scandir(logdir) as views:
+        gone = [v.name for v in views if v.is_dir(follow_symlinks=False)
+                and not (runs_dir / v.name).is_dir()]  # fmt: skip
+    for job_id in gone:
+        shutil.rmtree(logdir / job_id)  # links and the plugins/ folder: never what they lead to
 
 
 def covers(shown: tuple[str, ...] | None, wanted: tuple[str, ...] | None) -> bool:

@@ -119,6 +119,9 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
         help="wait until the job has stopped (one that had already ended is no error)",
     )
 
+    p = verb("delete", "delete ended jobs for good: record, log, checkpoints and export")
+    p.add_argument("ids", nargs="+", type=_job_id, metavar="ID")
+
     p = verb("checkpoints", "list a job's checkpoints, or download one")
     p.add_argument("id", type=_job_id, metavar="ID")
     p.add_argument(

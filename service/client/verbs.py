@@ -23,6 +23,7 @@ from service.client.common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_UNREACHABLE,
     EXIT_USAGE,
     LOG_OFFSET_HEADER,
     TERMINAL,
@@ -233,6 +234,23 @@ def cancel(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def delete(client: Client, args: argparse.Namespace) -> int:
+    """Each job in turn; one that cannot be deleted is said and skipped (exit 1 at the end)."""
+    refused = False
+    for job_id in dict.fromkeys(args.ids):  # each once, in the order given
+        try:
+            client.request("DELETE", f"/api/v1/jobs/{job_id}")
+        except ClientError as error:
+            if error.code == EXIT_UNREACHABLE:
+                raise
+            sys.stderr.write(f"towerboard: error: {error.message}\n")
+            refused = True
+            continue
+        sys.stdout.write(f"{job_id} deleted\n")
+        sys.stdout.flush()
+    return EXIT_FAILED if refused else EXIT_OK
+
+
 def checkpoints(client: Client, args: argparse.Namespace) -> int:
     if args.download is not None:
         which = args.download
@@ -385,6 +403,7 @@ VERBS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "status": status,
     "logs": logs,
     "cancel": cancel,
+    "delete": delete,
     "checkpoints": checkpoints,
     "export": export,
     "tensorboard": tensorboard,

@@ -1,4 +1,4 @@
-"""/api/v1/jobs: submit, list, read, cancel, follow, and read what a job wrote."""
+"""/api/v1/jobs: submit, list, read, cancel, delete, follow, and read what a job wrote."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import TypeAdapter
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.background import BackgroundTask
 from typing_extensions import TypedDict  # pydantic needs it, not typing's, before 3.12
 
+from service import deletion
 from service.admission import admit
 from service.archives import ArchiveHead
 from service.checkpoints import (
@@ -213,6 +215,59 @@ def cancel_job(job: JobDep, runtime: RuntimeDep) -> Response:
     # see it now, not only when the worker has ended after its grace period.
     runtime.broker.publish(JobEvent.state(updated))
     return Response(render_job(updated), status_code=status, media_type=_JSON)
+
+
+@router.delete(
+    "/{job_id}",
+    status_code=204,
+    response_class=Response,
+    responses={
+        **_NOT_FOUND,
+        204: {"description": "Deleted: the job, its metrics and its run directory"},
+        409: {"model": ErrorPublic, "description": "The job has not ended, or its worker "
+              "has not exited yet"},
+        500: {"model": ErrorPublic, "description": "Its run directory could not be moved"},
+    },
+)  # fmt: skip
+def delete_job(job: JobDep, runtime: RuntimeDep) -> Response:
+    """Delete an ended job for good: its record, metrics, logs, checkpoints and export.
+    Its files leave the API and TensorBoard at once; the disk space is freed just after."""
+    if not job.state.is_terminal:
+        raise HTTPException(
+            409,
+            f"Job {job.id!r} is {job.state.value}; only an ended job can be deleted. Cancel "
+            f"it first (POST /api/v1/jobs/{job.id}/cancel), then delete it once it has ended.",
+        )
+    if job.exiting is not None:
+        raise HTTPException(
+            409,
+            f"Job {job.id!r} has ended but its worker process is still exiting; try again "
+            "in a few seconds.",
+        )
+    runs_dir = runtime.settings.runs_dir
+    try:
+        aside = deletion.set_aside(runs_dir, job.id)
+    except OSError as error:
+        raise HTTPException(
+            500,
+            f"Job {job.id!r} was not deleted: its run directory could not be moved aside "
+            f"({error.strerror or error}).",
+        ) from error
+    try:
+        deleted = runtime.store.delete(job.id)
+    except BaseException:
+        if aside is not None:
+            deletion.put_back(aside, runs_dir, job.id)
+        raise
+    if not deleted:  # its worker was found still exiting meanwhile (a service restart)
+        if aside is not None:
+            deletion.put_back(aside, runs_dir, job.id)
+        raise HTTPException(409, f"Job {job.id!r} cannot be deleted now; try again.")
+    runtime.job_json.forget(job.id)
+    runtime.broker.publish(JobEvent(job.id, "deleted", {"id": job.id}))
+    # After the answer: removing gigabytes of checkpoints takes a while.
+    background = None if aside is None else BackgroundTask(deletion.remove, aside)
+    return Response(status_code=204, background=background)
 
 
 # One profile request at a time: each reads what is pending and writes the merge.

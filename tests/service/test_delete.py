@@ -1,0 +1,147 @@
+"""Deleting ended jobs: the API, the CLI, what is left on disk and in TensorBoard's view."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.tensorboard import mirror_logdir
+from tests.service.harness import Service, fake_worker_env, job_spec
+from tests.service.test_client import one_error_line, towerboard
+from tests.service.test_jobs import read_sse
+
+
+@pytest.fixture
+def service(make_service: Callable[..., Service], tmp_path: Path) -> Iterator[Service]:
+    """A service whose workers are stand-ins (tests/service/harness.py): jobs end in a blink."""
+    service = make_service(env={"TOWERBOARD_CPU_JOBS": "1", **fake_worker_env(tmp_path)})
+    service.start()
+    yield service
+
+
+def _until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_delete_ended_job_removes_record_metrics_and_files(service: Service) -> None:
+    kept = service.submit(job_spec(name="quick"))
+    gone = service.submit(job_spec(name="quick"))
+    for job in (kept, gone):
+        assert service.wait_state(job["id"], "succeeded")["state"] == "succeeded"
+    runs = service.data_dir / "runs"
+    assert (runs / gone["id"] / "result.json").is_file()
+
+    every: list[dict[str, Any]] = []
+    subscribed = threading.Event()
+    reader = threading.Thread(
+        target=read_sse,
+        args=(service.client, "/api/v1/events", every),
+        kwargs={"subscribed": subscribed, "until": lambda event: event["event"] == "deleted"},
+        daemon=True,
+    )
+    reader.start()
+    assert subscribed.wait(30)
+
+    response = service.client.delete(f"/api/v1/jobs/{gone['id']}")
+    assert response.status_code == 204 and response.content == b""
+    assert not (runs / gone["id"]).exists()  # at once: moved aside before the answer
+    assert _until(lambda: not any((runs / ".deleted").iterdir())), "its files were not removed"
+    for path in ("", "/metrics", "/logs", "/checkpoints"):
+        missing = service.client.get(f"/api/v1/jobs/{gone['id']}{path}")
+        assert missing.status_code == 404, (path, missing.text)
+        assert missing.json()["detail"] == f"Job {gone['id']!r} not found."
+    listed = [job["id"] for job in service.client.get("/api/v1/jobs").json()["data"]]
+    assert listed == [kept["id"]]
+    assert service.job(kept["id"])["state"] == "succeeded"  # the other job is untouched
+    assert (runs / kept["id"] / "result.json").is_file()
+
+    reader.join(timeout=30)
+    assert every[-1]["event"] == "deleted"
+    assert every[-1]["data"] == {"job_id": gone["id"], "id": gone["id"]}
+    again = service.client.delete(f"/api/v1/jobs/{gone['id']}")
+    assert again.status_code == 404
+
+
+def test_delete_refuses_a_job_that_has_not_ended(service: Service) -> None:
+    running = service.submit(job_spec(name="waits"))  # runs until cancelled
+    queued = service.submit(job_spec(name="quick"))  # one job slot: waits its turn
+    service.wait_state(running["id"], "running")
+    for job, state in ((running, "running"), (queued, "queued")):
+        refused = service.client.delete(f"/api/v1/jobs/{job['id']}")
+        assert refused.status_code == 409
+        assert refused.json()["detail"] == (
+            f"Job {job['id']!r} is {state}; only an ended job can be deleted. Cancel it first "
+            f"(POST /api/v1/jobs/{job['id']}/cancel), then delete it once it has ended."
+        )
+    assert (service.data_dir / "runs" / running["id"]).is_dir()  # nothing was touched
+    assert service.job(running["id"])["state"] == "running"
+
+
+def test_delete_refuses_a_job_whose_worker_is_still_exiting(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    service = make_service(env={"TOWERBOARD_CPU_JOBS": "1", **fake_worker_env(tmp_path)})
+    service.start()
+    job = service.submit(job_spec(name="linger"))  # exits 8 s after its result
+    assert service.wait_state(job["id"], "succeeded")["state"] == "succeeded"
+    refused = service.client.delete(f"/api/v1/jobs/{job['id']}")
+    assert refused.status_code == 409
+    assert (
+        "its worker process is still exiting; try again in a few seconds"
+        in (refused.json()["detail"])
+    )
+    assert (service.data_dir / "runs" / job["id"] / "result.json").is_file()
+    deleted = _until(
+        lambda: service.client.delete(f"/api/v1/jobs/{job['id']}").status_code == 204, 30
+    )
+    assert deleted, "still refused after its worker exited"
+
+
+def test_start_finishes_removals_a_stopped_service_left(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    service = make_service()
+    left = service.data_dir / "runs" / ".deleted" / "abcdefghij-0123abcd" / "checkpoints"
+    left.mkdir(parents=True)
+    (left / "ckpt-1.data-00000-of-00001").write_bytes(b"\0" * 1024)
+    service.start()
+    assert _until(lambda: not any((service.data_dir / "runs" / ".deleted").iterdir()))
+    assert service.client.get("/api/v1/jobs").json()["data"] == []  # no job of its name
+
+
+def test_cli_delete_says_each_and_exits_1_when_one_is_refused(service: Service) -> None:
+    first = service.submit(job_spec(name="quick"))
+    second = service.submit(job_spec(name="quick"))
+    for job in (first, second):
+        service.wait_state(job["id"], "succeeded")
+    result = towerboard(
+        "delete", first["id"], "nosuchjob1", second["id"], first["id"], url=service.base_url
+    )
+    assert result.returncode == 1
+    assert result.stdout == f"{first['id']} deleted\n{second['id']} deleted\n"
+    assert one_error_line(result) == "towerboard: error: Job 'nosuchjob1' not found."
+    assert service.client.get("/api/v1/jobs").json()["data"] == []
+
+
+def test_tensorboard_view_drops_a_deleted_job(tmp_path: Path) -> None:
+    runs, logdir = tmp_path / "runs", tmp_path / "view"
+    for job_id in ("keptjob123", "gonejob123"):
+        (runs / job_id / "tb" / "train").mkdir(parents=True)
+    logdir.mkdir()
+    mirror_logdir(logdir, runs, None)
+    assert sorted(p.name for p in logdir.iterdir()) == ["gonejob123", "keptjob123"]
+    (runs / "gonejob123").rename(tmp_path / "aside")  # as a delete moves it
+    mirror_logdir(logdir, runs, ("keptjob123", "gonejob123"))
+    assert [p.name for p in logdir.iterdir()] == ["keptjob123"]
+    assert (logdir / "keptjob123" / "train").resolve() == (runs / "keptjob123" / "tb" / "train")
+    assert (tmp_path / "aside" / "tb" / "train").is_dir()  # never what the links lead to

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
 from service.client.common import EXIT_UNREACHABLE, TERMINAL, ClientError
+from service.progress import percent_done
 
 if TYPE_CHECKING:
     from service.client.api import Client
@@ -156,7 +157,7 @@ def fold_event(job: dict[str, Any], name: str, data: dict[str, Any]) -> dict[str
         job["eval"] = {"step": data.get("step"), "loss": data.get("eval_loss"),
                        "accuracy": data.get("eval_accuracy")}  # fmt: skip
     if isinstance(p.get("step"), int) and p.get("total"):
-        p["percent"] = round(100.0 * p["step"] / p["total"], 1)
+        p["percent"] = percent_done(p["step"], p["total"])
     job["progress"] = p
     return job
 

@@ -99,3 +99,16 @@ def test_fold_progress_drops_non_finite_numbers_and_keeps_the_rest() -> None:
         ("accuracy", 0.5),
         ("eval_accuracy", 0.75),
     ]
+
+
+def test_percent_rounds_a_half_up_as_the_dashboard_does() -> None:
+    # The page rounds with Math.round; Python's round() took 245 of 2000 to 12.2, not 12.3.
+    from service.progress import percent_done
+
+    assert percent_done(245, 2000) == 12.3
+    assert percent_done(5, 400) == 1.3
+    assert percent_done(1, 3) == 33.3 and percent_done(2, 3) == 66.7
+    assert percent_done(2000, 2000) == 100.0
+    assert percent_done(None, 2000) is None and percent_done(5, 0) is None
+    snapshot, _, _ = fold_progress(None, None, [{"event": "progress", "step": 245, "total": 2000}])
+    assert snapshot is not None and snapshot["percent"] == 12.3

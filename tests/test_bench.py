@@ -49,3 +49,12 @@ def test_towers_bench_runs_and_reports_every_ratio() -> None:
         "default cadences over a 1000-step job:" in done.stdout
         and "throughput ratio" in done.stdout
     )
+
+
+def test_start_bench_runs_and_reports_the_ratio() -> None:
+    done = subprocess.run(
+        [sys.executable, "bench/start_bench.py", "--rounds", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "service / floor, median of 1 per-round ratios:" in done.stdout, done.stdout

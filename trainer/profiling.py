@@ -41,15 +41,12 @@ class TraceCapture:
         self.logdir = logdir
         self.active = False
         self._started_at = 0.0
+        # The wall-clock second the last capture was written in (see `stop`).
+        self._written_second = -1
 
     def start(self) -> bool:
         if self.active:
             return True
-        # The profiler names a capture's folder by the wall-clock second: a second capture
-        # within the same second would overwrite the first. Rare (close trace steps), and
-        # then waiting out the second costs less than losing a trace.
-        if math.floor(time.time()) <= math.floor(self._started_at):
-            time.sleep(math.ceil(self._started_at) - time.time() + 0.01)
         self._started_at = time.time()
         try:
             options = tf.profiler.experimental.ProfilerOptions(
@@ -67,11 +64,20 @@ class TraceCapture:
         if not self.active:
             return None
         self.active = False
+        # The profiler names a capture's folder by the wall-clock second it stops in, so a
+        # capture that stops within the second the last one was written in would write over
+        # it (steps 200-201 of a job, with an eval between, were lost to a trace of 204-205).
+        # Rare (close trace steps), and then waiting out the second costs less than a trace.
+        wait = self._written_second + 1 - time.time()
+        if wait > 0:
+            time.sleep(wait + 0.01)
         try:
             tf.profiler.experimental.stop()
         except Exception as e:  # noqa: BLE001
             log.warning("could not stop the profiler: %s", e)
             return None
+        finally:
+            self._written_second = math.floor(time.time())
         written = [
             p
             for p in self.logdir.glob("plugins/profile/*/*.xplane.pb")

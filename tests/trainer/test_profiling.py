@@ -6,6 +6,8 @@ writes one: kernel events on a `/device:GPU:0` plane, named after the kernel, wi
 that launched them in a `tf_op` stat.
 """
 
+import math
+import time
 from pathlib import Path
 
 import keras
@@ -149,3 +151,21 @@ def test_tower_times_of_a_real_step_hold_forward_and_backward(tmp_path):
     measured = tower_times_ms(trace, towers=2, steps=1)
     for i in range(2):
         assert measured[i] == pytest.approx((forward[i] + backward[i]) / MS, abs=0.002)
+
+
+def test_captures_that_end_within_one_second_keep_both_traces(tmp_path):
+    # The profiler names a capture's folder by the second it stops in. A trace of steps
+    # 200-201 (with an eval between them, so it spanned a second's turn) was written over
+    # by a trace of 204-205 that started after that turn and stopped within the same second.
+    capture = TraceCapture(tmp_path)
+    x = tf.constant(1.0)
+    assert capture.start()
+    x += 1.0
+    time.sleep(math.floor(time.time()) + 1.05 - time.time())  # past a second's turn
+    first = capture.stop()
+    assert capture.start()
+    x += 1.0
+    second = capture.stop()
+    assert first is not None and second is not None and first != second
+    assert sorted(tmp_path.glob("plugins/profile/*/*.xplane.pb")) == [first, second]
+    assert first.read_bytes() != second.read_bytes()

@@ -59,8 +59,13 @@ class TraceCapture:
         self.active = True
         return True
 
-    def stop(self) -> Path | None:
-        """Stop, and return the trace file written (None if there is none)."""
+    def stop(self, steps: tuple[int, int] | None = None) -> Path | None:
+        """Stop, and return the trace file written (None if there is none).
+
+        `steps`, the first and last step traced, go into the capture's folder name, which is
+        the run TensorBoard's profile plugin lists: `2026_11_22_10_42_17_steps_20-22` says
+        which steps it holds, where the profiler's own name is a time and no more.
+        """
         if not self.active:
             return None
         self.active = False
@@ -83,7 +88,21 @@ class TraceCapture:
             for p in self.logdir.glob("plugins/profile/*/*.xplane.pb")
             if p.stat().st_mtime >= self._started_at - 1
         ]
-        return max(written, key=lambda p: p.stat().st_mtime) if written else None
+        if not written:
+            return None
+        trace = max(written, key=lambda p: p.stat().st_mtime)
+        if steps is None:
+            return trace
+        first, last = steps
+        label = f"step_{last}" if first == last else f"steps_{first}-{last}"
+        # The time stays first, so the plugin's runs still sort by when they were taken.
+        named = trace.parent.with_name(f"{trace.parent.name}_{label}")
+        try:
+            trace.parent.rename(named)
+        except OSError as e:  # the trace under the profiler's name is still a trace
+            log.warning("could not name the trace %s by its steps: %s", trace.parent, e)
+            return trace
+        return named / trace.name
 
 
 def tower_times_ms(trace: Path, towers: int, steps: int) -> list[float]:

@@ -7,6 +7,7 @@ that launched them in a `tf_op` stat.
 """
 
 import math
+import re
 import time
 from pathlib import Path
 
@@ -169,3 +170,22 @@ def test_captures_that_end_within_one_second_keep_both_traces(tmp_path):
     assert first is not None and second is not None and first != second
     assert sorted(tmp_path.glob("plugins/profile/*/*.xplane.pb")) == [first, second]
     assert first.read_bytes() != second.read_bytes()
+
+
+def test_a_capture_is_named_by_the_steps_it_holds(tmp_path):
+    # The profile plugin lists a job's traces by folder name: the profiler's own is the time
+    # alone, which says nothing of which steps a trace holds.
+    capture = TraceCapture(tmp_path)
+    names = []
+    for steps in ((20, 22), (7, 7)):
+        assert capture.start()
+        tf.constant(1.0) + 1.0
+        trace = capture.stop(steps)
+        assert trace is not None and trace.exists()
+        names.append(trace.parent.name)
+    assert names[0].endswith("_steps_20-22") and names[1].endswith("_step_7")
+    # The time the profiler named it by stays first: the runs sort by when they were taken.
+    assert all(re.fullmatch(r"\d{4}(_\d\d){5}_steps?_[\d-]+", name) for name in names), names
+    assert sorted(p.name for p in (tmp_path / "plugins" / "profile").iterdir()) == names
+    assert capture.start()
+    assert capture.stop().parent.name.count("_") == 5  # no steps given: the profiler's name

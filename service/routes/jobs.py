@@ -232,6 +232,19 @@ def cancel_job(job: JobDep, runtime: RuntimeDep) -> Response:
 def delete_job(job: JobDep, runtime: RuntimeDep) -> Response:
     """Delete an ended job for good: its record, metrics, logs, checkpoints and export.
     Its files leave the API and TensorBoard at once; the disk space is freed just after."""
+    with _DELETE_LOCK:  # a second delete of the same job finds it gone: 404
+        return _delete(job.id, runtime)
+
+
+# One delete at a time: a second delete of a job must not put back the directory of a job
+# the first one has deleted.
+_DELETE_LOCK = threading.Lock()
+
+
+def _delete(job_id: str, runtime: Runtime) -> Response:
+    job = runtime.store.get(job_id)
+    if job is None:
+        raise HTTPException(404, job_not_found(job_id))
     if not job.state.is_terminal:
         raise HTTPException(
             409,
@@ -259,7 +272,7 @@ def delete_job(job: JobDep, runtime: RuntimeDep) -> Response:
         if aside is not None:
             deletion.put_back(aside, runs_dir, job.id)
         raise
-    if not deleted:  # its worker was found still exiting meanwhile (a service restart)
+    if not deleted:  # not ended, or still exiting, after all: nothing else changes it
         if aside is not None:
             deletion.put_back(aside, runs_dir, job.id)
         raise HTTPException(409, f"Job {job.id!r} cannot be deleted now; try again.")

@@ -33,11 +33,23 @@ def _until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
     return True
 
 
+def _exited(service: Service, *jobs: dict[str, Any]) -> None:
+    """Wait for the jobs to succeed and their workers to exit: a job's worker can outlive
+    its result.json by a moment, and until it has exited the job is not deletable."""
+    for job in jobs:
+        assert service.wait_state(job["id"], "succeeded")["state"] == "succeeded"
+
+    def held() -> list[dict[str, Any]]:
+        devices = service.client.get("/api/v1/devices").json()["data"]
+        return [device for device in devices if device["job_id"]]
+
+    assert _until(lambda: not held()), held()
+
+
 def test_delete_ended_job_removes_record_metrics_and_files(service: Service) -> None:
     kept = service.submit(job_spec(name="quick"))
     gone = service.submit(job_spec(name="quick"))
-    for job in (kept, gone):
-        assert service.wait_state(job["id"], "succeeded")["state"] == "succeeded"
+    _exited(service, kept, gone)
     runs = service.data_dir / "runs"
     assert (runs / gone["id"] / "result.json").is_file()
 
@@ -70,6 +82,28 @@ def test_delete_ended_job_removes_record_metrics_and_files(service: Service) -> 
     assert every[-1]["data"] == {"job_id": gone["id"], "id": gone["id"]}
     again = service.client.delete(f"/api/v1/jobs/{gone['id']}")
     assert again.status_code == 404
+
+
+def test_two_deletes_of_one_job_at_once_delete_it_once(service: Service) -> None:
+    job = service.submit(job_spec(name="quick"))
+    _exited(service, job)
+    answers: list[int] = []
+    requests = [
+        threading.Thread(
+            target=lambda: answers.append(
+                service.client.delete(f"/api/v1/jobs/{job['id']}").status_code
+            )
+        )
+        for _ in range(4)
+    ]
+    for request in requests:
+        request.start()
+    for request in requests:
+        request.join(timeout=30)
+    assert sorted(answers) == [204, 404, 404, 404]
+    runs = service.data_dir / "runs"
+    assert not (runs / job["id"]).exists()  # never put back by a losing delete
+    assert _until(lambda: not any((runs / ".deleted").iterdir()))
 
 
 def test_delete_refuses_a_job_that_has_not_ended(service: Service) -> None:
@@ -122,8 +156,7 @@ def test_start_finishes_removals_a_stopped_service_left(
 def test_cli_delete_says_each_and_exits_1_when_one_is_refused(service: Service) -> None:
     first = service.submit(job_spec(name="quick"))
     second = service.submit(job_spec(name="quick"))
-    for job in (first, second):
-        service.wait_state(job["id"], "succeeded")
+    _exited(service, first, second)
     result = towerboard(
         "delete", first["id"], "nosuchjob1", second["id"], first["id"], url=service.base_url
     )

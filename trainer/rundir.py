@@ -6,7 +6,8 @@
       result.json      final outcome and metrics, written atomically by the worker
       worker.log       stdout+stderr of the worker
       tb/              TensorBoard logdir (train/, eval/, plugins/profile/<run>/)
-      checkpoints/     tf.train.CheckpointManager directory
+      checkpoints/     tf.train.CheckpointManager directory; damaged/ holds checkpoints a
+                       resume found unreadable and set aside (trainer/checkpoints.py)
       export/          SavedModel written at the end of a successful job
       profile_request.json   {"steps": N}: the service asks a running worker for a device
                        trace of its next N steps; the worker takes (deletes) it

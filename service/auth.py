@@ -11,6 +11,11 @@ browser, which cannot add headers to TensorBoard's own requests, may send the to
 `towerboard_token` cookie instead. The dashboard writes that cookie %-encoded
 (`encodeURIComponent`), so its value is unquoted before the comparison; the header is
 parsed leniently, so another site's malformed cookie on the same host does not hide it.
+
+The cookie goes with every request the browser sends to this host, whichever page of the
+same site (any port of the host: SameSite does not count ports) makes it, so a write
+(any method but GET, HEAD, OPTIONS) is also refused when the browser says a page of
+another origin sent it (`service.browsers.cross_origin_write`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from urllib.parse import unquote
 from fastapi import FastAPI
 from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from service.browsers import cross_origin_detail, cross_origin_write, send_forbidden
 
 OPEN_PATHS = frozenset({"/healthz", "/"})
 OPEN_PREFIXES = ("/static/",)
@@ -58,6 +65,9 @@ class BearerAuth:
             return
         presented = _presented_token(scope)
         if presented is not None and hmac.compare_digest(presented.encode(), self._token):
+            if (why := cross_origin_write(scope)) is not None:
+                await send_forbidden(send, cross_origin_detail(scope["method"], why))
+                return
             await self._app(scope, receive, send)
             return
         detail = (

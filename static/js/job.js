@@ -1,9 +1,12 @@
 // One job: live progress and charts, per-tower step time, spec, log tail, checkpoints,
-// Cancel and "Open in TensorBoard" (tensorboard.js).
+// Cancel, Delete job (once it has ended) and "Open in TensorBoard" (tensorboard.js).
+//
+// A job's own event stream ends with the job, so an ended job's page follows the all-jobs
+// stream for one thing: its `deleted` event, when someone else deletes the job.
 
-import { TERMINAL, api, followJob, getJSON } from "./api.js";
+import { TERMINAL, api, followAllJobs, followJob, getJSON } from "./api.js";
 import { LineChart } from "./charts.js";
-import { applyProgressEvent, fresher, mark } from "./jobs.js";
+import { applyProgressEvent, fresher, jobsListHash, mark, noticeOnJobs } from "./jobs.js";
 import { profileControl } from "./profile.js";
 import { tensorBoardControl } from "./tensorboard.js";
 import {
@@ -14,6 +17,7 @@ import {
 const LOG_LINES = 200;
 const LOG_POLL_MS = 3000;
 const LOAD_RETRY_MS = 3000; // a job page that got no answer asks again this often
+const CONFIRM_MS = 4000; // Cancel and Delete job wait this long for the second press
 // The series the charts draw (the learning rate is a stat, not a chart).
 const SERIES = ["loss", "accuracy", "examples_per_sec", "eval_loss", "eval_accuracy"];
 
@@ -33,6 +37,9 @@ export function mountJob(view, jobId) {
   let streamedAt; // mark() of the stream's last change to `job`
   let stopped = false;
   let closeStream = null;
+  let closeWatch = null; // the all-jobs stream, followed for this job's `deleted`
+  let deleting = false; // this page's DELETE is out: its own `deleted` event is no news
+  let gone = false; // deleted elsewhere while this page was open
   let logTimer = null;
   let checkpointTimer = null;
   let loadTimer = null;
@@ -50,6 +57,9 @@ export function mountJob(view, jobId) {
   let traceStep = null; // the step a trace seen on the stream ended at
   const cancelButton = h("button", { type: "button", class: "danger", id: "cancel-job", onclick: cancel },
     "Cancel");
+  // Shown once the job has ended (only an ended job can be deleted), where Cancel was.
+  const deleteButton = h("button", { type: "button", class: "danger", id: "delete-job",
+    hidden: true, onclick: remove }, "Delete job");
   // The exported SavedModel, there once the job has succeeded (the service streams it).
   const modelLink = h("a", { class: "button", id: "download-model", hidden: true,
     href: `${base}/export`, download: `${jobId}-export.tar.gz`,
@@ -69,7 +79,10 @@ export function mountJob(view, jobId) {
   const logError = h("p", { class: "error small log-error", id: "log-error", role: "status",
     hidden: true });
   const spec = h("pre", { class: "spec", id: "spec", tabindex: "0", "aria-label": "Job spec" }, "");
-  const notFound = h("p", { class: "error", id: "job-load-error", role: "alert", hidden: true });
+  // "No job …", why it could not be read, or "This job was deleted." (it then takes the
+  // focus if the control that had it is hidden).
+  const notFound = h("p", { class: "error", id: "job-load-error", role: "alert", tabindex: "-1",
+    hidden: true });
   const notice = liveNotice(() => {
     closeStream();
     follow();
@@ -81,7 +94,7 @@ export function mountJob(view, jobId) {
     notFound,
     h("div", { class: "job-head" },
       h("div", { class: "job-heading" }, title, badge),
-      h("div", { class: "actions" }, modelLink, tensorBoard.button, cancelButton)),
+      h("div", { class: "actions" }, modelLink, tensorBoard.button, cancelButton, deleteButton)),
     actionStatus, tensorBoard.status, tensorBoard.notice, notice.el, meta, bar, barText, errorBox,
     stats,
     h("section", { class: "section" }, h("h2", {}, "Metrics"), chartGrid),
@@ -171,6 +184,8 @@ export function mountJob(view, jobId) {
     set("devices", devicesText(job));
     renderMeta();
     cancelButton.hidden = TERMINAL.has(job.state);
+    deleteButton.hidden = !ended;
+    if (ended) watchDeletion();
     modelLink.hidden = job.state !== "succeeded";
     if (TERMINAL.has(job.state)) notice.clear(); // no more live updates to miss
     cancelButton.disabled = job.cancel_requested;
@@ -308,7 +323,7 @@ export function mountJob(view, jobId) {
         cancelButton.dataset.armed = "";
         cancelButton.textContent = "Cancel";
         if (actionStatus.textContent === ARMED) actionStatus.textContent = "";
-      }, 4000);
+      }, CONFIRM_MS);
       return;
     }
     cancelButton.disabled = true;
@@ -326,6 +341,89 @@ export function mountJob(view, jobId) {
       actionStatus.textContent = `Could not cancel: ${error.message}`;
       cancelButton.disabled = false;
     }
+  }
+
+  const DELETE_ARMED = "Press Confirm delete within 4 s to delete this job for good: its " +
+    "metrics, log, checkpoints and model.";
+  let deleteTimer = null;
+
+  function disarmDelete() {
+    clearTimeout(deleteTimer);
+    deleteButton.dataset.armed = "";
+    deleteButton.textContent = "Delete job";
+  }
+
+  /** Delete job, pressed: the first press arms it (said in the status line, which a screen
+   *  reader announces), a second within CONFIRM_MS deletes. Deleted, the page goes back to
+   *  the jobs list, which says so; refused (a 409 while the worker is still exiting, say),
+   *  the service's reason is said here and nothing else changes. */
+  async function remove() {
+    if (deleteButton.dataset.armed !== "1") {
+      deleteButton.dataset.armed = "1";
+      deleteButton.textContent = "Confirm delete";
+      actionStatus.dataset.action = "delete"; // no longer the line of a cancel asked for
+      actionStatus.classList.remove("error");
+      actionStatus.textContent = DELETE_ARMED;
+      deleteTimer = setTimeout(() => {
+        disarmDelete();
+        if (actionStatus.textContent === DELETE_ARMED) actionStatus.textContent = "";
+      }, CONFIRM_MS);
+      return;
+    }
+    disarmDelete();
+    deleteButton.disabled = true;
+    actionStatus.textContent = "Deleting…";
+    deleting = true;
+    try {
+      await api(base, { method: "DELETE" });
+    } catch (error) {
+      deleting = false;
+      if (stopped) return;
+      deleteButton.disabled = false;
+      actionStatus.classList.add("error");
+      actionStatus.textContent = `Could not delete: ${error.message}`;
+      // Already gone (deleted elsewhere meanwhile): the page says so, as the stream would.
+      if (error.status === 404) showDeleted();
+      return;
+    }
+    if (stopped) return;
+    const name = job && job.name !== jobId ? `${job.name} (${jobId})` : jobId;
+    noticeOnJobs(`Job ${name} deleted.`);
+    location.hash = jobsListHash();
+  }
+
+  /** Follow the all-jobs stream for this job's `deleted` (idempotent). Each (re)connection
+   *  asks for the job once: a deletion while it was not connected is then seen too. */
+  function watchDeletion() {
+    if (closeWatch || stopped) return;
+    closeWatch = followAllJobs({
+      open: () => { checkStillThere(); },
+      deleted: (event) => {
+        if (event.job_id === jobId && !deleting) showDeleted();
+      },
+    });
+  }
+
+  async function checkStillThere() {
+    try {
+      await getJSON(base);
+    } catch (error) {
+      if (error.status === 404 && !deleting) showDeleted();
+    }
+  }
+
+  /** The job was deleted elsewhere: say so instead of its last numbers, and stop every live
+   *  update, poll and stream of this page. */
+  function showDeleted() {
+    if (stopped || gone) return;
+    gone = true;
+    const focused = view.contains(document.activeElement);
+    halt();
+    showOnly("This job was deleted.");
+    notFound.classList.replace("error", "job-gone");
+    document.title = `${job ? job.name : jobId} · deleted · Towerboard`;
+    // The control the keyboard was on is hidden now: it goes on from the message.
+    if (focused) notFound.focus({ preventScroll: true });
   }
 
   /** Take `next` as the job. If that ends it while this page watches, read what it wrote
@@ -366,7 +464,7 @@ export function mountJob(view, jobId) {
         take(data);
       },
       any: (name, event) => {
-        if (name === "state" || !job) return;
+        if (name === "state" || name === "deleted" || !job) return;
         job = applyProgressEvent(job, event);
         streamedAt = mark();
         if (name === "trace" && Number.isInteger(event.step)) traceStep = event.step;
@@ -383,8 +481,10 @@ export function mountJob(view, jobId) {
     try {
       const snapshot = await getJSON(base);
       if (!stopped) take(fresher(job, streamedAt, snapshot, asked));
-    } catch {
-      // The notice stays: live updates have stopped.
+    } catch (error) {
+      // A job read before and now missing was deleted. Otherwise the notice stays: live
+      // updates have stopped.
+      if (error.status === 404 && job && !deleting) showDeleted();
     }
   }
 
@@ -456,17 +556,24 @@ export function mountJob(view, jobId) {
     }
   }, 1000);
 
-  drawCharts();
-  load();
-  return () => {
+  /** Stop every stream, poll and timer: the page changes no more. */
+  function halt() {
     stopped = true;
     if (closeStream) closeStream();
+    if (closeWatch) closeWatch();
     clearTimeout(logTimer);
     clearTimeout(checkpointTimer);
     clearTimeout(loadTimer);
+    clearTimeout(deleteTimer);
     clearInterval(ticker);
     tensorBoard.destroy();
     profile.destroy();
+  }
+
+  drawCharts();
+  load();
+  return () => {
+    halt();
     for (const chart of charts) chart.destroy();
     document.title = "Towerboard";
   };

@@ -4,7 +4,8 @@
 // workers write it; new jobs and state changes as they happen). The list is re-read when
 // the stream (re)connects, when a job enters or leaves the filter, and every POLL_MS as a
 // safety net. "Show more" reads the next page from the API's next_cursor; a re-read reads
-// as many rows as are shown, MAX_LIMIT at a time.
+// as many rows as are shown, MAX_LIMIT at a time. A job deleted (here, elsewhere or from the
+// CLI: the stream's `deleted`) leaves the table at once, and no read still out brings it back.
 
 import { STATES, TERMINAL, followAllJobs, getJSON } from "./api.js";
 import {
@@ -56,6 +57,19 @@ export function applyProgressEvent(job, event) {
 }
 
 let moment = 0;
+let listHash = "#/"; // the list last shown, filter and all: where a job page goes back to
+let pendingNotice = ""; // said atop the list the next time it is shown
+
+/** The jobs list as last shown (its filter kept), for a job page to go back to. */
+export function jobsListHash() {
+  return listHash;
+}
+
+/** Say `text` atop the jobs list when it is next shown (a job page that deleted its job
+ *  goes back to the list, which says so). */
+export function noticeOnJobs(text) {
+  pendingNotice = text;
+}
 
 /** A strictly increasing count, to order what the stream said against the start of an
  *  HTTP read: the read's answer may be older than an event that came while it was out. */
@@ -78,6 +92,7 @@ export function fresher(known, streamedAt, snapshot, askedAt) {
 
 export function mountJobs(view, query) {
   const filter = STATES.includes(query.get("state")) ? query.get("state") : "";
+  listHash = filter ? `#/?state=${filter}` : "#/";
   let jobs = new Map(); // id -> job, in list order
   let count = 0;
   let nextCursor = null; // the API's cursor for the rows after those shown
@@ -89,6 +104,7 @@ export function mountJobs(view, query) {
   const rows = new Map(); // id -> {tr, cells}
   const streamed = new Map(); // id -> mark() of the stream's last change to the job
   const arrived = new Map(); // id -> mark() when the stream added the job as a new row
+  const deleted = new Set(); // ids the stream said were deleted (ids are never reused)
 
   const chips = h("div", { class: "chips", role: "group", "aria-label": "Filter by state" },
     ["", ...STATES].map((state) => h("button", {
@@ -99,7 +115,8 @@ export function mountJobs(view, query) {
       // The hash change mounts the table again, with this filter.
       onclick: () => { location.hash = state ? `#/?state=${state}` : "#/"; },
     }, state || "all")));
-  const summary = h("p", { class: "muted small", id: "jobs-summary" }, "Loading…");
+  // Focusable from script only: where the keyboard goes on when the last row it was on goes.
+  const summary = h("p", { class: "muted small", id: "jobs-summary", tabindex: "-1" }, "Loading…");
   const tbody = h("tbody");
   const table = h("table", { class: "jobs", id: "jobs-table" },
     h("thead", {}, h("tr", {}, COLUMNS.map(([key, label]) => h("th", { class: `col-${key}` }, label)))),
@@ -109,6 +126,10 @@ export function mountJobs(view, query) {
   const more = h("button", { type: "button", class: "more", hidden: true, onclick: showMore },
     "Show more");
   const error = h("p", { class: "error", role: "alert", hidden: true });
+  // What a job page did before it came back here ("Job … deleted."). A status region that is
+  // in the page before its text is set, so screen readers announce the text.
+  const flash = h("p", { class: "flash", id: "jobs-notice", role: "status", tabindex: "-1",
+    hidden: true });
   const notice = liveNotice(() => {
     closeStream();
     closeStream = follow();
@@ -117,8 +138,17 @@ export function mountJobs(view, query) {
   view.append(
     h("div", { class: "view-head" }, h("h1", {}, "Jobs"),
       h("a", { class: "button primary", href: "#/submit" }, "New job")),
-    chips, error, notice.el, h("div", { class: "table-wrap" }, table), empty, summary, more,
+    flash, chips, error, notice.el, h("div", { class: "table-wrap" }, table), empty, summary,
+    more,
   );
+  if (pendingNotice) {
+    const text = pendingNotice;
+    pendingNotice = "";
+    flash.hidden = false;
+    // The button that was pressed has gone with its page: the keyboard goes on from here.
+    flash.focus({ preventScroll: true });
+    setTimeout(() => { if (!stopped) flash.textContent = text; }, 50);
+  }
 
   function row(job) {
     let entry = rows.get(job.id);
@@ -211,14 +241,43 @@ export function mountJobs(view, query) {
       if (filter && job.state !== filter) refreshSoon();
       else row(job);
     },
+    deleted: (event) => forget(event.job_id),
     any: (name, event) => {
-      if (name === "state" || !jobs.has(event.job_id)) return;
+      if (name === "state" || name === "deleted" || !jobs.has(event.job_id)) return;
       jobs.set(event.job_id, applyProgressEvent(jobs.get(event.job_id), event));
       streamed.set(event.job_id, mark());
       row(jobs.get(event.job_id));
     },
   });
   let closeStream = follow();
+
+  /** A job deleted for good: its row goes, and the count with it. One not shown may still
+   *  be counted (further down the list, or in the filter): a re-read says. */
+  function forget(id) {
+    deleted.add(id);
+    streamed.delete(id);
+    arrived.delete(id);
+    if (!jobs.has(id)) {
+      refreshSoon();
+      return;
+    }
+    const tr = rows.get(id)?.tr;
+    const focused = tr && tr.contains(document.activeElement);
+    const next = tr && (tr.nextElementSibling || tr.previousElementSibling);
+    jobs.delete(id);
+    count = Math.max(0, count - 1);
+    render();
+    // The keyboard was on the row that went: it goes on from a row beside it.
+    if (focused) (next ? next.querySelector(".job-name") : summary).focus({ preventScroll: true });
+    // Every row shown went, with more to show: read them rather than say "No jobs".
+    if (jobs.size === 0 && nextCursor) refreshSoon();
+  }
+
+  /** The jobs of a read that are not deleted, and how many were (to take off its count). */
+  function live(data) {
+    const kept = data.filter((job) => !deleted.has(job.id));
+    return { kept, dropped: data.length - kept.length };
+  }
 
   /** Read `limit` rows from `cursor` on (the top for null), MAX_LIMIT at a time, unless a
    *  newer read starts meanwhile (then null). */
@@ -249,14 +308,16 @@ export function mountJobs(view, query) {
       const asked = mark();
       const page = await read(id, wanted, null);
       if (page === null) return;
-      const next = new Map(merge(page.data, asked));
+      // A read that was out when a job was deleted may still list it.
+      const { kept, dropped } = live(page.data);
+      const next = new Map(merge(kept, asked));
       // Rows the stream added while the list was read are not in it yet.
       const added = [...arrived].filter(([job, at]) => at > asked && !next.has(job) &&
         jobs.has(job) && (!filter || jobs.get(job).state === filter));
       jobs = new Map([...added.map(([job]) => [job, jobs.get(job)]), ...next]);
       for (const job of streamed.keys()) if (!jobs.has(job)) streamed.delete(job);
       for (const [job, at] of arrived) if (at <= asked) arrived.delete(job);
-      count = page.count + added.length;
+      count = Math.max(0, page.count - dropped) + added.length;
       nextCursor = page.nextCursor;
       error.hidden = true;
       render();
@@ -280,8 +341,9 @@ export function mountJobs(view, query) {
       const asked = mark();
       const page = await read(id, PAGE, nextCursor);
       if (page === null) return;
-      jobs = new Map([...jobs, ...merge(page.data, asked)]);
-      count = page.count;
+      const { kept, dropped } = live(page.data);
+      jobs = new Map([...jobs, ...merge(kept, asked)]);
+      count = Math.max(0, page.count - dropped);
       nextCursor = page.nextCursor;
       error.hidden = true;
       render();

@@ -19,8 +19,8 @@ but the request has done its work. So:
 - `SECURITY_HEADERS`: no MIME sniffing, no framing by another site (clickjacking the
   Cancel button), no job URL leaked in a Referer to other sites.
 
-`BrowserGuard` applies all three (the auth middleware applies the first too, so a token
-service refuses cross-origin writes even where this one is not installed).
+`BrowserGuard` applies all three (the auth middleware applies the first too); the Host
+check only where it protects something (see `BrowserGuard`).
 """
 
 from __future__ import annotations
@@ -143,13 +143,26 @@ def cross_origin_detail(method: str, why: str) -> str:
     )
 
 
+def listens_on_loopback(host: str) -> bool:
+    """Whether `host` (the address the service binds) is loopback only: the one case where
+    a Host name is a rebinding page's, since nobody else can reach the service by name."""
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 class BrowserGuard:
     """The outermost middleware: security headers on every answer, cross-origin writes
-    refused, and without a token (`token_set` False) only IP or localhost Hosts."""
+    refused, and with `check_host` only IP or localhost Hosts. The service checks Hosts
+    when it has no token and listens on loopback only: a service opened to the network
+    without a token is anyone's by any name anyway, and refusing names would only break it."""
 
-    def __init__(self, app: ASGIApp, *, token_set: bool) -> None:
+    def __init__(self, app: ASGIApp, *, check_host: bool) -> None:
         self._app = app
-        self._check_host = not token_set
+        self._check_host = check_host
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -27,6 +27,7 @@ from starlette.responses import Response
 from service import deletion
 from service.auth import BearerAuth, document_bearer_auth
 from service.bodylimit import BodyLimit
+from service.browsers import BrowserGuard, listens_on_loopback
 from service.deps import Runtime, known_query
 from service.devices import DevicePool
 from service.errors import install_error_handlers
@@ -173,7 +174,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.add_api_route("/", read_dashboard, methods=["GET", "HEAD"], include_in_schema=False)
 
     app.add_middleware(BodyLimit)
-    if settings.token is not None:  # added last, so it runs first: no body is read unauthenticated
+    if settings.token is not None:  # added late, so it runs early: no body is read unauthenticated
         app.add_middleware(BearerAuth, token=settings.token.get_secret_value())
         document_bearer_auth(app)
+    # Outermost: its headers go on every answer, a 401 included.
+    check_host = settings.token is None and listens_on_loopback(settings.host)
+    app.add_middleware(BrowserGuard, check_host=check_host)
     return app

@@ -208,11 +208,10 @@ def test_browser_page_on_another_port_cannot_cancel(secured: Service, other_port
 
 _GUARDED_APP = """
 import sys, uvicorn
-from service.browsers import BrowserGuard
 from service.main import create_app
 from service.settings import Settings
 settings = Settings(data_dir=sys.argv[1], token=sys.argv[3] or None)
-app = BrowserGuard(create_app(settings), token_set=settings.token is not None)
+app = create_app(settings)  # BrowserGuard outermost, as `towerboard serve` runs it
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
 """
 
@@ -301,11 +300,6 @@ def test_guard_with_token_answers_any_host_name(guarded: Callable[[str], str]) -
     assert response.headers["x-content-type-options"] == "nosniff"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="service/main.py does not install service.browsers.BrowserGuard yet (its owner "
-    "adds `app.add_middleware(BrowserGuard, token_set=settings.token is not None)` last)",
-)
 def test_served_app_is_guarded(make_service: Callable[..., Service]) -> None:
     service = make_service()
     service.start()
@@ -318,3 +312,28 @@ def test_served_app_is_guarded(make_service: Callable[..., Service]) -> None:
     response = httpx.get(f"{service.base_url}/api/v1/jobs", headers={"Host": "evil.example"})
     assert response.status_code == 403
     assert json.loads(response.text)["errors"] == []
+
+
+def test_host_names_are_refused_only_on_loopback_without_a_token(
+    make_service: Callable[..., Service],
+) -> None:
+    # Listening on every interface with no token, the service is anyone's by any name, and
+    # refusing names would only break a person opening it as http://gpubox:8000.
+    everywhere = make_service(env={"TOWERBOARD_HOST": "0.0.0.0"})
+    everywhere.start()
+    named = httpx.get(f"{everywhere.base_url}/api/v1/jobs", headers={"Host": "gpubox:8000"})
+    assert named.status_code == 200, named.text
+    assert named.headers["x-frame-options"] == "SAMEORIGIN"  # the headers still go on
+    cross = httpx.post(
+        f"{everywhere.base_url}/api/v1/jobs/nope/cancel", headers={"Sec-Fetch-Site": "cross-site"}
+    )
+    assert cross.status_code == 403  # and so does the cross-origin refusal
+
+
+def test_listens_on_loopback() -> None:
+    from service.browsers import listens_on_loopback
+
+    for host in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost", "LOCALHOST."):
+        assert listens_on_loopback(host), host
+    for host in ("0.0.0.0", "::", "10.0.0.5", "gpubox", ""):
+        assert not listens_on_loopback(host), host

@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 
@@ -26,6 +28,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
+    # A SIGTERM (a cancel) from now on asks for a stop: one that lands while TensorFlow is
+    # imported (the first 0.3 s and more) killed the worker with no result.json, which
+    # the service took for a crash and ran again.
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
     # TensorFlow's C++ start-up chatter (CUDA probes on CPU hosts) would bury the job's log.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(
@@ -35,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     from trainer.run import run_job
 
-    return int(run_job(args.job_dir, args.spec))
+    return int(run_job(args.job_dir, args.spec, stop=stop))
 
 
 if __name__ == "__main__":

@@ -80,8 +80,11 @@ def _write_result(rundir: RunDir, outcome: Outcome, message: str, **fields: Any)
     return code
 
 
-def run_job(job_dir: Path, spec_path: Path | None = None) -> ExitCode:
+def run_job(
+    job_dir: Path, spec_path: Path | None = None, *, stop: threading.Event | None = None
+) -> ExitCode:
     """Train the job in `job_dir` (spec from `spec_path`, else `job_dir/spec.json`).
+    `stop`: set by a SIGTERM or Ctrl-C caught before this was called (trainer.__main__).
 
     With a multi-worker `TF_CONFIG` this process is one worker of a cluster
     (trainer/cluster.py): the chief writes `job_dir`, any other worker its own directory
@@ -105,7 +108,7 @@ def run_job(job_dir: Path, spec_path: Path | None = None) -> ExitCode:
     # checkpoint, and exit 3. Caught from the start: one that lands while TensorFlow is
     # imported or the data loaded (seconds) must not kill the worker with no result.json,
     # which the service would take for a crash and run again.
-    stop = threading.Event()
+    stop = stop or threading.Event()
     _stop_on_signals(stop)
     try:
         spec = load_spec(spec_path)

@@ -393,6 +393,21 @@ def test_sigterm_while_the_worker_starts_up_exits_3_with_a_result(tmp_path):
     assert (job_dir / "checkpoints" / "ckpt-0.index").exists()
 
 
+def test_sigterm_while_tensorflow_is_imported_exits_3_with_a_result(tmp_path):
+    # The earliest window: the handler was set only once trainer.run had been imported
+    # (about the first 0.3 s), so a cancel then killed the worker with no result.json.
+    # At 0.15 s the interpreter has started and parsed the arguments, not yet that import.
+    job_dir = tmp_path / "job"
+    proc = start_worker(job_dir, TINY)
+    time.sleep(0.15)
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    log, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 3, log
+    result = json.loads((job_dir / "result.json").read_text())
+    assert result["outcome"] == "cancelled" and result["step"] == 0, result
+
+
 BAD_SPECS = {
     "not_json": ("{not json", "is not valid JSON"),
     "unknown_key": (

@@ -408,6 +408,31 @@ def test_sigterm_while_tensorflow_is_imported_exits_3_with_a_result(tmp_path):
     assert result["outcome"] == "cancelled" and result["step"] == 0, result
 
 
+def test_every_kind_is_written_at_the_last_step(tmp_path):
+    # A 23-step job with scalars every 5 ended its charts at step 20.
+    spec = with_(
+        TINY,
+        steps=23,
+        summaries={
+            "scalars_every": 5,
+            "histograms_every": 10,
+            "images_every": 10,
+            "trace_steps": [],
+        },
+    )
+    code, _, log = run_worker(tmp_path / "job", spec)
+    assert code == 0, log
+    acc = event_accumulator.EventAccumulator(
+        str(tmp_path / "job" / "tb" / "train"), size_guidance={event_accumulator.TENSORS: 0}
+    )
+    acc.Reload()
+    steps = {tag: [e.step for e in acc.Tensors(tag)] for tag in acc.Tags()["tensors"]}
+    assert steps["loss"] == steps["grad_norm"] == steps["tower_1/loss"] == [5, 10, 15, 20, 23]
+    kernels = [t for t in steps if t.startswith("weights/") and t.endswith("kernel")]
+    assert kernels and all(steps[t] == [10, 20, 23] for t in kernels)
+    assert steps["tower_0/inputs"] == steps["tower_1/inputs"] == [10, 20, 23]
+
+
 BAD_SPECS = {
     "not_json": ("{not json", "is not valid JSON"),
     "unknown_key": (

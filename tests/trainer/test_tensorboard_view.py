@@ -152,7 +152,7 @@ def test_the_graph_shows_each_tower(board):
 
 def test_the_profile_plugin_opens_the_trace(board):
     runs = board.get("/data/plugin/profile/runs").json()
-    assert len(runs) == 1, runs
+    assert len(runs) == 1 and runs[0].endswith("_steps_6-7"), runs  # named by its steps
     tools = board.get("/data/plugin/profile/run_tools", params={"run": runs[0]}).json()
     trace_viewer = next(t for t in tools if t.startswith("trace_viewer"))
     [host] = board.get(

@@ -63,6 +63,10 @@ def fold_progress(
                 snapshot.pop("phase_done", None)
                 snapshot.pop("phase_total", None)
         snapshot["updated_at"] = when
+        if event == "start" and isinstance(step, int):
+            # A run starting at `step` (a resume): what an earlier run reported past it was
+            # lost with that run, and this one reports those steps again.
+            points = [point for point in points if point.step <= step]
         if event == "start" and isinstance(line.get("towers"), int):
             snapshot["towers"] = line["towers"]
         elif event == "progress":
@@ -97,6 +101,17 @@ def fold_progress(
         step, total = snapshot.get("step"), snapshot.get("total")
         snapshot["percent"] = percent_done(step, total)
     return snapshot, latest_eval, points
+
+
+def restarted_at(lines: list[dict[str, Any]]) -> int | None:
+    """The earliest step a run in `lines` started at (a `start` line), or None: the job's
+    stored points past it are from a run that was lost, and go (see `fold_progress`)."""
+    starts = [
+        line["step"]
+        for line in lines
+        if line.get("event") == "start" and isinstance(line.get("step"), int)
+    ]
+    return min(starts, default=None)
 
 
 def percent_done(step: Any, total: Any) -> float | None:

@@ -429,15 +429,21 @@ class JobStore:
         progress: dict[str, Any] | None,
         eval: dict[str, Any] | None,
         points: list[MetricPoint],
+        forget_after: int | None = None,
     ) -> None:
         """Fold a batch of progress lines in: the latest snapshot, the offset read up to,
-        and the scalar points (a step seen again after a resume is overwritten)."""
+        and the scalar points (a step seen again after a resume is overwritten). With
+        `forget_after`, the points stored past that step go first: a run resumed from it."""
         with self._transaction() as conn:
             conn.execute(
                 "UPDATE jobs SET progress = ?, eval = ?, progress_offset = ?, updated_at = ?,"
                 " version = version + 1 WHERE id = ?",
                 (_dumps(progress), _dumps(eval), offset, time.time(), job_id),
             )
+            if forget_after is not None:
+                conn.execute(
+                    "DELETE FROM metrics WHERE job_id = ? AND step > ?", (job_id, forget_after)
+                )
             conn.executemany(
                 "INSERT OR REPLACE INTO metrics (job_id, name, step, time, value)"
                 " VALUES (?, ?, ?, ?, ?)",

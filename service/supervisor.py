@@ -37,7 +37,7 @@ from typing import Any
 from service.devices import DevicePool
 from service.events import JobEvent
 from service.outcomes import crashed, final_state, interrupted
-from service.progress import fold_progress
+from service.progress import fold_progress, restarted_at
 from service.runfiles import inside, tail_lines
 from service.scheduler import never_fit, next_placements
 from service.settings import Settings
@@ -312,7 +312,12 @@ class Supervisor:
         lines = [line for line in lines if isinstance(line, dict)]  # JSON, but no progress line
         progress, eval, points = fold_progress(tail.progress, tail.eval, lines)
         self._store.record_progress(
-            job_id, offset=offset, progress=progress, eval=eval, points=points
+            job_id,
+            offset=offset,
+            progress=progress,
+            eval=eval,
+            points=points,
+            forget_after=restarted_at(lines),
         )
         # Only now, with the lines stored: a failed write leaves the tail where it was, and
         # the next tick reads the same lines again.

@@ -205,3 +205,16 @@ def test_close_closes_readers_of_every_thread(tmp_path: Path) -> None:
             reader.join()
     assert len(after_close) == 3
     assert all(isinstance(error, sqlite3.ProgrammingError) for error in after_close)
+
+
+def test_record_progress_forgets_points_past_a_restart(store: JobStore) -> None:
+    job = store.create(SPEC)
+    points = [MetricPoint("loss", step, 0.0, 1.0) for step in (100, 200, 244, 264)]
+    store.record_progress(job.id, offset=10, progress=None, eval=None, points=points)
+    store.record_progress(
+        job.id, offset=20, progress=None, eval=None,
+        points=[MetricPoint("loss", 236, 0.0, 0.5)], forget_after=200,
+    )  # fmt: skip
+    assert [(p.step, p.value) for p in store.metrics(job.id)] == [
+        (100, 1.0), (200, 1.0), (236, 0.5)
+    ]  # fmt: skip

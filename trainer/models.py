@@ -67,6 +67,38 @@ def _cnn(
     return keras.Model(inputs, keras.layers.Dense(num_classes, name="logits")(x), name="cnn")
 
 
+@keras.saving.register_keras_serializable(package="towerboard")
+class StridedPointwiseConv(keras.layers.Conv2D):
+    """A 1x1 convolution with a stride, as a strided slice and then a 1x1 convolution:
+    the same values, and the same variables (a checkpoint of either restores into the
+    other). oneDNN's backward pass of a strided 1x1 convolution crashes the whole process
+    (a double free, or a segfault) on a batch of odd size with few input channels, as
+    8 of a `resnet` of width 8 has (TensorFlow 2.21 on an x86 CPU); an uneven split over
+    towers, or an epoch's last batch, gives such batches."""
+
+    def __init__(self, filters: int, stride: int, **kwargs: Any) -> None:
+        kwargs.pop("kernel_size", None)
+        kwargs.pop("strides", None)
+        super().__init__(filters, 1, **kwargs)
+        self.stride = stride
+
+    def call(self, inputs: Any) -> Any:
+        return super().call(inputs[:, :: self.stride, :: self.stride, :])
+
+    def compute_output_shape(self, input_shape: tuple[int | None, ...]) -> tuple[int | None, ...]:
+        batch, height, width, _ = input_shape
+        step = self.stride
+        return (
+            batch,
+            None if height is None else -(-height // step),
+            None if width is None else -(-width // step),
+            self.filters,
+        )
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "stride": self.stride}
+
+
 def _resnet(
     input_shape: tuple[int, ...],
     num_classes: int,
@@ -90,9 +122,7 @@ def _resnet(
             y = keras.layers.Conv2D(channels, 3, padding="same", use_bias=False)(y)
             y = bn()(y)
             if stride != 1 or shortcut.shape[-1] != channels:
-                shortcut = keras.layers.Conv2D(channels, 1, strides=stride, use_bias=False)(
-                    shortcut
-                )
+                shortcut = StridedPointwiseConv(channels, stride, use_bias=False)(shortcut)
                 shortcut = bn()(shortcut)
             x = keras.layers.ReLU()(keras.layers.Add()([y, shortcut]))
     x = keras.layers.GlobalAveragePooling2D()(x)

@@ -21,7 +21,6 @@ another origin sent it (`service.browsers.cross_origin_write`).
 from __future__ import annotations
 
 import hmac
-import json
 from typing import Any
 from urllib.parse import unquote
 
@@ -29,7 +28,7 @@ from fastapi import FastAPI
 from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.browsers import cross_origin_detail, cross_origin_write, send_forbidden
+from service.browsers import cross_origin_detail, cross_origin_write, send_error, send_forbidden
 
 OPEN_PATHS = frozenset({"/healthz", "/"})
 OPEN_PREFIXES = ("/static/",)
@@ -75,19 +74,7 @@ class BearerAuth:
             if presented is None
             else "Invalid bearer token. Expected the token in TOWERBOARD_TOKEN."
         )
-        body = json.dumps({"detail": detail, "errors": []}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"www-authenticate", b'Bearer realm="towerboard"'),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, 401, detail, ((b"www-authenticate", b'Bearer realm="towerboard"'),))
 
 
 def document_bearer_auth(app: FastAPI) -> None:

@@ -116,24 +116,29 @@ def unsafe_host(scope: Scope) -> str | None:
         return shown[:200]
 
 
-def forbidden_body(detail: str) -> bytes:
-    return json.dumps({"detail": detail, "errors": []}).encode()
-
-
-async def send_forbidden(send: Send, detail: str) -> None:
-    body = forbidden_body(detail)
+async def send_error(
+    send: Send, status: int, detail: str, headers: tuple[tuple[bytes, bytes], ...] = ()
+) -> None:
+    """Answer with the service's error shape (`{"detail", "errors": []}`), straight from a
+    middleware: nothing of the app runs."""
+    body = json.dumps({"detail": detail, "errors": []}).encode()
     await send(
         {
             "type": "http.response.start",
-            "status": 403,
+            "status": status,
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
+                *headers,
                 *SECURITY_HEADERS,
             ],
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+async def send_forbidden(send: Send, detail: str) -> None:
+    await send_error(send, 403, detail)
 
 
 def cross_origin_detail(method: str, why: str) -> str:

@@ -8,6 +8,7 @@ their own CPU.
 
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -15,6 +16,9 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tests.service.harness import Service  # noqa: E402
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Playwright
 
 LOGICAL_CPUS = 4
 
@@ -33,3 +37,14 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     svc.start()
     yield svc
     svc.close()
+
+
+@pytest.fixture(scope="session")
+def playwright() -> Iterator["Playwright"]:
+    """Playwright, one for the whole run: its sync API runs an event loop for as long as it
+    is open, and a second one started meanwhile (the dashboard tests', the security
+    tests') refuses to run inside it."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        yield p

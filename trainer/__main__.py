@@ -15,6 +15,12 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
+    # A SIGTERM (a cancel) from here on asks for a stop: one that lands while TensorFlow is
+    # imported (the first 0.3 s and more) killed the worker with no result.json, which
+    # the service took for a crash and ran again.
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
     parser = argparse.ArgumentParser(
         prog="python -m trainer", description="Towerboard's tower trainer."
     )
@@ -28,12 +34,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    # A SIGTERM (a cancel) from now on asks for a stop: one that lands while TensorFlow is
-    # imported (the first 0.3 s and more) killed the worker with no result.json, which
-    # the service took for a crash and ran again.
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
     # TensorFlow's C++ start-up chatter (CUDA probes on CPU hosts) would bury the job's log.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(

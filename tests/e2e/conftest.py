@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Playwright, sync_playwright
+from playwright.sync_api import Browser, Playwright
 
 from tests.e2e.chromium import CHROMIUM, CHROMIUM_ARGS
 from tests.service.harness import ROOT
@@ -26,12 +26,6 @@ def screenshots() -> Path:
     folder = folder if folder.is_absolute() else ROOT / folder
     folder.mkdir(parents=True, exist_ok=True)
     return folder
-
-
-@pytest.fixture(scope="session")
-def playwright() -> Iterator[Playwright]:
-    with sync_playwright() as p:
-        yield p
 
 
 @pytest.fixture(scope="module")

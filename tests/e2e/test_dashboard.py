@@ -9,6 +9,7 @@ import io
 import json
 import re
 import tarfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -423,24 +424,22 @@ def test_job_without_metrics_and_cancel(
     assert session.errors == []
 
 
-def test_job_cancelled_while_starting_says_why_once(session: Session, service: Service) -> None:
+def test_job_cancelled_while_starting_ends_cleanly(session: Session, service: Service) -> None:
     page = session.page
     job = service.submit(long_job(name="stopped-early"))
     service.wait_state(job["id"], "running")
-    # Cancelled while its worker still loads TensorFlow, before it handles SIGTERM: the
-    # signal ends it, and the service's reason says so, starting "Cancelled: ".
+    # Cancelled while its worker still loads TensorFlow (seconds): the worker catches
+    # SIGTERM from its first lines, so it stops after a checkpoint (exit 3), with no error
+    # to show. Not in the interpreter's first tens of milliseconds, before any line of ours
+    # runs: that SIGTERM ends the process, said as "Cancelled: ..." (test_dashboard_details).
+    time.sleep(1.0)
     assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
     ended = service.wait_state(job["id"], *TERMINAL)
-    assert ended["state"] == "cancelled", ended
-    assert ended["error"] is not None, ended
-    reason = ended["error"]["reason"]
-    assert reason.startswith("Cancelled: "), reason
+    assert ended["state"] == "cancelled" and ended["error"] is None, ended
+    assert ended["result"]["outcome"] == "cancelled", ended
     page.goto(f"/#/jobs/{job['id']}")
-    error = page.locator(".job-error")
-    expect(error).to_be_visible()
-    expect(error.locator("strong")).to_have_text(re.compile(r"^Cancelled:\s*$"))
-    expect(error).to_contain_text(f"Cancelled: {reason.removeprefix('Cancelled: ')}")
-    expect(error).not_to_contain_text("Cancelled: Cancelled")
+    expect(page.locator(".job-heading .state")).to_have_text("cancelled")
+    expect(page.locator(".job-error")).to_be_hidden()
     expect(page.locator('[data-stat="devices"]')).to_have_text("—")
     expect(page.locator("#cancel-job")).to_be_hidden()
     expect(page.locator(".live-notice")).to_be_hidden()

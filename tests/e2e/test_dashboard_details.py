@@ -362,3 +362,31 @@ def test_eta_is_unknown_once_the_worker_goes_quiet(session: Session) -> None:
     }""")
     assert shown == ["4m 50s", "4m 01s", "? (no report for 2m 10s)", "0s"]
     assert session.errors == []
+
+
+def test_cancel_that_needed_a_kill_says_why_once(browser: Browser, tmp_path: Path) -> None:
+    """A worker that ignores SIGTERM is killed after the grace; the page shows the
+    service's reason, which starts "Cancelled: ", under one "Cancelled:" heading."""
+    service = Service(
+        tmp_path / "data", {"TOWERBOARD_CANCEL_GRACE_SECONDS": "0.05", **fake_worker_env(tmp_path)}
+    )
+    service.start()
+    session = open_session(browser, service, LAPTOP)
+    try:
+        job = service.submit(job_spec(name="deaf"))  # ignores SIGTERM
+        service.wait_state(job["id"], "running")
+        assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+        ended = service.wait_state(job["id"], "cancelled", "failed", "succeeded")
+        reason = ended["error"]["reason"]
+        assert ended["state"] == "cancelled" and reason.startswith("Cancelled: "), ended
+        page = session.page
+        page.goto(f"/#/jobs/{job['id']}")
+        error = page.locator(".job-error")
+        expect(error).to_be_visible()
+        expect(error.locator("strong")).to_have_text(re.compile(r"^Cancelled:\s*$"))
+        expect(error).to_contain_text(f"Cancelled: {reason.removeprefix('Cancelled: ')}")
+        expect(error).not_to_contain_text("Cancelled: Cancelled")
+        assert session.errors == []
+    finally:
+        session.context.close()
+        service.close()

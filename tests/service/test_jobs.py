@@ -701,7 +701,7 @@ def test_create_job_body_too_large_with_expect_continue_is_413_at_once(service: 
     host, port = service.base_url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(
-            b"POST /api/v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /api/v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             b"Content-Length: 5000000\r\nExpect: 100-continue\r\n\r\n"
         )
         answer = b""

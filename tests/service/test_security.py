@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -22,6 +22,9 @@ import pytest
 from service.browsers import cross_origin_write, unsafe_host
 from tests.e2e.chromium import CHROMIUM, CHROMIUM_ARGS, NO_CHROMIUM
 from tests.service.harness import ROOT, Service, fake_worker_env, free_port, job_spec
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Playwright
 
 TOKEN = "s3cret+token/with=padding=="
 COOKIE = {"Cookie": "towerboard_token=s3cret%2Btoken%2Fwith%3Dpadding%3D%3D"}
@@ -169,34 +172,33 @@ def other_port_page() -> Iterator[str]:
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
-def test_browser_page_on_another_port_cannot_cancel(secured: Service, other_port_page: str) -> None:
+def test_browser_page_on_another_port_cannot_cancel(
+    secured: Service, other_port_page: str, playwright: Playwright
+) -> None:
     """A real Chromium holding the dashboard's cookie opens a page of another port of the
     same host, which posts a cancel as any page may (no-cors, credentials included)."""
-    from playwright.sync_api import sync_playwright
-
     job_id = _running_job(secured)
     script = f"""fetch("{secured.base_url}/api/v1/jobs/{job_id}/cancel",
         {{method: "POST", mode: "no-cors", credentials: "include"}}).then(() => "sent")"""
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            context = browser.new_context()
-            # As the dashboard's setToken writes it.
-            context.add_cookies(
-                [
-                    {
-                        "name": "towerboard_token",
-                        "value": "s3cret%2Btoken%2Fwith%3Dpadding%3D%3D",
-                        "url": secured.base_url,
-                        "sameSite": "Strict",
-                    }
-                ]
-            )
-            page = context.new_page()
-            page.goto(other_port_page)
-            assert page.evaluate(script) == "sent"
-        finally:
-            browser.close()
+    browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+    try:
+        context = browser.new_context()
+        # As the dashboard's setToken writes it.
+        context.add_cookies(
+            [
+                {
+                    "name": "towerboard_token",
+                    "value": "s3cret%2Btoken%2Fwith%3Dpadding%3D%3D",
+                    "url": secured.base_url,
+                    "sameSite": "Strict",
+                }
+            ]
+        )
+        page = context.new_page()
+        page.goto(other_port_page)
+        assert page.evaluate(script) == "sent"
+    finally:
+        browser.close()
     time.sleep(0.5)  # the supervisor's next pass would have signalled it
     job = secured.job(job_id)
     assert job["cancel_requested"] is False and job["state"] == "running", job

@@ -188,6 +188,16 @@ class ProfileCreate(BaseModel):
     steps: int = Field(3, ge=1, le=100)
 
 
+class ResumeCreate(BaseModel):
+    """Body of POST /jobs/{id}/resume: a new length for the job, to train it longer (or
+    shorter, but past its latest checkpoint). Left out, the job keeps its own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: int | None = Field(None, description="The job's new total steps (replaces `epochs`).")
+    epochs: int | None = Field(None, description="The job's new total epochs (replaces `steps`).")
+
+
 class ProfilePublic(BaseModel):
     """A trace request handed to a running job's worker."""
 

@@ -73,6 +73,9 @@ class JobRecord:
     # An ended job's worker process that had not exited yet ({"pid", "pid_started",
     # "devices"}): its devices stay held until it has, across a service restart too.
     exiting: dict[str, Any] | None = None
+    # When a user last put the ended job back in the queue (`resume`): it waits behind
+    # the jobs submitted before then, as a job submitted then would. None: never resumed.
+    queued_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     error TEXT,
     progress_offset INTEGER NOT NULL DEFAULT 0,
     version INTEGER NOT NULL DEFAULT 1,
-    exiting TEXT
+    exiting TEXT,
+    queued_at REAL
 );
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, priority DESC, seq);
 CREATE TABLE IF NOT EXISTS metrics (
@@ -121,7 +125,11 @@ CREATE TABLE IF NOT EXISTS metrics (
 """
 
 # Columns added since the first schema, for stores made before them.
-_ADDED_COLUMNS = {"crashes": "INTEGER NOT NULL DEFAULT 0", "exiting": "TEXT"}
+_ADDED_COLUMNS = {
+    "crashes": "INTEGER NOT NULL DEFAULT 0",
+    "exiting": "TEXT",
+    "queued_at": "REAL",
+}
 
 _JSON_COLUMNS = ("spec", "devices", "progress", "eval", "result", "error", "exiting")
 
@@ -253,9 +261,11 @@ class JobStore:
         return [_row_to_record(row) for row in self._reader().execute(sql, params or []).fetchall()]
 
     def queued(self) -> list[JobRecord]:
-        """Queued jobs in the order they should run: highest priority, then oldest."""
+        """Queued jobs in the order they should run: highest priority, then oldest (a
+        resumed job by when it was resumed)."""
         return self._records(
-            "SELECT * FROM jobs WHERE state = 'queued' ORDER BY priority DESC, seq"
+            "SELECT * FROM jobs WHERE state = 'queued'"
+            " ORDER BY priority DESC, COALESCE(queued_at, created_at), seq"
         )
 
     def running(self) -> list[JobRecord]:
@@ -311,19 +321,35 @@ class JobStore:
         assert record is not None
         return record
 
-    def _update(self, job_id: str, where_state: JobState | None, **fields: Any) -> bool:
+    def _update(
+        self,
+        job_id: str,
+        where_state: JobState | Sequence[JobState] | None,
+        *,
+        extra_where: str | None = None,
+        increment: str | None = None,
+        **fields: Any,
+    ) -> bool:
+        """Set `fields` on the job if it is in `where_state` (one state or any of several)
+        and meets `extra_where`; `increment`: a column to add 1 to as well."""
         fields["updated_at"] = time.time()
         for column in _JSON_COLUMNS:
             if column in fields:
                 fields[column] = _dumps(fields[column])
         if "state" in fields:
             fields["state"] = JobState(fields["state"]).value
-        assignments = ", ".join([*(f"{column} = ?" for column in fields), "version = version + 1"])
-        sql = f"UPDATE jobs SET {assignments} WHERE id = ?"
+        assignments = [f"{column} = ?" for column in fields]
+        assignments.append("version = version + 1")
+        if increment is not None:
+            assignments.append(f"{increment} = {increment} + 1")
+        sql = f"UPDATE jobs SET {', '.join(assignments)} WHERE id = ?"
         params = [*fields.values(), job_id]
         if where_state is not None:
-            sql += " AND state = ?"
-            params.append(where_state.value)
+            states = [where_state] if isinstance(where_state, JobState) else list(where_state)
+            sql += f" AND state IN ({', '.join('?' * len(states))})"
+            params.extend(state.value for state in states)
+        if extra_where is not None:
+            sql += f" AND {extra_where}"
         with self._transaction() as conn:
             return conn.execute(sql, params).rowcount == 1
 
@@ -420,6 +446,43 @@ class JobStore:
                 ).rowcount
                 == 1
             )
+
+    def resume(
+        self,
+        job_id: str,
+        *,
+        spec: dict[str, Any] | None = None,
+        progress: dict[str, Any] | None = None,
+    ) -> bool:
+        """Ended (cancelled or failed, or succeeded with a new `spec` that trains longer),
+        its worker gone -> queued for another attempt, at the back of its priority's
+        queue; attempts += 1 and its crash count starts again. `spec`, `progress`: the
+        job's from now on, when given. False when the job is not (or no longer) such a job."""
+        ended = [JobState.FAILED, JobState.CANCELLED]
+        if spec is not None:
+            ended.append(JobState.SUCCEEDED)
+        changes: dict[str, Any] = {}
+        if spec is not None:
+            changes["spec"] = spec
+        if progress is not None:
+            changes["progress"] = progress
+        return self._update(
+            job_id,
+            ended,
+            extra_where="exiting IS NULL",
+            increment="attempts",
+            state=JobState.QUEUED,
+            devices=[],
+            pid=None,
+            pid_started=None,
+            cancel_requested_at=None,
+            finished_at=None,
+            result=None,
+            error=None,
+            crashes=0,
+            queued_at=time.time(),
+            **changes,
+        )
 
     def record_progress(
         self,

@@ -60,7 +60,8 @@ def _job_id(value: str) -> str:
 
 
 def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register submit, status, logs, cancel, checkpoints, export and tensorboard on `verbs`."""
+    """Register submit, status, logs, cancel, resume, delete, checkpoints, export and
+    tensorboard on `verbs`."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--url",
@@ -117,6 +118,25 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
         "--wait",
         action="store_true",
         help="wait until the job has stopped (one that had already ended is no error)",
+    )
+
+    p = verb(
+        "resume",
+        "put a cancelled or failed job back in the queue to train on from its latest "
+        "checkpoint (a succeeded one with --steps or --epochs, to train longer)",
+    )
+    p.add_argument("id", type=_job_id, metavar="ID")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument(
+        "--steps", type=_count(100_000_000), metavar="N", help="the job's new total steps"
+    )
+    length.add_argument(
+        "--epochs", type=_count(1_000_000), metavar="N", help="the job's new total epochs"
+    )
+    p.add_argument(
+        "--watch",
+        action="store_true",
+        help="show a live progress bar until the job ends; exit 0 only if it succeeded",
     )
 
     p = verb("delete", "delete ended jobs for good: record, log, checkpoints and export")

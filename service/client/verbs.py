@@ -77,7 +77,12 @@ def submit(client: Client, args: argparse.Namespace) -> int:
     sys.stdout.write(f"{job['id']}\n")
     sys.stdout.flush()
     sys.stderr.write(f"submitted {job['name']!r} as job {job['id']} ({job['state']})\n")
-    if not args.watch:
+    return _watch_if_asked(client, job, args.watch)
+
+
+def _watch_if_asked(client: Client, job: dict[str, Any], asked: bool) -> int:
+    """`--watch`: follow the job to its end; exit 0 only if it succeeded."""
+    if not asked:
         return EXIT_OK
     try:
         job = watch(client, job["id"], sys.stderr)
@@ -232,6 +237,18 @@ def cancel(client: Client, args: argparse.Namespace) -> int:
             job = client.patiently(lambda: client.job(args.id), _note)
     sys.stdout.write(f"{job['id']} {job['state']}\n")
     return EXIT_OK
+
+
+def resume(client: Client, args: argparse.Namespace) -> int:
+    body = {key: value for key, value in (("steps", args.steps), ("epochs", args.epochs)) if value}
+    job = client.request_json("POST", f"/api/v1/jobs/{args.id}/resume", json=body)[1]
+    sys.stdout.write(f"{job['id']}\n")
+    sys.stdout.flush()
+    sys.stderr.write(
+        f"resumed job {job['id']} as attempt {job['attempts']} ({job['state']}): it trains "
+        "on from its latest checkpoint\n"
+    )
+    return _watch_if_asked(client, job, args.watch)
 
 
 def delete(client: Client, args: argparse.Namespace) -> int:
@@ -403,6 +420,7 @@ VERBS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "status": status,
     "logs": logs,
     "cancel": cancel,
+    "resume": resume,
     "delete": delete,
     "checkpoints": checkpoints,
     "export": export,

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request, 
 from fastapi import Path as FastAPIPath
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from fastapi.routing import APIRoute
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 from typing_extensions import TypedDict  # pydantic needs it, not typing's, before 3.12
@@ -43,7 +43,7 @@ from service.errors import FieldErrors
 from service.events import JobEvent, next_event, sse_response
 from service.exports import describe_export, open_export
 from service.jobjson import render_job
-from service.progress import SERIES
+from service.progress import SERIES, percent_done
 from service.runfiles import OffsetPastEnd, inside, read_lines_from, tail_with_end
 from service.schemas import (
     NOT_JSON,
@@ -57,11 +57,13 @@ from service.schemas import (
     MetricsPublic,
     ProfileCreate,
     ProfilePublic,
+    ResumeCreate,
 )
 from service.settings import Settings
 from service.store import JobRecord, JobState, MetricPoint
 from service.workers import worker_pythonpath
 from trainer.rundir import RunDir, write_json_atomic
+from trainer.spec import field_errors
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -232,13 +234,14 @@ def cancel_job(job: JobDep, runtime: RuntimeDep) -> Response:
 def delete_job(job: JobDep, runtime: RuntimeDep) -> Response:
     """Delete an ended job for good: its record, metrics, logs, checkpoints and export.
     Its files leave the API and TensorBoard at once; the disk space is freed just after."""
-    with _DELETE_LOCK:  # a second delete of the same job finds it gone: 404
+    with _ENDED_JOB_LOCK:  # a second delete of the same job finds it gone: 404
         return _delete(job.id, runtime)
 
 
-# One delete at a time: a second delete of a job must not put back the directory of a job
-# the first one has deleted.
-_DELETE_LOCK = threading.Lock()
+# One delete or resume of an ended job at a time: a second delete of a job must not put
+# back the directory of a job the first one has deleted, nor a resume queue a job whose
+# directory a delete has moved aside.
+_ENDED_JOB_LOCK = threading.Lock()
 
 
 def _delete(job_id: str, runtime: Runtime) -> Response:
@@ -281,6 +284,100 @@ def _delete(job_id: str, runtime: Runtime) -> Response:
     # After the answer: removing gigabytes of checkpoints takes a while.
     background = None if aside is None else BackgroundTask(deletion.remove, aside)
     return Response(status_code=204, background=background)
+
+
+@router.post(
+    "/{job_id}/resume",
+    response_model=JobPublic,
+    responses={
+        **_NOT_FOUND,
+        409: {"model": ErrorPublic, "description": "The job has not ended, its worker has "
+              "not exited yet, or it succeeded and no longer length was given"},
+        422: {"model": ErrorPublic, "description": "The new length, or the job's spec on "
+              "this service now, is refused"},
+        **NOT_JSON,
+    },
+)  # fmt: skip
+def resume_job(job: JobDep, runtime: RuntimeDep, resume_in: ResumeCreate | None = None) -> Response:
+    """Put an ended job back in the queue, behind the jobs already waiting at its priority.
+    Its next worker restores its latest checkpoint and trains on from there (from step 0
+    when it has none). A cancelled or failed job resumes as it is; a succeeded one needs
+    a new `steps` or `epochs` to train longer. Its spec is admitted again, as at submission
+    (the data must still be there, the towers still fit)."""
+    with _ENDED_JOB_LOCK:  # not while a delete of the job moves its files
+        return _resume(job.id, resume_in or ResumeCreate(), runtime)
+
+
+def _resume(job_id: str, resume_in: ResumeCreate, runtime: Runtime) -> Response:
+    job = runtime.store.get(job_id)
+    if job is None:
+        raise HTTPException(404, job_not_found(job_id))
+    if not job.state.is_terminal:
+        raise HTTPException(
+            409, f"Job {job.id!r} is {job.state.value}; only an ended job can be resumed."
+        )
+    if job.exiting is not None:
+        raise HTTPException(
+            409,
+            f"Job {job.id!r} has ended but its worker process is still exiting; try again "
+            "in a few seconds.",
+        )
+    longer = resume_in.steps is not None or resume_in.epochs is not None
+    if job.state is JobState.SUCCEEDED and not longer:
+        raise HTTPException(
+            409,
+            f"Job {job.id!r} has succeeded: it trained all its steps. To train it longer, "
+            'give a larger total, e.g. {"steps": N} or {"epochs": N}.',
+        )
+    spec = dict(job.spec)
+    if longer:
+        spec.update(steps=resume_in.steps, epochs=resume_in.epochs)
+    try:
+        admitted = JobCreate.model_validate(spec)
+    except ValidationError as error:
+        raise FieldErrors(field_errors(error)) from error
+    settings = runtime.settings
+    admitted, errors = admit(
+        admitted,
+        pool=runtime.pool,
+        data_roots=settings.allowed_data_roots,
+        worker_path=worker_pythonpath() if settings.python == sys.executable else None,
+    )
+    checkpoints = list_checkpoints(_run(settings, job))
+    last = checkpoints[-1].step if checkpoints else 0
+    if resume_in.steps is not None and resume_in.steps <= last:
+        errors.append(
+            {
+                "field": "steps",
+                "message": f"Expected more than {last}, the step of the job's latest "
+                f"checkpoint, where it resumes. Received: {resume_in.steps}",
+            }
+        )
+    if errors:
+        raise FieldErrors(errors)
+    new_spec = admitted.model_dump(mode="json")
+    changed = new_spec != job.spec
+    progress = None
+    if changed and job.progress is not None:
+        # Until the next worker reports, the job shows its step of the new total (of an
+        # unknown one for epochs: the worker counts the steps an epoch takes).
+        total = resume_in.steps
+        step = job.progress.get("step")
+        progress = {
+            **job.progress,
+            "total": total,
+            "percent": percent_done(step, total) if total else None,
+            "eta_seconds": None,
+        }
+    if not runtime.store.resume(job.id, spec=new_spec if changed else None, progress=progress):
+        current = runtime.store.get(job.id)
+        state = current.state.value if current else "deleted"
+        raise HTTPException(409, f"Job {job.id!r} is {state} now and cannot be resumed.")
+    resumed = runtime.store.get(job.id)
+    assert resumed is not None
+    runtime.broker.publish(JobEvent.state(resumed))
+    runtime.supervisor.wake()
+    return Response(render_job(resumed), media_type=_JSON)
 
 
 # One profile request at a time: each reads what is pending and writes the merge.
@@ -661,7 +758,11 @@ def head_checkpoint(
 def _export_archive(
     job: JobRecord, settings: Settings, build: Callable[[RunDir, bytes], _A | None]
 ) -> _A:
-    archive = build(_run(settings, job), _spec_json(job))
+    # Only a succeeded job's: a job resumed to train longer keeps its last export on disk
+    # until its next one replaces it, and that model is not the one its spec now describes.
+    archive = (
+        build(_run(settings, job), _spec_json(job)) if job.state is JobState.SUCCEEDED else None
+    )
     if archive is None:
         raise HTTPException(
             404,

@@ -1,0 +1,252 @@
+"""Resuming ended jobs: POST /api/v1/jobs/{id}/resume and `towerboard resume`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.service.harness import Service, fake_worker_env, job_spec, long_job
+from tests.service.test_client import one_error_line, towerboard
+from tests.service.test_supervisor import checkpoint_step, progress_lines
+
+
+@pytest.fixture
+def service(make_service: Callable[..., Service], tmp_path: Path) -> Iterator[Service]:
+    """One job slot, stand-in workers (tests/service/harness.py): a job named "quick"
+    succeeds at once, any other runs until cancelled."""
+    service = make_service(env={"TOWERBOARD_CPU_JOBS": "1", **fake_worker_env(tmp_path)})
+    service.start()
+    yield service
+
+
+def _cancelled(service: Service, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    job = service.submit(spec or job_spec(name="wait"))
+    # Its start line: the stand-in stops on SIGTERM from then on.
+    service.wait_for(job["id"], lambda job: job["progress"] is not None, what="a start")
+    assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+    return _worker_gone(service, service.wait_state(job["id"], "cancelled"))
+
+
+def _worker_gone(service: Service, job: dict[str, Any]) -> dict[str, Any]:
+    """Wait until no device is held: the ended job's worker has exited."""
+    service.wait_for(
+        job["id"],
+        lambda _: not any(d["job_id"] for d in service.client.get("/api/v1/devices").json()["data"]),
+        what="its worker to exit",
+    )
+    return service.job(job["id"])
+
+
+def _resume(service: Service, job_id: str, body: dict[str, Any] | None = None) -> Any:
+    return service.client.post(f"/api/v1/jobs/{job_id}/resume", json=body)
+
+
+def test_resume_cancelled_job_runs_it_again_as_the_next_attempt(service: Service) -> None:
+    job = _cancelled(service)
+    assert job["finished_at"] is not None
+
+    response = _resume(service, job["id"])
+
+    assert response.status_code == 200, response.text
+    resumed = response.json()
+    assert resumed["state"] == "queued" and resumed["attempts"] == 2
+    assert resumed["finished_at"] is None and resumed["result"] is None
+    assert resumed["spec"] == job["spec"]
+    running = service.wait_state(job["id"], "running")
+    assert running["attempts"] == 2
+    log = (service.data_dir / "runs" / job["id"] / "worker.log").read_text()
+    assert f"attempt 2 of job {job['id']}" in log
+    # ... and it can be cancelled and resumed again, as often as wanted.
+    assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+    _worker_gone(service, service.wait_state(job["id"], "cancelled"))
+    assert _resume(service, job["id"]).json()["attempts"] == 3
+
+
+def test_resume_refuses_jobs_that_have_not_ended(service: Service) -> None:
+    running = service.submit(job_spec(name="wait"))
+    queued = service.submit(job_spec(name="wait"))
+    service.wait_state(running["id"], "running")
+
+    for job, state in ((running, "running"), (queued, "queued")):
+        response = _resume(service, job["id"])
+        assert response.status_code == 409, response.text
+        assert response.json()["detail"] == (
+            f"Job {job['id']!r} is {state}; only an ended job can be resumed."
+        )
+    missing = _resume(service, "nosuchjob2")
+    assert missing.status_code == 404
+    assert missing.json()["detail"] == "Job 'nosuchjob2' not found."
+
+
+def test_resume_succeeded_job_needs_a_longer_run(service: Service) -> None:
+    job = service.submit(job_spec(name="quick"))
+    done = _worker_gone(service, service.wait_state(job["id"], "succeeded"))
+
+    refused = _resume(service, job["id"])
+
+    assert refused.status_code == 409
+    assert refused.json()["detail"] == (
+        f"Job {job['id']!r} has succeeded: it trained all its steps. To train it longer, "
+        'give a larger total, e.g. {"steps": N} or {"epochs": N}.'
+    )
+    assert service.job(job["id"])["state"] == "succeeded"  # nothing changed
+
+    longer = _resume(service, job["id"], {"steps": 55})
+
+    assert longer.status_code == 200, longer.text
+    resumed = longer.json()
+    assert resumed["state"] == "queued" and resumed["spec"]["steps"] == 55
+    # Until its next worker reports, it shows its last step of the new total.
+    assert resumed["progress"]["total"] == 55 and resumed["progress"]["eta_seconds"] is None
+    assert resumed["progress"]["step"] == done["progress"]["step"]
+    _worker_gone(service, service.wait_state(job["id"], "succeeded"))
+    spec_json = json.loads((service.data_dir / "runs" / job["id"] / "spec.json").read_text())
+    assert spec_json["steps"] == 55  # what the next worker read
+    by_epochs = _resume(service, job["id"], {"epochs": 3}).json()
+    assert by_epochs["spec"]["epochs"] == 3 and by_epochs["spec"]["steps"] is None
+
+
+def test_resume_checks_the_new_length_and_the_body(service: Service) -> None:
+    job = _cancelled(service)
+    # A checkpoint at step 20 (the files a CheckpointManager writes; the service only
+    # lists them): a total at or below it would leave nothing to train.
+    checkpoints = service.data_dir / "runs" / job["id"] / "checkpoints"
+    checkpoints.mkdir()
+    (checkpoints / "ckpt-20.index").write_bytes(b"i")
+    (checkpoints / "ckpt-20.data-00000-of-00001").write_bytes(b"d")
+    cases = {
+        json.dumps({"steps": 20}): [
+            {
+                "field": "steps",
+                "message": "Expected more than 20, the step of the job's latest checkpoint, "
+                "where it resumes. Received: 20",
+            }
+        ],
+        json.dumps({"steps": 30, "epochs": 2}): [
+            {
+                "field": "(spec)",
+                "message": "Give `steps` or `epochs`, not both. Received: steps=30, epochs=2",
+            }
+        ],
+        json.dumps({"steps": 0}): [
+            {"field": "steps", "message": "Input should be greater than or equal to 1. Received: 0"}
+        ],
+        json.dumps({"step": 30}): [
+            {"field": "step", "message": "Unknown key. Remove it or check its spelling."}
+        ],
+    }
+    for body, errors in cases.items():
+        response = service.client.post(
+            f"/api/v1/jobs/{job['id']}/resume",
+            content=body,
+            headers={"Content-Type": "application/json"},
+        )
+        assert response.status_code == 422, (body, response.text)
+        assert response.json()["errors"] == errors, body
+    not_json = service.client.post(f"/api/v1/jobs/{job['id']}/resume", content=b"steps=30")
+    assert not_json.status_code == 415, not_json.text
+    assert service.job(job["id"])["state"] == "cancelled"  # nothing changed
+
+    assert _resume(service, job["id"], {"steps": 21}).json()["spec"]["steps"] == 21
+
+
+def test_resume_admits_the_spec_again(service: Service) -> None:
+    data = service.data_dir / "datasets" / "digits.npz"
+    data.parent.mkdir(exist_ok=True)
+    data.write_bytes(b"")  # the service checks it is there, not what it holds
+    job = _cancelled(service, job_spec(name="wait", data={"format": "npz", "path": str(data)}))
+    data.unlink()
+
+    response = _resume(service, job["id"])
+
+    assert response.status_code == 422, response.text
+    [error] = response.json()["errors"]
+    assert error["field"] == "data.path" and str(data) in error["message"]
+    assert service.job(job["id"])["state"] == "cancelled"
+
+
+def test_resumed_job_waits_behind_jobs_queued_before_it(service: Service) -> None:
+    earlier = _cancelled(service)  # submitted first, so the oldest of the three
+    blocker = service.submit(job_spec(name="wait"))
+    service.wait_state(blocker["id"], "running")
+    waiting = service.submit(job_spec(name="wait"))
+    assert _resume(service, earlier["id"]).status_code == 200
+
+    service.client.post(f"/api/v1/jobs/{blocker['id']}/cancel")
+
+    assert service.wait_state(waiting["id"], "running")["state"] == "running"
+    assert service.job(earlier["id"])["state"] == "queued"
+
+
+def test_export_is_served_only_while_the_job_has_succeeded(service: Service) -> None:
+    job = service.submit(job_spec(name="quick"))
+    _worker_gone(service, service.wait_state(job["id"], "succeeded"))
+    export = service.data_dir / "runs" / job["id"] / "export"
+    export.mkdir()
+    (export / "saved_model.pb").write_bytes(b"model")
+    assert service.client.head(f"/api/v1/jobs/{job['id']}/export").status_code == 200
+    # Resumed to train longer: the export on disk is the shorter run's, not the spec's.
+    # (The stand-in's next attempt may already be running or done, so ask at once.)
+    blocker = service.submit(job_spec(name="wait"))
+    service.wait_state(blocker["id"], "running")
+    _resume(service, job["id"], {"steps": 80})
+
+    stale = service.client.get(f"/api/v1/jobs/{job['id']}/export")
+
+    assert stale.status_code == 404
+    assert stale.json()["detail"] == (
+        f"Job {job['id']!r} has no exported model (a job exports its model as it succeeds; "
+        "it is queued)."
+    )
+
+
+def test_cli_resume(service: Service) -> None:
+    job = _cancelled(service)
+    url = service.base_url
+
+    result = towerboard("resume", job["id"], url=url)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{job['id']}\n"
+    assert result.stderr == (
+        f"resumed job {job['id']} as attempt 2 (queued): it trains on from its latest "
+        "checkpoint\n"
+    )
+    refused = towerboard("resume", job["id"], "--steps", "9", url=url)
+    assert refused.returncode == 1
+    assert one_error_line(refused).endswith("only an ended job can be resumed.")
+    usage = towerboard("resume", job["id"], "--steps", "9", "--epochs", "2", url=url)
+    assert usage.returncode == 2 and "not allowed with argument" in usage.stderr
+
+
+@pytest.mark.slow
+def test_resume_real_job_trains_on_from_its_checkpoint_and_longer(
+    make_service: Callable[..., Service],
+) -> None:
+    # The real trainer: cancelled after its first checkpoint, resumed, and once it has
+    # succeeded resumed again with more steps. Each attempt restores the last checkpoint.
+    service = make_service()
+    service.start()
+    spec = long_job(steps=150, checkpoint={"every_steps": 25, "every_seconds": 0, "keep": 2})
+    job_id = service.submit(spec)["id"]
+    service.wait_checkpoint(job_id)
+    assert service.client.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 202
+    cancelled = _worker_gone(service, service.wait_state(job_id, "cancelled"))
+    stopped_at = checkpoint_step(cancelled)  # SIGTERM checkpoints the step it stopped at
+    assert 0 < stopped_at < 150
+
+    assert _resume(service, job_id).status_code == 200
+    done = service.wait_state(job_id, "succeeded")
+    assert done["result"]["step"] == 150 and done["attempts"] == 2
+    _worker_gone(service, done)
+    assert _resume(service, job_id, {"steps": 180}).status_code == 200
+    longer = service.wait_state(job_id, "succeeded")
+
+    assert longer["attempts"] == 3 and longer["result"]["step"] == 180
+    starts = [line["step"] for line in progress_lines(service, job_id) if line["event"] == "start"]
+    assert starts == [0, stopped_at, 150]
+    assert service.client.head(f"/api/v1/jobs/{job_id}/export").status_code == 200

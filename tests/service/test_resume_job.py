@@ -35,7 +35,9 @@ def _worker_gone(service: Service, job: dict[str, Any]) -> dict[str, Any]:
     """Wait until no device is held: the ended job's worker has exited."""
     service.wait_for(
         job["id"],
-        lambda _: not any(d["job_id"] for d in service.client.get("/api/v1/devices").json()["data"]),
+        lambda _: (
+            not any(d["job_id"] for d in service.client.get("/api/v1/devices").json()["data"])
+        ),
         what="its worker to exit",
     )
     return service.job(job["id"])
@@ -213,8 +215,7 @@ def test_cli_resume(service: Service) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"{job['id']}\n"
     assert result.stderr == (
-        f"resumed job {job['id']} as attempt 2 (queued): it trains on from its latest "
-        "checkpoint\n"
+        f"resumed job {job['id']} as attempt 2 (queued): it trains on from its latest checkpoint\n"
     )
     refused = towerboard("resume", job["id"], "--steps", "9", url=url)
     assert refused.returncode == 1

@@ -290,6 +290,8 @@ def _train(
         if resumed is not None:
             log.info("resumed from step %d", resumed)
         step = int(trainer.step.numpy())
+        if step > total:  # the spec was shortened after this checkpoint was written
+            raise PastTheEnd(step, total, spec.epochs)
         controller = Controller(
             spec=spec,
             trainer=trainer,
@@ -333,6 +335,10 @@ def _train(
         log.error("%s", e)
         _end_failed(progress, e.step, total)
         return _write_result(rundir, Outcome.FAILED, str(e), step=e.step, total=total)
+    except PastTheEnd as e:
+        log.error("%s", e)
+        _end_failed(progress, step, total)
+        return _write_result(rundir, Outcome.FAILED, str(e), step=step, total=total)
     except Exception as e:  # noqa: BLE001 - any crash becomes a failed result, not a stuck job
         log.error("training failed:\n%s", traceback.format_exc())
         step = controller.at_step if controller is not None else step
@@ -348,6 +354,19 @@ def _train(
         _quietly("close the TensorBoard writers", summaries.close)
         if progress is not None:
             _quietly("close progress.jsonl", progress.close)
+
+
+class PastTheEnd(RuntimeError):
+    """The latest checkpoint lies past the spec's total steps: nothing is left to train,
+    and "succeeded at step 40 of 20" would say something false about the job."""
+
+    def __init__(self, step: int, total: int, epochs: int | None) -> None:
+        length = f"{epochs} epochs, {total} steps" if epochs is not None else f"{total} steps"
+        super().__init__(
+            f"Cannot resume: the latest checkpoint is at step {step}, past this job's total "
+            f"of {length}. Give a larger total (steps or epochs), or use a new job directory "
+            "to start again."
+        )
 
 
 def _end_failed(progress: ProgressWriter | None, step: int, total: int) -> None:

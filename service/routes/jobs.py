@@ -353,6 +353,19 @@ def _resume(job_id: str, resume_in: ResumeCreate, runtime: Runtime) -> Response:
                 f"checkpoint, where it resumes. Received: {resume_in.steps}",
             }
         )
+    old_epochs, old_total = job.spec.get("epochs"), (job.progress or {}).get("total")
+    if resume_in.epochs is not None and old_epochs and isinstance(old_total, int):
+        # An epoch's steps, as the worker counted them (total = epochs x steps per epoch).
+        per_epoch = old_total // old_epochs
+        if per_epoch and resume_in.epochs * per_epoch <= last:
+            errors.append(
+                {
+                    "field": "epochs",
+                    "message": f"Expected more than {last // per_epoch}: the job's latest "
+                    f"checkpoint, where it resumes, is at step {last}, and an epoch is "
+                    f"{per_epoch} steps. Received: {resume_in.epochs}",
+                }
+            )
     if errors:
         raise FieldErrors(errors)
     new_spec = admitted.model_dump(mode="json")

@@ -156,6 +156,27 @@ def test_resume_checks_the_new_length_and_the_body(service: Service) -> None:
     assert _resume(service, job["id"], {"steps": 21}).json()["spec"]["steps"] == 21
 
 
+def test_resume_by_epochs_must_lie_past_the_latest_checkpoint(service: Service) -> None:
+    # The stand-in reports a total of 10 steps: for 2 epochs, 5 steps an epoch.
+    job = _cancelled(service, job_spec(name="wait", steps=None, epochs=2))
+    checkpoints = service.data_dir / "runs" / job["id"] / "checkpoints"
+    checkpoints.mkdir()
+    (checkpoints / "ckpt-20.index").write_bytes(b"i")
+    (checkpoints / "ckpt-20.data-00000-of-00001").write_bytes(b"d")
+
+    refused = _resume(service, job["id"], {"epochs": 4})
+
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["errors"] == [
+        {
+            "field": "epochs",
+            "message": "Expected more than 4: the job's latest checkpoint, where it resumes, "
+            "is at step 20, and an epoch is 5 steps. Received: 4",
+        }
+    ]
+    assert _resume(service, job["id"], {"epochs": 5}).json()["spec"]["epochs"] == 5
+
+
 def test_resume_admits_the_spec_again(service: Service) -> None:
     data = service.data_dir / "datasets" / "digits.npz"
     data.parent.mkdir(exist_ok=True)

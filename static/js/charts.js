@@ -3,6 +3,12 @@
 import { h } from "./format.js";
 
 const HEIGHT = 190;
+// A chart draws at most about 2 × THIN_BUCKETS points a series, whatever a job reported: a
+// job of 200k steps reports some 100k points a series, and uPlot took seconds to draw them
+// (the page froze at every progress event). See thin().
+const THIN_BUCKETS = 600;
+// A dot on each point only while the points in view are this few: dense, they are a band.
+const MAX_DOTS = 300;
 // Steps are whole numbers: the step axis never ticks between them.
 const STEP_INCRS = [1, 2, 5].flatMap((m) => Array.from({ length: 10 }, (_, e) => m * 10 ** e))
   .sort((a, b) => a - b);
@@ -22,18 +28,79 @@ export function stepRange(u, min, max) {
 
 /** Series that share the x axis (steps) but not their steps (train vs eval) are joined
  *  on the union of steps, with null where a series has no point; lines span the gaps. */
-function align(keys, seriesMap) {
-  const steps = new Set();
-  const byKey = keys.map((key) => {
-    const points = new Map();
-    for (const point of seriesMap[key] || []) {
-      points.set(point.step, point.value);
-      steps.add(point.step);
+export function align(keys, seriesMap) {
+  const lists = keys.map((key) => seriesMap[key] || []);
+  // Each list in step order (as the page keeps them): one merge, no sort of every step.
+  const ordered = lists.every((list) =>
+    list.every((point, i) => i === 0 || list[i - 1].step < point.step));
+  if (!ordered) {
+    const steps = new Set();
+    const byKey = lists.map((list) => {
+      const points = new Map();
+      for (const point of list) {
+        points.set(point.step, point.value);
+        steps.add(point.step);
+      }
+      return points;
+    });
+    const xs = [...steps].sort((a, b) => a - b);
+    return [xs, ...byKey.map((points) => xs.map((x) => (points.has(x) ? points.get(x) : null)))];
+  }
+  const xs = [];
+  const ys = lists.map(() => []);
+  const at = lists.map(() => 0); // each list's next point
+  for (;;) {
+    let step = Infinity;
+    for (let k = 0; k < lists.length; k++) {
+      if (at[k] < lists[k].length) step = Math.min(step, lists[k][at[k]].step);
     }
-    return points;
-  });
-  const xs = [...steps].sort((a, b) => a - b);
-  return [xs, ...byKey.map((points) => xs.map((x) => (points.has(x) ? points.get(x) : null)))];
+    if (step === Infinity) break;
+    xs.push(step);
+    for (let k = 0; k < lists.length; k++) {
+      const next = lists[k][at[k]];
+      ys[k].push(next !== undefined && next.step === step ? lists[k][at[k]++].value : null);
+    }
+  }
+  return [xs, ...ys];
+}
+
+/** `data` (aligned) with at most about 2 × `buckets` points a series: the steps are cut
+ *  into `buckets` equal spans, and in each a series keeps its lowest and its highest point
+ *  (a spike stays, as a chart of every point would show it), and its first and last point
+ *  overall (its line ends where the job is). A point kept for one series keeps the other
+ *  series' values at that step too: every value drawn is a reported one. Fewer points than
+ *  that come back as they are. */
+export function thin(data, buckets = THIN_BUCKETS) {
+  const xs = data[0];
+  const n = xs.length;
+  if (n <= 2 * buckets) return data;
+  const low = xs[0];
+  const span = xs[n - 1] - low || 1;
+  const keep = new Uint8Array(n);
+  for (const ys of data.slice(1)) {
+    let bucket = -1;
+    let lo = -1;
+    let hi = -1;
+    let first = -1;
+    let last = -1;
+    for (let i = 0; i < n; i++) {
+      const y = ys[i];
+      if (y === null || y === undefined) continue;
+      if (first < 0) first = i;
+      last = i;
+      const b = Math.min(buckets - 1, Math.floor(((xs[i] - low) / span) * buckets));
+      if (b !== bucket) {
+        if (lo >= 0) keep[lo] = keep[hi] = 1;
+        bucket = b;
+        lo = hi = i;
+      } else if (y < ys[lo]) lo = i;
+      else if (y > ys[hi]) hi = i;
+    }
+    if (lo >= 0) keep[lo] = keep[hi] = keep[first] = keep[last] = 1;
+  }
+  const kept = [];
+  for (let i = 0; i < n; i++) if (keep[i]) kept.push(i);
+  return data.map((column) => kept.map((i) => column[i]));
 }
 
 export class LineChart {
@@ -78,7 +145,7 @@ export class LineChart {
           width: 2,
           dash: s.dash,
           spanGaps: true,
-          points: { show: true, size: 5 },
+          points: { show: (u, si, i0, i1) => i1 - i0 < MAX_DOTS, size: 5 },
           value: (u, v) => (v === null || v === undefined ? "—" : Number(v.toPrecision(5)).toString()),
         })),
       ],
@@ -100,7 +167,8 @@ export class LineChart {
 
   update(seriesMap) {
     const data = align(this.series.map((s) => s.key), seriesMap);
-    // data-points: every point drawn; data-points-<key>: each series' own (eval vs train).
+    // data-points: every point the job reported; data-points-<key>: each series' own (eval
+    // vs train); data-drawn: the points drawn, at most about 2 × THIN_BUCKETS a series.
     const counts = data.slice(1).map((ys) => ys.filter((y) => y !== null).length);
     this.series.forEach((s, i) => this.root.setAttribute(`data-points-${s.key}`, String(counts[i])));
     this.points = counts.reduce((n, c) => n + c, 0);
@@ -111,12 +179,15 @@ export class LineChart {
     const steps = data[0];
     this.single.hidden = steps.length !== 1;
     this.single.textContent = steps.length === 1 ? `One report so far, at step ${steps[0]}.` : "";
+    const drawn = thin(data);
+    this.root.dataset.drawn = String(drawn.slice(1)
+      .reduce((n, ys) => n + ys.filter((y) => y !== null).length, 0));
     if (this.points === 0 || typeof uPlot === "undefined") return;
     if (!this.plot) {
       this.options.width = this.width();
-      this.plot = new uPlot(this.options, data, this.canvas); // eslint-disable-line no-undef
+      this.plot = new uPlot(this.options, drawn, this.canvas); // eslint-disable-line no-undef
     } else {
-      this.plot.setData(data);
+      this.plot.setData(drawn);
     }
   }
 

@@ -23,7 +23,7 @@ import tensorflow as tf
 from trainer.checkpoints import Checkpointer
 from trainer.cluster import Cluster
 from trainer.profiling import TraceCapture, tower_times_ms
-from trainer.rundir import Outcome, ProgressWriter, RunDir, last_progress
+from trainer.rundir import Outcome, ProgressWriter, RunDir, evaluated_at, last_progress
 from trainer.spec import JobSpec
 from trainer.summaries import SummaryManager, variable_tag
 from trainer.towers import REQUESTS, TowerTrainer, tower_sizes
@@ -154,6 +154,18 @@ class Controller:
         graph_written = False
 
         self.at_step = step
+        e = self.spec.eval
+        if (
+            step
+            and e.every_steps
+            and step % e.every_steps == 0
+            and step < self.total_steps
+            and not self.stop.is_set()
+            and not evaluated_at(self.rundir.progress, step)
+        ):
+            # Resumed at an eval step whose eval never ended (a stop during it skips it and
+            # checkpoints): evaluate it now, or the eval charts lack that point for good.
+            self._evaluate(step)
         requests = np.zeros(len(REQUESTS), np.int32)
         # One process stops before its next step; a cluster's workers stop after the step
         # whose requests carried the stop, all of them at that step.

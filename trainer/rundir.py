@@ -203,3 +203,26 @@ def last_progress(path: Path, tail_bytes: int = 64 * 1024) -> dict[str, Any] | N
         if isinstance(line, dict) and line.get("event") == "progress":
             return line
     return None
+
+
+def evaluated_at(path: Path, step: int) -> bool:
+    """Whether progress.jsonl has an eval of `step`. Reads the whole file, a line at a
+    time (tens of MB for a long job: a fraction of a second, once per resumed start)."""
+    try:
+        with open(path, "rb") as f:
+            for raw in f:
+                if b'"eval"' not in raw:  # most lines are reports: skip them unparsed
+                    continue
+                try:
+                    line = json.loads(raw)
+                except json.JSONDecodeError:
+                    continue
+                if (
+                    isinstance(line, dict)
+                    and line.get("event") == "eval"
+                    and line.get("step") == step
+                ):
+                    return True
+    except FileNotFoundError:
+        pass
+    return False

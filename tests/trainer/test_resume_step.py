@@ -1,0 +1,62 @@
+"""What a run does at the step it resumes from: past its total, it fails saying so; at an
+eval step whose eval never ended, it evaluates first."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.test_resume import BASE, finished  # noqa: F401 - the shared fixture
+from tests.trainer.test_run import run_worker, with_
+
+
+def test_resume_past_the_total_fails_saying_so(finished, tmp_path):  # noqa: F811
+    # Its spec shortened after the fact (`epochs` lowered on resume, say): not "succeeded"
+    # at step 30 of 20.
+    job_dir = tmp_path / "job"
+    shutil.copytree(finished, job_dir)
+    (job_dir / "result.json").unlink()
+    kept = sorted(path.name for path in (job_dir / "checkpoints").iterdir())
+
+    code, result, log = run_worker(job_dir, with_(BASE, steps=20))
+
+    assert code == 1, log
+    assert result["outcome"] == "failed"
+    assert result["message"] == (
+        "Cannot resume: the latest checkpoint is at step 30, past this job's total of 20 "
+        "steps. Give a larger total (steps or epochs), or use a new job directory to start "
+        "again."
+    )
+    assert (result["step"], result["total"]) == (30, 20)
+    assert sorted(path.name for path in (job_dir / "checkpoints").iterdir()) == kept
+    end = json.loads((job_dir / "progress.jsonl").read_text().splitlines()[-1])
+    assert (end["event"], end["outcome"], end["step"], end["total"]) == ("end", "failed", 30, 20)
+
+
+def eval_steps(job_dir: Path) -> list[int]:
+    lines = (job_dir / "progress.jsonl").read_text().splitlines()
+    return [line["step"] for line in map(json.loads, lines) if line["event"] == "eval"]
+
+
+@pytest.mark.parametrize("evaluated", [False, True], ids=["eval-lost", "eval-done"])
+def test_resume_at_an_eval_step_evaluates_it_once(finished, tmp_path, evaluated):  # noqa: F811
+    # A stop during the eval of step 30 skips that eval and checkpoints step 30 (here: the
+    # finished run had no eval at all). The resumed run evaluates step 30 first, unless
+    # the run before it did.
+    job_dir = tmp_path / "job"
+    shutil.copytree(finished, job_dir)
+    (job_dir / "result.json").unlink()
+    if evaluated:
+        with open(job_dir / "progress.jsonl", "a") as f:
+            line = {"event": "eval", "step": 30, "total": 30, "eval_loss": 1.0, "time": 0.0}
+            f.write(json.dumps(line) + "\n")
+
+    code, result, log = run_worker(
+        job_dir, with_(BASE, steps=40, eval={"every_steps": 10, "batches": 1})
+    )
+
+    assert code == 0, log
+    assert eval_steps(job_dir) == [30, 40]

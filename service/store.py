@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 import secrets
 import sqlite3
 import threading
@@ -235,15 +236,25 @@ class JobStore:
         return None if row is None else int(row[0])
 
     def page(
-        self, *, states: Iterable[JobState] = (), limit: int = 50, before_seq: int | None = None
+        self,
+        *,
+        states: Iterable[JobState] = (),
+        name: str | None = None,
+        limit: int = 50,
+        before_seq: int | None = None,
     ) -> tuple[list[JobRecord], int]:
-        """Newest first; jobs with seq below `before_seq` when given. Returns (page, count)."""
+        """Newest first; jobs with seq below `before_seq` when given; with `name`, jobs
+        whose name holds it, in any case (ASCII). Returns (page, count)."""
         where: list[str] = []
         params: list[str | int] = []
         state_values = [state.value for state in states]
         if state_values:
             where.append(f"state IN ({','.join('?' * len(state_values))})")
             params.extend(state_values)
+        if name:
+            # A scan of the names: fine for the thousands of jobs one store holds.
+            where.append("name LIKE ? ESCAPE '\\'")
+            params.append("%" + re.sub(r"([\\%_])", r"\\\1", name) + "%")
         filter_sql = f"WHERE {' AND '.join(where)}" if where else ""
         conn = self._reader()
         count = conn.execute(f"SELECT COUNT(*) FROM jobs {filter_sql}", params).fetchone()[0]

@@ -98,13 +98,14 @@ def _watch_if_asked(client: Client, job: dict[str, Any], asked: bool) -> int:
 _PAGE_MOST = 200  # the API's largest page
 
 
-def _jobs(client: Client, limit: int, states: list[str]) -> dict[str, Any]:
+def _jobs(client: Client, limit: int, states: list[str], name: str | None) -> dict[str, Any]:
     """The newest `limit` jobs as one page of the API's shape, read a page at a time."""
     data: list[dict[str, Any]] = []
     cursor: str | None = None
     while True:
         params: list[tuple[str, str | int]] = [("limit", min(_PAGE_MOST, limit - len(data)))]
         params += [("state", state) for state in states]
+        params += [("name", name)] if name else []
         params += [("cursor", cursor)] if cursor else []
         page: dict[str, Any] = client.get("/api/v1/jobs", params=params)
         data += page["data"]
@@ -154,12 +155,15 @@ def status(client: Client, args: argparse.Namespace) -> int:
             for log_line in job["error"]["log_tail"]:
                 sys.stdout.write(f"  {log_line}\n")
         return EXIT_OK
-    page = _jobs(client, args.limit, args.state or [])
+    page = _jobs(client, args.limit, args.state or [], args.name)
     if args.json:
         sys.stdout.write(json.dumps(page, indent=2) + "\n")
         return EXIT_OK
     if not page["data"]:
-        sys.stdout.write("no jobs" + (f" {'/'.join(args.state)}" if args.state else "") + "\n")
+        named = f" named like {args.name!r}" if args.name else ""
+        sys.stdout.write(
+            "no jobs" + (f" {'/'.join(args.state)}" if args.state else "") + named + "\n"
+        )
         return EXIT_OK
     rows = [
         ["ID", "NAME", "STATE", "PROGRESS", "STEP", "LOSS", "ACC", "EX/S", "ETA", "DEVICES", "AGE"]

@@ -157,10 +157,14 @@ def create_job(job_in: JobCreate, runtime: RuntimeDep) -> Response:
 async def read_jobs(
     runtime: RuntimeDep,
     state: Annotated[list[JobState], Query(description="Only jobs in these states")] = [],  # noqa: B006
+    name: Annotated[
+        str | None,
+        Query(max_length=200, description="Only jobs whose name contains this text, in any case"),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page")] = None,
 ) -> Response:
-    """Jobs, newest first, a page at a time."""
+    """Jobs, newest first, a page at a time (`count`: how many match in all)."""
     before = None
     if cursor is not None:
         if not _CURSOR.fullmatch(cursor):
@@ -175,7 +179,7 @@ async def read_jobs(
             )
         before = int(cursor)
     # One more than asked tells whether there is a next page.
-    jobs, count = runtime.store.page(states=state, limit=limit + 1, before_seq=before)
+    jobs, count = runtime.store.page(states=state, name=name, limit=limit + 1, before_seq=before)
     more = len(jobs) > limit
     jobs = jobs[:limit]
     page = JobsPublic(

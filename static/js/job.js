@@ -1,13 +1,16 @@
 // One job: live progress and charts, per-tower step time, spec, log tail, checkpoints,
-// Cancel, Delete job (once it has ended) and "Open in TensorBoard" (tensorboard.js).
+// Cancel, Resume and Train longer (resume.js) and Delete job (once it has ended) and "Open
+// in TensorBoard" (tensorboard.js).
 //
 // A job's own event stream ends with the job, so an ended job's page follows the all-jobs
-// stream for one thing: its `deleted` event, when someone else deletes the job.
+// stream for this job's `deleted` (someone else deleted it) and `state` (someone resumed
+// it). A job resumed, here or elsewhere, is followed live again: its stream, log and charts.
 
 import { TERMINAL, api, followAllJobs, followJob, getJSON } from "./api.js";
 import { LineChart } from "./charts.js";
 import { applyProgressEvent, fresher, jobsListHash, mark, noticeOnJobs } from "./jobs.js";
 import { profileControl } from "./profile.js";
+import { resumeControl } from "./resume.js";
 import { tensorBoardControl } from "./tensorboard.js";
 import {
   age, bytes, devicesText, duration, endReason, eta, h, liveNotice, localTime, num, percent,
@@ -20,6 +23,16 @@ const LOAD_RETRY_MS = 3000; // a job page that got no answer asks again this oft
 const CONFIRM_MS = 4000; // Cancel and Delete job wait this long for the second press
 // The series the charts draw (the learning rate is a stat, not a chart).
 const SERIES = ["loss", "accuracy", "examples_per_sec", "eval_loss", "eval_accuracy"];
+
+/** `fresher()` (jobs.js), knowing that a job ended can be queued again: resumed (or run
+ *  again after a crash), it is a later attempt, and a copy of a later attempt is newer
+ *  whatever its state. Within one attempt the end is final, as fresher() has it. */
+function newer(known, streamedAt, snapshot, askedAt) {
+  if (known && snapshot.attempts !== known.attempts) {
+    return snapshot.attempts > known.attempts ? snapshot : known;
+  }
+  return fresher(known, streamedAt, snapshot, askedAt);
+}
 
 /** "step 5", "steps 20, 21, 22". */
 function stepsText(steps) {
@@ -37,7 +50,7 @@ export function mountJob(view, jobId) {
   let streamedAt; // mark() of the stream's last change to `job`
   let stopped = false;
   let closeStream = null;
-  let closeWatch = null; // the all-jobs stream, followed for this job's `deleted`
+  let closeWatch = null; // the all-jobs stream, followed for this job's `deleted` and `state`
   let deleting = false; // this page's DELETE is out: its own `deleted` event is no news
   let gone = false; // deleted elsewhere while this page was open
   let logTimer = null;
@@ -64,7 +77,27 @@ export function mountJob(view, jobId) {
   const modelLink = h("a", { class: "button", id: "download-model", hidden: true,
     href: `${base}/export`, download: `${jobId}-export.tar.gz`,
     title: "The trained model as a SavedModel (.tar.gz)" }, "Download model");
-  const actionStatus = h("p", { class: "action-status small", id: "action-status", role: "status" });
+  // Focusable: a resume hides the control the keyboard was on, and it goes on from here.
+  const actionStatus = h("p", { class: "action-status small", id: "action-status", role: "status",
+    tabindex: "-1" });
+  const resume = resumeControl(jobId, {
+    say: (action, text, isError) => {
+      actionStatus.dataset.action = action;
+      delete actionStatus.dataset.attempt;
+      actionStatus.classList.toggle("error", isError);
+      actionStatus.textContent = text;
+    },
+    resumed: (data, asked, focused) => {
+      disarmDelete();
+      actionStatus.dataset.attempt = String(data.attempts); // renderResumed() says its end
+      take(newer(job, streamedAt, data, asked));
+      // The control the keyboard was on is hidden now (maybe already, by the stream): it
+      // goes on from the line that says what happened.
+      const lost = document.activeElement === document.body || resume.hasFocus();
+      if (focused && lost) actionStatus.focus({ preventScroll: true });
+    },
+    missing: () => showDeleted(),
+  });
   const meta = h("p", { class: "meta muted small" });
   const errorBox = h("div", { class: "job-error", role: "alert", hidden: true });
   const stats = h("div", { class: "stats" },
@@ -94,9 +127,10 @@ export function mountJob(view, jobId) {
     notFound,
     h("div", { class: "job-head" },
       h("div", { class: "job-heading" }, title, badge),
-      h("div", { class: "actions" }, modelLink, tensorBoard.button, cancelButton, deleteButton)),
-    actionStatus, tensorBoard.status, tensorBoard.notice, notice.el, meta, bar, barText, errorBox,
-    stats,
+      h("div", { class: "actions" }, modelLink, tensorBoard.button, cancelButton, ...resume.buttons,
+        deleteButton)),
+    resume.form, actionStatus, tensorBoard.status, tensorBoard.notice, notice.el, meta, bar,
+    barText, errorBox, stats,
     h("section", { class: "section" }, h("h2", {}, "Metrics"), chartGrid),
     h("section", { class: "section" },
       h("div", { class: "section-head" }, h("h2", {}, "Per-tower step time"), profile.button),
@@ -185,12 +219,14 @@ export function mountJob(view, jobId) {
     renderMeta();
     cancelButton.hidden = TERMINAL.has(job.state);
     deleteButton.hidden = !ended;
-    if (ended) watchDeletion();
+    resume.render(job);
+    if (ended) watchEnded();
     modelLink.hidden = job.state !== "succeeded";
     if (TERMINAL.has(job.state)) notice.clear(); // no more live updates to miss
     cancelButton.disabled = job.cancel_requested;
     renderError();
     renderCancelled();
+    renderResumed();
     profile.render(job);
     // Ended, a job reports nothing more: "yet" would promise what will not come.
     for (const chart of charts) chart.setEmptyText(ended ? "No data reported." : "No data yet");
@@ -217,6 +253,16 @@ export function mountJob(view, jobId) {
       ? ` at step ${job.progress.step}` : "";
     actionStatus.textContent = job.state === "cancelled"
       ? `Cancelled${step}.` : `The job ${job.state}${step} before the cancel took effect.`;
+  }
+
+  /** A resume asked for on this page, once that attempt has ended: the line said it
+   *  trains on, and now says how that went. */
+  function renderResumed() {
+    if (actionStatus.dataset.action !== "resume" || !TERMINAL.has(job.state)) return;
+    if (String(job.attempts) !== actionStatus.dataset.attempt) return; // a refusal's line
+    const step = job.progress && Number.isInteger(job.progress.step)
+      ? ` at step ${job.progress.step}` : "";
+    actionStatus.textContent = `Attempt ${job.attempts} ${job.state}${step}.`;
   }
 
   let shownError = null; // the job.error the box shows, as JSON
@@ -271,6 +317,8 @@ export function mountJob(view, jobId) {
     try {
       const list = await getJSON(`${base}/checkpoints`);
       if (stopped) return;
+      // Where a resume trains on from: Train longer's hint and least step.
+      resume.checkpoint(list.data.length ? Math.max(...list.data.map((c) => c.step)) : null);
       if (list.data.length === 0) {
         checkpoints.replaceChildren(h("p", { class: "muted" },
           job && TERMINAL.has(job.state) ? "No checkpoint was saved." : "No checkpoint yet."));
@@ -302,8 +350,16 @@ export function mountJob(view, jobId) {
     checkpointTimer = setTimeout(loadCheckpoints, 300);
   }
 
-  function addPoints(event) {
+  function addPoints(name, event) {
     if (!Number.isInteger(event.step)) return;
+    if (name === "start") {
+      // A run starting at this step (a resume, from its checkpoint): what the last run
+      // reported past it was lost with it, and this run reports those steps again. The
+      // service drops them from the job's metrics too.
+      for (const key of SERIES) {
+        series[key] = series[key].filter((point) => point.step <= event.step);
+      }
+    }
     for (const key of SERIES) {
       if (typeof event[key] === "number") series[key].push({ step: event.step, value: event[key] });
     }
@@ -331,8 +387,9 @@ export function mountJob(view, jobId) {
       const asked = mark();
       const { status, data } = await api(`${base}/cancel`, { method: "POST" });
       if (stopped) return;
-      job = fresher(job, streamedAt, data, asked);
+      job = newer(job, streamedAt, data, asked);
       if (data.cancel_requested && !TERMINAL.has(job.state)) job = { ...job, cancel_requested: true };
+      actionStatus.classList.remove("error"); // a refused resume's, say
       actionStatus.textContent = status === 202
         ? "Cancel requested: the worker checkpoints and stops." : "Cancelled.";
       actionStatus.dataset.action = "cancel"; // renderCancelled() says how it ended
@@ -392,21 +449,38 @@ export function mountJob(view, jobId) {
     location.hash = jobsListHash();
   }
 
-  /** Follow the all-jobs stream for this job's `deleted` (idempotent). Each (re)connection
-   *  asks for the job once: a deletion while it was not connected is then seen too. */
-  function watchDeletion() {
+  /** While the job has ended, follow the all-jobs stream for its `deleted` and for a
+   *  `state` that is not an end: resumed elsewhere (another user, `towerboard resume`)
+   *  (idempotent). Each (re)connection reads the job once: what happened while it was not
+   *  connected is then seen too. */
+  function watchEnded() {
     if (closeWatch || stopped) return;
     closeWatch = followAllJobs({
       open: () => { checkStillThere(); },
       deleted: (event) => {
         if (event.job_id === jobId && !deleting) showDeleted();
       },
+      state: (event) => {
+        if (event.job_id !== jobId || stopped) return;
+        const { job_id: _, ...copy } = event;
+        const next = newer(job, streamedAt, copy, mark());
+        if (next === job) return;
+        streamedAt = mark();
+        take(next);
+      },
     });
   }
 
+  function unwatchEnded() {
+    if (closeWatch) closeWatch();
+    closeWatch = null;
+  }
+
   async function checkStillThere() {
+    const asked = mark();
     try {
-      await getJSON(base);
+      const snapshot = await getJSON(base);
+      if (!stopped) take(newer(job, streamedAt, snapshot, asked));
     } catch (error) {
       if (error.status === 404 && !deleting) showDeleted();
     }
@@ -427,16 +501,27 @@ export function mountJob(view, jobId) {
   }
 
   /** Take `next` as the job. If that ends it while this page watches, read what it wrote
-   *  last (a job that had ended before the page opened is read once, by load()). */
+   *  last (a job that had ended before the page opened is read once, by load()). If it
+   *  was ended and is not (resumed), follow it live again. */
   function take(next) {
     const ended = job && !TERMINAL.has(job.state) && TERMINAL.has(next.state);
+    const resumed = job && TERMINAL.has(job.state) && !TERMINAL.has(next.state);
     if (job && job.state !== next.state) window.dispatchEvent(new CustomEvent("towerboard:state"));
     job = next;
+    if (resumed) unwatchEnded(); // before renderJob(), which watches an ended job
     renderJob();
     if (ended) {
       loadLogs();
       loadCheckpoints();
       loadMetrics();
+    }
+    if (resumed) {
+      // Its own stream ended with the last attempt: a new one says this attempt's state
+      // first, then its progress. The log is polled again while the job is live.
+      closeStream();
+      follow();
+      loadLogs();
+      checkpointsSoon();
     }
   }
 
@@ -470,7 +555,7 @@ export function mountJob(view, jobId) {
         if (name === "trace" && Number.isInteger(event.step)) traceStep = event.step;
         renderJob();
         if (name === "trace") profile.traced(event);
-        addPoints(event);
+        addPoints(name, event);
         if (name === "checkpoint" || name === "end") checkpointsSoon();
       },
     });
@@ -480,7 +565,7 @@ export function mountJob(view, jobId) {
     const asked = mark();
     try {
       const snapshot = await getJSON(base);
-      if (!stopped) take(fresher(job, streamedAt, snapshot, asked));
+      if (!stopped) take(newer(job, streamedAt, snapshot, asked));
     } catch (error) {
       // A job read before and now missing was deleted. Otherwise the notice stays: live
       // updates have stopped.
@@ -528,7 +613,7 @@ export function mountJob(view, jobId) {
     if (stopped) return;
     showAll();
     // Only if the stream has said nothing newer meanwhile (it may have seen the job end).
-    job = fresher(job, streamedAt, snapshot, asked);
+    job = newer(job, streamedAt, snapshot, asked);
     renderJob();
     await Promise.all([loadMetrics(), loadCheckpoints(), loadLogs()]);
   }
@@ -568,6 +653,7 @@ export function mountJob(view, jobId) {
     clearInterval(ticker);
     tensorBoard.destroy();
     profile.destroy();
+    resume.destroy();
   }
 
   drawCharts();

@@ -1,0 +1,201 @@
+// A job page's Resume and Train longer (POST /jobs/{id}/resume): a cancelled or failed job
+// goes back in the queue as it is, and any ended job, a succeeded one too, can be sent back
+// to train on to a larger total of steps. Its next worker trains on from the job's latest
+// checkpoint. Both are hidden while the job is queued or running.
+//
+// Nothing is lost by a resume, so neither asks for a second press (as Cancel and Delete do).
+
+import { TERMINAL, api } from "./api.js";
+import { h } from "./format.js";
+import { mark } from "./jobs.js";
+
+/** What a resume does, by the latest checkpoint's step (null: none was saved), the new
+ *  total `to` (" to step 80", or ""). */
+function trainsOn(latest, to) {
+  return latest === null ? `it trains${to} from step 0, as no checkpoint was saved`
+    : `it trains on${to} from its latest checkpoint`;
+}
+
+/** The Resume button, the Train longer button and the form it opens, for `jobId`'s page.
+ *  `say(action, text, isError)` writes the page's action status line; `resumed(job, asked,
+ *  focused)` takes the service's answer (the job, queued again) to a request begun at
+ *  mark() `asked`, pressed with the keyboard on these controls if `focused`; `missing()`
+ *  runs when the job is no more (404). `render(job)` shows what fits the job's state;
+ *  `checkpoint(step)` takes the latest checkpoint's step (null: none was saved). */
+export function resumeControl(jobId, { say, resumed, missing }) {
+  const base = `/api/v1/jobs/${encodeURIComponent(jobId)}`;
+  const resumeButton = h("button", { type: "button", id: "resume-job", hidden: true,
+    title: "Queue the job again: it trains on from its latest checkpoint", onclick: () => send() },
+  "Resume");
+  const longerButton = h("button", { type: "button", id: "train-longer", hidden: true,
+    "aria-expanded": "false", "aria-controls": "resume-form", onclick: toggle }, "Train longer");
+  const input = h("input", { type: "number", id: "resume-steps", name: "steps", min: "1", step: "1",
+    inputmode: "numeric", required: true, autocomplete: "off",
+    "aria-describedby": "resume-steps-error resume-steps-hint" });
+  const submit = h("button", { type: "submit", class: "primary", id: "resume-submit" }, "Train on");
+  const hint = h("p", { class: "muted small resume-hint", id: "resume-steps-hint" });
+  const fieldError = h("p", { class: "error small resume-error", id: "resume-steps-error",
+    hidden: true });
+  // Named by its button, so a screen reader says "Train longer, form" on entering it.
+  const form = h("form", { class: "resume-form", id: "resume-form", hidden: true, novalidate: true,
+    "aria-labelledby": "train-longer" },
+  h("div", { class: "resume-field" }, h("label", { for: "resume-steps" }, "To step"), input),
+  submit, hint, fieldError);
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    trainLonger();
+  });
+  // Escape closes the form, and the keyboard goes on from the button that opened it.
+  form.addEventListener("keydown", (event) => {
+    if (event.key !== "Escape") return;
+    close();
+    longerButton.focus();
+  });
+
+  /** Whether the keyboard is on one of these controls (they hide once the job resumes). */
+  function hasFocus() {
+    const active = document.activeElement;
+    return active === resumeButton || active === longerButton || form.contains(active);
+  }
+
+  let job = null;
+  let latest; // the latest checkpoint's step; null when none was saved, undefined until read
+  let busy = false;
+  let gone = false;
+
+  function showHint() {
+    hint.textContent = latest === undefined ? "It trains on from its latest checkpoint."
+      : latest === null ? "No checkpoint was saved: it trains again from step 0."
+        : `It trains on from step ${latest}, its latest checkpoint: give a step past it.`;
+    if (Number.isInteger(latest)) input.min = String(latest + 1);
+  }
+
+  /** Twice the job's current total (the one its last worker reported, or its spec's),
+   *  and past the latest checkpoint; empty when the total is not known (an epochs spec
+   *  whose worker never reported). */
+  function suggestion() {
+    const p = (job && job.progress) || {};
+    const total = Number.isInteger(p.total) ? p.total
+      : job && Number.isInteger(job.spec.steps) ? job.spec.steps : null;
+    if (total === null) return "";
+    return String(Math.max(2 * total, Number.isInteger(latest) ? latest + 1 : 1));
+  }
+
+  function clearFieldError() {
+    fieldError.hidden = true;
+    fieldError.textContent = "";
+    input.removeAttribute("aria-invalid");
+  }
+
+  function showFieldError(text) {
+    fieldError.textContent = text;
+    fieldError.hidden = false;
+    input.setAttribute("aria-invalid", "true");
+    input.focus(); // read out with its description: the error
+  }
+
+  function open() {
+    form.hidden = false;
+    longerButton.setAttribute("aria-expanded", "true");
+    clearFieldError();
+    showHint();
+    input.value = suggestion();
+    input.focus();
+    input.select();
+  }
+
+  function close() {
+    form.hidden = true;
+    longerButton.setAttribute("aria-expanded", "false");
+    clearFieldError();
+  }
+
+  function toggle() {
+    if (busy) return;
+    if (form.hidden) open();
+    else close();
+  }
+
+  /** While a resume is out, presses are ignored. aria-disabled, not disabled: a disabled
+   *  button loses the focus, and the keyboard would be back at the page's top. */
+  function setBusy(value) {
+    busy = value;
+    for (const button of [resumeButton, longerButton, submit]) {
+      if (value) button.setAttribute("aria-disabled", "true");
+      else button.removeAttribute("aria-disabled");
+    }
+  }
+
+  async function trainLonger() {
+    if (busy) return;
+    const text = input.value.trim();
+    if (text === "") {
+      // A letter typed into a number field reads as "" too.
+      showFieldError(input.validity.badInput ? "Enter a whole number of steps."
+        : "Enter the step to train it to.");
+      return;
+    }
+    await send({ steps: Number(text) });
+  }
+
+  /** POST /resume, with `body` ({steps}) or none (a cancelled or failed job, as it is). */
+  async function send(body) {
+    if (busy) return;
+    // Where the keyboard was: the stream may hide these controls before the answer comes.
+    const focused = hasFocus();
+    setBusy(true);
+    clearFieldError();
+    say("resume", "Resuming…", false);
+    const asked = mark();
+    try {
+      const { data } = await api(`${base}/resume`, { method: "POST", body });
+      if (gone) return;
+      const to = body ? ` to step ${body.steps}` : "";
+      say("resume", `Resumed as attempt ${data.attempts}: ${trainsOn(latest, to)}.`, false);
+      resumed(data, asked, focused);
+      close();
+    } catch (error) {
+      if (gone) return;
+      if (error.status === 404) {
+        missing();
+        return;
+      }
+      const errors = error.errors || [];
+      // The step's refusal goes beside the field (where the form is open to show it);
+      // anything else (a spec that no longer passes admission, a 409's detail) in the line.
+      const mine = form.hidden ? [] : errors.filter((e) => e.field === "steps");
+      const others = errors.filter((e) => !mine.includes(e));
+      if (mine.length) showFieldError(mine.map((e) => e.message).join(" "));
+      if (others.length) {
+        say("resume", `Could not resume: ${others.map((e) => `${e.field}: ${e.message}`)
+          .join("; ")}`, true);
+      } else if (mine.length) {
+        say("resume", "", false);
+      } else {
+        say("resume", `Could not resume: ${error.detail || error.message}`, true);
+      }
+    } finally {
+      if (!gone) setBusy(false);
+    }
+  }
+
+  return {
+    buttons: [resumeButton, longerButton],
+    form,
+    hasFocus,
+    render(next) {
+      job = next;
+      const ended = TERMINAL.has(job.state);
+      resumeButton.hidden = job.state !== "cancelled" && job.state !== "failed";
+      longerButton.hidden = !ended;
+      if (!ended && !form.hidden) close();
+    },
+    checkpoint(step) {
+      latest = step;
+      if (!form.hidden) showHint();
+    },
+    destroy() {
+      gone = true;
+    },
+  };
+}

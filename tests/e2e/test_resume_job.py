@@ -1,0 +1,432 @@
+"""Resuming ended jobs from the dashboard, in headless Chromium against a real service:
+Resume on a cancelled or failed job's page, Train longer on any ended job's (a labelled
+"To step" field, by keyboard too), the service's refusals said beside the field (422) or
+in the action status line (409, a spec that no longer passes admission), the controls
+hidden while the job is queued or running, a job resumed elsewhere followed live again,
+and the charts and progress of the resumed attempt going on. Contrast and a phone's width.
+
+The workers are stand-ins that end in a blink (tests/service/harness.py) or train a few
+steps a second, checkpointing as the trainer does (STEPS_WORKER below): no model is
+trained here, so none of it is marked slow."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, Page, expect
+
+from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
+from tests.e2e.test_dashboard import LAPTOP, PHONE, TERMINAL, Session, no_overflow, open_session
+from tests.e2e.test_dashboard_details import LOW_CONTRAST
+from tests.e2e.test_delete_job import STILL_EXITING, ended, worker_exited
+from tests.service.harness import Service, fake_worker_env, job_spec
+
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
+
+# `python -m steps_worker run --job-dir DIR`: trains its spec's `steps` as the trainer does,
+# from its latest checkpoint (the files a CheckpointManager writes, which the service
+# lists), a step every 0.1 s, reporting each (loss 1/step) and checkpointing every 10. It
+# stops on SIGTERM (cancelled, exit 3). "fail-at-N" fails at step N when it started at
+# step 0. A run that starts past step 0 (a resume) waits 1.5 s before its first step, so
+# the page is seen between the start line and the next report.
+STEPS_WORKER = """\
+import json, signal, sys, time
+from pathlib import Path
+
+job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1])
+spec = json.loads((job_dir / "spec.json").read_text())
+total, name = spec["steps"], spec["name"]
+stopped = []
+signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
+checkpoints = job_dir / "checkpoints"
+checkpoints.mkdir(exist_ok=True)
+step = max((int(p.name[5:-6]) for p in checkpoints.glob("ckpt-*.index")), default=0)
+
+
+def progress(**line):
+    with open(job_dir / "progress.jsonl", "a") as f:
+        f.write(json.dumps({"time": time.time(), "step": step, "total": total, **line}) + "\\n")
+
+
+def end(outcome, code):
+    (job_dir / "result.json").write_text(json.dumps({"outcome": outcome, "message": name}))
+    sys.exit(code)
+
+
+fail_at = int(name[8:]) if name.startswith("fail-at-") and step == 0 else None
+progress(event="start")
+if step:
+    time.sleep(1.5)
+while step < total:
+    if stopped:
+        end("cancelled", 3)
+    time.sleep(0.1)
+    step += 1
+    progress(event="progress", loss=1 / step, accuracy=step / (step + 1), examples_per_sec=900.0)
+    if step == fail_at:
+        end("failed", 1)
+    if step % 10 == 0:
+        (checkpoints / f"ckpt-{step}.data-00000-of-00001").write_bytes(b"d")
+        (checkpoints / f"ckpt-{step}.index").write_bytes(b"i")
+        progress(event="checkpoint", checkpoint=str(checkpoints / f"ckpt-{step}"))
+progress(event="end", outcome="succeeded")
+end("succeeded", 0)
+"""
+
+RESUME_TITLE = "Queue the job again: it trains on from its latest checkpoint"
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """Stand-in workers: "quick" succeeds at once, "linger" stays 8 s after it succeeds,
+    any other name runs until cancelled. Four slots, so a lingering one blocks no other."""
+    folder = tmp_path_factory.mktemp("stand-in")
+    svc = Service(folder / "data", {"TOWERBOARD_CPU_JOBS": "4", **fake_worker_env(folder)})
+    svc.start()
+    yield svc
+    svc.close()
+
+
+@pytest.fixture(scope="module")
+def stepping(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """A service whose worker is STEPS_WORKER."""
+    folder = tmp_path_factory.mktemp("steps")
+    (folder / "steps_worker.py").write_text(STEPS_WORKER)
+    path = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
+    svc = Service(
+        folder / "data",
+        {
+            "TOWERBOARD_CPU_JOBS": "2",
+            "TOWERBOARD_WORKER_MODULE": "steps_worker",
+            "PYTHONPATH": path,
+        },
+    )
+    svc.start()
+    yield svc
+    svc.close()
+
+
+@pytest.fixture
+def session(browser: Browser, service: Service) -> Iterator[Session]:
+    session = open_session(browser, service, LAPTOP)
+    yield session
+    session.context.close()
+
+
+def cancelled(service: Service, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A stand-in job that ran, was cancelled, and whose worker has exited: resumable."""
+    job = service.submit(spec or job_spec(name="wait"))
+    # Its start line: the stand-in stops on SIGTERM from then on.
+    service.wait_for(job["id"], lambda job: job["progress"] is not None, what="a start")
+    assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+    service.wait_state(job["id"], "cancelled")
+    worker_exited(service, job["id"])
+    return service.job(job["id"])
+
+
+def fake_checkpoint(service: Service, job_id: str, step: int) -> None:
+    """The files a CheckpointManager writes for `step` (the service only lists them)."""
+    folder = service.data_dir / "runs" / job_id / "checkpoints"
+    folder.mkdir(exist_ok=True)
+    (folder / f"ckpt-{step}.data-00000-of-00001").write_bytes(b"d")
+    (folder / f"ckpt-{step}.index").write_bytes(b"i")
+
+
+def open_job(page: Page, job_id: str, state: str) -> None:
+    page.goto(f"/#/jobs/{job_id}")
+    expect(page.locator(".job-heading .state")).to_have_text(state)
+
+
+def badge(page: Page) -> Any:
+    return page.locator(".job-heading .state")
+
+
+def no_resume_controls(page: Page) -> None:
+    """Neither Resume nor Train longer nor its form: the job is queued or running."""
+    for control in ("#resume-job", "#train-longer", "#resume-form", "#delete-job"):
+        expect(page.locator(control)).to_be_hidden()
+
+
+def low_contrast(page: Page) -> None:
+    low = page.evaluate(LOW_CONTRAST)
+    assert low == [], "\n".join(low)
+
+
+def test_resume_a_cancelled_job_by_keyboard(session: Session, service: Service) -> None:
+    """A running job's page offers no Resume. Cancelled, it offers Resume beside Delete job;
+    one press (no confirm) queues it again as attempt 2, said in the status line, which
+    takes the focus from the hidden button; the page follows the new attempt live: its
+    state, its log, its end when it is cancelled again from the page."""
+    job = service.submit(job_spec(name="wait"))
+    service.wait_for(job["id"], lambda job: job["progress"] is not None, what="a start")
+    page = session.page
+    open_job(page, job["id"], "running")
+    expect(page.locator("#cancel-job")).to_be_visible()
+    no_resume_controls(page)
+    assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+    expect(badge(page)).to_have_text("cancelled")
+    worker_exited(service, job["id"])
+    fake_checkpoint(service, job["id"], 5)
+    page.reload()  # the checkpoint is read with the page
+    expect(badge(page)).to_have_text("cancelled")
+
+    button = page.get_by_role("button", name="Resume", exact=True)
+    expect(button).to_be_visible()
+    expect(button).to_have_attribute("title", RESUME_TITLE)
+    expect(page.locator("#delete-job")).to_be_visible()
+    expect(page.locator("#cancel-job")).to_be_hidden()
+    expect(page.locator(".meta")).to_contain_text("attempt 1")
+    button.focus()
+    page.keyboard.press("Enter")  # once: nothing is lost, so nothing to confirm
+
+    line = page.locator("#action-status")
+    expect(line).to_have_text("Resumed as attempt 2: it trains on from its latest checkpoint.")
+    expect(line).to_be_focused()
+    expect(line).not_to_have_class(re.compile(r"\berror\b"))
+    expect(badge(page)).to_have_text(re.compile(r"^(queued|running)$"))
+    no_resume_controls(page)
+    expect(page.locator("#cancel-job")).to_be_visible()
+    expect(page.locator(".meta")).to_contain_text("attempt 2")
+    # Live again: the job's own stream (its state) and the log poll (attempt 2's line).
+    expect(badge(page)).to_have_text("running")
+    expect(page.locator("#log")).to_contain_text(f"attempt 2 of job {job['id']}", timeout=10_000)
+    assert service.job(job["id"])["attempts"] == 2
+
+    cancel = page.locator("#cancel-job")
+    cancel.click()
+    cancel.click()
+    expect(badge(page)).to_have_text("cancelled")
+    expect(line).to_have_text("Cancelled at step 0.")
+    expect(page.locator("#resume-job")).to_be_visible()
+    assert session.errors == []
+
+
+def test_train_a_succeeded_job_longer(
+    session: Session, service: Service, screenshots: Path
+) -> None:
+    """A succeeded job has no Resume but Train longer, which opens a labelled "To step"
+    field with twice its total in it (the keyboard goes there); a step at or below the
+    latest checkpoint gets the service's reason beside the field, and a good one queues
+    the job to that total. Escape closes the form."""
+    job = ended(service)  # "quick": a total of 10 steps, succeeded
+    fake_checkpoint(service, job["id"], 10)
+    page = session.page
+    open_job(page, job["id"], "succeeded")
+    expect(page.locator("#resume-job")).to_be_hidden()
+    toggle = page.get_by_role("button", name="Train longer", exact=True)
+    expect(toggle).to_have_attribute("aria-expanded", "false")
+    toggle.focus()
+    page.keyboard.press("Enter")
+    expect(toggle).to_have_attribute("aria-expanded", "true")
+    form = page.get_by_role("form", name="Train longer")
+    expect(form).to_be_visible()
+    field = page.get_by_label("To step", exact=True)
+    expect(field).to_be_focused()
+    expect(field).to_have_value("20")
+    hint = page.locator("#resume-steps-hint")
+    expect(hint).to_have_text(
+        "It trains on from step 10, its latest checkpoint: give a step past it."
+    )
+    expect(field).to_have_attribute("min", "11")
+    page.keyboard.press("Escape")
+    expect(form).to_be_hidden()
+    expect(toggle).to_be_focused()
+    expect(toggle).to_have_attribute("aria-expanded", "false")
+
+    page.keyboard.press("Enter")
+    field.fill("10")
+    page.keyboard.press("Enter")
+    error = page.locator("#resume-steps-error")
+    expect(error).to_have_text(
+        "Expected more than 10, the step of the job's latest checkpoint, where it resumes. "
+        "Received: 10"
+    )
+    expect(field).to_have_attribute("aria-invalid", "true")
+    expect(field).to_be_focused()
+    # Read out with the field: its description names the error first.
+    described = field.get_attribute("aria-describedby") or ""
+    assert described.split()[0] == "resume-steps-error"
+    expect(page.locator("#action-status")).to_have_text("")
+    assert service.job(job["id"])["state"] == "succeeded"
+    low_contrast(page)
+    page.screenshot(path=screenshots / "dashboard-train-longer.png")
+
+    field.fill("")
+    page.keyboard.press("Enter")
+    expect(error).to_have_text("Enter the step to train it to.")
+    field.fill("30")
+    page.keyboard.press("Enter")
+    line = page.locator("#action-status")
+    expect(line).to_have_text(
+        "Resumed as attempt 2: it trains on to step 30 from its latest checkpoint."
+    )
+    expect(line).to_be_focused()
+    expect(form).to_be_hidden()
+    expect(page.locator("#spec")).to_contain_text('"steps": 30')
+    # The stand-in succeeds at once: the attempt's end is said in the line.
+    expect(badge(page)).to_have_text("succeeded")
+    expect(line).to_have_text(re.compile(r"^Attempt 2 succeeded"))
+    expect(toggle).to_be_visible()
+    assert service.job(job["id"])["spec"]["steps"] == 30
+    assert session.errors == []
+
+
+def test_refusals_are_said_and_change_nothing(session: Session, service: Service) -> None:
+    """A job whose worker is still exiting gets the service's 409 detail in the status line;
+    a job whose data file was removed since gets its field error there (it is no step's):
+    each red, the job as it was, and the controls still there to try again."""
+    lingering = service.submit(job_spec(name="linger"))  # its worker stays 8 s after it ends
+    service.wait_state(lingering["id"], "succeeded")
+    page = session.page
+    open_job(page, lingering["id"], "succeeded")
+    page.locator("#train-longer").click()
+    page.get_by_label("To step", exact=True).fill("40")
+    page.locator("#resume-submit").click()
+    line = page.locator("#action-status")
+    expect(line).to_have_text(f"Could not resume: Job '{lingering['id']}' {STILL_EXITING}")
+    expect(line).to_have_class(re.compile(r"\berror\b"))
+    expect(page.locator("#resume-steps-error")).to_be_hidden()
+    expect(page.locator("#resume-form")).to_be_visible()  # to try again in a few seconds
+    expect(page.locator("#resume-submit")).to_be_enabled()
+    expect(badge(page)).to_have_text("succeeded")
+    low_contrast(page)
+
+    data = service.data_dir / "datasets" / "digits.npz"
+    data.parent.mkdir(exist_ok=True)
+    data.write_bytes(b"")  # the service checks it is there, not what it holds
+    job = cancelled(service, job_spec(name="wait", data={"format": "npz", "path": str(data)}))
+    data.unlink()
+    open_job(page, job["id"], "cancelled")
+    page.locator("#resume-job").click()
+    expect(line).to_have_text(re.compile(r"^Could not resume: data\.path: .*digits\.npz"))
+    expect(line).to_have_class(re.compile(r"\berror\b"))
+    expect(page.locator("#resume-job")).to_be_enabled()
+    expect(badge(page)).to_have_text("cancelled")
+    assert service.job(job["id"])["state"] == "cancelled"
+    low_contrast(page)
+    assert session.errors == []
+
+
+def test_job_resumed_elsewhere_is_followed_again(session: Session, service: Service) -> None:
+    """A page open on a cancelled job that another user (or the CLI) resumes shows the
+    new attempt without a reload, hides Resume, and follows it to its next end."""
+    job = cancelled(service)
+    page = session.page
+    open_job(page, job["id"], "cancelled")
+    expect(page.locator("#resume-job")).to_be_visible()
+    page.wait_for_timeout(500)  # the ended job's watch is subscribed
+    resumed = service.client.post(f"/api/v1/jobs/{job['id']}/resume")
+    assert resumed.status_code == 200, resumed.text
+
+    expect(badge(page)).to_have_text("running")
+    expect(page.locator(".meta")).to_contain_text("attempt 2")
+    no_resume_controls(page)
+    expect(page.locator("#cancel-job")).to_be_visible()
+    assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+    expect(badge(page)).to_have_text("cancelled")
+    expect(page.locator("#resume-job")).to_be_visible()
+    assert session.errors == []
+
+
+def test_resumed_attempt_charts_and_progress_go_on(browser: Browser, stepping: Service) -> None:
+    """A job that failed at step 25 (its checkpoint at 20) resumed from its page: the
+    charts drop the lost attempt's steps past 20 when the new one starts there (as the
+    service drops them), then grow to its end at 30; trained longer to 60 after that,
+    the bar, the charts and the checkpoints go on to 60."""
+    job = stepping.submit(job_spec(name="fail-at-25", steps=30))
+    failed = stepping.wait_state(job["id"], *TERMINAL)
+    assert failed["state"] == "failed" and failed["progress"]["step"] == 25, failed
+    worker_exited(stepping, job["id"])
+    session = open_session(browser, stepping, LAPTOP)
+    try:
+        page = session.page
+        open_job(page, job["id"], "failed")
+        loss = page.locator('figure[data-chart="loss"]')
+        expect(loss).to_have_attribute("data-points-loss", "25")
+        expect(page.locator("#checkpoints a.download")).to_have_count(2)  # steps 10 and 20
+        expect(page.locator(".job-error")).to_be_visible()  # "Failed: …"
+        # Every loss point count the chart shows from now on, in order.
+        page.evaluate("""() => {
+          const figure = document.querySelector('figure[data-chart="loss"]');
+          window.lossCounts = [];
+          new MutationObserver(() => window.lossCounts.push(Number(figure.dataset.pointsLoss)))
+            .observe(figure, { attributes: true, attributeFilter: ["data-points-loss"] });
+        }""")
+        page.locator("#resume-job").click()
+        expect(page.locator("#action-status")).to_have_text(
+            "Resumed as attempt 2: it trains on from its latest checkpoint."
+        )
+        expect(page.locator(".job-error")).to_be_hidden()  # the last attempt's end is past
+        expect(badge(page)).to_have_text("succeeded", timeout=30_000)
+        expect(loss).to_have_attribute("data-points-loss", "30")
+        expect(page.locator("#action-status")).to_have_text("Attempt 2 succeeded at step 30.")
+        counts = page.evaluate("window.lossCounts")
+        # The start at step 20 took the lost 21-25 away before 21-30 came again.
+        assert 20 in counts and counts.index(20) < counts.index(30), counts
+        assert max(counts) <= 30, counts
+
+        page.locator("#train-longer").click()
+        field = page.get_by_label("To step", exact=True)
+        expect(field).to_have_value("60")
+        expect(page.locator("#resume-steps-hint")).to_contain_text("from step 30")
+        page.locator("#resume-submit").click()
+        bar = page.locator(".bar-large")
+        # Mid-way: the bar and its text count towards the new total.
+        expect(page.locator("#job-progress-text")).to_contain_text(
+            re.compile(r"^(3\d|4\d|5\d) / 60")
+        )
+        expect(badge(page)).to_have_text("running")
+        expect(badge(page)).to_have_text("succeeded", timeout=30_000)
+        expect(page.locator("#job-progress-text")).to_have_text("60 / 60 · 100.0%")
+        expect(bar).to_have_attribute("aria-valuenow", "100.0")
+        expect(loss).to_have_attribute("data-points-loss", "60")
+        expect(loss).to_have_attribute("data-x-range", re.compile(r"\.\.60$"))
+        expect(page.locator('#checkpoints a.download[data-step="60"]')).to_have_count(1)
+        expect(page.locator(".meta")).to_contain_text("attempt 3")
+        assert session.errors == []
+    finally:
+        session.context.close()
+
+
+def test_resume_at_phone_width(browser: Browser, service: Service, screenshots: Path) -> None:
+    """At a phone's width the actions (Resume, Train longer, Delete job) wrap within the
+    screen, and so does the open form with a refusal beside its field; all of it reads at
+    AA contrast."""
+    job = cancelled(service)
+    fake_checkpoint(service, job["id"], 10)
+    phone = open_session(browser, service, PHONE)
+    try:
+        page = phone.page
+        open_job(page, job["id"], "cancelled")
+        for control in ("#resume-job", "#train-longer", "#delete-job"):
+            button = page.locator(control)
+            expect(button).to_be_visible()
+            box = button.bounding_box()
+            assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"]
+        assert no_overflow(page)
+        page.locator("#train-longer").click()
+        field = page.get_by_label("To step", exact=True)
+        field.fill("7")
+        page.locator("#resume-submit").click()
+        expect(page.locator("#resume-steps-error")).to_contain_text("Expected more than 10")
+        assert no_overflow(page)
+        page.screenshot(path=screenshots / "dashboard-train-longer-phone.png")
+        form = page.locator("#resume-form").bounding_box()
+        assert form is not None and form["x"] + form["width"] <= PHONE["width"]
+        low_contrast(page)
+        field.fill("25")
+        page.locator("#resume-submit").click()
+        expect(page.locator("#action-status")).to_have_text(
+            "Resumed as attempt 2: it trains on to step 25 from its latest checkpoint."
+        )
+        expect(badge(page)).to_have_text(re.compile(r"^(queued|running)$"))
+        assert no_overflow(page)
+        low_contrast(page)
+        assert phone.errors == []
+    finally:
+        phone.context.close()

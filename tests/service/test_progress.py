@@ -1,8 +1,12 @@
-"""Folding progress.jsonl lines into the job's snapshot and metric series."""
+"""Reading progress.jsonl a bounded part at a time, and folding its lines into the job's
+snapshot and metric series."""
 
 from __future__ import annotations
 
-from service.progress import fold_progress
+import json
+from pathlib import Path
+
+from service.progress import PROGRESS_READ_BYTES, fold_progress, read_progress_chunk
 from service.store import MetricPoint
 
 
@@ -128,3 +132,53 @@ def test_a_resumed_run_drops_the_points_a_lost_run_reported_past_its_start() -> 
     assert [(p.name, p.step) for p in points] == [("loss", 180), ("loss", 236)]
     assert restarted_at(lost + resumed) == 200
     assert restarted_at(lost) is None
+
+
+def progress_line(step: int) -> bytes:
+    return json.dumps({"time": 1.0, "event": "progress", "step": step, "loss": 0.5}).encode()
+
+
+def test_progress_is_read_a_bounded_part_at_a_time_every_line_once(tmp_path: Path) -> None:
+    """50 MB written while the service was down was read, parsed and folded at once; now
+    each read takes at most PROGRESS_READ_BYTES, ends at a line's end, and the reads
+    after it go on from there."""
+    path = tmp_path / "progress.jsonl"
+    path.write_bytes(b"".join(progress_line(step) + b"\n" for step in range(60_000)))
+    assert path.stat().st_size > 3 * PROGRESS_READ_BYTES
+    offset, steps = 0, []
+    while True:
+        lines, after = read_progress_chunk(path, offset)
+        if after == offset:
+            break
+        assert 0 < after - offset <= PROGRESS_READ_BYTES
+        steps += [line["step"] for line in lines]
+        offset = after
+    assert steps == list(range(60_000)) and offset == path.stat().st_size
+
+
+def test_progress_read_leaves_an_unfinished_line_and_skips_what_is_no_line(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "progress.jsonl"
+    assert read_progress_chunk(path, 0) == ([], 0)  # no file yet
+    path.write_bytes(progress_line(1) + b'\n{"torn": \n[1, 2]\n' + progress_line(2)[:9])
+    lines, offset = read_progress_chunk(path, 0)
+    assert [line["step"] for line in lines] == [1] and offset == path.stat().st_size - 9
+    assert read_progress_chunk(path, offset) == ([], offset)  # still being written
+    with open(path, "ab") as f:
+        f.write(progress_line(2)[9:] + b"\n")
+    lines, end = read_progress_chunk(path, offset)
+    assert [line["step"] for line in lines] == [2] and end == path.stat().st_size
+
+
+def test_progress_read_moves_on_past_a_line_longer_than_a_read(tmp_path: Path) -> None:
+    path = tmp_path / "progress.jsonl"
+    long = b'{"event": "progress", "junk": "' + b"x" * 300_000
+    path.write_bytes(long)
+    assert read_progress_chunk(path, 0, limit=1000) == ([], 0)  # not ended: look again later
+    with open(path, "ab") as f:
+        f.write(b'"}\n' + progress_line(3) + b"\n")
+    skipped = len(long) + 3
+    assert read_progress_chunk(path, 0, limit=1000) == ([], skipped)
+    lines, end = read_progress_chunk(path, skipped, limit=1000)
+    assert [line["step"] for line in lines] == [3] and end == path.stat().st_size

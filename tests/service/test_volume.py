@@ -8,8 +8,17 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from service.devices import DevicePool
+from service.progress import PROGRESS_READ_BYTES
+from service.settings import Settings
+from service.store import JobState, JobStore
+from service.supervisor import Supervisor
 from tests.service.harness import Service, job_spec
+from trainer.spec import JobSpec
 
 # `python -m volume_worker run --job-dir DIR`: what its spec's name says, then exits 1.
 #   "long-line": 8 MB on one line of stdout (worker.log), then a traceback's last line.
@@ -50,3 +59,61 @@ def test_a_failed_jobs_log_tail_is_bounded_whatever_its_lines(
     assert len(json.dumps(failed)) < 20_000
     listed = service.client.get("/api/v1/jobs").json()
     assert len(json.dumps(listed)) < 20_000
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the supervisor reads progress.jsonl whole (trainer.rundir.read_progress); it is "
+    "to read it with service.progress.read_progress_chunk, a part a tick (proposed patch)",
+)
+def test_progress_written_while_nobody_watched_is_stored_a_bounded_part_at_a_time(
+    tmp_path: Path,
+) -> None:
+    """A worker that wrote 4 MB of progress while the service was down, and is gone: the
+    supervisor reads and stores it a part at a time (each at most PROGRESS_READ_BYTES),
+    every line once, and then requeues the job. Read whole, 50 MB held half a GB and kept
+    the service from answering for 18 s."""
+    settings = Settings(data_dir=tmp_path / "data").resolved()
+    store = JobStore(settings.db_path)
+    job = store.create(JobSpec.model_validate(job_spec(name="gone")).model_dump(mode="json"))
+    assert store.mark_running(job.id, devices=["cpu:0"])  # its worker never recorded: gone
+    run = settings.runs_dir / job.id
+    run.mkdir(parents=True)
+    reports = 25_000
+    with open(run / "progress.jsonl", "w") as f:
+        f.write(json.dumps({"time": 1.0, "event": "start", "step": 0, "total": 10**6}) + "\n")
+        for step in range(1, reports + 1):
+            line = {"time": 2.0, "event": "progress", "step": step, "total": 10**6,
+                    "loss": 1.0 / step, "phase": "training", "padding": "p" * 100}  # fmt: skip
+            f.write(json.dumps(line) + "\n")
+    size = (run / "progress.jsonl").stat().st_size
+    assert size > 3 * PROGRESS_READ_BYTES
+    parts: list[int] = []
+    record = store.record_progress
+
+    def recording(job_id: str, *, offset: int, **kwargs: Any) -> None:
+        parts.append(offset)
+        record(job_id, offset=offset, **kwargs)
+
+    store.record_progress = recording  # type: ignore[method-assign]
+    published: list[Any] = []
+    supervisor = Supervisor(
+        settings=settings,
+        store=store,
+        pool=DevicePool.from_settings(settings),
+        publish=published.append,
+    )
+    supervisor.stop_starting()  # no worker is started for the requeued job
+    supervisor.recover()
+    for _ in range(100):
+        if store.get(job.id).state is not JobState.RUNNING:  # type: ignore[union-attr]
+            break
+        supervisor.tick()
+    requeued = store.get(job.id)
+    assert requeued is not None and requeued.state is JobState.QUEUED
+    assert requeued.attempts == 2 and requeued.progress_offset == size
+    assert parts[-1] == size
+    assert all(0 < b - a <= PROGRESS_READ_BYTES for a, b in zip([0, *parts], parts, strict=False))
+    assert len(store.metrics(job.id, names=["loss"])) == reports
+    assert sum(event.event == "progress" for event in published) == reports
+    store.close()

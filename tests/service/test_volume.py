@@ -15,7 +15,7 @@ import pytest
 from service.devices import DevicePool
 from service.progress import PROGRESS_READ_BYTES
 from service.settings import Settings
-from service.store import JobState, JobStore
+from service.store import JobState, JobStore, MetricPoint
 from service.supervisor import Supervisor
 from tests.service.harness import Service, job_spec
 from trainer.spec import JobSpec
@@ -148,3 +148,36 @@ def test_a_page_of_one_state_reads_the_page_not_every_job_in_that_state(tmp_path
         plan = [row[3] for row in reader.execute(f"EXPLAIN QUERY PLAN {sql}")]
         assert not any("TEMP B-TREE" in step for step in plan), (sql, plan)
     store.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="GET /metrics has no `points` yet: the store is to thin with service.series.thin "
+    "and the job page to ask for ?points= (patch proposed to the lead)",
+)
+def test_metrics_for_a_chart_come_thinned_to_a_bounded_number_of_points(
+    make_service: Callable[..., Service],
+) -> None:
+    """A job of 200k steps has some 100k points a series: /metrics sent all of them, 32 MB
+    in 4 s with the service at 300 MB, for a chart that draws 1,200. With ?points=N each
+    series comes as at most N + 2 of its points, its ends and extremes among them."""
+    service = make_service()
+    data = service.data_dir
+    store = JobStore(data / "towerboard.db")
+    job = store.create(JobSpec.model_validate(job_spec(name="long")).model_dump(mode="json"))
+    reports = 20_000
+    points = [MetricPoint("loss", 2 * k, float(k), 1.0 / k) for k in range(1, reports + 1)]
+    points += [MetricPoint("eval_loss", 500 * k, float(k), 0.5) for k in range(1, 81)]
+    store.record_progress(job.id, offset=0, progress=None, eval=None, points=points)
+    store.close()
+    service.start()
+    url = f"/api/v1/jobs/{job.id}/metrics"
+    whole = service.client.get(url).json()["series"]
+    assert len(whole["loss"]) == reports and len(whole["eval_loss"]) == 80
+    thinned = service.client.get(url, params={"points": 500})
+    assert thinned.status_code == 200, thinned.text
+    series = thinned.json()["series"]
+    assert 250 <= len(series["loss"]) <= 502
+    assert series["loss"][0] == whole["loss"][0] and series["loss"][-1] == whole["loss"][-1]
+    assert series["eval_loss"] == whole["eval_loss"]  # 80 points: whole
+    assert all(point in whole["loss"] for point in series["loss"][::50])

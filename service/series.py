@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the store thins with this module: no import of it at run time
-    from service.store import MetricPoint
+# A point as the store reads it: (series, step, time, value). Plain tuples: a long job's
+# series are hundreds of thousands of rows, and only the few kept become MetricPoints.
+Row = tuple[str, int, float, float]
 
 
 @dataclass(frozen=True)
@@ -28,48 +28,50 @@ class Span:
     count: int
 
 
-def thin(points: Iterable[MetricPoint], spans: Mapping[str, Span], most: int) -> list[MetricPoint]:
-    """At most `most` + 2 of `points` a series; every point of a series of no more.
+def thin(rows: Iterable[Row], spans: Mapping[str, Span], most: int) -> list[Row]:
+    """At most `most` + 2 of `rows` a series; every row of a series of no more.
 
-    `points`: ordered by series, then step. The steps of a series are cut into `most` // 2
+    `rows`: ordered by series, then step. The steps of a series are cut into `most` // 2
     equal spans, each keeping its lowest and highest point, and its first and last point
     are kept."""
     buckets = max(1, most // 2)
-    kept: list[MetricPoint] = []
-    bucket: list[MetricPoint] = []  # the open span's lowest and highest points
+    kept: list[Row] = []
+    low: Row | None = None  # the open span's lowest and highest points
+    high: Row | None = None
+    last: Row | None = None
     series: str | None = None
-    span = Span(0, 0, 0)
-    index = -1
-    last: MetricPoint | None = None
+    whole = True
+    first_step, width, index = 0, 1, -1
 
     def close() -> None:
-        kept.extend(sorted(set(bucket), key=lambda point: point.step))
-        bucket.clear()
+        if low is not None and high is not None:
+            kept.extend((low,) if low is high else sorted((low, high), key=lambda row: row[1]))
 
-    def end_series() -> None:
-        close()
-        if last is not None and kept[-1] is not last:
-            kept.append(last)
-
-    for point in points:
-        if point.name != series:
-            end_series()
-            series, span, index = point.name, spans[point.name], -1
-            kept.append(point)  # its first point
-            last = point
+    for row in rows:
+        name, step, _, value = row
+        if name != series:
+            close()
+            if last is not None and kept[-1] is not last:
+                kept.append(last)  # the previous series' last point
+            span = spans[name]
+            series, whole, low, high, index = name, span.count <= most + 2, None, None, -1
+            first_step, width = span.first, span.last - span.first + 1
+            kept.append(row)  # its first point
+            last = row
             continue
-        last = point
-        if span.count <= most + 2:
-            kept.append(point)
+        last = row
+        if whole:
+            kept.append(row)
             continue
-        at = (point.step - span.first) * buckets // (span.last - span.first + 1)
+        at = (step - first_step) * buckets // width
         if at != index:
             close()
-            index = at
-            bucket[:] = [point, point]
-        elif point.value < bucket[0].value:
-            bucket[0] = point
-        elif point.value > bucket[1].value:
-            bucket[1] = point
-    end_series()
+            index, low, high = at, row, row
+        elif value < low[3]:  # type: ignore[index]
+            low = row
+        elif value > high[3]:  # type: ignore[index]
+            high = row
+    close()
+    if last is not None and kept[-1] is not last:
+        kept.append(last)
     return kept

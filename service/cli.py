@@ -29,7 +29,11 @@ EXIT_BAD_SETTING = 2
 
 def _listen(host: str, port: int) -> socket.socket:
     """A socket bound to host:port (as uvicorn binds one; it listens once the app is up)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    # IPPROTO_TCP named, not left 0: asyncio sets TCP_NODELAY on the connections it accepts
+    # only from a socket that says it is TCP, and without it every answer on a keep-alive
+    # connection waited some 40 ms for the client's delayed ACK.
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

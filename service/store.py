@@ -115,6 +115,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     queued_at REAL
 );
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, priority DESC, seq);
+-- A page of jobs in one state, newest first, walks this one instead of sorting them all.
+CREATE INDEX IF NOT EXISTS jobs_by_state_seq ON jobs (state, seq);
 CREATE TABLE IF NOT EXISTS metrics (
     job_id TEXT NOT NULL,
     name TEXT NOT NULL,

@@ -8,16 +8,9 @@ from __future__ import annotations
 import asyncio
 import socket
 
-import pytest
-
 from service.cli import _listen
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="service/cli.py's _listen makes its socket as socket.socket(family), proto 0, "
-    "and asyncio sets TCP_NODELAY only on IPPROTO_TCP sockets (patch proposed to the lead)",
-)
 def test_served_connections_have_nodelay() -> None:
     listening = _listen("127.0.0.1", 0)
 

@@ -119,11 +119,6 @@ def test_progress_written_while_nobody_watched_is_stored_a_bounded_part_at_a_tim
     store.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="jobs_by_state is (state, priority, seq): a page of one state sorts every job in "
-    "that state; an index on (state, seq) walks to the page (proposed to the lead)",
-)
 def test_a_page_of_one_state_reads_the_page_not_every_job_in_that_state(tmp_path: Path) -> None:
     """GET /api/v1/jobs?state=succeeded (the dashboard's filter chips) read and sorted every
     succeeded job to answer 50: 61 ms of 10,000 jobs, and growing with the store. The

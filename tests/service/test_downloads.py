@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tarfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,11 +27,9 @@ DOWNLOAD_HEADERS = (
 )  # fmt: skip
 
 
-@pytest.fixture
-def served(make_service: Callable[..., Service], tmp_path: Path) -> tuple[Service, str, Path]:
-    """A service, a succeeded job's id, and its run directory, with checkpoints 20 and 40
-    (1.5 MB of data each: many stored blocks) and an export."""
-    service = make_service(env=fake_worker_env(tmp_path))
+def serve_job(service: Service) -> tuple[Service, str, Path]:
+    """Start `service`, run a job to success, and give its run directory checkpoints 20
+    and 40 (1.5 MB of data each: many stored blocks) and an export."""
     service.start()
     job = service.submit(job_spec(name="quick"))
     service.wait_state(job["id"], "succeeded")
@@ -47,6 +45,25 @@ def served(make_service: Callable[..., Service], tmp_path: Path) -> tuple[Servic
     return service, job["id"], run
 
 
+@pytest.fixture
+def served(make_service: Callable[..., Service], tmp_path: Path) -> tuple[Service, str, Path]:
+    """A service, a succeeded job's id, and its run directory (`serve_job`), for a test
+    that changes the job's files or restarts the service."""
+    return serve_job(make_service(env=fake_worker_env(tmp_path)))
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, str, Path]]:
+    """The same, one for the whole module, for the tests that only read it: a service of
+    their own cost each of them a service start (2-3 s on a busy machine), 15 in all."""
+    folder = tmp_path_factory.mktemp("downloads")
+    service = Service(folder / "data", fake_worker_env(folder))
+    try:
+        yield serve_job(service)
+    finally:
+        service.close()
+
+
 def write_checkpoint(run: Path, step: int, size: int = 1_500_000) -> None:
     folder = run / "checkpoints"
     folder.mkdir(exist_ok=True)
@@ -59,8 +76,8 @@ def urls(job_id: str) -> list[str]:
     return [f"{base}/checkpoints/20", f"{base}/checkpoints/latest", f"{base}/export"]
 
 
-def test_head_answers_the_headers_a_get_does(served: tuple[Service, str, Path]) -> None:
-    service, job_id, _ = served
+def test_head_answers_the_headers_a_get_does(shared: tuple[Service, str, Path]) -> None:
+    service, job_id, _ = shared
     for url in urls(job_id):
         got = service.client.get(url)
         head = service.client.head(url)
@@ -76,8 +93,8 @@ def test_head_answers_the_headers_a_get_does(served: tuple[Service, str, Path]) 
     assert head.status_code == 404 and head.content == b""
 
 
-def test_range_is_that_slice_of_the_whole(served: tuple[Service, str, Path]) -> None:
-    service, job_id, _ = served
+def test_range_is_that_slice_of_the_whole(shared: tuple[Service, str, Path]) -> None:
+    service, job_id, _ = shared
     for url in urls(job_id):
         whole = service.client.get(url)
         data, size, tag = whole.content, len(whole.content), whole.headers["etag"]
@@ -102,8 +119,8 @@ def test_range_is_that_slice_of_the_whole(served: tuple[Service, str, Path]) -> 
                 assert part.headers["content-type"] == "application/gzip"
 
 
-def test_range_past_the_end_is_416(served: tuple[Service, str, Path]) -> None:
-    service, job_id, _ = served
+def test_range_past_the_end_is_416(shared: tuple[Service, str, Path]) -> None:
+    service, job_id, _ = shared
     url = urls(job_id)[0]
     size = int(service.client.head(url).headers["content-length"])
     for header in (
@@ -121,8 +138,8 @@ def test_range_past_the_end_is_416(served: tuple[Service, str, Path]) -> None:
         )
 
 
-def test_if_range_not_this_etag_sends_the_whole(served: tuple[Service, str, Path]) -> None:
-    service, job_id, _ = served
+def test_if_range_not_this_etag_sends_the_whole(shared: tuple[Service, str, Path]) -> None:
+    service, job_id, _ = shared
     url = urls(job_id)[2]
     whole = service.client.get(url)
     tag = whole.headers["etag"]
@@ -146,9 +163,9 @@ def test_if_range_not_this_etag_sends_the_whole(served: tuple[Service, str, Path
      "bytes=0-1, -5", "bytes=1.5-"],
 )  # fmt: skip
 def test_malformed_or_several_ranges_send_the_whole(
-    served: tuple[Service, str, Path], header: str
+    shared: tuple[Service, str, Path], header: str
 ) -> None:
-    service, job_id, _ = served
+    service, job_id, _ = shared
     url = urls(job_id)[0]
     whole = service.client.get(url).content
     got = service.client.get(url, headers={"Range": header})
@@ -205,8 +222,8 @@ def towerboard(
     )  # fmt: skip
 
 
-def test_cli_resumes_a_partial_download(served: tuple[Service, str, Path], tmp_path: Path) -> None:
-    service, job_id, _ = served
+def test_cli_resumes_a_partial_download(shared: tuple[Service, str, Path], tmp_path: Path) -> None:
+    service, job_id, _ = shared
     folder = tmp_path / "fresh"
     fresh = towerboard(service, "checkpoints", job_id, "--download", "20", "-o", f"{folder}/")
     assert fresh.returncode == 0, fresh.stderr
@@ -313,9 +330,9 @@ class _CuttingHandler(http.server.BaseHTTPRequestHandler):
 
 
 def test_cli_download_cut_short_resumes_on_the_next_run(
-    served: tuple[Service, str, Path], tmp_path: Path
+    shared: tuple[Service, str, Path], tmp_path: Path
 ) -> None:
-    service, job_id, _ = served
+    service, job_id, _ = shared
     whole = service.client.get(urls(job_id)[2]).content
     out = tmp_path / "model.tar.gz"
     proxy = CuttingProxy(service, cut=len(whole) // 2)

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import heapq
 import itertools
+import json
 import logging
 import threading
 from collections import deque
@@ -55,6 +57,13 @@ class JobEvent:
     def state(cls, job: JobRecord) -> JobEvent:
         """The `state` event of `job` as it is now: the job's public JSON."""
         return cls(job.id, "state", JobPublic.from_record(job).model_dump(mode="json"))
+
+    @functools.cached_property
+    def all_jobs_sse(self) -> bytes:
+        """The event as /api/v1/events sends it (with its `job_id`): encoded once for
+        every listener of every job, not once each."""
+        data = json.dumps({"job_id": self.job_id, **self.data})
+        return ServerSentEvent(event=self.event, data=data).encode()
 
 
 class EventBroker:
@@ -115,7 +124,7 @@ class EventBroker:
 
 
 def sse_response(
-    events: Callable[[anyio.Event], AsyncIterator[ServerSentEvent]],
+    events: Callable[[anyio.Event], AsyncIterator[ServerSentEvent | bytes]],
 ) -> EventSourceResponse:
     """A Server-Sent-Events response of `events(stopping)`, which must end soon after
     `stopping` is set (as the server stops; `next_event` does). Cut off instead, a stream
@@ -127,6 +136,16 @@ def sse_response(
         shutdown_event=stopping,
         shutdown_grace_period=_SHUTDOWN_GRACE_SECONDS,
     )
+
+
+def ready_events(queue: asyncio.Queue[JobEvent], first: JobEvent, most: int) -> list[JobEvent]:
+    """`first` and the events already waiting behind it, `most` in all: a stream sends them
+    as one write, where a burst (a progress.jsonl read on, thousands of lines) took one
+    write per event and listener, and kept the loop from answering anything else."""
+    events = [first]
+    while len(events) < most and not queue.empty():
+        events.append(queue.get_nowait())
+    return events
 
 
 async def next_event(queue: asyncio.Queue[JobEvent], stopping: anyio.Event) -> JobEvent | None:

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
 
 from service.events import EventBroker, JobEvent
+from service.routes.events import stream_all_events
 from tests.service.harness import Service, fake_worker_env, job_spec
 
 
@@ -125,3 +128,35 @@ def test_a_burst_of_events_wakes_the_loop_once_and_listeners_keep_the_newest() -
 def iter_queue(queue: asyncio.Queue[JobEvent]) -> Iterator[JobEvent]:
     while not queue.empty():
         yield queue.get_nowait()
+
+
+def test_the_all_jobs_stream_sends_a_burst_in_few_writes() -> None:
+    """Each event was one write to each listener: 20 dashboards and a burst of thousands
+    of lines kept the loop from answering /healthz for seconds. What is waiting goes out
+    together (256 events a write at most), each event encoded once for all listeners."""
+
+    async def scenario() -> tuple[list[bytes], list[dict[str, Any]]]:
+        broker = EventBroker(asyncio.get_running_loop())
+        response = await stream_all_events(SimpleNamespace(broker=broker))  # type: ignore[arg-type]
+        body = response.body_iterator
+        opened = await anext(body)  # type: ignore[call-overload]
+        assert b"following every job" in opened.encode()
+        for step in range(1000):
+            broker.publish(JobEvent("a", "progress", {"step": step}))
+        writes: list[bytes] = []
+        events: list[dict[str, Any]] = []
+        while len(events) < 1000:
+            chunk = await asyncio.wait_for(anext(body), 10)  # type: ignore[call-overload]
+            assert isinstance(chunk, bytes)
+            writes.append(chunk)
+            for block in chunk.decode().split("\r\n\r\n"):
+                lines = dict(line.split(": ", 1) for line in block.splitlines() if line)
+                if lines:
+                    assert lines["event"] == "progress"
+                    events.append(json.loads(lines["data"]))
+        await body.aclose()  # type: ignore[attr-defined]
+        return writes, events
+
+    writes, events = asyncio.run(scenario())
+    assert events == [{"job_id": "a", "step": step} for step in range(1000)]
+    assert len(writes) <= 4

@@ -44,10 +44,12 @@ def test_profile_running_job_traces_next_steps(make_service: Callable[..., Servi
     service.wait_state(job["id"], "cancelled")
 
 
-def test_profile_job_not_running_409(make_service: Callable[..., Service]) -> None:
-    service = make_service()
+def test_profile_job_not_running_409(make_service: Callable[..., Service], tmp_path: Path) -> None:
+    # The state decides, not the job's files: a stand-in worker that succeeds at once is
+    # enough (a real one took a TensorFlow start-up and a training).
+    service = make_service(env=fake_worker_env(tmp_path))
     service.start()
-    job = service.submit(job_spec())
+    job = service.submit(job_spec(name="quick"))
     done = service.wait_state(job["id"], "succeeded")
     response = service.client.post(f"/api/v1/jobs/{done['id']}/profile")
     assert response.status_code == 409
@@ -56,12 +58,16 @@ def test_profile_job_not_running_409(make_service: Callable[..., Service]) -> No
     )
 
 
-def test_profile_bad_steps_422_and_unknown_job_404(make_service: Callable[..., Service]) -> None:
-    service = make_service()
+def test_profile_bad_steps_422_and_unknown_job_404(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # The steps are checked before the job's state: its worker is a stand-in, not a real
+    # one loading TensorFlow beside the test for nothing.
+    service = make_service(env=fake_worker_env(tmp_path))
     service.start()
     response = httpx.post(f"{service.base_url}/api/v1/jobs/nosuchjob/profile")
     assert response.status_code == 404
-    job = service.submit(job_spec())
+    job = service.submit(job_spec(name="waits"))
     response = service.client.post(f"/api/v1/jobs/{job['id']}/profile", json={"steps": 0})
     assert response.status_code == 422
     assert response.json()["errors"] == [

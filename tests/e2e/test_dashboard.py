@@ -68,6 +68,17 @@ def session(browser: Browser, service: Service) -> Iterator[Session]:
     session.context.close()
 
 
+@pytest.fixture
+def clocked(browser: Browser, service: Service) -> Iterator[Session]:
+    """A page of its own whose clock a test can move on (`page.clock.fast_forward`) to
+    have a poll now instead of waiting seconds for it; otherwise its clock runs as the real
+    one does."""
+    session = open_session(browser, service, LAPTOP)
+    session.page.clock.install()  # before the page loads: its timers are the clock's
+    yield session
+    session.context.close()
+
+
 def record_list_reads(page: Page) -> tuple[list[str], Callable[[Request], None]]:
     """The URLs of the jobs table's list reads from now on, and the listener to remove."""
     reads: list[str] = []
@@ -84,6 +95,20 @@ def after_list_read(page: Page) -> None:
     """Wait for the table's next list read: its next poll is then 15 s away."""
     with page.expect_response(lambda r: LIST_READ.search(r.url) is not None, timeout=30_000):
         pass
+
+
+LIST_POLL_MS = 15_000  # static/js/jobs.js's POLL_MS
+DEVICES_POLL_MS = 5_000  # static/js/app.js's DEVICES_POLL_MS
+LOG_POLL_MS = 3_000  # static/js/job.js's LOG_POLL_MS
+
+
+def list_read_now(page: Page) -> None:
+    """Have the table's next list read now, and wait for it: its next poll is then 15 s of
+    the page's time away. The page's clock jumps a poll's interval ahead to fire it, so it
+    must have been installed (`page.clock.install()`) before the page loaded (waiting
+    for the poll as after_list_read does took up to 15 s)."""
+    with page.expect_response(lambda r: LIST_READ.search(r.url) is not None, timeout=30_000):
+        page.clock.fast_forward(LIST_POLL_MS)
 
 
 def no_overflow(page: Page) -> bool:
@@ -343,8 +368,9 @@ def test_submit_form_keeps_the_draft_and_names_its_start(
 
 
 def test_job_without_metrics_and_cancel(
-    session: Session, service: Service, screenshots: Path
+    clocked: Session, service: Service, screenshots: Path
 ) -> None:
+    session = clocked  # its polls are had now with list_read_now and fast_forward
     page = session.page
     # One job slot: the long job holds it, so the second one waits, with no progress.
     running = service.submit(long_job())
@@ -369,7 +395,7 @@ def test_job_without_metrics_and_cancel(
         " getSelection().removeAllRanges(); getSelection().addRange(range); }"
     )
     with page.expect_response(lambda r: "/logs?tail=" in r.url, timeout=10_000):
-        pass
+        page.clock.fast_forward(LOG_POLL_MS)  # the next poll, now
     page.wait_for_timeout(300)
     assert page.evaluate("getSelection().toString()") == "(no output yet)"
 
@@ -392,7 +418,7 @@ def test_job_without_metrics_and_cancel(
     expect(row.locator(".col-devices")).to_have_text("cpu:0")
     step = row.locator(".step")
     expect(step).to_have_text(re.compile(r"^\d+ / 10000000$"), timeout=60_000)
-    after_list_read(page)
+    list_read_now(page)
     before = len(reads)
     first = step.inner_text()
     expect(step).not_to_have_text(first, timeout=10_000)  # progress comes every 2 s
@@ -401,7 +427,7 @@ def test_job_without_metrics_and_cancel(
 
     # A job submitted while the table is open shows up, and so does its end, both from the
     # stream: no list read in between either.
-    after_list_read(page)
+    list_read_now(page)
     before = len(reads)
     late = service.submit(job_spec(name="late"))
     late_row = page.locator(f'tr[data-job="{late["id"]}"]')
@@ -634,11 +660,13 @@ def test_phone_width_layout(
 
 
 def refused_again(page: Page) -> None:
-    """Wait until the page has had (and handled) another 401 from its devices poll."""
+    """Have the page's devices poll now (its clock, installed before the page loaded,
+    jumps the poll's 5 s interval ahead) and wait until it has had, and handled, another
+    401 from it."""
     with page.expect_response(
         lambda r: r.url.endswith("/api/v1/devices") and r.status == 401, timeout=15_000
     ):
-        pass
+        page.clock.fast_forward(DEVICES_POLL_MS)
     page.wait_for_timeout(300)
 
 
@@ -649,6 +677,7 @@ def test_token_field_when_service_needs_one(browser: Browser, tmp_path: Path) ->
     session = open_session(browser, secured, LAPTOP)
     try:
         page = session.page
+        page.clock.install()  # for refused_again
         # The API is behind the token; the page is not, so a first visit can ask for it.
         assert httpx.get(f"{secured.base_url}/api/v1/jobs").status_code == 401
         assert httpx.get(f"{secured.base_url}/").status_code == 200

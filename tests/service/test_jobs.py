@@ -490,7 +490,13 @@ def test_cancel_job_queued_and_running(service: Service) -> None:
         "can be cancelled.",
         "errors": [],
     }
-    assert service.client.get("/api/v1/devices").json()["data"][0]["job_id"] is None
+    # The job ends at its result.json; its device is free once the worker has exited too.
+    service.wait_for(
+        running["id"],
+        lambda _: service.client.get("/api/v1/devices").json()["data"][0]["job_id"] is None,
+        timeout=60,
+        what="its device to be freed",
+    )
 
 
 # --- bad specs: 422 with every field error --------------------------------------------

@@ -22,6 +22,14 @@ One job's trouble never stops the pass: each job, and the scheduling, runs under
 guard that logs an error once (again only when it changes) and retries on the next tick.
 The in-memory progress tail moves on only after the store has taken the lines, so a
 failed write is retried from the same offset and no line is lost.
+
+progress.jsonl is read a bounded part at a time (`read_progress_chunk`), each part stored
+before the next is read: a file that grew by 50 MB while the service was down was read,
+folded and stored at once (half a GB, and 18 s before the service answered). What a gone
+worker wrote while nobody watched is read at start up to RECOVER_PARTS parts, and the job
+ended or requeued there as before; past that, the ticks read on after the service has
+started, and settle the job once all of it is stored. A pass that read a whole part runs
+the next at once.
 """
 
 from __future__ import annotations
@@ -37,18 +45,21 @@ from typing import Any
 from service.devices import DevicePool
 from service.events import JobEvent
 from service.outcomes import crashed, final_state, interrupted
-from service.progress import fold_progress, restarted_at
+from service.progress import PROGRESS_READ_BYTES, fold_progress, read_progress_chunk, restarted_at
 from service.runfiles import inside, tail_lines
 from service.scheduler import never_fit, next_placements
 from service.settings import Settings
 from service.store import JobRecord, JobState, JobStore
 from service.workers import Worker, WorkerExit, adopt_worker, spawn_worker
-from trainer.rundir import OUTCOME_EXIT_CODES, Outcome, RunDir, read_progress
+from trainer.rundir import OUTCOME_EXIT_CODES, Outcome, RunDir
 
 log = logging.getLogger(__name__)
 
 # Lines of worker.log kept with a failed job.
 ERROR_LOG_LINES = 30
+# Parts of a gone worker's progress.jsonl read before the service answers (4 MiB, some
+# 20,000 lines: half a day of reports); the rest is read by the ticks.
+RECOVER_PARTS = 4
 
 
 @dataclass
@@ -86,6 +97,9 @@ class Supervisor:
         self._workers: dict[str, Worker] = {}
         self._tails: dict[str, _Tail] = {}
         self._exiting: dict[str, _Exiting] = {}
+        # Running jobs whose worker was gone at start: their progress is read on, then each
+        # is ended or requeued (see `_settle_gone`).
+        self._gone: set[str] = set()
         # The last error logged per guarded part ((job id, part) or ("", "schedule")), so a
         # failure that repeats every tick is logged once, not five times a second.
         self._errors: dict[tuple[str, str], str] = {}
@@ -172,11 +186,9 @@ class Supervisor:
                     self._store.set_worker(job.id, pid=worker.pid, pid_started=worker.started)
                 self._workers[job.id] = worker
                 continue
-            self._read_progress_guarded(job.id)  # what the worker wrote while nobody watched
-            if inside(run.root, run.result) or job.cancel_requested_at is not None:
-                self._ended(job, WorkerExit(), killed=False)
-            else:
-                self._requeue(job, "its worker is gone")
+            # What it wrote while nobody watched: tens of MB are read on by the ticks.
+            self._gone.add(job.id)
+            self._settle_gone(job.id, job, parts=RECOVER_PARTS)
         for job in self._store.exiting():
             exiting = job.exiting or {}
             worker = adopt_worker(
@@ -204,6 +216,9 @@ class Supervisor:
     def tick(self) -> None:
         self._reap_exiting()
         running = {job.id: job for job in self._store.running()}
+        for job_id in list(self._gone):
+            with self._guard((job_id, "watch"), f"Job {job_id}: settling its gone worker"):
+                self._settle_gone(job_id, running.get(job_id), parts=1)
         for job_id, worker in list(self._workers.items()):
             job = running.get(job_id)
             if job is None:  # finished by someone else; nothing left to watch
@@ -214,6 +229,25 @@ class Supervisor:
         with self._guard(("", "schedule"), "Scheduling queued jobs"):
             self._schedule()
 
+    def _settle_gone(self, job_id: str, job: JobRecord | None, *, parts: int) -> None:
+        """Up to `parts` parts of what a gone worker wrote; once it is all stored, the job
+        ends (its result.json, or a cancel asked for) or is requeued."""
+        if job is None:  # no longer running: ended or deleted meanwhile
+            self._gone.discard(job_id)
+            self._forget(job_id)
+            return
+        for _ in range(parts):
+            if not self._read_progress_guarded(job_id):
+                break
+        else:
+            return  # more to read: the next tick goes on
+        self._gone.discard(job_id)
+        run = self.run_dir(job_id)
+        if inside(run.root, run.result) or job.cancel_requested_at is not None:
+            self._ended(job, WorkerExit(), killed=False)
+        else:
+            self._requeue(job, "its worker is gone")
+
     def _watch(self, job: JobRecord, worker: Worker) -> None:
         # A progress file that cannot be read or stored does not stop the cancel or the
         # reaping: the job's end matters more than its last lines.
@@ -221,12 +255,12 @@ class Supervisor:
         self._enforce_cancel(job, worker)
         exit = worker.poll()
         if exit is not None:
-            self._read_progress_guarded(job.id)  # the last lines, written just before the exit
+            self._read_all_progress(job.id)  # the last lines, written just before the exit
             self._ended(job, exit, killed=worker.killed)
             return
         told = self._told_exit(job)
         if told is not None:
-            self._read_progress_guarded(job.id)  # the end line, written before result.json
+            self._read_all_progress(job.id)  # the end line, written before result.json
             self._exiting[job.id] = _Exiting(job.id, worker, list(job.devices), time.monotonic())
             self._ended(job, told, killed=False, exiting=worker)
 
@@ -297,19 +331,28 @@ class Supervisor:
             )
             worker.kill()
 
-    def _read_progress_guarded(self, job_id: str) -> None:
+    def _read_progress_guarded(self, job_id: str) -> bool:
+        """Read and store the next part of the job's progress.jsonl; True when that moved
+        on (there may be more), False when there was nothing new, or it failed."""
         with self._guard((job_id, "progress"), f"Job {job_id}: reading its progress.jsonl"):
-            self._read_progress(job_id)
+            return self._read_progress(job_id)
+        return False
 
-    def _read_progress(self, job_id: str) -> None:
+    def _read_all_progress(self, job_id: str) -> None:
+        """Every line the worker has written, a part at a time (it has ended, or said so)."""
+        while self._read_progress_guarded(job_id):
+            pass
+
+    def _read_progress(self, job_id: str) -> bool:
         tail = self._tails[job_id]
         run = self.run_dir(job_id)
         if not inside(run.root, run.progress):
-            return  # not written yet (or not a plain file of the run directory)
-        lines, offset = read_progress(run.progress, tail.offset)
+            return False  # not written yet (or not a plain file of the run directory)
+        lines, offset = read_progress_chunk(run.progress, tail.offset)
         if offset == tail.offset:
-            return
-        lines = [line for line in lines if isinstance(line, dict)]  # JSON, but no progress line
+            return False
+        if offset - tail.offset > PROGRESS_READ_BYTES // 2:
+            self._wake.set()  # a whole part: read on at the next pass, without waiting
         progress, eval, points = fold_progress(tail.progress, tail.eval, lines)
         self._store.record_progress(
             job_id,
@@ -324,6 +367,7 @@ class Supervisor:
         tail.offset, tail.progress, tail.eval = offset, progress, eval
         for line in lines:
             self._publish(JobEvent(job_id, str(line.get("event", "progress")), line))
+        return True
 
     def _ended(
         self, job: JobRecord, exit: WorkerExit, *, killed: bool, exiting: Worker | None = None

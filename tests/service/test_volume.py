@@ -10,8 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from service.devices import DevicePool
 from service.progress import PROGRESS_READ_BYTES
 from service.settings import Settings
@@ -61,11 +59,6 @@ def test_a_failed_jobs_log_tail_is_bounded_whatever_its_lines(
     assert len(json.dumps(listed)) < 20_000
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the supervisor reads progress.jsonl whole (trainer.rundir.read_progress); it is "
-    "to read it with service.progress.read_progress_chunk, a part a tick (proposed patch)",
-)
 def test_progress_written_while_nobody_watched_is_stored_a_bounded_part_at_a_time(
     tmp_path: Path,
 ) -> None:
@@ -145,11 +138,6 @@ def test_a_page_of_one_state_reads_the_page_not_every_job_in_that_state(tmp_path
     store.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="GET /metrics has no `points` yet: the store is to thin with service.series.thin "
-    "and the job page to ask for ?points= (patch proposed to the lead)",
-)
 def test_metrics_for_a_chart_come_thinned_to_a_bounded_number_of_points(
     make_service: Callable[..., Service],
 ) -> None:

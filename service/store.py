@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from service.series import Span, thin
+
 
 class JobState(enum.StrEnum):
     QUEUED = "queued"
@@ -296,20 +298,40 @@ class JobStore:
         return counts
 
     def metrics(
-        self, job_id: str, *, names: Sequence[str] = (), after_step: int | None = None
+        self,
+        job_id: str,
+        *,
+        names: Sequence[str] = (),
+        after_step: int | None = None,
+        most: int | None = None,
     ) -> list[MetricPoint]:
         """The job's points by series and step: only the series in `names` (all when
-        empty), only steps after `after_step` (all when None)."""
-        query = "SELECT name, step, time, value FROM metrics WHERE job_id = ?"
+        empty), only steps after `after_step` (all when None); with `most`, at most about
+        that many a series (`service.series.thin`: each span's lowest and highest point,
+        and the series' first and last), read as a stream rather than all held."""
+        where = " WHERE job_id = ?"
         args: list[Any] = [job_id]
         if names:
-            query += f" AND name IN ({', '.join('?' * len(names))})"
+            where += f" AND name IN ({', '.join('?' * len(names))})"
             args += names
         if after_step is not None:
-            query += " AND step > ?"
+            where += " AND step > ?"
             args.append(after_step)
-        rows = self._reader().execute(query + " ORDER BY name, step", args)
-        return [MetricPoint(*row) for row in rows]
+        conn = self._reader()
+        spans: dict[str, Span] = {}
+        if most is not None:
+            spans = {
+                name: Span(first, last, count)
+                for name, first, last, count in conn.execute(
+                    f"SELECT name, MIN(step), MAX(step), COUNT(*) FROM metrics{where}"
+                    " GROUP BY name",
+                    args,
+                )
+            }
+        rows = conn.execute(
+            f"SELECT name, step, time, value FROM metrics{where} ORDER BY name, step", args
+        )
+        return [MetricPoint(*row) for row in (rows if most is None else thin(rows, spans, most))]
 
     # --- writes ------------------------------------------------------------------------
 

@@ -40,7 +40,7 @@ from service.deps import (
 )
 from service.downloads import MEDIA_TYPE, archive_response
 from service.errors import FieldErrors
-from service.events import JobEvent, next_event, sse_response
+from service.events import JobEvent, next_event, ready_events, sse_response
 from service.exports import describe_export, open_export
 from service.jobjson import render_job
 from service.progress import SERIES, percent_done
@@ -476,7 +476,7 @@ def profile_job(
 async def stream_job_events(job: JobDep, runtime: RuntimeDep) -> EventSourceResponse:
     """Server-Sent Events of a job's progress and state changes, live."""
 
-    async def events(stopping: anyio.Event) -> AsyncIterator[ServerSentEvent]:
+    async def events(stopping: anyio.Event) -> AsyncIterator[ServerSentEvent | bytes]:
         with runtime.broker.listen(job.id) as queue:
             # Read after subscribing, so no change falls between the two.
             current = runtime.store.get(job.id)
@@ -485,12 +485,24 @@ async def stream_job_events(job: JobDep, runtime: RuntimeDep) -> EventSourceResp
             if current.state.is_terminal:
                 return
             while (event := await next_event(queue, stopping)) is not None:
-                yield ServerSentEvent(event=event.event, data=json.dumps(event.data))
-                if event.event == "state" and JobState(event.data["state"]).is_terminal:
+                # What is already waiting goes in one write, up to the job's end.
+                events = ready_events(queue, event, _EVENTS_A_WRITE)
+                ends = [
+                    e.event == "state" and JobState(e.data["state"]).is_terminal for e in events
+                ]
+                if any(ends):
+                    events = events[: ends.index(True) + 1]
+                yield b"".join(
+                    ServerSentEvent(event=e.event, data=json.dumps(e.data)).encode() for e in events
+                )
+                if any(ends):
                     return
 
     return sse_response(events)
 
+
+# The most events one write of a job's stream holds.
+_EVENTS_A_WRITE = 256
 
 LOG_OFFSET_HEADER = "X-Log-Offset"
 _LOG_READ_BYTES = 1024 * 1024
@@ -601,6 +613,16 @@ def read_job_metrics(
             description="Only points after this step: the last step already read, to read on",
         ),
     ] = None,
+    points: Annotated[
+        int | None,
+        Query(
+            ge=2,
+            le=100_000,
+            description="At most about this many points a series, for a chart: the steps cut "
+            "into points/2 equal spans, each keeping its lowest and highest point, and the "
+            "series' first and last point (a series of no more points comes whole)",
+        ),
+    ] = None,
 ) -> Response:
     """The job's scalar series, from its progress lines."""
     errors = [
@@ -615,8 +637,8 @@ def read_job_metrics(
         raise FieldErrors(errors)
     # A plain def: a long job's series take a while to render, on a worker thread rather
     # than the event loop every other request needs.
-    points = runtime.store.metrics(job.id, names=name, after_step=after_step)
-    return Response(_metrics_json(job.id, points), media_type=_JSON)
+    read = runtime.store.metrics(job.id, names=name, after_step=after_step, most=points)
+    return Response(_metrics_json(job.id, read), media_type=_JSON)
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointsPublic, responses=_NOT_FOUND)

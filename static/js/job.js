@@ -18,6 +18,9 @@ import {
 } from "./format.js";
 
 const LOG_LINES = 200;
+// Points a series is read with (GET /metrics?points=): a chart draws about 1,200 at most
+// (charts.js), and a job of 200k steps has some 100k a series, 32 MB to read whole.
+const CHART_POINTS = 2000;
 const LOG_POLL_MS = 3000;
 const LOAD_RETRY_MS = 3000; // a job page that got no answer asks again this often
 const CONFIRM_MS = 4000; // Cancel and Delete job wait this long for the second press
@@ -620,7 +623,7 @@ export function mountJob(view, jobId) {
 
   async function loadMetrics() {
     try {
-      const metrics = await getJSON(`${base}/metrics`);
+      const metrics = await getJSON(`${base}/metrics?points=${CHART_POINTS}`);
       if (stopped) return;
       for (const key of SERIES) {
         const known = new Map(series[key].map((point) => [point.step, point]));

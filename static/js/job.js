@@ -27,16 +27,6 @@ const CONFIRM_MS = 4000; // Cancel and Delete job wait this long for the second 
 // The series the charts draw (the learning rate is a stat, not a chart).
 const SERIES = ["loss", "accuracy", "examples_per_sec", "eval_loss", "eval_accuracy"];
 
-/** `fresher()` (jobs.js), knowing that a job ended can be queued again: resumed (or run
- *  again after a crash), it is a later attempt, and a copy of a later attempt is newer
- *  whatever its state. Within one attempt the end is final, as fresher() has it. */
-function newer(known, streamedAt, snapshot, askedAt) {
-  if (known && snapshot.attempts !== known.attempts) {
-    return snapshot.attempts > known.attempts ? snapshot : known;
-  }
-  return fresher(known, streamedAt, snapshot, askedAt);
-}
-
 /** "step 5", "steps 20, 21, 22". */
 function stepsText(steps) {
   return `step${steps.length === 1 ? "" : "s"} ${steps.join(", ")}`;
@@ -93,7 +83,7 @@ export function mountJob(view, jobId) {
     resumed: (data, asked, focused) => {
       disarmDelete();
       actionStatus.dataset.attempt = String(data.attempts); // renderResumed() says its end
-      take(newer(job, streamedAt, data, asked));
+      take(fresher(job, streamedAt, data, asked));
       // The control the keyboard was on is hidden now (maybe already, by the stream): it
       // goes on from the line that says what happened.
       const lost = document.activeElement === document.body || resume.hasFocus();
@@ -390,7 +380,7 @@ export function mountJob(view, jobId) {
       const asked = mark();
       const { status, data } = await api(`${base}/cancel`, { method: "POST" });
       if (stopped) return;
-      job = newer(job, streamedAt, data, asked);
+      job = fresher(job, streamedAt, data, asked);
       if (data.cancel_requested && !TERMINAL.has(job.state)) job = { ...job, cancel_requested: true };
       actionStatus.classList.remove("error"); // a refused resume's, say
       actionStatus.textContent = status === 202
@@ -466,7 +456,7 @@ export function mountJob(view, jobId) {
       state: (event) => {
         if (event.job_id !== jobId || stopped) return;
         const { job_id: _, ...copy } = event;
-        const next = newer(job, streamedAt, copy, mark());
+        const next = fresher(job, streamedAt, copy, mark());
         if (next === job) return;
         streamedAt = mark();
         take(next);
@@ -483,7 +473,7 @@ export function mountJob(view, jobId) {
     const asked = mark();
     try {
       const snapshot = await getJSON(base);
-      if (!stopped) take(newer(job, streamedAt, snapshot, asked));
+      if (!stopped) take(fresher(job, streamedAt, snapshot, asked));
     } catch (error) {
       if (error.status === 404 && !deleting) showDeleted();
     }
@@ -568,7 +558,7 @@ export function mountJob(view, jobId) {
     const asked = mark();
     try {
       const snapshot = await getJSON(base);
-      if (!stopped) take(newer(job, streamedAt, snapshot, asked));
+      if (!stopped) take(fresher(job, streamedAt, snapshot, asked));
     } catch (error) {
       // A job read before and now missing was deleted. Otherwise the notice stays: live
       // updates have stopped.
@@ -616,7 +606,7 @@ export function mountJob(view, jobId) {
     if (stopped) return;
     showAll();
     // Only if the stream has said nothing newer meanwhile (it may have seen the job end).
-    job = newer(job, streamedAt, snapshot, asked);
+    job = fresher(job, streamedAt, snapshot, asked);
     renderJob();
     await Promise.all([loadMetrics(), loadCheckpoints(), loadLogs()]);
   }

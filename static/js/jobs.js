@@ -79,11 +79,15 @@ export function mark() {
 }
 
 /** Which copy of a job to show: `snapshot`, read by a request that started at `askedAt`,
- *  or `known`, last changed by the stream at `streamedAt` (undefined if never). An ended
- *  job never goes back to queued or running (the end is final, so an ended snapshot wins
- *  over a live copy); otherwise the stream's copy wins if it changed after the read began. */
+ *  or `known`, last changed by the stream at `streamedAt` (undefined if never). A copy of
+ *  a later attempt is newer whatever its state (an ended job resumed, or run again after
+ *  a crash, is queued again). Within one attempt the end is final, so an ended copy wins
+ *  over a live one; otherwise the stream's copy wins if it changed after the read began. */
 export function fresher(known, streamedAt, snapshot, askedAt) {
   if (!known) return snapshot;
+  if (snapshot.attempts !== known.attempts) {
+    return snapshot.attempts > known.attempts ? snapshot : known;
+  }
   const knownEnded = TERMINAL.has(known.state);
   const snapshotEnded = TERMINAL.has(snapshot.state);
   if (knownEnded !== snapshotEnded) return knownEnded ? known : snapshot;

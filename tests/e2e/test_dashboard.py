@@ -618,9 +618,11 @@ def test_older_snapshot_never_undoes_the_stream(session: Session) -> None:
     page.goto("/#/")
     verdicts = page.evaluate("""async () => {
       const { fresher, mark } = await import("/static/js/jobs.js");
-      const running = { id: "a", state: "running", progress: { step: 10 } };
-      const ended = { id: "a", state: "succeeded", progress: { step: 20 } };
-      const older = { id: "a", state: "running", progress: { step: 5 } };
+      const running = { id: "a", state: "running", attempts: 1, progress: { step: 10 } };
+      const ended = { id: "a", state: "succeeded", attempts: 1, progress: { step: 20 } };
+      const older = { id: "a", state: "running", attempts: 1, progress: { step: 5 } };
+      // Resumed: the ended job queued again as its next attempt.
+      const resumed = { id: "a", state: "queued", attempts: 2, progress: { step: 20 } };
       const asked = mark();  // a read starts...
       const streamed = mark();  // ...the stream changes the job while it is out
       const later = mark();  // a read that starts after that
@@ -630,6 +632,8 @@ def test_older_snapshot_never_undoes_the_stream(session: Session) -> None:
         endedSnapshotWins: fresher(running, streamed, ended, asked) === ended,
         newerSnapshotWins: fresher(running, streamed, older, later) === older,
         firstRead: fresher(undefined, undefined, older, asked) === older,
+        resumeWins: fresher(ended, streamed, resumed, asked) === resumed,
+        resumeStays: fresher(resumed, streamed - 10, ended, later) === resumed,
       };
     }""")
     assert all(verdicts.values()), verdicts

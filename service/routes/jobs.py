@@ -126,6 +126,18 @@ def include(app: FastAPI, prefix: str) -> None:
     )
 
 
+def _admit(spec: JobCreate, runtime: Runtime) -> tuple[JobCreate, list[dict[str, str]]]:
+    """`admission.admit` on this service's devices, data roots and worker path."""
+    settings = runtime.settings
+    return admit(
+        spec,
+        pool=runtime.pool,
+        data_roots=settings.allowed_data_roots,
+        # Workers on another interpreter have another path: they check the module alone.
+        worker_path=worker_pythonpath() if settings.python == sys.executable else None,
+    )
+
+
 @router.post(
     "",
     status_code=201,
@@ -137,14 +149,7 @@ def include(app: FastAPI, prefix: str) -> None:
 )
 def create_job(job_in: JobCreate, runtime: RuntimeDep) -> Response:
     """Validate a job spec, store it as `queued` and return it with its id."""
-    settings = runtime.settings
-    spec, errors = admit(
-        job_in,
-        pool=runtime.pool,
-        data_roots=settings.allowed_data_roots,
-        # Workers on another interpreter have another path: they check the module alone.
-        worker_path=worker_pythonpath() if settings.python == sys.executable else None,
-    )
+    spec, errors = _admit(job_in, runtime)
     if errors:
         raise FieldErrors(errors)
     job = runtime.store.create(spec.model_dump(mode="json"))
@@ -340,14 +345,8 @@ def _resume(job_id: str, resume_in: ResumeCreate, runtime: Runtime) -> Response:
         admitted = JobCreate.model_validate(spec)
     except ValidationError as error:
         raise FieldErrors(field_errors(error)) from error
-    settings = runtime.settings
-    admitted, errors = admit(
-        admitted,
-        pool=runtime.pool,
-        data_roots=settings.allowed_data_roots,
-        worker_path=worker_pythonpath() if settings.python == sys.executable else None,
-    )
-    checkpoints = list_checkpoints(_run(settings, job))
+    admitted, errors = _admit(admitted, runtime)
+    checkpoints = list_checkpoints(_run(runtime.settings, job))
     last = checkpoints[-1].step if checkpoints else 0
     if resume_in.steps is not None and resume_in.steps <= last:
         errors.append(

@@ -113,6 +113,47 @@ def fake_worker_env(directory: Path) -> dict[str, str]:
     return {"TOWERBOARD_WORKER_MODULE": "fake_worker", "PYTHONPATH": path}
 
 
+# A stand-in worker, `python -m stepping_worker run --job-dir DIR`, for tests of what the
+# service does around a running worker (following it, adopting it after a restart) rather
+# than of training: it takes a step every 50 ms from its first line, says so, and reports a
+# checkpoint every 5 steps (no files: only the progress line), until SIGTERM stops it as the
+# trainer stops (exit 3, outcome cancelled). A real worker spent seconds of TensorFlow's
+# start-up before its first step.
+STEPPING_WORKER = """\
+import json, signal, sys, time
+from pathlib import Path
+
+job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1])
+stopped = []
+signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
+step = 0
+
+
+def progress(**line):
+    with open(job_dir / "progress.jsonl", "a") as f:
+        f.write(json.dumps({"time": time.time(), "step": step, "total": 10**7, **line}) + "\\n")
+
+
+progress(event="start", phase="starting")
+while not stopped:
+    time.sleep(0.05)
+    step += 1
+    progress(event="progress", phase="training", loss=1 / step)
+    if step % 5 == 0:
+        progress(event="checkpoint", phase="training", checkpoint=f"checkpoints/ckpt-{step}")
+result = {"outcome": "cancelled", "message": f"Stopped by SIGTERM at step {step}.", "step": step}
+(job_dir / "result.json").write_text(json.dumps(result))
+sys.exit(3)
+"""
+
+
+def stepping_worker_env(directory: Path) -> dict[str, str]:
+    """Service settings that run STEPPING_WORKER (written into `directory`) as the worker."""
+    (directory / "stepping_worker.py").write_text(STEPPING_WORKER)
+    path = os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")]))
+    return {"TOWERBOARD_WORKER_MODULE": "stepping_worker", "PYTHONPATH": path}
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -29,6 +29,7 @@ from tests.service.harness import (
     job_spec,
     long_job,
     processes_under,
+    stepping_worker_env,
 )
 from trainer.spec import JobSpec
 
@@ -238,7 +239,10 @@ def test_worker_sigterm_without_cancel_requeued_and_resumes(
     # watches, once while no service is running.
     service = make_service()
     service.start()
-    spec = long_job(name="interrupted", steps=3000)
+    # Each stop lands some 50 steps after the attempt's start; the third attempt trains
+    # the rest (3000 steps took it 11 s, for nothing more checked).
+    steps = 1000
+    spec = long_job(name="interrupted", steps=steps)
     job = service.submit(spec)
     job_id = job["id"]
 
@@ -277,22 +281,27 @@ def test_worker_sigterm_without_cancel_requeued_and_resumes(
     done = service.wait_state(job_id, "succeeded", "failed", "cancelled", timeout=300)
     assert done["state"] == "succeeded", done
     assert done["attempts"] == 3 and done["error"] is None
-    assert done["progress"]["step"] == 3000
+    assert done["progress"]["step"] == steps
     lines = progress_lines(service, job_id)
     starts = [line["step"] for line in lines if line["event"] == "start"]
     stops = [line for line in lines if line["event"] == "end"]
     assert [line["outcome"] for line in stops] == ["cancelled", "cancelled", "succeeded"]
     # Each attempt starts at the step where the one before checkpointed and stopped.
     assert starts == [0, stops[0]["step"], stops[1]["step"]]
-    assert 0 < stops[0]["step"] < stops[1]["step"] < 3000
+    assert 0 < stops[0]["step"] < stops[1]["step"] < steps
     logs = service.client.get(f"/api/v1/jobs/{job_id}/logs", params={"tail": 100_000}).text
     assert f"attempt 3 of job {job_id} starting" in logs
 
 
-def test_second_service_on_same_data_dir_refused(make_service: Callable[..., Service]) -> None:
-    first = make_service()
+def test_second_service_on_same_data_dir_refused(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # The job runs on the stand-in worker until cancelled: a real one spent seconds of
+    # TensorFlow's start-up and training on what only the service's lock decides.
+    first = make_service(env=fake_worker_env(tmp_path))
     first.start()
     job = first.submit(job_spec(name="first"))
+    first.wait_state(job["id"], "running")
     second = subprocess.run(
         [sys.executable, "-m", "service.cli", "serve", "--port", str(free_port()),
          "--data-dir", str(first.data_dir), "--no-access-log"],
@@ -303,14 +312,16 @@ def test_second_service_on_same_data_dir_refused(make_service: Callable[..., Ser
         f"Another Towerboard service is using the data dir {first.data_dir} (it holds "
         f"{first.data_dir / 'towerboard.lock'}); refusing to start a second one on it."
     ) in second.stderr
-    # The first goes on serving, and its job runs to the end.
+    # The first goes on serving, and supervising its job to the end.
     assert first.process is not None and first.process.poll() is None
-    assert first.wait_state(job["id"], "succeeded", "failed")["state"] == "succeeded"
+    assert first.job(job["id"])["state"] == "running"
+    assert first.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+    assert first.wait_state(job["id"], "cancelled", "failed")["state"] == "cancelled"
     # Once the first has stopped, the data dir is free again.
     first.stop()
     third = make_service(data_dir=first.data_dir)
     third.start()
-    assert third.job(job["id"])["state"] == "succeeded"
+    assert third.job(job["id"])["state"] == "cancelled"
 
 
 def test_bad_progress_of_one_job_does_not_stop_the_others(
@@ -420,12 +431,13 @@ def test_restart_service_adopts_living_worker_then_requeues_dead_one(
 
 
 def test_restart_finds_a_worker_whose_pid_was_never_stored(
-    make_service: Callable[..., Service],
+    make_service: Callable[..., Service], tmp_path: Path
 ) -> None:
     # A service that dies between starting a worker and storing its pid leaves a running
     # job with no pid. The next service must find that worker by its argv and adopt it, not
-    # requeue the job and start a second worker on the same run dir.
-    service, job_id = long_job_checkpointed(make_service)
+    # requeue the job and start a second worker on the same run dir. (The worker is the
+    # stepping stand-in: what is checked is the service's, and the stand-in steps at once.)
+    service, job_id = long_job_checkpointed(make_service, stepping_worker_env(tmp_path))
     pid = worker_pid(service, job_id)
     service.kill()
     with sqlite3.connect(service.data_dir / "towerboard.db") as conn:  # the crash window

@@ -28,6 +28,7 @@ from tests.service.harness import (
     job_spec,
     long_job,
     processes_under,
+    stepping_worker_env,
 )
 from trainer.spec import JobSpec
 
@@ -184,7 +185,10 @@ def test_checkpoints_list_and_download(
 
 
 def test_export_downloads_the_saved_model(
-    service: Service, watched: dict[str, Any], tmp_path: Path
+    service: Service,
+    watched: dict[str, Any],
+    tmp_path: Path,
+    make_service: Callable[..., Service],
 ) -> None:
     job_id = watched["id"]
     got = towerboard("export", job_id, "-o", f"{tmp_path}/model/", url=service.base_url)
@@ -195,18 +199,19 @@ def test_export_downloads_the_saved_model(
     with tarfile.open(path) as tar:
         assert {"saved_model.pb", "spec.json", "result.json"} <= set(tar.getnames())
 
-    running = service.submit(long_job(name="not-yet"))
-    try:
-        service.wait_state(running["id"], "running")
-        missing = towerboard("export", running["id"], url=service.base_url)
-        assert missing.returncode == 1
-        assert one_error_line(missing) == (
-            f"towerboard: error: Job {running['id']!r} has no exported model (a job exports its "
-            "model as it succeeds; it is running)."
-        )
-    finally:
-        service.client.post(f"/api/v1/jobs/{running['id']}/cancel")
-        service.wait_state(running["id"], "cancelled", "failed")
+    # A running job has none yet. It runs on a stand-in worker (until cancelled): a real
+    # one spent seconds of TensorFlow's start-up on what only the job's state decides.
+    (folder := tmp_path / "stand-in").mkdir()
+    stand_in = make_service(env=fake_worker_env(folder))
+    stand_in.start()
+    running = stand_in.submit(job_spec(name="not-yet"))
+    stand_in.wait_state(running["id"], "running")
+    missing = towerboard("export", running["id"], url=stand_in.base_url)
+    assert missing.returncode == 1
+    assert one_error_line(missing) == (
+        f"towerboard: error: Job {running['id']!r} has no exported model (a job exports its "
+        "model as it succeeds; it is running)."
+    )
 
 
 def test_download_shows_progress_on_a_terminal(
@@ -261,7 +266,13 @@ def test_status_escapes_control_characters_in_names(
     assert towerboard("cancel", job["id"], "--wait", url=service.base_url).returncode == 0
 
 
-def test_cancel_queued_and_running_jobs(service: Service) -> None:
+def test_cancel_queued_and_running_jobs(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # The jobs run on the stepping stand-in: what is checked is the CLI's and the
+    # service's, and a real worker spent seconds of TensorFlow's start-up first.
+    service = make_service(env=stepping_worker_env(tmp_path))
+    service.start()
     running = service.submit(long_job())
     queued = service.submit(job_spec(name="waits"))  # one job slot: this one waits
     waiting = towerboard("status", queued["id"], url=service.base_url)
@@ -310,7 +321,9 @@ def test_submit_watch_failed_job_exits_1(service: Service, tmp_path: Path) -> No
 def test_followers_outlive_a_service_restart(
     make_service: Callable[..., Service], tmp_path: Path
 ) -> None:
-    service = make_service()
+    # The job runs on the stepping stand-in (adopted by the restarted service like any
+    # worker): a real one spent seconds of TensorFlow's start-up before its first step.
+    service = make_service(env=stepping_worker_env(tmp_path))
     service.start()
     spec = tmp_path / "long.json"
     spec.write_text(json.dumps(long_job(name="outlives")))

@@ -196,19 +196,28 @@ def _runs(service: Service) -> list[str]:
     return runs
 
 
+def _running_over(service: Service, job_id: str) -> dict[str, Any]:
+    """TensorBoard running over `job_id` alone: the one an earlier test left running when it
+    is that (a start costs seconds: it imports TensorFlow), else one started afresh."""
+    status = service.client.get("/api/v1/tensorboard").json()
+    if status["state"] != "running" or status["job_ids"] != [job_id]:
+        service.client.delete("/api/v1/tensorboard")
+        started = service.client.post("/api/v1/tensorboard", json={"job_ids": [job_id]})
+        assert started.status_code == 201, started.text
+    return _running(service)
+
+
 def test_start_tensorboard_over_more_jobs_adds_them_in_place(
     service: Service, traced_job: dict[str, Any], other_job: dict[str, Any]
 ) -> None:
     """A start whose jobs include every job shown adds them to the running TensorBoard:
     no restart, so a tab another user has open on it carries on."""
-    service.client.delete("/api/v1/tensorboard")
-    old = service.client.post("/api/v1/tensorboard", json={"job_ids": [traced_job["id"]]})
-    assert old.status_code == 201
-    _running(service)
+    old = _running_over(service, traced_job["id"])
+    assert f"{other_job['id']}/train" not in _runs(service)
     response = service.client.post("/api/v1/tensorboard")  # every job
     assert response.status_code == 200
     new = response.json()
-    assert new["job_ids"] is None and new["pid"] == old.json()["pid"]
+    assert new["job_ids"] is None and new["pid"] == old["pid"]
     assert new["state"] == "running" and new["replaced"] is None
     assert _alive(new["pid"])
     runs = _wait(
@@ -217,6 +226,34 @@ def test_start_tensorboard_over_more_jobs_adds_them_in_place(
         "the other job's runs, added",
     )
     assert f"{traced_job['id']}/train" in runs
+
+
+def test_tensorboard_killed_after_ready_reported_stopped(service: Service) -> None:
+    # Placed after the test above: the start reuses the TensorBoard over every job that it
+    # leaves running (a fresh one takes seconds to import TensorFlow), and this kills it.
+    pid = service.client.post("/api/v1/tensorboard").json()["pid"]
+    _wait(
+        lambda: service.client.get("/api/v1/tensorboard").json()["state"] == "running",
+        120,
+        "TensorBoard to run",
+    )
+    os.kill(pid, signal.SIGKILL)
+    # With no request at all, the watch loop notices within seconds and reaps it (a zombie
+    # keeps its /proc entry until then).
+    _wait(lambda: not Path(f"/proc/{pid}").exists(), 30, "the dead TensorBoard reaped")
+    error = (
+        f"TensorBoard (pid {pid}) was killed by SIGKILL after it was ready; see "
+        f"{service.data_dir / 'tensorboard.log'}."
+    )
+    status = service.client.get("/api/v1/tensorboard").json()
+    assert status["state"] == "stopped" and status["pid"] is None
+    assert status["last_error"] == error
+    proxied = service.client.get("/tensorboard/data/runs")
+    assert proxied.status_code == 503
+    assert proxied.json()["detail"] == (
+        f"TensorBoard is not running. Start it with POST /api/v1/tensorboard. Last error: {error}"
+    )
+    assert "\ntowerboard_tensorboard_up 0\n" in service.client.get("/metrics").text
 
 
 def test_start_tensorboard_merge_adds_to_what_it_shows(
@@ -307,32 +344,6 @@ def test_stop_tensorboard(service: Service) -> None:
         "detail": "TensorBoard is not running. Start it with POST /api/v1/tensorboard.",
         "errors": [],
     }
-
-
-def test_tensorboard_killed_after_ready_reported_stopped(service: Service) -> None:
-    pid = service.client.post("/api/v1/tensorboard").json()["pid"]
-    _wait(
-        lambda: service.client.get("/api/v1/tensorboard").json()["state"] == "running",
-        120,
-        "TensorBoard to run",
-    )
-    os.kill(pid, signal.SIGKILL)
-    # With no request at all, the watch loop notices within seconds and reaps it (a zombie
-    # keeps its /proc entry until then).
-    _wait(lambda: not Path(f"/proc/{pid}").exists(), 30, "the dead TensorBoard reaped")
-    error = (
-        f"TensorBoard (pid {pid}) was killed by SIGKILL after it was ready; see "
-        f"{service.data_dir / 'tensorboard.log'}."
-    )
-    status = service.client.get("/api/v1/tensorboard").json()
-    assert status["state"] == "stopped" and status["pid"] is None
-    assert status["last_error"] == error
-    proxied = service.client.get("/tensorboard/data/runs")
-    assert proxied.status_code == 503
-    assert proxied.json()["detail"] == (
-        f"TensorBoard is not running. Start it with POST /api/v1/tensorboard. Last error: {error}"
-    )
-    assert "\ntowerboard_tensorboard_up 0\n" in service.client.get("/metrics").text
 
 
 def test_tensorboard_killed_while_starting_says_so(service: Service) -> None:

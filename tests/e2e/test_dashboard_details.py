@@ -15,7 +15,7 @@ import pytest
 from playwright.sync_api import Browser, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
-from tests.e2e.test_dashboard import LAPTOP, Session, open_session
+from tests.e2e.test_dashboard import LAPTOP, LOG_POLL_MS, Session, open_session
 from tests.service.harness import Service, fake_worker_env, job_spec
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
@@ -126,6 +126,7 @@ def test_log_stays_while_the_service_restarts(browser: Browser, tmp_path: Path) 
     session = open_session(browser, restarting, LAPTOP)
     try:
         page = session.page
+        page.clock.install()  # before the page loads: its log poll is the clock's, moved on
         job = restarting.submit(job_spec(name="runs-until-cancelled"))
         restarting.wait_state(job["id"], "running")
         page.goto(f"/#/jobs/{job['id']}")
@@ -134,11 +135,13 @@ def test_log_stays_while_the_service_restarts(browser: Browser, tmp_path: Path) 
         expect(log).to_contain_text(header)
         expect(note).to_be_hidden()
         restarting.stop()  # the worker lives on, to be adopted
-        # The log is read every 3 s while the job runs.
+        # The log is read every 3 s while the job runs: the next read, now.
+        page.clock.fast_forward(LOG_POLL_MS)
         expect(note).to_contain_text("Could not read the log: The service did not answer")
         expect(note).to_contain_text("The lines below are from the last read.")
         expect(log).to_contain_text(header)
         restarting.start()
+        page.clock.fast_forward(LOG_POLL_MS)
         expect(note).to_be_hidden(timeout=15_000)
         expect(log).to_contain_text(header)
         assert restarting.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202

@@ -19,6 +19,7 @@ from playwright.sync_api import Browser, Page, expect
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import (
     LAPTOP,
+    LOG_POLL_MS,
     PHONE,
     TERMINAL,
     Session,
@@ -36,6 +37,7 @@ ARMED = (
     "Press Confirm delete within 4 s to delete this job for good: its metrics, log, "
     "checkpoints and model."
 )
+ARMED_MS = 4_000  # a first press of Delete job stays armed this long (job.js's CONFIRM_MS)
 STILL_EXITING = "has ended but its worker process is still exiting; try again in a few seconds."
 
 
@@ -145,11 +147,13 @@ def test_armed_delete_lapses(session: Session, service: Service) -> None:
     deleted."""
     job = ended(service)
     page = session.page
+    page.clock.install()  # before the page loads: its 4 s is the clock's, moved on below
     open_job(page, job["id"], "succeeded")
     page.locator("#delete-job").click()
     line = page.locator("#action-status")
     expect(line).to_have_text(ARMED)
     expect(page.locator("#delete-job")).to_have_attribute("data-armed", "1")
+    page.clock.fast_forward(ARMED_MS)  # the 4 s pass, without waiting them out
     expect(page.locator("#delete-job")).to_have_text("Delete job", timeout=6_000)
     expect(line).to_have_text("")
     page.wait_for_timeout(300)
@@ -220,6 +224,7 @@ def test_job_page_says_its_job_was_deleted_elsewhere(session: Session, service: 
     control that had it is hidden, and asks the service for nothing more."""
     job = ended(service)
     page = session.page
+    page.clock.install()  # before the page loads: its polls are the clock's, moved on below
     open_job(page, job["id"], "succeeded")
     expect(page.locator("#spec")).to_contain_text('"name": "quick"')
     page.locator("#delete-job").focus()
@@ -239,7 +244,10 @@ def test_job_page_says_its_job_was_deleted_elsewhere(session: Session, service: 
     low = page.evaluate(LOW_CONTRAST)
     assert low == [], "\n".join(low)
     seen = len(asked)
-    page.wait_for_timeout(3_500)  # longer than the page's log poll
+    # Longer than the page's log poll, on its clock: any poll still set fires, and its
+    # request would be out well within the real 300 ms after.
+    page.clock.fast_forward(LOG_POLL_MS + 500)
+    page.wait_for_timeout(300)
     assert asked[seen:] == [], asked
     assert session.errors == []
 

@@ -44,6 +44,7 @@ for step in name.split("-")[1:]:
 (job_dir / "result.json").write_text(json.dumps({"outcome": "succeeded", "message": name}))
 """
 CHARTS = ("loss", "accuracy", "examples/sec")
+RUNNING_POLL_MS = 5_000  # how often the line asks after a running TensorBoard (tensorboard.js)
 STARTING = "TensorBoard is starting: open it."
 RUNNING = "TensorBoard is running: open it."
 
@@ -177,6 +178,7 @@ def test_tensorboard_replaced_by_another_start_says_so(
     service.client.delete("/api/v1/tensorboard")
     mine, theirs = finished(service, "steps-300"), finished(service, "steps-300")
     page = session.page
+    page.clock.install()  # before the page loads: its polls are the clock's, moved on below
     open_job(page, mine)
     status, notice = tensorboard_line(page), page.locator("#tensorboard-notice")
     click_open(session)
@@ -185,7 +187,8 @@ def test_tensorboard_replaced_by_another_start_says_so(
     other = service.client.post("/api/v1/tensorboard", json={"job_ids": [theirs]})
     assert other.status_code == 201, other.text
     assert other.json()["replaced"]["job_ids"] == [mine]
-    expect(notice).to_be_visible(timeout=15_000)  # the line asks every 5 s
+    page.clock.fast_forward(RUNNING_POLL_MS)  # the line's next look, now
+    expect(notice).to_be_visible(timeout=15_000)
     expect(notice).to_contain_text(
         f"TensorBoard was restarted by another start over job {theirs}, "
         "and no longer shows this job."

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -303,19 +304,22 @@ def test_resume_after_sigterm_equals_uninterrupted(tmp_path):
         eval={"every_steps": 0, "batches": 1},
         checkpoint={"every_steps": 100, "every_seconds": 0, "keep": 2},
     )
-    code, whole, log = run_worker(tmp_path / "whole", spec)
-    assert code == 0, log
-
-    interrupted = tmp_path / "interrupted"
-    proc = start_worker(interrupted, spec)
-    deadline = time.monotonic() + 120
-    while not (interrupted / "checkpoints" / "ckpt-100.index").exists():
-        assert proc.poll() is None and time.monotonic() < deadline, (
-            "worker ended before its first checkpoint"
-        )
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGTERM)
-    log, _ = proc.communicate(timeout=120)
+    # The uninterrupted run trains meanwhile, in a process of its own: the two runs are
+    # independent, and one after the other left a core idle through each start-up.
+    with ThreadPoolExecutor(1) as pool:
+        whole_run = pool.submit(run_worker, tmp_path / "whole", spec)
+        interrupted = tmp_path / "interrupted"
+        proc = start_worker(interrupted, spec)
+        deadline = time.monotonic() + 120
+        while not (interrupted / "checkpoints" / "ckpt-100.index").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                "worker ended before its first checkpoint"
+            )
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        log, _ = proc.communicate(timeout=120)
+        code, whole, whole_log = whole_run.result()
+    assert code == 0, whole_log
     stopped = json.loads((interrupted / "result.json").read_text())
     assert proc.returncode == 3, log
     assert stopped["outcome"] == "cancelled"

@@ -112,6 +112,7 @@ def test_read_openapi_lists_every_route(make_service: Callable[..., Service]) ->
         "/api/v1/jobs",
         "/api/v1/jobs/{job_id}",
         "/api/v1/jobs/{job_id}/cancel",
+        "/api/v1/jobs/{job_id}/resume",
         "/api/v1/jobs/{job_id}/events",
         "/api/v1/jobs/{job_id}/logs",
         "/api/v1/jobs/{job_id}/metrics",
@@ -134,7 +135,12 @@ def test_read_openapi_lists_every_route(make_service: Callable[..., Service]) ->
         if path.startswith("/api/v1/"):
             for method, operation in item.items():
                 assert "422" in operation["responses"], (method, path)
-    for path in ("/api/v1/jobs", "/api/v1/tensorboard", "/api/v1/jobs/{job_id}/profile"):
+    for path in (
+        "/api/v1/jobs",
+        "/api/v1/tensorboard",
+        "/api/v1/jobs/{job_id}/profile",
+        "/api/v1/jobs/{job_id}/resume",
+    ):
         assert "415" in paths[path]["post"]["responses"], path
     docs = httpx.get(f"{service.base_url}/docs")
     assert docs.status_code == 200 and "swagger" in docs.text.lower()

@@ -80,10 +80,10 @@ def test_head_on_health_and_dashboard(service: Service, path: str) -> None:
 @pytest.mark.parametrize(
     ("path", "query", "known"),
     [
-        ("/api/v1/jobs", "status=running", "state, limit, cursor"),
+        ("/api/v1/jobs", "status=running", "state, name, limit, cursor"),
         ("/api/v1/jobs/{id}/logs", "lines=5", "tail, offset, limit"),
-        ("/api/v1/jobs/{id}/metrics", "names=loss", "name, after_step"),
-        ("/api/v1/jobs/{id}/metrics", "name=loss&since=3", "name, after_step"),
+        ("/api/v1/jobs/{id}/metrics", "names=loss", "name, after_step, points"),
+        ("/api/v1/jobs/{id}/metrics", "name=loss&since=3", "name, after_step, points"),
         ("/api/v1/jobs/{id}", "verbose=1", None),
         ("/api/v1/jobs/{id}/checkpoints", "limit=1", None),
         ("/api/v1/devices", "kind=gpu", None),

@@ -9,6 +9,7 @@ import contextlib
 import json
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -157,6 +158,9 @@ def test_the_all_jobs_stream_sends_a_burst_in_few_writes() -> None:
         await body.aclose()  # type: ignore[attr-defined]
         return writes, events
 
-    writes, events = asyncio.run(scenario())
+    # On a thread of its own: the session's sync Playwright (tests/conftest.py) keeps an
+    # event loop running on the main thread once a dashboard test has started it.
+    with ThreadPoolExecutor(1) as thread:
+        writes, events = thread.submit(asyncio.run, scenario()).result()
     assert events == [{"job_id": "a", "step": step} for step in range(1000)]
     assert len(writes) <= 4

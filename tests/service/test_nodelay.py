@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from concurrent.futures import ThreadPoolExecutor
 
 from service.cli import _listen
 
@@ -35,4 +36,7 @@ def test_served_connections_have_nodelay() -> None:
             server.close()
             await server.wait_closed()
 
-    assert asyncio.run(accepted_nodelay()) != 0
+    # On a thread of its own: the session's sync Playwright (tests/conftest.py) keeps an
+    # event loop running on the main thread once a dashboard test has started it.
+    with ThreadPoolExecutor(1) as thread:
+        assert thread.submit(asyncio.run, accepted_nodelay()).result() != 0

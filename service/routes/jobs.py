@@ -301,7 +301,7 @@ def _delete(job_id: str, runtime: Runtime) -> Response:
     responses={
         **_NOT_FOUND,
         409: {"model": ErrorPublic, "description": "The job has not ended, its worker has "
-              "not exited yet, or it succeeded and no longer length was given"},
+              "not exited yet, or it succeeded and no new total was given"},
         422: {"model": ErrorPublic, "description": "The new length, or the job's spec on "
               "this service now, is refused"},
         **NOT_JSON,

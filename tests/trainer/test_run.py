@@ -7,7 +7,9 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +17,7 @@ import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
+from tests.trainer.beside import start_beside
 from trainer.profiling import tower_times_ms, trace_op_names
 from trainer.rundir import read_progress
 
@@ -189,53 +192,6 @@ def test_run_job_step_time_is_the_steps_alone(tiny_run):
         timed = [t for t in range(s - 4, s + 1) if t > 1]
         examples = sum(26 if t % 13 == 0 else 32 for t in timed)
         assert rates[s] == pytest.approx(examples * 1000 / (len(timed) * times[s]), rel=1e-4), s
-
-
-def test_epochs_train_partial_batches_and_scalars_count_their_examples(tmp_path):
-    # 10 examples in batches of 9 on 2 towers: every other batch holds one example, so
-    # tower 1 has none. 2 epochs are 4 steps; the partial ones train, their rate counts one
-    # example, and tower 1 writes no loss where it had no examples (0 would plot as perfect).
-    spec = with_(
-        TINY,
-        data={
-            "format": "synthetic",
-            "eval_fraction": 0.0,
-            "params": {"shape": [4, 4], "classes": 2, "size": 10},
-        },
-        batch_size=9,
-        steps=None,
-        epochs=2,
-        summaries={"scalars_every": 1, "histograms_every": 0, "images_every": 0, "trace_steps": []},
-    )
-    code, result, log = run_worker(tmp_path / "job", spec)
-    assert code == 0, log
-    assert result["step"] == result["total"] == 4
-    acc = event_accumulator.EventAccumulator(
-        str(tmp_path / "job" / "tb" / "train"), size_guidance={"tensors": 0}
-    )
-    acc.Reload()
-
-    def series(tag: str) -> dict[int, float]:
-        return {e.step: float(tf.make_ndarray(e.tensor_proto)) for e in acc.Tensors(tag)}
-
-    assert sorted(series("tower_0/loss")) == [1, 2, 3, 4]
-    assert sorted(series("tower_1/loss")) == [1, 3]
-    times, rates = series("step_time_ms"), series("examples_per_sec")
-    assert sorted(times) == [2, 3, 4]
-    for step, examples in ((2, 1), (3, 9), (4, 1)):
-        assert rates[step] == pytest.approx(examples * 1000 / times[step], rel=1e-4), step
-
-
-def test_run_job_of_one_step_has_no_speed_to_report(tmp_path):
-    # The only step traces the function, and is not timed: the speed is unknown (null), not 0.
-    spec = with_(TINY, steps=1, eval={"every_steps": 0}, summaries={"trace_steps": []})
-    code, result, log = run_worker(tmp_path / "one", spec)
-    assert code == 0, log
-    [report] = [
-        e for e in read_progress(tmp_path / "one" / "progress.jsonl")[0] if e["event"] == "progress"
-    ]
-    assert report["step"] == 1 and report["examples_per_sec"] is None
-    assert result["metrics"]["examples_per_sec"] is None and result["metrics"]["loss"] > 0
 
 
 def test_run_job_traces_each_tower(tiny_run):
@@ -416,254 +372,6 @@ def test_sigterm_while_tensorflow_is_imported_exits_3_with_a_result(tmp_path):
     assert result["outcome"] == "cancelled" and result["step"] == 0, result
 
 
-def test_every_kind_is_written_at_the_last_step(tmp_path):
-    # A 23-step job with scalars every 5 ended its charts at step 20.
-    spec = with_(
-        TINY,
-        steps=23,
-        summaries={
-            "scalars_every": 5,
-            "histograms_every": 10,
-            "images_every": 10,
-            "trace_steps": [],
-        },
-    )
-    code, _, log = run_worker(tmp_path / "job", spec)
-    assert code == 0, log
-    acc = event_accumulator.EventAccumulator(
-        str(tmp_path / "job" / "tb" / "train"), size_guidance={event_accumulator.TENSORS: 0}
-    )
-    acc.Reload()
-    steps = {tag: [e.step for e in acc.Tensors(tag)] for tag in acc.Tags()["tensors"]}
-    assert steps["loss"] == steps["grad_norm"] == steps["tower_1/loss"] == [5, 10, 15, 20, 23]
-    kernels = [t for t in steps if t.startswith("weights/") and t.endswith("kernel")]
-    assert kernels and all(steps[t] == [10, 20, 23] for t in kernels)
-    assert steps["tower_0/inputs"] == steps["tower_1/inputs"] == [10, 20, 23]
-
-
-BAD_SPECS = {
-    "not_json": ("{not json", "is not valid JSON"),
-    "unknown_key": (
-        json.dumps(with_(TINY, tower=2)),
-        "tower: Unknown key. Remove it or check its spelling.",
-    ),
-    "unknown_model": (
-        json.dumps(with_(TINY, model={"name": "transformer"})),
-        "model.name: Expected one of mlp, cnn, resnet, logistic or 'module:function'. Received: 'transformer'",
-    ),
-    "missing_data_path": (
-        json.dumps(with_(TINY, data={"format": "idx", "path": "/nonexistent/mnist"})),
-        "/nonexistent/mnist",
-    ),
-    "custom_model_not_importable": (
-        json.dumps(with_(TINY, model={"name": "no_such_module:build"})),
-        "Cannot import module 'no_such_module' of model 'no_such_module:build'",
-    ),
-}
-
-
-@pytest.mark.parametrize("case", sorted(BAD_SPECS))
-def test_run_job_bad_spec_exits_2(tmp_path, case):
-    text, expected = BAD_SPECS[case]
-    spec_file = tmp_path / "spec.json"
-    spec_file.write_text(text)
-    job_dir = tmp_path / "job"
-    code, result, log = run_worker(job_dir, spec_file=spec_file)
-    assert code == 2, log
-    assert result["outcome"] == "invalid_spec" and result["exit_code"] == 2
-    assert expected in result["message"]
-    assert sorted(p.name for p in job_dir.iterdir()) == ["result.json"]
-
-
-def test_run_job_logistic_on_many_classes_exits_2(tmp_path):
-    data = tmp_path / "ten.npz"
-    rng = np.random.default_rng(0)
-    np.savez(data, x=rng.random((64, 4, 4), dtype=np.float32), y=np.arange(64) % 10)
-    spec = with_(TINY, model={"name": "logistic"}, data={"format": "npz", "path": str(data)})
-    code, result, log = run_worker(tmp_path / "job", spec)
-    assert code == 2, log
-    assert result["message"] == "Model `logistic` needs two-class data. Received: 10 classes"
-
-
-def run_custom_model(tmp_path: Path, module: str, source: str, **changes) -> tuple[int, dict, str]:
-    """Run TINY with the `module:build` model whose source is given, importable by the worker."""
-    (tmp_path / f"{module}.py").write_text(source)
-    spec = with_(TINY, model={"name": f"{module}:build"}, **changes)
-    return run_worker(tmp_path / "job", spec, env={"PYTHONPATH": f"{tmp_path}:{REPO}"})
-
-
-def test_run_job_non_finite_loss_fails_naming_step(tmp_path):
-    # A custom `module:function` model whose output turns infinite once its weights move.
-    code, result, log = run_custom_model(
-        tmp_path,
-        "exploding",
-        "import keras\n"
-        "def build(input_shape, num_classes):\n"
-        "    inputs = keras.Input(input_shape)\n"
-        "    x = keras.layers.Flatten()(inputs)\n"
-        "    x = keras.layers.Dense(num_classes, kernel_initializer='ones')(x)\n"
-        "    return keras.Model(inputs, keras.layers.Lambda(lambda t: t * 1e38)(x))\n",
-        towers=1,
-    )
-    assert code == 1, log
-    assert result["outcome"] == "failed"
-    assert result["message"].startswith("Loss became non-finite (")
-    assert result["message"].endswith(f"at step {result['step']}.")
-
-
-def test_run_job_trains_and_exports_a_subclassed_custom_model(tmp_path):
-    # A `module:function` model written as a keras.Model subclass: no input_shape or
-    # output_shape until it is called, and a layer it builds but never uses.
-    code, result, log = run_custom_model(
-        tmp_path,
-        "subclassed",
-        "import keras\n"
-        "class Net(keras.Model):\n"
-        "    def __init__(self, num_classes):\n"
-        "        super().__init__()\n"
-        "        self.flatten = keras.layers.Flatten()\n"
-        "        self.hidden = keras.layers.Dense(16, activation='relu')\n"
-        "        self.logits = keras.layers.Dense(num_classes)\n"
-        "        self.spare = keras.layers.Dense(2, name='spare')\n"
-        "    def build(self, input_shape):\n"
-        "        self.spare.build((None, 3))\n"
-        "        super().build(input_shape)\n"
-        "    def call(self, x, training=False):\n"
-        "        return self.logits(self.hidden(self.flatten(x)))\n"
-        "def build(input_shape, num_classes):\n"
-        "    return Net(num_classes)\n",
-    )
-    assert code == 0, log
-    assert result["outcome"] == "succeeded"
-    assert "No gradient reaches" in log and "spare" in log
-    exported = tf.saved_model.load(str(tmp_path / "job" / "export"))
-    assert exported.serve(np.zeros((2, 8, 8, 1), np.float32)).shape == (2, 4)  # TINY's data
-
-
-ONE_LOGIT = (
-    "import keras\n"
-    "def build(input_shape, num_classes):\n"
-    "    inputs = keras.Input(input_shape)\n"
-    "    x = keras.layers.Dense(16, activation='relu')(keras.layers.Flatten()(inputs))\n"
-    "    return keras.Model(inputs, keras.layers.Dense(1)(x))\n"
-)
-
-
-def test_run_job_custom_model_with_one_sigmoid_logit_for_two_classes(tmp_path):
-    # As `logistic` does: one logit, a sigmoid loss, its sign for the class, and an export
-    # whose probabilities are the sigmoid. It was refused for not giving 2 logits.
-    two_classes = {"format": "synthetic", "params": {"shape": [8, 8], "classes": 2, "size": 512}}
-    code, result, log = run_custom_model(
-        tmp_path, "onelogit", ONE_LOGIT, data=two_classes, towers=1, steps=60
-    )
-    assert code == 0, log
-    assert result["eval"]["accuracy"] > 0.9, result  # synthetic classes are easy to tell apart
-    exported = tf.saved_model.load(str(tmp_path / "job" / "export"))
-    out = exported.signatures["serving_default"](images=tf.zeros((3, 8, 8, 1)))
-    assert out["probabilities"].shape == (3, 1)
-    np.testing.assert_allclose(out["probabilities"], tf.sigmoid(out["logits"]), rtol=1e-6)
-
-
-def test_run_job_custom_model_with_one_logit_for_four_classes_exits_2(tmp_path):
-    code, result, log = run_custom_model(tmp_path, "onelogit", ONE_LOGIT)
-    assert code == 2, log
-    assert result["message"] == (
-        "Expected model 'onelogit:build' to output logits of shape (batch, 4). "
-        "Received: output shape (1, 1)"
-    )
-
-
-def test_run_job_custom_model_that_cannot_run_exits_2(tmp_path):
-    code, result, log = run_custom_model(
-        tmp_path,
-        "broken",
-        "import keras\n"
-        "def build(input_shape, num_classes):\n"
-        "    inputs = keras.Input((5,))\n"
-        "    return keras.Model(inputs, keras.layers.Dense(num_classes)(inputs))\n",
-    )
-    assert code == 2, log
-    assert result["message"].startswith("Model 'broken:build' failed on a batch of shape (1, ")
-    assert sorted(p.name for p in (tmp_path / "job").iterdir()) == ["result.json", "spec.json"]
-
-
-@pytest.mark.parametrize(
-    ("source", "message"),
-    [
-        (
-            "def build(input_shape, num_classes):\n    assert input_shape[-1] == 3, 'wants colour images'\n",
-            "Model 'userbug:build' failed to build: AssertionError: wants colour images",
-        ),
-        (
-            "def build(input_shape, num_classes)\n    pass\n",
-            "Cannot import module 'userbug' of model 'userbug:build': SyntaxError: ",
-        ),
-    ],
-    ids=["builder-raises", "module-does-not-parse"],
-)
-def test_run_job_custom_model_errors_exit_2_with_a_result(tmp_path, source, message):
-    # User code can raise anything; the job must still end with exit 2 and say why.
-    code, result, log = run_custom_model(tmp_path, "userbug", source)
-    assert code == 2, log
-    assert result["outcome"] == "invalid_spec"
-    assert result["message"].startswith(message), result["message"]
-    assert sorted(p.name for p in (tmp_path / "job").iterdir()) == ["result.json", "spec.json"]
-
-
-def test_run_job_crash_in_training_reports_its_step(tmp_path):
-    # A custom layer that fails its own check on its 4th training call: a crash inside
-    # step 4. The result must say where it happened, not step 0.
-    code, result, log = run_custom_model(
-        tmp_path,
-        "fuse",
-        "import keras\n"
-        "import tensorflow as tf\n"
-        "class Fuse(keras.layers.Layer):\n"
-        "    def build(self, shape):\n"
-        "        self.calls = self.add_weight(shape=(), initializer='zeros', trainable=False, name='calls')\n"
-        "    def call(self, x, training=False):\n"
-        "        if training:\n"
-        "            self.calls.assign_add(1.0)\n"
-        "            tf.debugging.assert_less(self.calls, 4.0, message='fuse blew')\n"
-        "        return x\n"
-        "def build(input_shape, num_classes):\n"
-        "    inputs = keras.Input(input_shape)\n"
-        "    x = Fuse()(keras.layers.Flatten()(inputs))\n"
-        "    return keras.Model(inputs, keras.layers.Dense(num_classes)(x))\n",
-        towers=1,
-    )
-    assert code == 1, log
-    assert result["outcome"] == "failed"
-    assert "fuse blew" in result["message"]
-    assert result["step"] == 4
-    assert "\n" not in result["message"], result["message"]  # the traceback is in the log
-
-
-def test_run_job_failed_step_is_one_line_without_keras_page(tmp_path):
-    # A custom layer that raises only in training, when the train step is traced: Keras
-    # wraps it in a page (ANSI bold, the arguments received) and autograph in a traceback.
-    # The job's message is the reason and the layer; the log keeps the whole of it.
-    code, result, log = run_custom_model(
-        tmp_path,
-        "picky",
-        "import keras\n"
-        "class Picky(keras.layers.Layer):\n"
-        "    def call(self, x, training=False):\n"
-        "        if training:\n"
-        "            raise ValueError('wants colour images only')\n"
-        "        return x\n"
-        "def build(input_shape, num_classes):\n"
-        "    inputs = keras.Input(input_shape)\n"
-        "    x = Picky()(keras.layers.Flatten()(inputs))\n"
-        "    return keras.Model(inputs, keras.layers.Dense(num_classes)(x))\n",
-        towers=1,
-    )
-    assert code == 1, log
-    assert result["outcome"] == "failed"
-    assert result["message"] == "ValueError: wants colour images only (in Picky.call())"
-    assert "Arguments received by Picky.call()" in log
-
-
 def test_sigterm_during_a_long_eval_stops_without_finishing_it(tmp_path):
     # An eval of 10,000 batches (~20 s here) that a cancel lands in: the worker must drop it
     # and checkpoint, not finish it first (the service SIGKILLs after its grace period).
@@ -707,3 +415,399 @@ def test_sigterm_during_a_long_eval_stops_without_finishing_it(tmp_path):
     )
     assert reports[-1]["phase_done"] < 10_000
     assert [e["checkpoint"] for e in events if e["event"] == "checkpoint"] == ["checkpoints/ckpt-5"]
+
+
+BAD_SPECS = {
+    "not_json": ("{not json", "is not valid JSON"),
+    "unknown_key": (
+        json.dumps(with_(TINY, tower=2)),
+        "tower: Unknown key. Remove it or check its spelling.",
+    ),
+    "unknown_model": (
+        json.dumps(with_(TINY, model={"name": "transformer"})),
+        "model.name: Expected one of mlp, cnn, resnet, logistic or 'module:function'. Received: 'transformer'",
+    ),
+    "missing_data_path": (
+        json.dumps(with_(TINY, data={"format": "idx", "path": "/nonexistent/mnist"})),
+        "/nonexistent/mnist",
+    ),
+    "custom_model_not_importable": (
+        json.dumps(with_(TINY, model={"name": "no_such_module:build"})),
+        "Cannot import module 'no_such_module' of model 'no_such_module:build'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SPECS))
+def test_run_job_bad_spec_exits_2(tmp_path, case):
+    text, expected = BAD_SPECS[case]
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(text)
+    job_dir = tmp_path / "job"
+    code, result, log = run_worker(job_dir, spec_file=spec_file)
+    assert code == 2, log
+    assert result["outcome"] == "invalid_spec" and result["exit_code"] == 2
+    assert expected in result["message"]
+    assert sorted(p.name for p in job_dir.iterdir()) == ["result.json"]
+
+
+# --- runs started beside each other ----------------------------------------------------
+# Each test below reads one worker run, which starts, with the others', when the first of
+# them asks (tests/trainer/beside.py): two at a time, as a worker's start-up keeps one core
+# of two busy. They come last in the module, so that no run goes on beside a test that
+# times its own worker. None of them depends on how fast its worker goes.
+
+Run = tuple[int, dict, str, Path]  # exit code, result.json, log, the run's folder
+BESIDE: dict[str, Callable[[Path], Run]] = {}  # test name -> its run, given a fresh folder
+
+
+def beside_run(*tests: str) -> Callable[[Callable[[Path], Run]], Callable[[Path], Run]]:
+    """Register the decorated run as the one the named tests read."""
+
+    def register(run: Callable[[Path], Run]) -> Callable[[Path], Run]:
+        for test in tests:
+            BESIDE[test] = run
+        return run
+
+    return register
+
+
+@pytest.fixture(scope="module")
+def beside(request, tmp_path_factory) -> Iterator[dict[str, Future]]:
+    yield from start_beside(request, tmp_path_factory, BESIDE)
+
+
+@pytest.fixture
+def run(beside, request) -> Run:
+    """This test's run (BESIDE), once it has ended."""
+    return beside[request.node.name].result()
+
+
+def run_in(folder: Path, spec: dict, **kw) -> Run:
+    return (*run_worker(folder / "job", spec, **kw), folder)
+
+
+@beside_run("test_epochs_train_partial_batches_and_scalars_count_their_examples")
+def _partial_batches(folder: Path) -> Run:
+    # 10 examples in batches of 9 on 2 towers: every other batch holds one example, so
+    # tower 1 has none. 2 epochs are 4 steps.
+    spec = with_(
+        TINY,
+        data={
+            "format": "synthetic",
+            "eval_fraction": 0.0,
+            "params": {"shape": [4, 4], "classes": 2, "size": 10},
+        },
+        batch_size=9,
+        steps=None,
+        epochs=2,
+        summaries={"scalars_every": 1, "histograms_every": 0, "images_every": 0, "trace_steps": []},
+    )
+    return run_in(folder, spec)
+
+
+def test_epochs_train_partial_batches_and_scalars_count_their_examples(run):
+    # The partial batches train, their rate counts one example, and tower 1 writes no loss
+    # where it had no examples (0 would plot as perfect).
+    code, result, log, folder = run
+    assert code == 0, log
+    assert result["step"] == result["total"] == 4
+    acc = event_accumulator.EventAccumulator(
+        str(folder / "job" / "tb" / "train"), size_guidance={"tensors": 0}
+    )
+    acc.Reload()
+
+    def series(tag: str) -> dict[int, float]:
+        return {e.step: float(tf.make_ndarray(e.tensor_proto)) for e in acc.Tensors(tag)}
+
+    assert sorted(series("tower_0/loss")) == [1, 2, 3, 4]
+    assert sorted(series("tower_1/loss")) == [1, 3]
+    times, rates = series("step_time_ms"), series("examples_per_sec")
+    assert sorted(times) == [2, 3, 4]
+    for step, examples in ((2, 1), (3, 9), (4, 1)):
+        assert rates[step] == pytest.approx(examples * 1000 / times[step], rel=1e-4), step
+
+
+@beside_run("test_run_job_of_one_step_has_no_speed_to_report")
+def _one_step(folder: Path) -> Run:
+    return run_in(
+        folder, with_(TINY, steps=1, eval={"every_steps": 0}, summaries={"trace_steps": []})
+    )
+
+
+def test_run_job_of_one_step_has_no_speed_to_report(run):
+    # The only step traces the function, and is not timed: the speed is unknown (null), not 0.
+    code, result, log, folder = run
+    assert code == 0, log
+    [report] = [
+        e for e in read_progress(folder / "job" / "progress.jsonl")[0] if e["event"] == "progress"
+    ]
+    assert report["step"] == 1 and report["examples_per_sec"] is None
+    assert result["metrics"]["examples_per_sec"] is None and result["metrics"]["loss"] > 0
+
+
+@beside_run("test_every_kind_is_written_at_the_last_step")
+def _last_step(folder: Path) -> Run:
+    spec = with_(
+        TINY,
+        steps=23,
+        summaries={
+            "scalars_every": 5,
+            "histograms_every": 10,
+            "images_every": 10,
+            "trace_steps": [],
+        },
+    )
+    return run_in(folder, spec)
+
+
+def test_every_kind_is_written_at_the_last_step(run):
+    # A 23-step job with scalars every 5 ended its charts at step 20.
+    code, _, log, folder = run
+    assert code == 0, log
+    acc = event_accumulator.EventAccumulator(
+        str(folder / "job" / "tb" / "train"), size_guidance={event_accumulator.TENSORS: 0}
+    )
+    acc.Reload()
+    steps = {tag: [e.step for e in acc.Tensors(tag)] for tag in acc.Tags()["tensors"]}
+    assert steps["loss"] == steps["grad_norm"] == steps["tower_1/loss"] == [5, 10, 15, 20, 23]
+    kernels = [t for t in steps if t.startswith("weights/") and t.endswith("kernel")]
+    assert kernels and all(steps[t] == [10, 20, 23] for t in kernels)
+    assert steps["tower_0/inputs"] == steps["tower_1/inputs"] == [10, 20, 23]
+
+
+@beside_run("test_run_job_logistic_on_many_classes_exits_2")
+def _logistic_ten_classes(folder: Path) -> Run:
+    data = folder / "ten.npz"
+    rng = np.random.default_rng(0)
+    np.savez(data, x=rng.random((64, 4, 4), dtype=np.float32), y=np.arange(64) % 10)
+    spec = with_(TINY, model={"name": "logistic"}, data={"format": "npz", "path": str(data)})
+    return run_in(folder, spec)
+
+
+def test_run_job_logistic_on_many_classes_exits_2(run):
+    code, result, log, _ = run
+    assert code == 2, log
+    assert result["message"] == "Model `logistic` needs two-class data. Received: 10 classes"
+
+
+def run_custom_model(tmp_path: Path, module: str, source: str, **changes) -> tuple[int, dict, str]:
+    """Run TINY with the `module:build` model whose source is given, importable by the worker."""
+    (tmp_path / f"{module}.py").write_text(source)
+    spec = with_(TINY, model={"name": f"{module}:build"}, **changes)
+    return run_worker(tmp_path / "job", spec, env={"PYTHONPATH": f"{tmp_path}:{REPO}"})
+
+
+def custom_model_in(folder: Path, module: str, source: str, **changes) -> Run:
+    """run_custom_model, as a run of BESIDE."""
+    return (*run_custom_model(folder, module, source, **changes), folder)
+
+
+@beside_run("test_run_job_non_finite_loss_fails_naming_step")
+def _exploding(folder: Path) -> Run:
+    # A custom `module:function` model whose output turns infinite once its weights move.
+    return custom_model_in(
+        folder,
+        "exploding",
+        "import keras\n"
+        "def build(input_shape, num_classes):\n"
+        "    inputs = keras.Input(input_shape)\n"
+        "    x = keras.layers.Flatten()(inputs)\n"
+        "    x = keras.layers.Dense(num_classes, kernel_initializer='ones')(x)\n"
+        "    return keras.Model(inputs, keras.layers.Lambda(lambda t: t * 1e38)(x))\n",
+        towers=1,
+    )
+
+
+def test_run_job_non_finite_loss_fails_naming_step(run):
+    code, result, log, _ = run
+    assert code == 1, log
+    assert result["outcome"] == "failed"
+    assert result["message"].startswith("Loss became non-finite (")
+    assert result["message"].endswith(f"at step {result['step']}.")
+
+
+@beside_run("test_run_job_trains_and_exports_a_subclassed_custom_model")
+def _subclassed(folder: Path) -> Run:
+    # A `module:function` model written as a keras.Model subclass: no input_shape or
+    # output_shape until it is called, and a layer it builds but never uses.
+    return custom_model_in(
+        folder,
+        "subclassed",
+        "import keras\n"
+        "class Net(keras.Model):\n"
+        "    def __init__(self, num_classes):\n"
+        "        super().__init__()\n"
+        "        self.flatten = keras.layers.Flatten()\n"
+        "        self.hidden = keras.layers.Dense(16, activation='relu')\n"
+        "        self.logits = keras.layers.Dense(num_classes)\n"
+        "        self.spare = keras.layers.Dense(2, name='spare')\n"
+        "    def build(self, input_shape):\n"
+        "        self.spare.build((None, 3))\n"
+        "        super().build(input_shape)\n"
+        "    def call(self, x, training=False):\n"
+        "        return self.logits(self.hidden(self.flatten(x)))\n"
+        "def build(input_shape, num_classes):\n"
+        "    return Net(num_classes)\n",
+    )
+
+
+def test_run_job_trains_and_exports_a_subclassed_custom_model(run):
+    code, result, log, folder = run
+    assert code == 0, log
+    assert result["outcome"] == "succeeded"
+    assert "No gradient reaches" in log and "spare" in log
+    exported = tf.saved_model.load(str(folder / "job" / "export"))
+    assert exported.serve(np.zeros((2, 8, 8, 1), np.float32)).shape == (2, 4)  # TINY's data
+
+
+ONE_LOGIT = (
+    "import keras\n"
+    "def build(input_shape, num_classes):\n"
+    "    inputs = keras.Input(input_shape)\n"
+    "    x = keras.layers.Dense(16, activation='relu')(keras.layers.Flatten()(inputs))\n"
+    "    return keras.Model(inputs, keras.layers.Dense(1)(x))\n"
+)
+
+
+@beside_run("test_run_job_custom_model_with_one_sigmoid_logit_for_two_classes")
+def _one_logit_two_classes(folder: Path) -> Run:
+    two_classes = {"format": "synthetic", "params": {"shape": [8, 8], "classes": 2, "size": 512}}
+    return custom_model_in(folder, "onelogit", ONE_LOGIT, data=two_classes, towers=1, steps=60)
+
+
+def test_run_job_custom_model_with_one_sigmoid_logit_for_two_classes(run):
+    # As `logistic` does: one logit, a sigmoid loss, its sign for the class, and an export
+    # whose probabilities are the sigmoid. It was refused for not giving 2 logits.
+    code, result, log, folder = run
+    assert code == 0, log
+    assert result["eval"]["accuracy"] > 0.9, result  # synthetic classes are easy to tell apart
+    exported = tf.saved_model.load(str(folder / "job" / "export"))
+    out = exported.signatures["serving_default"](images=tf.zeros((3, 8, 8, 1)))
+    assert out["probabilities"].shape == (3, 1)
+    np.testing.assert_allclose(out["probabilities"], tf.sigmoid(out["logits"]), rtol=1e-6)
+
+
+@beside_run("test_run_job_custom_model_with_one_logit_for_four_classes_exits_2")
+def _one_logit_four_classes(folder: Path) -> Run:
+    return custom_model_in(folder, "onelogit", ONE_LOGIT)
+
+
+def test_run_job_custom_model_with_one_logit_for_four_classes_exits_2(run):
+    code, result, log, _ = run
+    assert code == 2, log
+    assert result["message"] == (
+        "Expected model 'onelogit:build' to output logits of shape (batch, 4). "
+        "Received: output shape (1, 1)"
+    )
+
+
+@beside_run("test_run_job_custom_model_that_cannot_run_exits_2")
+def _broken(folder: Path) -> Run:
+    return custom_model_in(
+        folder,
+        "broken",
+        "import keras\n"
+        "def build(input_shape, num_classes):\n"
+        "    inputs = keras.Input((5,))\n"
+        "    return keras.Model(inputs, keras.layers.Dense(num_classes)(inputs))\n",
+    )
+
+
+def test_run_job_custom_model_that_cannot_run_exits_2(run):
+    code, result, log, folder = run
+    assert code == 2, log
+    assert result["message"].startswith("Model 'broken:build' failed on a batch of shape (1, ")
+    assert sorted(p.name for p in (folder / "job").iterdir()) == ["result.json", "spec.json"]
+
+
+USER_BUGS = {
+    "builder-raises": (
+        "def build(input_shape, num_classes):\n    assert input_shape[-1] == 3, 'wants colour images'\n",
+        "Model 'userbug:build' failed to build: AssertionError: wants colour images",
+    ),
+    "module-does-not-parse": (
+        "def build(input_shape, num_classes)\n    pass\n",
+        "Cannot import module 'userbug' of model 'userbug:build': SyntaxError: ",
+    ),
+}
+for _case, (_source, _) in USER_BUGS.items():
+    beside_run(f"test_run_job_custom_model_errors_exit_2_with_a_result[{_case}]")(
+        partial(custom_model_in, module="userbug", source=_source)
+    )
+
+
+@pytest.mark.parametrize("case", list(USER_BUGS))
+def test_run_job_custom_model_errors_exit_2_with_a_result(run, case):
+    # User code can raise anything; the job must still end with exit 2 and say why.
+    code, result, log, folder = run
+    message = USER_BUGS[case][1]
+    assert code == 2, log
+    assert result["outcome"] == "invalid_spec"
+    assert result["message"].startswith(message), result["message"]
+    assert sorted(p.name for p in (folder / "job").iterdir()) == ["result.json", "spec.json"]
+
+
+@beside_run("test_run_job_crash_in_training_reports_its_step")
+def _fuse(folder: Path) -> Run:
+    # A custom layer that fails its own check on its 4th training call: a crash inside
+    # step 4.
+    return custom_model_in(
+        folder,
+        "fuse",
+        "import keras\n"
+        "import tensorflow as tf\n"
+        "class Fuse(keras.layers.Layer):\n"
+        "    def build(self, shape):\n"
+        "        self.calls = self.add_weight(shape=(), initializer='zeros', trainable=False, name='calls')\n"
+        "    def call(self, x, training=False):\n"
+        "        if training:\n"
+        "            self.calls.assign_add(1.0)\n"
+        "            tf.debugging.assert_less(self.calls, 4.0, message='fuse blew')\n"
+        "        return x\n"
+        "def build(input_shape, num_classes):\n"
+        "    inputs = keras.Input(input_shape)\n"
+        "    x = Fuse()(keras.layers.Flatten()(inputs))\n"
+        "    return keras.Model(inputs, keras.layers.Dense(num_classes)(x))\n",
+        towers=1,
+    )
+
+
+def test_run_job_crash_in_training_reports_its_step(run):
+    # The result must say where it happened, not step 0.
+    code, result, log, _ = run
+    assert code == 1, log
+    assert result["outcome"] == "failed"
+    assert "fuse blew" in result["message"]
+    assert result["step"] == 4
+    assert "\n" not in result["message"], result["message"]  # the traceback is in the log
+
+
+@beside_run("test_run_job_failed_step_is_one_line_without_keras_page")
+def _picky(folder: Path) -> Run:
+    # A custom layer that raises only in training, when the train step is traced: Keras
+    # wraps it in a page (ANSI bold, the arguments received) and autograph in a traceback.
+    return custom_model_in(
+        folder,
+        "picky",
+        "import keras\n"
+        "class Picky(keras.layers.Layer):\n"
+        "    def call(self, x, training=False):\n"
+        "        if training:\n"
+        "            raise ValueError('wants colour images only')\n"
+        "        return x\n"
+        "def build(input_shape, num_classes):\n"
+        "    inputs = keras.Input(input_shape)\n"
+        "    x = Picky()(keras.layers.Flatten()(inputs))\n"
+        "    return keras.Model(inputs, keras.layers.Dense(num_classes)(x))\n",
+        towers=1,
+    )
+
+
+def test_run_job_failed_step_is_one_line_without_keras_page(run):
+    # The job's message is the reason and the layer; the log keeps the whole of it.
+    code, result, log, _ = run
+    assert code == 1, log
+    assert result["outcome"] == "failed"
+    assert result["message"] == "ValueError: wants colour images only (in Picky.call())"
+    assert "Arguments received by Picky.call()" in log

@@ -14,7 +14,7 @@ here: two at once, each runs slower.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
@@ -27,7 +27,7 @@ T = TypeVar("T")
 def start_beside(
     request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
-    runs: dict[str, Callable[[Path], T]],
+    runs: Mapping[str, Callable[[Path], T]],
 ) -> Iterator[dict[str, Future[T]]]:
     """For a module-scoped fixture: start `runs[name](folder)`, each in a fresh folder, for
     every test `name` selected in the requesting module, two at a time; yield each test's

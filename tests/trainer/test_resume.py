@@ -7,11 +7,14 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from tests.trainer.beside import start_beside
 from tests.trainer.test_run import TINY, run_worker, start_worker, with_
 from trainer.rundir import read_progress
 
@@ -46,77 +49,6 @@ def resumable(finished: Path, to: Path) -> Path:
 def start_steps(job_dir: Path) -> list[int]:
     return [
         e["step"] for e in read_progress(job_dir / "progress.jsonl")[0] if e["event"] == "start"
-    ]
-
-
-DAMAGE = {
-    "data-cut-short": lambda c: os.truncate(c / "ckpt-30.data-00000-of-00001", 100),
-    "data-missing": lambda c: (c / "ckpt-30.data-00000-of-00001").unlink(),
-    "index-missing": lambda c: (c / "ckpt-30.index").unlink(),
-}
-
-
-@pytest.mark.parametrize("damage", sorted(DAMAGE))
-def test_a_damaged_newest_checkpoint_is_set_aside_for_the_one_before(finished, tmp_path, damage):
-    # A save cut short (SIGKILL, a full disk) or a lost file. The job failed for good,
-    # told its spec had changed ("does not fit this job's model"), or with a bare
-    # "IndexError: Read less bytes than requested".
-    job_dir = resumable(finished, tmp_path / "job")
-    DAMAGE[damage](job_dir / "checkpoints")
-    left = sorted(p.name for p in (job_dir / "checkpoints").glob("ckpt-30.*"))
-    code, result, log = run_worker(job_dir)
-    assert code == 0, log
-    assert result["outcome"] == "succeeded" and result["step"] == 40
-    assert "checkpoints/ckpt-30 is damaged" in log and "resumed from step 20" in log
-    assert start_steps(job_dir) == [0, 20]
-    # Out of the way of the listing and the rotation, but kept for a look.
-    assert sorted(p.name for p in (job_dir / "checkpoints" / "damaged").iterdir()) == left
-    assert sorted(p.name for p in (job_dir / "checkpoints").glob("*.index")) == [
-        "ckpt-20.index",
-        "ckpt-30.index",
-        "ckpt-40.index",
-    ]
-
-
-def test_every_checkpoint_damaged_fails_saying_so_and_moves_nothing(finished, tmp_path):
-    job_dir = resumable(finished, tmp_path / "job")
-    for index in (job_dir / "checkpoints").glob("*.index"):
-        index.unlink()
-    before = sorted(p.name for p in (job_dir / "checkpoints").iterdir())
-    code, result, log = run_worker(job_dir)
-    assert code == 1, log
-    assert result["outcome"] == "failed"
-    assert result["message"].startswith(
-        "CheckpointDamaged: Cannot resume: every checkpoint in checkpoints/ is damaged "
-        "(checkpoints/ckpt-30 is damaged: "
-    ), result["message"]
-    assert result["message"].endswith(
-        "Move checkpoints/ away to train the job again from step 0."
-    ), result["message"]
-    assert "does not fit" not in result["message"]
-    assert sorted(p.name for p in (job_dir / "checkpoints").iterdir()) == before
-
-
-@pytest.mark.parametrize("state", ["missing", "unreadable"])
-def test_a_lost_state_file_is_rebuilt_from_the_checkpoint_files(finished, tmp_path, state):
-    # TensorFlow ignores a missing or unparsable `checkpoint` file: the job trained again
-    # from step 0, over its own checkpoints.
-    job_dir = resumable(finished, tmp_path / "job")
-    state_file = job_dir / "checkpoints" / "checkpoint"
-    if state == "missing":
-        state_file.unlink()
-    else:
-        state_file.write_bytes(b"\x00garbage{")
-    code, result, log = run_worker(job_dir)
-    assert code == 0, log
-    assert result["step"] == 40
-    assert start_steps(job_dir) == [0, 30]
-    assert f"checkpoints/checkpoint was {state}: rebuilt it" in log
-    # Rotation still keeps 3: the rebuilt list is the manager's to rotate.
-    assert sorted(p.name for p in (job_dir / "checkpoints").glob("*.index")) == [
-        "ckpt-20.index",
-        "ckpt-30.index",
-        "ckpt-40.index",
     ]
 
 
@@ -210,17 +142,158 @@ def test_a_run_dir_made_read_only_fails_the_job_in_one_line(small_disk):
     ), last
 
 
-def test_what_a_save_cut_short_left_is_removed(finished, tmp_path):
+# --- resumes started beside each other ------------------------------------------------
+# Each test below reads one worker resuming a damaged copy of the finished job; the
+# resumes start, with the others', when the first of them asks (tests/trainer/beside.py):
+# two at a time, as a worker's start-up keeps one core of two busy. They come last in the
+# module, after the tests that fill or remount a disk under a running worker. None of them
+# depends on how fast its worker goes.
+
+Run = tuple[int, dict, str, Path, list[str]]  # exit code, result, log, run dir, files seen
+BESIDE: dict[str, Callable[[Path, Path], Run]] = {}  # test -> its run (finished job, folder)
+
+
+def beside_run(*tests: str) -> Callable[[Callable[[Path, Path], Run]], Callable[[Path, Path], Run]]:
+    """Register the decorated run as the one the named tests read."""
+
+    def register(run: Callable[[Path, Path], Run]) -> Callable[[Path, Path], Run]:
+        for test in tests:
+            BESIDE[test] = run
+        return run
+
+    return register
+
+
+@pytest.fixture(scope="module")
+def beside(request, tmp_path_factory, finished) -> Iterator[dict[str, Future]]:
+    runs = {name: partial(run, finished) for name, run in BESIDE.items()}
+    yield from start_beside(request, tmp_path_factory, runs)
+
+
+@pytest.fixture
+def run(beside, request) -> Run:
+    """This test's run (BESIDE), once it has ended."""
+    return beside[request.node.name].result()
+
+
+DAMAGE = {
+    "data-cut-short": lambda c: os.truncate(c / "ckpt-30.data-00000-of-00001", 100),
+    "data-missing": lambda c: (c / "ckpt-30.data-00000-of-00001").unlink(),
+    "index-missing": lambda c: (c / "ckpt-30.index").unlink(),
+}
+
+
+def _damaged(damage: str) -> Callable[[Path, Path], Run]:
+    def resume(finished: Path, folder: Path) -> Run:
+        job_dir = resumable(finished, folder / "job")
+        DAMAGE[damage](job_dir / "checkpoints")
+        left = sorted(p.name for p in (job_dir / "checkpoints").glob("ckpt-30.*"))
+        return (*run_worker(job_dir), job_dir, left)
+
+    return resume
+
+
+for _damage in DAMAGE:
+    beside_run(f"test_a_damaged_newest_checkpoint_is_set_aside_for_the_one_before[{_damage}]")(
+        _damaged(_damage)
+    )
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_newest_checkpoint_is_set_aside_for_the_one_before(run, damage):
+    # A save cut short (SIGKILL, a full disk) or a lost file. The job failed for good,
+    # told its spec had changed ("does not fit this job's model"), or with a bare
+    # "IndexError: Read less bytes than requested".
+    code, result, log, job_dir, left = run
+    assert code == 0, log
+    assert result["outcome"] == "succeeded" and result["step"] == 40
+    assert "checkpoints/ckpt-30 is damaged" in log and "resumed from step 20" in log
+    assert start_steps(job_dir) == [0, 20]
+    # Out of the way of the listing and the rotation, but kept for a look.
+    assert sorted(p.name for p in (job_dir / "checkpoints" / "damaged").iterdir()) == left
+    assert sorted(p.name for p in (job_dir / "checkpoints").glob("*.index")) == [
+        "ckpt-20.index",
+        "ckpt-30.index",
+        "ckpt-40.index",
+    ]
+
+
+@beside_run("test_every_checkpoint_damaged_fails_saying_so_and_moves_nothing")
+def _every_index_lost(finished: Path, folder: Path) -> Run:
+    job_dir = resumable(finished, folder / "job")
+    for index in (job_dir / "checkpoints").glob("*.index"):
+        index.unlink()
+    before = sorted(p.name for p in (job_dir / "checkpoints").iterdir())
+    return (*run_worker(job_dir), job_dir, before)
+
+
+def test_every_checkpoint_damaged_fails_saying_so_and_moves_nothing(run):
+    code, result, log, job_dir, before = run
+    assert code == 1, log
+    assert result["outcome"] == "failed"
+    assert result["message"].startswith(
+        "CheckpointDamaged: Cannot resume: every checkpoint in checkpoints/ is damaged "
+        "(checkpoints/ckpt-30 is damaged: "
+    ), result["message"]
+    assert result["message"].endswith(
+        "Move checkpoints/ away to train the job again from step 0."
+    ), result["message"]
+    assert "does not fit" not in result["message"]
+    assert sorted(p.name for p in (job_dir / "checkpoints").iterdir()) == before
+
+
+def _state_file(state: str) -> Callable[[Path, Path], Run]:
+    def resume(finished: Path, folder: Path) -> Run:
+        job_dir = resumable(finished, folder / "job")
+        state_file = job_dir / "checkpoints" / "checkpoint"
+        if state == "missing":
+            state_file.unlink()
+        else:
+            state_file.write_bytes(b"\x00garbage{")
+        return (*run_worker(job_dir), job_dir, [])
+
+    return resume
+
+
+for _state in ("missing", "unreadable"):
+    beside_run(f"test_a_lost_state_file_is_rebuilt_from_the_checkpoint_files[{_state}]")(
+        _state_file(_state)
+    )
+
+
+@pytest.mark.parametrize("state", ["missing", "unreadable"])
+def test_a_lost_state_file_is_rebuilt_from_the_checkpoint_files(run, state):
+    # TensorFlow ignores a missing or unparsable `checkpoint` file: the job trained again
+    # from step 0, over its own checkpoints.
+    code, result, log, job_dir, _ = run
+    assert code == 0, log
+    assert result["step"] == 40
+    assert start_steps(job_dir) == [0, 30]
+    assert f"checkpoints/checkpoint was {state}: rebuilt it" in log
+    # Rotation still keeps 3: the rebuilt list is the manager's to rotate.
+    assert sorted(p.name for p in (job_dir / "checkpoints").glob("*.index")) == [
+        "ckpt-20.index",
+        "ckpt-30.index",
+        "ckpt-40.index",
+    ]
+
+
+@beside_run("test_what_a_save_cut_short_left_is_removed")
+def _torn_save(finished: Path, folder: Path) -> Run:
     # SIGKILL while TensorFlow writes ckpt-40 leaves ckpt-40_temp/ (as large as a
     # checkpoint, by the time the data is written) that nothing ever removed.
-    job_dir = resumable(finished, tmp_path / "job")
+    job_dir = resumable(finished, folder / "job")
     torn = job_dir / "checkpoints" / "ckpt-40_temp"
     torn.mkdir()
     (torn / "part-00000-of-00001.data-00000-of-00001.tempstate8172121586601828615").write_bytes(
         b"\0" * 4096
     )
-    code, result, log = run_worker(job_dir)
+    return (*run_worker(job_dir), job_dir, [])
+
+
+def test_what_a_save_cut_short_left_is_removed(run):
+    code, result, log, job_dir, _ = run
     assert code == 0, log
     assert "removed ckpt-40_temp, left by a save cut short" in log
     assert "resumed from step 30" in log and result["step"] == 40
-    assert not torn.exists()
+    assert not (job_dir / "checkpoints" / "ckpt-40_temp").exists()

@@ -13,7 +13,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -218,12 +217,18 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
 """
 
 
-@pytest.fixture
-def guarded(tmp_path: Path) -> Iterator[Callable[[str], str]]:
-    """`guarded(token)`: the app wrapped in BrowserGuard under a real uvicorn; its URL."""
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], str]]:
+    """`guarded(token)`: the app wrapped in BrowserGuard under a real uvicorn; its URL. One
+    app a token for the module: the tests only send it requests that change nothing, and
+    each app's start takes a second or more (a Python process importing the service)."""
+    tmp_path = tmp_path_factory.mktemp("guarded")
     started: list[subprocess.Popen[bytes]] = []
+    urls: dict[str, str] = {}
 
     def start(token: str = "") -> str:
+        if token in urls:
+            return urls[token]
         port = free_port()
         env = fake_worker_env(tmp_path)
         process = subprocess.Popen(
@@ -236,6 +241,7 @@ def guarded(tmp_path: Path) -> Iterator[Callable[[str], str]]:
         while time.monotonic() < deadline:
             try:
                 if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    urls[token] = url
                     return url
             except httpx.TransportError:
                 time.sleep(0.05)

@@ -6,7 +6,6 @@ import json
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -104,9 +103,7 @@ def test_serve_data_dir_that_cannot_be_made_exits_1_in_one_line(tmp_path: Path) 
     ), line
 
 
-def test_read_openapi_lists_every_route(make_service: Callable[..., Service]) -> None:
-    service = make_service()
-    service.start()
+def test_read_openapi_lists_every_route(service: Service) -> None:
     paths = httpx.get(f"{service.base_url}/openapi.json").json()["paths"]
     assert set(paths) == {
         "/api/v1/jobs",
@@ -146,9 +143,7 @@ def test_read_openapi_lists_every_route(make_service: Callable[..., Service]) ->
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
 
 
-def test_read_dashboard(make_service: Callable[..., Service]) -> None:
-    service = make_service()
-    service.start()
+def test_read_dashboard(service: Service) -> None:
     page = httpx.get(f"{service.base_url}/")
     assert page.status_code == 200
     assert page.headers["content-type"].startswith("text/html")

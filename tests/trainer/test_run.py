@@ -145,8 +145,13 @@ def test_run_job_short_job_reports_enough_points_for_a_chart(tmp_path):
     assert code == 0, log
     events, _ = read_progress(tmp_path / "job" / "progress.jsonl")
     reports = [e for e in events if e["event"] == "progress"]
-    # At every 20th step (a hundredth of the job), at most 4 a second.
-    assert all(e["step"] % 20 == 0 for e in reports), [e["step"] for e in reports]
+    # At every 20th step (a hundredth of the job), at most 4 a second; another step only
+    # for the report that is due every 2 s anyway (steps slowed down by a busy machine).
+    pairs = zip([None, *reports], reports, strict=False)
+    off_grid = [(a, b) for a, b in pairs if b["step"] % 20]
+    assert all(a is None or b["time"] - a["time"] >= 1.9 for a, b in off_grid), [
+        e["step"] for e in reports
+    ]
     gaps = [b["time"] - a["time"] for a, b in zip(reports, reports[1:], strict=False)]
     assert all(gap >= 0.24 for gap in gaps[:-1]), gaps  # the last is the final step's
     trained = reports[-1]["time"] - reports[0]["time"]

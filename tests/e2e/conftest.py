@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, Playwright
@@ -35,3 +36,14 @@ def browser(playwright: Playwright) -> Iterator[Browser]:
     browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
     yield browser
     browser.close()
+
+
+@pytest.fixture
+def session(browser: Browser, service: Any) -> Iterator[Any]:
+    """A laptop-wide page (`tests.e2e.test_dashboard.Session`) on the test module's own
+    `service` fixture, closed after the test (test_dashboard keeps one per module)."""
+    from tests.e2e.test_dashboard import LAPTOP, open_session
+
+    session = open_session(browser, service, LAPTOP)
+    yield session
+    session.context.close()

@@ -64,13 +64,6 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     svc.close()
 
 
-@pytest.fixture
-def session(browser: Browser, service: Service) -> Iterator[Session]:
-    session = open_session(browser, service, LAPTOP)
-    yield session
-    session.context.close()
-
-
 def test_mangled_job_link_says_no_such_job(session: Session) -> None:
     """A job link cut short mid-escape (`%E0%A4%A`, from a truncated copy) names the job
     it could not find, rather than leaving a blank page and an uncaught URIError."""

@@ -18,7 +18,6 @@ from playwright.sync_api import Browser, Page, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import (
-    LAPTOP,
     LOG_POLL_MS,
     PHONE,
     TERMINAL,
@@ -49,13 +48,6 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     svc.start()
     yield svc
     svc.close()
-
-
-@pytest.fixture
-def session(browser: Browser, service: Service) -> Iterator[Session]:
-    session = open_session(browser, service, LAPTOP)
-    yield session
-    session.context.close()
 
 
 def worker_exited(service: Service, job_id: str, timeout: float = 30.0) -> None:

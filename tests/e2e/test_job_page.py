@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Locator, Page, expect
+from playwright.sync_api import Locator, Page, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
-from tests.e2e.test_dashboard import LAPTOP, Session, open_session
+from tests.e2e.test_dashboard import Session
 from tests.service.harness import Service, job_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
@@ -60,13 +60,6 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     svc.start()
     yield svc
     svc.close()
-
-
-@pytest.fixture
-def session(browser: Browser, service: Service) -> Iterator[Session]:
-    session = open_session(browser, service, LAPTOP)
-    yield session
-    session.context.close()
 
 
 def finished(service: Service, name: str) -> str:

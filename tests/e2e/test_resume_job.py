@@ -111,13 +111,6 @@ def stepping(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     svc.close()
 
 
-@pytest.fixture
-def session(browser: Browser, service: Service) -> Iterator[Session]:
-    session = open_session(browser, service, LAPTOP)
-    yield session
-    session.context.close()
-
-
 def cancelled(service: Service, spec: dict[str, Any] | None = None) -> dict[str, Any]:
     """A stand-in job that ran, was cancelled, and whose worker has exited: resumable."""
     job = service.submit(spec or job_spec(name="wait"))

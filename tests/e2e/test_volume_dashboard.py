@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, expect
+from playwright.sync_api import expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
-from tests.e2e.test_dashboard import LAPTOP, Session, open_session
+from tests.e2e.test_dashboard import Session
 from tests.service.harness import Service, job_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
@@ -51,13 +51,6 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     svc.start()
     yield svc
     svc.close()
-
-
-@pytest.fixture
-def session(browser: Browser, service: Service) -> Iterator[Session]:
-    session = open_session(browser, service, LAPTOP)
-    yield session
-    session.context.close()
 
 
 def test_a_job_of_many_reports_draws_a_bounded_chart(

@@ -31,7 +31,8 @@ def start_beside(
 ) -> Iterator[dict[str, Future[T]]]:
     """For a module-scoped fixture: start `runs[name](folder)`, each in a fresh folder, for
     every test `name` selected in the requesting module, two at a time; yield each test's
-    future, and wait for every run before the module ends (no worker outlives it)."""
+    future. When the module ends, runs no test has asked for yet (a test stopped short, or
+    -x) are not started, and the ones going are waited for: no worker outlives the module."""
     selected = [
         item.name
         for item in request.session.items
@@ -44,4 +45,4 @@ def start_beside(
             for name in selected
         }
     finally:
-        pool.shutdown(wait=True)
+        pool.shutdown(wait=True, cancel_futures=True)

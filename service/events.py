@@ -10,7 +10,14 @@ Batched, because a job's progress.jsonl read on after a while comes as one burst
 lines (hundreds of thousands after a service restart): one loop wake-up each, every one
 a write to the loop's self-pipe and a switch between the threads, took 8 s for 200,000
 events with 20 listeners. A batch holds at most a listener queue's worth of each job's
-events, the newest: a listener would keep no more of them.
+events, the newest: a listener would keep no more of them (and one that would have had
+more is ended, below).
+
+A listener that falls a queue's worth of events behind (a client reading slower than a
+burst comes) has its stream ended rather than left to skip events silently: a skipped
+`state` event would leave a page showing a job running that had ended. Its client
+reconnects by itself (EventSource does; so does `towerboard submit --watch`), and a reconnected
+client reads again what it may have missed.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from service.store import JobRecord
 
 log = logging.getLogger(__name__)
 
-# A listener that falls this far behind loses its oldest events rather than holding memory.
+# A listener that falls this far behind is ended (LAGGED) rather than holding memory.
 _QUEUE_SIZE = 1024
 # How long a stream has, once the server is stopping, to end itself (well within the
 # 5 s uvicorn gives open connections): ended, its client sees a complete response.
@@ -66,6 +73,11 @@ class JobEvent:
         return ServerSentEvent(event=self.event, data=data).encode()
 
 
+# What a listener's queue holds once the listener has fallen too far behind: its stream
+# ends there (`next_event` returns None), and its client reconnects and reads again.
+LAGGED = JobEvent("", "lagged", {})
+
+
 class EventBroker:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -74,8 +86,12 @@ class EventBroker:
         # Events published and not yet handed out, by job, each with its place in the order
         # of publishing (to interleave them again for the listeners of every job).
         self._pending: dict[str, deque[tuple[int, JobEvent]]] = {}
+        # Jobs whose pending events overflowed the batch: their listeners have missed some.
+        self._overflowed: set[str] = set()
         self._order = itertools.count()
         self._pending_lock = threading.Lock()
+        # Listeners that fell behind: their queues hold LAGGED alone until they go.
+        self._lagged: set[asyncio.Queue[JobEvent]] = set()
 
     def publish(self, event: JobEvent) -> None:
         """Hand an event to every listener of its job; callable from any thread."""
@@ -86,6 +102,8 @@ class EventBroker:
             queue = self._pending.get(event.job_id)
             if queue is None:
                 queue = self._pending[event.job_id] = deque(maxlen=_QUEUE_SIZE)
+            if len(queue) == _QUEUE_SIZE:
+                self._overflowed.add(event.job_id)
             queue.append((next(self._order), event))
         if first:
             try:
@@ -93,10 +111,16 @@ class EventBroker:
             except RuntimeError:  # the loop stopped meanwhile: nobody listens
                 with self._pending_lock:
                     self._pending.clear()
+                    self._overflowed.clear()
 
     def _flush(self) -> None:
         with self._pending_lock:
             pending, self._pending = self._pending, {}
+            overflowed, self._overflowed = self._overflowed, set()
+        for job_id in overflowed:
+            for key in (job_id, None):
+                for queue in self._listeners.get(key, ()):
+                    self._lag(queue)
         for _, event in heapq.merge(*pending.values(), key=lambda item: item[0]):
             self._deliver(event)
 
@@ -104,8 +128,23 @@ class EventBroker:
         for key in (event.job_id, None):
             for queue in self._listeners.get(key, ()):
                 if queue.full():
-                    queue.get_nowait()
-                queue.put_nowait(event)
+                    self._lag(queue)
+                elif queue not in self._lagged:
+                    queue.put_nowait(event)
+
+    def _lag(self, queue: asyncio.Queue[JobEvent]) -> None:
+        """End a listener that has missed events: what its queue holds will not be sent,
+        and its stream ends at LAGGED."""
+        if queue in self._lagged:
+            return
+        while not queue.empty():
+            queue.get_nowait()
+        queue.put_nowait(LAGGED)
+        self._lagged.add(queue)
+        log.info(
+            "An event stream fell behind by %d events: ended, for its client to reconnect",
+            _QUEUE_SIZE,
+        )
 
     @contextlib.contextmanager
     def listen(self, job_id: str | None) -> Iterator[asyncio.Queue[JobEvent]]:
@@ -116,6 +155,7 @@ class EventBroker:
         try:
             yield queue
         finally:
+            self._lagged.discard(queue)
             listeners = self._listeners.get(job_id)
             if listeners is not None:
                 listeners.discard(queue)
@@ -144,16 +184,22 @@ def ready_events(queue: asyncio.Queue[JobEvent], first: JobEvent, most: int) -> 
     write per event and listener, and kept the loop from answering anything else."""
     events = [first]
     while len(events) < most and not queue.empty():
-        events.append(queue.get_nowait())
+        event = queue.get_nowait()
+        if event is LAGGED:  # alone in its queue: left there, for next_event to end on
+            queue.put_nowait(LAGGED)
+            break
+        events.append(event)
     return events
 
 
 async def next_event(queue: asyncio.Queue[JobEvent], stopping: anyio.Event) -> JobEvent | None:
-    """The queue's next event, or None once `stopping` is set."""
+    """The queue's next event, or None once `stopping` is set or the listener has fallen
+    too far behind (LAGGED): either way its stream ends there."""
     if stopping.is_set():
         return None
     if not queue.empty():
-        return queue.get_nowait()
+        event = queue.get_nowait()
+        return None if event is LAGGED else event
     getter = asyncio.ensure_future(queue.get())
     stopper = asyncio.ensure_future(stopping.wait())
     try:
@@ -162,4 +208,6 @@ async def next_event(queue: asyncio.Queue[JobEvent], stopping: anyio.Event) -> J
         stopper.cancel()
         if not getter.done():
             getter.cancel()  # a get cancelled while waiting takes nothing from the queue
-    return getter.result() if getter.done() and not getter.cancelled() else None
+    if not getter.done() or getter.cancelled() or getter.result() is LAGGED:
+        return None
+    return getter.result()

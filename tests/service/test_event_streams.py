@@ -1,22 +1,27 @@
 """Event streams (Server-Sent Events): as the service stops, each open stream is ended
 cleanly, and the stop logs no error for them; a burst of events reaches the listeners in
-one hand-over, each listener keeping the newest of what it follows."""
+one hand-over; a listener that falls too far behind has its stream ended, for its client
+to reconnect and read again, rather than skipping events without a word."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import os
+import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import anyio
 import httpx
 
-from service.events import EventBroker, JobEvent
+from service.events import LAGGED, EventBroker, JobEvent, next_event, ready_events
 from service.routes.events import stream_all_events
 from tests.service.harness import Service, fake_worker_env, job_spec
 
@@ -73,10 +78,11 @@ def loop_in_thread() -> Iterator[asyncio.AbstractEventLoop]:
         loop.close()
 
 
-def test_a_burst_of_events_wakes_the_loop_once_and_listeners_keep_the_newest() -> None:
+def test_a_burst_of_events_wakes_the_loop_once_and_ends_the_listeners_it_overflows() -> None:
     """A progress.jsonl read on after a restart is a burst of lines: each event woke the
     loop on its own (8 s for 200,000 with 20 listeners). Now a burst is handed over at
-    once, and every listener ends with what its own queue would have kept."""
+    once. A listener of the job (or of every job) would miss events in a burst larger than
+    its queue: it is ended (LAGGED) instead; a listener of another job keeps its own."""
     with loop_in_thread() as loop:
         broker = EventBroker(loop)
         listening: list[contextlib.AbstractContextManager[asyncio.Queue[JobEvent]]] = []
@@ -113,15 +119,15 @@ def test_a_burst_of_events_wakes_the_loop_once_and_listeners_keep_the_newest() -
         woken_by_the_burst = wakes
         release.set()
 
-        async def drain(queue: asyncio.Queue[JobEvent]) -> list[tuple[str, int]]:
+        async def drain(queue: asyncio.Queue[JobEvent]) -> list[JobEvent]:
             await asyncio.sleep(0)
-            return [(event.job_id, event.data["n"]) for event in iter_queue(queue)]
+            return list(iter_queue(queue))
 
         got_a, got_b, got_all = run(drain(of_a)), run(drain(of_b)), run(drain(of_all))
         assert woken_by_the_burst == 1
-        assert got_b == [("b", -1)]  # not pushed out by the other job's burst
-        assert got_a == [("a", n) for n in range(5000 - 1024, 5000)]
-        assert got_all == [("a", n) for n in range(5000 - 1024, 5000)]
+        assert got_b == [JobEvent("b", "state", {"n": -1})]  # not touched by the other's burst
+        assert got_a == [LAGGED]
+        assert got_all == [LAGGED]
         for listener in listening:
             listener.__exit__(None, None, None)
 
@@ -164,3 +170,109 @@ def test_the_all_jobs_stream_sends_a_burst_in_few_writes() -> None:
         writes, events = thread.submit(asyncio.run, scenario()).result()
     assert events == [{"job_id": "a", "step": step} for step in range(1000)]
     assert len(writes) <= 4
+
+
+def test_a_listener_that_falls_behind_is_ended_and_the_others_go_on() -> None:
+    """Events arriving in many small hand-overs to a listener that does not read fill its
+    queue: it was made to drop its oldest events without a word, so a `state` event among
+    them could be lost and a page go on showing an ended job as running. Now the events
+    it holds are dropped and its stream ends at LAGGED (once); a listener that reads keeps
+    every event, and the listener of another job is not touched."""
+
+    async def scenario() -> None:
+        broker = EventBroker(asyncio.get_running_loop())
+        stopping = anyio.Event()
+        with broker.listen("a") as slow, broker.listen(None) as reader, broker.listen("b") as other:
+            got: list[int] = []
+            for n in range(3000):
+                broker.publish(JobEvent("a", "progress", {"n": n}))
+                await asyncio.sleep(0)  # a hand-over each: no batch overflows
+                while not reader.empty():
+                    got.append(reader.get_nowait().data["n"])
+            assert got == list(range(3000))
+            assert list(iter_queue(slow)) == [LAGGED]  # once, though it overflowed again
+            assert other.empty()
+            broker.publish(JobEvent("a", "state", {"state": "succeeded"}))
+            await asyncio.sleep(0)
+            assert slow.empty()  # nothing more for a listener already ended
+            broker.publish(JobEvent("b", "state", {"n": 1}))
+            await asyncio.sleep(0)
+            assert await next_event(other, stopping) == JobEvent("b", "state", {"n": 1})
+
+            # The stream of a listener ended while it was taking a batch: the events before
+            # LAGGED go out, and the next read ends it.
+            with broker.listen("c") as late:
+                for n in range(3):
+                    broker.publish(JobEvent("c", "progress", {"n": n}))
+                await asyncio.sleep(0)
+                first = await next_event(late, stopping)
+                assert first is not None
+                for n in range(3, 1030):
+                    broker.publish(JobEvent("c", "progress", {"n": n}))
+                    await asyncio.sleep(0)
+                assert ready_events(late, first, 256) == [first]
+                assert await next_event(late, stopping) is None
+
+    with ThreadPoolExecutor(1) as thread:  # see test_the_all_jobs_stream_sends_a_burst
+        thread.submit(asyncio.run, scenario()).result()
+
+
+# `python -m burst_worker run --job-dir DIR`: BURST progress lines in one write, then it
+# runs until SIGTERM stops it as the trainer stops.
+BURST = 40_000
+BURST_WORKER = f"""\
+import json, signal, sys, time
+from pathlib import Path
+
+job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1])
+stopped = []
+signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
+now, pad = time.time(), "x" * 100
+lines = [dict(event="progress", step=k, total={BURST}, time=now, loss=1.0 / k, note=pad)
+         for k in range(1, {BURST} + 1)]
+(job_dir / "progress.jsonl").write_text("".join(json.dumps(line) + "\\n" for line in lines))
+while not stopped:
+    time.sleep(0.05)
+(job_dir / "result.json").write_text(json.dumps({{"outcome": "cancelled", "message": "stop"}}))
+sys.exit(3)
+"""
+
+
+def test_a_client_that_does_not_read_a_burst_gets_its_stream_ended(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    """A dashboard that does not read while a burst comes (a tab in the background, a slow
+    link) fills the kernel's buffers, then its listener's queue. Its stream went on, its
+    events past the queue's worth gone without a word; now the stream ends, cleanly (a
+    complete response: EventSource reconnects by itself), and a read then finds the job
+    as it is. A raw socket with a small receive buffer stands for the slow client."""
+    (tmp_path / "burst_worker.py").write_text(BURST_WORKER)
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    service = make_service(env={"TOWERBOARD_WORKER_MODULE": "burst_worker", "PYTHONPATH": path})
+    service.start()
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window
+    client.settimeout(30)
+    client.connect(("127.0.0.1", service.port))
+    with client:
+        host = f"127.0.0.1:{service.port}".encode()
+        client.sendall(
+            b"GET /api/v1/events HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n\r\n"
+        )
+        received = b""
+        while b"following every job" not in received:  # subscribed
+            received += client.recv(4096)
+        assert received.startswith(b"HTTP/1.1 200 OK"), received
+        job = service.submit(job_spec(name="burst"))
+        service.wait_for(job["id"], lambda j: (j["progress"] or {}).get("step") == BURST)
+        # To the end of the response, which closes the connection; a stream left open
+        # (pinged every 15 s) is still open at the deadline.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (chunk := client.recv(1 << 16)):
+            received += chunk
+    assert received.endswith(b"0\r\n\r\n"), received[-200:]  # the chunked body's end
+    sent = received.count(b"event: progress")
+    # Ended where it fell behind: in the kernel's buffers and its queue, or at once where
+    # the service took more of the job's lines in one hand-over than a queue holds.
+    assert sent < BURST, sent
+    assert service.job(job["id"])["progress"]["step"] == BURST  # what a re-read finds

@@ -116,7 +116,8 @@ export function mountJob(view, jobId) {
   });
 
   view.append(
-    h("p", { class: "crumbs" }, h("a", { href: "#/" }, "← Jobs")),
+    // Back to the list as it was last shown, its state filter and name search kept.
+    h("p", { class: "crumbs" }, h("a", { href: jobsListHash() }, "← Jobs")),
     notFound,
     h("div", { class: "job-head" },
       h("div", { class: "job-heading" }, title, badge),

@@ -1,4 +1,5 @@
-// The jobs table: every job's state and progress at a glance, filtered by state, live.
+// The jobs table: every job's state and progress at a glance, filtered by state and by
+// name, live.
 //
 // One Server-Sent-Events stream of every job's events keeps the rows live (progress as the
 // workers write it; new jobs and state changes as they happen). The list is re-read when
@@ -6,6 +7,8 @@
 // safety net. "Show more" reads the next page from the API's next_cursor; a re-read reads
 // as many rows as are shown, MAX_LIMIT at a time. A job deleted (here, elsewhere or from the
 // CLI: the stream's `deleted`) leaves the table at once, and no read still out brings it back.
+// The name search asks the API (`?name=`) and keeps the stream's new jobs to those whose
+// names hold the text as the API matches them (SQLite's LIKE: any case, ASCII only).
 
 import { STATES, TERMINAL, followAllJobs, getJSON } from "./api.js";
 import {
@@ -16,6 +19,8 @@ import {
 const POLL_MS = 15000;
 const PAGE = 50;
 const MAX_LIMIT = 200; // the API's largest page
+const MAX_NAME = 200; // the API's longest `name` filter
+const SEARCH_MS = 250; // typing pauses this long before the list is read again
 
 const COLUMNS = [
   ["name", "Name"], ["state", "State"], ["progress", "Progress"], ["loss", "Loss"],
@@ -57,7 +62,7 @@ export function applyProgressEvent(job, event) {
 }
 
 let moment = 0;
-let listHash = "#/"; // the list last shown, filter and all: where a job page goes back to
+let listHash = "#/"; // the list last shown, filters and all: where a job page goes back to
 let pendingNotice = ""; // said atop the list the next time it is shown
 
 /** The jobs list as last shown (its filter kept), for a job page to go back to. */
@@ -69,6 +74,25 @@ export function jobsListHash() {
  *  goes back to the list, which says so). */
 export function noticeOnJobs(text) {
   pendingNotice = text;
+}
+
+/** The jobs list's address for a state filter and a name search ("" for none). */
+export function listAddress(state, name) {
+  const params = new URLSearchParams();
+  if (state) params.set("state", state);
+  if (name) params.set("name", name);
+  return params.size ? `#/?${params}` : "#/";
+}
+
+/** Lower case for ASCII letters alone, as SQLite's LIKE compares them. */
+function asciiLower(text) {
+  return text.replace(/[A-Z]/g, (c) => c.toLowerCase());
+}
+
+/** Whether a job's name holds `text` as the API's `?name=` finds it: in any case of the
+ *  ASCII letters, `%` and `_` taken literally. */
+export function nameHolds(name, text) {
+  return asciiLower(name).includes(asciiLower(text));
 }
 
 /** A strictly increasing count, to order what the stream said against the start of an
@@ -96,7 +120,8 @@ export function fresher(known, streamedAt, snapshot, askedAt) {
 
 export function mountJobs(view, query) {
   const filter = STATES.includes(query.get("state")) ? query.get("state") : "";
-  listHash = filter ? `#/?state=${filter}` : "#/";
+  let search = (query.get("name") || "").trim().slice(0, MAX_NAME); // "" for none
+  listHash = listAddress(filter, search);
   let jobs = new Map(); // id -> job, in list order
   let count = 0;
   let nextCursor = null; // the API's cursor for the rows after those shown
@@ -116,17 +141,51 @@ export function mountJobs(view, query) {
       class: "chip",
       dataset: { state },
       "aria-pressed": String(state === filter),
-      // The hash change mounts the table again, with this filter.
-      onclick: () => { location.hash = state ? `#/?state=${state}` : "#/"; },
+      // The hash change mounts the table again, with this filter (and the search kept).
+      onclick: () => { location.hash = listAddress(state, search); },
     }, state || "all")));
+  // Typing reads the list again (after a pause) without mounting it again, so the field
+  // keeps the focus; the address follows (replaced, not pushed: Back leaves the list).
+  const searchBox = h("input", {
+    type: "search", id: "jobs-search", class: "search", value: search,
+    maxlength: String(MAX_NAME), placeholder: "Find by name", autocomplete: "off",
+    spellcheck: "false", "aria-label": "Find jobs by name", "aria-controls": "jobs-table",
+  });
+  let typing = null;
+  const searchNow = () => {
+    clearTimeout(typing);
+    typing = null;
+    const text = searchBox.value.trim();
+    if (text === search) return;
+    search = text;
+    listHash = listAddress(filter, search);
+    history.replaceState(history.state, "", listHash);
+    wanted = PAGE; // a new search starts from its first page
+    refresh();
+  };
+  searchBox.addEventListener("input", () => {
+    clearTimeout(typing);
+    typing = setTimeout(searchNow, SEARCH_MS);
+  });
+  searchBox.addEventListener("keydown", (event) => {
+    if (event.key === "Enter") searchNow();
+    else if (event.key === "Escape" && searchBox.value) {
+      event.preventDefault();
+      searchBox.value = "";
+      searchNow();
+    }
+  });
+  const clearSearch = h("button", { type: "button", class: "clear-search",
+    onclick: () => { searchBox.value = ""; searchNow(); searchBox.focus(); } }, "Clear search");
   // Focusable from script only: where the keyboard goes on when the last row it was on goes.
   const summary = h("p", { class: "muted small", id: "jobs-summary", tabindex: "-1" }, "Loading…");
   const tbody = h("tbody");
   const table = h("table", { class: "jobs", id: "jobs-table" },
     h("thead", {}, h("tr", {}, COLUMNS.map(([key, label]) => h("th", { class: `col-${key}` }, label)))),
     tbody);
+  const emptyText = h("p");
   const empty = h("div", { class: "empty", hidden: true },
-    h("p", {}, "No jobs here yet."), h("a", { class: "button", href: "#/submit" }, "Submit a job"));
+    emptyText, h("a", { class: "button", href: "#/submit" }, "Submit a job"), clearSearch);
   const more = h("button", { type: "button", class: "more", hidden: true, onclick: showMore },
     "Show more");
   const error = h("p", { class: "error", role: "alert", hidden: true });
@@ -142,7 +201,7 @@ export function mountJobs(view, query) {
   view.append(
     h("div", { class: "view-head" }, h("h1", {}, "Jobs"),
       h("a", { class: "button primary", href: "#/submit" }, "New job")),
-    flash, chips, error, notice.el, h("div", { class: "table-wrap" }, table), empty, summary,
+    flash, h("div", { class: "filters" }, chips, searchBox), error, notice.el, h("div", { class: "table-wrap" }, table), empty, summary,
     more,
   );
   if (pendingNotice) {
@@ -197,12 +256,22 @@ export function mountJobs(view, query) {
     for (const id of rows.keys()) if (!jobs.has(id)) rows.delete(id);
     empty.hidden = order.length > 0;
     table.hidden = order.length === 0;
+    emptyText.textContent = search ? `No ${filter ? `${filter} ` : ""}jobs match “${search}”.`
+      : "No jobs here yet.";
+    clearSearch.hidden = !search;
     const shown = order.length;
-    summary.textContent = `${shown} of ${count} job${count === 1 ? "" : "s"}${filter ? ` ${filter}` : ""}`;
+    const matching = search ? ` matching “${search}”` : "";
+    summary.textContent =
+      `${shown} of ${count} job${count === 1 ? "" : "s"}${filter ? ` ${filter}` : ""}${matching}`;
     more.hidden = !nextCursor;
     for (const button of chips.children) {
       button.setAttribute("aria-pressed", String(button.dataset.state === filter));
     }
+  }
+
+  /** Whether the list as filtered holds `job` (its name never changes; its state may). */
+  function shows(job) {
+    return (!filter || job.state === filter) && (!search || nameHolds(job.name, search));
   }
 
   // Re-read the list soon, once for a burst of events (a queue of submissions, say).
@@ -225,7 +294,7 @@ export function mountJobs(view, query) {
       const known = jobs.get(job.job_id);
       if (known?.state !== job.state) window.dispatchEvent(new CustomEvent("towerboard:state"));
       if (!known) {
-        if (filter && job.state !== filter) return;
+        if (!shows(job)) return;
         // Newer than every row (just submitted): it goes on top, as the list would have it.
         // Elsewhere (an older job entering the filter) the list says where it goes.
         const first = jobs.values().next().value;
@@ -291,6 +360,7 @@ export function mountJobs(view, query) {
     do {
       const params = new URLSearchParams({ limit: String(Math.min(MAX_LIMIT, limit - data.length)) });
       if (filter) params.set("state", filter);
+      if (search) params.set("name", search);
       if (cursor) params.set("cursor", cursor);
       page = await getJSON(`/api/v1/jobs?${params}`);
       if (stopped || id !== reads) return null;
@@ -317,7 +387,7 @@ export function mountJobs(view, query) {
       const next = new Map(merge(kept, asked));
       // Rows the stream added while the list was read are not in it yet.
       const added = [...arrived].filter(([job, at]) => at > asked && !next.has(job) &&
-        jobs.has(job) && (!filter || jobs.get(job).state === filter));
+        jobs.has(job) && shows(jobs.get(job)));
       jobs = new Map([...added.map(([job]) => [job, jobs.get(job)]), ...next]);
       for (const job of streamed.keys()) if (!jobs.has(job)) streamed.delete(job);
       for (const [job, at] of arrived) if (at <= asked) arrived.delete(job);
@@ -375,6 +445,7 @@ export function mountJobs(view, query) {
     stopped = true;
     clearTimeout(timer);
     clearTimeout(soon);
+    clearTimeout(typing);
     clearInterval(ticker);
     closeStream();
   };

@@ -46,6 +46,7 @@ def _listen(host: str, port: int) -> socket.socket:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from service.headtimeout import head_timeout_protocol
     from service.main import DataDirInUse, create_app, lock_data_dir
 
     log = logging.getLogger("towerboard")
@@ -122,6 +123,7 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         access_log=args.access_log,
         timeout_graceful_shutdown=5,
+        http=head_timeout_protocol(settings.head_timeout_seconds),
     )
     Server(config).run(sockets=[sock])
     return 0

@@ -73,6 +73,13 @@ class Settings(BaseSettings):
         "restart and are adopted instead.",
     )
     worker_nice: int = Field(10, ge=0, le=19, description="CPU niceness added to workers.")
+    head_timeout_seconds: float = Field(
+        20.0,
+        gt=0,
+        le=3600,
+        description="Close a connection whose request head is not whole this long after it "
+        "opened, or after its last response (uvicorn sets no such deadline).",
+    )
     poll_seconds: float = Field(
         0.2, gt=0, le=1.0, description="How often progress files and workers are checked."
     )

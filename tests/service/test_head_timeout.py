@@ -1,0 +1,92 @@
+"""A real `towerboard serve` closes a connection whose request head does not come whole in
+time (TOWERBOARD_HEAD_TIMEOUT_SECONDS, 1 s here): uvicorn held one open for ever if it sent
+nothing, or a header line now and then (slowloris), until the service ran out of
+connections. Requests that come whole, kept-alive connections between them, and a long
+response (an event stream) are not touched."""
+
+from __future__ import annotations
+
+import select
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.service.harness import Service
+
+TIMEOUT = 1.0
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    svc = Service(
+        tmp_path_factory.mktemp("head") / "data",
+        {"TOWERBOARD_HEAD_TIMEOUT_SECONDS": str(TIMEOUT)},
+    )
+    svc.start()
+    yield svc
+    svc.close()
+
+
+def connect(service: Service) -> socket.socket:
+    client = socket.create_connection(("127.0.0.1", service.port), timeout=10)
+    return client
+
+
+def closed_after(client: socket.socket) -> float:
+    """Seconds until the service closes the connection (reading whatever it sends)."""
+    start = time.monotonic()
+    while client.recv(4096):
+        pass
+    return time.monotonic() - start
+
+
+def request(service: Service, path: str) -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{service.port}\r\n\r\n".encode()
+
+
+def test_a_connection_that_sends_nothing_is_closed(service: Service) -> None:
+    with connect(service) as client:
+        assert closed_after(client) < TIMEOUT + 5  # and not 10 s: recv would have raised
+
+
+def test_a_head_sent_a_line_at_a_time_is_closed_at_its_deadline(service: Service) -> None:
+    with connect(service) as client:
+        client.sendall(b"GET /healthz HTTP/1.1\r\n")
+        start, closed = time.monotonic(), False
+        for n in range(100):  # a header line every 0.2 s: each put uvicorn's deadline off
+            try:
+                client.sendall(f"X-Slow-{n}: 1\r\n".encode())
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            readable, _, _ = select.select([client], [], [], 0.2)
+            if readable and client.recv(4096) == b"":  # an orderly close
+                closed = True
+                break
+        assert closed
+        assert time.monotonic() - start < TIMEOUT + 5
+
+
+def test_kept_alive_requests_and_a_long_stream_are_not_touched(service: Service) -> None:
+    with connect(service) as client:
+        for _ in range(3):  # a request each half-deadline, on one connection
+            client.sendall(request(service, "/healthz"))
+            answer = b""
+            while not answer.endswith(b'{"status":"ok"}'):  # the head and body may come apart
+                answer += client.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 200 OK")
+            time.sleep(TIMEOUT / 2)
+        # Idle after a response past the head deadline: closed (uvicorn's own keep-alive
+        # timer is 5 s; the head deadline is the shorter here).
+        assert closed_after(client) < TIMEOUT + 5
+
+    with connect(service) as stream:
+        stream.sendall(request(service, "/api/v1/events"))
+        received = b""
+        while b"following every job" not in received:
+            received += stream.recv(4096)
+        stream.settimeout(TIMEOUT * 3)
+        with pytest.raises(TimeoutError):  # still open, nothing to say: not closed
+            stream.recv(4096)

@@ -126,6 +126,11 @@ def spawn_worker(
     env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(worker_pythonpath())
+    # `python -m` puts its working directory, the run directory, first on sys.path, where
+    # a module would shadow any of its name (numpy, the trainer itself) and pass admission's
+    # check unseen: the worker imports from its PYTHONPATH and the installed packages alone
+    # (Python 3.11 on; an older TOWERBOARD_PYTHON ignores the variable).
+    env["PYTHONSAFEPATH"] = "1"
     env["TOWERBOARD_JOB_ID"] = job_id
     with open(run.log, "ab") as log_file:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())

@@ -1,4 +1,4 @@
-"""How the service starts a worker process: its command line and environment."""
+"""How the service starts a worker process: its command line, environment and import path."""
 
 import json
 import sys
@@ -13,10 +13,15 @@ import json, os, sys
 job_dir = sys.argv[sys.argv.index("--job-dir") + 1]
 with open(os.path.join(job_dir, "env.json"), "w") as f:
     json.dump(dict(os.environ), f)
+with open(os.path.join(job_dir, "path.json"), "w") as f:
+    json.dump(sys.path, f)
 """
 
 
 def test_a_worker_gets_its_devices_and_no_cluster_config(tmp_path, monkeypatch):
+    """...and imports from its PYTHONPATH and the installed packages, never from its
+    working directory (the run directory, which `python -m` put first on sys.path): a
+    module there would have shadowed any of the same name, numpy or the trainer itself."""
     package = tmp_path / "modules" / "envdump"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
@@ -46,3 +51,6 @@ def test_a_worker_gets_its_devices_and_no_cluster_config(tmp_path, monkeypatch):
     assert env["CUDA_VISIBLE_DEVICES"] == "1,2"
     assert env["TOWERBOARD_JOB_ID"] == "job1"
     assert json.loads(run.spec.read_text()) == {"name": "x"}
+    path = json.loads((run.root / "path.json").read_text())
+    assert str(tmp_path / "modules") in path
+    assert not {str(run.root), "", "."} & set(path), path

@@ -141,8 +141,9 @@ export function mountJobs(view, query) {
       class: "chip",
       dataset: { state },
       "aria-pressed": String(state === filter),
-      // The hash change mounts the table again, with this filter (and the search kept).
-      onclick: () => { location.hash = listAddress(state, search); },
+      // The hash change mounts the table again, with this filter and the search as typed
+      // (a chip pressed within the typing pause keeps what was typed).
+      onclick: () => { location.hash = listAddress(state, searchBox.value.trim()); },
     }, state || "all")));
   // Typing reads the list again (after a pause) without mounting it again, so the field
   // keeps the focus; the address follows (replaced, not pushed: Back leaves the list).

@@ -16,7 +16,7 @@ from playwright.sync_api import Browser, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import LAPTOP, LOG_POLL_MS, Session, open_session
-from tests.service.harness import Service, fake_worker_env, job_spec
+from tests.service.harness import Service, fake_worker_env, job_spec, stand_in_service
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
 
@@ -57,11 +57,8 @@ sys.exit(3)
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    folder = tmp_path_factory.mktemp("stand-in")
-    svc = Service(folder / "data", fake_worker_env(folder))
-    svc.start()
-    yield svc
-    svc.close()
+    with stand_in_service(tmp_path_factory.mktemp("stand-in")) as svc:
+        yield svc
 
 
 def test_mangled_job_link_says_no_such_job(session: Session) -> None:

@@ -28,7 +28,7 @@ from tests.e2e.test_dashboard import (
     record_list_reads,
 )
 from tests.e2e.test_dashboard_details import LOW_CONTRAST
-from tests.service.harness import Service, fake_worker_env, job_spec
+from tests.service.harness import Service, job_spec, stand_in_service
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
 
@@ -42,12 +42,9 @@ STILL_EXITING = "has ended but its worker process is still exiting; try again in
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    folder = tmp_path_factory.mktemp("stand-in")
     # Four slots: a "linger" job holds its slot 8 s after it ends, and others run beside it.
-    svc = Service(folder / "data", {"TOWERBOARD_CPU_JOBS": "4", **fake_worker_env(folder)})
-    svc.start()
-    yield svc
-    svc.close()
+    with stand_in_service(tmp_path_factory.mktemp("stand-in"), TOWERBOARD_CPU_JOBS="4") as svc:
+        yield svc
 
 
 def worker_exited(service: Service, job_id: str, timeout: float = 30.0) -> None:

@@ -15,18 +15,15 @@ from playwright.sync_api import Page, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import Session
-from tests.service.harness import Service, fake_worker_env, job_spec
+from tests.service.harness import Service, job_spec, stand_in_service
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
 
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    folder = tmp_path_factory.mktemp("stand-in")
-    svc = Service(folder / "data", fake_worker_env(folder))
-    svc.start()
-    yield svc
-    svc.close()
+    with stand_in_service(tmp_path_factory.mktemp("stand-in")) as svc:
+        yield svc
 
 
 def shown_names(page: Page) -> list[str]:

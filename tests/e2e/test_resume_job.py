@@ -24,7 +24,7 @@ from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import LAPTOP, PHONE, TERMINAL, Session, no_overflow, open_session
 from tests.e2e.test_dashboard_details import LOW_CONTRAST
 from tests.e2e.test_delete_job import STILL_EXITING, ended, worker_exited
-from tests.service.harness import Service, fake_worker_env, job_spec
+from tests.service.harness import Service, job_spec, stand_in_service
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
 
@@ -85,11 +85,8 @@ RESUME_TITLE = "Queue the job again: it trains on from its latest checkpoint"
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     """Stand-in workers: "quick" succeeds at once, "linger" stays 8 s after it succeeds,
     any other name runs until cancelled. Four slots, so a lingering one blocks no other."""
-    folder = tmp_path_factory.mktemp("stand-in")
-    svc = Service(folder / "data", {"TOWERBOARD_CPU_JOBS": "4", **fake_worker_env(folder)})
-    svc.start()
-    yield svc
-    svc.close()
+    with stand_in_service(tmp_path_factory.mktemp("stand-in"), TOWERBOARD_CPU_JOBS="4") as svc:
+        yield svc
 
 
 @pytest.fixture(scope="module")

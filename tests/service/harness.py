@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,18 @@ def fake_worker_env(directory: Path) -> dict[str, str]:
     (directory / "fake_worker.py").write_text(FAKE_WORKER)
     path = os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")]))
     return {"TOWERBOARD_WORKER_MODULE": "fake_worker", "PYTHONPATH": path}
+
+
+@contextlib.contextmanager
+def stand_in_service(folder: Path, **env: str) -> Iterator[Service]:
+    """A started service whose workers are FAKE_WORKER (written into `folder`), its data
+    dir in `folder` and `env` among its settings; closed afterwards."""
+    service = Service(folder / "data", {**env, **fake_worker_env(folder)})
+    service.start()
+    try:
+        yield service
+    finally:
+        service.close()
 
 
 # A stand-in worker, `python -m stepping_worker run --job-dir DIR`, for tests of what the

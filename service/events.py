@@ -92,6 +92,12 @@ class EventBroker:
         self._pending_lock = threading.Lock()
         # Listeners that fell behind: their queues hold LAGGED alone until they go.
         self._lagged: set[asyncio.Queue[JobEvent]] = set()
+        self.lagged_total = 0  # listeners ever ended for falling behind (for /metrics)
+
+    @property
+    def listening(self) -> int:
+        """Listeners now: the event streams open."""
+        return sum(len(queues) for queues in self._listeners.values())
 
     def publish(self, event: JobEvent) -> None:
         """Hand an event to every listener of its job; callable from any thread."""
@@ -141,6 +147,7 @@ class EventBroker:
             queue.get_nowait()
         queue.put_nowait(LAGGED)
         self._lagged.add(queue)
+        self.lagged_total += 1
         log.info(
             "An event stream fell behind by %d events: ended, for its client to reconnect",
             _QUEUE_SIZE,

@@ -21,8 +21,8 @@ async def read_health() -> HealthPublic:
     return HealthPublic(status="ok")
 
 
-def _gauge(name: str, help: str, samples: list[tuple[str, float]]) -> str:
-    lines = [f"# HELP {name} {help}", f"# TYPE {name} gauge"]
+def _gauge(name: str, help: str, samples: list[tuple[str, float]], kind: str = "gauge") -> str:
+    lines = [f"# HELP {name} {help}", f"# TYPE {name} {kind}"]
     lines += [f"{name}{labels} {value:g}" for labels, value in samples]
     return "\n".join(lines) + "\n"
 
@@ -33,7 +33,8 @@ def _gauge(name: str, help: str, samples: list[tuple[str, float]]) -> str:
     responses={200: {"content": {"text/plain": {}}}},
 )
 async def read_prometheus_metrics(runtime: RuntimeDep) -> PlainTextResponse:
-    """Jobs by state, queue length and busy devices, for Prometheus to scrape."""
+    """Jobs by state, queue length, busy devices and open event streams, for Prometheus
+    to scrape."""
     counts = runtime.store.count_by_state()
     busy = sum(len(job.devices) for job in runtime.store.running())
     text = "".join(
@@ -56,6 +57,17 @@ async def read_prometheus_metrics(runtime: RuntimeDep) -> PlainTextResponse:
                 "towerboard_tensorboard_up",
                 "1 while the service's TensorBoard runs.",
                 [("", int(runtime.launcher.instance is not None))],
+            ),
+            _gauge(
+                "towerboard_event_streams",
+                "Server-Sent-Events streams open (dashboards, job pages, watching clients).",
+                [("", runtime.broker.listening)],
+            ),
+            _gauge(
+                "towerboard_event_streams_lagged_total",
+                "Event streams ended for falling too far behind (their clients reconnect).",
+                [("", runtime.broker.lagged_total)],
+                kind="counter",
             ),
         ]
     )

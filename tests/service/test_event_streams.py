@@ -262,6 +262,7 @@ def test_a_client_that_does_not_read_a_burst_gets_its_stream_ended(
         received = b""
         while b"following every job" not in received:  # subscribed
             received += client.recv(4096)
+        assert "towerboard_event_streams 1\n" in service.client.get("/metrics").text
         assert received.startswith(b"HTTP/1.1 200 OK"), received
         job = service.submit(job_spec(name="burst"))
         service.wait_for(job["id"], lambda j: (j["progress"] or {}).get("step") == BURST)
@@ -276,3 +277,6 @@ def test_a_client_that_does_not_read_a_burst_gets_its_stream_ended(
     # the service took more of the job's lines in one hand-over than a queue holds.
     assert sent < BURST, sent
     assert service.job(job["id"])["progress"]["step"] == BURST  # what a re-read finds
+    metrics = service.client.get("/metrics").text  # what an operator sees
+    assert "towerboard_event_streams_lagged_total 1\n" in metrics
+    assert "towerboard_event_streams 0\n" in metrics

@@ -53,8 +53,14 @@ def parse_url(value: str) -> str:
     return value
 
 
+# The characters a URL path segment carries as they are (RFC 3986's unreserved): a job id
+# goes into the path unquoted, where a `?` or `#` would end it early (`delete 'ID#x'` would
+# delete ID) and a `%` would be decoded.
+_ID_CHARACTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+
+
 def _job_id(value: str) -> str:
-    if not value or "/" in value or value.startswith("."):
+    if not value or value.startswith(".") or not set(value) <= _ID_CHARACTERS:
         raise argparse.ArgumentTypeError(f"expected a job id. Received: {value!r}")
     return value
 

@@ -53,8 +53,13 @@ def _read_spec(path: str) -> dict[str, Any]:
             f"{error.start}); save it as UTF-8 JSON",
             EXIT_USAGE,
         ) from error
+
+    def not_json(constant: str) -> Any:
+        # Python reads NaN and Infinity; JSON has neither, and the request could not send them.
+        raise ClientError(f"{name} is not valid JSON: {constant} is not a JSON number", EXIT_USAGE)
+
     try:
-        spec = json.loads(text)
+        spec = json.loads(text, parse_constant=not_json)
     except json.JSONDecodeError as error:
         raise ClientError(
             f"{name} is not valid JSON: {error.msg} at line {error.lineno} column {error.colno}",

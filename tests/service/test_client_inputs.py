@@ -1,0 +1,32 @@
+"""Client input checks that need no service: they fail before any request is sent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.cli import main
+
+NOWHERE = "http://127.0.0.1:9"  # nothing listens: a request would exit 3
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_submit_spec_with_nan_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], constant: str
+) -> None:
+    spec = tmp_path / "spec.json"
+    spec.write_text('{"data": {"format": "synthetic"}, "steps": ' + constant + "}")
+    assert main(["submit", str(spec), "--url", NOWHERE]) == 2
+    err = capsys.readouterr().err
+    assert err == f"towerboard: error: {spec} is not valid JSON: {constant} is not a JSON number\n"
+
+
+@pytest.mark.parametrize("bad", ["abc#x", "abc?x", "a%2e", "a b", "../x"])
+def test_job_ids_that_a_url_path_cannot_carry_are_usage_errors(
+    bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["delete", bad, "--url", NOWHERE])
+    assert exited.value.code == 2
+    assert f"expected a job id. Received: {bad!r}" in capsys.readouterr().err

@@ -371,20 +371,30 @@ def _resume(job_id: str, resume_in: ResumeCreate, runtime: Runtime) -> Response:
             )
     if errors:
         raise FieldErrors(errors)
+    # Resumed as it is, a job whose latest checkpoint has passed its total (one resumed
+    # with fewer `epochs` than it had trained) fails again at once: say so here instead.
+    total = job.spec.get("steps") if not old_epochs else old_total
+    if not longer and isinstance(total, int) and last > total:
+        raise HTTPException(
+            409,
+            f"Job {job.id!r} cannot train on as it is: its latest checkpoint, where it "
+            f"resumes, is at step {last}, past its total of {total} steps. Give a larger "
+            f'total, e.g. {{"steps": N}} with N over {last}.',
+        )
     new_spec = admitted.model_dump(mode="json")
     changed = new_spec != job.spec
     progress = None
-    if changed and job.progress is not None:
+    if job.progress is not None:
+        # The last attempt's phase ("done") and ETA are not this one's: `status` and
+        # `--watch` would show the new attempt "running (done)" until its worker reports.
+        cleared = dict.fromkeys(("phase", "phase_done", "phase_total", "eta_seconds"))
+        progress = {**job.progress, **cleared}
+    if changed and progress is not None:
         # Until the next worker reports, the job shows its step of the new total (of an
         # unknown one for epochs: the worker counts the steps an epoch takes).
         total = resume_in.steps
-        step = job.progress.get("step")
-        progress = {
-            **job.progress,
-            "total": total,
-            "percent": percent_done(step, total) if total else None,
-            "eta_seconds": None,
-        }
+        step = progress.get("step")
+        progress.update(total=total, percent=percent_done(step, total) if total else None)
     if not runtime.store.resume(job.id, spec=new_spec if changed else None, progress=progress):
         current = runtime.store.get(job.id)
         state = current.state.value if current else "deleted"

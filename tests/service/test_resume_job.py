@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from service.store import JobStore
 from tests.service.harness import Service, fake_worker_env, job_spec, long_job
 from tests.service.test_client import one_error_line, towerboard
 from tests.service.test_supervisor import checkpoint_step, progress_lines
@@ -60,8 +62,12 @@ def test_resume_cancelled_job_runs_it_again_as_the_next_attempt(service: Service
     assert resumed["spec"] == job["spec"]
     running = service.wait_state(job["id"], "running")
     assert running["attempts"] == 2
-    log = (service.data_dir / "runs" / job["id"] / "worker.log").read_text()
-    assert f"attempt 2 of job {job['id']}" in log
+    # The job is marked running before its worker starts and writes the log's header.
+    log = service.data_dir / "runs" / job["id"] / "worker.log"
+    deadline = time.monotonic() + 30
+    while f"attempt 2 of job {job['id']}" not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.05)
     # ... and it can be cancelled and resumed again, as often as wanted.
     assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
     _worker_gone(service, service.wait_state(job["id"], "cancelled"))
@@ -175,6 +181,45 @@ def test_resume_by_epochs_must_lie_past_the_latest_checkpoint(service: Service) 
         }
     ]
     assert _resume(service, job["id"], {"epochs": 5}).json()["spec"]["epochs"] == 5
+
+
+def test_resume_as_it_is_refuses_a_job_whose_checkpoint_passed_its_total(
+    service: Service,
+) -> None:
+    # The stand-in reports a total of 10 steps for 2 epochs; a checkpoint at step 20 is
+    # what a job resumed with fewer epochs than it had trained is left with.
+    job = _cancelled(service, job_spec(name="wait", steps=None, epochs=2))
+    checkpoints = service.data_dir / "runs" / job["id"] / "checkpoints"
+    checkpoints.mkdir()
+    (checkpoints / "ckpt-20.index").write_bytes(b"i")
+    (checkpoints / "ckpt-20.data-00000-of-00001").write_bytes(b"d")
+
+    refused = _resume(service, job["id"])
+
+    assert refused.status_code == 409, refused.text
+    assert "is at step 20, past its total of 10 steps" in refused.json()["detail"]
+    assert service.job(job["id"])["state"] == "cancelled"
+    assert _resume(service, job["id"], {"epochs": 5}).status_code == 200
+
+
+def test_resumed_job_shows_no_phase_or_eta_of_the_attempt_before(service: Service) -> None:
+    job = _cancelled(service)
+    # As a real worker leaves it: its last progress line is of the phase "done".
+    store = JobStore(service.data_dir / "towerboard.db")
+    try:
+        record = store.get(job["id"])
+        assert record is not None
+        ended = {**(record.progress or {}), "phase": "done", "eta_seconds": 0.0}
+        store.record_progress(
+            job["id"], offset=record.progress_offset, progress=ended, eval=record.eval, points=[]
+        )
+    finally:
+        store.close()
+
+    resumed = _resume(service, job["id"]).json()
+
+    assert resumed["progress"]["step"] == job["progress"]["step"]
+    assert resumed["progress"]["phase"] is None and resumed["progress"]["eta_seconds"] is None
 
 
 def test_resume_admits_the_spec_again(service: Service) -> None:

@@ -45,6 +45,12 @@ def _metrics(loss: float, out: dict[str, Any] | None) -> dict[str, float]:
     return {} if out is None else {"loss": loss, "accuracy": float(out["accuracy"])}
 
 
+def _significant(value: float) -> float:
+    """`value` to 6 significant digits: a loss trains down to 1e-7 and below, where 6
+    decimal places would report 0 in the progress lines, the API's series and its charts."""
+    return float(f"{value:.6g}")
+
+
 def _rounded(examples_per_sec: float | None) -> float | None:
     return None if examples_per_sec is None else round(examples_per_sec, 2)
 
@@ -290,7 +296,7 @@ class Controller:
         fields: dict[str, Any] = {
             "step": step,
             "total": self.total_steps,
-            "loss": round(metrics["loss"], 6),
+            "loss": _significant(metrics["loss"]),
             "accuracy": round(metrics["accuracy"], 6),
             "examples_per_sec": _rounded(examples_per_sec),
             "eta_seconds": round(remaining * wall_per_step, 1) if wall_per_step else None,
@@ -401,7 +407,7 @@ class Controller:
             "eval",
             step=step,
             total=self.total_steps,
-            eval_loss=round(self._last_eval["loss"], 6),
+            eval_loss=_significant(self._last_eval["loss"]),
             eval_accuracy=round(self._last_eval["accuracy"], 6),
             phase="eval",
         )

@@ -63,7 +63,8 @@ class BodyLimit:
         await self._app(scope, _replay([whole], receive), send)
 
     async def _too_large(self, send: Send, declared: int | None) -> None:
-        size = f"{declared} bytes" if declared is not None else "more"
+        # Sent without a length (chunked), it was read only as far as the limit.
+        size = f"{declared} bytes" if declared is not None else f"over {self._max} bytes"
         body = json.dumps(
             {
                 "detail": f"Request body too large: {size}, and at most {self._max} bytes are "

@@ -190,7 +190,19 @@ class TensorBoardLauncher:
     @property
     def instance(self) -> TensorBoardInstance | None:
         self._reap_if_dead()
+        self._forget_deleted()
         return self._instance
+
+    def _forget_deleted(self) -> None:
+        """Take deleted jobs (their run directories gone) out of the running TensorBoard's
+        selection: its status listed them on, and a start over the jobs left replaced it,
+        warning that it had shown jobs that no longer exist."""
+        current = self._instance
+        if current is None or current.job_ids is None:
+            return
+        kept = tuple(job for job in current.job_ids if (self._settings.runs_dir / job).is_dir())
+        if kept != current.job_ids:
+            self._instance = replace(current, job_ids=kept)
 
     @property
     def state(self) -> str:
@@ -234,6 +246,7 @@ class TensorBoardLauncher:
         async with self._lock:
             last_used = self._last_used
             self.touch()
+            self._forget_deleted()
             current = self._instance if self._alive() else None
             if current is not None and merge:
                 selection = _union(current.job_ids, selection)

@@ -378,3 +378,25 @@ def test_stop_tensorboard_after_idle_timeout(make_service: Callable[..., Service
         "the idle stop",
     )
     assert not _alive(started["pid"])
+
+
+def test_a_deleted_job_leaves_the_tensorboard_selection(
+    service: Service, other_job: dict[str, Any]
+) -> None:
+    """A job deleted while TensorBoard shows it leaves its selection: the status listed it
+    on, and a start over the jobs left restarted TensorBoard, saying it replaced one over
+    a job that no longer exists."""
+    doomed = service.submit(job_spec(name="doomed"))
+    service.wait_state(doomed["id"], "succeeded", "failed")
+    service.client.delete("/api/v1/tensorboard")
+    both = sorted([other_job["id"], doomed["id"]])
+    started = service.client.post("/api/v1/tensorboard", json={"job_ids": both})
+    assert started.status_code == 201, started.text
+    pid = _running(service)["pid"]
+
+    assert service.client.delete(f"/api/v1/jobs/{doomed['id']}").status_code == 204
+
+    assert service.client.get("/api/v1/tensorboard").json()["job_ids"] == [other_job["id"]]
+    again = service.client.post("/api/v1/tensorboard", json={"job_ids": [other_job["id"]]})
+    assert again.status_code == 200, again.text  # reused: nothing shown was left out
+    assert again.json()["pid"] == pid and again.json()["replaced"] is None

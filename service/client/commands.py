@@ -103,7 +103,9 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
         metavar="N",
         help="most jobs to list, newest first (default 50)",
     )
-    p.add_argument("--name", metavar="TEXT", help="only jobs whose name contains TEXT, in any case")
+    p.add_argument(
+        "--name", metavar="TEXT", help="only jobs whose name contains TEXT, in any case of A-Z"
+    )
     p.add_argument("--json", action="store_true", help="print the API's JSON")
 
     p = verb("logs", "print the end of a job's worker log")

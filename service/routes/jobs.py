@@ -164,7 +164,10 @@ async def read_jobs(
     state: Annotated[list[JobState], Query(description="Only jobs in these states")] = [],  # noqa: B006
     name: Annotated[
         str | None,
-        Query(max_length=200, description="Only jobs whose name contains this text, in any case"),
+        Query(
+            max_length=200,
+            description="Only jobs whose name contains this text, in any case of the ASCII letters",
+        ),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page")] = None,

@@ -3,7 +3,9 @@ on every core, against a bare Starlette JSON endpoint measured in the same run.
 
     .venv/bin/python bench/service_bench.py [--connections 8] [--seconds 5] [--rounds 2]
 
-Both servers are uvicorn with the same options (one process, no access log). The bare
+Both servers are uvicorn with the same options (one process, no access log); the service
+adds its deadline for request heads (service/headtimeout.py: a timer armed after each
+response and cancelled by the next request), which it pays in these figures. The bare
 endpoint returns the same job JSON (decoded once at start, encoded per request by
 Starlette's JSONResponse), without a store, routing of 12 routes, or validation. The load
 is C keep-alive HTTP/1.1 connections from one asyncio client in this process, each sending

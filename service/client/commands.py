@@ -162,8 +162,8 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
         "-o",
         "--output",
         metavar="PATH",  # a str: Path("ckpts/") would drop the slash that makes it a folder
-        help="file, or folder (an existing one, or ending in /) to save it to "
-        "(default: ./ID-ckpt-STEP.tar.gz)",
+        help="file, or folder (an existing one, or ending in /) to save it to, or - for "
+        "standard output (default: ./ID-ckpt-STEP.tar.gz)",
     )
     p.add_argument("--json", action="store_true", help="print the API's JSON")
 
@@ -173,8 +173,8 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
         "-o",
         "--output",
         metavar="PATH",
-        help="file, or folder (an existing one, or ending in /) to save the .tar.gz to "
-        "(default: ./ID-export.tar.gz)",
+        help="file, or folder (an existing one, or ending in /) to save the .tar.gz to, "
+        "or - for standard output (default: ./ID-export.tar.gz)",
     )
 
     p = verb("tensorboard", "start (or reuse) TensorBoard and print its URL")

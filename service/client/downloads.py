@@ -36,7 +36,10 @@ def _target(output: str | None, name: str) -> Path:
     if output is None:
         return Path(name)
     if output.endswith(_SEPARATORS) or Path(output).is_dir():
-        return Path(output) / name
+        folder = Path(output)
+        if folder.exists() and not folder.is_dir():
+            raise ClientError(f"cannot save into {output}: {folder} is a file, not a folder")
+        return folder / name
     return Path(output)
 
 
@@ -142,6 +145,45 @@ def download(client: Client, path: str, fallback_name: str, output: str | None) 
     finally:
         if part is not None:
             part.close()
+
+
+def download_to_stdout(client: Client, path: str, name: str) -> int:
+    """GET `path` onto standard output (`-o -`, for a pipe into `tar xz`); the bytes
+    written. Nothing is kept to resume: a download cut off is said, and run again whole.
+    Progress on stderr when it is a terminal."""
+    out = sys.stdout.buffer
+    written, total = 0, None
+    try:
+        with client.http.stream("GET", path, timeout=_DOWNLOAD_TIMEOUT) as response:
+            if not response.is_success:
+                response.read()
+                client.check(response)
+            name = _attachment_name(response, name)
+            total = _length(response)
+            progress = _DownloadProgress(name, total, 0) if sys.stderr.isatty() else None
+            for chunk in response.iter_bytes():
+                out.write(chunk)
+                written += len(chunk)
+                if progress is not None:
+                    progress.add(len(chunk))
+            out.flush()
+            if progress is not None:
+                progress.done()
+    except httpx.TransportError as error:
+        if not written:
+            raise client.unreachable(error) from error
+        raise ClientError(
+            f"the download of {name} was cut off at {show.data_size(written)} of "
+            f"{show.data_size(total)} ({error.__class__.__name__}: {error}); what was "
+            "written is incomplete",
+            EXIT_UNREACHABLE,
+        ) from error
+    if total is not None and written != total:
+        raise ClientError(
+            f"the download of {name} ended at {show.data_size(written)} of "
+            f"{show.data_size(total)}; what was written is incomplete"
+        )
+    return written
 
 
 def _kept(part: PartFile | None) -> str:

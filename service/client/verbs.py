@@ -30,7 +30,7 @@ from service.client.common import (
     ClientError,
 )
 from service.client.display import watch
-from service.client.downloads import download
+from service.client.downloads import download, download_to_stdout
 
 _TENSORBOARD_READY_SECONDS = 180.0  # it imports TensorFlow: slow on a busy host
 _LOG_POLL_SECONDS = 1.0
@@ -286,12 +286,15 @@ def checkpoints(client: Client, args: argparse.Namespace) -> int:
             )
         # `latest` is the service's to resolve: it retries when the job's checkpoint
         # rotation deletes the newest one between listing and reading.
-        path = download(
-            client,
+        route, name = (
             f"/api/v1/jobs/{args.id}/checkpoints/{which}",
             f"{args.id}-ckpt-{which}.tar.gz",
-            args.output,
         )
+        if args.output == "-":
+            written = download_to_stdout(client, route, name)
+            sys.stderr.write(f"wrote the checkpoint to stdout ({show.data_size(written)})\n")
+            return EXIT_OK
+        path = download(client, route, name, args.output)
         sys.stderr.write(f"saved checkpoint to {path} ({show.data_size(path.stat().st_size)})\n")
         sys.stdout.write(f"{path}\n")
         return EXIT_OK
@@ -310,9 +313,12 @@ def checkpoints(client: Client, args: argparse.Namespace) -> int:
 
 
 def export(client: Client, args: argparse.Namespace) -> int:
-    path = download(
-        client, f"/api/v1/jobs/{args.id}/export", f"{args.id}-export.tar.gz", args.output
-    )
+    route, name = f"/api/v1/jobs/{args.id}/export", f"{args.id}-export.tar.gz"
+    if args.output == "-":
+        written = download_to_stdout(client, route, name)
+        sys.stderr.write(f"wrote the exported model to stdout ({show.data_size(written)})\n")
+        return EXIT_OK
+    path = download(client, route, name, args.output)
     sys.stderr.write(
         f"saved the exported model to {path} ({show.data_size(path.stat().st_size)}); "
         "extract it and tf.saved_model.load the folder\n"

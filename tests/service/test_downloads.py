@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import http.server
+import io
 import os
 import subprocess
 import sys
@@ -359,3 +360,39 @@ def test_cli_download_cut_short_resumes_on_the_next_run(
     assert f"resuming {job_id}-export.tar.gz at 462.3 KiB of 924.6 KiB" in resumed.stderr
     assert out.read_bytes() == whole
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("model")) == [out.name]
+
+
+def test_cli_writes_a_download_to_stdout(shared: tuple[Service, str, Path], tmp_path: Path) -> None:
+    """`-o -` sends the archive to standard output, for a pipe into `tar xz` (it wrote a
+    file named `-`); what it says goes to stderr, so the stream stays the archive's."""
+    service, job_id, _ = shared
+    env = {k: v for k, v in os.environ.items() if k not in ("TOWERBOARD_TOKEN", "TOWERBOARD_URL")}
+    for args, url in (
+        (["export", job_id], f"/api/v1/jobs/{job_id}/export"),
+        (["checkpoints", job_id, "--download", "20"], f"/api/v1/jobs/{job_id}/checkpoints/20"),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "service.cli", *args, "-o", "-", "--url", service.base_url],
+            cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True,
+            timeout=120,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == service.client.get(url).content
+        assert b"to stdout" in result.stderr
+        assert not (tmp_path / "-").exists()
+    with tarfile.open(fileobj=io.BytesIO(result.stdout)) as archive:
+        assert any(name.endswith(".index") for name in archive.getnames())
+
+
+def test_cli_names_a_file_given_as_the_folder_to_save_into(
+    shared: tuple[Service, str, Path], tmp_path: Path
+) -> None:
+    service, job_id, _ = shared
+    (tmp_path / "afile").write_text("mine")
+    result = towerboard(service, "export", job_id, "-o", f"{tmp_path / 'afile'}/")
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"towerboard: error: cannot save into {tmp_path / 'afile'}/: {tmp_path / 'afile'} is "
+        "a file, not a folder"
+    )
+    assert (tmp_path / "afile").read_text() == "mine"

@@ -250,7 +250,14 @@ def cancel(client: Client, args: argparse.Namespace) -> int:
 
 def resume(client: Client, args: argparse.Namespace) -> int:
     body = {key: value for key, value in (("steps", args.steps), ("epochs", args.epochs)) if value}
-    job = client.request_json("POST", f"/api/v1/jobs/{args.id}/resume", json=body)[1]
+    try:
+        job = client.request_json("POST", f"/api/v1/jobs/{args.id}/resume", json=body)[1]
+    except ClientError as error:
+        # The service's hints name the API's body ({"steps": N}); here they are options.
+        message = error.message
+        for key in ("steps", "epochs"):
+            message = message.replace(f'{{"{key}": N}}', f"--{key} N")
+        raise ClientError(message, error.code) from error
     sys.stdout.write(f"{job['id']}\n")
     sys.stdout.flush()
     sys.stderr.write(

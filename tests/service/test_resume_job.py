@@ -273,6 +273,13 @@ def test_export_is_served_only_while_the_job_has_succeeded(service: Service) -> 
 
 
 def test_cli_resume(service: Service) -> None:
+    # The service's hint, said as this command's options rather than the API's body.
+    done = _worker_gone(
+        service, service.wait_state(service.submit(job_spec(name="quick"))["id"], "succeeded")
+    )
+    longer = towerboard("resume", done["id"], url=service.base_url)
+    assert longer.returncode == 1
+    assert one_error_line(longer).endswith("give a larger total, e.g. --steps N or --epochs N.")
     job = _cancelled(service)
     url = service.base_url
 

@@ -199,6 +199,11 @@ for _damage in DAMAGE:
     )
 
 
+def index_names(job_dir: Path) -> list[str]:
+    """The checkpoints the job's folder lists (their .index files), sorted."""
+    return sorted(p.name for p in (job_dir / "checkpoints").glob("*.index"))
+
+
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_a_damaged_newest_checkpoint_is_set_aside_for_the_one_before(run, damage):
     # A save cut short (SIGKILL, a full disk) or a lost file. The job failed for good,
@@ -211,11 +216,7 @@ def test_a_damaged_newest_checkpoint_is_set_aside_for_the_one_before(run, damage
     assert start_steps(job_dir) == [0, 20]
     # Out of the way of the listing and the rotation, but kept for a look.
     assert sorted(p.name for p in (job_dir / "checkpoints" / "damaged").iterdir()) == left
-    assert sorted(p.name for p in (job_dir / "checkpoints").glob("*.index")) == [
-        "ckpt-20.index",
-        "ckpt-30.index",
-        "ckpt-40.index",
-    ]
+    assert index_names(job_dir) == ["ckpt-20.index", "ckpt-30.index", "ckpt-40.index"]
 
 
 @beside_run("test_every_checkpoint_damaged_fails_saying_so_and_moves_nothing")
@@ -271,11 +272,7 @@ def test_a_lost_state_file_is_rebuilt_from_the_checkpoint_files(run, state):
     assert start_steps(job_dir) == [0, 30]
     assert f"checkpoints/checkpoint was {state}: rebuilt it" in log
     # Rotation still keeps 3: the rebuilt list is the manager's to rotate.
-    assert sorted(p.name for p in (job_dir / "checkpoints").glob("*.index")) == [
-        "ckpt-20.index",
-        "ckpt-30.index",
-        "ckpt-40.index",
-    ]
+    assert index_names(job_dir) == ["ckpt-20.index", "ckpt-30.index", "ckpt-40.index"]
 
 
 @beside_run("test_what_a_save_cut_short_left_is_removed")

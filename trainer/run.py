@@ -206,6 +206,11 @@ def _prepare(spec: JobSpec, cluster: Cluster) -> dict[str, Any]:
             f"Cannot load the data: {reason}", [{"field": "data", "message": reason}]
         ) from e
 
+    problem = spec.data.augment.crop_problem(*arrays.image_shape[:2])
+    if problem is not None:
+        field = "data.augment.random_crop_padding"
+        raise InvalidJob(problem, [{"field": field, "message": problem}])
+
     import keras
     import tensorflow as tf
 

@@ -169,6 +169,23 @@ class AugmentSpec(_Strict):
             or self.contrast > 0
         )
 
+    def crop_problem(self, height: int, width: int) -> str | None:
+        """Why `random_crop_padding` does not fit images of `height` x `width`, or None.
+
+        A shift of a whole side or more moves every pixel out of the image: a padding of
+        at least the shorter side trains on blank images under their labels.
+        """
+        pad, side = self.random_crop_padding, min(height, width)
+        if pad == 0 or pad < side:
+            return None
+        shifts = 2 * pad + 1
+        kept = min(shifts, 2 * height - 1) * min(shifts, 2 * width - 1) / shifts**2
+        return (
+            f"Expected `random_crop_padding` below the images' height and width ({height}x{width}), "
+            "so that a shifted image keeps some of its pixels. "
+            f"Received: {pad}, which would leave about {1 - kept:.0%} of the training images blank"
+        )
+
 
 class SyntheticParams(_Strict):
     """`synthetic` data: class prototypes plus noise, learnable, generated from the seed."""
@@ -216,6 +233,10 @@ class DataSpec(_Strict):
                     f"Received: {self.path!r}"
                 )
             self.params = _validate_nested(SyntheticParams, self.params, "params").model_dump()
+            height, width = self.params["shape"][:2]
+            problem = self.augment.crop_problem(height, width)
+            if problem is not None:
+                raise ValueError(problem)
         else:
             if not self.path:
                 raise ValueError(

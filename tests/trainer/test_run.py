@@ -461,6 +461,28 @@ def test_run_job_bad_spec_exits_2(tmp_path, case):
     assert sorted(p.name for p in job_dir.iterdir()) == ["result.json"]
 
 
+def test_run_job_crop_padding_larger_than_the_images_exits_2(tmp_path):
+    # The spec cannot know a file's image size: the worker refuses before it trains.
+    rng = np.random.default_rng(0)
+    data = tmp_path / "small.npz"
+    np.savez(data, x=rng.integers(0, 256, (20, 6, 10), np.uint8), y=rng.integers(0, 2, 20))
+    spec = with_(
+        TINY, data={"format": "npz", "path": str(data), "augment": {"random_crop_padding": 6}}
+    )
+    job_dir = tmp_path / "job"
+    code, result, log = run_worker(job_dir, spec)
+    assert code == 2, log
+    assert result["errors"] == [
+        {
+            "field": "data.augment.random_crop_padding",
+            "message": "Expected `random_crop_padding` below the images' height and width (6x10), "
+            "so that a shifted image keeps some of its pixels. Received: 6, which would leave "
+            "about 15% of the training images blank",
+        }
+    ]
+    assert sorted(p.name for p in job_dir.iterdir()) == ["result.json", "spec.json"]
+
+
 # --- runs started beside each other ----------------------------------------------------
 # Each test below reads one worker run, which starts, with the others', when the first of
 # them asks (tests/trainer/beside.py): two at a time, as a worker's start-up keeps one core

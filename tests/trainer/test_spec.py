@@ -195,6 +195,19 @@ def test_parse_spec_synthetic_data_too_large_for_memory():
     }
 
 
+def test_parse_spec_synthetic_crop_padding_of_a_whole_side_is_refused():
+    # A shift of 8 or more pixels moves every pixel out of an 8x8 image: padding 64 trained
+    # on blank images (98% of them) under their labels, without a word.
+    data = {**SYNTHETIC, "params": {"shape": [8, 8]}, "augment": {"random_crop_padding": 64}}
+    assert errors_of({"data": data}) == {
+        "data": "Expected `random_crop_padding` below the images' height and width (8x8), so "
+        "that a shifted image keeps some of its pixels. Received: 64, which would leave about "
+        "99% of the training images blank"
+    }
+    data["augment"] = {"random_crop_padding": 7}
+    JobSpec.model_validate({"data": data})
+
+
 def test_parse_spec_unknown_data_format():
     errors = errors_of({"data": {"format": "csv", "path": "/x"}})
     assert errors == {

@@ -18,13 +18,14 @@ and the job is stored with the absolute path, since the worker runs in its run d
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import os
 from importlib.machinery import PathFinder
 from pathlib import Path
 
 from service.devices import DevicePool
-from trainer.datafiles import DataFilesError, check_under_roots, resolve_files
+from trainer.datafiles import DataFilesError, check_under_roots, is_glob, resolve_files
 from trainer.spec import JobSpec
 
 
@@ -92,8 +93,16 @@ def _absolute(path: str, data_roots: list[Path]) -> str:
         return path
     candidates = [root / path for root in data_roots]
     # os.path.exists is False for a path it cannot even stat (a NUL byte, a name too
-    # long): the checks that follow say why.
-    return str(next((c for c in candidates if os.path.exists(c)), candidates[0]))
+    # long): the checks that follow say why. A glob is held by a root it matches in.
+    return str(next((c for c in candidates if _holds(c)), candidates[0]))
+
+
+def _holds(candidate: Path) -> bool:
+    path = str(candidate)
+    try:
+        return os.path.exists(path) or (is_glob(path) and bool(glob.glob(path)))
+    except (ValueError, OSError):  # glob on a name it cannot even scan
+        return False
 
 
 def _missing_module(module: str, worker_path: list[str]) -> str | None:

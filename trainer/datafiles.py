@@ -107,7 +107,7 @@ def check_under_roots(path: str, roots: list[Path]) -> None:
                 if labels.exists():
                     check(str(labels), "labels file")
 
-    if _is_glob(path):
+    if is_glob(path):
         check(_glob_prefix(path), "folder")
         for match in sorted(glob.glob(path)):
             check(match, "match")
@@ -126,7 +126,8 @@ def check_under_roots(path: str, roots: list[Path]) -> None:
 # --- helpers -------------------------------------------------------------------------
 
 
-def _is_glob(path: str) -> bool:
+def is_glob(path: str) -> bool:
+    """Whether `path` is read as a glob."""
     # A name that exists is taken literally, even if it holds `[` or `*`.
     return bool(_GLOB_CHARS.search(path)) and not os.path.exists(path)
 
@@ -150,7 +151,7 @@ def _candidates(path: str, fmt: str) -> list[Path]:
     labels files and READMEs); a file gives itself.
     """
     fits, wanted = _FITS[fmt], _WANTED[fmt]
-    if _is_glob(path):
+    if is_glob(path):
         matches = [Path(match) for match in sorted(glob.glob(path)) if os.path.isfile(match)]
         if fmt != "tfrecord":
             matches = [match for match in matches if fits(match.name)]

@@ -421,6 +421,15 @@ def _checked(
 
 def _pixels(x: np.ndarray, name: str, source: str) -> np.ndarray:
     """uint8 stays uint8; other integers must be 0-255; floats must lie in [0, 1]."""
+    numeric = (
+        np.issubdtype(x.dtype, np.integer)
+        or np.issubdtype(x.dtype, np.floating)
+        or x.dtype == np.bool_
+    )
+    if not numeric:
+        # Checked before min(): strings and records have none, and numpy's error names
+        # neither the array nor the file.
+        raise DataError(f"Expected numeric pixels `{name}`. Received: dtype {x.dtype} ({source})")
     if x.dtype == np.uint8 or x.size == 0:
         return x if x.dtype == np.uint8 else x.astype(np.float32)
     low, high = x.min(), x.max()
@@ -430,8 +439,6 @@ def _pixels(x: np.ndarray, name: str, source: str) -> np.ndarray:
                 f"Expected integer pixels `{name}` in 0-255. Received: values {low} to {high} ({source})"
             )
         return x.astype(np.uint8)
-    if not (np.issubdtype(x.dtype, np.floating) or x.dtype == np.bool_):
-        raise DataError(f"Expected numeric pixels `{name}`. Received: dtype {x.dtype} ({source})")
     if not (low >= 0.0 and high <= 1.0):  # also catches NaN
         raise DataError(
             f"Expected float pixels `{name}` in [0, 1]. Received: values {low} to {high} ({source})"
@@ -446,9 +453,12 @@ def _labels(y: np.ndarray, name: str, source: str) -> np.ndarray:
         np.issubdtype(y.dtype, np.floating) and np.array_equal(y, np.round(y))
     )
     if not integral:
-        raise DataError(
-            f"Expected integer class ids in `{name}`. Received: dtype {y.dtype} ({source})"
-        )
+        # Float labels that are whole numbers are read: name the value that is not one.
+        received = f"dtype {y.dtype}"
+        if np.issubdtype(y.dtype, np.floating):
+            value = y.flat[np.flatnonzero(y != np.round(y))[0]]
+            received = f"a label of {value} ({y.dtype})"
+        raise DataError(f"Expected integer class ids in `{name}`. Received: {received} ({source})")
     low, high = y.min(), y.max()
     if low < 0:
         raise DataError(f"Expected labels `{name}` >= 0. Received: a label of {low} ({source})")

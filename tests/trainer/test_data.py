@@ -384,6 +384,34 @@ def test_load_arrays_npz_one_hot_labels(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "x",
+    [np.full((2, 4, 4), "a"), np.zeros((2, 4, 4), [("r", "u1"), ("g", "u1")])],
+    ids=["strings", "records"],
+)
+def test_load_arrays_npz_pixels_that_are_not_numbers_name_the_file(
+    tmp_path: Path, x: np.ndarray
+) -> None:
+    # Was numpy's "ufunc 'minimum' did not contain a loop with signature matching types",
+    # naming neither the array nor the file.
+    message = _npz_error(tmp_path, x=x, y=np.zeros(2, np.int64))
+
+    assert message == (
+        f"Expected numeric pixels `x`. Received: dtype {x.dtype} ({tmp_path / 'bad.npz'})"
+    )
+
+
+def test_load_arrays_npz_float_labels_that_are_not_whole_name_the_label(tmp_path: Path) -> None:
+    # Whole-number float labels are read, so "Received: dtype float64" did not say what
+    # was wrong.
+    message = _npz_error(tmp_path, x=images(3), y=np.array([0.0, 1.0, 1.5]))
+
+    assert message == (
+        "Expected integer class ids in `y`. Received: a label of 1.5 (float64) "
+        f"({tmp_path / 'bad.npz'})"
+    )
+
+
 def test_load_arrays_npz_float_pixels_outside_unit_range(tmp_path: Path) -> None:
     message = _npz_error(tmp_path, x=np.full((2, 2, 2), 255.0), y=[0, 1])
 

@@ -586,6 +586,7 @@ def _read_npz(path: Path) -> tuple[_Chunk, _Chunk | None]:
     return chunk, eval_chunk
 
 
+_TFRECORD_FRAMING = 16  # bytes around each record's data in an uncompressed file
 _TFRECORD_FEATURES = {
     "image_raw": tf.io.FixedLenFeature([], tf.string),
     "label": tf.io.FixedLenFeature([], tf.int64),
@@ -605,19 +606,26 @@ def _read_tfrecord(path: Path) -> _Chunk:
     This holds the whole file in memory, as every format here does: the pipeline then
     feeds by index, so its checkpoints hold positions instead of buffered records.
     """
+    compressed = path.name.endswith(".gz")
     dataset = (
-        tf.data.TFRecordDataset(
-            [str(path)], compression_type="GZIP" if path.name.endswith(".gz") else ""
-        )
+        tf.data.TFRecordDataset([str(path)], compression_type="GZIP" if compressed else "")
         .batch(1024)  # parse 1024 records per call; per-record parsing is 10x slower
-        .map(lambda records: tf.io.parse_example(records, _TFRECORD_FEATURES))
+        .map(
+            lambda records: (
+                tf.io.parse_example(records, _TFRECORD_FEATURES),
+                tf.strings.length(records),
+            )
+        )
     )
     images: list[np.ndarray] = []
     labels: list[np.ndarray] = []
     shape: tuple[int, int, int] | None = None
     first = 0  # index of the batch's first record, for messages
+    consumed = 0  # bytes of the file the records read so far take up
     try:
-        for batch in dataset.as_numpy_iterator():
+        for batch, record_sizes in dataset.as_numpy_iterator():
+            # Each record: an 8-byte length, its CRC (4), the data, the data's CRC (4).
+            consumed += int(record_sizes.sum()) + _TFRECORD_FRAMING * len(record_sizes)
             batch_shape = _record_shape(batch, first, path)
             if shape is not None and batch_shape != shape:
                 raise DataError(
@@ -646,6 +654,14 @@ def _read_tfrecord(path: Path) -> _Chunk:
             "Expected TFRecord files of tf.train.Example with `image_raw` (bytes) and `label` "
             f"(int64). Received: {_op_reason(error)} ({path})"
         ) from None
+    if not compressed and consumed != (size := path.stat().st_size):
+        # TensorFlow reads a file that ends inside a record's 12-byte header as if it ended
+        # after the record before: the examples after the cut would be lost without a word.
+        raise DataError(
+            "Expected readable TFRecord files. Received: a damaged, cut-short or non-TFRecord "
+            f"file: {first} whole records end at byte {consumed:,} of {size:,}, then "
+            f"{size - consumed} bytes that are no whole record ({path})"
+        )
     if shape is None:
         raise DataError(f"Expected at least one record. Received: an empty TFRecord file ({path})")
     return _checked(

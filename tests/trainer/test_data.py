@@ -645,6 +645,25 @@ def test_load_arrays_tfrecord_cut_short(tmp_path: Path) -> None:
     assert "function_node" not in message and "[Op:" not in message
 
 
+@pytest.mark.parametrize("left", [1, 11])
+def test_load_arrays_tfrecord_cut_inside_a_record_header(tmp_path: Path, left: int) -> None:
+    # TensorFlow takes a file that ends within a record's 12-byte header (its length and
+    # the length's CRC) as ending before that record: 2 of 4 examples were read, silently.
+    path = write_tfrecord(tmp_path / "a.tfrecord", images(4, (8, 8, 1)), [0, 1, 2, 3])
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 2 + left])
+
+    with pytest.raises(DataError) as error:
+        load_arrays(spec("tfrecord", path), seed=0)
+
+    half = len(whole) // 2
+    assert str(error.value) == (
+        "Expected readable TFRecord files. Received: a damaged, cut-short or non-TFRecord file: "
+        f"2 whole records end at byte {half:,} of {half + left:,}, then {left} bytes that are "
+        f"no whole record ({path})"
+    )
+
+
 def write_examples(path: Path, features: list[dict[str, tf.train.Feature]]) -> Path:
     with tf.io.TFRecordWriter(str(path)) as writer:
         for feature in features:

@@ -141,6 +141,25 @@ def _log_loaded(
             width,
             channels,
         )
+    unseen = np.setdiff1d(arrays.y_eval, arrays.y_train)
+    if unseen.size:
+        # Files of one class each, or examples sorted by class, hold out whole classes the
+        # model never trains on: its eval accuracy then says nothing, without a word.
+        classes = ", ".join(str(c) for c in unseen[:10])
+        if unseen.size > 10:
+            classes += f" and {unseen.size - 10} more"
+        count = int(np.isin(arrays.y_eval, unseen).sum())
+        log.warning(
+            "%d of %d eval examples are of classes no training example has (%s)%s",
+            count,
+            arrays.num_eval,
+            classes,
+            ""
+            if eval_sources is not None
+            else f": the last {eval_fraction:g} of the examples, in file order, is held out; "
+            "shuffle the examples across files, or give eval data (`x_eval`/`y_eval`, eval "
+            "files)",
+        )
     if arrays.num_eval == 0 and (eval_sources is not None or eval_fraction > 0):
         # Not an error (a tiny set may have nothing to spare), but the user asked for an eval.
         log.warning(

@@ -736,6 +736,23 @@ def test_load_arrays_warns_when_eval_fraction_holds_out_nothing(tmp_path: Path, 
     )
 
 
+def test_load_arrays_warns_when_eval_holds_classes_training_lacks(tmp_path: Path, caplog) -> None:
+    # One file per class: the held-out last 0.2 was all of class 4, which the model never
+    # saw; the job succeeded with an eval accuracy of 0 and no word of why.
+    for label in range(5):
+        np.savez(tmp_path / f"class{label}.npz", x=images(10), y=np.full(10, label))
+
+    with caplog.at_level(logging.INFO, logger="trainer.data"):
+        load_arrays(spec("npz", tmp_path, eval_fraction=0.2), seed=0)
+
+    assert caplog.records[-1].levelno == logging.WARNING
+    assert caplog.messages[-1] == (
+        "10 of 10 eval examples are of classes no training example has (4): the last 0.2 of "
+        "the examples, in file order, is held out; shuffle the examples across files, or give "
+        "eval data (`x_eval`/`y_eval`, eval files)"
+    )
+
+
 def test_load_arrays_warns_of_channels_first_images(tmp_path: Path, caplog) -> None:
     # CIFAR as PyTorch lays it out trained silently as 3x32 images of 32 channels.
     np.savez(tmp_path / "cifar.npz", x=images(4, (3, 32, 32)), y=[0, 1, 2, 3])

@@ -367,6 +367,9 @@ def _read_files(fmt: str, files: DataFiles) -> tuple[list[_Chunk], list[_Chunk]]
     """Train and eval chunks of every file, in order."""
     train: list[_Chunk] = []
     evals: list[_Chunk] = []
+    # An empty TFRecord file is a valid one (a sharded writer leaves some when it has fewer
+    # examples than shards): it adds no examples, and has no image shape to check.
+    empty: list[Path] = []
     for path in files.train:
         if fmt == "idx":
             train.append(_read_idx_pair(path, files.pairs[path]))
@@ -375,15 +378,27 @@ def _read_files(fmt: str, files: DataFiles) -> tuple[list[_Chunk], list[_Chunk]]
             train.append(chunk)
             if eval_chunk is not None:
                 evals.append(eval_chunk)
+        elif (record_chunk := _read_tfrecord(path)) is not None:
+            train.append(record_chunk)
         else:
-            train.append(_read_tfrecord(path))
+            empty.append(path)
+    if not train:
+        raise DataError(
+            "Expected at least one record. Received: empty TFRecord files: "
+            f"{', '.join(str(path) for path in empty)}"
+        )
     for path in files.eval:
         if fmt == "idx":
             evals.append(_read_idx_pair(path, files.pairs[path]))
         elif fmt == "npz":
             evals.extend(chunk for chunk in _read_npz(path) if chunk is not None)
-        else:
-            evals.append(_read_tfrecord(path))
+        elif (record_chunk := _read_tfrecord(path)) is not None:
+            evals.append(record_chunk)
+    if files.eval and not evals:
+        # Eval files that hold no records: no eval, as with empty `x_eval` arrays (not a
+        # hold-out of the training examples, which the user did not ask for).
+        sources = ", ".join(str(path) for path in files.eval)
+        evals.append(_Chunk(train[0].x[:0], train[0].y[:0], sources))
     return train, evals
 
 
@@ -619,8 +634,8 @@ _TFRECORD_FEATURES = {
 }
 
 
-def _read_tfrecord(path: Path) -> _Chunk:
-    """All examples of one TFRecord file (GZIP if named `.gz`).
+def _read_tfrecord(path: Path) -> _Chunk | None:
+    """All examples of one TFRecord file (GZIP if named `.gz`); None if it has none.
 
     This holds the whole file in memory, as every format here does: the pipeline then
     feeds by index, so its checkpoints hold positions instead of buffered records.
@@ -681,8 +696,8 @@ def _read_tfrecord(path: Path) -> _Chunk:
             f"file: {first} whole records end at byte {consumed:,} of {size:,}, then "
             f"{size - consumed} bytes that are no whole record ({path})"
         )
-    if shape is None:
-        raise DataError(f"Expected at least one record. Received: an empty TFRecord file ({path})")
+    if shape is None:  # an empty file (one that is not empty and holds no record failed above)
+        return None
     return _checked(
         np.concatenate(images), np.concatenate(labels), str(path), ("image_raw", "label")
     )

@@ -664,6 +664,41 @@ def test_load_arrays_tfrecord_cut_inside_a_record_header(tmp_path: Path, left: i
     )
 
 
+def test_load_arrays_tfrecord_skips_empty_shards(tmp_path: Path, caplog) -> None:
+    # A sharded writer with fewer examples than shards leaves empty files, which are valid
+    # TFRecord files: one refused the whole set ("Expected at least one record").
+    write_tfrecord(tmp_path / "train-00000-of-00002.tfrecord", images(4, (8, 8, 1)), [0, 1, 2, 3])
+    (tmp_path / "train-00001-of-00002.tfrecord").write_bytes(b"")
+    (tmp_path / "eval.tfrecord").write_bytes(b"")
+
+    with caplog.at_level(logging.INFO, logger="trainer.data"):
+        arrays = load_arrays(spec("tfrecord", tmp_path), seed=0)
+
+    # The empty eval file means no eval, as empty `x_eval` arrays do: nothing held out.
+    assert (arrays.num_train, arrays.num_eval) == (4, 0)
+    assert caplog.messages[-1] == (
+        "no eval examples (its eval arrays or files are empty): the job runs no eval"
+    )
+
+
+def test_load_arrays_tfrecord_all_empty_or_not_a_record(tmp_path: Path) -> None:
+    (tmp_path / "a.tfrecord").write_bytes(b"")
+    with pytest.raises(DataError) as error:
+        load_arrays(spec("tfrecord", tmp_path), seed=0)
+    assert str(error.value) == (
+        f"Expected at least one record. Received: empty TFRecord files: {tmp_path / 'a.tfrecord'}"
+    )
+
+    (tmp_path / "a.tfrecord").write_bytes(b"12345")  # shorter than a record's header
+    with pytest.raises(DataError) as error:
+        load_arrays(spec("tfrecord", tmp_path), seed=0)
+    assert str(error.value) == (
+        "Expected readable TFRecord files. Received: a damaged, cut-short or non-TFRecord file: "
+        f"0 whole records end at byte 0 of 5, then 5 bytes that are no whole record "
+        f"({tmp_path / 'a.tfrecord'})"
+    )
+
+
 def write_examples(path: Path, features: list[dict[str, tf.train.Feature]]) -> Path:
     with tf.io.TFRecordWriter(str(path)) as writer:
         for feature in features:

@@ -100,7 +100,7 @@ def _absolute(path: str, data_roots: list[Path]) -> str:
 def _holds(candidate: Path) -> bool:
     path = str(candidate)
     try:
-        return os.path.exists(path) or (is_glob(path) and bool(glob.glob(path)))
+        return os.path.exists(path) or (is_glob(path) and bool(glob.glob(path, recursive=True)))
     except (ValueError, OSError):  # glob on a name it cannot even scan
         return False
 

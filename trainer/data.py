@@ -634,6 +634,19 @@ _TFRECORD_FEATURES = {
 }
 
 
+def _tfrecord_hint(path: Path, compressed: bool) -> str:
+    """What an unreadable TFRecord file's first bytes say it is, when they say."""
+    with path.open("rb") as file:
+        head = file.read(4)
+    # The compression is told by the name, not these bytes: a record's length can begin
+    # with them too, so they only explain a file that failed to read.
+    if head[:2] == b"\x1f\x8b" and not compressed:
+        return "; it begins as a gzip file does: name gzip-compressed TFRecord files *.gz"
+    if head == b"PK\x03\x04":
+        return "; it begins as a zip (or .npz) file does: is `format` right?"
+    return ""
+
+
 def _read_tfrecord(path: Path) -> _Chunk | None:
     """All examples of one TFRecord file (GZIP if named `.gz`); None if it has none.
 
@@ -681,7 +694,7 @@ def _read_tfrecord(path: Path) -> _Chunk | None:
     except tf.errors.DataLossError as error:
         raise DataError(
             "Expected readable TFRecord files. Received: a damaged, cut-short or non-TFRecord file: "
-            f"{_op_reason(error)} ({path})"
+            f"{_op_reason(error)}{_tfrecord_hint(path, compressed)} ({path})"
         ) from None
     except tf.errors.OpError as error:
         raise DataError(

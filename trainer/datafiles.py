@@ -5,7 +5,8 @@ a spec before accepting it, with exactly the rules the worker later loads by
 (`trainer/data.py`). Only names and the file system are looked at, never file contents,
 so a check costs a directory listing.
 
-Rules (`data.path` may name a file, a folder or a glob; file order is sorted by name):
+Rules (`data.path` may name a file, a folder (its own files, not its subfolders') or a
+glob (`**` reaches every depth); file order is sorted by name):
 
 - idx: MNIST-style `*-images-idx3-ubyte[.gz]` files, each with its
   `*-labels-idx1-ubyte[.gz]` beside it (the name with `images-idx3` replaced by
@@ -109,7 +110,7 @@ def check_under_roots(path: str, roots: list[Path]) -> None:
 
     if is_glob(path):
         check(_glob_prefix(path), "folder")
-        for match in sorted(glob.glob(path)):
+        for match in sorted(glob.glob(path, recursive=True)):
             check(match, "match")
             check_labels(match)
         return
@@ -152,7 +153,11 @@ def _candidates(path: str, fmt: str) -> list[Path]:
     """
     fits, wanted = _FITS[fmt], _WANTED[fmt]
     if is_glob(path):
-        matches = [Path(match) for match in sorted(glob.glob(path)) if os.path.isfile(match)]
+        matches = [
+            Path(match)
+            for match in sorted(glob.glob(path, recursive=True))
+            if os.path.isfile(match)
+        ]
         if fmt != "tfrecord":
             matches = [match for match in matches if fits(match.name)]
         if not matches:
@@ -167,8 +172,14 @@ def _candidates(path: str, fmt: str) -> list[Path]:
         if not matches:
             found = ", ".join(member.name for member in members[:10]) or "nothing"
             more = f" and {len(members) - 10} more" if len(members) > 10 else ""
+            # Only the folder's own files are read: say so when the data sits deeper.
+            deeper = (
+                f" (folders inside it are not searched: a glob such as '{target}/**/*' is)"
+                if any(entry.is_dir() for entry in target.iterdir())
+                else ""
+            )
             raise DataFilesError(
-                f"Expected a folder holding {wanted}. Received: {found}{more} in {target}"
+                f"Expected a folder holding {wanted}. Received: {found}{more} in {target}{deeper}"
             )
         return matches
     if target.is_file():
@@ -178,9 +189,10 @@ def _candidates(path: str, fmt: str) -> list[Path]:
                 f"Received: {target}"
             )
         return [target]
+    what = "is not a regular file or a folder" if target.exists() else "does not exist"
     raise DataFilesError(
         f"Expected `path` to name an existing file, folder or glob. Received: {path!r}, "
-        "which does not exist"
+        f"which {what}"
     )
 
 

@@ -629,6 +629,30 @@ def test_load_arrays_tfrecord_corrupt_file(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("name", "hint"),
+    [
+        ("a.tfrecord", "it begins as a gzip file does: name gzip-compressed TFRecord files *.gz"),
+        ("a.npz", "it begins as a zip (or .npz) file does: is `format` right?"),
+    ],
+)
+def test_load_arrays_tfrecord_unreadable_file_says_what_it_looks_like(
+    tmp_path: Path, name: str, hint: str
+) -> None:
+    # Both were "corrupted record at 0 (Is this even a TFRecord file?)" and no more.
+    records = write_tfrecord(tmp_path / "records", images(2, (4, 4, 1)), [0, 1]).read_bytes()
+    path = tmp_path / name
+    if name.endswith(".npz"):
+        np.savez(path, x=images(2), y=[0, 1])
+    else:
+        path.write_bytes(gzip.compress(records))
+
+    with pytest.raises(DataError) as error:
+        load_arrays(spec("tfrecord", path), seed=0)
+
+    assert str(error.value).endswith(f"; {hint} ({path})")
+
+
 def test_load_arrays_tfrecord_cut_short(tmp_path: Path) -> None:
     # TensorFlow's own message, without the function and op names it wraps around it.
     path = write_tfrecord(tmp_path / "a.tfrecord", images(4, (8, 8, 1)), [0, 1, 2, 3])

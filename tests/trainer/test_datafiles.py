@@ -196,6 +196,42 @@ def test_resolve_files_glob_matching_nothing(tmp_path: Path) -> None:
     )
 
 
+def test_resolve_files_path_that_is_neither_file_nor_folder(tmp_path: Path) -> None:
+    # A FIFO was said not to exist.
+    fifo = tmp_path / "pipe.npz"
+    os.mkfifo(fifo)
+
+    with pytest.raises(DataFilesError) as error:
+        resolve_files(spec("npz", fifo))
+
+    assert str(error.value).endswith(f"Received: '{fifo}', which is not a regular file or a folder")
+
+
+def test_resolve_files_folder_of_folders_says_a_glob_reaches_into_them(tmp_path: Path) -> None:
+    touch(tmp_path / "sub", "a.npz")
+
+    with pytest.raises(DataFilesError) as error:
+        resolve_files(spec("npz", tmp_path))
+
+    assert str(error.value) == (
+        f"Expected a folder holding `.npz` files. Received: nothing in {tmp_path} "
+        f"(folders inside it are not searched: a glob such as '{tmp_path}/**/*' is)"
+    )
+
+
+def test_resolve_files_double_star_glob_reaches_every_depth(tmp_path: Path) -> None:
+    # `**` matched one level only, and the files deeper were left out without a word.
+    top, middle, deep = (
+        touch(tmp_path, "a.npz"),
+        touch(tmp_path / "x", "b.npz"),
+        touch(tmp_path / "x" / "y", "c.npz"),
+    )
+
+    files = resolve_files(spec("npz", tmp_path / "**" / "*.npz"))
+
+    assert files == DataFiles(train=[*top, *middle, *deep], eval=[])
+
+
 def test_resolve_files_takes_existing_name_with_glob_characters_literally(tmp_path: Path) -> None:
     (path,) = touch(tmp_path, "set[1].npz")
 

@@ -212,8 +212,9 @@ class Checkpointer:
                 raise
             # TensorFlow names a variable and two shapes; say what that means for a job.
             raise CheckpointMismatch(
-                f"Cannot resume from {name}: it does not fit this job's "
-                f"model or optimizer (was the spec changed after it was written? Use a new job dir). {e}"
+                f"Cannot resume from {name}: it does not fit this job's model or optimizer "
+                "(did the spec, or the data's image shape or classes, change after it was "
+                f"written? Use a new job dir). {e}"
             ) from e
         self._last_step = int(self._trainer.step.numpy())
         self._last_time = time.monotonic()

@@ -86,7 +86,18 @@ function showTokenBar() {
   tokenToggle.hidden = false;
   if (!tokenBar.hidden) return;
   tokenBar.hidden = false;
-  tokenInput.focus();
+  // Opened by a poll's 401 (the token changed under the page), it took the focus from the
+  // field being typed in, and what was typed next went into the token field: the focus
+  // moves only from where nothing is typed.
+  const active = document.activeElement;
+  const typing = active && (active.isContentEditable ||
+    (active.matches("input, textarea") && !active.readOnly && active !== tokenInput));
+  if (!typing) tokenInput.focus();
+}
+
+function closeTokenBar() {
+  dismissed = true;
+  tokenBar.hidden = true;
 }
 
 window.addEventListener("towerboard:unauthorized", () => {
@@ -96,9 +107,18 @@ window.addEventListener("towerboard:unauthorized", () => {
   else showTokenBar();
 });
 tokenToggle.addEventListener("click", () => {
-  dismissed = !tokenBar.hidden;
-  if (dismissed) tokenBar.hidden = true;
-  else showTokenBar();
+  if (!tokenBar.hidden) closeTokenBar();
+  else {
+    dismissed = false;
+    showTokenBar();
+  }
+});
+// Escape closes it as the Token button does, and the keyboard goes on from that button.
+tokenBar.addEventListener("keydown", (event) => {
+  if (event.key !== "Escape") return;
+  event.preventDefault();
+  closeTokenBar();
+  tokenToggle.focus();
 });
 tokenBar.addEventListener("submit", (event) => {
   event.preventDefault();

@@ -357,6 +357,49 @@ def test_eta_is_unknown_once_the_worker_goes_quiet(session: Session) -> None:
     assert session.errors == []
 
 
+def test_token_bar_opened_by_a_poll_leaves_the_typing_alone(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """The token changed under a page whose user was typing a spec: the next poll's 401
+    opened the token bar and took the focus, so the rest of what was typed went into the
+    token field. The bar opens without taking the focus from a field being typed in, and
+    Escape closes it (as the Token button does), the keyboard going on from that button."""
+    secured = Service(tmp_path / "data", {"TOWERBOARD_TOKEN": "right", **fake_worker_env(tmp_path)})
+    secured.start()
+    session = open_session(browser, secured, LAPTOP)
+    try:
+        page = session.page
+        page.goto("/")
+        page.fill("#token-input", "right")
+        page.keyboard.press("Enter")
+        page.goto("/#/submit")
+        editor = page.locator("#spec")
+        editor.click()
+        page.keyboard.press("Control+End")
+        page.keyboard.type(" one")
+        # The token changes under the page; a poll is refused (as the devices poll would be).
+        page.evaluate("""async () => {
+          localStorage.setItem("towerboard.token", "stale");
+          const { getJSON } = await import("/static/js/api.js");
+          await getJSON("/api/v1/devices").catch(() => {});
+        }""")
+        bar = page.locator("#token-bar")
+        expect(bar).to_be_visible()
+        expect(page.locator("#token-message")).to_have_text("That token was refused.")
+        expect(editor).to_be_focused()
+        page.keyboard.type(" two")
+        expect(editor).to_have_value(re.compile(r" one two$"))
+        expect(page.locator("#token-input")).to_have_value("")
+        page.locator("#token-input").focus()
+        page.keyboard.press("Escape")
+        expect(bar).to_be_hidden()
+        expect(page.locator("#token-toggle")).to_be_focused()
+        assert session.errors == []
+    finally:
+        session.context.close()
+        secured.close()
+
+
 def test_cancel_that_needed_a_kill_says_why_once(browser: Browser, tmp_path: Path) -> None:
     """A worker that ignores SIGTERM is killed after the grace; the page shows the
     service's reason, which starts "Cancelled: ", under one "Cancelled:" heading."""

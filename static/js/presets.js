@@ -1,6 +1,7 @@
 // Job specs the submit form starts from (the contract is shared/design/JOB_SPEC.md).
-// Paths under /datasets are where docker-compose.yml mounts the read-only data volume;
-// change them to a folder inside the service's TOWERBOARD_DATA_ROOTS elsewhere.
+// Data paths are relative, taken under the first of the service's TOWERBOARD_DATA_ROOTS
+// that holds them: /datasets/mnist in docker-compose.yml's container, the data dir's
+// datasets/mnist on a host. (Named "/datasets/mnist", the presets were refused on a host.)
 
 export const PRESETS = [
   {
@@ -24,7 +25,7 @@ export const PRESETS = [
     spec: {
       name: "mnist-cnn-2towers",
       model: { name: "cnn", params: { dropout: 0.4 } },
-      data: { format: "idx", path: "/datasets/mnist", eval_fraction: 0.2 },
+      data: { format: "idx", path: "mnist", eval_fraction: 0.2 },
       towers: 2,
       parameter_device: "cpu",
       batch_size: 256,
@@ -46,7 +47,7 @@ export const PRESETS = [
     spec: {
       name: "mnist-mlp",
       model: { name: "mlp", params: { hidden: [500], dropout: 0.2 } },
-      data: { format: "idx", path: "/datasets/mnist" },
+      data: { format: "idx", path: "mnist" },
       towers: 1,
       batch_size: 128,
       epochs: 5,

@@ -7,7 +7,9 @@ submit form's odd inputs. No model is trained here, so none of it is marked slow
 
 from __future__ import annotations
 
+import math
 import re
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -398,6 +400,39 @@ def test_token_bar_opened_by_a_poll_leaves_the_typing_alone(
     finally:
         session.context.close()
         secured.close()
+
+
+def idx_file(path: Path, shape: tuple[int, ...]) -> None:
+    """An IDX file of unsigned bytes (zeros), as MNIST's are written."""
+    header = bytes([0, 0, 0x08, len(shape)]) + struct.pack(f">{len(shape)}I", *shape)
+    path.write_bytes(header + bytes(math.prod(shape)))
+
+
+def test_mnist_presets_are_taken_where_mnist_is(browser: Browser, tmp_path: Path) -> None:
+    """The MNIST presets named /datasets/mnist, where docker-compose.yml mounts data: on a
+    host (data roots: the data dir's datasets/) each was refused (422, outside the data
+    roots) with MNIST in place. Their relative path is taken under the roots."""
+    mnist = tmp_path / "data" / "datasets" / "mnist"
+    mnist.mkdir(parents=True)
+    idx_file(mnist / "train-images-idx3-ubyte", (64, 28, 28))
+    idx_file(mnist / "train-labels-idx1-ubyte", (64,))
+    hosted = Service(tmp_path / "data", fake_worker_env(tmp_path))
+    hosted.start()
+    session = open_session(browser, hosted, LAPTOP)
+    try:
+        page = session.page
+        for preset in ("mnist-cnn", "mnist-mlp"):
+            page.goto(f"/#/submit?preset={preset}")
+            page.locator("#submit-job").click()
+            expect(page).to_have_url(re.compile(r"#/jobs/\w+$"))
+            job_id = page.url.rsplit("/", 1)[1]
+            assert hosted.job(job_id)["spec"]["data"]["path"] == str(mnist)
+            hosted.client.post(f"/api/v1/jobs/{job_id}/cancel")  # the stand-in waits for it
+            hosted.wait_state(job_id, "cancelled", "failed", "succeeded")
+        assert session.errors == []
+    finally:
+        session.context.close()
+        hosted.close()
 
 
 def test_cancel_that_needed_a_kill_says_why_once(browser: Browser, tmp_path: Path) -> None:

@@ -381,13 +381,15 @@ export function mountJob(view, jobId) {
       const asked = mark();
       const { status, data } = await api(`${base}/cancel`, { method: "POST" });
       if (stopped) return;
-      job = fresher(job, streamedAt, data, asked);
-      if (data.cancel_requested && !TERMINAL.has(job.state)) job = { ...job, cancel_requested: true };
+      let next = fresher(job, streamedAt, data, asked);
+      if (data.cancel_requested && !TERMINAL.has(next.state)) next = { ...next, cancel_requested: true };
       actionStatus.classList.remove("error"); // a refused resume's, say
       actionStatus.textContent = status === 202
         ? "Cancel requested: the worker checkpoints and stops." : "Cancelled.";
       actionStatus.dataset.action = "cancel"; // renderCancelled() says how it ended
-      renderJob();
+      // As a state from the stream: a job this answer ended (a queued one, cancelled at once)
+      // has its log, checkpoints and metrics read as ended, and the devices panel is told.
+      take(next);
     } catch (error) {
       actionStatus.textContent = `Could not cancel: ${error.message}`;
       cancelButton.disabled = false;

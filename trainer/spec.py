@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -335,6 +336,15 @@ class JobSpec(_Strict):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     seed: int = Field(0, ge=0, le=2**31 - 1)
     deterministic: bool = False
+
+    @field_validator("name")
+    @classmethod
+    def _visible_name(cls, name: str) -> str:
+        # A name of spaces, controls or zero-width characters shows as nothing: in the
+        # dashboard's table it was a link with no height, nothing to click.
+        if any(unicodedata.category(char)[0] not in "CZ" for char in name):
+            return name
+        raise ValueError(f"Expected a name with a visible character. Received: {name!r}")
 
     @model_validator(mode="after")
     def _check_job(self) -> JobSpec:

@@ -109,6 +109,14 @@ def test_parse_spec_bad_ranges_lists_every_field():
     }
 
 
+@pytest.mark.parametrize("name", ["   ", "\u200b", "\t\n", "\x01"])
+def test_parse_spec_name_that_shows_nothing(name):
+    assert errors_of({"data": SYNTHETIC, "name": name}) == {
+        "name": f"Expected a name with a visible character. Received: {name!r}"
+    }
+    JobSpec.model_validate({"data": SYNTHETIC, "name": f" {name}a"})
+
+
 def test_parse_spec_unknown_model_name():
     assert errors_of({"data": SYNTHETIC, "model": {"name": "transformer"}}) == {
         "model.name": "Expected one of mlp, cnn, resnet, logistic or 'module:function'. Received: 'transformer'"

@@ -5,6 +5,8 @@
 // the service also accepts: EventSource, download links and TensorBoard's own requests
 // cannot carry an Authorization header, but they do carry same-origin cookies.
 
+import { noteServerDate } from "./format.js";
+
 const TOKEN_KEY = "towerboard.token";
 const COOKIE = "towerboard_token";
 export const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
@@ -69,6 +71,7 @@ export async function api(path, { method = "GET", body, signal } = {}) {
     if (error.name === "AbortError") throw error;
     throw new ApiError(0, `The service did not answer (${error.message}).`);
   }
+  noteServerDate(response.headers.get("date")); // ages and ETAs count by the service's clock
   if (response.status === 401) {
     window.dispatchEvent(new CustomEvent("towerboard:unauthorized"));
   }

@@ -38,8 +38,29 @@ export function seconds(iso) {
   return Number.isNaN(t) ? null : t / 1000;
 }
 
+// The service's clock less this browser's, in ms, from the `Date` header of its answers
+// (api.js). The times the service and its workers report (created_at, a report's
+// updated_at) are by the service's clock: counted against a browser clock a minute or two
+// off, a job reporting every 2 s said "no report for 1m 30s", and ages stuck at 0s.
+let clockOffsetMs = 0;
+
+/** Take an answer's `Date` header, received at `receivedMs` by this browser's clock. The
+ *  header has whole seconds (its mid-second is taken), so the offset moves only when an
+ *  answer puts it over a second away: ages would otherwise step back and forth by one. */
+export function noteServerDate(header, receivedMs = Date.now()) {
+  const date = Date.parse(header || "");
+  if (Number.isNaN(date)) return;
+  const measured = date + 500 - receivedMs;
+  if (Math.abs(measured - clockOffsetMs) > 1000) clockOffsetMs = measured;
+}
+
+/** Now by the service's clock, in seconds. */
+export function serverNow() {
+  return (Date.now() + clockOffsetMs) / 1000;
+}
+
 /** Time since an ISO timestamp, e.g. "3m 05s". */
-export function age(iso, now = Date.now() / 1000) {
+export function age(iso, now = serverNow()) {
   const t = seconds(iso);
   return t === null ? DASH : duration(Math.max(0, now - t));
 }
@@ -50,7 +71,7 @@ export function age(iso, now = Date.now() / 1000) {
 export const QUIET_SECONDS = 60;
 
 /** A running job's time left: the worker's ETA, counted down since it was reported. */
-export function eta(job, now = Date.now() / 1000) {
+export function eta(job, now = serverNow()) {
   const p = job.progress;
   if (!p || !isNum(p.eta_seconds)) return DASH;
   if (job.state !== "running") return job.state === "succeeded" ? duration(0) : DASH;

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -460,6 +461,34 @@ def test_queued_job_cancelled_from_its_page_reads_as_ended(
     finally:
         service.client.post(f"/api/v1/jobs/{holder['id']}/cancel")
         service.wait_state(holder["id"], "cancelled", "failed", "succeeded")
+
+
+def test_ages_and_etas_count_by_the_services_clock(browser: Browser, service: Service) -> None:
+    """A browser whose clock is off the service's (a laptop minutes off, a VM that drifted)
+    counted the service's times against its own: 90 s ahead, a job reporting every 2 s said
+    "? (no report for 1m 30s)"; behind, ages stayed at 0s and ETAs did not count down. The
+    page counts by the service's clock, as its answers' `Date` header gives it."""
+    for skew in (+90, -90):
+        session = open_session(browser, service, LAPTOP)
+        page = session.page
+        try:
+            page.clock.install(time=time.time() + skew)  # runs on from there, as a clock does
+            page.goto("/")
+            expect(page.locator("#devices .device")).not_to_have_count(0)  # an answer came
+            shown = page.evaluate(
+                """async (now) => {
+                  const { age, eta } = await import("/static/js/format.js");
+                  const at = (ago) => new Date((now - ago) * 1000).toISOString();
+                  return [eta({ state: "running", progress: { eta_seconds: 300,
+                    updated_at: at(10) } }), age(at(30))];
+                }""",
+                time.time(),  # the service's clock: the same host's
+            )
+            assert shown[0] in ("4m 49s", "4m 50s", "4m 51s"), (skew, shown)
+            assert shown[1] in ("29s", "30s", "31s"), (skew, shown)
+            assert session.errors == []
+        finally:
+            session.context.close()
 
 
 def test_cancel_that_needed_a_kill_says_why_once(browser: Browser, tmp_path: Path) -> None:

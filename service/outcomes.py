@@ -80,10 +80,21 @@ def interrupted(
     return None
 
 
-def crashed(exit: WorkerExit, *, cancel_requested: bool) -> str | None:
+def crashed(
+    exit: WorkerExit, result: dict[str, Any] | None = None, *, cancel_requested: bool
+) -> str | None:
     """Why a worker's job may run again from its checkpoint (it was killed by a signal
-    that was not the service's cancel), or None."""
-    if cancel_requested or exit.signal is None:
+    that was not the service's cancel, or, adopted after a restart so that its exit status
+    is unknown, it ended without writing result.json: the same kill seen from outside), or
+    None."""
+    if cancel_requested:
+        return None
+    if exit.signal is None and exit.code is None and result is None:
+        return (
+            "its worker (adopted after a restart, so its exit status is unknown) ended "
+            "without writing result.json"
+        )
+    if exit.signal is None:
         return None
     return f"its worker was killed by {_signal_name(exit.signal)} ({exit.signal})"
 
@@ -154,10 +165,17 @@ def final_state(
                 },
             )
         if result is None:
-            return failed(
+            reason = (
                 "The worker ended without writing result.json while the service was not "
                 "its parent, so its exit status is unknown; it most likely crashed."
             )
+            if restarts_after_kills:
+                times = "once" if restarts_after_kills == 1 else f"{restarts_after_kills} times"
+                reason += (
+                    f" The job had already been restarted from its checkpoint {times} after "
+                    "its worker was killed, the most TOWERBOARD_CRASH_RETRIES allows."
+                )
+            return failed(reason)
         state = _OUTCOME_STATES.get(str(result.get("outcome")), JobState.FAILED)
         if state is JobState.FAILED:
             return failed(_result_reason(result))

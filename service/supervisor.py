@@ -385,7 +385,7 @@ class Supervisor:
         if why is not None:
             self._requeue(job, why)
             return
-        killed_by = crashed(exit, cancel_requested=cancel_requested)
+        killed_by = crashed(exit, result, cancel_requested=cancel_requested)
         if killed_by is not None and job.crashes < self._settings.crash_retries:
             self._requeue(job, killed_by, killed=True)
             return

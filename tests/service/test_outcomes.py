@@ -139,7 +139,13 @@ def test_crashed_only_for_a_signal_that_was_not_a_cancel() -> None:
     )
     assert crashed(WorkerExit(signal=9), cancel_requested=True) is None
     assert crashed(WorkerExit(code=1), cancel_requested=False) is None
-    assert crashed(WorkerExit(), cancel_requested=False) is None  # adopted: no signal known
+    # Adopted (no exit status known): a result.json decides; without one it was killed.
+    assert crashed(WorkerExit(), {"outcome": "failed"}, cancel_requested=False) is None
+    assert crashed(WorkerExit(), None, cancel_requested=True) is None
+    assert crashed(WorkerExit(), None, cancel_requested=False) == (
+        "its worker (adopted after a restart, so its exit status is unknown) ended "
+        "without writing result.json"
+    )
 
 
 def test_final_state_signal_after_restarts_says_so() -> None:

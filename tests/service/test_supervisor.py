@@ -113,6 +113,34 @@ def test_killed_worker_resumes_from_checkpoint_then_fails_past_the_retries(
     assert failed["devices"] == []
 
 
+def test_adopted_worker_killed_resumes_from_checkpoint_as_a_child_would(
+    make_service: Callable[..., Service],
+) -> None:
+    # The OOM killer does not care whether the service was restarted since the worker
+    # started: an adopted worker killed without a result.json is restarted from its
+    # checkpoint as TOWERBOARD_CRASH_RETRIES allows (1 here), like a worker the service
+    # started itself, and the next such death fails the job saying so.
+    service, job_id = long_job_checkpointed(make_service, {"TOWERBOARD_CRASH_RETRIES": "1"})
+    service.kill()
+    service.start()
+    assert service.job(job_id)["state"] == "running"  # adopted
+    os.kill(worker_pid(service, job_id), signal.SIGKILL)
+    requeued = service.wait_for(job_id, lambda job: job["attempts"] == 2, what="a restart")
+    assert requeued["state"] in ("queued", "running") and requeued["error"] is None
+
+    service.wait_for(job_id, lambda job: checkpoint_step(job) > 0, what="a checkpoint")
+    service.kill()
+    service.start()
+    assert service.job(job_id)["state"] == "running"  # adopted again
+    os.kill(worker_pid(service, job_id), signal.SIGKILL)
+    failed = service.wait_state(job_id, "failed", "succeeded", "cancelled")
+    assert failed["state"] == "failed" and failed["attempts"] == 2
+    assert failed["error"]["reason"].endswith(
+        "The job had already been restarted from its checkpoint once after its worker was "
+        "killed, the most TOWERBOARD_CRASH_RETRIES allows."
+    )
+
+
 def test_run_job_worker_rejects_spec_fails_with_reason(service: Service) -> None:
     # The service finds a custom model's module but does not import it (it may need
     # TensorFlow); the worker does, finds no such function and rejects the job with exit 2.

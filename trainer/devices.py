@@ -7,11 +7,17 @@ growth can only be set on an uninitialised runtime.
 from __future__ import annotations
 
 import logging
+import os
+import re
 from dataclasses import dataclass
 
 import tensorflow as tf
 
 log = logging.getLogger(__name__)
+
+
+class GpusMissing(RuntimeError):
+    """The service gave the job GPUs that TensorFlow cannot see."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,19 @@ def setup_devices(
     if towers < 1:
         raise ValueError(f"Expected `towers` to be a positive integer. Received: towers={towers}")
     gpus = tf.config.list_physical_devices("GPU")
+    given = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if not gpus and re.fullmatch(r"\d+(,\d+)*", given):
+        # GPUs were given (the service's TOWERBOARD_GPUS) but none works: a driver that does
+        # not match, or a container started without them. Training on the CPU instead
+        # would run many times slower while the service shows the job on its GPUs.
+        message = (
+            f"Expected the GPUs given in CUDA_VISIBLE_DEVICES={given!r}, but TensorFlow finds "
+            "no GPU (see the CUDA lines above in worker.log; check the NVIDIA driver with "
+            "nvidia-smi, or leave TOWERBOARD_GPUS empty to train on the CPU)"
+        )
+        if os.environ.get("TOWERBOARD_JOB_ID"):  # a job of the service: fail, said as such
+            raise GpusMissing(message)
+        log.warning("%s; training on the CPU", message)
     if multi_worker and not gpus and towers > 1:
         raise ValueError(
             "Expected towers=1: a worker of a multi-worker job on a host without GPUs "

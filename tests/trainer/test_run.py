@@ -461,6 +461,21 @@ def test_run_job_bad_spec_exits_2(tmp_path, case):
     assert sorted(p.name for p in job_dir.iterdir()) == ["result.json"]
 
 
+def test_run_job_given_gpus_that_tensorflow_cannot_see_fails_saying_so(tmp_path):
+    # The service gave the job GPU 97 (TOWERBOARD_GPUS), which no host has: as with a
+    # driver that does not match, TensorFlow finds no GPU. The job trained on the CPU,
+    # many times slower, while the service showed it on its GPU.
+    job_dir = tmp_path / "job"
+    env = {"CUDA_VISIBLE_DEVICES": "97", "TOWERBOARD_JOB_ID": "j"}
+    code, result, log = run_worker(job_dir, TINY, env=env)
+    assert code == 1, log
+    assert result["message"].startswith(
+        "Preparing the job failed: GpusMissing: Expected the GPUs given in "
+        "CUDA_VISIBLE_DEVICES='97', but TensorFlow "
+        "finds no GPU"
+    ), result["message"]
+
+
 def test_run_job_crop_padding_larger_than_the_images_exits_2(tmp_path):
     # The spec cannot know a file's image size: the worker refuses before it trains.
     rng = np.random.default_rng(0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import sqlite3
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -79,7 +81,53 @@ def _missing_body(exc: RequestValidationError) -> bool:
     )
 
 
+# What a full or read-only data dir gives: no request can be served by trying again, and an
+# operator reading "Internal Server Error" would not know where to look.
+_NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
+
+
+def _storage_detail(exc: Exception) -> tuple[str, int] | None:
+    """The detail and status for an error of the data dir's disk, or None for any other."""
+    if isinstance(exc, sqlite3.OperationalError):
+        code = getattr(exc, "sqlite_errorcode", None)
+        if code == sqlite3.SQLITE_FULL or "database or disk is full" in str(exc):
+            return (
+                "The service's data dir has no space left (its job store could not be "
+                "written): free space on its disk, then try again.",
+                507,
+            )
+        if code == sqlite3.SQLITE_READONLY or "readonly database" in str(exc):
+            return (
+                "The service's job store is read-only: make its data dir writable, then try again.",
+                503,
+            )
+        return None
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        if exc.errno in _NO_SPACE_ERRNOS:
+            return (
+                f"The service's disk has no space left{where}: free space on it, then try again.",
+                507,
+            )
+        if exc.errno == errno.EROFS:
+            return (
+                f"The service's disk is read-only{where}: make it writable, then try again.",
+                503,
+            )
+    return None
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    async def _storage_error(request: Request, exc: Exception) -> JSONResponse:
+        found = _storage_detail(exc)
+        if found is None:
+            raise exc  # any other error stays a 500, logged with its traceback
+        detail, status = found
+        return JSONResponse(error_body(detail), status_code=status)
+
+    app.add_exception_handler(sqlite3.OperationalError, _storage_error)
+    app.add_exception_handler(OSError, _storage_error)
+
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         if _not_json(exc):

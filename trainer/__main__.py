@@ -14,6 +14,13 @@ import threading
 from pathlib import Path
 
 
+def _drop_checkpoint_chatter(record: logging.LogRecord) -> bool:
+    """TensorFlow logs "Sharding callback duration: N microseconds" at INFO on every
+    checkpoint save: in a long job most of worker.log, and all of the lines a failed job's
+    error keeps as its log tail."""
+    return not str(record.msg).startswith("Sharding callback duration")
+
+
 def main(argv: list[str] | None = None) -> int:
     # A SIGTERM (a cancel) from here on asks for a stop: one that lands while TensorFlow is
     # imported (the first 0.3 s and more) killed the worker with no result.json, which
@@ -41,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    logging.getLogger("absl").addFilter(_drop_checkpoint_chatter)
     from trainer.run import run_job
 
     return int(run_job(args.job_dir, args.spec, stop=stop))

@@ -9,6 +9,7 @@ Everything the service writes lives under one data directory:
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -119,6 +120,18 @@ class Settings(BaseSettings):
                 "Expected printable ASCII characters only: the token travels in an HTTP header"
             )
         return token
+
+    @field_validator("python")
+    @classmethod
+    def _interpreter(cls, python: str) -> str:
+        """An interpreter that cannot be run would fail every job (exit 127) and every
+        TensorBoard start (a 500) long after the service started: refuse it now."""
+        if not python or shutil.which(python) is None:
+            raise ValueError(
+                "Expected a Python interpreter that exists and can be run, with TensorFlow "
+                "and TensorBoard installed (a path, or a name found on PATH)"
+            )
+        return python
 
     @field_validator("gpus")
     @classmethod

@@ -71,6 +71,21 @@ def test_serve_bad_setting_exits_2(tmp_path: Path) -> None:
     )
 
 
+def test_serve_python_that_cannot_be_run_exits_2_in_one_line(tmp_path: Path) -> None:
+    # It started, then failed every job with "The worker exited with code 127." and
+    # answered a TensorBoard start with a bare 500.
+    result = subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve", "--port", "0",
+         "--data-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=30,
+        env={"TOWERBOARD_PYTHON": str(tmp_path / "no-python"), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert "Invalid setting TOWERBOARD_PYTHON: Expected a Python interpreter that exists" in line
+    assert line.endswith(f"Received: '{tmp_path / 'no-python'}'"), line
+
+
 def test_serve_bad_option_names_the_option(tmp_path: Path) -> None:
     # It named TOWERBOARD_PORT, which the person never set, for a bad --port.
     result = subprocess.run(

@@ -60,16 +60,20 @@ def _serve(args: argparse.Namespace) -> int:
         settings = Settings(**overrides)
     except ValidationError as error:
         for item in error.errors(include_url=False):
-            field = ".".join(str(part) for part in item["loc"])
-            # Name what the person gave: the option when it was one, else the variable.
+            field, *place = (str(part) for part in item["loc"])
+            # Name what the person gave: the option when it was one, else the variable (a
+            # list's item by its place, as "TOWERBOARD_GPUS.0" is no variable's name).
             name = (
                 f"--{field.replace('_', '-')}"
                 if field in overrides
                 else f"setting TOWERBOARD_{field.upper()}"
             )
-            shown = "input" in item and field != "token"  # never a secret into a log
-            received = f". Received: {item['input']!r}" if shown else ""
+            if place and place[0].isdigit():
+                name += f" (item {int(place[0]) + 1} of the list)"
             message = item["msg"].removeprefix("Value error, ")
+            # Never a secret into a log; nor a second "Received" after a validator's own.
+            shown = "input" in item and field != "token" and "Received:" not in message
+            received = f". Received: {item['input']!r}" if shown else ""
             log.error("Invalid %s: %s%s", name, message, received)
         return EXIT_BAD_SETTING
     # The port and the data dir's lock are checked before the app starts: its start-up
@@ -77,6 +81,15 @@ def _serve(args: argparse.Namespace) -> int:
     # listen would stop at once, leaving the workers it started behind it.
     try:
         sock = _listen(settings.host, settings.port)
+    except socket.gaierror as error:
+        log.error(
+            "Cannot listen on %s:%d (%s). Expected an IP address or a name of this host: "
+            "give another with --host or TOWERBOARD_HOST.",
+            settings.host,
+            settings.port,
+            error.strerror or error,
+        )
+        return EXIT_CANNOT_START
     except OSError as error:
         log.error(
             "Cannot listen on %s:%d (%s). Expected a free port: stop what holds it, or "

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.service.harness import ROOT, Service
 
@@ -84,6 +85,34 @@ def test_serve_python_that_cannot_be_run_exits_2_in_one_line(tmp_path: Path) -> 
     [line] = result.stderr.strip().splitlines()
     assert "Invalid setting TOWERBOARD_PYTHON: Expected a Python interpreter that exists" in line
     assert line.endswith(f"Received: '{tmp_path / 'no-python'}'"), line
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        # It said "TOWERBOARD_GPUS.1", no variable's name.
+        ({"TOWERBOARD_GPUS": "0,b"}, "Invalid setting TOWERBOARD_GPUS (item 2 of the list): "
+         "Input should be a valid integer, unable to parse string as an integer. Received: 'b'"),
+        # It said "Received: [0, 0]. Received: '0,0'".
+        ({"TOWERBOARD_GPUS": "0,0"},
+         "Invalid setting TOWERBOARD_GPUS: Expected distinct GPU ids >= 0. Received: [0, 0]"),
+        # It said "Expected a free port" of a host name that does not resolve.
+        ({"TOWERBOARD_HOST": "no-such-host.invalid"},
+         "Expected an IP address or a name of this host: give another with --host or "
+         "TOWERBOARD_HOST."),
+    ],
+)  # fmt: skip
+def test_serve_bad_setting_line_names_it(
+    tmp_path: Path, env: dict[str, str], expected: str
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve", "--port", "0",
+         "--data-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=30, env={**env, "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert result.returncode in (1, 2)
+    [line] = result.stderr.strip().splitlines()
+    assert line.endswith(expected), line
 
 
 def test_serve_bad_option_names_the_option(tmp_path: Path) -> None:

@@ -18,11 +18,12 @@ import os
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 
 from service import deletion
 from service.auth import BearerAuth, document_bearer_auth
@@ -163,6 +164,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     for path in (PATH_PREFIX, f"{PATH_PREFIX}/{{path:path}}"):
         app.add_api_route(path, tensorboard_proxy, methods=_PROXY_METHODS, include_in_schema=False)
+
+    async def tensorboard_font(name: str) -> RedirectResponse:
+        return RedirectResponse(f"{PATH_PREFIX}/font-roboto/{quote(name)}", status_code=308)
+
+    # TensorBoard's index.html names its fonts at the root (`url(/font-roboto/...)`), whatever
+    # its --path_prefix: sent on to where the proxy serves them (they 404ed, four console
+    # errors on every TensorBoard page). One path segment: nothing else of the root is reached.
+    app.add_api_route(
+        "/font-roboto/{name}", tensorboard_font, methods=["GET", "HEAD"], include_in_schema=False
+    )
 
     if (STATIC_DIR / "index.html").is_file():
         app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")

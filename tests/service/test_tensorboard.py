@@ -134,6 +134,18 @@ def test_proxy_tensorboard_redirect_keeps_query(service: Service) -> None:
     assert response.headers["location"] == "/tensorboard/?darkMode=true&x=a%2Fb"
 
 
+def test_tensorboard_fonts_at_the_root_go_to_the_proxy(service: Service) -> None:
+    """TensorBoard's page asks for its fonts at /font-roboto/..., outside /tensorboard/:
+    they 404ed. They are sent on to the proxy, and nothing else of the root is reached."""
+    name = "oMMgfZMQthOryQo9n22dcuvvDin1pK8aKteLpeZ5c0A.woff2"
+    for method in ("GET", "HEAD"):
+        response = service.client.request(method, f"/font-roboto/{name}")
+        assert response.status_code == 308, response.text
+        assert response.headers["location"] == f"/tensorboard/font-roboto/{name}"
+    for other in ("a/b", "..%2F..%2Fapi%2Fv1%2Fjobs"):
+        assert service.client.get(f"/font-roboto/{other}").status_code == 404
+
+
 def test_start_tensorboard_unknown_job_422(service: Service) -> None:
     response = service.client.post("/api/v1/tensorboard", json={"job_ids": ["nope", "nada"]})
     assert response.status_code == 422

@@ -491,6 +491,36 @@ def test_ages_and_etas_count_by_the_services_clock(browser: Browser, service: Se
             session.context.close()
 
 
+# Parts of the pages that change every second or every few (ages, ETAs, progress, the
+# log tail): none may sit in a live region, or a screen reader reads each change out.
+TICKING = ".col-age, .col-eta, .col-progress, .meta, [data-stat], #job-progress-text, #log"
+IN_LIVE_REGION = """(selector) => [...document.querySelectorAll(selector)]
+  .filter((el) => el.closest('[aria-live]:not([aria-live="off"]), [role=status], [role=alert],'
+    + ' [role=log], [role=marquee], [role=timer]'))
+  .map((el) => el.id || el.className)"""
+
+
+def test_ticking_parts_are_not_read_out(session: Session, service: Service) -> None:
+    """The whole view was a polite live region (`<main aria-live="polite">`): a screen
+    reader announced every age and ETA as it ticked, each progress report, and the log
+    tail each time it was read again. Only the pages' messages are live regions."""
+    page = session.page
+    job = service.submit(job_spec(name="ticking"))  # runs until cancelled
+    try:
+        service.wait_state(job["id"], "running")
+        page.goto("/")
+        expect(page.locator(f'tr[data-job="{job["id"]}"] .col-age')).not_to_have_text("")
+        assert page.evaluate(IN_LIVE_REGION, TICKING) == []
+        page.goto(f"/#/jobs/{job['id']}")
+        expect(page.locator(".job-heading .state")).to_have_text("running")
+        expect(page.locator(".meta")).to_contain_text("submitted")
+        assert page.evaluate(IN_LIVE_REGION, TICKING) == []
+        assert session.errors == []
+    finally:
+        service.client.post(f"/api/v1/jobs/{job['id']}/cancel")
+        service.wait_state(job["id"], "cancelled", "failed", "succeeded")
+
+
 def test_cancel_that_needed_a_kill_says_why_once(browser: Browser, tmp_path: Path) -> None:
     """A worker that ignores SIGTERM is killed after the grace; the page shows the
     service's reason, which starts "Cancelled: ", under one "Cancelled:" heading."""

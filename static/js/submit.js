@@ -177,8 +177,21 @@ export function mountSubmit(view, query) {
   if (from) {
     fromOption.textContent = `From job ${from}`;
     fromOption.hidden = false;
-    select.value = "from";
-    editor.value = "Loading…";
+    // This form again (a reload, Back from another page: the same history entry, marked
+    // below), after the editor was changed: it shows what it held, as the form without
+    // `from` does, and the job's spec stays a start to pick; the edit went under "Draft",
+    // out of sight. A new Edit & resubmit (a new entry) starts from the job's spec.
+    const again = history.state && history.state.towerboardFrom === from;
+    history.replaceState({ ...history.state, towerboardFrom: from }, "");
+    const earlier = storedFrom();
+    const held = stored(DRAFT_KEY);
+    if (again && earlier && earlier.id === from && held !== null && held !== earlier.text) {
+      fromText = earlier.text;
+      restore();
+    } else {
+      select.value = "from";
+      editor.value = "Loading…";
+    }
     getJSON(`/api/v1/jobs/${encodeURIComponent(from)}`).then((job) => {
       const text = JSON.stringify(job.spec, null, 2);
       if (stopped) return;

@@ -521,6 +521,28 @@ def test_ticking_parts_are_not_read_out(session: Session, service: Service) -> N
         service.wait_state(job["id"], "cancelled", "failed", "succeeded")
 
 
+def test_edit_of_a_jobs_spec_comes_back_on_reload(session: Session, service: Service) -> None:
+    """Edit & resubmit, typed into, then the page reloaded (or left and come back to with
+    Back): the form showed the job's spec again, the edit hidden under "Draft", though
+    what the editor holds comes back when the form is opened again."""
+    page = session.page
+    job = service.submit(job_spec(name="quick"))  # succeeds at once
+    page.goto(f"/#/submit?from={job['id']}")
+    editor = page.locator("#spec")
+    expect(editor).to_have_value(re.compile('"name": "quick"'))
+    editor.press("Control+Home")
+    page.keyboard.type('{"name": "my-edit", "data": {"format": "synthetic"}}')
+    expect(page.locator("#preset")).to_have_value("draft")
+    typed = editor.input_value()
+    for leave in (page.reload, lambda: (page.goto("/#/"), page.go_back())):
+        leave()
+        expect(page.locator("#preset")).to_have_value("draft")
+        expect(editor).to_have_value(typed)
+    page.locator("#preset").select_option("from")  # the job's spec is still a start
+    expect(editor).to_have_value(re.compile('"name": "quick"'))
+    assert session.errors == []
+
+
 def test_cancel_that_needed_a_kill_says_why_once(browser: Browser, tmp_path: Path) -> None:
     """A worker that ignores SIGTERM is killed after the grace; the page shows the
     service's reason, which starts "Cancelled: ", under one "Cancelled:" heading."""

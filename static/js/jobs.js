@@ -134,6 +134,26 @@ export function mountJobs(view, query) {
   const streamed = new Map(); // id -> mark() of the stream's last change to the job
   const arrived = new Map(); // id -> mark() when the stream added the job as a new row
   const deleted = new Set(); // ids the stream said were deleted (ids are never reused)
+  // Back to this list (the browser's Back from a job, a reload): as many rows as were shown
+  // and scrolled where it was, as its own history entry keeps them; it came back with the
+  // first page at its top, the rows of Show more and the place among them gone. A list
+  // opened anew (a link, a chip: a new entry) starts at its top.
+  const place = history.state && history.state.jobsList;
+  if (place && Number.isInteger(place.wanted) && place.wanted > PAGE) {
+    wanted = Math.min(place.wanted, 20 * MAX_LIMIT);
+  }
+  let scrollBack = place && Number.isFinite(place.scrollY) ? place.scrollY : null;
+  let placeTimer = null;
+  function keepPlace() {
+    clearTimeout(placeTimer);
+    placeTimer = null;
+    if (stopped || (location.hash || "#/") !== listHash) return; // another entry by now
+    history.replaceState({ ...history.state, jobsList: { wanted, scrollY: window.scrollY } }, "");
+  }
+  function keepPlaceSoon() {
+    if (placeTimer === null) placeTimer = setTimeout(keepPlace, 200);
+  }
+  window.addEventListener("scroll", keepPlaceSoon, { passive: true });
 
   const chips = h("div", { class: "chips", role: "group", "aria-label": "Filter by state" },
     ["", ...STATES].map((state) => h("button", {
@@ -162,6 +182,7 @@ export function mountJobs(view, query) {
     listHash = listAddress(filter, search);
     history.replaceState(history.state, "", listHash);
     wanted = PAGE; // a new search starts from its first page
+    keepPlace();
     refresh();
   };
   searchBox.addEventListener("input", () => {
@@ -396,6 +417,10 @@ export function mountJobs(view, query) {
       nextCursor = page.nextCursor;
       error.hidden = true;
       render();
+      if (scrollBack !== null) {
+        window.scrollTo(0, scrollBack);
+        scrollBack = null;
+      }
     } catch (e) {
       if (stopped || id !== reads) return;
       error.textContent = `Could not load jobs: ${e.message}`;
@@ -422,6 +447,7 @@ export function mountJobs(view, query) {
       nextCursor = page.nextCursor;
       error.hidden = true;
       render();
+      keepPlace();
     } catch (e) {
       if (stopped || id !== reads) return;
       error.textContent = `Could not load more jobs: ${e.message}`;
@@ -444,6 +470,8 @@ export function mountJobs(view, query) {
   refresh();
   return () => {
     stopped = true;
+    window.removeEventListener("scroll", keepPlaceSoon);
+    clearTimeout(placeTimer);
     clearTimeout(timer);
     clearTimeout(soon);
     clearTimeout(typing);

@@ -540,6 +540,43 @@ def test_edit_of_a_jobs_spec_comes_back_on_reload(session: Session, service: Ser
         expect(editor).to_have_value(typed)
     page.locator("#preset").select_option("from")  # the job's spec is still a start
     expect(editor).to_have_value(re.compile('"name": "quick"'))
+
+
+def test_back_to_the_jobs_list_keeps_its_rows_and_place(session: Session, service: Service) -> None:
+    """Show more, scroll down, open a job, press Back: the list came back with its first
+    page at its top, the row that was opened not even shown. Back (and a reload) brings the
+    rows shown and the place back; the list opened anew starts at its top."""
+    extra = [service.submit(job_spec(name=f"place-{i}")) for i in range(55)]
+    for job in extra:  # the first may have started (it runs until cancelled); the rest wait
+        service.client.post(f"/api/v1/jobs/{job['id']}/cancel")
+    for job in extra:
+        service.wait_state(job["id"], "cancelled", "failed", "succeeded")
+    page = session.page
+    page.goto("/#/")
+    rows = page.locator("#jobs-table tbody tr")
+    expect(rows).to_have_count(50)
+    page.get_by_role("button", name="Show more").click()
+    expect(rows).not_to_have_count(50)
+    shown = rows.count()
+    row = rows.nth(shown - 2)
+    row.scroll_into_view_if_needed()
+    page.wait_for_timeout(400)  # the place is kept at most 200 ms after a scroll
+    scrolled = page.evaluate("scrollY")
+    assert scrolled > 1000, scrolled
+    opened = row.get_attribute("data-job")
+    row.locator("a.job-name").click()
+    expect(page.locator("h1.job-title")).to_be_visible()
+    for back in (page.go_back, page.reload):
+        back()
+        expect(rows).to_have_count(shown)
+        expect(page.locator(f'tr[data-job="{opened}"]')).to_be_in_viewport()
+        assert abs(page.evaluate("scrollY") - scrolled) < 5
+    page.locator(f'tr[data-job="{opened}"] a.job-name').click()
+    expect(page.locator("h1.job-title")).to_be_visible()
+    page.locator('a[data-nav="jobs"]').click()  # the same list, opened anew: its top
+    page.wait_for_timeout(300)
+    expect(rows).to_have_count(50)
+    assert page.evaluate("scrollY") == 0
     assert session.errors == []
 
 

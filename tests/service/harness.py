@@ -188,6 +188,18 @@ def processes_under(data_dir: Path) -> list[int]:
     return pids
 
 
+def kill_processes_under(data_dir: Path, timeout: float = 10.0) -> None:
+    """SIGKILL the process groups of `processes_under(data_dir)` until none is left. Once
+    is not enough: a process caught between its fork and its exec still shows its
+    parent's command line, in its parent's group, and is killed at the next look."""
+    deadline = time.monotonic() + timeout
+    while (left := processes_under(data_dir)) and time.monotonic() < deadline:
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        time.sleep(0.05)
+
+
 class Service:
     """A `towerboard serve` subprocess and an HTTP client for it."""
 
@@ -248,9 +260,7 @@ class Service:
         """Stop the service, then every worker and TensorBoard it left."""
         self.stop()
         self.client.close()
-        for pid in processes_under(self.data_dir):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
+        kill_processes_under(self.data_dir)
 
     # --- helpers over the API --------------------------------------------------------
 

@@ -26,6 +26,7 @@ from tests.service.harness import (
     fake_worker_env,
     free_port,
     job_spec,
+    kill_processes_under,
     long_job,
     processes_under,
     stepping_worker_env,
@@ -690,8 +691,7 @@ def test_serve_refuses_a_taken_port_before_touching_jobs(
     job = first.submit(job_spec(name="sleepy"))
     first.wait_state(job["id"], "running")
     first.kill()
-    for pid in processes_under(first.data_dir):
-        os.killpg(pid, 9)
+    kill_processes_under(first.data_dir)
     busy = make_service()
     busy.start()
 

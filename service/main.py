@@ -23,6 +23,7 @@ from urllib.parse import quote
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 from starlette.responses import RedirectResponse, Response
 
 from service import deletion
@@ -42,6 +43,8 @@ from service.store import JobStore
 from service.supervisor import Supervisor
 from service.tensorboard import PATH_PREFIX, TensorBoardLauncher
 from service.upstream import Upstream
+
+DOCS_ASSETS = "/static/api-docs"  # Swagger UI's and ReDoc's scripts, styles and icon
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +141,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             os.close(lock)  # let go of the data dir only once everything has stopped
 
-    app = FastAPI(
+    # FastAPI's own /docs and /redoc load Swagger UI and ReDoc from a CDN: blank pages on
+    # a host without internet, as GPU hosts often are. fastapi-offline serves them from its
+    # package, under /static/ (open without the token, as the dashboard's files are).
+    app = FastAPIOffline(
+        static_url=DOCS_ASSETS,
         title="Towerboard",
         summary="A monitoring-first TensorFlow training service.",
         version="0.1.0",

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, expect
+from playwright.sync_api import Browser, Route, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import LAPTOP, LOG_POLL_MS, Session, open_session
@@ -606,3 +606,31 @@ def test_cancel_that_needed_a_kill_says_why_once(browser: Browser, tmp_path: Pat
     finally:
         session.context.close()
         service.close()
+
+
+def test_api_docs_need_nothing_from_outside(browser: Browser, service: Service) -> None:
+    """The dashboard's "API" link opens /docs, whose Swagger UI (and /redoc's ReDoc) came
+    from cdn.jsdelivr.net: a blank page on a host without internet, as GPU hosts often
+    are. Both come from the service now: every request elsewhere is refused, and none is
+    for what the pages need (ReDoc's "by Redocly" logo, an image, is left to fail)."""
+    session = open_session(browser, service, LAPTOP)
+    outside: list[str] = []
+
+    def refuse(route: Route) -> None:
+        if route.request.resource_type != "image":
+            outside.append(route.request.url)
+        route.abort()
+
+    page = session.page
+    page.route(lambda url: not url.startswith(service.base_url), refuse)
+    try:
+        page.goto("/docs")
+        expect(page.locator(".swagger-ui .info .title")).to_contain_text("Towerboard")
+        expect(page.locator(".opblock-summary-path", has_text="/api/v1/jobs").first).to_be_visible()
+        page.goto("/redoc")
+        expect(page.get_by_role("heading", name=re.compile("^Towerboard"))).to_be_visible()
+        expect(page.get_by_text("/api/v1/jobs/{job_id}/cancel").first).to_be_attached()
+        assert outside == []
+        assert session.errors == []
+    finally:
+        session.context.close()

@@ -188,16 +188,22 @@ def processes_under(data_dir: Path) -> list[int]:
     return pids
 
 
-def kill_processes_under(data_dir: Path, timeout: float = 10.0) -> None:
-    """SIGKILL the process groups of `processes_under(data_dir)` until none is left. Once
-    is not enough: a process caught between its fork and its exec still shows its
-    parent's command line, in its parent's group, and is killed at the next look."""
+def kill_processes_under(data_dir: Path, *, quiet_looks: int = 2, timeout: float = 10.0) -> None:
+    """SIGKILL the process groups of `processes_under(data_dir)` until `quiet_looks` looks
+    0.1 s apart find none. After a service was SIGKILLed one look is not enough: a process
+    between its fork and its exec shows its parent's command line in its parent's group,
+    and one in its exec shows none for a moment."""
     deadline = time.monotonic() + timeout
-    while (left := processes_under(data_dir)) and time.monotonic() < deadline:
+    quiet = 0
+    while time.monotonic() < deadline:
+        left = processes_under(data_dir)
+        quiet = 0 if left else quiet + 1
+        if quiet >= quiet_looks:
+            return
         for pid in left:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
-        time.sleep(0.05)
+        time.sleep(0.1)
 
 
 class Service:
@@ -260,7 +266,7 @@ class Service:
         """Stop the service, then every worker and TensorBoard it left."""
         self.stop()
         self.client.close()
-        kill_processes_under(self.data_dir)
+        kill_processes_under(self.data_dir, quiet_looks=1)  # stopped: it spawns no more
 
     # --- helpers over the API --------------------------------------------------------
 

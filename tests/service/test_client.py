@@ -690,6 +690,9 @@ def test_serve_refuses_a_taken_port_before_touching_jobs(
     first.start()
     job = first.submit(job_spec(name="sleepy"))
     first.wait_state(job["id"], "running")
+    # Its worker past its exec: killed mid-spawn, the service left a child that became the
+    # worker after every look for it had passed.
+    first.wait_for(job["id"], lambda job: job["progress"] is not None, what="a report")
     first.kill()
     kill_processes_under(first.data_dir)
     busy = make_service()

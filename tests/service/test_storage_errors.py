@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import sqlite3
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -30,7 +31,10 @@ def _post(app: FastAPI) -> httpx.Response:
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             return await client.post("/boom")
 
-    return asyncio.run(go())
+    # In a thread of its own: after the browser tests, Playwright keeps an event loop
+    # running in this one, and asyncio.run() refuses to start another beside it.
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, go()).result()
 
 
 @pytest.mark.parametrize(

@@ -279,7 +279,7 @@ export function mountJobs(view, query) {
     empty.hidden = order.length > 0;
     table.hidden = order.length === 0;
     emptyText.textContent = search ? `No ${filter ? `${filter} ` : ""}jobs match “${search}”.`
-      : "No jobs here yet.";
+      : filter ? `No ${filter} jobs.` : "No jobs here yet.";
     clearSearch.hidden = !search;
     const shown = order.length;
     const matching = search ? ` matching “${search}”` : "";

@@ -99,7 +99,7 @@ def test_search_is_kept_by_the_chips_and_the_way_back(session: Session, service:
     expect(page.locator("#jobs-search")).to_be_focused()
     expect(page.locator("#jobs-search")).to_have_value("")
     expect(page.locator(".empty .clear-search")).to_be_hidden()
-    expect(page.locator(".empty p")).to_have_text("No jobs here yet.")
+    expect(page.locator(".empty p")).to_have_text("No succeeded jobs.")  # not "here yet"
 
     # A chip pressed within the typing pause keeps what was typed.
     page.locator("#jobs-search").fill("delta")

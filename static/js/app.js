@@ -24,7 +24,24 @@ function unescaped(segment) {
   }
 }
 
+// The view is no live region (its ages, ETAs and log tail tick): where a link led is said
+// here instead, once, from the new page's heading, after it has had a moment to fill in.
+const announcer = document.getElementById("route-announcer");
+let announceTimer = null;
+let firstRoute = true;
+
+function announcePage() {
+  clearTimeout(announceTimer);
+  announcer.textContent = ""; // the same page again is a change too
+  announceTimer = setTimeout(() => {
+    const heading = view.querySelector("h1");
+    announcer.textContent = (heading && heading.textContent.trim()) || document.title;
+  }, 400);
+}
+
 function route() {
+  if (!firstRoute) announcePage(); // the page a browser opens is read out by the browser
+  firstRoute = false;
   unmount();
   view.replaceChildren();
   const hash = location.hash.replace(/^#/, "") || "/";

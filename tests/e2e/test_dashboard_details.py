@@ -580,6 +580,23 @@ def test_back_to_the_jobs_list_keeps_its_rows_and_place(session: Session, servic
     assert session.errors == []
 
 
+def test_a_page_switch_is_said_once_from_its_heading(session: Session, service: Service) -> None:
+    """With the view no live region, nothing told a screen reader where a link had led.
+    A status line outside the view says the new page's heading, once it has filled in."""
+    page = session.page
+    job = service.submit(job_spec(name="quick", steps=1))
+    service.wait_state(job["id"], "succeeded", "failed", "cancelled")
+    page.goto("/")
+    announcer = page.locator("#route-announcer")
+    expect(page.locator("#view h1")).to_have_text("Jobs")
+    expect(announcer).to_have_text("")  # the page a browser opens, it reads out itself
+    page.locator('a[data-nav="submit"]').click()
+    expect(announcer).to_have_text("Submit a job")
+    page.goto(f"/#/jobs/{job['id']}")
+    expect(announcer).to_have_text("quick")
+    assert session.errors == []
+
+
 def test_cancel_that_needed_a_kill_says_why_once(browser: Browser, tmp_path: Path) -> None:
     """A worker that ignores SIGTERM is killed after the grace; the page shows the
     service's reason, which starts "Cancelled: ", under one "Cancelled:" heading."""

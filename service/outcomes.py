@@ -80,6 +80,18 @@ def interrupted(
     return None
 
 
+def _restarts(restarts_after_kills: int) -> str:
+    """What a failure after the last restart TOWERBOARD_CRASH_RETRIES allows adds to its
+    reason ("" before any)."""
+    if not restarts_after_kills:
+        return ""
+    times = "once" if restarts_after_kills == 1 else f"{restarts_after_kills} times"
+    return (
+        f" The job had already been restarted from its checkpoint {times} after its worker "
+        "was killed, the most TOWERBOARD_CRASH_RETRIES allows."
+    )
+
+
 def crashed(
     exit: WorkerExit, result: dict[str, Any] | None = None, *, cancel_requested: bool
 ) -> str | None:
@@ -142,14 +154,9 @@ def final_state(
                     "log_tail": log_tail,
                 },
             )
-        reason = f"The worker was killed by {name} ({exit.signal})."
-        if restarts_after_kills:
-            times = "once" if restarts_after_kills == 1 else f"{restarts_after_kills} times"
-            reason += (
-                f" The job had already been restarted from its checkpoint {times} after its "
-                "worker was killed, the most TOWERBOARD_CRASH_RETRIES allows."
-            )
-        return failed(reason)
+        return failed(
+            f"The worker was killed by {name} ({exit.signal}).{_restarts(restarts_after_kills)}"
+        )
 
     if exit.code is None:  # adopted: only result.json can tell
         if result is None and cancel_requested:
@@ -165,17 +172,11 @@ def final_state(
                 },
             )
         if result is None:
-            reason = (
+            return failed(
                 "The worker ended without writing result.json while the service was not "
                 "its parent, so its exit status is unknown; it most likely crashed."
+                + _restarts(restarts_after_kills)
             )
-            if restarts_after_kills:
-                times = "once" if restarts_after_kills == 1 else f"{restarts_after_kills} times"
-                reason += (
-                    f" The job had already been restarted from its checkpoint {times} after "
-                    "its worker was killed, the most TOWERBOARD_CRASH_RETRIES allows."
-                )
-            return failed(reason)
         state = _OUTCOME_STATES.get(str(result.get("outcome")), JobState.FAILED)
         if state is JobState.FAILED:
             return failed(_result_reason(result))

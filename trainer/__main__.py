@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -49,9 +51,17 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     logging.getLogger("absl").addFilter(_drop_checkpoint_chatter)
-    from trainer.run import run_job
+    # Autograph writes every function it converts to a temp file and deletes it at exit,
+    # an exit this worker skips (below): each job left 17 or more files in /tmp for good.
+    # Its own folder, removed as it ends, keeps them in one place; a worker killed
+    # outright still leaves that one folder.
+    tempfile.tempdir = tempfile.mkdtemp(prefix="towerboard-worker-")
+    try:
+        from trainer.run import run_job
 
-    return int(run_job(args.job_dir, args.spec, stop=stop))
+        return int(run_job(args.job_dir, args.spec, stop=stop))
+    finally:
+        shutil.rmtree(tempfile.tempdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

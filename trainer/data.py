@@ -647,6 +647,27 @@ def _tfrecord_hint(path: Path, compressed: bool) -> str:
     return ""
 
 
+# The first bytes of the encoded image files a TFRecord writer often stores instead.
+_ENCODED_IMAGES = {
+    b"\x89PNG\r\n\x1a\n": "PNG",
+    b"\xff\xd8\xff": "JPEG",
+    b"GIF8": "GIF",
+    b"BM": "BMP",
+}
+
+
+def _encoded_hint(image_raw: bytes) -> str:
+    """Why an `image_raw` of the wrong size may be so: it holds an encoded image file."""
+    for magic, kind in _ENCODED_IMAGES.items():
+        if image_raw.startswith(magic):
+            return (
+                f", which begin as a {kind} file does: `image_raw` holds raw uint8 pixels "
+                "(height x width x channels, row by row), so decode each image "
+                "(tf.io.decode_image) and write its .numpy().tobytes()"
+            )
+    return ""
+
+
 def _read_tfrecord(path: Path) -> _Chunk | None:
     """All examples of one TFRecord file (GZIP if named `.gz`); None if it has none.
 
@@ -686,7 +707,8 @@ def _read_tfrecord(path: Path) -> _Chunk | None:
             if bad.size:
                 raise DataError(
                     f"Expected `image_raw` of {math.prod(shape)} bytes (image shape {shape}). "
-                    f"Received: {sizes[bad[0]]} bytes in record {first + bad[0]} ({path})"
+                    f"Received: {sizes[bad[0]]} bytes in record {first + bad[0]}"
+                    f"{_encoded_hint(raw[bad[0]])} ({path})"
                 )
             images.append(np.frombuffer(b"".join(raw), np.uint8).reshape(-1, *shape))
             labels.append(batch["label"])

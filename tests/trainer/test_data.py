@@ -616,6 +616,29 @@ def test_load_arrays_tfrecord_image_size_mismatch(tmp_path: Path) -> None:
     )
 
 
+def test_load_arrays_tfrecord_of_encoded_png_images_says_to_decode_them(tmp_path: Path) -> None:
+    # A common way to write image TFRecords stores each image's PNG file, which gave only
+    # "Expected 64 bytes. Received: 140" here.
+    x = images(2, (8, 8, 1))
+    path = write_tfrecord(tmp_path / "a.tfrecord", x, [0, 1])
+    records = list(tf.data.TFRecordDataset(str(path)).as_numpy_iterator())
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for record, image in zip(records, x, strict=True):
+            example = tf.train.Example.FromString(record)
+            png = tf.io.encode_png(image.astype(np.uint8)).numpy()
+            example.features.feature["image_raw"].bytes_list.value[0] = png
+            writer.write(example.SerializeToString())
+
+    with pytest.raises(DataError) as error:
+        load_arrays(spec("tfrecord", path), seed=0)
+
+    assert str(error.value).startswith("Expected `image_raw` of 64 bytes (image shape (8, 8, 1)). ")
+    assert "in record 0, which begin as a PNG file does: `image_raw` holds raw uint8 pixels" in str(
+        error.value
+    )
+    assert "decode each image (tf.io.decode_image)" in str(error.value)
+
+
 def test_load_arrays_tfrecord_corrupt_file(tmp_path: Path) -> None:
     path = tmp_path / "a.tfrecord"
     path.write_bytes(b"not a record file at all")

@@ -173,6 +173,11 @@ class DevicePublic(BaseModel):
     id: str
     kind: str
     job_id: str | None
+    configured: bool = Field(
+        True,
+        description="False for a device a running job holds that the service's settings no "
+        "longer name (set lower across a restart): it is not given out again.",
+    )
 
 
 class DevicesPublic(BaseModel):

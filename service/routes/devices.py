@@ -18,10 +18,16 @@ async def read_devices(runtime: RuntimeDep) -> DevicesPublic:
     # A job that has ended holds its devices until its worker process is gone.
     holders = runtime.supervisor.held_after_their_jobs()
     holders.update({device: job.id for job in runtime.store.running() for device in job.devices})
-    return DevicesPublic(
-        data=[
-            DevicePublic(id=device, kind="gpu" if pool.gpu else "cpu", job_id=holders.get(device))
-            for device in pool.devices
-        ],
-        max_towers=pool.max_towers,
-    )
+    data = [
+        DevicePublic(id=device, kind="gpu" if pool.gpu else "cpu", job_id=holders.get(device))
+        for device in pool.devices
+    ]
+    # A job adopted after a restart that configured fewer devices (a lower
+    # TOWERBOARD_CPU_JOBS, a shorter TOWERBOARD_GPUS) still holds one outside the pool:
+    # shown until it ends, as it counts in /metrics' busy devices, and never given out again.
+    data += [
+        DevicePublic(id=device, kind=device.split(":")[0], job_id=job_id, configured=False)
+        for device, job_id in sorted(holders.items())
+        if device not in pool.devices
+    ]
+    return DevicesPublic(data=data, max_towers=pool.max_towers)

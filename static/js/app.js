@@ -76,6 +76,9 @@ async function refreshDevices() {
       class: `device ${device.job_id ? "busy" : "free"}`, dataset: { device: device.id },
     },
     h("span", { class: "device-id" }, device.id),
+    device.configured === false
+      ? h("span", { class: "muted", title: "Held by a job started before the service's settings named fewer devices; not given out again." }, "not configured")
+      : null,
     device.job_id
       ? h("a", { href: jobLink({ id: device.job_id }) }, device.job_id)
       : h("span", { class: "muted" }, "free"))));

@@ -458,6 +458,39 @@ def test_restart_service_adopts_living_worker_then_requeues_dead_one(
     assert service.wait_state(second["id"], "succeeded", "failed")["state"] == "succeeded"
 
 
+def test_restart_with_fewer_devices_still_shows_the_one_an_adopted_job_holds(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # Two jobs on two CPU slots; the service restarts with one. The job on the second slot
+    # is adopted and runs on: /devices must still say it holds that slot (it counts in
+    # /metrics' busy devices), and that the slot is no longer given out.
+    env = {**stepping_worker_env(tmp_path), "TOWERBOARD_CPU_JOBS": "2"}
+    service = make_service(env=env)
+    service.start()
+    first = service.submit(long_job(name="first"))["id"]
+    second = service.submit(long_job(name="second"))["id"]
+    service.wait_checkpoint(first)
+    service.wait_checkpoint(second)
+    service.kill()
+    service.env["TOWERBOARD_CPU_JOBS"] = "1"
+    service.start()
+
+    devices = service.client.get("/api/v1/devices").json()["data"]
+    assert devices == [
+        {"id": "cpu:0", "kind": "cpu", "job_id": first, "configured": True},
+        {"id": "cpu:1", "kind": "cpu", "job_id": second, "configured": False},
+    ]
+    third = service.submit(long_job(name="third"))["id"]
+    service.client.post(f"/api/v1/jobs/{second}/cancel")
+    assert service.wait_state(second, "cancelled", "failed")["state"] == "cancelled"
+    service.wait_for(
+        second,
+        lambda _: len(service.client.get("/api/v1/devices").json()["data"]) == 1,
+        what="the retired slot to go once its job's worker is gone",
+    )
+    assert service.job(third)["state"] == "queued"  # never given the retired slot
+
+
 def test_restart_finds_a_worker_whose_pid_was_never_stored(
     make_service: Callable[..., Service], tmp_path: Path
 ) -> None:

@@ -48,6 +48,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from service.headtimeout import head_timeout_protocol
     from service.main import DataDirInUse, create_app, lock_data_dir
+    from service.workers import worker_command_problems
 
     log = logging.getLogger("towerboard")
 
@@ -75,6 +76,10 @@ def _serve(args: argparse.Namespace) -> int:
             shown = "input" in item and field != "token" and "Received:" not in message
             received = f". Received: {item['input']!r}" if shown else ""
             log.error("Invalid %s: %s%s", name, message, received)
+        return EXIT_BAD_SETTING
+    if problems := worker_command_problems(settings.python, settings.worker_module):
+        for name, problem in problems:
+            log.error("Invalid setting %s: %s", name, problem)
         return EXIT_BAD_SETTING
     # The port and the data dir's lock are checked before the app starts: its start-up
     # adopts running workers and starts queued jobs, and a service that then could not

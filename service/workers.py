@@ -14,6 +14,7 @@ died between starting a worker and storing its pid finds it by that argv instead
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -97,6 +98,75 @@ def worker_pythonpath() -> list[str]:
     """A worker's PYTHONPATH: this project first, then the service's own PYTHONPATH."""
     own = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     return [str(_PROJECT_ROOT), *filter(None, own)]
+
+
+# Run by TOWERBOARD_PYTHON at start: what it lacks to run workers and TensorBoard. A
+# module is found, not imported (a package's own __init__ is, to find its __main__).
+_PROBE = """\
+import importlib.util, json, sys
+def found(name):
+    try:
+        return importlib.util.find_spec(name) is not None
+    except Exception:  # a parent package that fails to import
+        return False
+module = sys.argv[1]
+spec = found(module) and importlib.util.find_spec(module)
+runnable = bool(spec) and (spec.submodule_search_locations is None or found(module + ".__main__"))
+print(json.dumps({"version": list(sys.version_info[:2]), "runnable": runnable,
+                  "missing": [name for name in ("tensorflow", "tensorboard") if not found(name)]}))
+"""
+
+
+def worker_command_problems(python: str, module: str) -> list[tuple[str, str]]:
+    """(setting, problem) for each reason `python -m module` could not run a job here.
+
+    Checked at start: otherwise every job failed long after ("exited with code 1", a
+    ModuleNotFoundError in its log) and every TensorBoard start with it. About 0.1 s.
+    """
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(worker_pythonpath()), "PYTHONSAFEPATH": "1"}
+
+    def not_python(why: str) -> list[tuple[str, str]]:
+        return [
+            (
+                "TOWERBOARD_PYTHON",
+                f"Expected a Python 3.11+ interpreter. Received: {python!r}, {why}",
+            )
+        ]
+
+    try:
+        probe = subprocess.run(
+            [python, "-c", _PROBE, module],
+            capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return not_python(f"which could not be run ({error})")
+    try:
+        answer = json.loads(probe.stdout.strip().splitlines()[-1])
+        version = tuple(answer["version"])
+    except (ValueError, IndexError, KeyError, TypeError):
+        said = (probe.stderr or probe.stdout).strip().splitlines()[-1:]
+        return not_python(f"which did not run Python's check (exit {probe.returncode}"
+                          f"{': ' + said[0] if said else ''})")  # fmt: skip
+    problems = []
+    if version < (3, 11):
+        problems.append((
+            "TOWERBOARD_PYTHON",
+            f"Expected Python 3.11 or newer. Received: {python!r}, Python "
+            f"{'.'.join(map(str, version))}",
+        ))  # fmt: skip
+    if answer["missing"]:
+        problems.append((
+            "TOWERBOARD_PYTHON",
+            "Expected an interpreter with TensorFlow and TensorBoard installed. Received: "
+            f"{python!r}, which lacks {' and '.join(answer['missing'])}",
+        ))  # fmt: skip
+    if not answer["runnable"]:
+        problems.append((
+            "TOWERBOARD_WORKER_MODULE",
+            f"Expected a module that TOWERBOARD_PYTHON can run as `python -m MODULE` (found "
+            f"on its sys.path or PYTHONPATH). Received: {module!r}, not found",
+        ))  # fmt: skip
+    return problems
 
 
 def spawn_worker(

@@ -87,6 +87,52 @@ def test_serve_python_that_cannot_be_run_exits_2_in_one_line(tmp_path: Path) -> 
     assert line.endswith(f"Received: '{tmp_path / 'no-python'}'"), line
 
 
+def serve_with(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve", "--port", "0",
+         "--data-dir", str(tmp_path / "data")],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={"PATH": "/usr/bin:/bin", **env},
+    )  # fmt: skip
+
+
+def test_serve_worker_module_that_cannot_be_found_exits_2_in_one_line(tmp_path: Path) -> None:
+    # It started, then failed every job with "The worker exited with code 1.".
+    result = serve_with(tmp_path, TOWERBOARD_WORKER_MODULE="trainr")
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.endswith(
+        "Invalid setting TOWERBOARD_WORKER_MODULE: Expected a module that TOWERBOARD_PYTHON can "
+        "run as `python -m MODULE` (found on its sys.path or PYTHONPATH). Received: 'trainr', "
+        "not found"
+    ), line
+    assert not (tmp_path / "data").exists()  # refused before touching anything
+
+
+def test_serve_python_without_tensorflow_exits_2_naming_what_it_lacks(tmp_path: Path) -> None:
+    # This interpreter without its site-packages: a Python that lacks TensorFlow, as a
+    # system Python beside the service's virtualenv does.
+    bare = tmp_path / "bare-python"
+    bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    bare.chmod(0o755)
+    result = serve_with(tmp_path, TOWERBOARD_PYTHON=str(bare))
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.endswith(
+        "Invalid setting TOWERBOARD_PYTHON: Expected an interpreter with TensorFlow and "
+        f"TensorBoard installed. Received: '{bare}', which lacks tensorflow and tensorboard"
+    ), line
+
+
+def test_serve_python_that_is_no_python_exits_2(tmp_path: Path) -> None:
+    result = serve_with(tmp_path, TOWERBOARD_PYTHON="/bin/true")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().endswith(
+        "Invalid setting TOWERBOARD_PYTHON: Expected a Python 3.11+ interpreter. Received: "
+        "'/bin/true', which did not run Python's check (exit 0)"
+    ), result.stderr
+
+
 @pytest.mark.parametrize(
     ("env", "expected"),
     [

@@ -15,7 +15,7 @@ _EMA = "with the EMA weights when `ema_decay` is set"
 _TABLE: list[tuple[str, str, str]] = [
     ("train", r"loss",
      "Mean loss of this step's global batch, over every tower (cross-entropy; the L2 "
-     "weight decay is not in it)."),
+     "weight decay and a custom model's own regularizer losses are not in it)."),
     ("train", r"accuracy", "Fraction of this step's global batch classified right (0 to 1)."),
     ("train", r"learning_rate",
      "Learning rate this step's update used: the linear warm-up, then the schedule."),

@@ -121,7 +121,7 @@ class ClusterTrainer(TowerTrainer):
                 logits = self.model(shard_images, training=True)
                 loss, correct = self._per_example(shard_labels, logits)
                 loss_sum = weight * tf.reduce_sum(loss)
-                scaled = loss_sum / batch_f
+                scaled = self._objective(loss_sum, tf.cast(size, tf.float32) / batch_f, batch_f)
             grads = self._gradients(tape, scaled, warn=tower == 0)
 
         sum_ = tf.distribute.ReduceOp.SUM

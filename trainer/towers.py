@@ -222,6 +222,19 @@ class TowerTrainer:
             for v, g in zip(self._variables, grads, strict=True)
         ]
 
+    def _objective(self, loss_sum: tf.Tensor, share: tf.Tensor, batch_f: tf.Tensor) -> tf.Tensor:
+        """What one tower differentiates: its part of the global mean loss, plus `share` (its
+        part of the global batch) of the model's own losses, read inside the tape right
+        after the tower's call: a custom model's weight and activity regularizers and
+        `add_loss` terms, which Keras's `fit` trains on too and which would otherwise be
+        dropped without a word. The shares add up to 1, so the towers' gradients sum to
+        the gradient of the global mean loss plus those losses, once."""
+        objective = loss_sum / batch_f
+        own = self.model.losses  # weight regularizers are computed here, on the tape
+        if own:
+            objective += share * tf.add_n([tf.cast(term, tf.float32) for term in own])
+        return objective
+
     def _train_step(
         self, images: tf.Tensor, labels: tf.Tensor, with_grad_norm: tf.Tensor, requests: tf.Tensor
     ) -> dict[str, tf.Tensor]:
@@ -239,7 +252,8 @@ class TowerTrainer:
                     logits = self.model(shard_images, training=True)
                     loss, correct = self._per_example(shard_labels, logits)
                     loss_sum = weight * tf.reduce_sum(loss)
-                    scaled = loss_sum / batch_f
+                    share = tf.cast(sizes[i], tf.float32) / batch_f
+                    scaled = self._objective(loss_sum, share, batch_f)
                 tower_grads.append(self._gradients(tape, scaled, warn=i == 0))
                 loss_sums.append(loss_sum)
                 correct_sums.append(weight * tf.reduce_sum(correct))

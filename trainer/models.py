@@ -208,6 +208,25 @@ def _output_shape(name: str, model: keras.Model, input_shape: tuple[int, ...]) -
     return tuple(output.shape)
 
 
+def _squashed_output(model: keras.Model) -> str | None:
+    """How a functional or sequential model's output is squashed ("softmax" from layer
+    `dense_1`), or None: logits, or a subclassed model, whose last op cannot be seen."""
+    try:
+        outputs = model.outputs
+    except AttributeError:  # subclassed
+        return None
+    history = getattr(outputs[0], "_keras_history", None) if len(outputs) == 1 else None
+    if history is None:
+        return None
+    layer = history.operation
+    name: str | None
+    if isinstance(layer, keras.layers.Softmax):
+        name = "softmax"
+    else:
+        name = getattr(getattr(layer, "activation", None), "__name__", None)
+    return f"{name} (from layer {layer.name!r})" if name in ("softmax", "sigmoid") else None
+
+
 def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
     """Build the model of `spec` for images of `input_shape` (H, W, C) and `num_classes`.
 
@@ -228,6 +247,16 @@ def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int)
                 f"Expected {spec.name!r} to return a keras.Model. Received: {type(model).__name__}"
             )
         output_shape = _output_shape(spec.name, model, input_shape)
+        # The loss applies softmax (or sigmoid) itself: a model that already did trains on
+        # squashed probabilities taken for logits, slowly and badly, with no error anywhere
+        # (and its export's `probabilities` are a softmax of probabilities, near uniform).
+        squashed = _squashed_output(model)
+        if squashed is not None:
+            raise ModelError(
+                f"Expected model {spec.name!r} to output logits, with no activation after its "
+                f"last layer (the trainer's loss applies softmax or sigmoid itself). "
+                f"Received: an output already passed through {squashed}"
+            )
     else:
         # The spec checked the size it could know without the data; this is the real one,
         # counted before a single weight is allocated.

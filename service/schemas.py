@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.store import JobRecord, JobState
-from trainer.spec import JobSpec
+from trainer.spec import JobSpec, without_unread
 
 # Body of POST /jobs: exactly the trainer's job spec, validated by the same code.
 JobCreate = JobSpec
@@ -116,7 +116,7 @@ class JobPublic(BaseModel):
             name=job.name,
             state=job.state,
             priority=job.priority,
-            spec=job.spec,
+            spec=without_unread(job.spec),  # a job stored before kept every option
             devices=job.devices,
             attempts=job.attempts,
             cancel_requested=job.cancel_requested_at is not None,

@@ -31,7 +31,13 @@ from trainer.rundir import (
     RunDir,
     write_json_atomic,
 )
-from trainer.spec import JobSpec, field_errors, format_errors
+from trainer.spec import (
+    JobSpec,
+    field_errors,
+    format_errors,
+    options_not_read,
+    without_unread,
+)
 
 log = logging.getLogger("trainer")
 
@@ -112,6 +118,10 @@ def run_job(
     _stop_on_signals(stop)
     try:
         spec = load_spec(spec_path)
+        if spec_path.resolve() != rundir.spec.resolve() and (unread := options_not_read(spec)):
+            # A spec file as a person wrote it (spec.json may be one stored with defaults).
+            lines = "\n".join(f"{e['field']}: {e['message']}" for e in unread)
+            raise InvalidJob(f"Invalid job spec:\n{lines}", unread)
         job = _prepare(spec, cluster)
         if job["strategy"] is not None:
             # TensorFlow's coordination service installs its own SIGTERM handler (a
@@ -124,7 +134,7 @@ def run_job(
         log.error("preparing the job failed:\n%s", traceback.format_exc())
         return _write_result(rundir, Outcome.FAILED, f"Preparing the job failed: {one_line(e)}")
     if spec_path.resolve() != rundir.spec.resolve():
-        write_json_atomic(rundir.spec, spec.model_dump(mode="json"))
+        write_json_atomic(rundir.spec, without_unread(spec.model_dump(mode="json")))
     return _train(spec, job, rundir, stop, cluster)
 
 

@@ -254,7 +254,7 @@ class DataSpec(_Strict):
 
 
 class ScheduleSpec(_Strict):
-    """Learning-rate schedule after warm-up."""
+    """Learning-rate schedule after warm-up (its step 0 is the first after warm-up)."""
 
     name: Literal["constant", "exponential_decay", "polynomial", "cosine"] = "constant"
     decay_steps: PositiveInt = 1000
@@ -276,6 +276,71 @@ class OptimizerSpec(_Strict):
     epsilon: float = Field(1e-7, gt=0.0)
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
     warmup_steps: NonNegativeInt = 0
+
+
+# Which optimizers and schedules read each option. Any other ignores it, so a user's
+# `{"name": "sgd", "momentum": 0.9}` (Keras's SGD with momentum) would train as plain SGD.
+_READ_BY: dict[str, dict[str, tuple[str, ...]]] = {
+    "optimizer": {
+        "momentum": ("momentum",),
+        "beta_1": ("adam",),
+        "beta_2": ("adam",),
+        "epsilon": ("adam",),
+    },
+    "optimizer.schedule": {
+        "decay_steps": ("exponential_decay", "polynomial", "cosine"),
+        "decay_rate": ("exponential_decay",),
+        "staircase": ("exponential_decay",),
+        "power": ("polynomial",),
+        "end_learning_rate": ("polynomial",),
+        "alpha": ("cosine",),
+    },
+}
+
+
+def _unread_keys(where: str, name: str) -> list[str]:
+    """The options of the optimizer (or schedule) `name` that it ignores."""
+    return [key for key, readers in _READ_BY[where].items() if name not in readers]
+
+
+def options_not_read(spec: JobSpec) -> list[dict[str, str]]:
+    """A field error for each optimizer or schedule option given that the chosen optimizer
+    or schedule would ignore. Given: set in the input, so only on a spec as a person wrote
+    it (a submitted body, a `--spec` file), never on one stored with every default."""
+    errors = []
+    parts: dict[str, OptimizerSpec | ScheduleSpec] = {
+        "optimizer": spec.optimizer,
+        "optimizer.schedule": spec.optimizer.schedule,
+    }
+    for where, part in parts.items():
+        for key in _unread_keys(where, part.name):
+            if key in part.model_fields_set:
+                readers = " or ".join(repr(name) for name in _READ_BY[where][key])
+                kind = "optimizer" if where == "optimizer" else "schedule"
+                hint = ' (SGD with momentum is "name": "momentum")' if key == "momentum" else ""
+                errors.append({
+                    "field": f"{where}.{key}",
+                    "message": f"Expected no `{key}` with {kind} {part.name!r}, which does not "
+                    f"use it: only {readers} does{hint}. Received: {_shown(getattr(part, key))}",
+                })  # fmt: skip
+    return errors
+
+
+def without_unread(spec: dict[str, Any]) -> dict[str, Any]:
+    """A spec dict (a dump) without the options its optimizer and schedule ignore: as
+    stored, written to spec.json and shown, so that it can be submitted again as it is."""
+    optimizer = spec.get("optimizer")
+    if not isinstance(optimizer, dict):
+        return spec
+    optimizer = {
+        key: value
+        for key, value in optimizer.items()
+        if key not in _unread_keys("optimizer", optimizer.get("name", ""))
+    }
+    if isinstance(schedule := optimizer.get("schedule"), dict):
+        unread = _unread_keys("optimizer.schedule", schedule.get("name", ""))
+        optimizer["schedule"] = {k: v for k, v in schedule.items() if k not in unread}
+    return {**spec, "optimizer": optimizer}
 
 
 # --- cadences ------------------------------------------------------------------------

@@ -63,7 +63,7 @@ from service.settings import Settings
 from service.store import JobRecord, JobState, MetricPoint
 from service.workers import worker_pythonpath
 from trainer.rundir import RunDir, write_json_atomic
-from trainer.spec import field_errors
+from trainer.spec import field_errors, options_not_read, without_unread
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -150,9 +150,10 @@ def _admit(spec: JobCreate, runtime: Runtime) -> tuple[JobCreate, list[dict[str,
 def create_job(job_in: JobCreate, runtime: RuntimeDep) -> Response:
     """Validate a job spec, store it as `queued` and return it with its id."""
     spec, errors = _admit(job_in, runtime)
+    errors += options_not_read(job_in)
     if errors:
         raise FieldErrors(errors)
-    job = runtime.store.create(spec.model_dump(mode="json"))
+    job = runtime.store.create(without_unread(spec.model_dump(mode="json")))
     runtime.broker.publish(JobEvent.state(job))  # a new row for whoever follows every job
     runtime.supervisor.wake()
     return Response(render_job(job), status_code=201, media_type=_JSON)
@@ -384,8 +385,8 @@ def _resume(job_id: str, resume_in: ResumeCreate, runtime: Runtime) -> Response:
             f"resumes, is at step {last}, past its total of {total} steps. Give a larger "
             f'total, e.g. {{"steps": N}} with N over {last}.',
         )
-    new_spec = admitted.model_dump(mode="json")
-    changed = new_spec != job.spec
+    new_spec = without_unread(admitted.model_dump(mode="json"))
+    changed = new_spec != without_unread(job.spec)  # a job stored before kept every option
     progress = None
     if job.progress is not None:
         # The last attempt's phase ("done") and ETA are not this one's: `status` and
@@ -719,7 +720,7 @@ def _download_responses(what: str) -> dict[int | str, dict[str, Any]]:
 
 
 def _spec_json(job: JobRecord) -> bytes:
-    return (json.dumps(job.spec, indent=2, sort_keys=True) + "\n").encode()
+    return (json.dumps(without_unread(job.spec), indent=2, sort_keys=True) + "\n").encode()
 
 
 def _checkpoint_archive(

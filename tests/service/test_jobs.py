@@ -7,6 +7,7 @@ import json
 import os
 import re
 import socket
+import sqlite3
 import tarfile
 import threading
 import time
@@ -542,6 +543,52 @@ def test_create_job_every_error_listed(service: Service) -> None:
             "Received: 'big'",
         },
     ]
+
+
+def test_create_job_option_its_optimizer_or_schedule_ignores(service: Service) -> None:
+    # Keras users write SGD with momentum as {"name": "sgd", "momentum": 0.9}: it trained
+    # as plain SGD, as a cosine schedule ignored a decay_rate, without a word.
+    optimizer = {"name": "sgd", "momentum": 0.9, "schedule": {"name": "cosine", "decay_rate": 0.5}}
+    assert _errors(service, job_spec(optimizer=optimizer)) == [
+        {
+            "field": "optimizer.momentum",
+            "message": "Expected no `momentum` with optimizer 'sgd', which does not use it: "
+            'only \'momentum\' does (SGD with momentum is "name": "momentum"). Received: 0.9',
+        },
+        {
+            "field": "optimizer.schedule.decay_rate",
+            "message": "Expected no `decay_rate` with schedule 'cosine', which does not use it: "
+            "only 'exponential_decay' does. Received: 0.5",
+        },
+    ]
+
+
+def test_stored_spec_has_only_the_options_used_and_resubmits_as_it_is(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    service = make_service(env=fake_worker_env(tmp_path))
+    service.start()
+    job = service.submit(job_spec(name="quick", optimizer={"name": "adam"}))
+    assert set(job["spec"]["optimizer"]) == {
+        "name", "learning_rate", "beta_1", "beta_2", "epsilon", "schedule", "warmup_steps"
+    }  # fmt: skip
+    assert job["spec"]["optimizer"]["schedule"] == {"name": "constant"}
+    # What the dashboard's Edit & resubmit and a script copying a job's spec send.
+    again = service.client.post("/api/v1/jobs", json=job["spec"])
+    assert again.status_code == 201, again.text
+    service.wait_state(job["id"], "succeeded", "failed")
+
+    # A job stored before kept every option: shown without them, and resumed unchanged.
+    service.stop()
+    spec = {**job["spec"], "optimizer": {**job["spec"]["optimizer"], "momentum": 0.9}}
+    spec["optimizer"]["schedule"] = {**spec["optimizer"]["schedule"], "alpha": 0.0}
+    with sqlite3.connect(service.data_dir / "towerboard.db") as db:
+        db.execute("UPDATE jobs SET spec = ? WHERE id = ?", (json.dumps(spec), job["id"]))
+    service.start()
+    assert service.job(job["id"])["spec"] == job["spec"]
+    resumed = service.client.post(f"/api/v1/jobs/{job['id']}/resume", json={"steps": 80})
+    assert resumed.status_code == 200, resumed.text
+    assert resumed.json()["spec"] == {**job["spec"], "steps": 80}
 
 
 def test_create_job_custom_model_module_missing(service: Service) -> None:

@@ -460,6 +460,10 @@ BAD_SPECS = {
         json.dumps(with_(TINY, data={"format": "idx", "path": "/nonexistent/mnist"})),
         "/nonexistent/mnist",
     ),
+    "option_its_optimizer_ignores": (
+        json.dumps(with_(TINY, optimizer={"name": "sgd", "momentum": 0.9})),
+        "optimizer.momentum: Expected no `momentum` with optimizer 'sgd', which does not use it",
+    ),
     "custom_model_not_importable": (
         json.dumps(with_(TINY, model={"name": "no_such_module:build"})),
         "Cannot import module 'no_such_module' of model 'no_such_module:build'",

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from trainer.models import BUILDERS
-from trainer.spec import MODEL_NAMES, JobSpec, field_errors
+from trainer.spec import MODEL_NAMES, JobSpec, field_errors, options_not_read, without_unread
 
 SYNTHETIC = {"format": "synthetic"}
 
@@ -83,6 +83,37 @@ def test_parse_spec_design_example():
     assert spec.towers == 2 and spec.optimizer.schedule.staircase is True
     # A dumped spec reads back to the same spec (the service writes spec.json this way).
     assert JobSpec.model_validate(json.loads(spec.model_dump_json())) == spec
+    assert options_not_read(spec) == []  # the example sets only options its choices use
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "fields"),
+    [
+        ({"name": "sgd", "momentum": 0.9}, ["optimizer.momentum"]),
+        ({"name": "momentum", "beta_1": 0.5, "epsilon": 1e-3},
+         ["optimizer.beta_1", "optimizer.epsilon"]),
+        ({"name": "adam", "schedule": {"name": "constant", "decay_steps": 10}},
+         ["optimizer.schedule.decay_steps"]),
+        ({"schedule": {"name": "polynomial", "alpha": 0.1, "staircase": True}},
+         ["optimizer.schedule.staircase", "optimizer.schedule.alpha"]),
+        ({"name": "momentum", "momentum": 0.5,
+          "schedule": {"name": "cosine", "decay_steps": 10, "alpha": 0.1}}, []),
+    ],
+)  # fmt: skip
+def test_options_not_read_names_each_option_that_would_be_ignored(optimizer, fields):
+    spec = JobSpec.model_validate({"data": SYNTHETIC, "optimizer": optimizer})
+    assert [error["field"] for error in options_not_read(spec)] == fields
+
+
+def test_spec_without_unread_options_reads_back_the_same_and_passes_the_check():
+    spec = JobSpec.model_validate(
+        {"data": SYNTHETIC, "optimizer": {"name": "sgd", "schedule": {"name": "cosine"}}}
+    )
+    stored = without_unread(spec.model_dump(mode="json"))
+    assert set(stored["optimizer"]) == {"name", "learning_rate", "schedule", "warmup_steps"}
+    assert set(stored["optimizer"]["schedule"]) == {"name", "decay_steps", "alpha"}
+    again = JobSpec.model_validate(stored)
+    assert again == spec and options_not_read(again) == []
 
 
 def test_parse_spec_unknown_key():

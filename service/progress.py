@@ -136,6 +136,9 @@ def fold_progress(
                 "step": step,
                 "loss": _number(line.get("eval_loss")),
                 "accuracy": _number(line.get("eval_accuracy")),
+                "examples": examples
+                if isinstance(examples := line.get("eval_examples"), int)
+                else None,
                 "time": when,
             }
             if isinstance(step, int):

@@ -71,6 +71,11 @@ class EvalPublic(BaseModel):
     step: int | None = None
     loss: float | None = None
     accuracy: float | None = None
+    examples: int | None = Field(
+        None,
+        description="How many eval examples loss and accuracy are over (`eval.batches` "
+        "may read only the first of them).",
+    )
     time: datetime | None = None
 
 

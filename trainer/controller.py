@@ -92,7 +92,7 @@ class RunSummary:
     outcome: Outcome
     step: int
     metrics: Mapping[str, float | None] = field(default_factory=dict)
-    eval: dict[str, float] | None = None
+    eval: dict[str, float] | None = None  # loss, accuracy, and the examples they are over
     checkpoint: str | None = None
 
 
@@ -401,14 +401,18 @@ class Controller:
         if sums is None or sums[2] == 0:
             return
         loss_sum, correct, count = sums
-        self._last_eval = {"loss": loss_sum / count, "accuracy": correct / count}
-        self.summaries.scalars("eval", self._last_eval, step)
+        metrics = {"loss": loss_sum / count, "accuracy": correct / count}
+        self.summaries.scalars("eval", metrics, step)
+        # How many examples the figures are over: `eval.batches` may read only the first of
+        # them, which a figure alone does not say.
+        self._last_eval = {**metrics, "examples": int(count)}
         self.progress.write(
             "eval",
             step=step,
             total=self.total_steps,
-            eval_loss=_significant(self._last_eval["loss"]),
-            eval_accuracy=round(self._last_eval["accuracy"], 6),
+            eval_loss=_significant(metrics["loss"]),
+            eval_accuracy=round(metrics["accuracy"], 6),
+            eval_examples=int(count),
             phase="eval",
         )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import re
 import signal
 import threading
@@ -295,6 +296,16 @@ def _train(
             batches = iter(train_dataset(arrays, spec.data, spec.batch_size, spec.seed))
         evaluates = arrays.num_eval and spec.eval.every_steps
         evals = eval_dataset(arrays, spec.batch_size, spec.eval.batches) if evaluates else None
+        if evaluates and (read := spec.eval.batches * spec.batch_size) < arrays.num_eval:
+            log.info(
+                "eval: each eval reads the first %d of the %d eval examples (eval.batches %d "
+                "of batch_size %d); give eval.batches %d to read them all",
+                read,
+                arrays.num_eval,
+                spec.eval.batches,
+                spec.batch_size,
+                math.ceil(arrays.num_eval / spec.batch_size),
+            )
         checkpointer = Checkpointer(rundir.checkpoints, trainer, batches, spec.checkpoint)
         if cluster_trainer is not None:
             # Same spec and data on every worker, then the same checkpoint restored on each.

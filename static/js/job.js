@@ -205,7 +205,9 @@ export function mountJob(view, jobId) {
     set("loss", num(p.loss));
     set("accuracy", percent(p.accuracy));
     set("eval_loss", num(e.loss));
-    set("eval_accuracy", percent(e.accuracy));
+    // Over how many examples: `eval.batches` may read only the first of the eval set.
+    set("eval_accuracy", typeof e.examples === "number" && e.accuracy != null
+      ? `${percent(e.accuracy)} on ${e.examples.toLocaleString("en-US")}` : percent(e.accuracy));
     set("examples_per_sec", rate(p.examples_per_sec));
     set("eta", eta(job));
     set("learning_rate", num(p.learning_rate, 6));

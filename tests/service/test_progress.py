@@ -16,7 +16,7 @@ def test_fold_progress_lines() -> None:
         {"time": 2.0, "event": "progress", "step": 10, "total": 40, "loss": 1.5, "accuracy": 0.5,
          "examples_per_sec": 100.0, "eta_seconds": 6.0, "learning_rate": 0.01, "phase": "training"},
         {"time": 3.0, "event": "eval", "step": 20, "total": 40, "eval_loss": 1.2,
-         "eval_accuracy": 0.6, "phase": "eval"},
+         "eval_accuracy": 0.6, "eval_examples": 640, "phase": "eval"},
         {"time": 4.0, "event": "checkpoint", "step": 20, "total": 40,
          "checkpoint": "checkpoints/ckpt-20", "phase": "checkpoint"},
         {"time": 5.0, "event": "trace", "step": 21, "tower_ms": [3.0, 4.0], "trace_dir": "x"},
@@ -28,7 +28,7 @@ def test_fold_progress_lines() -> None:
         "learning_rate": 0.01, "checkpoint": "checkpoints/ckpt-20", "tower_ms": [3.0, 4.0],
         "updated_at": 5.0,
     }  # fmt: skip
-    assert eval == {"step": 20, "loss": 1.2, "accuracy": 0.6, "time": 3.0}
+    assert eval == {"step": 20, "loss": 1.2, "accuracy": 0.6, "examples": 640, "time": 3.0}
     assert points == [
         MetricPoint("loss", 10, 2.0, 1.5),
         MetricPoint("accuracy", 10, 2.0, 0.5),

@@ -102,6 +102,11 @@ def test_run_job_succeeds_and_writes_run_dir(tiny_run):
     assert result["outcome"] == "succeeded" and result["step"] == 40 and result["total"] == 40
     assert result["checkpoint"] == "checkpoints/ckpt-40" and result["export"] == "export"
     assert 0.0 <= result["eval"]["accuracy"] <= 1.0
+    # eval.batches 2 of 32 read 64 of the 102 held-out examples: said, not left to guess.
+    assert result["eval"]["examples"] == 64
+    log = (job_dir / "worker.log").read_text()
+    assert "eval: each eval reads the first 64 of the 102 eval examples (eval.batches 2 of " in log
+    assert "batch_size 32); give eval.batches 4 to read them all" in log
     assert sorted(p.name for p in (job_dir / "checkpoints").glob("*.index")) == [
         "ckpt-20.index",
         "ckpt-40.index",

@@ -211,10 +211,12 @@ class Checkpointer:
             if not isinstance(e, (AssertionError, ValueError, tf.errors.OpError)):
                 raise
             # TensorFlow names a variable and two shapes; say what that means for a job.
+            # Without each variable's value, which TensorFlow prints in full.
+            reason = re.sub(r",\s*numpy=.*?dtype=\w+\)>", ">", str(e), flags=re.DOTALL)
             raise CheckpointMismatch(
                 f"Cannot resume from {name}: it does not fit this job's model or optimizer "
                 "(did the spec, or the data's image shape or classes, change after it was "
-                f"written? Use a new job dir). {e}"
+                f"written? Use a new job dir). {reason}"
             ) from e
         self._last_step = int(self._trainer.step.numpy())
         self._last_time = time.monotonic()

@@ -275,6 +275,26 @@ def test_rerun_with_a_different_model_says_the_checkpoint_does_not_fit(tiny_run,
     ), result["message"]
 
 
+def test_rerun_with_ema_added_says_what_does_not_fit_without_the_weights_values(tiny_run, tmp_path):
+    # TensorFlow's message lists each unmatched variable with its whole value: the job's
+    # one-line message held thousands of numbers.
+    job_dir, _, _ = tiny_run
+    again = tmp_path / "again"
+    shutil.copytree(job_dir, again)
+    spec = json.loads((again / "spec.json").read_text())
+    spec["ema_decay"] = 0.99
+    spec["steps"] = 60
+    (again / "spec.json").write_text(json.dumps(spec))
+    code, result, log = run_worker(again)
+    assert code == 1, log
+    message = result["message"]
+    assert message.startswith("CheckpointMismatch: Cannot resume from checkpoints/ckpt-40: "), (
+        message
+    )
+    assert "numpy=" not in message and len(message) < 1500, message
+    assert "ema" in message  # still names what did not match
+
+
 def test_resume_after_sigterm_equals_uninterrupted(tmp_path):
     # The SIGTERM lands right after step 100's checkpoint, a few steps past it: 600 steps
     # leave hundreds after it, as 1500 did, with 900 fewer for the whole and resumed runs.

@@ -20,7 +20,8 @@ does, which ends the command quietly.
 
 Downloads (`checkpoints --download`, `export`) write `TARGET.part`, renamed to TARGET once
 complete; a part left by a download that was cut off or interrupted is resumed by the next
-run to the same target, when the service still serves the same archive (its ETag).
+run to the same target, when the service still serves the same archive (its ETag). A
+target that is already there is refused (exit 1) unless `--force` is given.
 
 Only httpx and the standard library: the client never imports TensorFlow. Its parts:
 `commands` (the verbs' arguments; imports no httpx, so `towerboard serve` does not pay

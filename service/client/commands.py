@@ -165,6 +165,7 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
         help="file, or folder (an existing one, or ending in /) to save it to, or - for "
         "standard output (default: ./ID-ckpt-STEP.tar.gz)",
     )
+    p.add_argument("--force", action="store_true", help="replace the file if it exists")
     p.add_argument("--json", action="store_true", help="print the API's JSON")
 
     p = verb("export", "download the model a succeeded job exported (a SavedModel)")
@@ -176,6 +177,7 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
         help="file, or folder (an existing one, or ending in /) to save the .tar.gz to, "
         "or - for standard output (default: ./ID-export.tar.gz)",
     )
+    p.add_argument("--force", action="store_true", help="replace the file if it exists")
 
     p = verb("tensorboard", "start (or reuse) TensorBoard and print its URL")
     p.add_argument(

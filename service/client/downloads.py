@@ -58,15 +58,38 @@ def _head(client: Client, path: str) -> httpx.Response | None:
     return response if response.is_success else None
 
 
-def download(client: Client, path: str, fallback_name: str, output: str | None) -> Path:
+def _check_free(target: Path, force: bool) -> None:
+    """Refuse a target that is already there (unless `force`): the finished download is
+    renamed over it, and a file of the same name (an earlier checkpoint, or a file of the
+    person's own) would be gone without a word. Never anything but a plain file: renamed
+    over, `-o /dev/null` would replace the device itself."""
+    if not (target.exists() or target.is_symlink()):
+        return
+    if not target.is_file():
+        raise ClientError(
+            f"cannot save to {target}: it is not a plain file; give -o a file or folder "
+            "path (or - for standard output)"
+        )
+    if not force:
+        raise ClientError(
+            f"{target} already exists; remove it, give -o another path, or add --force to "
+            "replace it"
+        )
+
+
+def download(
+    client: Client, path: str, fallback_name: str, output: str | None, *, force: bool = False
+) -> Path:
     """GET `path` into a file: `output`, or into the folder `output` names (made if need
     be), or ./ under the name the service gives. The bytes go to `TARGET.part`, renamed to
     TARGET once all have come; a part left by a download that stopped is resumed (a
-    `Range` for the rest, with `If-Range` its ETag, kept in `TARGET.part.etag`). Progress
-    on stderr when it is a terminal."""
+    `Range` for the rest, with `If-Range` its ETag, kept in `TARGET.part.etag`). A TARGET
+    already there is refused unless `force`. Progress on stderr when it is a terminal."""
     head = _head(client, path)
     name = _attachment_name(head, fallback_name) if head is not None else fallback_name
     target = _target(output, name)
+    if head is not None:  # else the GET says why it fails, or the name it gives is checked
+        _check_free(target, force)
     etag = head.headers.get("etag") if head is not None else None
     size = _length(head)
     held = resumable_bytes(target, etag, size)
@@ -94,6 +117,7 @@ def download(client: Client, path: str, fallback_name: str, output: str | None) 
                 )
             if not resumed:  # a first download, or the archive changed: the whole comes
                 target = _target(output, name)
+                _check_free(target, force)
             if part is None or part.target != target:
                 if part is not None:
                     part.close()

@@ -301,7 +301,7 @@ def checkpoints(client: Client, args: argparse.Namespace) -> int:
             written = download_to_stdout(client, route, name)
             sys.stderr.write(f"wrote the checkpoint to stdout ({show.data_size(written)})\n")
             return EXIT_OK
-        path = download(client, route, name, args.output)
+        path = download(client, route, name, args.output, force=args.force)
         sys.stderr.write(f"saved checkpoint to {path} ({show.data_size(path.stat().st_size)})\n")
         sys.stdout.write(f"{path}\n")
         return EXIT_OK
@@ -325,7 +325,7 @@ def export(client: Client, args: argparse.Namespace) -> int:
         written = download_to_stdout(client, route, name)
         sys.stderr.write(f"wrote the exported model to stdout ({show.data_size(written)})\n")
         return EXIT_OK
-    path = download(client, route, name, args.output)
+    path = download(client, route, name, args.output, force=args.force)
     sys.stderr.write(
         f"saved the exported model to {path} ({show.data_size(path.stat().st_size)}); "
         "extract it and tf.saved_model.load the folder\n"

@@ -245,6 +245,7 @@ def test_cli_resumes_a_partial_download(shared: tuple[Service, str, Path], tmp_p
     assert not part.exists() and not saved_tag.exists()
 
     # What is in the part is kept, not fetched again: a byte changed in it stays changed.
+    out.unlink()  # a download never replaces a file already there (see the test below)
     marked = bytearray(whole[:1000])
     marked[500] ^= 0xFF
     part.write_bytes(marked)
@@ -254,6 +255,7 @@ def test_cli_resumes_a_partial_download(shared: tuple[Service, str, Path], tmp_p
     assert out.read_bytes() == bytes(marked) + whole[1000:]
 
     # Another download writing the same part holds it: this one says so and leaves it be.
+    out.unlink()
     part.write_bytes(whole[:1000])
     with open(part, "ab") as held:
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)
@@ -284,12 +286,57 @@ def test_cli_starts_over_when_the_archive_changed(
     part.write_bytes(b"y" * 3000)
     saved_tag.write_text(service.client.head(urls(job_id)[1]).headers["etag"])
     write_checkpoint(run, 80, size=2000)  # `latest` moves on after the tag was saved
-    latest = towerboard(service, "checkpoints", job_id, "--download", "latest", "-o", str(out))
+    latest = towerboard(
+        service, "checkpoints", job_id, "--download", "latest", "-o", str(out), "--force"
+    )
     assert latest.returncode == 0, latest.stderr
     assert out.read_bytes() == service.client.get(urls(job_id)[1]).content
     with tarfile.open(out) as tar:
         assert "ckpt-80.index" in tar.getnames()
     assert "are of another version of" in latest.stderr  # the part it threw away is named
+
+
+def test_cli_download_never_replaces_a_file_silently(
+    shared: tuple[Service, str, Path], tmp_path: Path
+) -> None:
+    """A file already at the target is kept and named (exit 1); `--force` replaces it. It
+    was renamed over without a word: `-o model.tar.gz` twice, or a file of one's own."""
+    service, job_id, _ = shared
+    whole = service.client.get(urls(job_id)[2]).content
+    mine = tmp_path / "model.tar.gz"
+    mine.write_text("my own file")
+    named = tmp_path / f"{job_id}-ckpt-20.tar.gz"  # the name the service gives, in a folder
+    named.write_text("an earlier download")
+    for args, kept in (
+        (["export", job_id, "-o", str(mine)], mine),
+        (["checkpoints", job_id, "--download", "20", "-o", f"{tmp_path}/"], named),
+    ):
+        refused = towerboard(service, *args)
+        assert refused.returncode == 1, refused.stderr
+        assert refused.stderr == (
+            f"towerboard: error: {kept} already exists; remove it, give -o another path, or "
+            "add --force to replace it\n"
+        )
+        assert refused.stdout == ""
+    assert mine.read_text() == "my own file"
+    assert named.read_text() == "an earlier download"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, named.name])
+
+    forced = towerboard(service, "export", job_id, "-o", str(mine), "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert mine.read_bytes() == whole
+
+    # Never over what is not a plain file, even with --force (as `-o /dev/null` would
+    # have renamed a file over the device): here a FIFO, which needs no root to make.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    device = towerboard(service, "export", job_id, "-o", str(fifo), "--force")
+    assert device.returncode == 1, device.stderr
+    assert device.stderr == (
+        f"towerboard: error: cannot save to {fifo}: it is not a plain file; give -o a file "
+        "or folder path (or - for standard output)\n"
+    )
+    assert fifo.is_fifo()
 
 
 class CuttingProxy(http.server.ThreadingHTTPServer):

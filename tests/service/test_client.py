@@ -462,6 +462,29 @@ def test_errors_are_one_line_with_exit_codes(service: Service, tmp_path: Path) -
     )
 
 
+def test_submit_spec_the_client_cannot_re_encode_is_judged_by_the_service(
+    service: Service, tmp_path: Path
+) -> None:
+    # Valid JSON that Python reads as a value JSON cannot write back: a number past float's
+    # range (inf) and an escape that is half a UTF-16 pair. Re-encoded by the client, each
+    # was a ValueError traceback; sent as written, the service names the field.
+    cases = (
+        ('"optimizer": {"learning_rate": 1e400}', "optimizer.learning_rate: Input should be "
+         "less than or equal to 10. Received: inf"),
+        ('"steps": -1e400', "steps: Input should be a finite number. Received: -inf"),
+        ('"name": "\\ud800"', "name: Input should be a valid string, unable to parse raw "
+         "data as a unicode string. Received: '\\ud800'"),
+    )  # fmt: skip
+    for field, said in cases:
+        spec = tmp_path / "spec.json"
+        spec.write_text('{"data": {"format": "synthetic"}, ' + field + "}")
+        rejected = towerboard("submit", str(spec), url=service.base_url)
+        assert rejected.returncode == 2, rejected.stderr
+        assert one_error_line(rejected) == (
+            f"towerboard: error: the service rejected {spec}: Invalid request: 1 error: {said}"
+        )
+
+
 def test_submit_spec_not_utf8_is_one_line_exit_2(tmp_path: Path) -> None:
     # A spec saved as UTF-16 (as some Windows editors do), or a binary file by mistake: read
     # before any request, so no service is needed. It was a UnicodeDecodeError traceback.

@@ -69,7 +69,9 @@ class Client:
                 else "the service needs a token: set TOWERBOARD_TOKEN"
             )
             raise ClientError(f"{hint} ({_error_message(response)})")
-        code = EXIT_USAGE if response.status_code == 422 else EXIT_FAILED
+        # A request the service refused as it stands (a spec too large, or invalid) is
+        # the person's to change: exit 2, as the docs say of a rejected spec.
+        code = EXIT_USAGE if response.status_code in (413, 422) else EXIT_FAILED
         raise ClientError(_error_message(response), code)
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:

@@ -485,6 +485,21 @@ def test_submit_spec_the_client_cannot_re_encode_is_judged_by_the_service(
         )
 
 
+def test_submit_spec_too_large_is_a_rejected_spec_exit_2(service: Service, tmp_path: Path) -> None:
+    # The service's 413 is a rejected spec like its 422: exit 2 (it was 1, as for a
+    # service that failed), naming the file.
+    spec = tmp_path / "huge.json"
+    spec.write_text(json.dumps({**job_spec(), "name": "x" * 1_100_000}))
+    rejected = towerboard("submit", str(spec), url=service.base_url)
+    assert rejected.returncode == 2, rejected.stderr
+    assert re.fullmatch(
+        rf"towerboard: error: the service rejected {re.escape(str(spec))}: Request body too "
+        r"large: 11\d{5} bytes, and at most 1048576 bytes are accepted\. A job spec is a few "
+        r"kilobytes; data goes in files under the data roots, named by `data\.path`\.",
+        one_error_line(rejected),
+    )
+
+
 def test_submit_spec_not_utf8_is_one_line_exit_2(tmp_path: Path) -> None:
     # A spec saved as UTF-16 (as some Windows editors do), or a binary file by mistake: read
     # before any request, so no service is needed. It was a UnicodeDecodeError traceback.

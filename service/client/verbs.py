@@ -364,9 +364,9 @@ def tensorboard(client: Client, args: argparse.Namespace) -> int:
         time.sleep(1.0)
         board = client.get("/api/v1/tensorboard")
     if board["state"] != "running":
-        raise ClientError(
-            f"TensorBoard did not come up (state {board['state']}); see the service log"
-        )
+        # The service keeps why it stopped; its log may be on another host.
+        why = board.get("last_error") or "see the service log"
+        raise ClientError(f"TensorBoard did not come up (state {board['state']}): {why}")
     shown = "all jobs" if board.get("job_ids") is None else ", ".join(board["job_ids"])
     sys.stderr.write(f"TensorBoard is running over {shown}\n")
     if replaced:

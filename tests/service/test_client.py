@@ -415,6 +415,29 @@ def test_tensorboard_starts_and_prints_proxied_url(
     assert again.returncode == 0 and again.stdout == "tensorboard was not running\n"
 
 
+def test_tensorboard_that_fails_to_start_says_why(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # An interpreter that runs workers but whose TensorBoard exits at once. The CLI said
+    # only "see the service log", a file on the service's host; the service knows why.
+    python = tmp_path / "python.sh"
+    fail_board = 'case "$*" in *tensorboard.main*) exit 1;; esac'
+    python.write_text(f'#!/bin/sh\n{fail_board}\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    service = make_service(env={**fake_worker_env(tmp_path), "TOWERBOARD_PYTHON": str(python)})
+    service.start()
+    job = service.submit(job_spec(name="quick"))  # the stand-in succeeds at once
+    service.wait_state(job["id"], "succeeded")
+    result = towerboard("tensorboard", "--jobs", job["id"], url=service.base_url, timeout=240)
+    assert result.returncode == 1, result.stderr
+    assert re.fullmatch(
+        r"towerboard: error: TensorBoard did not come up \(state stopped\): TensorBoard \(pid "
+        rf"\d+\) exited with code 1 while starting; see {re.escape(str(service.data_dir))}/"
+        r"tensorboard\.log\.",
+        result.stderr.splitlines()[-1],
+    ), result.stderr
+
+
 def test_errors_are_one_line_with_exit_codes(service: Service, tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"data": {"format": "synthetic"}, "towers": 0, "bogus": 1}))

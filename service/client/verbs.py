@@ -313,10 +313,11 @@ def checkpoints(client: Client, args: argparse.Namespace) -> int:
         sys.stderr.write(f"saved checkpoint to {path} ({show.data_size(path.stat().st_size)})\n")
         sys.stdout.write(f"{path}\n")
         return EXIT_OK
-    listing = client.get(f"/api/v1/jobs/{args.id}/checkpoints")["data"]
-    if args.json:
-        sys.stdout.write(json.dumps(listing, indent=2) + "\n")
+    answer = client.get(f"/api/v1/jobs/{args.id}/checkpoints")
+    if args.json:  # the API's JSON, as --help says and `status --json` gives: not its list
+        sys.stdout.write(json.dumps(answer, indent=2) + "\n")
         return EXIT_OK
+    listing = answer["data"]
     if not listing:
         sys.stdout.write(f"job {args.id} has no checkpoint yet\n")
         return EXIT_OK

@@ -148,6 +148,12 @@ def test_checkpoints_list_and_download(
     assert listing.returncode == 0, listing.stderr
     assert [line.split()[0] for line in listing.stdout.splitlines()] == ["STEP", "20", "40"]
 
+    # --json is the API's JSON, as for `status --json` (it was the bare list of `data`).
+    as_json = towerboard("checkpoints", job_id, "--json", url=service.base_url)
+    assert as_json.returncode == 0, as_json.stderr
+    api = service.client.get(f"/api/v1/jobs/{job_id}/checkpoints").json()
+    assert json.loads(as_json.stdout) == api
+
     got = towerboard(
         "checkpoints", job_id, "--download", "20", "-o", str(tmp_path), url=service.base_url
     )

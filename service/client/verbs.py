@@ -6,6 +6,8 @@ import argparse
 import json
 import logging
 import os
+import re
+import shlex
 import sys
 import time
 import webbrowser
@@ -268,9 +270,14 @@ def resume(client: Client, args: argparse.Namespace) -> int:
         raise ClientError(message, error.code) from error
     sys.stdout.write(f"{job['id']}\n")
     sys.stdout.flush()
+    where = (
+        "from its latest checkpoint"
+        if (job.get("progress") or {}).get("checkpoint")
+        else "from step 0: it has no checkpoint"
+    )
     sys.stderr.write(
         f"resumed job {job['id']} as attempt {job['attempts']} ({job['state']}): it trains "
-        "on from its latest checkpoint\n"
+        f"on {where}\n"
     )
     return _watch_if_asked(client, job, args.watch)
 
@@ -284,12 +291,31 @@ def delete(client: Client, args: argparse.Namespace) -> int:
         except ClientError as error:
             if error.code == EXIT_UNREACHABLE:
                 raise
-            sys.stderr.write(f"towerboard: error: {error.message}\n")
+            # The service's hint names the API's route; here it is a verb.
+            message = error.message.replace(
+                f"(POST /api/v1/jobs/{job_id}/cancel)", f"(towerboard cancel {job_id} --wait)"
+            )
+            sys.stderr.write(f"towerboard: error: {message}\n")
             refused = True
             continue
         sys.stdout.write(f"{job_id} deleted\n")
         sys.stdout.flush()
     return EXIT_FAILED if refused else EXIT_OK
+
+
+def _resume_by_step(error: ClientError, args: argparse.Namespace) -> ClientError:
+    """A cut-off `--download latest` resumes only by its step: run again, `latest` may be
+    a newer checkpoint by then, which would come whole and leave the part behind."""
+    again = ": run the same command again to resume"
+    step = re.search(r"the download of \S+-ckpt-(\d+)\.tar\.gz ", error.message)
+    if step is None or not error.message.endswith(again):
+        return error
+    command = f"towerboard checkpoints {args.id} --download {step[1]}"
+    if args.output:
+        command += f" -o {shlex.quote(args.output)}"
+    return ClientError(
+        f"{error.message.removesuffix(again)}: resume it with `{command}`", error.code
+    )
 
 
 def checkpoints(client: Client, args: argparse.Namespace) -> int:
@@ -309,7 +335,10 @@ def checkpoints(client: Client, args: argparse.Namespace) -> int:
             written = download_to_stdout(client, route, name)
             sys.stderr.write(f"wrote the checkpoint to stdout ({show.data_size(written)})\n")
             return EXIT_OK
-        path = download(client, route, name, args.output, force=args.force)
+        try:
+            path = download(client, route, name, args.output, force=args.force)
+        except ClientError as error:
+            raise _resume_by_step(error, args) if which == "latest" else error from error
         sys.stderr.write(f"saved checkpoint to {path} ({show.data_size(path.stat().st_size)})\n")
         sys.stdout.write(f"{path}\n")
         return EXIT_OK

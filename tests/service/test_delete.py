@@ -153,6 +153,16 @@ def test_start_finishes_removals_a_stopped_service_left(
     assert service.client.get("/api/v1/jobs").json()["data"] == []  # no job of its name
 
 
+def test_cli_delete_of_a_running_job_says_the_verb_that_cancels_it(service: Service) -> None:
+    # The service's hint named its route, POST /api/v1/jobs/ID/cancel, to a CLI user.
+    job = service.submit(job_spec(name="wait"))
+    result = towerboard("delete", job["id"], url=service.base_url)
+    assert result.returncode == 1
+    assert one_error_line(result).endswith(
+        f"Cancel it first (towerboard cancel {job['id']} --wait), then delete it once it has ended."
+    )
+
+
 def test_cli_delete_says_each_and_exits_1_when_one_is_refused(service: Service) -> None:
     first = service.submit(job_spec(name="quick"))
     second = service.submit(job_spec(name="quick"))

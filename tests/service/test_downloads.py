@@ -409,6 +409,32 @@ def test_cli_download_cut_short_resumes_on_the_next_run(
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("model")) == [out.name]
 
 
+def test_cli_cut_short_download_of_latest_says_how_to_resume_it_by_its_step(
+    shared: tuple[Service, str, Path], tmp_path: Path
+) -> None:
+    # "Run the same command again" fetched whatever checkpoint was latest by then, whole,
+    # and left the part of the one cut off behind for good.
+    service, job_id, _ = shared
+    whole = service.client.get(f"/api/v1/jobs/{job_id}/checkpoints/40").content
+    out = tmp_path / "ckpt.tar.gz"
+    proxy = CuttingProxy(service, cut=len(whole) // 2)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        cut = towerboard(
+            service, "checkpoints", job_id, "--download", "latest", "-o", str(out), url=proxy.url
+        )
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+    assert cut.returncode == 3, cut.stderr
+    command = f"towerboard checkpoints {job_id} --download 40 -o {out}"
+    assert cut.stderr.endswith(f"kept in {out}.part: resume it with `{command}`\n"), cut.stderr
+
+    resumed = towerboard(service, *command.split()[1:])
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming " in resumed.stderr and out.read_bytes() == whole
+
+
 def test_cli_writes_a_download_to_stdout(shared: tuple[Service, str, Path], tmp_path: Path) -> None:
     """`-o -` sends the archive to standard output, for a pipe into `tar xz` (it wrote a
     file named `-`); what it says goes to stderr, so the stream stays the archive's."""

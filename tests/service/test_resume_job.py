@@ -287,8 +287,10 @@ def test_cli_resume(service: Service) -> None:
 
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"{job['id']}\n"
+    # The stand-in writes no checkpoint: it said "from its latest checkpoint" all the same.
     assert result.stderr == (
-        f"resumed job {job['id']} as attempt 2 (queued): it trains on from its latest checkpoint\n"
+        f"resumed job {job['id']} as attempt 2 (queued): it trains on from step 0: it has no "
+        "checkpoint\n"
     )
     refused = towerboard("resume", job["id"], "--steps", "9", url=url)
     assert refused.returncode == 1

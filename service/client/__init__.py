@@ -8,6 +8,9 @@
     towerboard checkpoints ID [--download STEP]    list checkpoints, or fetch one (.tar.gz)
     towerboard export ID [-o PATH]                 fetch the exported SavedModel (.tar.gz)
     towerboard tensorboard [--jobs ID ...] [--merge] [--open] [--stop]
+    towerboard metrics ID [--name SERIES] [--after-step N]   scalar series as CSV
+    towerboard profile ID [--steps N]              a device trace of a running job's next steps
+    towerboard devices                             each device and the job holding it
 
 Every verb takes `--url` (default `$TOWERBOARD_URL`, else http://127.0.0.1:8000) and sends
 `$TOWERBOARD_TOKEN`, when set, as its bearer token. Results go to stdout (`submit` prints

@@ -66,8 +66,8 @@ def _job_id(value: str) -> str:
 
 
 def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register submit, status, logs, cancel, resume, delete, checkpoints, export and
-    tensorboard on `verbs`."""
+    """Register submit, status, logs, cancel, resume, delete, checkpoints, export,
+    tensorboard, metrics, profile and devices on `verbs`."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--url",
@@ -194,3 +194,28 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
     )
     p.add_argument("--open", action="store_true", help="open it in a web browser")
     p.add_argument("--stop", action="store_true", help="stop it instead")
+
+    p = verb("metrics", "print a job's scalar series as CSV: a row per step, a column per series")
+    p.add_argument("id", type=_job_id, metavar="ID")
+    p.add_argument(
+        "--name",
+        action="append",
+        metavar="SERIES",  # the service names the series there are, should one be wrong
+        help="only this series, e.g. loss or eval_accuracy (repeatable; default: every one)",
+    )
+    p.add_argument(
+        "--after-step",
+        type=_count(1_000_000_000),
+        metavar="N",
+        help="only steps after N (the last one already read, to read on)",
+    )
+    p.add_argument("--json", action="store_true", help="print the API's JSON")
+
+    p = verb("profile", "ask a running job for a device trace of its next steps")
+    p.add_argument("id", type=_job_id, metavar="ID")
+    p.add_argument(
+        "--steps", type=_count(100), default=5, metavar="N", help="how many steps (default 5)"
+    )
+
+    p = verb("devices", "list the devices the service gives to jobs, and the job holding each")
+    p.add_argument("--json", action="store_true", help="print the API's JSON")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import logging
 import os
@@ -421,6 +422,61 @@ def tensorboard(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def metrics(client: Client, args: argparse.Namespace) -> int:
+    """CSV on stdout, a row per step and a column per series (empty where a series has no
+    point at that step: eval runs less often), or the API's JSON."""
+    params: dict[str, Any] = {"name": args.name or []}
+    if args.after_step is not None:
+        params["after_step"] = args.after_step
+    answer = client.get(f"/api/v1/jobs/{args.id}/metrics", params=params)
+    if args.json:
+        sys.stdout.write(json.dumps(answer, indent=2) + "\n")
+        return EXIT_OK
+    order = dict.fromkeys(args.name or answer["series"])  # the columns asked for, in order
+    series = {name: points for name in order if (points := answer["series"].get(name))}
+    if not series:
+        sys.stderr.write(f"job {args.id} has no metrics yet\n")
+        return EXIT_OK
+    rows: dict[int, dict[str, float]] = {}
+    for name, points in series.items():
+        for point in points:
+            rows.setdefault(point["step"], {})[name] = point["value"]
+    out = csv.writer(sys.stdout, lineterminator="\n")
+    out.writerow(["step", *series])
+    for step in sorted(rows):
+        out.writerow([step, *(repr(rows[step][n]) if n in rows[step] else "" for n in series)])
+    return EXIT_OK
+
+
+def profile(client: Client, args: argparse.Namespace) -> int:
+    answer = client.request_json(
+        "POST", f"/api/v1/jobs/{args.id}/profile", json={"steps": args.steps}
+    )[1]
+    sys.stdout.write(f"{answer['job_id']} {answer['steps']}\n")
+    sys.stderr.write(
+        f"asked job {answer['job_id']} for a device trace of its next {answer['steps']} steps: "
+        "its worker takes it within a few seconds, and it then shows in TensorBoard's profile "
+        f"tab (towerboard tensorboard --jobs {answer['job_id']} --merge)\n"
+    )
+    return EXIT_OK
+
+
+def devices(client: Client, args: argparse.Namespace) -> int:
+    answer = client.get("/api/v1/devices")
+    if args.json:
+        sys.stdout.write(json.dumps(answer, indent=2) + "\n")
+        return EXIT_OK
+    rows = [["DEVICE", "JOB"]]
+    for device in answer["data"]:
+        held = device["job_id"] or "free"
+        if not device.get("configured", True):
+            held += " (not configured: not given out again)"
+        rows.append([device["id"], held])
+    show.table(rows, sys.stdout)
+    sys.stderr.write(f"up to {answer['max_towers']} towers a job\n")
+    return EXIT_OK
+
+
 # --- wiring --------------------------------------------------------------------------
 
 
@@ -485,4 +541,7 @@ VERBS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "checkpoints": checkpoints,
     "export": export,
     "tensorboard": tensorboard,
+    "metrics": metrics,
+    "profile": profile,
+    "devices": devices,
 }

@@ -4,6 +4,8 @@ tensorboard, the token, and one-line errors with their exit codes."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import re
@@ -189,6 +191,50 @@ def test_checkpoints_list_and_download(
     assert one_error_line(missing) == (
         f"towerboard: error: Job {job_id!r} has no checkpoint at step 7. Retained steps: 20, 40."
     )
+
+
+def test_metrics_as_csv_and_json(service: Service, watched: dict[str, Any]) -> None:
+    job_id = watched["id"]
+    api = service.client.get(f"/api/v1/jobs/{job_id}/metrics").json()
+    result = towerboard("metrics", job_id, "--name", "loss", "--name", "eval_accuracy",
+                        url=service.base_url)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = list(csv.reader(io.StringIO(result.stdout)))
+    assert rows[0] == ["step", "loss", "eval_accuracy"]
+    loss = {p["step"]: p["value"] for p in api["series"]["loss"]}
+    evals = {p["step"]: p["value"] for p in api["series"]["eval_accuracy"]}
+    assert [int(r[0]) for r in rows[1:]] == sorted(loss.keys() | evals.keys())
+    for step, loss_text, eval_text in rows[1:]:
+        assert (float(loss_text) if loss_text else None) == loss.get(int(step))
+        assert (float(eval_text) if eval_text else None) == evals.get(int(step))
+    later = towerboard("metrics", job_id, "--after-step", "20", "--json", url=service.base_url)
+    steps = {p["step"] for points in json.loads(later.stdout)["series"].values() for p in points}
+    assert steps and min(steps) > 20
+    wrong = towerboard("metrics", job_id, "--name", "los", url=service.base_url)
+    assert wrong.returncode == 2 and "loss" in one_error_line(wrong)  # the names there are
+
+
+def test_profile_and_devices(make_service: Callable[..., Service], tmp_path: Path) -> None:
+    service = make_service(env=stepping_worker_env(tmp_path))
+    service.start()
+    job_id = service.submit(long_job(name="traced"))["id"]
+    service.wait_for(job_id, lambda job: job["state"] == "running", what="its start")
+
+    devices = towerboard("devices", url=service.base_url)
+    assert devices.returncode == 0, devices.stderr
+    assert devices.stdout.split() == ["DEVICE", "JOB", "cpu:0", job_id]
+    asked = towerboard("profile", job_id, "--steps", "7", url=service.base_url)
+    assert asked.returncode == 0, asked.stderr
+    assert asked.stdout == f"{job_id} 7\n"
+    assert "device trace of its next 7 steps" in asked.stderr
+    run = service.data_dir / "runs" / job_id
+    assert json.loads((run / "profile_request.json").read_text()) == {"steps": 7}
+
+    assert service.client.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 202
+    service.wait_state(job_id, "cancelled")
+    ended = towerboard("profile", job_id, url=service.base_url)
+    assert ended.returncode == 1
+    assert one_error_line(ended).endswith("only a running job can be traced.")
 
 
 def test_export_downloads_the_saved_model(

@@ -6,6 +6,7 @@ spec says, at its cadence, with its description; the graph shows the towers; the
 plugin lists the trace and opens it in the trace viewer.
 """
 
+import re
 import subprocess
 import sys
 import time
@@ -165,3 +166,19 @@ def test_the_profile_plugin_opens_the_trace(board):
     names = {frame["name"] for frame in data["stackFrames"].values()}
     for scope in ("tower_0/", "tower_1/", "gradient_tape/tower_1/"):
         assert any(name.startswith(scope) for name in names), scope
+
+
+def test_the_profile_overview_page_finds_the_traced_steps(board):
+    # The overview page and input-pipeline analyzer find steps by their `step_num` markers
+    # alone: without them they said "No step marker observed" and a step time of 0 ms.
+    [run] = board.get("/data/plugin/profile/runs").json()
+    [host] = board.get(
+        "/data/plugin/profile/hosts", params={"run": run, "tag": "overview_page"}
+    ).json()
+    page = board.get(
+        "/data/plugin/profile/data",
+        params={"run": run, "tag": "overview_page", "host": host["hostname"]},
+    ).text
+    assert "No step marker observed" not in page
+    [average] = re.findall(r'"steptime_ms_average":\s*"?([0-9.]+)', page)
+    assert float(average) > 0, page[:2000]

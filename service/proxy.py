@@ -36,6 +36,21 @@ def _escapes(value: str) -> bool:
     return value.startswith(("/", "\\")) or ".." in parts or "\x00" in value
 
 
+# The profile plugin's trace viewer page is asked for with the URL it then reads the trace
+# from (`trace_viewer_index.html?trace_data_url=/tensorboard/data/plugin/profile/data?...`):
+# a URL of this TensorBoard, which the proxy checks in turn when the page fetches it, and
+# not a path the plugin joins onto the logdir. Refusing it as an absolute path left the
+# trace viewer a page of JSON error.
+_URL_PARAMETERS = {"trace_data_url"}
+
+
+def _refused(name: str, value: str) -> bool:
+    """True when query parameter `name`'s value must not reach TensorBoard (see `_escapes`)."""
+    if name in _URL_PARAMETERS and value.startswith(f"{PATH_PREFIX}/"):
+        return _escapes(value.removeprefix(f"{PATH_PREFIX}/"))
+    return _escapes(value)
+
+
 def _error(status: int, detail: str) -> JSONResponse:
     return JSONResponse({"detail": detail, "errors": []}, status_code=status)
 
@@ -49,7 +64,7 @@ async def proxy_tensorboard(
     if path == PATH_PREFIX:  # TensorBoard's own settings may ride in the query (?darkMode=)
         return RedirectResponse(f"{PATH_PREFIX}/" + (f"?{query}" if query else ""), status_code=307)
     for name, value in parse_qsl(query, keep_blank_values=True):
-        if _escapes(value):
+        if _refused(name, value):
             return _error(
                 400,
                 f"Query parameter {name!r} must not be a path outside TensorBoard's logdir. "

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 
@@ -106,6 +107,43 @@ def test_proxy_tensorboard_profile_plugin(service: Service, traced_job: dict[str
     assert page.status_code == 200 and "<html" in page.text.lower()
     redirect = service.client.get("/tensorboard", follow_redirects=False)
     assert redirect.status_code == 307 and redirect.headers["location"] == "/tensorboard/"
+
+
+def test_proxy_opens_the_profile_trace_viewer(service: Service, traced_job: dict[str, Any]) -> None:
+    """The trace viewer's page is asked for with the URL of its trace in `trace_data_url`
+    (as the profile plugin's page asks for it): the proxy refused that as a path outside
+    the logdir, and the browser showed a 400's JSON instead of the trace."""
+    job_id = traced_job["id"]
+    service.client.post("/api/v1/tensorboard", json={"job_ids": [job_id]})
+    [run] = _wait(
+        lambda: service.client.get("/tensorboard/data/plugin/profile/runs").json(),
+        120,
+        "the profile plugin to list the trace",
+    )
+    [host] = service.client.get(
+        "/tensorboard/data/plugin/profile/hosts", params={"run": run, "tag": "trace_viewer@"}
+    ).json()
+    trace_url = "/tensorboard/data/plugin/profile/data?" + urlencode(
+        {"run": run, "tag": "trace_viewer@", "host": host["hostname"]}
+    )
+    page = service.client.get(
+        "/tensorboard/data/plugin/profile/trace_viewer_index.html",
+        params={"is_streaming": "true", "is_oss": "true", "trace_data_url": trace_url},
+    )
+    assert page.status_code == 200, page.text
+    assert "<html" in page.text.lower()
+    trace = service.client.get(trace_url)
+    assert trace.status_code == 200
+    names = {frame["name"] for frame in trace.json()["stackFrames"].values()}
+    assert any(name.startswith("tower_0/") for name in names)
+    # Only a URL of this TensorBoard passes, and it is checked as any request is.
+    for bad in ("/etc/passwd", "/tensorboard/../../etc/passwd", "/tensorboard/data?run=a/../../b"):
+        refused = service.client.get(
+            "/tensorboard/data/plugin/profile/trace_viewer_index.html",
+            params={"trace_data_url": bad},
+        )
+        assert refused.status_code == 400, bad
+        assert "trace_data_url" in refused.json()["detail"]
 
 
 @pytest.mark.parametrize(

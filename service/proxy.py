@@ -100,8 +100,15 @@ async def proxy_tensorboard(
     except upstream.errors as error:
         log.warning("TensorBoard proxy: %s %s failed: %s", request.method, path, error)
         return _error(502, f"TensorBoard did not answer: {error}")
+    # The profile plugin gzips its data whatever the request accepts: a client that did not
+    # ask for gzip (curl without --compressed, a script) got the raw gzip bytes as "JSON".
+    # It gets them decoded; every other answer goes on as TensorBoard sent it.
+    decode = answer.headers.get("content-encoding", "").strip().lower() == "gzip" and (
+        not _accepts_gzip(request.headers.get("accept-encoding", ""))
+    )
+    drop = _RESPONSE_DROP | ({"content-encoding", "content-length"} if decode else set())
     response = StreamingResponse(
-        answer.aiter_raw(),
+        answer.aiter_bytes() if decode else answer.aiter_raw(),
         status_code=answer.status_code,
         background=BackgroundTask(answer.aclose),
     )
@@ -109,6 +116,21 @@ async def proxy_tensorboard(
     response.raw_headers = [
         (name.encode("latin-1"), value.encode("latin-1"))
         for name, value in answer.headers.multi_items()
-        if name.lower() not in _RESPONSE_DROP
+        if name.lower() not in drop
     ]
     return response
+
+
+def _accepts_gzip(accept_encoding: str) -> bool:
+    """Whether an Accept-Encoding header takes gzip (by name or `*`, with a q above 0)."""
+    for item in accept_encoding.split(","):
+        coding, _, params = item.partition(";")
+        if coding.strip().lower() not in ("gzip", "x-gzip", "*"):
+            continue
+        q = params.strip().lower().removeprefix("q=").strip() if "q=" in params.lower() else "1"
+        try:
+            if float(q) > 0:
+                return True
+        except ValueError:
+            return True  # a q we cannot read: take the coding as accepted
+    return False

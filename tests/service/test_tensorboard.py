@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import signal
 import time
@@ -144,6 +146,36 @@ def test_proxy_opens_the_profile_trace_viewer(service: Service, traced_job: dict
         )
         assert refused.status_code == 400, bad
         assert "trace_data_url" in refused.json()["detail"]
+
+
+def test_proxy_decodes_gzip_for_a_client_that_did_not_ask_for_it(
+    service: Service, traced_job: dict[str, Any]
+) -> None:
+    """The profile plugin gzips its answers whatever the request accepts: `curl` without
+    `--compressed` printed gzip bytes where JSON was due."""
+    service.client.post("/api/v1/tensorboard", json={"job_ids": [traced_job["id"]]})
+    url = "/tensorboard/data/plugin/profile/runs"
+    _wait(lambda: service.client.get(url).json(), 120, "the profile plugin to list the trace")
+    for accept in ("identity", "gzip;q=0", None):
+        headers = {"Accept-Encoding": accept} if accept else {}
+        request = service.client.build_request("GET", url, headers=headers)
+        if accept is None:
+            del request.headers["Accept-Encoding"]  # as curl sends it: no header at all
+        answer = service.client.send(request, stream=True)
+        raw = b"".join(answer.iter_raw())
+        answer.close()
+        assert answer.status_code == 200
+        assert "content-encoding" not in answer.headers, accept
+        assert json.loads(raw)[0].startswith(f"{traced_job['id']}/"), accept
+        assert int(answer.headers.get("content-length", len(raw))) == len(raw)
+    # A client that takes gzip gets TensorBoard's bytes as they came.
+    answer = service.client.send(
+        service.client.build_request("GET", url, headers={"Accept-Encoding": "gzip"}), stream=True
+    )
+    raw = b"".join(answer.iter_raw())
+    answer.close()
+    assert answer.headers["content-encoding"] == "gzip"
+    assert json.loads(gzip.decompress(raw))[0].startswith(f"{traced_job['id']}/")
 
 
 @pytest.mark.parametrize(

@@ -953,6 +953,15 @@ def test_train_dataset_ends_each_epoch_with_partial_batch() -> None:
     assert first.tolist() != list(range(10))
 
 
+def test_train_dataset_draws_a_new_order_every_epoch() -> None:
+    # One batch an epoch, 300 epochs: no order may come back. Seeded as it was,
+    # `tf.random.experimental.index_shuffle` had 256 orders for sets below 65,536 examples.
+    out = batches(train_dataset(arrays_of(100), DataSpec(format="synthetic"), 100, seed=0), 300)
+
+    assert all(sorted(y) == list(range(100)) for _, y in out)
+    assert len({tuple(y) for _, y in out}) == 300
+
+
 def test_train_dataset_repeats_batches_for_same_seed_only() -> None:
     arrays, data = arrays_of(50), DataSpec(format="synthetic", augment={"brightness": 0.3})
 

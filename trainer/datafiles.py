@@ -15,6 +15,8 @@ glob (`**` reaches every depth); file order is sorted by name):
   present too; otherwise every pair is train and eval is held out by `eval_fraction`.
 - npz, tfrecord: files whose names contain the word `eval` or `test` are eval, the rest
   train; again, only when some train file is present.
+- For a glob, the folders it matched below its fixed part count as the name does, so
+  `data/**/*.tfrecord` over `data/train/` and `data/test/` takes `data/test/` as eval.
 """
 
 from __future__ import annotations
@@ -76,9 +78,10 @@ def resolve_files(data: DataSpec) -> DataFiles:
         return DataFiles(train=[], eval=[])
     assert data.path is not None  # DataSpec requires it for every file format
     candidates = _candidates(data.path, data.format)
+    names = _eval_names(data.path)
     if data.format == "idx":
-        return _resolve_idx(candidates)
-    return _split_by_name(candidates, _NAMED_EVAL.search)
+        return _resolve_idx(candidates, lambda f: any(_IDX_EVAL.match(n) for n in names(f)))
+    return _split_by_name(candidates, lambda f: any(_NAMED_EVAL.search(n) for n in names(f)))
 
 
 def check_under_roots(path: str, roots: list[Path]) -> None:
@@ -144,6 +147,18 @@ def _glob_prefix(path: str) -> str:
     return str(Path(*fixed)) if fixed else "."
 
 
+def _eval_names(path: str) -> Callable[[Path], tuple[str, ...]]:
+    """The names the eval rule reads for each file `path` gives: its own, and for a glob
+    the folders the glob matched too."""
+    if not is_glob(path):
+        return lambda file: (file.name,)
+    # Only below the fixed part: the user's own `/data/test-runs/**/*.npz` names no eval.
+    # Read by name alone, `data/**/*.tfrecord` trained on `data/test/` (and held out the
+    # last of `data/train/` instead), a test set trained on without a word.
+    fixed = len(Path(_glob_prefix(path)).parts)  # glob.glob's matches begin with that part
+    return lambda file: file.parts[fixed:]
+
+
 def _candidates(path: str, fmt: str) -> list[Path]:
     """The files `path` names, sorted by name.
 
@@ -203,7 +218,7 @@ def _labels_candidates(images: Path) -> list[Path]:
     return [images.with_name(stem + first), images.with_name(stem + second)]
 
 
-def _resolve_idx(images_files: list[Path]) -> DataFiles:
+def _resolve_idx(images_files: list[Path], is_eval: Callable[[Path], bool]) -> DataFiles:
     # A folder unpacked beside its archives holds `x-ubyte` and `x-ubyte.gz`: read the
     # plain one (no decompression) and skip its twin, so no example is counted twice.
     by_stem: dict[str, Path] = {}
@@ -221,14 +236,14 @@ def _resolve_idx(images_files: list[Path]) -> DataFiles:
                 f"Received: no such file in {images.parent} (for {images.name})"
             )
         pairs[images] = labels
-    files = _split_by_name(list(pairs), _IDX_EVAL.match)
+    files = _split_by_name(list(pairs), is_eval)
     return DataFiles(train=files.train, eval=files.eval, pairs=pairs)
 
 
-def _split_by_name(files: list[Path], is_eval: Callable[[str], object]) -> DataFiles:
+def _split_by_name(files: list[Path], is_eval: Callable[[Path], bool]) -> DataFiles:
     """Eval-named files are eval only beside a train file; a lone eval set trains."""
-    eval_files = [f for f in files if is_eval(f.name)]
-    train_files = [f for f in files if not is_eval(f.name)]
+    eval_files = [f for f in files if is_eval(f)]
+    train_files = [f for f in files if not is_eval(f)]
     if not train_files:
         return DataFiles(train=eval_files, eval=[])
     return DataFiles(train=train_files, eval=eval_files)

@@ -291,6 +291,35 @@ def test_resolve_files_tfrecord_glob_takes_shards_without_suffix(tmp_path: Path)
     assert files == DataFiles(train=shards, eval=[test])
 
 
+def test_resolve_files_glob_takes_a_test_folder_it_matches_as_eval(tmp_path: Path) -> None:
+    # `data/train/` and `data/test/` read by file name alone: the test set was trained on.
+    base = tmp_path / "test-runs" / "cifar"  # folders above the glob's wildcards do not count
+    train = touch(base / "train", "part-0.tfrecord", "part-1.tfrecord")
+    test = touch(base / "test", "part-0.tfrecord")
+    evals = touch(base / "x" / "eval", "part-0.tfrecord")
+
+    files = resolve_files(spec("tfrecord", base / "**" / "*.tfrecord"))
+
+    assert files == DataFiles(train=train, eval=[*test, *evals])
+
+
+def test_resolve_files_idx_glob_takes_a_t10k_folder_it_matches_as_eval(tmp_path: Path) -> None:
+    train_x, _ = touch(tmp_path / "train", "a-images-idx3-ubyte", "a-labels-idx1-ubyte")
+    test_x, _ = touch(tmp_path / "t10k", "b-images-idx3-ubyte", "b-labels-idx1-ubyte")
+
+    files = resolve_files(spec("idx", tmp_path / "*" / "*-images-idx3-ubyte"))
+
+    assert (files.train, files.eval) == ([train_x], [test_x])
+
+
+def test_resolve_files_glob_in_a_test_folder_is_all_train(tmp_path: Path) -> None:
+    shards = touch(tmp_path / "test", "a.npz", "b.npz")
+
+    files = resolve_files(spec("npz", tmp_path / "test" / "*.npz"))
+
+    assert files == DataFiles(train=shards, eval=[])
+
+
 # --- check_under_roots ---------------------------------------------------------------
 
 

@@ -221,9 +221,11 @@ def _labels_candidates(images: Path) -> list[Path]:
 def _resolve_idx(images_files: list[Path], is_eval: Callable[[Path], bool]) -> DataFiles:
     # A folder unpacked beside its archives holds `x-ubyte` and `x-ubyte.gz`: read the
     # plain one (no decompression) and skip its twin, so no example is counted twice.
-    by_stem: dict[str, Path] = {}
+    # Twins lie in one folder: same-named files in other folders (`**` over `part1/` and
+    # `part2/`) are other examples, and keying by name alone dropped all but one.
+    by_stem: dict[Path, Path] = {}
     for images in images_files:
-        stem = images.name.removesuffix(".gz")
+        stem = images.with_name(images.name.removesuffix(".gz"))
         if stem not in by_stem or not images.name.endswith(".gz"):
             by_stem[stem] = images
     pairs: dict[Path, Path] = {}

@@ -106,6 +106,18 @@ def test_resolve_files_idx_reads_plain_twin_of_gz(tmp_path: Path) -> None:
     assert files == DataFiles(train=[images], eval=[], pairs={images: labels})
 
 
+def test_resolve_files_idx_glob_keeps_same_named_pairs_of_every_folder(tmp_path: Path) -> None:
+    # Taken for twins by name alone, all but one folder's pair was dropped without a word.
+    first = touch(tmp_path / "part1", "train-images-idx3-ubyte", "train-labels-idx1-ubyte")
+    second = touch(tmp_path / "part2", "train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz")
+
+    files = resolve_files(spec("idx", tmp_path / "**" / "*-images-idx3-ubyte*"))
+
+    assert files == DataFiles(
+        train=[first[0], second[0]], eval=[], pairs={first[0]: first[1], second[0]: second[1]}
+    )
+
+
 def test_resolve_files_idx_glob_keeps_images_files(tmp_path: Path) -> None:
     a_x, a_y, b_x, b_y = touch(
         tmp_path,

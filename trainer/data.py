@@ -141,6 +141,14 @@ def _log_loaded(
             width,
             channels,
         )
+    if arrays.x_train.dtype == np.uint8 and arrays.x_train.size and arrays.x_train.max() == 1:
+        # Masks saved as (x > 0).astype(int): integers are read as 0-255, so they train as
+        # images of 1/255 at most, while the same array saved as bool trains as 0.0/1.0.
+        log.warning(
+            "integer pixels are 0 and 1 only: integers are read as 0-255, so these images "
+            "are fed as nearly black (1/255 at most); save them as bool or float32 in [0, 1], "
+            "or as 0 and 255"
+        )
     unseen = np.setdiff1d(arrays.y_eval, arrays.y_train)
     if unseen.size:
         # Files of one class each, or examples sorted by class, hold out whole classes the

@@ -849,6 +849,32 @@ def test_load_arrays_warns_of_channels_first_images(tmp_path: Path, caplog) -> N
     )
 
 
+@pytest.mark.parametrize("dtype", [np.int64, np.uint8])
+def test_load_arrays_warns_of_integer_pixels_of_zero_and_one(
+    tmp_path: Path, caplog, dtype: type
+) -> None:
+    # (x > 0).astype(int) trained as images of 1/255 at most, without a word.
+    np.savez(tmp_path / "masks.npz", x=(images(4) > 127).astype(dtype), y=[0, 1, 0, 1])
+
+    with caplog.at_level(logging.INFO, logger="trainer.data"):
+        load_arrays(spec("npz", tmp_path / "masks.npz", eval_fraction=0.0), seed=0)
+
+    assert caplog.records[-1].levelno == logging.WARNING
+    assert caplog.messages[-1] == (
+        "integer pixels are 0 and 1 only: integers are read as 0-255, so these images are fed "
+        "as nearly black (1/255 at most); save them as bool or float32 in [0, 1], or as 0 and 255"
+    )
+
+
+def test_load_arrays_bool_pixels_do_not_warn(tmp_path: Path, caplog) -> None:
+    np.savez(tmp_path / "masks.npz", x=images(4) > 127, y=[0, 1, 0, 1])
+
+    with caplog.at_level(logging.INFO, logger="trainer.data"):
+        load_arrays(spec("npz", tmp_path / "masks.npz", eval_fraction=0.0), seed=0)
+
+    assert [r.levelno for r in caplog.records] == [logging.INFO]
+
+
 def test_load_arrays_asked_for_no_eval_does_not_warn(caplog) -> None:
     data = DataSpec(format="synthetic", eval_fraction=0.0, params={"size": 10})
 

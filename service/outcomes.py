@@ -92,6 +92,17 @@ def _restarts(restarts_after_kills: int) -> str:
     )
 
 
+def _oom_hint(signum: int) -> str:
+    """A SIGKILL nobody sent (not the service's cancel) most often comes from the kernel's
+    out-of-memory killer, which says so only in the kernel's log."""
+    if signum != signal.SIGKILL:
+        return ""
+    return (
+        " A SIGKILL no one sent is most often the kernel's out-of-memory killer (`dmesg` "
+        "says so): a job holds its images in memory, three times over as it starts."
+    )
+
+
 def crashed(
     exit: WorkerExit, result: dict[str, Any] | None = None, *, cancel_requested: bool
 ) -> str | None:
@@ -155,7 +166,8 @@ def final_state(
                 },
             )
         return failed(
-            f"The worker was killed by {name} ({exit.signal}).{_restarts(restarts_after_kills)}"
+            f"The worker was killed by {name} ({exit.signal}).{_oom_hint(exit.signal)}"
+            f"{_restarts(restarts_after_kills)}"
         )
 
     if exit.code is None:  # adopted: only result.json can tell

@@ -195,6 +195,7 @@ def _prepare(spec: JobSpec, cluster: Cluster) -> dict[str, Any]:
     # TensorFlow only now: a spec error above is reported without paying its import.
     from trainer.data import DataError, load_arrays
     from trainer.devices import setup_devices
+    from trainer.memory import available_bytes, check_room
     from trainer.models import ModelError, build_model, is_binary
 
     try:
@@ -216,6 +217,10 @@ def _prepare(spec: JobSpec, cluster: Cluster) -> dict[str, Any]:
         raise InvalidJob(
             f"Cannot load the data: {reason}", [{"field": "data", "message": reason}]
         ) from e
+
+    # Data too large for memory fails here in one line (exit 1: it may fit later, or
+    # elsewhere) rather than be killed, restarted as a crash and killed again.
+    check_room(arrays.x_train.nbytes + arrays.x_eval.nbytes, available_bytes())
 
     problem = spec.data.augment.crop_problem(*arrays.image_shape[:2])
     if problem is not None:

@@ -63,8 +63,14 @@ def test_final_state_cancelled_by_sigterm() -> None:
 def test_final_state_signal_is_failed(signum: int, name: str) -> None:
     final = _final(WorkerExit(signal=signum), None)
     assert final.state is JobState.FAILED
+    # The kernel's OOM killer says so in its own log only: the reason names it for SIGKILL.
+    oom = (
+        " A SIGKILL no one sent is most often the kernel's out-of-memory killer (`dmesg` "
+        "says so): a job holds its images in memory, three times over as it starts."
+        if name == "SIGKILL" else ""
+    )  # fmt: skip
     assert final.error == {
-        "reason": f"The worker was killed by {name} ({signum}).", "exit_code": None,
+        "reason": f"The worker was killed by {name} ({signum}).{oom}", "exit_code": None,
         "signal": name, "log_tail": TAIL,
     }  # fmt: skip
 
@@ -155,6 +161,8 @@ def test_final_state_signal_after_restarts_says_so() -> None:
     )  # fmt: skip
     assert final.state is JobState.FAILED and final.error is not None
     assert reason(final) == (
-        "The worker was killed by SIGKILL (9). The job had already been restarted from its "
+        "The worker was killed by SIGKILL (9). A SIGKILL no one sent is most often the "
+        "kernel's out-of-memory killer (`dmesg` says so): a job holds its images in memory, "
+        "three times over as it starts. The job had already been restarted from its "
         "checkpoint 2 times after its worker was killed, the most TOWERBOARD_CRASH_RETRIES allows."
     )

@@ -105,7 +105,9 @@ def test_killed_worker_resumes_from_checkpoint_then_fails_past_the_retries(
     assert failed["state"] == "failed" and failed["attempts"] == 2
     error = failed["error"]
     assert error["reason"] == (
-        "The worker was killed by SIGKILL (9). The job had already been restarted from its "
+        "The worker was killed by SIGKILL (9). A SIGKILL no one sent is most often the "
+        "kernel's out-of-memory killer (`dmesg` says so): a job holds its images in memory, "
+        "three times over as it starts. The job had already been restarted from its "
         "checkpoint once after its worker was killed, the most TOWERBOARD_CRASH_RETRIES allows."
     )
     assert error["signal"] == "SIGKILL" and error["exit_code"] is None

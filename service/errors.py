@@ -101,6 +101,16 @@ def _storage_detail(exc: Exception) -> tuple[str, int] | None:
                 "The service's job store is read-only: make its data dir writable, then try again.",
                 503,
             )
+        if code == sqlite3.SQLITE_BUSY or "database is locked" in str(exc):
+            # Another process (a backup tool, a sqlite3 shell) has held a write lock on
+            # towerboard.db past the store's busy timeout: nothing was written, and the
+            # same request succeeds once it lets go.
+            return (
+                "The service's job store (towerboard.db in its data dir) is locked by another "
+                "process, such as a backup or a sqlite3 shell holding a transaction; nothing "
+                "was changed: try again once it has let go.",
+                503,
+            )
         return None
     if isinstance(exc, OSError):
         where = f" ({exc.filename})" if exc.filename else ""

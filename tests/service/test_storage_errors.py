@@ -6,6 +6,7 @@ import asyncio
 import errno
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -56,3 +57,30 @@ def test_storage_error_is_said_in_json(error: Exception, status: int, words: str
 def test_other_errors_stay_500() -> None:
     assert _post(_app(OSError(errno.EIO, "I/O error"))).status_code == 500
     assert _post(_app(sqlite3.OperationalError("no such table: jobs"))).status_code == 500
+
+
+def _locked_error(path: Path) -> sqlite3.OperationalError:
+    """The error SQLite itself gives a writer while another connection (a backup tool, a
+    sqlite3 shell) holds a write transaction on the file past the writer's busy timeout."""
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("PRAGMA journal_mode=WAL")
+    holder.execute("CREATE TABLE IF NOT EXISTS t (x)")
+    holder.execute("BEGIN IMMEDIATE")
+    writer = sqlite3.connect(path, isolation_level=None, timeout=0.05)
+    try:
+        writer.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as error:
+        return error
+    finally:
+        writer.close()
+        holder.execute("ROLLBACK")
+        holder.close()
+    raise AssertionError("the second writer got the lock")
+
+
+def test_store_locked_by_another_process_is_said(tmp_path: Path) -> None:
+    response = _post(_app(_locked_error(tmp_path / "towerboard.db")))
+    assert response.status_code == 503
+    detail = response.json()["detail"]
+    assert "locked by another process" in detail
+    assert "nothing was changed: try again" in detail

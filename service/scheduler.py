@@ -9,25 +9,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.devices import DevicePool
-from service.store import JobRecord
+from service.store import QueuedJob
 
 
 @dataclass(frozen=True)
 class Placement:
-    job: JobRecord
+    job: QueuedJob
     devices: list[str]
 
 
-def next_placements(queued: list[JobRecord], pool: DevicePool, held: list[str]) -> list[Placement]:
+def next_placements(queued: list[QueuedJob], pool: DevicePool, held: list[str]) -> list[Placement]:
     """The jobs to start now, in order, with the devices each gets.
 
-    `queued` must already be in run order (the store's `queued()`); `held` are the devices
+    `queued` must already be in run order (the store's `queue()`); `held` are the devices
     the running jobs hold.
     """
     free = pool.free(held)
     placements = []
     for job in queued:
-        needed = pool.needed(job.spec["towers"])
+        needed = pool.needed(job.towers)
         if needed > len(free):
             break
         placements.append(Placement(job, free[:needed]))
@@ -35,7 +35,7 @@ def next_placements(queued: list[JobRecord], pool: DevicePool, held: list[str]) 
     return placements
 
 
-def never_fit(queued: list[JobRecord], pool: DevicePool) -> list[JobRecord]:
+def never_fit(queued: list[QueuedJob], pool: DevicePool) -> list[QueuedJob]:
     """Queued jobs that need more devices than this host has (its settings changed since
     they were accepted); they would hold the queue forever."""
-    return [job for job in queued if pool.needed(job.spec["towers"]) > len(pool.devices)]
+    return [job for job in queued if pool.needed(job.towers) > len(pool.devices)]

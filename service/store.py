@@ -82,6 +82,14 @@ class JobRecord:
 
 
 @dataclass(frozen=True)
+class QueuedJob:
+    """A queued job as the scheduler sees it: its id and how many towers it asks for."""
+
+    id: str
+    towers: int
+
+
+@dataclass(frozen=True)
 class MetricPoint:
     name: str
     step: int
@@ -275,13 +283,16 @@ class JobStore:
         """The jobs a SELECT * query returns, decoded, read on this thread's connection."""
         return [_row_to_record(row) for row in self._reader().execute(sql, params or []).fetchall()]
 
-    def queued(self) -> list[JobRecord]:
-        """Queued jobs in the order they should run: highest priority, then oldest (a
-        resumed job by when it was resumed)."""
-        return self._records(
-            "SELECT * FROM jobs WHERE state = 'queued'"
+    def queue(self) -> list[QueuedJob]:
+        """The queued jobs' ids and towers, in the order they should run: highest priority,
+        then oldest (a resumed job by when it was resumed). All the scheduler needs, read
+        without decoding each job's row: the supervisor reads it every pass, and decoding
+        3,000 queued jobs took 0.6 s each time, a CPU kept busy by an idle queue."""
+        rows = self._reader().execute(
+            "SELECT id, json_extract(spec, '$.towers') FROM jobs WHERE state = 'queued'"
             " ORDER BY priority DESC, COALESCE(queued_at, created_at), seq"
         )
+        return [QueuedJob(job_id, int(towers)) for job_id, towers in rows]
 
     def running(self) -> list[JobRecord]:
         return self._records("SELECT * FROM jobs WHERE state = 'running' ORDER BY seq")

@@ -439,13 +439,13 @@ class Supervisor:
     def _schedule(self) -> None:
         if not self._starting.is_set():
             return
-        queued = self._store.queued()
+        queued = self._store.queue()
         if not queued:
             return
         unfit = never_fit(queued, self._pool)
         for job in unfit:
             reason = (
-                f"The job needs {self._pool.needed(job.spec['towers'])} devices but this "
+                f"The job needs {self._pool.needed(job.towers)} devices but this "
                 f"service has {len(self._pool.devices)}: {self._pool.describe()}."
             )
             if self._store.fail_queued(job.id, error={"reason": reason}):
@@ -454,11 +454,16 @@ class Supervisor:
         held = [device for job in self._store.running() for device in job.devices]
         held += self.held_after_their_jobs()
         for placement in next_placements(queued, self._pool, held):
-            self._start(placement.job, placement.devices)
+            self._start(placement.job.id, placement.devices)
 
-    def _start(self, job: JobRecord, devices: list[str]) -> None:
-        if not self._store.mark_running(job.id, devices=devices):
+    def _start(self, job_id: str, devices: list[str]) -> None:
+        if not self._store.mark_running(job_id, devices=devices):
             return  # cancelled since the queue was read
+        # Read now that it runs: nothing but a cancel request changes a running job, where
+        # a resume could have given a queued one a new spec since the queue was read.
+        job = self._store.get(job_id)
+        if job is None:
+            return
         run = self.run_dir(job.id)
         try:
             worker = spawn_worker(

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import os
+import sqlite3
+import time
 from pathlib import Path
 
 from service.devices import DevicePool
 from service.scheduler import never_fit, next_placements
 from service.settings import Settings
-from service.store import JobRecord, JobStore
+from service.store import JobStore, QueuedJob
+from tests.service.harness import Service, job_spec, stepping_worker_env
+from trainer.spec import JobSpec
 
 
-def _jobs(tmp_path: Path, towers: list[int]) -> list[JobRecord]:
+def _jobs(tmp_path: Path, towers: list[int]) -> list[QueuedJob]:
     store = JobStore(tmp_path / "jobs.db")
     for n in towers:
         store.create({"name": "j", "priority": 0, "towers": n})
-    return store.queued()
+    return store.queue()
 
 
 def test_place_gpu_jobs_whole_devices_never_shared(tmp_path: Path) -> None:
@@ -47,3 +53,42 @@ def test_never_fit_more_towers_than_gpus(tmp_path: Path) -> None:
     pool = DevicePool.from_settings(Settings(gpus=[0, 1]))
     fits, too_big = _jobs(tmp_path, [2, 3])
     assert never_fit([fits, too_big], pool) == [too_big]
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process so far, from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_long_queue_leaves_an_idle_service_idle(tmp_path: Path) -> None:
+    # 3,000 jobs queued behind one that holds both GPUs: nothing can start, and the
+    # supervisor's passes (five a second) decoded every queued job each time: 0.6 s a
+    # pass, a CPU kept busy by a service that had nothing to do.
+    data = tmp_path / "data"
+    store = JobStore(data / "towerboard.db")
+    spec = JobSpec.model_validate(job_spec(towers=2)).model_dump(mode="json")
+    store.create(spec)  # the head, which starts
+    store.close()
+    with sqlite3.connect(data / "towerboard.db") as db:  # the rest in one transaction
+        db.executemany(
+            "INSERT INTO jobs (id, name, state, priority, spec, created_at, updated_at)"
+            " VALUES (?, 'j', 'queued', 0, ?, ?, ?)",
+            [(f"q{n:09d}", json.dumps(spec), time.time(), time.time()) for n in range(3000)],
+        )
+    env = {"TOWERBOARD_GPUS": "0,1", "TOWERBOARD_POLL_SECONDS": "0.2"}
+    service = Service(data, {**env, **stepping_worker_env(tmp_path)})
+    service.start()
+    try:
+        running = {"state": "running"}
+        deadline = time.monotonic() + 30
+        while service.client.get("/api/v1/jobs", params=running).json()["count"] != 1:
+            assert time.monotonic() < deadline, "the head job did not start"
+            time.sleep(0.1)
+        assert service.process is not None
+        before = _cpu_seconds(service.process.pid)
+        time.sleep(4)
+        used = _cpu_seconds(service.process.pid) - before
+        assert used < 1.0, f"the idle service used {used:.2f} s of CPU in 4 s"
+    finally:
+        service.close()

@@ -35,7 +35,7 @@ def test_read_queued_priority_then_oldest(store: JobStore) -> None:
     first = store.create(SPEC)
     urgent = store.create({**SPEC, "priority": 5})
     second = store.create(SPEC)
-    assert [j.id for j in store.queued()] == [urgent.id, first.id, second.id, low.id]
+    assert [j.id for j in store.queue()] == [urgent.id, first.id, second.id, low.id]
 
 
 def test_read_page_newest_first_with_cursor(store: JobStore) -> None:

@@ -6,7 +6,7 @@ import json
 import re
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
 from datetime import datetime
 from typing import Annotated, Any, TypeVar
 
@@ -59,8 +59,9 @@ from service.schemas import (
     ProfilePublic,
     ResumeCreate,
 )
+from service.series import Row
 from service.settings import Settings
-from service.store import JobRecord, JobState, MetricPoint
+from service.store import JobRecord, JobState
 from service.workers import worker_pythonpath
 from trainer.rundir import RunDir, write_json_atomic
 from trainer.spec import field_errors, options_not_read, without_unread
@@ -587,23 +588,34 @@ _JSON_STR = TypeAdapter(str)
 _METRICS_CHUNK = 2000
 
 
-def _metrics_json(job_id: str, points: list[MetricPoint]) -> bytes:
-    """`MetricsPublic(job_id, series).model_dump_json()`, byte for byte, in chunks: a long
-    job has hundreds of thousands of points, and pydantic holds the GIL for a whole call."""
-    series: dict[str, list[dict[str, Any]]] = {}
-    for point in points:
-        series.setdefault(point.name, []).append(
-            {"step": point.step, "time": point.time, "value": point.value}
-        )
-    parts = [b'{"job_id":', _JSON_STR.dump_json(job_id), b',"series":{']
-    for i, (name, values) in enumerate(series.items()):
-        parts += [b"," if i else b"", _JSON_STR.dump_json(name), b":["]
-        for start in range(0, len(values), _METRICS_CHUNK):
-            chunk = _METRIC_POINTS.validate_python(values[start : start + _METRICS_CHUNK])
-            parts += [b"," if start else b"", _METRIC_POINTS.dump_json(chunk)[1:-1]]
-        parts.append(b"]")
-    parts.append(b"}}")
-    return b"".join(parts)
+def _metrics_json(job_id: str, rows: Iterable[Row]) -> Iterator[bytes]:
+    """`MetricsPublic(job_id, series).model_dump_json()`, byte for byte, in parts of
+    _METRICS_CHUNK points, from rows in series and step order: a long job has millions of
+    points, pydantic holds the GIL for a whole call, and a part at a time the service
+    never holds them all (nor their JSON) at once."""
+
+    def points(batch: list[Row], more: bool) -> bytes:
+        values = [{"step": step, "time": time, "value": value} for _, step, time, value in batch]
+        chunk = _METRIC_POINTS.validate_python(values)
+        return (b"," if more else b"") + _METRIC_POINTS.dump_json(chunk)[1:-1]
+
+    yield b'{"job_id":' + _JSON_STR.dump_json(job_id) + b',"series":{'
+    series: str | None = None
+    batch: list[Row] = []
+    sent = False  # whether the open series has sent points already
+    for row in rows:
+        if row[0] != series:
+            if batch:
+                yield points(batch, sent)
+            yield (b"]," if series is not None else b"") + _JSON_STR.dump_json(row[0]) + b":["
+            series, batch, sent = row[0], [], False
+        batch.append(row)
+        if len(batch) == _METRICS_CHUNK:
+            yield points(batch, sent)
+            batch, sent = [], True
+    if batch:
+        yield points(batch, sent)
+    yield b"]}}" if series is not None else b"}}"
 
 
 @router.get(
@@ -650,8 +662,12 @@ def read_job_metrics(
         raise FieldErrors(errors)
     # A plain def: a long job's series take a while to render, on a worker thread rather
     # than the event loop every other request needs.
+    if points is None:  # every point: sent as read, never held whole
+        rows = runtime.store.stream_metrics(job.id, names=name, after_step=after_step)
+        return StreamingResponse(_metrics_json(job.id, rows), media_type=_JSON)
     read = runtime.store.metrics(job.id, names=name, after_step=after_step, most=points)
-    return Response(_metrics_json(job.id, read), media_type=_JSON)
+    thinned = ((p.name, p.step, p.time, p.value) for p in read)
+    return Response(b"".join(_metrics_json(job.id, thinned)), media_type=_JSON)
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointsPublic, responses=_NOT_FOUND)

@@ -164,3 +164,41 @@ def test_metrics_for_a_chart_come_thinned_to_a_bounded_number_of_points(
     assert series["loss"][0] == whole["loss"][0] and series["loss"][-1] == whole["loss"][-1]
     assert series["eval_loss"] == whole["eval_loss"]  # 80 points: whole
     assert all(point in whole["loss"] for point in series["loss"][::50])
+
+
+def _peak_rss_mb(pid: int) -> float:
+    """The most memory the process has held so far (VmHWM), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmHWM for pid {pid}")
+
+
+def test_every_metric_point_is_sent_without_holding_them_all(
+    make_service: Callable[..., Service],
+) -> None:
+    """/metrics without ?points= sends every point. Held whole (points, dicts, JSON) it
+    took some 600 bytes of the service's memory a point: 2.5 GB for a job of a million
+    reports. Sent as read, what it holds does not grow with the job."""
+    service = make_service()
+    store = JobStore(service.data_dir / "towerboard.db")
+    job = store.create(JobSpec.model_validate(job_spec(name="long")).model_dump(mode="json"))
+    reports = 100_000
+    for name in ("loss", "accuracy", "examples_per_sec", "learning_rate", "eval_loss"):
+        points = [MetricPoint(name, k, float(k), 1.0 / k) for k in range(1, reports + 1)]
+        store.record_progress(job.id, offset=0, progress=None, eval=None, points=points)
+    store.close()
+    service.start()
+    assert service.process is not None
+    url = f"/api/v1/jobs/{job.id}/metrics"
+    service.client.get(url, params={"name": "loss", "after_step": reports - 10})  # warm
+    before = _peak_rss_mb(service.process.pid)
+    response = service.client.get(url)
+    grown = _peak_rss_mb(service.process.pid) - before
+    assert response.status_code == 200
+    series = response.json()["series"]
+    assert sorted(series) == ["accuracy", "eval_loss", "examples_per_sec", "learning_rate", "loss"]
+    assert all(len(points) == reports for points in series.values())
+    assert series["loss"][0]["step"] == 1 and series["loss"][-1]["step"] == reports
+    assert [p["step"] for p in series["accuracy"]] == list(range(1, reports + 1))
+    assert grown < 60, f"the service grew by {grown:.0f} MB to send {5 * reports} points"

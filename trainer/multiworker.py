@@ -194,10 +194,19 @@ def start_together(trainer: ClusterTrainer, checkpointer: Checkpointer, job: int
             "The workers of this cluster were given different jobs (spec or data differ): "
             "give every worker the same spec.json and the same data."
         )
-    common = int(rows[:, 1].min())
+    common, newest = int(rows[:, 1].min()), int(rows[:, 1].max())
     if common < 0:
-        if latest is not None:
-            log.warning("another worker has no checkpoint: starting from step 0 with it")
+        if newest >= 0:
+            # Starting again from step 0 would throw away every worker's training and
+            # write over their checkpoints: a worker's directory lost with its host must
+            # not cost the whole job silently.
+            mine = "none" if latest is None else f"step {latest}"
+            raise ClusterMismatch(
+                f"Cannot resume together: a worker of this cluster has no checkpoint while "
+                f"another has up to step {newest} (this worker: {mine}). Give every worker "
+                "back its checkpoints/ directory to resume, or start the job in new "
+                "directories to train from step 0."
+            )
         return None
     if common not in checkpointer.steps():
         raise ClusterMismatch(

@@ -7,6 +7,7 @@ each worker trains one tower, the CPU.
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -237,3 +238,23 @@ def test_more_than_one_tower_per_cpu_worker_exits_2(tmp_path):
     result = json.loads((job_dir / "result.json").read_text())
     assert "Expected towers=1" in result["message"]
     assert result["errors"][0]["field"] == "towers"
+
+
+def test_a_worker_without_checkpoints_fails_rather_than_restart_the_job(tmp_path):
+    # A host replaced with an empty disk: starting every worker from step 0 would throw
+    # away the others' training and write over their checkpoints.
+    job_dir = tmp_path / "job"
+    spec = with_(SPEC, steps=20, eval={"every_steps": 0}, checkpoint={"every_steps": 10})
+    for code, log in finish(start_cluster(job_dir, [spec, spec])):
+        assert code == 0, log
+    saved = sorted(p.name for p in (job_dir / "checkpoints").iterdir())
+    before = (job_dir / "checkpoints" / "ckpt-10.data-00000-of-00001").read_bytes()
+    shutil.rmtree(job_dir / "workers" / "worker-1")
+
+    for code, log in finish(start_cluster(job_dir, [spec, spec])):
+        assert code == 1, log
+    for result in results(job_dir, 2):
+        assert result["outcome"] == "failed"
+        assert "has no checkpoint while another has up to step 20" in result["message"], result
+    assert sorted(p.name for p in (job_dir / "checkpoints").iterdir()) == saved
+    assert (job_dir / "checkpoints" / "ckpt-10.data-00000-of-00001").read_bytes() == before

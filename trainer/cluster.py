@@ -15,12 +15,21 @@ that share one directory over NFS never write the same file.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import socket
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 TRAINING_TASKS = ("chief", "worker")
+
+log = logging.getLogger(__name__)
+
+# How often a worker waiting for the others says it still is.
+WAIT_LOG_SECONDS = 30.0
 
 
 class ClusterError(ValueError):
@@ -35,6 +44,7 @@ class Cluster:
     index: int = 0
     task_type: str = "worker"
     task_index: int = 0
+    addresses: tuple[str, ...] = ()  # every training task's host:port, the chief first
 
     @property
     def is_multi_worker(self) -> bool:
@@ -108,4 +118,64 @@ def cluster_from_env(environ: Mapping[str, str] | None = None) -> Cluster:
         index=index,
         task_type=str(task_type),
         task_index=task_index,
+        addresses=tuple(cluster.get("chief", []) + cluster.get("worker", [])),
     )
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise _fail("expected every address to be host:port", address)
+    return host.strip("[]"), int(port)
+
+
+def _answers(address: str) -> bool:
+    try:
+        socket.create_connection(_host_port(address), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def wait_for_peers(
+    cluster: Cluster, stop: threading.Event, log_every: float = WAIT_LOG_SECONDS
+) -> bool:
+    """Listen on this task's port and wait until every other task's port answers; False
+    when `stop` is set first (a SIGTERM or Ctrl-C).
+
+    TensorFlow's own wait for the cluster (making the strategy) says nothing for as long as
+    it lasts and holds the interpreter, so a SIGTERM cannot stop it: this wait, in Python,
+    comes first. Each task listens on its own port meanwhile, so the others find it before
+    its TensorFlow server starts, and a port already taken is said plainly.
+    """
+    own = cluster.addresses[cluster.index]
+    listener = socket.socket()
+    try:
+        listener.bind(("", _host_port(own)[1]))
+        listener.listen()
+    except OSError as e:
+        listener.close()
+        raise _fail(
+            f"cannot listen on this task's address ({cluster.name}): {e.strerror} "
+            "(is another process using that port?)",
+            own,
+        ) from e
+    others = [a for i, a in enumerate(cluster.addresses) if i != cluster.index]
+    log.info("waiting for the other tasks of the cluster to start: %s", ", ".join(others))
+    started = said = time.monotonic()
+    try:
+        while others := [a for a in others if not _answers(a)]:
+            if stop.wait(0.5):
+                return False
+            if time.monotonic() - said >= log_every:
+                said = time.monotonic()
+                log.info(
+                    "still waiting, after %d s, for the tasks at %s (not started yet, or "
+                    "not reachable at that address)",
+                    said - started,
+                    ", ".join(others),
+                )
+    finally:
+        listener.close()
+    log.info("every task of the cluster answered after %.1f s", time.monotonic() - started)
+    return True

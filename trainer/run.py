@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from trainer.cluster import Cluster, ClusterError, cluster_from_env
+from trainer.cluster import Cluster, ClusterError, cluster_from_env, wait_for_peers
 from trainer.errors import one_line
 from trainer.rundir import (
     OUTCOME_EXIT_CODES,
@@ -123,7 +123,7 @@ def run_job(
             # A spec file as a person wrote it (spec.json may be one stored with defaults).
             lines = "\n".join(f"{e['field']}: {e['message']}" for e in unread)
             raise InvalidJob(f"Invalid job spec:\n{lines}", unread)
-        job = _prepare(spec, cluster)
+        job = _prepare(spec, cluster, stop)
         if job["strategy"] is not None:
             # TensorFlow's coordination service installs its own SIGTERM handler (a
             # preemption notice it would act on alone); ours must decide, with the cluster.
@@ -131,6 +131,13 @@ def run_job(
     except InvalidJob as e:
         log.error("%s", e)
         return _write_result(rundir, Outcome.INVALID_SPEC, str(e), errors=e.errors)
+    except StoppedWaiting:
+        return _write_result(
+            rundir,
+            Outcome.CANCELLED,
+            "Stopped by SIGTERM while waiting for the other tasks of the cluster to start; "
+            "nothing was trained.",
+        )
     except Exception as e:  # noqa: BLE001 - whatever breaks, the job ends with a result.json saying why
         log.error("preparing the job failed:\n%s", traceback.format_exc())
         return _write_result(rundir, Outcome.FAILED, f"Preparing the job failed: {one_line(e)}")
@@ -182,7 +189,11 @@ def _stop_on_signals(stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
 
-def _prepare(spec: JobSpec, cluster: Cluster) -> dict[str, Any]:
+class StoppedWaiting(Exception):
+    """A SIGTERM or Ctrl-C came while this task waited for the rest of its cluster."""
+
+
+def _prepare(spec: JobSpec, cluster: Cluster, stop: threading.Event) -> dict[str, Any]:
     """Everything that can reject the job, before anything is written."""
     from trainer.datafiles import DataFilesError, resolve_files
 
@@ -208,6 +219,11 @@ def _prepare(spec: JobSpec, cluster: Cluster) -> dict[str, Any]:
     if cluster.is_multi_worker:
         from trainer.multiworker import make_strategy
 
+        try:
+            if not wait_for_peers(cluster, stop):
+                raise StoppedWaiting
+        except ClusterError as e:
+            raise InvalidJob(str(e), [{"field": "TF_CONFIG", "message": str(e)}]) from e
         # Before any other op (it starts this worker's server); waits for the others.
         strategy = make_strategy()
     try:

@@ -258,3 +258,51 @@ def test_a_worker_without_checkpoints_fails_rather_than_restart_the_job(tmp_path
         assert "has no checkpoint while another has up to step 20" in result["message"], result
     assert sorted(p.name for p in (job_dir / "checkpoints").iterdir()) == saved
     assert (job_dir / "checkpoints" / "ckpt-10.data-00000-of-00001").read_bytes() == before
+
+
+def test_a_worker_waiting_for_a_missing_peer_says_so_and_stops_on_sigterm(tmp_path):
+    # The other worker never starts: the wait is logged with the address it waits for,
+    # and a SIGTERM ends it as a cancel (TensorFlow's own wait would ignore it).
+    job_dir = tmp_path / "job"
+    workers = start_cluster(job_dir, [SPEC, SPEC])
+    workers[1].proc.kill()
+    waiting = workers[0].log
+    deadline = time.monotonic() + 120
+    while "waiting for the other tasks" not in waiting.read_text():
+        assert workers[0].proc.poll() is None and time.monotonic() < deadline, waiting.read_text()
+        time.sleep(0.1)
+    time.sleep(1)
+    workers[0].proc.send_signal(signal.SIGTERM)
+    code, log = finish(workers[:1])[0]
+    assert code == 3, log
+    result = json.loads((job_dir / "result.json").read_text())
+    assert result["outcome"] == "cancelled"
+    assert "while waiting for the other tasks" in result["message"]
+
+
+def test_a_worker_whose_port_is_taken_exits_2_naming_it(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        job_dir = tmp_path / "job"
+        spec_file = tmp_path / "spec.json"
+        spec_file.write_text(json.dumps(SPEC))
+        tf_config = {
+            "cluster": {"worker": [f"127.0.0.1:{port}", f"127.0.0.1:{free_ports(1)[0]}"]},
+            "task": {"type": "worker", "index": 0},
+        }
+        proc = subprocess.run(
+            [sys.executable, "-m", "trainer", "run", "--job-dir", str(job_dir)]
+            + ["--spec", str(spec_file)],
+            cwd=REPO,
+            env={**os.environ, "TF_CONFIG": json.dumps(tf_config)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert proc.returncode == 2, proc.stderr
+    result = json.loads((job_dir / "result.json").read_text())
+    assert "cannot listen on this task's address (worker-0)" in result["message"]
+    assert f"127.0.0.1:{port}" in result["message"]
+    assert result["errors"][0]["field"] == "TF_CONFIG"

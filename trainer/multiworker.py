@@ -224,11 +224,16 @@ def lost_worker(error: BaseException, step: int) -> str | None:
     if not isinstance(error, (tf.errors.UnavailableError, tf.errors.AbortedError)):
         return None
     text = str(error)
-    cause = re.search(r"Collective ops is aborted by: ([^\n]+)", text)
+    # The cause's first line can end in a colon, with the tasks it names on the lines
+    # after it ("The following tasks are unhealthy (stopped sending heartbeats):").
+    cause = re.search(r"Collective ops is aborted by: ([^\n]+(?:\n/job:\S+)*)", text)
     peer = re.search(r"remote target (\S+)", text)
     detail = "; ".join(
         part
-        for part in (cause and cause.group(1).strip(), peer and f"peer {peer.group(1)}")
+        for part in (
+            cause and " ".join(cause.group(1).split()),
+            peer and f"peer {peer.group(1)}",
+        )
         if part
     )
     return (

@@ -10,6 +10,7 @@ every connection, the readers other threads opened included.
 from __future__ import annotations
 
 import enum
+import itertools
 import json
 import re
 import secrets
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from service import rollups
 from service.series import Row, Span, thin
 
 
@@ -193,7 +195,7 @@ class JobStore:
         self._readers_lock = threading.Lock()
         self._writer = self._connect()
         with self._write_lock:
-            self._writer.executescript(_SCHEMA)
+            self._writer.executescript(_SCHEMA + rollups.SCHEMA)
             self._add_missing_columns()
 
     def _add_missing_columns(self) -> None:
@@ -335,22 +337,75 @@ class JobStore:
         empty), only steps after `after_step` (all when None); with `most`, at most about
         that many a series (`service.series.thin`: each span's lowest and highest point,
         and the series' first and last), read as a stream rather than all held."""
-        where, args = _metrics_where(job_id, names, after_step)
         conn = self._reader()
+        # One read transaction: every statement sees the same snapshot, so a series stored
+        # between the spans' read and the points' (or a job deleted) cannot split them.
+        conn.execute("BEGIN")
+        try:
+            if most is not None and after_step is None and rollups.kept(conn, job_id):
+                return [MetricPoint(*row) for row in self._thinned(conn, job_id, names, most)]
+            where, args = _metrics_where(job_id, names, after_step)
+            spans: dict[str, Span] = {}
+            if most is not None:
+                spans = {
+                    name: Span(first, last, count)
+                    for name, first, last, count in conn.execute(
+                        f"SELECT name, MIN(step), MAX(step), COUNT(*) FROM metrics{where}"
+                        " GROUP BY name",
+                        args,
+                    )
+                }
+            rows = conn.execute(
+                f"SELECT name, step, time, value FROM metrics{where} ORDER BY name, step", args
+            )
+            return [
+                MetricPoint(*row) for row in (rows if most is None else thin(rows, spans, most))
+            ]
+        finally:
+            conn.execute("COMMIT")
+
+    def _thinned(
+        self, conn: sqlite3.Connection, job_id: str, names: Sequence[str], most: int
+    ) -> list[Row]:
+        """`metrics` with `most`, from the rollups where a series is long enough for them
+        (`service.rollups`); a shorter series from its points."""
         spans: dict[str, Span] = {}
-        if most is not None:
-            spans = {
-                name: Span(first, last, count)
-                for name, first, last, count in conn.execute(
-                    f"SELECT name, MIN(step), MAX(step), COUNT(*) FROM metrics{where}"
-                    " GROUP BY name",
-                    args,
+        parts: list[Iterable[Row]] = []
+        for name, count in rollups.counts(conn, job_id, names).items():
+            first, last = self._ends(conn, job_id, name)
+            spans[name] = Span(first[1], last[1], count)
+            width = None if count <= most + 2 else rollups.width_for(first[1], last[1], most)
+            if width is None:
+                parts.append(
+                    conn.execute(
+                        "SELECT name, step, time, value FROM metrics WHERE job_id = ?"
+                        " AND name = ? ORDER BY step",
+                        (job_id, name),
+                    ).fetchall()
                 )
-            }
-        rows = conn.execute(
-            f"SELECT name, step, time, value FROM metrics{where} ORDER BY name, step", args
-        )
-        return [MetricPoint(*row) for row in (rows if most is None else thin(rows, spans, most))]
+                continue
+            rows = rollups.candidates(conn, job_id, name, width)
+            # The series' ends, which its line is drawn to, are kept whatever their value.
+            head = [first] if rows[0][1] != first[1] else []
+            tail = [last] if rows[-1][1] != last[1] else []
+            parts.append(head + rows + tail)
+        return thin(itertools.chain.from_iterable(parts), spans, most)
+
+    @staticmethod
+    def _ends(conn: sqlite3.Connection, job_id: str, name: str) -> tuple[Row, Row]:
+        """A series' first and last point (two lookups in the metrics' key)."""
+        ends = []
+        for order in ("ASC", "DESC"):
+            ends.append(
+                tuple(
+                    conn.execute(
+                        "SELECT name, step, time, value FROM metrics WHERE job_id = ?"
+                        f" AND name = ? ORDER BY step {order} LIMIT 1",
+                        (job_id, name),
+                    ).fetchone()
+                )
+            )
+        return ends[0], ends[1]
 
     def stream_metrics(
         self, job_id: str, *, names: Sequence[str] = (), after_step: int | None = None
@@ -383,6 +438,7 @@ class JobStore:
                         " VALUES (?, ?, 'queued', ?, ?, ?, ?)",
                         (job_id, spec["name"], spec["priority"], _dumps(spec), now, now),
                     )
+                    rollups.start(conn, job_id)
                     break
                 except sqlite3.IntegrityError:
                     continue
@@ -495,6 +551,7 @@ class JobStore:
             ).rowcount
             if deleted:
                 conn.execute("DELETE FROM metrics WHERE job_id = ?", (job_id,))
+                rollups.delete(conn, job_id)
             return deleted == 1
 
     def fail_queued(self, job_id: str, *, error: dict[str, Any]) -> bool:
@@ -568,18 +625,31 @@ class JobStore:
         """Fold a batch of progress lines in: the latest snapshot, the offset read up to,
         and the scalar points (a step seen again after a resume is overwritten). With
         `forget_after`, the points stored past that step go first: a run resumed from it."""
+        rows = [(p.name, p.step, p.time, p.value) for p in points]
+        buckets = rollups.fold(rows)  # outside the lock: it is the Python part
         with self._transaction() as conn:
             conn.execute(
                 "UPDATE jobs SET progress = ?, eval = ?, progress_offset = ?, updated_at = ?,"
                 " version = version + 1 WHERE id = ?",
                 (_dumps(progress), _dumps(eval), offset, time.time(), job_id),
             )
+            rolled = rollups.kept(conn, job_id)
             if forget_after is not None:
                 conn.execute(
                     "DELETE FROM metrics WHERE job_id = ? AND step > ?", (job_id, forget_after)
                 )
+                if rolled:
+                    rollups.forget_after(conn, job_id, forget_after)
+            # Buckets whose points change other than by being added are read again after.
+            again = rollups.replaced(conn, job_id, rows) if rolled else set()
+            if forget_after is not None:
+                again.add(forget_after)
             conn.executemany(
                 "INSERT OR REPLACE INTO metrics (job_id, name, step, time, value)"
                 " VALUES (?, ?, ?, ?, ?)",
-                [(job_id, p.name, p.step, p.time, p.value) for p in points],
+                [(job_id, *row) for row in rows],
             )
+            if rolled:
+                rollups.add(conn, job_id, buckets)
+                for step in sorted(again):
+                    rollups.rebuild(conn, job_id, step)

@@ -62,3 +62,13 @@ def test_start_bench_runs_and_reports_the_ratio() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "service / floor, median of 1 per-round ratios:" in done.stdout, done.stdout
+
+
+def test_series_bench_runs_and_reports_every_figure() -> None:
+    done = subprocess.run(
+        [sys.executable, "bench/series_bench.py", "--steps", "40000", "--series", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    for row in ("| chart of 2,000 points", "| chart of 600 points", "| storing every batch"):
+        assert row in done.stdout, done.stdout

@@ -625,7 +625,8 @@ class JobStore:
         """Fold a batch of progress lines in: the latest snapshot, the offset read up to,
         and the scalar points (a step seen again after a resume is overwritten). With
         `forget_after`, the points stored past that step go first: a run resumed from it."""
-        rows = [(p.name, p.step, p.time, p.value) for p in points]
+        # A step a batch holds twice stores its last value (as INSERT OR REPLACE would).
+        rows = list({(p.name, p.step): (p.name, p.step, p.time, p.value) for p in points}.values())
         buckets = rollups.fold(rows)  # outside the lock: it is the Python part
         with self._transaction() as conn:
             conn.execute(

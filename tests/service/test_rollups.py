@@ -63,13 +63,18 @@ def test_rollups_hold_exactly_what_the_points_make(store: JobStore, tmp_path: Pa
         job.id, offset=1, progress=None, eval=None,
         points=batch(rng, range(70_003, 75_000, 5), names), forget_after=70_003,
     )  # fmt: skip
-    # A step stored already, reported again with a new value and no restart.
+    # A step stored already, reported again with a new value and no restart; and a step
+    # that one batch holds twice.
     store.record_progress(
         job.id, offset=2, progress=None, eval=None,
-        points=[MetricPoint("loss", 40_000, 1.0, 5.0), MetricPoint("loss", 40_005, 1.0, -5.0)],
+        points=[MetricPoint("loss", 40_000, 1.0, 5.0), MetricPoint("loss", 40_005, 1.0, -5.0),
+                MetricPoint("loss", 80_001, 1.0, 7.0), MetricPoint("loss", 80_001, 1.0, 0.5)],
     )  # fmt: skip
     points = stored_points(tmp_path / "jobs.db", job.id)
-    assert max(step for _, step, _, _ in points) == 74_998  # the lost run's steps are gone
+    assert max(step for _, step, _, _ in points) == 80_001  # the lost run's steps are gone
+    assert ("loss", 80_001, 1.0, 0.5) in points and not any(
+        step == 75_000 for _, step, _, _ in points
+    )
     expected = set(rollups.fold(points))
     assert stored_rollups(tmp_path / "jobs.db", job.id) == expected
     assert rollups.counts(store._reader(), job.id, ()) == {

@@ -1,11 +1,12 @@
-"""Deleting an ended job's files: its run directory, moved aside at once, removed after.
+"""Deleting an ended job's files and points: its run directory, moved aside at once,
+removed after; its points, removed after in chunks (`JobStore.purge_points`).
 
 A run directory can hold gigabytes of checkpoints and take seconds to remove. So a delete
 renames it into `<runs>/.deleted/` (one rename, on the same file system: the job's files
 are gone from the API and from TensorBoard's view at once), answers, and removes it
 then. Downloads already under way read on from their open files. A service that stops
-mid-removal finishes it at its next start (`sweep`). Names starting with "." are no job's
-(job ids never do), so nothing lists `.deleted` as a job.
+mid-removal finishes it at its next start (`sweep`, `purge`). Names starting with "." are
+no job's (job ids never do), so nothing lists `.deleted` as a job.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import logging
 import os
 import secrets
 import shutil
+import sqlite3
 from pathlib import Path
+
+from service.store import JobStore
 
 log = logging.getLogger(__name__)
 
@@ -55,3 +59,17 @@ def sweep(runs_dir: Path) -> None:
     if trash.is_dir():
         for aside in trash.iterdir():
             remove(aside)
+
+
+def purge(store: JobStore) -> None:
+    """Remove deleted jobs' points (after a delete's answer, and at start). A store closed
+    under it (the service stopping) ends it quietly: the next start finishes it."""
+    try:
+        removed = store.purge_points()
+    except sqlite3.ProgrammingError:  # closed
+        return
+    except sqlite3.Error as error:  # a full disk, a locked store: tried again at next start
+        log.warning("Could not remove a deleted job's metric points: %s", error)
+        return
+    if removed:
+        log.info("Removed %d metric points of deleted jobs", removed)

@@ -93,6 +93,9 @@ async def _running(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
         target=deletion.sweep, args=(settings.runs_dir,), name="sweep", daemon=True
     ).start()
     store = JobStore(settings.db_path)
+    # Points of jobs deleted before a stop, still to be removed; a chunk at a time, beside
+    # the service's own writes.
+    threading.Thread(target=deletion.purge, args=(store,), name="purge", daemon=True).start()
     pool = DevicePool.from_settings(settings)
     broker = EventBroker(asyncio.get_running_loop())
     supervisor = Supervisor(settings=settings, store=store, pool=pool, publish=broker.publish)

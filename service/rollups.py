@@ -170,7 +170,13 @@ def rebuild(conn: sqlite3.Connection, job_id: str, step: int) -> None:
         )  # fmt: skip
 
 
+# What a deleted job's purge removes a chunk at a time (`JobStore.purge_points`): each
+# table, and the columns that pick a row of one job.
+PURGED = (("metric_rollups", "name, width, bucket"),)
+
+
 def delete(conn: sqlite3.Connection, job_id: str) -> None:
+    """Forget a deleted job's rollups (after `PURGED` removed the most of them)."""
     conn.execute("DELETE FROM metric_rollups WHERE job_id = ?", (job_id,))
     conn.execute("DELETE FROM rollup_jobs WHERE job_id = ?", (job_id,))
 

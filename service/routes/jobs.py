@@ -17,7 +17,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import TypeAdapter, ValidationError
 from sse_starlette import EventSourceResponse, ServerSentEvent
-from starlette.background import BackgroundTask
+from starlette.background import BackgroundTasks
 from typing_extensions import TypedDict  # pydantic needs it, not typing's, before 3.12
 
 from service import deletion
@@ -295,8 +295,12 @@ def _delete(job_id: str, runtime: Runtime) -> Response:
         raise HTTPException(409, f"Job {job.id!r} cannot be deleted now; try again.")
     runtime.job_json.forget(job.id)
     runtime.broker.publish(JobEvent(job.id, "deleted", {"id": job.id}))
-    # After the answer: removing gigabytes of checkpoints takes a while.
-    background = None if aside is None else BackgroundTask(deletion.remove, aside)
+    # After the answer: removing gigabytes of checkpoints, or millions of points, takes a
+    # while.
+    background = BackgroundTasks()
+    if aside is not None:
+        background.add_task(deletion.remove, aside)
+    background.add_task(deletion.purge, runtime.store)
     return Response(status_code=204, background=background)
 
 

@@ -87,6 +87,10 @@ else:  # stops on SIGTERM like the trainer: exit 3, outcome cancelled
 progress(event="start", step=0, total=10)
 if behaviour == "quick":
     end("succeeded", 0)
+elif behaviour == "points":  # a few metric points, then done
+    for step in (1, 2, 3):
+        progress(event="progress", step=step, total=3, loss=1 / step)
+    end("succeeded", 0)
 elif behaviour == "poison":  # a step too large for a SQLite integer
     progress(event="progress", step=1, total=10, loss=0.5)
     progress(event="progress", step=2**70, total=10, loss=0.25)

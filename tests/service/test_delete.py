@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from service.store import JobStore, MetricPoint
 from service.tensorboard import mirror_logdir
 from tests.service.harness import Service, fake_worker_env, job_spec
 from tests.service.test_client import one_error_line, towerboard
@@ -47,9 +49,10 @@ def _exited(service: Service, *jobs: dict[str, Any]) -> None:
 
 
 def test_delete_ended_job_removes_record_metrics_and_files(service: Service) -> None:
-    kept = service.submit(job_spec(name="quick"))
-    gone = service.submit(job_spec(name="quick"))
+    kept = service.submit(job_spec(name="points"))
+    gone = service.submit(job_spec(name="points"))
     _exited(service, kept, gone)
+    assert stored_points(service, gone["id"]) == 3
     runs = service.data_dir / "runs"
     assert (runs / gone["id"] / "result.json").is_file()
 
@@ -68,6 +71,8 @@ def test_delete_ended_job_removes_record_metrics_and_files(service: Service) -> 
     assert response.status_code == 204 and response.content == b""
     assert not (runs / gone["id"]).exists()  # at once: moved aside before the answer
     assert _until(lambda: not any((runs / ".deleted").iterdir())), "its files were not removed"
+    assert _until(lambda: not stored_points(service, gone["id"])), "its points were not removed"
+    assert stored_points(service, kept["id"])
     for path in ("", "/metrics", "/logs", "/checkpoints"):
         missing = service.client.get(f"/api/v1/jobs/{gone['id']}{path}")
         assert missing.status_code == 404, (path, missing.text)
@@ -141,6 +146,13 @@ def test_delete_refuses_a_job_whose_worker_is_still_exiting(
     assert deleted, "still refused after its worker exited"
 
 
+def stored_points(service: Service, job_id: str) -> int:
+    with sqlite3.connect(service.data_dir / "towerboard.db") as conn:
+        return conn.execute("SELECT COUNT(*) FROM metrics WHERE job_id = ?", (job_id,)).fetchone()[
+            0
+        ]
+
+
 def test_start_finishes_removals_a_stopped_service_left(
     make_service: Callable[..., Service], tmp_path: Path
 ) -> None:
@@ -148,8 +160,19 @@ def test_start_finishes_removals_a_stopped_service_left(
     left = service.data_dir / "runs" / ".deleted" / "abcdefghij-0123abcd" / "checkpoints"
     left.mkdir(parents=True)
     (left / "ckpt-1.data-00000-of-00001").write_bytes(b"\0" * 1024)
+    # A deleted job's points, whose removal a stop cut short.
+    store = JobStore(service.data_dir / "towerboard.db")
+    job = store.create({"name": "gone", "priority": 0, "towers": 1})
+    store.record_progress(
+        job.id, offset=1, progress=None, eval=None,
+        points=[MetricPoint("loss", step, 0.0, 1.0) for step in range(30_000)],
+    )  # fmt: skip
+    assert store.cancel_queued(job.id) and store.delete(job.id)
+    store.close()
+    assert stored_points(service, job.id) == 30_000
     service.start()
     assert _until(lambda: not any((service.data_dir / "runs" / ".deleted").iterdir()))
+    assert _until(lambda: not stored_points(service, job.id))
     assert service.client.get("/api/v1/jobs").json()["data"] == []  # no job of its name
 
 

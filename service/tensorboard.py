@@ -358,6 +358,7 @@ class TensorBoardLauncher:
             "--samples_per_plugin", "scalars=5000",
         ]  # fmt: skip
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # never hold GPU memory jobs need
+        env.pop("TOWERBOARD_TOKEN", None)  # TensorBoard, behind the proxy, never needs it
         with open(self._settings.data_dir / "tensorboard.log", "ab") as log_file:
             self._process = subprocess.Popen(
                 command,

@@ -194,6 +194,10 @@ def spawn_worker(
     # service's environment (a shell that also launched a multi-worker job) would make
     # every worker wait for a cluster that is not coming (trainer/cluster.py).
     env.pop("TF_CONFIG", None)
+    # The service's API token is no business of a job: a custom model's code runs in the
+    # worker, and whatever it prints (an environment dump on error) lands in worker.log,
+    # which the API serves and a failed job's error quotes.
+    env.pop("TOWERBOARD_TOKEN", None)
     env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(worker_pythonpath())

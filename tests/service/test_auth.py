@@ -4,12 +4,13 @@ files needs it; without, none."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from urllib.parse import quote
 
 import httpx
 import pytest
 
-from tests.service.harness import Service
+from tests.service.harness import Service, fake_worker_env, job_spec
 
 # Shaped like `openssl rand -base64 32`: + / = are what cookie encoding changes.
 TOKEN = "s3cret+token/with=padding=="
@@ -132,3 +133,21 @@ def test_openapi_declares_the_token(secured: Service, service: Service) -> None:
     assert "security" not in schema["paths"]["/api/v1/jobs"]["post"]  # the global one holds
     # Without a token, no scheme is declared.
     assert "security" not in service.client.get("/openapi.json").json()
+
+
+def test_tensorboard_runs_without_the_service_token(tmp_path: Path) -> None:
+    """TensorBoard sits behind the service's auth and never needs the token; in its
+    environment, anything it loads (a plugin) could read it. A real TensorBoard over a
+    stand-in worker's job."""
+    service = Service(tmp_path / "data", {"TOWERBOARD_TOKEN": TOKEN, **fake_worker_env(tmp_path)})
+    service.start()
+    try:
+        job = service.submit(job_spec(name="quick"))
+        service.wait_state(job["id"], "succeeded")
+        started = service.client.post("/api/v1/tensorboard", json={"job_ids": [job["id"]]})
+        assert started.status_code == 201, started.text
+        environ = Path(f"/proc/{started.json()['pid']}/environ").read_bytes().split(b"\0")
+        assert environ and not [item for item in environ if item.startswith(b"TOWERBOARD_TOKEN=")]
+        assert any(item.startswith(b"CUDA_VISIBLE_DEVICES=") for item in environ)
+    finally:
+        service.close()

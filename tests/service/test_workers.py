@@ -27,6 +27,7 @@ def test_a_worker_gets_its_devices_and_no_cluster_config(tmp_path, monkeypatch):
     (package / "__init__.py").write_text("")
     (package / "__main__.py").write_text(ENV_DUMP)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "modules"))
+    monkeypatch.setenv("TOWERBOARD_TOKEN", "the-service-token")
     monkeypatch.setenv(
         "TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker"}})
     )
@@ -50,6 +51,7 @@ def test_a_worker_gets_its_devices_and_no_cluster_config(tmp_path, monkeypatch):
     assert "TF_CONFIG" not in env  # a job the service runs never joins a cluster
     assert env["CUDA_VISIBLE_DEVICES"] == "1,2"
     assert env["TOWERBOARD_JOB_ID"] == "job1"
+    assert "TOWERBOARD_TOKEN" not in env  # job code must not read the service's token
     assert json.loads(run.spec.read_text()) == {"name": "x"}
     path = json.loads((run.root / "path.json").read_text())
     assert str(tmp_path / "modules") in path

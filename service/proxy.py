@@ -51,6 +51,14 @@ def _refused(name: str, value: str) -> bool:
     return _escapes(value)
 
 
+# The profile plugin reads `session_path` and `run_path` as the folder to read profiles
+# from, in place of the logdir: a relative path (from TensorBoard's working directory,
+# with no `..` to refuse) or a `gs://`, `s3://`, `hf://` URI, which it reads with the
+# host's cloud credentials. Its pages send them only when they were given them in their
+# own address, which TensorBoard's and the dashboard's links never do.
+_FOLDER_PARAMETERS = {"session_path", "run_path"}
+
+
 def _error(status: int, detail: str) -> JSONResponse:
     return JSONResponse({"detail": detail, "errors": []}, status_code=status)
 
@@ -64,6 +72,12 @@ async def proxy_tensorboard(
     if path == PATH_PREFIX:  # TensorBoard's own settings may ride in the query (?darkMode=)
         return RedirectResponse(f"{PATH_PREFIX}/" + (f"?{query}" if query else ""), status_code=307)
     for name, value in parse_qsl(query, keep_blank_values=True):
+        if name in _FOLDER_PARAMETERS:
+            return _error(
+                400,
+                f"Query parameter {name!r} is not accepted: it would make TensorBoard read "
+                f"profiles from a folder other than its logdir. Received: {value[:200]!r}",
+            )
         if _refused(name, value):
             return _error(
                 400,

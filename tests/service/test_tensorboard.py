@@ -181,6 +181,27 @@ def test_proxy_decodes_gzip_for_a_client_that_did_not_ask_for_it(
 @pytest.mark.parametrize(
     "query, name, value",
     [
+        ("run_path=gs%3A%2F%2Fsome-bucket%2Fprofiles", "run_path", "gs://some-bucket/profiles"),
+        ("run=x&session_path=data%2Fruns%2Fx", "session_path", "data/runs/x"),
+    ],
+)
+def test_proxy_refuses_the_profile_plugins_own_folder_parameters(
+    service: Service, query: str, name: str, value: str
+) -> None:
+    """Neither a `..` nor an absolute path, yet a folder outside the logdir: a path from
+    TensorBoard's working directory, or a bucket read with the host's credentials."""
+    response = service.client.get(f"/tensorboard/data/plugin/profile/runs?{query}")
+    assert response.status_code == 400
+    assert response.json() == {
+        "detail": f"Query parameter {name!r} is not accepted: it would make TensorBoard read "
+        f"profiles from a folder other than its logdir. Received: {value!r}",
+        "errors": [],
+    }
+
+
+@pytest.mark.parametrize(
+    "query, name, value",
+    [
         ("run=../../../../etc&tag=x", "run", "../../../../etc"),
         ("run=/etc/passwd&tag=x", "run", "/etc/passwd"),
         ("run=a/../../b", "run", "a/../../b"),

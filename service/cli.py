@@ -46,6 +46,7 @@ def _listen(host: str, port: int) -> socket.socket:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from service.browsers import listens_on_loopback
     from service.headtimeout import head_timeout_protocol
     from service.main import DataDirInUse, create_app, lock_data_dir
     from service.workers import worker_command_problems
@@ -123,6 +124,15 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_CANNOT_START
     host, port = sock.getsockname()[:2]
     log.info("Listening on http://%s:%d (Ctrl-C stops)", f"[{host}]" if ":" in host else host, port)
+    if settings.token is None and not listens_on_loopback(settings.host):
+        # Said, not refused (a trusted network may want it): without a token, anyone who
+        # can reach the port reads every job, cancels and deletes them, and runs code on
+        # this host through a job's custom model.
+        log.warning(
+            "No TOWERBOARD_TOKEN is set and %s is reachable beyond this host: anyone who can "
+            "reach the port can use the service. Set TOWERBOARD_TOKEN, or listen on 127.0.0.1.",
+            settings.host,
+        )
     app = create_app(settings)
 
     class Server(uvicorn.Server):

@@ -338,6 +338,24 @@ def test_host_names_are_refused_only_on_loopback_without_a_token(
     assert cross.status_code == 403  # and so does the cross-origin refusal
 
 
+def test_serving_beyond_loopback_without_a_token_warns(
+    make_service: Callable[..., Service],
+) -> None:
+    """The README says to set a token before listening beyond loopback; the start says so
+    too, once, where a person reads it, and only when it matters."""
+    warning = "No TOWERBOARD_TOKEN is set and 0.0.0.0 is reachable beyond this host"
+    open_to_all = make_service(env={"TOWERBOARD_HOST": "0.0.0.0", "TOWERBOARD_TOKEN": ""})
+    open_to_all.start()
+    assert warning in open_to_all.log.read_text()
+    with_token = make_service(env={"TOWERBOARD_HOST": "0.0.0.0", "TOWERBOARD_TOKEN": "t"})
+    with_token.start()
+    loopback = make_service(env={"TOWERBOARD_TOKEN": ""})
+    loopback.start()
+    for quiet in (with_token, loopback):
+        assert "Listening on" in quiet.log.read_text()
+        assert "No TOWERBOARD_TOKEN" not in quiet.log.read_text()
+
+
 def test_listens_on_loopback() -> None:
     from service.browsers import listens_on_loopback
 

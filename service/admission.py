@@ -25,6 +25,7 @@ from importlib.machinery import PathFinder
 from pathlib import Path
 
 from service.devices import DevicePool
+from trainer import modelmodules
 from trainer.datafiles import DataFilesError, check_under_roots, is_glob, resolve_files
 from trainer.spec import JobSpec
 
@@ -35,12 +36,17 @@ def admit(
     pool: DevicePool,
     data_roots: list[Path],
     worker_path: list[str] | None = None,
+    model_modules: tuple[str, ...] | None = None,
 ) -> tuple[JobSpec, list[dict[str, str]]]:
     """The spec as it will be stored, and every reason this service cannot run it as
     `{"field", "message"}` (none when it can). `worker_path`: the worker's PYTHONPATH when
-    workers run on this interpreter, so a custom model's module can be looked for."""
+    workers run on this interpreter, so a custom model's module can be looked for;
+    `model_modules`: the modules custom models may come from (None: any)."""
     errors = []
-    if spec.model.is_custom and worker_path is not None:
+    refused = spec.model.is_custom and modelmodules.refusal(spec.model.name, model_modules)
+    if refused:
+        errors.append({"field": "model.name", "message": refused})
+    elif spec.model.is_custom and worker_path is not None:
         missing = _missing_module(spec.model.name.partition(":")[0], worker_path)
         if missing is not None:
             errors.append(

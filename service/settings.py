@@ -9,6 +9,7 @@ Everything the service writes lives under one data directory:
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -16,6 +17,10 @@ from typing import Annotated
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from trainer import modelmodules
+
+_MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
 def _split_commas(value: object) -> object:
@@ -90,6 +95,11 @@ class Settings(BaseSettings):
     worker_module: str = Field(
         "trainer", description="Module run as `python -m <module> run --job-dir DIR`."
     )
+    model_modules: Annotated[tuple[str, ...] | None, NoDecode] = Field(
+        None,
+        description="Comma-separated modules a job's custom model (module:function) may "
+        "come from, with their submodules; empty allows none; unset allows any.",
+    )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
 
@@ -97,6 +107,20 @@ class Settings(BaseSettings):
     @classmethod
     def _comma_list(cls, value: object) -> object:
         return _split_commas(value)
+
+    @field_validator("model_modules", mode="before")
+    @classmethod
+    def _modules(cls, value: object) -> object:
+        """The worker reads the same variable with `trainer.modelmodules.parse`."""
+        if not isinstance(value, str):
+            return value
+        modules = modelmodules.parse(value)
+        bad = [name for name in modules if not _MODULE_NAME.fullmatch(name)]
+        if bad:
+            raise ValueError(
+                f"Expected module names such as 'models' or 'team.models'. Received: {bad}"
+            )
+        return modules
 
     @field_validator("token", mode="before")
     @classmethod

@@ -125,6 +125,8 @@ def test_compose_token_and_gpus_from_environment(towerboard: dict[str, Any]) -> 
     env = towerboard["environment"]
     assert re.fullmatch(r"\$\{TOWERBOARD_TOKEN:\?.+\}", env["TOWERBOARD_TOKEN"])
     assert env["TOWERBOARD_GPUS"] == "${TOWERBOARD_GPUS:-0}"
+    # No custom models unless the operator names their modules (empty allows none).
+    assert env["TOWERBOARD_MODEL_MODULES"] == "${TOWERBOARD_MODEL_MODULES:-}"
 
 
 def test_compose_health_check_on_healthz(towerboard: dict[str, Any]) -> None:

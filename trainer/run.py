@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import re
 import signal
 import threading
@@ -22,6 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from trainer import modelmodules
 from trainer.cluster import Cluster, ClusterError, cluster_from_env, wait_for_peers
 from trainer.errors import one_line
 from trainer.rundir import (
@@ -196,6 +198,13 @@ class StoppedWaiting(Exception):
 def _prepare(spec: JobSpec, cluster: Cluster, stop: threading.Event) -> dict[str, Any]:
     """Everything that can reject the job, before anything is written."""
     from trainer.datafiles import DataFilesError, resolve_files
+
+    # Again here, before the module is imported: a job queued or stored before the
+    # service's list was narrowed was admitted under the old one.
+    if spec.model.is_custom and (
+        refused := modelmodules.refusal(spec.model.name, modelmodules.from_environ(os.environ))
+    ):
+        raise InvalidJob(refused, [{"field": "model.name", "message": refused}])
 
     if spec.data.format != "synthetic":
         try:

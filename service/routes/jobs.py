@@ -136,6 +136,7 @@ def _admit(spec: JobCreate, runtime: Runtime) -> tuple[JobCreate, list[dict[str,
         data_roots=settings.allowed_data_roots,
         # Workers on another interpreter have another path: they check the module alone.
         worker_path=worker_pythonpath() if settings.python == sys.executable else None,
+        model_modules=settings.model_modules,
     )
 
 

@@ -617,6 +617,36 @@ def test_create_job_custom_model_module_on_pythonpath(
     assert service.wait_state(job["id"], "succeeded", "failed")["state"] == "succeeded"
 
 
+def test_create_job_custom_model_only_from_the_modules_the_service_allows(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # A custom model is code run as the service's user: with TOWERBOARD_MODEL_MODULES, only
+    # from the modules listed (and their submodules); empty, from none. Built-in models
+    # are not code of the job's and always pass.
+    service = make_service(env={"TOWERBOARD_MODEL_MODULES": "fake_worker, team.models",
+                                **fake_worker_env(tmp_path)})  # fmt: skip
+    service.start()
+    job = service.submit(job_spec(name="quick", model={"name": "fake_worker:build"}))
+    assert service.wait_state(job["id"], "succeeded", "failed")["state"] == "succeeded"
+    allowed = "'fake_worker', 'team.models'"
+    for refused in ("json:loads", "keras.saving:deserialize_keras_object", "fake_worker2:build",
+                    "team:build"):  # fmt: skip
+        assert _errors(service, job_spec(model={"name": refused})) == [
+            {
+                "field": "model.name",
+                "message": "Expected a custom model from a module this service allows "
+                f"(TOWERBOARD_MODEL_MODULES: {allowed}). Received: {refused!r}. Code in a "
+                "custom model runs as the service's user, so the service's operator lists "
+                "the modules jobs may use",
+            }
+        ]
+    none = make_service(env={"TOWERBOARD_MODEL_MODULES": ""})
+    none.start()
+    message = _errors(none, job_spec(model={"name": "fake_worker:build"}))[0]["message"]
+    assert "(TOWERBOARD_MODEL_MODULES: none)" in message
+    assert none.client.post("/api/v1/jobs", json=job_spec(name="quick")).status_code == 201
+
+
 def test_create_job_steps_and_epochs(service: Service) -> None:
     assert _errors(service, job_spec(steps=10, epochs=1)) == [
         {

@@ -72,6 +72,19 @@ def test_serve_bad_setting_exits_2(tmp_path: Path) -> None:
     )
 
 
+def test_serve_model_modules_that_are_no_module_names_exit_2(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve", "--data-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=30,
+        env={"TOWERBOARD_MODEL_MODULES": "models, team/models.py", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert (
+        "Invalid setting TOWERBOARD_MODEL_MODULES: Expected module names such as "
+        "'models' or 'team.models'. Received: ['team/models.py']"
+    ) in result.stderr, result.stderr
+
+
 def test_serve_python_that_cannot_be_run_exits_2_in_one_line(tmp_path: Path) -> None:
     # It started, then failed every job with "The worker exited with code 127." and
     # answered a TensorBoard start with a bare 500.

@@ -906,3 +906,32 @@ def test_run_job_failed_step_is_one_line_without_keras_page(run):
     assert result["outcome"] == "failed"
     assert result["message"] == "ValueError: wants colour images only (in Picky.call())"
     assert "Arguments received by Picky.call()" in log
+
+
+def test_run_job_custom_model_outside_the_services_list_exits_2_unimported(tmp_path):
+    """A service that lists the modules custom models may come from passes the list to its
+    workers: a job admitted before the list was narrowed is refused before its module is
+    imported (importing runs its code). By hand, without the variable, any module goes."""
+    (tmp_path / "qa_marker_model.py").write_text(
+        f"open({str(tmp_path / 'imported')!r}, 'w').close()\n"
+        "def build(input_shape, num_classes):\n    raise SystemExit(9)\n"
+    )
+    spec = with_(TINY, model={"name": "qa_marker_model:build"})
+    env = {"PYTHONPATH": str(tmp_path), "TOWERBOARD_MODEL_MODULES": "team.models, models"}
+    code, result, log = run_worker(tmp_path / "job", spec, env=env)
+    assert code == 2, log
+    assert result["outcome"] == "invalid_spec"
+    assert result["message"] == (
+        "Expected a custom model from a module this service allows (TOWERBOARD_MODEL_MODULES: "
+        "'team.models', 'models'). Received: 'qa_marker_model:build'. Code in a custom model "
+        "runs as the service's user, so the service's operator lists the modules jobs may use"
+    )
+    assert not (tmp_path / "imported").exists()
+    assert sorted(p.name for p in (tmp_path / "job").iterdir()) == ["result.json", "spec.json"]
+    # Listed (or no list at all): imported, and its builder's own failure is what ends it.
+    for allowed in ({"TOWERBOARD_MODEL_MODULES": "qa_marker_model"}, {}):
+        code, result, log = run_worker(
+            tmp_path / f"job{len(allowed)}", spec, env={"PYTHONPATH": str(tmp_path), **allowed}
+        )
+        assert code == 2 and "failed to build" in result["message"], log
+        assert (tmp_path / "imported").exists()

@@ -24,6 +24,7 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
+from trainer.errors import op_reason
 from trainer.rundir import write_text_atomic
 from trainer.spec import CheckpointSpec
 from trainer.towers import TowerTrainer
@@ -59,8 +60,16 @@ def _damage(path: str) -> str | None:
                 dtypes=list(dtypes.values()),
             )
     except Exception as e:  # noqa: BLE001 - a torn file raises OpErrors, IndexError, ...
-        return " ".join(str(e).split()) or type(e).__name__
+        return _reason(e)
     return None
+
+
+def _reason(error: Exception) -> str:
+    """The error's message on one line, without the function and op names TensorFlow wraps
+    around it: the job's message repeats it for every checkpoint found damaged."""
+    if isinstance(error, tf.errors.OpError):
+        return op_reason(error.message) or type(error).__name__
+    return " ".join(str(error).split()) or type(error).__name__
 
 
 def _write_state(directory: Path, steps: list[int]) -> None:

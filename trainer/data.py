@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.datafiles import DataFiles, resolve_files
+from trainer.errors import op_reason
 from trainer.spec import AugmentSpec, DataSpec, SyntheticParams
 
 log = logging.getLogger(__name__)
@@ -762,15 +763,13 @@ def _read_tfrecord(path: Path) -> _Chunk | None:
 
 def _op_reason(error: tf.errors.OpError) -> str:
     """TensorFlow's message without the function and op names it wraps around it."""
-    reason = error.message.splitlines()[0]
-    reason = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", reason)
+    reason = op_reason(error.message)
     # A record that lacks a feature or holds it in another type fails inside the parsing
     # map: TensorFlow names the map's function and iterator, and an unnamed example.
     reason = re.sub(
         r"^Error in user-defined function passed to .*? with iterator: \S+: ", "", reason
     )
-    reason = re.sub(r"^Name: <unknown>, ", "", reason)
-    return re.sub(r"\s*\[Op:\w+\].*$", "", reason).strip()
+    return re.sub(r"^Name: <unknown>, ", "", reason).strip()
 
 
 def _record_shape(batch: dict[str, np.ndarray], first: int, path: Path) -> tuple[int, int, int]:

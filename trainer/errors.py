@@ -48,6 +48,19 @@ def one_line(error: BaseException) -> str:
     return f"{kind}: {reason}{where}"
 
 
+_FUNCTION_NODE = re.compile(r"\{\{function_node [^}]*\}\}\s*")
+_OP_SUFFIX = re.compile(r"\s*\[Op:\w+\].*$")
+
+
+def op_reason(message: str) -> str:
+    """An eager op's message (an `OpError.message`) without the function and op names
+    TensorFlow wraps around it: "{{function_node __wrapped__RestoreV2_...}} Read less bytes
+    than requested [Op:RestoreV2]" is "Read less bytes than requested". Its first line."""
+    lines = message.strip().splitlines()
+    first = _FUNCTION_NODE.sub("", lines[0]) if lines else ""
+    return _OP_SUFFIX.sub("", first).strip()
+
+
 def _graph_error(text: str) -> tuple[str, str]:
     """A run-time op failure's reason, and where: its node and the last frame of the stack
     that defined it (the user's line, by file name: the full paths are in the log)."""

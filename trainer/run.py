@@ -295,7 +295,11 @@ def _train(
         total = spec.epochs * steps_per_epoch(arrays.num_train, spec.batch_size)
     # In a cluster the chief alone writes TensorBoard's logs (trainer/cluster.py).
     summaries = SummaryManager(rundir.tensorboard if cluster.is_chief else None)
-    step, controller = 0, None
+    # None until a checkpoint is restored (or none found): a run that fails before then
+    # (every checkpoint damaged, or not this model's) leaves the job at the step it had
+    # reached, where a 0 in its end line showed it at 0 beside its latest checkpoint.
+    step: int | None = None
+    controller = None
     strategy = job["strategy"]
     progress: ProgressWriter | None = None
     try:
@@ -403,7 +407,7 @@ def _train(
         if strategy is not None:
             from trainer.multiworker import lost_worker
 
-            message = lost_worker(e, step) or message
+            message = lost_worker(e, step or 0) or message
         _end_failed(progress, step, total)
         return _write_result(rundir, Outcome.FAILED, message, step=step, total=total)
     finally:
@@ -425,13 +429,15 @@ class PastTheEnd(RuntimeError):
         )
 
 
-def _end_failed(progress: ProgressWriter | None, step: int, total: int) -> None:
+def _end_failed(progress: ProgressWriter | None, step: int | None, total: int) -> None:
+    """The failed run's end line; without a step when it failed before it had one."""
     if progress is not None:
+        at = {} if step is None else {"step": step}
         _quietly(
             "write progress.jsonl",
             progress.write,
             "end",
-            step=step,
+            **at,
             total=total,
             outcome="failed",
             phase="done",

@@ -241,6 +241,12 @@ def test_every_checkpoint_damaged_fails_saying_so_and_moves_nothing(run):
     ), result["message"]
     assert "does not fit" not in result["message"]
     assert sorted(p.name for p in (job_dir / "checkpoints").iterdir()) == before
+    # The job stays at the step it had reached: the failed run's end line has none (it had
+    # read none), where a 0 showed the job at step 0 beside its latest checkpoint.
+    lines, _ = read_progress(job_dir / "progress.jsonl")
+    assert lines[-1]["event"] == "end" and lines[-1]["outcome"] == "failed"
+    assert "step" not in lines[-1], lines[-1]
+    assert result["step"] is None
 
 
 def _state_file(state: str) -> Callable[[Path, Path], Run]:

@@ -203,7 +203,8 @@ class Checkpointer:
             raise CheckpointDamaged(
                 "Cannot resume: every checkpoint in checkpoints/ is damaged ("
                 + "; ".join(str(e) for _, e in damaged)
-                + "). Move checkpoints/ away to train the job again from step 0."
+                + "). To train it again from step 0, submit its spec as a new job (or, "
+                "running it by hand, move checkpoints/ away)."
             )
         return None
 

@@ -237,7 +237,8 @@ def test_every_checkpoint_damaged_fails_saying_so_and_moves_nothing(run):
         "(checkpoints/ckpt-30 is damaged: "
     ), result["message"]
     assert result["message"].endswith(
-        "Move checkpoints/ away to train the job again from step 0."
+        "To train it again from step 0, submit its spec as a new job (or, running it by "
+        "hand, move checkpoints/ away)."
     ), result["message"]
     assert "does not fit" not in result["message"]
     assert sorted(p.name for p in (job_dir / "checkpoints").iterdir()) == before

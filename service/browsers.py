@@ -190,11 +190,13 @@ class BrowserGuard:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
                 present = {name.lower() for name, _ in headers}
-                # A second CSP only adds its own limits to TensorBoard's, so it always goes.
+                # A second CSP only adds its own limits to TensorBoard's, so it goes unless
+                # the answer has this very one (an error `send_error` made).
                 headers += [
                     (k, v)
                     for k, v in SECURITY_HEADERS
-                    if k not in present or k == b"content-security-policy"
+                    if k not in present
+                    or (k == b"content-security-policy" and (k, v) not in headers)
                 ]
                 message = {**message, "headers": headers}
             await send(message)

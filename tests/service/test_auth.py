@@ -52,6 +52,8 @@ def test_read_without_token_401(secured: Service, method: str, path: str) -> Non
     assert response.status_code == 401
     assert response.json() == MISSING
     assert response.headers["www-authenticate"] == 'Bearer realm="towerboard"'
+    # The security headers once each, not the error's own and then the guard's again.
+    assert response.headers.get_list("content-security-policy") == ["frame-ancestors 'self'"]
 
 
 @pytest.mark.parametrize("method, path", PROTECTED)

@@ -9,6 +9,7 @@ TensorBoard plugins join request parameters onto the logdir.
 from __future__ import annotations
 
 import logging
+import posixpath
 from urllib.parse import parse_qsl
 
 from starlette.background import BackgroundTask
@@ -59,6 +60,14 @@ def _refused(name: str, value: str) -> bool:
 _FOLDER_PARAMETERS = {"session_path", "run_path"}
 
 
+# The profile plugin's "Capture profile" asks a live profiler server at an address the
+# request gives (`capture_profile?service_addr=HOST:PORT`) to trace it: a connection from
+# this host to any address, on a GET, which a page of another port of this host (same-site,
+# so it gets the cookie) could make with an image tag. Workers run no profiler server here:
+# their traces come from the job (`summaries.trace_steps`, `towerboard profile`).
+_CAPTURE = f"{PATH_PREFIX}/data/plugin/profile/capture_profile"
+
+
 def _error(status: int, detail: str) -> JSONResponse:
     return JSONResponse({"detail": detail, "errors": []}, status_code=status)
 
@@ -71,6 +80,13 @@ async def proxy_tensorboard(
     query = request.url.query
     if path == PATH_PREFIX:  # TensorBoard's own settings may ride in the query (?darkMode=)
         return RedirectResponse(f"{PATH_PREFIX}/" + (f"?{query}" if query else ""), status_code=307)
+    if posixpath.normpath(request.url.path) == _CAPTURE:
+        return _error(
+            403,
+            "Capturing a profile from a profiler server is not available here: jobs trace "
+            "their own steps (summaries.trace_steps in the spec, or POST "
+            "/api/v1/jobs/{id}/profile for a running job).",
+        )
     for name, value in parse_qsl(query, keep_blank_values=True):
         if name in _FOLDER_PARAMETERS:
             return _error(

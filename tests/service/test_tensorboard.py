@@ -179,6 +179,25 @@ def test_proxy_decodes_gzip_for_a_client_that_did_not_ask_for_it(
 
 
 @pytest.mark.parametrize(
+    "path",
+    ["/data/plugin/profile/capture_profile", "//data/plugin/profile/capture_profile/",
+     "/data/plugin/profile/%63apture_profile"],
+)  # fmt: skip
+def test_proxy_refuses_the_profile_plugins_capture_from_an_address(
+    service: Service, path: str
+) -> None:
+    """A GET that had TensorBoard connect to any address given (`service_addr`); no worker
+    runs a profiler server to capture from. Refused before TensorBoard is even asked."""
+    response = service.client.get(
+        f"/tensorboard{path}", params={"service_addr": "10.1.2.3:6009", "duration": "1000"}
+    )
+    assert response.status_code == 403
+    assert response.json()["detail"].startswith(
+        "Capturing a profile from a profiler server is not available here: jobs trace "
+    )
+
+
+@pytest.mark.parametrize(
     "query, name, value",
     [
         ("run_path=gs%3A%2F%2Fsome-bucket%2Fprofiles", "run_path", "gs://some-bucket/profiles"),

@@ -153,6 +153,10 @@ def fold_progress(
             snapshot["eta_seconds"] = 0.0
         if isinstance(line.get("tower_ms"), list):
             snapshot["tower_ms"] = line["tower_ms"]
+        if event == "trace" and isinstance(step, int):
+            # Every later line repeats tower_ms; only the trace's own line says which trace
+            # (the spec's trace_steps or one asked for later) the times are from.
+            snapshot["trace_step"] = step
     if snapshot is not None:
         step, total = snapshot.get("step"), snapshot.get("total")
         snapshot["percent"] = percent_done(step, total)

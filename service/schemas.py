@@ -61,6 +61,9 @@ class ProgressPublic(BaseModel):
     learning_rate: float | None = None
     towers: int | None = None
     tower_ms: list[float] | None = None
+    trace_step: int | None = Field(
+        None, description="The step the device trace that gave `tower_ms` ended at."
+    )
     checkpoint: str | None = None
     updated_at: datetime | None = None
 

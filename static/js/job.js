@@ -175,8 +175,11 @@ export function mountJob(view, jobId) {
     }
     const most = Math.max(...ms, 1e-9);
     const traced = job.spec.summaries && job.spec.summaries.trace_steps;
-    // A trace seen on the stream may be one asked for here, not the spec's trace_steps.
-    const which = traceStep !== null ? ` that ended at step ${traceStep}`
+    // The trace may be one asked for (here or elsewhere), not the spec's trace_steps: the
+    // stream's trace event, or the service's record of it for a page opened since, says.
+    const tracedAt = traceStep !== null ? traceStep
+      : Number.isInteger(p.trace_step) ? p.trace_step : null;
+    const which = tracedAt !== null ? ` that ended at step ${tracedAt}`
       : traced && traced.length ? ` of ${stepsText(traced)}` : "";
     towers.replaceChildren(...ms.map((value, i) => h("div", { class: "tower" },
       h("span", { class: "tower-label" }, `tower ${i}`),

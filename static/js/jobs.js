@@ -50,6 +50,7 @@ export function applyProgressEvent(job, event) {
   }
   if (event.event === "end") p.eta_seconds = 0;
   if (Array.isArray(event.tower_ms)) p.tower_ms = event.tower_ms;
+  if (event.event === "trace" && Number.isInteger(event.step)) p.trace_step = event.step;
   if (typeof event.time === "number") p.updated_at = new Date(event.time * 1000).toISOString();
   p.percent = Number.isInteger(p.step) && p.total ? Math.round((1000 * p.step) / p.total) / 10 : null;
   const updated = { ...job, progress: p };

@@ -26,7 +26,7 @@ def test_fold_progress_lines() -> None:
         "step": 21, "total": 40, "percent": 52.5, "phase": "checkpoint", "towers": 2,
         "loss": 1.5, "accuracy": 0.5, "examples_per_sec": 100.0, "eta_seconds": 6.0,
         "learning_rate": 0.01, "checkpoint": "checkpoints/ckpt-20", "tower_ms": [3.0, 4.0],
-        "updated_at": 5.0,
+        "trace_step": 21, "updated_at": 5.0,
     }  # fmt: skip
     assert eval == {"step": 20, "loss": 1.2, "accuracy": 0.6, "examples": 640, "time": 3.0}
     assert points == [
@@ -37,6 +37,20 @@ def test_fold_progress_lines() -> None:
         MetricPoint("eval_loss", 20, 3.0, 1.2),
         MetricPoint("eval_accuracy", 20, 3.0, 0.6),
     ]
+
+
+def test_fold_progress_trace_step_is_the_trace_lines_own() -> None:
+    """Every progress line after a trace repeats its tower_ms: the step the times are from
+    is the trace line's (a trace asked for at step 81, not the spec's trace_steps)."""
+    lines = [
+        {"time": 1.0, "event": "trace", "step": 6, "tower_ms": [1.0, 2.0]},
+        {"time": 2.0, "event": "progress", "step": 10, "tower_ms": [1.0, 2.0]},
+        {"time": 3.0, "event": "trace", "step": 81, "tower_ms": [3.0, 4.0]},
+        {"time": 4.0, "event": "progress", "step": 90, "tower_ms": [3.0, 4.0]},
+    ]
+    progress, _, _ = fold_progress(None, None, lines)
+    assert progress is not None
+    assert (progress["tower_ms"], progress["trace_step"]) == ([3.0, 4.0], 81)
 
 
 def test_fold_progress_phase_says_how_far_until_the_phase_changes() -> None:

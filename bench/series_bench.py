@@ -75,11 +75,12 @@ def main() -> int:
     )
     print(f"job: {args.steps:,} steps, {points:,} points over {args.series} series\n")
     with tempfile.TemporaryDirectory(prefix="series-bench-") as tmp:
-        figures = {}
-        for rolled in (True, False):
-            path = Path(tmp) / f"{'rolled' if rolled else 'points'}.db"
-            store, job_id, stored = fill(path, args, rolled)
-            figures[rolled] = {
+        # Per store: seconds to store, bytes, and seconds a chart (keyed by its points).
+        figures: dict[bool, dict[str | int, float]] = {}
+        for kept in (True, False):
+            path = Path(tmp) / f"{'rolled' if kept else 'points'}.db"
+            store, job_id, stored = fill(path, args, kept)
+            figures[kept] = {
                 "store": stored,
                 "size": path.stat().st_size + Path(f"{path}-wal").stat().st_size,
                 **{most: read_seconds(store, job_id, most) for most in (2000, 600)},

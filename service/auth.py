@@ -36,16 +36,19 @@ COOKIE_NAME = "towerboard_token"
 
 
 def _presented_token(scope: Scope) -> str | None:
+    """The bearer token of the Authorization header, else the cookie's: the header, given
+    on purpose, counts over a cookie a browser sends along, in whatever order they come."""
+    cookie_token = None
     for name, value in scope["headers"]:
         if name == b"authorization":
             scheme, _, token = value.decode("latin-1").partition(" ")
             if scheme.lower() == "bearer" and token.strip():
                 return token.strip()
-        elif name == b"cookie":
+        elif name == b"cookie" and cookie_token is None:
             cookie = cookie_parser(value.decode("latin-1")).get(COOKIE_NAME)
             if cookie:
-                return unquote(cookie)
-    return None
+                cookie_token = unquote(cookie)
+    return cookie_token
 
 
 class BearerAuth:

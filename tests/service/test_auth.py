@@ -3,6 +3,7 @@ files needs it; without, none."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -94,6 +95,25 @@ def test_read_with_encoded_token_cookie(secured: Service, cookie: str) -> None:
     assert response.status_code == 200, response.text
 
 
+@pytest.mark.parametrize("header_first", [True, False])
+def test_the_header_counts_over_the_cookie_in_either_order(
+    secured: Service, header_first: bool
+) -> None:
+    """A script's Authorization header, sent on purpose, decides over a cookie a browser
+    sent along; which came first in the request decided before."""
+
+    def status(header: str, cookie: str) -> int:
+        pairs = [("Authorization", f"Bearer {header}"), ("Cookie", f"towerboard_token={cookie}")]
+        with httpx.Client() as client:
+            request = client.build_request("GET", f"{secured.base_url}/api/v1/jobs")
+            host = ("Host", request.headers["host"])
+            request.headers = httpx.Headers([host, *(pairs if header_first else pairs[::-1])])
+            return client.send(request).status_code
+
+    assert status(header="wrong", cookie=quote(TOKEN, safe="")) == 401
+    assert status(header=TOKEN, cookie="wrong") == 200
+
+
 def test_read_with_wrong_encoded_token_cookie_401(secured: Service) -> None:
     cookie = f"ga=a b; towerboard_token={quote(TOKEN + 'x', safe='')}"
     response = httpx.get(f"{secured.base_url}/api/v1/jobs", headers={"Cookie": cookie})
@@ -148,7 +168,12 @@ def test_tensorboard_runs_without_the_service_token(tmp_path: Path) -> None:
         service.wait_state(job["id"], "succeeded")
         started = service.client.post("/api/v1/tensorboard", json={"job_ids": [job["id"]]})
         assert started.status_code == 201, started.text
-        environ = Path(f"/proc/{started.json()['pid']}/environ").read_bytes().split(b"\0")
+        # Read once it answers: between fork and exec, its environ is still the service's.
+        deadline = time.monotonic() + 120
+        while (status := service.client.get("/api/v1/tensorboard").json())["state"] != "running":
+            assert time.monotonic() < deadline, "TensorBoard did not start"
+            time.sleep(0.2)
+        environ = Path(f"/proc/{status['pid']}/environ").read_bytes().split(b"\0")
         assert environ and not [item for item in environ if item.startswith(b"TOWERBOARD_TOKEN=")]
         assert any(item.startswith(b"CUDA_VISIBLE_DEVICES=") for item in environ)
     finally:

@@ -155,6 +155,12 @@ class Checkpointer:
         self.checkpoint = tf.train.Checkpoint(**items)
         self.directory = directory
         self.spec = spec
+        if directory.exists() and not directory.is_dir():
+            # Else the job trains from step 0 and fails at its first save, steps later.
+            raise NotADirectoryError(
+                f"{directory.name}/ in the job's folder is a file, not a folder of "
+                "checkpoints: move it away, then run the job again"
+            )
         if directory.is_dir():
             _remove_torn_saves(directory)
             _recover_state(directory)

@@ -935,3 +935,21 @@ def test_run_job_custom_model_outside_the_services_list_exits_2_unimported(tmp_p
         )
         assert code == 2 and "failed to build" in result["message"], log
         assert (tmp_path / "imported").exists()
+
+
+def test_run_job_whose_checkpoints_path_is_a_file_fails_at_the_start(tmp_path):
+    # It trained from step 0 and failed at its first save (a hand-damaged job folder).
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    (job_dir / "checkpoints").write_text("not a folder")
+    code, result, log = run_worker(job_dir, TINY)
+    assert code == 1, log
+    assert result["message"] == (
+        "NotADirectoryError: checkpoints/ in the job's folder is a file, not a folder of "
+        "checkpoints: move it away, then run the job again"
+    )
+    assert result["step"] is None
+    assert (
+        not (job_dir / "tb" / "train").exists()
+        or "progress" not in (job_dir / "progress.jsonl").read_text()
+    )

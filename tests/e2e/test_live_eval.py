@@ -3,7 +3,6 @@ over ("97.3% on 640"), from the event stream, as a read of the job shows them.""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from playwright.sync_api import expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import Session
-from tests.service.harness import Service, job_spec
+from tests.service.harness import Service, job_spec, worker_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
 
@@ -48,9 +47,7 @@ sys.exit(3)
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     folder = tmp_path_factory.mktemp("stand-in")
-    (folder / "eval_worker.py").write_text(EVAL_WORKER)
-    path = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
-    svc = Service(folder / "data", {"TOWERBOARD_WORKER_MODULE": "eval_worker", "PYTHONPATH": path})
+    svc = Service(folder / "data", worker_env(folder, "eval_worker", EVAL_WORKER))
     svc.start()
     yield svc
     svc.close()

@@ -3,7 +3,6 @@ spec's trace_steps: the page names the trace they are from, not the spec's steps
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -11,7 +10,7 @@ from playwright.sync_api import expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import Session
-from tests.service.harness import Service, job_spec
+from tests.service.harness import Service, job_spec, worker_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
 
@@ -42,10 +41,7 @@ progress(event="progress", step=90, loss=0.4, tower_ms=[3.0, 4.0])
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     folder = tmp_path_factory.mktemp("stand-in")
-    (folder / "trace_worker.py").write_text(TRACE_WORKER)
-    path = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
-    env = {"TOWERBOARD_WORKER_MODULE": "trace_worker", "PYTHONPATH": path}
-    svc = Service(folder / "data", env)
+    svc = Service(folder / "data", worker_env(folder, "trace_worker", TRACE_WORKER))
     svc.start()
     yield svc
     svc.close()

@@ -4,7 +4,6 @@ it was, froze the page for seconds at every progress event)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from playwright.sync_api import expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import Session
-from tests.service.harness import Service, job_spec
+from tests.service.harness import Service, job_spec, worker_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
 
@@ -45,9 +44,7 @@ MOST_DRAWN_A_SERIES = 2 * 600 + 2
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     folder = tmp_path_factory.mktemp("stand-in")
-    (folder / "many_worker.py").write_text(MANY_WORKER)
-    path = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
-    svc = Service(folder / "data", {"TOWERBOARD_WORKER_MODULE": "many_worker", "PYTHONPATH": path})
+    svc = Service(folder / "data", worker_env(folder, "many_worker", MANY_WORKER))
     svc.start()
     yield svc
     svc.close()

@@ -111,11 +111,17 @@ end("cancelled", 3)
 """
 
 
+def worker_env(directory: Path, module: str, source: str) -> dict[str, str]:
+    """Service settings that run `source` (written into `directory` as `module`) as the
+    worker: a stand-in that writes what a test needs the trainer to have written."""
+    (directory / f"{module}.py").write_text(source)
+    path = os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")]))
+    return {"TOWERBOARD_WORKER_MODULE": module, "PYTHONPATH": path}
+
+
 def fake_worker_env(directory: Path) -> dict[str, str]:
     """Service settings that run FAKE_WORKER (written into `directory`) as the worker."""
-    (directory / "fake_worker.py").write_text(FAKE_WORKER)
-    path = os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")]))
-    return {"TOWERBOARD_WORKER_MODULE": "fake_worker", "PYTHONPATH": path}
+    return worker_env(directory, "fake_worker", FAKE_WORKER)
 
 
 @contextlib.contextmanager

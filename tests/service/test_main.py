@@ -73,11 +73,7 @@ def test_serve_bad_setting_exits_2(tmp_path: Path) -> None:
 
 
 def test_serve_model_modules_that_are_no_module_names_exit_2(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "service.cli", "serve", "--data-dir", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=30,
-        env={"TOWERBOARD_MODEL_MODULES": "models, team/models.py", "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+    result = serve_with(tmp_path, TOWERBOARD_MODEL_MODULES="models, team/models.py")
     assert result.returncode == 2
     assert (
         "Invalid setting TOWERBOARD_MODEL_MODULES: Expected module names such as "

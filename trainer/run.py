@@ -330,6 +330,8 @@ def _train(
             batches = iter(train_dataset(arrays, spec.data, spec.batch_size, spec.seed))
         evaluates = arrays.num_eval and spec.eval.every_steps
         evals = eval_dataset(arrays, spec.batch_size, spec.eval.batches) if evaluates else None
+        # The pipelines hold TensorFlow's copy of the images now: free the loaded one.
+        job["arrays"] = arrays = arrays.without_images()
         if evaluates and (read := spec.eval.batches * spec.batch_size) < arrays.num_eval:
             log.info(
                 "eval: each eval reads the first %d of the %d eval examples (eval.batches %d "

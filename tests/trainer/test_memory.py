@@ -64,7 +64,7 @@ def test_data_needing_more_room_than_there_is_is_refused_naming_the_sizes() -> N
         check_room(3 * GIB, 5 * GIB)
     assert str(refused.value) == (
         "Expected room in memory for 6.0 GiB more: TensorFlow copies the 3.0 GiB of images "
-        "loaded, through a staging buffer as large. Received: 5.0 GiB available to this "
+        "loaded, through a temporary copy as large. Received: 5.0 GiB available to this "
         "worker. Train on fewer or smaller images (a narrower data.path glob), or run it "
         "where it has more memory"
     )

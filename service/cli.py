@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from service.client.commands import add_client_commands
+from service.client.commands import add_client_commands, parse_url
 from service.settings import Settings
 
 EXIT_CANNOT_START = 1
@@ -161,6 +161,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="towerboard", description="A monitoring-first TensorFlow training service."
     )
+    # Also before the verb (`towerboard --url URL status`, as the README's "--url" reads):
+    # argparse otherwise took the URL for the verb and said it was no verb. Its own dest,
+    # since a verb's `--url` default (None) would overwrite one set here.
+    parser.add_argument(
+        "--url",
+        dest="top_url",
+        metavar="URL",
+        type=parse_url,
+        help="the service, for every verb but serve (as each verb's --url)",
+    )
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     serve = verbs.add_parser(
         "serve",
@@ -184,7 +194,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.top_url is not None:
+        if args.verb == "serve":
+            parser.error("--url is the service a client verb talks to; serve takes --host/--port")
+        args.url = args.url or args.top_url  # the verb's own --url, if given, wins
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper(), logging.INFO)
         if hasattr(args, "log_level")

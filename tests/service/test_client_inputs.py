@@ -30,3 +30,9 @@ def test_job_ids_that_a_url_path_cannot_carry_are_usage_errors(
         main(["delete", bad, "--url", NOWHERE])
     assert exited.value.code == 2
     assert f"expected a job id. Received: {bad!r}" in capsys.readouterr().err
+
+
+def test_url_before_the_verb_is_the_verbs_url(capsys: pytest.CaptureFixture[str]) -> None:
+    # `towerboard --url URL status` was a usage error naming the URL as an invalid verb.
+    assert main(["--url", NOWHERE, "status"]) == 3
+    assert f"cannot reach the service at {NOWHERE}" in capsys.readouterr().err

@@ -195,7 +195,10 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
     p.add_argument("--open", action="store_true", help="open it in a web browser")
     p.add_argument("--stop", action="store_true", help="stop it instead")
 
-    p = verb("metrics", "print a job's scalar series as CSV: a row per step, a column per series")
+    p = verb(
+        "metrics",
+        "print a job's scalar series as CSV: a row per reported step, a column per series",
+    )
     p.add_argument("id", type=_job_id, metavar="ID")
     p.add_argument(
         "--name",

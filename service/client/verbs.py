@@ -374,6 +374,11 @@ def export(client: Client, args: argparse.Namespace) -> int:
 
 
 def tensorboard(client: Client, args: argparse.Namespace) -> int:
+    if args.stop and (given := [f"--{o}" for o in ("jobs", "merge", "open") if getattr(args, o)]):
+        # Said, not ignored: `--stop --jobs X` stopped the TensorBoard every job shares.
+        raise ClientError(
+            f"--stop stops the shared TensorBoard; it takes no {', '.join(given)}", EXIT_USAGE
+        )
     if args.stop:
         was = client.get("/api/v1/tensorboard")["state"]
         client.request("DELETE", "/api/v1/tensorboard")

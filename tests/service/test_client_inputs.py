@@ -36,3 +36,14 @@ def test_url_before_the_verb_is_the_verbs_url(capsys: pytest.CaptureFixture[str]
     # `towerboard --url URL status` was a usage error naming the URL as an invalid verb.
     assert main(["--url", NOWHERE, "status"]) == 3
     assert f"cannot reach the service at {NOWHERE}" in capsys.readouterr().err
+
+
+def test_tensorboard_stop_with_a_selection_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # `--stop --jobs X` stopped the TensorBoard every job shares, the selection ignored;
+    # refused before anything is sent (the service here is nowhere).
+    assert main(["tensorboard", "--stop", "--jobs", "abc", "--open", "--url", NOWHERE]) == 2
+    assert capsys.readouterr().err == (
+        "towerboard: error: --stop stops the shared TensorBoard; it takes no --jobs, --open\n"
+    )

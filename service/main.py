@@ -100,7 +100,11 @@ async def _running(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
     broker = EventBroker(asyncio.get_running_loop())
     supervisor = Supervisor(settings=settings, store=store, pool=pool, publish=broker.publish)
     upstream = Upstream()
-    launcher = TensorBoardLauncher(settings=settings, upstream=upstream)
+    launcher = TensorBoardLauncher(
+        settings=settings,
+        upstream=upstream,
+        job_exists=lambda job_id: store.version(job_id) is not None,
+    )
     launcher.stop_orphan()
     supervisor.start()
     tensorboard_watch = asyncio.create_task(launcher.watch())

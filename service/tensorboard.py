@@ -36,6 +36,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
@@ -172,9 +173,11 @@ class TensorBoardLauncher:
         *,
         settings: Settings,
         upstream: Upstream,
+        job_exists: Callable[[str], bool] = lambda job_id: False,
     ) -> None:
         self._settings = settings
         self._upstream = upstream
+        self._job_exists = job_exists
         self._home = settings.data_dir / "tensorboard"
         self._record = self._home / "instance.json"
         self._instance: TensorBoardInstance | None = None
@@ -196,11 +199,17 @@ class TensorBoardLauncher:
     def _forget_deleted(self) -> None:
         """Take deleted jobs (their run directories gone) out of the running TensorBoard's
         selection: its status listed them on, and a start over the jobs left replaced it,
-        warning that it had shown jobs that no longer exist."""
+        warning that it had shown jobs that no longer exist. A queued job has no run
+        directory yet either: the store says it is still there (asked only for a job
+        without one), or the job would be dropped before it ever started."""
         current = self._instance
         if current is None or current.job_ids is None:
             return
-        kept = tuple(job for job in current.job_ids if (self._settings.runs_dir / job).is_dir())
+        kept = tuple(
+            job
+            for job in current.job_ids
+            if (self._settings.runs_dir / job).is_dir() or self._job_exists(job)
+        )
         if kept != current.job_ids:
             self._instance = replace(current, job_ids=kept)
 

@@ -14,7 +14,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from tests.service.harness import Service, job_spec
+from tests.service.harness import Service, fake_worker_env, job_spec
 
 pytestmark = pytest.mark.slow
 
@@ -522,3 +522,27 @@ def test_a_deleted_job_leaves_the_tensorboard_selection(
     again = service.client.post("/api/v1/tensorboard", json={"job_ids": [other_job["id"]]})
     assert again.status_code == 200, again.text  # reused: nothing shown was left out
     assert again.json()["pid"] == pid and again.json()["replaced"] is None
+
+
+def test_a_queued_job_stays_in_the_tensorboard_selection(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    """A job asked for while it waits in the queue (no run directory yet) is not taken for
+    a deleted one: it stays in the selection, so TensorBoard shows it once it starts."""
+    service = make_service(env={"TOWERBOARD_CPU_JOBS": "1", **fake_worker_env(tmp_path)})
+    service.start()
+    running = service.submit(job_spec(name="waits"))  # holds the one slot until cancelled
+    queued = service.submit(job_spec(name="points"))
+    service.wait_state(running["id"], "running")
+    assert service.job(queued["id"])["state"] == "queued"
+    started = service.client.post("/api/v1/tensorboard", json={"job_ids": [running["id"]]})
+    assert started.json()["job_ids"] == [running["id"]]
+    merged = service.client.post(
+        "/api/v1/tensorboard", json={"job_ids": [queued["id"]], "merge": True}
+    )
+    both = sorted([running["id"], queued["id"]])
+    assert merged.json()["job_ids"] == both, merged.text
+    assert service.client.get("/api/v1/tensorboard").json()["job_ids"] == both
+    service.client.post(f"/api/v1/jobs/{running['id']}/cancel")
+    service.wait_state(queued["id"], "succeeded")
+    assert service.client.get("/api/v1/tensorboard").json()["job_ids"] == both

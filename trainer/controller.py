@@ -7,6 +7,7 @@ SIGTERM, non-finite loss). Steps are counted from 1: step s is the s-th update.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
@@ -78,6 +79,35 @@ class _StepClock:
         )
         self.seconds, self.steps, self.examples = 0.0, 0, 0
         return timed
+
+
+# How far back the ETA looks: long enough to take in the evals and checkpoints between
+# steps (every few hundred steps), short enough to follow the host's load. The whole run
+# was 95% off on a shared host whose load dropped halfway.
+ETA_WINDOW_SECONDS = 300.0
+
+
+class _Pace:
+    """Wall-clock seconds a step over the last `ETA_WINDOW_SECONDS`, everything between
+    steps included (summaries, evals, checkpoints): for the ETA."""
+
+    def __init__(self, window: float = ETA_WINDOW_SECONDS) -> None:
+        self._window = window
+        self._marks: collections.deque[tuple[float, int]] = collections.deque()
+
+    def mark(self, now: float, step: int) -> None:
+        """Where the run is at `now` (first, the first timed step: not the one that traces)."""
+        self._marks.append((now, step))
+        # Keep the newest mark at or before the window's start: the span always covers it.
+        while len(self._marks) > 2 and self._marks[1][0] <= now - self._window:
+            self._marks.popleft()
+
+    def seconds_per_step(self) -> float | None:
+        """None until two marks steps apart."""
+        if len(self._marks) < 2:
+            return None
+        (then, first), (now, last) = self._marks[0], self._marks[-1]
+        return (now - then) / (last - first) if last > first else None
 
 
 class NonFiniteLoss(RuntimeError):
@@ -154,7 +184,7 @@ class Controller:
         # the loss. Summaries, evals and checkpoints between steps are left out, and so is
         # this process's first step (it traces the function). The ETA counts everything.
         scalar_clock, report_clock = _StepClock(), _StepClock()
-        first_step, started_at = step + 1, time.monotonic()
+        first_step, pace = step + 1, _Pace()
         last_report = time.monotonic()
         chart_every = max(1, self.total_steps // CHART_POINTS)
         examples_per_sec: float | None = None  # until a step other than the first is timed
@@ -213,7 +243,7 @@ class Controller:
             agreed = out["requests"].numpy() if in_cluster else requests
             stop_asked, checkpoint_asked = (bool(r) for r in agreed)
             if step == first_step:
-                started_at = time.monotonic()
+                pace.mark(time.monotonic(), step)
             else:
                 took = time.monotonic() - began
                 scalar_clock.add(took, examples)
@@ -244,9 +274,8 @@ class Controller:
                 step_seconds = None
                 if timed is not None:
                     step_seconds, examples_per_sec = timed
-                wall_per_step = (
-                    (now - started_at) / (step - first_step) if step > first_step else step_seconds
-                )
+                pace.mark(now, step)
+                wall_per_step = pace.seconds_per_step() or step_seconds
                 self._report(
                     step,
                     _metrics(loss, out),

@@ -53,8 +53,24 @@ def remove(aside: Path) -> None:
     shutil.rmtree(aside, onerror=failed)
 
 
+def restore(runs_dir: Path, store: JobStore) -> None:
+    """Put back what a delete moved aside and never recorded (at start, before the API
+    answers): a service killed between `set_aside` and the store's delete left a job that
+    still exists, and `sweep` would remove its checkpoints and logs under it."""
+    trash = runs_dir / TRASH
+    if not trash.is_dir():
+        return
+    for aside in trash.iterdir():
+        job_id = aside.name.rpartition("-")[0]  # `<job id>-<hex>`; ids hold no "-"
+        if job_id and store.get(job_id) is not None and not (runs_dir / job_id).exists():
+            log.warning(
+                "Job %s was not deleted (the service stopped mid-way); its files are kept", job_id
+            )
+            put_back(aside, runs_dir, job_id)
+
+
 def sweep(runs_dir: Path) -> None:
-    """Finish removals a stopped service left (at start)."""
+    """Finish removals a stopped service left (at start, after `restore`)."""
     trash = runs_dir / TRASH
     if trash.is_dir():
         for aside in trash.iterdir():

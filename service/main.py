@@ -87,12 +87,15 @@ def lock_data_dir(data_dir: Path) -> int:
 async def _running(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
     """The service's long-lived parts, from start to stop (the data dir lock is held)."""
     settings.runs_dir.mkdir(parents=True, exist_ok=True)
-    # What a stopped service left half-removed; in the background, as a delete removes, so
-    # a large leftover never delays the start (a daemon: a stop mid-way is swept again).
+    store = JobStore(settings.db_path)
+    # A job whose delete a stop cut short before it was recorded keeps its files; then
+    # what a stopped service left half-removed goes, in the background, as a delete
+    # removes, so a large leftover never delays the start (a daemon: a stop mid-way is
+    # swept again).
+    deletion.restore(settings.runs_dir, store)
     threading.Thread(
         target=deletion.sweep, args=(settings.runs_dir,), name="sweep", daemon=True
     ).start()
-    store = JobStore(settings.db_path)
     # Points of jobs deleted before a stop, still to be removed; a chunk at a time, beside
     # the service's own writes.
     threading.Thread(target=deletion.purge, args=(store,), name="purge", daemon=True).start()

@@ -176,6 +176,26 @@ def test_start_finishes_removals_a_stopped_service_left(
     assert service.client.get("/api/v1/jobs").json()["data"] == []  # no job of its name
 
 
+def test_start_gives_back_the_files_of_a_job_whose_delete_was_cut_short(
+    make_service: Callable[..., Service],
+) -> None:
+    # A service killed after a delete moved the run directory aside and before the store
+    # recorded the delete: the job was never deleted (no 204), so its files must stay.
+    service = make_service()
+    store = JobStore(service.data_dir / "towerboard.db")
+    job = store.create({"name": "kept", "priority": 0, "towers": 1})
+    assert store.cancel_queued(job.id)
+    store.close()
+    aside = service.data_dir / "runs" / ".deleted" / f"{job.id}-0123abcd"
+    (aside / "checkpoints").mkdir(parents=True)
+    (aside / "worker.log").write_text("the job's log\n")
+    service.start()
+    assert service.job(job.id)["state"] == "cancelled"
+    time.sleep(0.5)  # the sweep's time, in the background
+    assert (service.data_dir / "runs" / job.id / "worker.log").read_text() == "the job's log\n"
+    assert service.client.get(f"/api/v1/jobs/{job.id}/logs").text == "the job's log\n"
+
+
 def test_cli_delete_of_a_running_job_says_the_verb_that_cancels_it(service: Service) -> None:
     # The service's hint named its route, POST /api/v1/jobs/ID/cancel, to a CLI user.
     job = service.submit(job_spec(name="wait"))

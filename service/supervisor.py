@@ -457,6 +457,10 @@ class Supervisor:
             self._start(placement.job.id, placement.devices)
 
     def _start(self, job_id: str, devices: list[str]) -> None:
+        # The attempt before's result.json goes before the job is marked running, not only
+        # as its worker starts: a service killed between the two left it beside a running
+        # job with no worker, and the next start ended the job with that old outcome.
+        self.run_dir(job_id).result.unlink(missing_ok=True)
         if not self._store.mark_running(job_id, devices=devices):
             return  # cancelled since the queue was read
         # Read now that it runs: nothing but a cancel request changes a running job, where

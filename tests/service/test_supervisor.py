@@ -555,6 +555,47 @@ def test_stop_signal_stops_starting_workers(
     assert "no more workers will be started" in service.log.read_text()
 
 
+def test_service_killed_before_a_resumed_jobs_worker_starts_runs_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A service killed after marking a resumed job running and before starting its worker
+    # (which removes the attempt before's result.json) left that result.json beside a
+    # running job with no worker: the next service read it as this attempt's and ended the
+    # job at once with the old outcome, a resume to train longer "succeeded" untrained.
+    settings = Settings(data_dir=tmp_path / "data").resolved()
+    store = JobStore(settings.db_path)
+    job = store.create(JobSpec.model_validate(job_spec(name="longer")).model_dump(mode="json"))
+    run = settings.runs_dir / job.id
+    run.mkdir(parents=True)
+    (run / "result.json").write_text(json.dumps({"outcome": "succeeded", "message": "old"}))
+
+    class Killed(BaseException):
+        pass
+
+    def killed(**_: Any) -> None:
+        raise Killed
+
+    def supervisor() -> Supervisor:
+        return Supervisor(
+            settings=settings,
+            store=store,
+            pool=DevicePool.from_settings(settings),
+            publish=lambda _: None,
+        )
+
+    # The kill, at that exact point (a window of milliseconds), stands in as spawn_worker
+    # raising; the store, run directory and supervisors are real.
+    monkeypatch.setattr("service.supervisor.spawn_worker", killed)
+    with pytest.raises(Killed):
+        supervisor().tick()
+    assert store.get(job.id).state.value == "running"  # type: ignore[union-attr]
+    supervisor().recover()
+    after = store.get(job.id)
+    assert after is not None
+    assert (after.state.value, after.attempts, after.result) == ("queued", 2, None)
+    store.close()
+
+
 def test_stop_workers_on_exit_checkpoints_them_for_the_next_service(
     make_service: Callable[..., Service],
 ) -> None:

@@ -152,3 +152,24 @@ def test_deleting_a_job_purges_its_rollups(store: JobStore, tmp_path: Path) -> N
     store.purge_points(chunk=3)  # a few rows a chunk: the rollups' 7 go in three
     assert not stored_rollups(tmp_path / "jobs.db", job.id)
     assert not rollups.kept(store._reader(), job.id)
+
+
+def test_a_span_beside_an_end_keeps_its_own_extremes(store: JobStore) -> None:
+    """A loss's first point is its highest, so it is the highest of its bucket too: that
+    bucket's next-highest point (the curve's early drop) is charted as from the points,
+    not replaced by a later bucket's highest; the same at the series' last point."""
+    job = store.create(SPEC)
+    values = {50: 0.68, 100: 0.14, 150: 0.03}
+    points = [MetricPoint("loss", step, float(step), values.get(step, 0.001 - step * 1e-7))
+              for step in range(50, 5_001, 50)]  # fmt: skip
+    points[-2] = MetricPoint("loss", 4_950, 4_950.0, -1.0)  # the lowest, beside the last
+    store.record_progress(job.id, offset=1, progress=None, eval=None, points=points)
+    rows = [(p.name, p.step, p.time, p.value) for p in points]
+    assert rollups.width_for(50, 5_000, 2) == 1024  # read from the rollups
+    assert [tuple(vars(p).values()) for p in store.metrics(job.id, most=2)] == thin(
+        iter(rows), {"loss": Span(50, 5_000, len(rows))}, 2
+    )
+    for most in (4, 8, 16):  # spans inside may differ where a bucket straddles two
+        assert rollups.width_for(50, 5_000, most) is not None
+        kept = [(p.step, p.value) for p in store.metrics(job.id, most=most)]
+        assert kept[:2] == [(50, 0.68), (100, 0.14)] and (4_950, -1.0) in kept

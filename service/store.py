@@ -175,6 +175,14 @@ def _metrics_where(
     return where, args
 
 
+def _series_points(
+    conn: sqlite3.Connection, job_id: str, name: str, rest: str = "ORDER BY step", *args: Any
+) -> list[Row]:
+    """One series' points; `rest` (with its `args`) narrows, orders or limits them."""
+    sql = f"SELECT name, step, time, value FROM metrics WHERE job_id = ? AND name = ? {rest}"
+    return conn.execute(sql, (job_id, name, *args)).fetchall()
+
+
 def _dumps(value: Any) -> str | None:
     return None if value is None else json.dumps(value, separators=(",", ":"))
 
@@ -378,13 +386,7 @@ class JobStore:
             spans[name] = Span(first[1], last[1], count)
             width = None if count <= most + 2 else rollups.width_for(first[1], last[1], most)
             if width is None:
-                parts.append(
-                    conn.execute(
-                        "SELECT name, step, time, value FROM metrics WHERE job_id = ?"
-                        " AND name = ? ORDER BY step",
-                        (job_id, name),
-                    ).fetchall()
-                )
+                parts.append(_series_points(conn, job_id, name))
                 continue
             # The buckets that hold the series' ends are read as points: `thin` keeps the
             # ends whatever their value and takes a span's extremes from the rest, and a
@@ -399,32 +401,17 @@ class JobStore:
                 for row in rollups.candidates(conn, job_id, name, width)
                 if after_head <= row[1] < tail_from
             ]
-            ends = [
-                conn.execute(
-                    "SELECT name, step, time, value FROM metrics WHERE job_id = ?"
-                    f" AND name = ? AND {where} ORDER BY step",
-                    (job_id, name, at),
-                ).fetchall()
-                for where, at in (("step < ?", after_head), ("step >= ?", tail_from))
-            ]
-            parts.append(ends[0] + rows + ends[1])
+            head = _series_points(conn, job_id, name, "AND step < ? ORDER BY step", after_head)
+            tail = _series_points(conn, job_id, name, "AND step >= ? ORDER BY step", tail_from)
+            parts.append(head + rows + tail)
         return thin(itertools.chain.from_iterable(parts), spans, most)
 
     @staticmethod
     def _ends(conn: sqlite3.Connection, job_id: str, name: str) -> tuple[Row, Row]:
         """A series' first and last point (two lookups in the metrics' key)."""
-        ends = []
-        for order in ("ASC", "DESC"):
-            ends.append(
-                tuple(
-                    conn.execute(
-                        "SELECT name, step, time, value FROM metrics WHERE job_id = ?"
-                        f" AND name = ? ORDER BY step {order} LIMIT 1",
-                        (job_id, name),
-                    ).fetchone()
-                )
-            )
-        return ends[0], ends[1]
+        first = _series_points(conn, job_id, name, "ORDER BY step LIMIT 1")
+        last = _series_points(conn, job_id, name, "ORDER BY step DESC LIMIT 1")
+        return tuple(first[0]), tuple(last[0])  # type: ignore[return-value]
 
     def stream_metrics(
         self, job_id: str, *, names: Sequence[str] = (), after_step: int | None = None

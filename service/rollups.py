@@ -21,7 +21,7 @@ a job made by an earlier version are thinned from the points, as before.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from service.series import Row
@@ -157,16 +157,15 @@ def forget_after(conn: sqlite3.Connection, job_id: str, step: int) -> None:
         )
 
 
-def rebuild(conn: sqlite3.Connection, job_id: str, step: int) -> None:
-    """Read the buckets that hold `step` again from the points (call after the points are
-    stored): after `forget_after` they hold the points up to `step`, kept, and the new
-    run's past it; after `replaced`, what replaced what."""
-    for width in WIDTHS:
-        first = step // width * width
+def rebuild(conn: sqlite3.Connection, job_id: str, steps: Iterable[int]) -> None:
+    """Read the buckets that hold `steps` again from the points, each bucket once (call
+    after the points are stored): after `forget_after` they hold the points up to its step,
+    kept, and the new run's past it; after `replaced`, what replaced what."""
+    for width, bucket in sorted({(width, step // width) for step in steps for width in WIDTHS}):
         conn.execute(
             _REBUILD,
-            {"job": job_id, "width": width, "bucket": step // width, "first": first,
-             "last": first + width - 1},
+            {"job": job_id, "width": width, "bucket": bucket, "first": bucket * width,
+             "last": (bucket + 1) * width - 1},
         )  # fmt: skip
 
 

@@ -684,5 +684,4 @@ class JobStore:
             )
             if rolled:
                 rollups.add(conn, job_id, buckets)
-                for step in sorted(again):
-                    rollups.rebuild(conn, job_id, step)
+                rollups.rebuild(conn, job_id, again)

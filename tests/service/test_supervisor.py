@@ -519,6 +519,14 @@ def test_restart_finds_a_worker_whose_pid_was_never_stored(
     assert worker_pids(service, job_id) == []
 
 
+def in_process(settings: Settings, store: JobStore) -> Supervisor:
+    """A supervisor in this process over a real store, as a service would make it."""
+    return Supervisor(
+        settings=settings, store=store, pool=DevicePool.from_settings(settings),
+        publish=lambda _: None,
+    )  # fmt: skip
+
+
 def test_stop_signal_stops_starting_workers(
     make_service: Callable[..., Service], tmp_path: Path
 ) -> None:
@@ -528,21 +536,13 @@ def test_stop_signal_stops_starting_workers(
     settings = Settings(data_dir=tmp_path / "data").resolved()
     store = JobStore(settings.db_path)
 
-    def supervisor() -> Supervisor:
-        return Supervisor(
-            settings=settings,
-            store=store,
-            pool=DevicePool.from_settings(settings),
-            publish=lambda _: None,
-        )
-
     job = store.create(JobSpec.model_validate(job_spec(name="waits")).model_dump(mode="json"))
-    stopping = supervisor()
+    stopping = in_process(settings, store)
     stopping.stop_starting()
     stopping.tick()
     assert store.get(job.id).state.value == "queued"  # type: ignore[union-attr]
     assert processes_under(settings.data_dir) == []
-    supervisor().tick()  # the same store and job, not shutting down: it starts
+    in_process(settings, store).tick()  # the same store and job, not shutting down: it starts
     assert store.get(job.id).state.value == "running"  # type: ignore[union-attr]
     for pid in processes_under(settings.data_dir):
         os.kill(pid, signal.SIGKILL)
@@ -575,21 +575,13 @@ def test_service_killed_before_a_resumed_jobs_worker_starts_runs_it_again(
     def killed(**_: Any) -> None:
         raise Killed
 
-    def supervisor() -> Supervisor:
-        return Supervisor(
-            settings=settings,
-            store=store,
-            pool=DevicePool.from_settings(settings),
-            publish=lambda _: None,
-        )
-
     # The kill, at that exact point (a window of milliseconds), stands in as spawn_worker
     # raising; the store, run directory and supervisors are real.
     monkeypatch.setattr("service.supervisor.spawn_worker", killed)
     with pytest.raises(Killed):
-        supervisor().tick()
+        in_process(settings, store).tick()
     assert store.get(job.id).state.value == "running"  # type: ignore[union-attr]
-    supervisor().recover()
+    in_process(settings, store).recover()
     after = store.get(job.id)
     assert after is not None
     assert (after.state.value, after.attempts, after.result) == ("queued", 2, None)

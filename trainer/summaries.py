@@ -1,39 +1,52 @@
 """What a job writes to TensorBoard: scalars, histograms, images and the step's graph.
 
-Writers are made lazily, one per sub-directory (`train`, `eval`), and a manager without a
-logdir writes nothing, so callers never branch on whether summaries are on.
+Event files are made lazily, one per sub-directory (`train`, `eval`), and a manager
+without a logdir writes nothing, so callers never branch on whether summaries are on.
 
 Each tag carries its description (`trainer.descriptions`), which TensorBoard shows with
-its chart. Scalars and histograms carry their metadata in a writer's first value of a tag
+its chart. Scalars and histograms carry their metadata in a file's first value of a tag
 only, as TensorFlow's own v1 writer did: TensorBoard takes a tag's metadata from its first
 value and keeps it, and a description repeated in each of the 8,000 scalar values of 10k
 default steps would triple the event file's scalars.
 
-Cost is the point here: the defaults must take at most 3% of throughput. Scalars and
-histograms are built as `Summary` protobufs in Python and written with one
-`write_raw_pb` op per call: 12 scalars cost 0.9 ms this way against 6.4 ms as 12 eager
-`tf.summary.scalar` ops, and nothing has to be traced (a `tf.function` of summary ops
-costs about a second to trace, per job). Histograms: TensorBoard's stock
-`tf.summary.histogram` is slow on large tensors (about 100 ms for 1.6M values here);
-`np.histogram` with fixed-width buckets does the whole `cnn` (1.6M weights and as many
-gradients) in about 65 ms, and the [k, 3] tensor (left edge, right edge, count) goes out
-under the histogram plugin's metadata, so TensorBoard shows it as any histogram.
+Cost is the point here: the defaults must take at most 3% of throughput, on a GPU step of
+3 ms as on a CPU step of 36 ms. So no summary runs a TensorFlow op on the training loop:
+- every summary is an `Event` protobuf built in Python and appended to its event file
+  (a TFRecord file, TensorFlow's own record writer, about 6 µs with the flush);
+  12 scalars cost 0.03 ms this way, against 0.25 ms through `write_raw_pb` with
+  `make_tensor_proto` and 6.4 ms as eager `tf.summary.scalar` ops (a `tf.function` of
+  summary ops costs about a second to trace, per job);
+- histograms and images take only a host copy of their tensors on the loop; a background
+  thread buckets the histograms (`np.histogram`: TensorBoard's stock op takes about
+  100 ms for 1.6M values here) and encodes the images' PNGs (on the CPU: on an H100
+  each new GPU kernel is compiled from PTX first, 0.6–1.5 s at a job's first images).
+  On a GPU host the loop waits on the device while that thread works; on a CPU host the
+  thread shares the cores with training, so the work costs what it did, not less.
+  At most `MAX_PENDING` calls wait for the thread; the next one waits for the oldest.
 Measured by `bench/towers_bench.py` and recorded in docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
-from collections.abc import Mapping
+import os
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import tensorflow as tf
-from tensorboard.compat.proto import summary_pb2
+from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
 from tensorboard.compat.proto.summary_pb2 import SummaryMetadata
 from tensorboard.plugins.histogram import metadata as histogram_metadata
+from tensorboard.plugins.image import metadata as image_metadata
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 from tensorboard.util import tensor_util
 
@@ -42,12 +55,44 @@ from trainer.descriptions import describe
 log = logging.getLogger(__name__)
 
 HISTOGRAM_BUCKETS = 30
+# Calls handed to the background thread and not yet written; the next one waits for the
+# oldest. Two, so that a step's histograms and its images do not wait on each other; the
+# host copies held stay at two calls' worth (13 MB for the `cnn`'s weights and gradients).
+MAX_PENDING = 2
+
+_file_serial = itertools.count()  # two files of one process in one second get two names
 
 
 class _Metadata(Protocol):
     """A TensorBoard plugin's metadata module (`scalar_metadata`, `histogram_metadata`)."""
 
     def create_summary_metadata(self, display_name: str, description: str) -> SummaryMetadata: ...
+
+
+class EventFile:
+    """One event file: `Event` protobufs as TFRecords, the format TensorFlow's own writer
+    makes (`tf.io.TFRecordWriter` frames and checksums them in C++). Every event is flushed
+    as it is written (6 µs here), so TensorBoard shows a value once its call returns and a
+    killed worker loses none. Shared by the loop and the background thread."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        stamp = f"{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
+        self.path = directory / f"events.out.tfevents.{stamp}.{next(_file_serial)}"
+        self._records = tf.io.TFRecordWriter(str(self.path))
+        self._lock = threading.Lock()
+        self.write(event_pb2.Event(file_version="brain.Event:2"))
+
+    def write(self, event: event_pb2.Event) -> None:
+        event.wall_time = time.time()
+        data = event.SerializeToString()
+        with self._lock:
+            self._records.write(data)
+            self._records.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._records.close()
 
 
 def histogram_buckets(values: np.ndarray, buckets: int = HISTOGRAM_BUCKETS) -> np.ndarray:
@@ -89,27 +134,62 @@ def histogram_buckets(values: np.ndarray, buckets: int = HISTOGRAM_BUCKETS) -> n
     return one
 
 
+def _scalar_proto(value: float) -> tensor_pb2.TensorProto:
+    """A float32 scalar, built directly: `make_tensor_proto` takes 13 µs for one."""
+    proto = tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[value])
+    proto.tensor_shape.SetInParent()  # a scalar: a shape with no dimensions
+    return proto
+
+
+def _png_images(batch: np.ndarray) -> tensor_pb2.TensorProto:
+    """The image plugin's tensor for a batch of [0, 1] images: width, height, then a PNG
+    an image. Values in bytes as `tf.summary.image` makes them (`convert_image_dtype`:
+    times 255.5, truncated); the PNGs by TensorFlow's encoder, on the CPU."""
+    pixels = np.minimum(np.clip(batch, 0.0, 1.0) * np.float32(255.5), 255.0).astype(np.uint8)
+    with tf.device("/CPU:0"):
+        pngs = [tf.io.encode_png(image).numpy() for image in pixels]
+    height, width = batch.shape[1:3]
+    strings = [str(width).encode(), str(height).encode(), *pngs]
+    proto = tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=strings)
+    proto.tensor_shape.dim.add(size=len(strings))
+    return proto
+
+
+def _host_copy(tensor: tf.Tensor | tf.Variable | np.ndarray) -> np.ndarray:
+    """The values as they are now, on the host. A variable's `numpy()` outlives later
+    updates: TensorFlow copies a variable's buffer before updating it while a read of it is
+    alive (tested by tests/trainer/test_summaries.py)."""
+    if isinstance(tensor, tf.Tensor | tf.Variable):
+        return tensor.numpy()
+    return np.asarray(tensor)
+
+
 class SummaryManager:
-    """Writes summaries under `logdir/<subdir>`; a no-op when `logdir` is None."""
+    """Writes summaries under `logdir/<subdir>`; a no-op when `logdir` is None.
+
+    `histograms` and `images` return once their host copies are taken; `flush` (at every
+    checkpoint) and `close` wait for what they handed over, and raise what failed there."""
 
     def __init__(self, logdir: Path | None) -> None:
         self.logdir = logdir
-        self._writers: dict[str, tf.summary.SummaryWriter] = {}
-        self._warned_nonfinite: set[str] = set()
-        # Per sub-directory, the tags its writer has written metadata for (see the module doc).
+        self._files: dict[str, EventFile] = {}
+        self._warned_nonfinite: set[str] = set()  # the background thread's alone
+        # Per sub-directory, the tags its file has metadata for (see the module doc).
         self._described: dict[str, set[str]] = {}
+        self._background: ThreadPoolExecutor | None = None
+        self._pending: deque[Future[None]] = deque()
 
-    def writer(self, subdir: str) -> tf.summary.SummaryWriter:
-        if self.logdir is None:
-            return tf.summary.create_noop_writer()
-        if subdir not in self._writers:
-            self._writers[subdir] = tf.summary.create_file_writer(str(self.logdir / subdir))
-        return self._writers[subdir]
+    def _file(self, subdir: str) -> EventFile:
+        assert self.logdir is not None
+        if subdir not in self._files:
+            self._files[subdir] = EventFile(self.logdir / subdir)
+        return self._files[subdir]
 
     def _add(
         self, summary: summary_pb2.Summary, subdir: str, tag: str, plugin: _Metadata
     ) -> summary_pb2.Summary.Value:
-        """A value of `tag`, with its metadata if its writer has not written it yet."""
+        """A value of `tag`, with its metadata if its file has none yet. On the loop's
+        thread only: which value is a tag's first is decided in call order."""
         value = summary.value.add(tag=tag)
         described = self._described.setdefault(subdir, set())
         if tag not in described:
@@ -120,86 +200,121 @@ class SummaryManager:
             value.metadata.CopyFrom(metadata)
         return value
 
-    def _write_proto(self, subdir: str, summary: summary_pb2.Summary, step: int) -> None:
-        if self.logdir is None or not summary.value:
-            return
-        with self.writer(subdir).as_default(step=step):
-            tf.summary.experimental.write_raw_pb(summary.SerializeToString())
+    def _write(self, subdir: str, summary: summary_pb2.Summary, step: int) -> None:
+        self._file(subdir).write(event_pb2.Event(step=step, summary=summary))
+
+    def _hand_over(self, work: Callable[[], None]) -> None:
+        """Run `work` on the background thread, after waiting for the oldest call if
+        `MAX_PENDING` are in flight; a failure there is raised here, at the next call."""
+        self._collect(keep=MAX_PENDING - 1)
+        if self._background is None:
+            self._background = ThreadPoolExecutor(1, thread_name_prefix="summaries")
+        self._pending.append(self._background.submit(work))
+
+    def _collect(self, keep: int = 0) -> None:
+        """Wait until at most `keep` handed-over calls are pending; raise the first failure."""
+        while self._pending and (len(self._pending) > keep or self._pending[0].done()):
+            self._pending.popleft().result()
 
     def scalars(self, subdir: str, values: Mapping[str, float], step: int) -> None:
-        summary = summary_pb2.Summary()
-        for tag, value in values.items():
-            self._add(summary, subdir, tag, scalar_metadata).tensor.CopyFrom(
-                tensor_util.make_tensor_proto(float(value), dtype=np.float32)
-            )
-        self._write_proto(subdir, summary, step)
-
-    def histograms(
-        self, subdir: str, tensors: Mapping[str, tf.Tensor | np.ndarray], step: int
-    ) -> None:
-        """One histogram per tensor (note: copies each tensor to the host)."""
         if self.logdir is None:
             return
         summary = summary_pb2.Summary()
-        for tag, tensor in tensors.items():
-            values = (
-                tensor.numpy()
-                if isinstance(tensor, tf.Tensor | tf.Variable)
-                else np.asarray(tensor)
+        for tag, value in values.items():
+            self._add(summary, subdir, tag, scalar_metadata).tensor.CopyFrom(
+                _scalar_proto(float(value))
             )
-            buckets = histogram_buckets(values)
-            if tag not in self._warned_nonfinite and (dropped := values.size - buckets[:, 2].sum()):
-                # Once a tag: the log says why its histogram holds fewer values than the tensor.
-                self._warned_nonfinite.add(tag)
-                log.warning(
-                    "%s holds %d NaN or infinite values at step %d; its histogram counts the "
-                    "finite ones (said once)",
-                    tag, int(dropped), step,
-                )  # fmt: skip
-            self._add(summary, subdir, tag, histogram_metadata).tensor.CopyFrom(
-                tensor_util.make_tensor_proto(buckets)
-            )
-        self._write_proto(subdir, summary, step)
+        self._write(subdir, summary, step)
+
+    def histograms(
+        self, subdir: str, tensors: Mapping[str, tf.Tensor | tf.Variable | np.ndarray], step: int
+    ) -> None:
+        """One histogram per tensor, bucketed on the background thread."""
+        if self.logdir is None:
+            return
+        summary = summary_pb2.Summary()
+        copies = [
+            (self._add(summary, subdir, tag, histogram_metadata), tag, _host_copy(tensor))
+            for tag, tensor in tensors.items()
+        ]
+        file = self._file(subdir)
+
+        def work() -> None:
+            for value, tag, values in copies:
+                buckets = histogram_buckets(values)
+                if tag not in self._warned_nonfinite and (
+                    dropped := values.size - buckets[:, 2].sum()
+                ):
+                    # Once a tag: the log says why its histogram holds fewer values than
+                    # the tensor.
+                    self._warned_nonfinite.add(tag)
+                    log.warning(
+                        "%s holds %d NaN or infinite values at step %d; its histogram counts "
+                        "the finite ones (said once)",
+                        tag, int(dropped), step,
+                    )  # fmt: skip
+                value.tensor.CopyFrom(tensor_util.make_tensor_proto(buckets))
+            file.write(event_pb2.Event(step=step, summary=summary))
+
+        self._hand_over(work)
 
     def images(
-        self, subdir: str, images: Mapping[str, tf.Tensor | np.ndarray], step: int, max_images: int
+        self,
+        subdir: str,
+        images: Mapping[str, tf.Tensor | np.ndarray],
+        step: int,
+        max_images: int,
     ) -> None:
-        """Up to `max_images` images a tag, values clipped to [0, 1]. One channel shows as
-        grayscale, three as RGB; four show their first three as RGB, since TensorBoard would
-        take the fourth for alpha and hide every pixel where it is low (to a model it is
-        data: depth, infrared, or an alpha it reads as any channel); any other count shows
-        channel 0.
+        """Up to `max_images` images a tag, values clipped to [0, 1], encoded on the
+        background thread. One channel shows as grayscale, three as RGB; four show their
+        first three as RGB, since TensorBoard would take the fourth for alpha and hide every
+        pixel where it is low (to a model it is data: depth, infrared, or an alpha it reads
+        as any channel); any other count shows channel 0."""
+        if self.logdir is None:
+            return
+        summary = summary_pb2.Summary()
+        batches = []
+        for tag, batch in images.items():
+            pixels = _host_copy(batch)[:max_images]
+            if pixels.shape[-1] == 4:
+                pixels = pixels[..., :3]
+            elif pixels.shape[-1] not in (1, 3):
+                pixels = pixels[..., :1]
+            batches.append((self._add(summary, subdir, tag, image_metadata), pixels))
+        file = self._file(subdir)
 
-        On the CPU: the PNGs are made there anyway, and on a GPU each op would be a kernel
-        run for the first time in the process (on an H100, TensorFlow 2.21 compiles each
-        from PTX first: 0.6 to 1.5 s at a job's first images, every job)."""
-        with tf.device("/CPU:0"), self.writer(subdir).as_default(step=step):
-            for tag, batch in images.items():
-                batch = tf.convert_to_tensor(batch)[:max_images]
-                if batch.shape[-1] == 4:
-                    batch = batch[..., :3]
-                elif batch.shape[-1] not in (1, 3):
-                    batch = batch[..., :1]
-                tf.summary.image(
-                    tag,
-                    tf.clip_by_value(batch, 0.0, 1.0),
-                    max_outputs=max_images,
-                    description=describe(subdir, tag) or None,
-                )
+        def work() -> None:
+            for value, pixels in batches:
+                value.tensor.CopyFrom(_png_images(pixels))
+            file.write(event_pb2.Event(step=step, summary=summary))
+
+        self._hand_over(work)
 
     def graph(self, subdir: str, graph: tf.Graph) -> None:
-        with self.writer(subdir).as_default():
-            tf.summary.graph(graph)
+        if self.logdir is None:
+            return
+        graph_def = graph.as_graph_def().SerializeToString()
+        self._file(subdir).write(event_pb2.Event(step=0, graph_def=graph_def))
 
     def flush(self) -> None:
-        for writer in self._writers.values():
-            writer.flush()
+        """Wait for the calls handed to the background thread (each event is on disk once
+        written)."""
+        self._collect()
 
     def close(self) -> None:
-        for writer in self._writers.values():
-            writer.close()
-        self._writers.clear()
-        self._described.clear()  # a writer made after this one starts a new event file
+        """Wait for the background thread, then close every file; a failure there is
+        raised after the files are closed."""
+        try:
+            self._collect()
+        finally:
+            self._pending.clear()  # after a failure, whatever is left still runs, unwaited
+            if self._background is not None:
+                self._background.shutdown(wait=True)
+                self._background = None
+            for file in self._files.values():
+                file.close()
+            self._files.clear()
+            self._described.clear()  # a file made after this starts with metadata again
 
 
 def variable_tag(name: str) -> str:

@@ -1,5 +1,7 @@
 """Summaries as TensorBoard reads them back: the right plugin, the right values."""
 
+import threading
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -102,7 +104,7 @@ def test_summary_manager_without_logdir_writes_nothing(tmp_path, monkeypatch):
     summaries.images("train", {"x": np.zeros((1, 4, 4, 1), np.float32)}, step=1, max_images=1)
     summaries.close()
     assert list(tmp_path.iterdir()) == []
-    assert summaries._writers == {}
+    assert summaries._files == {}
 
 
 def raw_values(logdir):
@@ -199,3 +201,92 @@ def test_images_show_what_the_tower_trained_on(tmp_path, channels, shown):
     assert image.shape == (4, 5, shown)
     assert image[0, 0, 0] == 0 and (image[1:, :, 0] == 255).all()
     assert (image[..., 1:] == 0).all()
+
+
+class Gate:
+    """Holds the summaries' background thread until opened: what the loop does meanwhile
+    is what it does while a GPU host's thread buckets a large model's histograms."""
+
+    def __init__(self, summaries):
+        self.opened = threading.Event()
+        summaries._hand_over(lambda: self.opened.wait(timeout=60))
+
+    def open(self):
+        self.opened.set()
+
+
+@pytest.mark.parametrize("update", ["assign_add", "fused training kernel"])
+def test_a_histogram_holds_the_values_of_its_step(tmp_path, update):
+    # The loop hands over the variable and goes on to the next step's update while the
+    # background thread has not bucketed it yet; the histogram must still be of this step.
+    summaries = SummaryManager(tmp_path)
+    gate = Gate(summaries)
+    weights = tf.Variable(tf.zeros(1000))
+    summaries.histograms("train", {"weights/w": weights}, step=1)
+    if update == "assign_add":
+        weights.assign_add(tf.ones(1000))
+    else:  # as trainer/updates.py applies an update
+        tf.raw_ops.ResourceApplyGradientDescent(
+            var=weights.handle, alpha=tf.constant(1.0), delta=-tf.ones(1000)
+        )
+    assert weights.numpy().min() == 1.0
+    gate.open()
+    summaries.close()
+    [histogram] = read(tmp_path / "train").Tensors("weights/w")
+    buckets = tf.make_ndarray(histogram.tensor_proto)
+    assert (buckets[:, :2] == 0.0).all() and buckets[-1, 2] == 1000  # all zeros, as at step 1
+
+
+def test_the_loop_waits_only_when_the_background_thread_falls_behind(tmp_path):
+    summaries = SummaryManager(tmp_path)
+    gate = Gate(summaries)
+    # One call pending (the gate): the next is handed over and returns at once.
+    summaries.histograms("train", {"weights/w": np.ones(3)}, step=1)
+    # Two pending: a third waits for the oldest, so host copies cannot pile up.
+    third = threading.Thread(
+        target=summaries.images,
+        args=("train", {"tower_0/inputs": np.zeros((1, 4, 4, 1), np.float32)}, 1, 1),
+    )
+    third.start()
+    third.join(timeout=0.5)
+    assert third.is_alive(), "a third call went on with two still pending"
+    gate.open()
+    third.join(timeout=60)
+    assert not third.is_alive()
+    summaries.close()
+    acc = read(tmp_path / "train")
+    assert len(acc.Tensors("weights/w")) == len(acc.Tensors("tower_0/inputs")) == 1
+
+
+def test_a_failure_on_the_background_thread_is_raised_on_the_loop(tmp_path):
+    summaries = SummaryManager(tmp_path)
+    summaries.histograms("train", {"weights/w": np.array(["not a number"])}, step=1)
+    with pytest.raises(ValueError, match="could not convert"):
+        summaries.flush()
+    summaries.histograms("train", {"weights/w": np.array(["not a number"])}, step=2)
+    with pytest.raises(ValueError, match="could not convert"):
+        summaries.close()
+    # Closed all the same: a new call starts a new file.
+    summaries.scalars("train", {"loss": 1.0}, step=3)
+    summaries.close()
+    assert len(list((tmp_path / "train").glob("events.out.tfevents.*"))) == 2
+
+
+def test_every_value_is_on_disk_when_its_call_returns(tmp_path):
+    # No flush or close: TensorBoard, reading while the job runs, sees each value at once.
+    summaries = SummaryManager(tmp_path)
+    summaries.scalars("train", {"loss": 0.5}, step=3)
+    assert [e.step for e in read(tmp_path / "train").Tensors("loss")] == [3]
+    summaries.close()
+
+
+def test_graph_is_written_for_the_graphs_tab(tmp_path):
+    @tf.function
+    def double(x):
+        return x * 2.0
+
+    summaries = SummaryManager(tmp_path)
+    summaries.graph("train", double.get_concrete_function(tf.TensorSpec([], tf.float32)).graph)
+    summaries.close()
+    graph = read(tmp_path / "train").Graph()
+    assert "mul" in {node.op.lower() for node in graph.node}

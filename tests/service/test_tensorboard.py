@@ -76,6 +76,53 @@ def test_start_tensorboard_and_read_loss_through_proxy(
     assert service.client.get("/api/v1/tensorboard").json()["state"] == "running"
 
 
+def test_tensorboard_shows_every_kind_of_summary_a_job_writes(
+    service: Service, traced_job: dict[str, Any]
+) -> None:
+    # The trainer writes its event files itself (trainer/summaries.py), not through
+    # tf.summary: TensorBoard's own plugins must find and draw each kind.
+    job_id = traced_job["id"]
+    service.client.post("/api/v1/tensorboard", json={"job_ids": [job_id]})
+    run = f"{job_id}/train"
+
+    def tags(plugin: str) -> Any:
+        reply = service.client.get(f"/tensorboard/data/plugin/{plugin}/tags")
+        return reply.status_code == 200 and reply.json().get(run)
+
+    listing = _wait(
+        lambda: (
+            (r := service.client.get("/tensorboard/data/plugins_listing")).status_code == 200
+            and r.json()
+        ),
+        60,
+        "the plugins listing",
+    )
+    for plugin in ("scalars", "histograms", "images", "graphs"):
+        assert listing[plugin]["enabled"] is True, (plugin, listing[plugin])
+
+    histogram_tags = _wait(lambda: tags("histograms"), 60, "the histogram tags")
+    assert any(tag.startswith("weights/") for tag in histogram_tags), histogram_tags
+    tag = next(tag for tag in histogram_tags if tag.startswith("gradients/"))
+    assert "gradient" in histogram_tags[tag]["description"].lower()
+    points = service.client.get(
+        "/tensorboard/data/plugin/histograms/histograms", params={"run": run, "tag": tag}
+    ).json()
+    assert [step for _, step, _ in points] == [40]  # written at the job's last step
+    assert len(points[0][2]) == 30  # the buckets: [left, right, count] each
+
+    image_tags = _wait(lambda: tags("images"), 60, "the image tags")
+    assert list(image_tags) == ["tower_0/inputs"], image_tags
+    [image] = service.client.get(
+        "/tensorboard/data/plugin/images/images", params={"run": run, "tag": "tower_0/inputs"}
+    ).json()
+    assert image["step"] == 40
+    png = service.client.get(f"/tensorboard/data/plugin/images/individualImage?{image['query']}")
+    assert png.status_code == 200 and png.content.startswith(b"\x89PNG")
+
+    graph = service.client.get("/tensorboard/data/plugin/graphs/graph", params={"run": run})
+    assert graph.status_code == 200 and "tower_0" in graph.text
+
+
 def test_start_tensorboard_same_selection_reused(
     service: Service, traced_job: dict[str, Any]
 ) -> None:

@@ -290,3 +290,20 @@ def test_graph_is_written_for_the_graphs_tab(tmp_path):
     summaries.close()
     graph = read(tmp_path / "train").Graph()
     assert "mul" in {node.op.lower() for node in graph.node}
+
+
+def test_images_are_the_bytes_tf_summary_image_writes(tmp_path):
+    # The PNGs are made as `tf.summary.image` makes them (values times 255.5, truncated),
+    # so an image looks the same as it did through TensorFlow's own writer.
+    batch = np.random.default_rng(0).random((3, 6, 5, 3), dtype=np.float32)
+    batch[0, 0, 0] = [0.0, 1.0, 0.999]
+    summaries = SummaryManager(tmp_path / "ours")
+    summaries.images("train", {"x": batch}, step=1, max_images=3)
+    summaries.close()
+    writer = tf.summary.create_file_writer(str(tmp_path / "tf"))
+    with writer.as_default(step=1):
+        tf.summary.image("x", batch, max_outputs=3)
+    writer.close()
+    [ours] = read(tmp_path / "ours" / "train").Tensors("x")
+    [theirs] = read(tmp_path / "tf").Tensors("x")
+    assert list(tf.make_ndarray(ours.tensor_proto)) == list(tf.make_ndarray(theirs.tensor_proto))

@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from trainer.spec import field_errors
+from trainer.spec import JobSpec, field_errors
 
 
 class FieldErrors(Exception):
@@ -58,7 +58,7 @@ def _request_field_errors(exc: RequestValidationError, *, spec: bool) -> list[di
         elif loc[:1] == ("body",):
             item["loc"] = loc[1:]  # the body itself: "(spec)", as trainer.spec names it
         items.append(item)
-    return field_errors(_RequestErrors(items))  # type: ignore[arg-type]
+    return field_errors(_RequestErrors(items), JobSpec if spec else None)  # type: ignore[arg-type]
 
 
 def error_body(detail: str, errors: list[dict[str, str]] | None = None) -> dict[str, Any]:

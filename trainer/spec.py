@@ -8,9 +8,12 @@ field, what was expected and what was received.
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
+import typing
 import unicodedata
+from collections.abc import Iterable, Iterator
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -43,6 +46,8 @@ PositiveInt = Annotated[int, Field(gt=0)]
 MAX_LAYERS = 64
 LayerWidth = Annotated[int, Field(gt=0, le=65_536)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
+# How alike an unknown key and a known one must be to suggest it (difflib's ratio).
+_CLOSE = 0.75
 
 
 def _validate_nested(model: type[BaseModel], raw: dict[str, Any], field: str) -> BaseModel:
@@ -52,7 +57,16 @@ def _validate_nested(model: type[BaseModel], raw: dict[str, Any], field: str) ->
     except ValidationError as e:
         line_errors = [
             {
-                "type": err["type"],
+                "type": (
+                    # Said here, where the keys `model` takes are known (see `field_errors`).
+                    PydanticCustomError(
+                        "unknown_key",
+                        "{message}",
+                        {"message": _unknown_key(str(err["loc"][-1]), list(model.model_fields))},
+                    )
+                    if err["type"] == "extra_forbidden"
+                    else err["type"]
+                ),
                 "loc": (field, *err["loc"]),
                 "input": err["input"],
                 "ctx": err.get("ctx", {}),
@@ -467,14 +481,69 @@ def _shown(value: Any) -> str:
     return f"{text[:_SHOWN_CHARS]}... ({len(text):,} characters in all)"
 
 
-def field_errors(error: ValidationError) -> list[dict[str, str]]:
-    """Every error of a failed validation as ``{"field": "a.b", "message": ...}``."""
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The spec model a field holds (`EvalSpec`, `float | None` holds none), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next(filter(None, map(_model_of, typing.get_args(annotation))), None)
+
+
+def _keys_at(model: type[BaseModel], path: tuple[Any, ...]) -> list[str] | None:
+    """The keys a spec takes at `path`; None where no model says (`model.params`, whose
+    keys depend on the model's name)."""
+    for part in path:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        nested = _model_of(field.annotation) if field is not None else None
+        if nested is None:
+            return None
+        model = nested
+    return list(model.model_fields)
+
+
+def _every_key(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    for name, field in model.model_fields.items():
+        yield (*prefix, name)
+        if (nested := _model_of(field.annotation)) is not None:
+            yield from _every_key(nested, (*prefix, name))
+
+
+def _unknown_key(
+    key: str, keys: list[str] | None, elsewhere: Iterable[tuple[str, ...]] = ()
+) -> str:
+    """What to say of an unknown key: the key of this level (`keys`) it is probably a
+    misspelling of; else the key paths of other levels (`elsewhere`) it is closest to
+    (`learning_rate` belongs under `optimizer`); else the keys this level takes."""
+    unknown = "Unknown key. Remove it or check its spelling."
+    if keys is None:
+        return unknown
+    if near := difflib.get_close_matches(key, keys, n=1, cutoff=_CLOSE):
+        return f"Unknown key. Did you mean `{near[0]}`?"
+    scored = [(difflib.SequenceMatcher(None, key, path[-1]).ratio(), path) for path in elsewhere]
+    best = max((score for score, _ in scored), default=0.0)
+    if best >= _CLOSE:
+        paths = [f"`{'.'.join(path)}`" for score, path in scored if score == best][:3]
+        return f"Unknown key here. Did you mean {' or '.join(paths)}?"
+    return f"{unknown} Expected one of: {', '.join(keys)}."
+
+
+def field_errors(
+    error: ValidationError, model: type[BaseModel] | None = None
+) -> list[dict[str, str]]:
+    """Every error of a failed validation as ``{"field": "a.b", "message": ...}``. An
+    unknown key gets the known key it is closest to, where the model validated is known:
+    `model`, or a `JobSpec` the error names (FastAPI's errors name none)."""
     errors = []
+    root = model or (JobSpec if getattr(error, "title", None) == JobSpec.__name__ else None)
     for item in error.errors(include_url=False):
-        field = ".".join(str(part) for part in item["loc"]) or "(spec)"
+        loc = tuple(item["loc"])
+        field = ".".join(str(part) for part in loc) or "(spec)"
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            message = "Unknown key. Remove it or check its spelling."
+            keys = _keys_at(root, loc[:-1]) if root is not None else None
+            elsewhere = (path for path in _every_key(root) if path[:-1] != loc[:-1]) if root else ()
+            message = _unknown_key(str(loc[-1]), keys, elsewhere)
+        elif item["type"] == "unknown_key":
+            pass  # said where the keys were known (`_validate_nested`)
         elif "input" in item and item["type"] not in ("missing",) and "Received" not in message:
             message = f"{message}. Received: {_shown(item['input'])}"
         errors.append({"field": field, "message": message})

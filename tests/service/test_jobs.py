@@ -519,7 +519,10 @@ def _errors(service: Service, spec: Any) -> list[dict[str, str]]:
 
 def test_create_job_unknown_key(service: Service) -> None:
     assert _errors(service, job_spec(learning_rat=0.1)) == [
-        {"field": "learning_rat", "message": "Unknown key. Remove it or check its spelling."}
+        {
+            "field": "learning_rat",
+            "message": "Unknown key here. Did you mean `optimizer.learning_rate`?",
+        }
     ]
 
 

@@ -475,7 +475,7 @@ BAD_SPECS = {
     "not_json": ("{not json", "is not valid JSON"),
     "unknown_key": (
         json.dumps(with_(TINY, tower=2)),
-        "tower: Unknown key. Remove it or check its spelling.",
+        "tower: Unknown key. Did you mean `towers`?",
     ),
     "unknown_model": (
         json.dumps(with_(TINY, model={"name": "transformer"})),

@@ -118,11 +118,37 @@ def test_spec_without_unread_options_reads_back_the_same_and_passes_the_check():
 
 def test_parse_spec_unknown_key():
     assert errors_of({"data": SYNTHETIC, "tower": 2}) == {
-        "tower": "Unknown key. Remove it or check its spelling."
+        "tower": "Unknown key. Did you mean `towers`?"
     }
     assert errors_of({"data": {**SYNTHETIC, "augment": {"flip": True}}}) == {
-        "data.augment.flip": "Unknown key. Remove it or check its spelling."
+        "data.augment.flip": "Unknown key. Remove it or check its spelling. Expected one of: "
+        "flip_left_right, random_crop_padding, brightness, contrast."
     }
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "message"),
+    [
+        ({"summaries": {"histogram_every": 5}}, "summaries.histogram_every",
+         "Unknown key. Did you mean `histograms_every`?"),
+        ({"optimizer": {"schedule": {"decay_step": 5}}}, "optimizer.schedule.decay_step",
+         "Unknown key. Did you mean `decay_steps`?"),
+        # A key of another level: where it belongs.
+        ({"learning_rate": 0.1}, "learning_rate",
+         "Unknown key here. Did you mean `optimizer.learning_rate`?"),
+        ({"every_steps": 5}, "every_steps",
+         "Unknown key here. Did you mean `eval.every_steps` or `checkpoint.every_steps`?"),
+        # A model's and a data format's own parameters.
+        ({"model": {"name": "cnn", "params": {"dens": 64}}}, "model.params.dens",
+         "Unknown key. Did you mean `dense`?"),
+        ({"model": {"name": "mlp", "params": {"width": 64}}}, "model.params.width",
+         "Unknown key. Remove it or check its spelling. Expected one of: hidden, dropout."),
+    ],
+    ids=["misspelt", "misspelt, nested", "another level", "two other levels", "model params",
+         "model params, nothing close"],
+)  # fmt: skip
+def test_an_unknown_key_gets_the_key_it_is_closest_to(spec, field, message):
+    assert errors_of({"data": SYNTHETIC, **spec}) == {field: message}
 
 
 def test_parse_spec_missing_data():
@@ -160,7 +186,8 @@ def test_parse_spec_bad_model_params():
     }
     assert errors_of({"data": {**SYNTHETIC, "params": {"classes": 1, "colour": 1}}}) == {
         "data.params.classes": "Input should be greater than or equal to 2. Received: 1",
-        "data.params.colour": "Unknown key. Remove it or check its spelling.",
+        "data.params.colour": "Unknown key. Remove it or check its spelling. Expected one of: "
+        "shape, classes, size, noise.",
     }
 
 

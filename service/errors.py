@@ -9,9 +9,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from trainer.spec import JobSpec, field_errors
+from trainer.spec import field_errors
 
 
 class FieldErrors(Exception):
@@ -40,9 +41,20 @@ class _RequestErrors:
         return self._items
 
 
-def _request_field_errors(exc: RequestValidationError, *, spec: bool) -> list[dict[str, str]]:
+def _body_model(request: Request) -> Any:
+    """The type of the route's JSON body (FastAPI's route, in the scope once routed), or
+    None: what `field_errors` needs to suggest the key an unknown one was meant to be."""
+    route = request.scope.get("route")
+    body = getattr(route, "body_field", None) if isinstance(route, APIRoute) else None
+    return body.field_info.annotation if body is not None else None
+
+
+def _request_field_errors(
+    exc: RequestValidationError, *, spec: bool, model: Any = None
+) -> list[dict[str, str]]:
     """The request's errors as fields; the body itself is "(spec)" when it is a job spec,
-    else "(body)" (a trace request or a TensorBoard selection is no spec)."""
+    else "(body)" (a trace request or a TensorBoard selection is no spec). `model`: the
+    body's type, for `field_errors`."""
     items = []
     for item in exc.errors():
         item = dict(item)
@@ -58,7 +70,7 @@ def _request_field_errors(exc: RequestValidationError, *, spec: bool) -> list[di
         elif loc[:1] == ("body",):
             item["loc"] = loc[1:]  # the body itself: "(spec)", as trainer.spec names it
         items.append(item)
-    return field_errors(_RequestErrors(items), JobSpec if spec else None)  # type: ignore[arg-type]
+    return field_errors(_RequestErrors(items), model)  # type: ignore[arg-type]
 
 
 def error_body(detail: str, errors: list[dict[str, str]] | None = None) -> dict[str, Any]:
@@ -158,7 +170,7 @@ def install_error_handlers(app: FastAPI) -> None:
                 }
             ]
             return JSONResponse(error_body(_count_detail(1), errors), status_code=422)
-        errors = _request_field_errors(exc, spec=spec)
+        errors = _request_field_errors(exc, spec=spec, model=_body_model(request))
         return JSONResponse(error_body(_count_detail(len(errors)), errors), status_code=422)
 
     @app.exception_handler(FieldErrors)

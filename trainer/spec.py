@@ -526,14 +526,14 @@ def _unknown_key(
     return f"{unknown} Expected one of: {', '.join(keys)}."
 
 
-def field_errors(
-    error: ValidationError, model: type[BaseModel] | None = None
-) -> list[dict[str, str]]:
+def field_errors(error: ValidationError, model: Any = None) -> list[dict[str, str]]:
     """Every error of a failed validation as ``{"field": "a.b", "message": ...}``. An
     unknown key gets the known key it is closest to, where the model validated is known:
-    `model`, or a `JobSpec` the error names (FastAPI's errors name none)."""
+    `model` (a model, or a type that holds one: `X | None`), or a `JobSpec` the error
+    names (FastAPI's errors name none)."""
     errors = []
-    root = model or (JobSpec if getattr(error, "title", None) == JobSpec.__name__ else None)
+    named = JobSpec if getattr(error, "title", None) == JobSpec.__name__ else None
+    root = _model_of(model) or named
     for item in error.errors(include_url=False):
         loc = tuple(item["loc"])
         field = ".".join(str(part) for part in loc) or "(spec)"

@@ -46,6 +46,27 @@ def test_optional_body_not_sent_as_json_is_415(service: Service) -> None:
     assert response.json()["detail"].startswith("Expected the body as JSON")
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "field", "message"),
+    [
+        ("/api/v1/jobs", {**job_spec(), "batchsize": 8}, "batchsize",
+         "Unknown key. Did you mean `batch_size`?"),
+        ("/api/v1/jobs", {**job_spec(), "keep": 2}, "keep",
+         "Unknown key here. Did you mean `checkpoint.keep`?"),
+        ("/api/v1/tensorboard", {"job_id": ["x"]}, "job_id", "Unknown key. Did you mean `job_ids`?"),
+        ("/api/v1/tensorboard", {"jobs": ["x"]}, "jobs",
+         "Unknown key. Remove it or check its spelling. Expected one of: job_ids, merge."),
+    ],
+    ids=["spec", "spec, another level", "tensorboard", "tensorboard, nothing close"],
+)  # fmt: skip
+def test_an_unknown_key_in_a_body_gets_the_key_it_is_closest_to(
+    service: Service, path: str, body: dict[str, object], field: str, message: str
+) -> None:
+    response = service.client.post(path, json=body)
+    assert response.status_code == 422, response.text
+    assert response.json()["errors"] == [{"field": field, "message": message}]
+
+
 def test_create_job_json_with_charset_is_accepted(service: Service) -> None:
     spec = job_spec(name="charset", steps=1, data={"format": "npz", "path": "nothing-here.npz"})
     response = service.client.post(

@@ -144,7 +144,7 @@ def test_resume_checks_the_new_length_and_the_body(service: Service) -> None:
             {"field": "steps", "message": "Input should be greater than or equal to 1. Received: 0"}
         ],
         json.dumps({"step": 30}): [
-            {"field": "step", "message": "Unknown key. Remove it or check its spelling."}
+            {"field": "step", "message": "Unknown key. Did you mean `steps`?"}
         ],
     }
     for body, errors in cases.items():

@@ -106,7 +106,10 @@ def download(
         ) as response:
             if not response.is_success:
                 response.read()
-                client.check(response)
+                try:
+                    client.check(response)
+                except ClientError as error:
+                    raise _with_stale_part(error, response, target) from None
             name = _attachment_name(response, fallback_name)
             resumed = response.status_code == 206
             if resumed and response.headers.get("content-range") != ranged:
@@ -208,6 +211,20 @@ def download_to_stdout(client: Client, path: str, name: str) -> int:
             f"{show.data_size(total)}; what was written is incomplete"
         )
     return written
+
+
+def _with_stale_part(error: ClientError, response: httpx.Response, target: Path) -> ClientError:
+    """`error`, saying so when what it refuses leaves an earlier part of it for nothing:
+    the checkpoint is gone (rotated out, or its job deleted). The part is the person's to
+    remove; this only names it."""
+    part = part_paths(target)[0]
+    if response.status_code not in (404, 410) or not part.is_file():
+        return error
+    return ClientError(
+        f"{error.message.rstrip('.')}. The {show.data_size(part.stat().st_size)} in {part} "
+        f"were of it and can no longer be finished: remove it and {part_paths(target)[1].name}.",
+        error.code,
+    )
 
 
 def _kept(part: PartFile | None) -> str:

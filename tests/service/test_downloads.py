@@ -409,6 +409,34 @@ def test_cli_download_cut_short_resumes_on_the_next_run(
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("model")) == [out.name]
 
 
+def test_cli_names_a_part_whose_checkpoint_is_gone(
+    served: tuple[Service, str, Path], tmp_path: Path
+) -> None:
+    # A download of step 60 cut short, then the job's rotation deleted step 60: the part
+    # can never be finished. The error says so and names it; the part is left to the person.
+    service, job_id, run = served
+    write_checkpoint(run, 60, size=1000)
+    out = tmp_path / "ckpt-60.tar.gz"
+    part, saved_tag = Path(f"{out}.part"), Path(f"{out}.part.etag")
+    part.write_bytes(service.client.get(f"/api/v1/jobs/{job_id}/checkpoints/60").content[:700])
+    saved_tag.write_text(
+        service.client.head(f"/api/v1/jobs/{job_id}/checkpoints/60").headers["etag"]
+    )
+    for file in (run / "checkpoints").glob("ckpt-60.*"):
+        file.unlink()
+    gone = towerboard(service, "checkpoints", job_id, "--download", "60", "-o", str(out))
+    assert gone.returncode == 1, gone.stderr
+    assert gone.stderr.startswith("towerboard: error: "), gone.stderr
+    assert gone.stderr.endswith(
+        f"Retained steps: 20, 40. The 700 B in {part} were of it and can no longer be "
+        f"finished: remove it and {saved_tag.name}.\n"
+    ), gone.stderr
+    assert part.stat().st_size == 700 and saved_tag.exists()
+    # A step that never had a part: the service's error alone.
+    never = towerboard(service, "checkpoints", job_id, "--download", "80", "-o", f"{out}.x")
+    assert never.returncode == 1 and "finished" not in never.stderr, never.stderr
+
+
 def test_cli_cut_short_download_of_latest_says_how_to_resume_it_by_its_step(
     shared: tuple[Service, str, Path], tmp_path: Path
 ) -> None:

@@ -69,7 +69,8 @@ def load_spec(path: Path) -> JobSpec:
     try:
         return JobSpec.model_validate(raw)
     except ValidationError as e:
-        raise InvalidJob(f"Invalid job spec:\n{format_errors(e)}", field_errors(e)) from e
+        errors = field_errors(e)
+        raise InvalidJob(f"Invalid job spec:\n{format_errors(errors)}", errors) from e
 
 
 def _write_result(rundir: RunDir, outcome: Outcome, message: str, **fields: Any) -> ExitCode:

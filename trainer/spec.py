@@ -8,12 +8,10 @@ field, what was expected and what was received.
 
 from __future__ import annotations
 
-import difflib
+import functools
 import math
 import re
-import typing
 import unicodedata
-from collections.abc import Iterable, Iterator
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -27,6 +25,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from trainer.modelsize import too_large
+from trainer.unknown_keys import UNKNOWN, Known, UnknownKeys, known_keys, model_of, shown_path
 
 # Names the registries know. The trainer's builders are keyed by exactly these names; a
 # test checks that the two stay in step.
@@ -46,28 +45,27 @@ PositiveInt = Annotated[int, Field(gt=0)]
 MAX_LAYERS = 64
 LayerWidth = Annotated[int, Field(gt=0, le=65_536)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
-# How alike an unknown key and a known one must be to suggest it (difflib's ratio).
-_CLOSE = 0.75
 
 
-def _validate_nested(model: type[BaseModel], raw: dict[str, Any], field: str) -> BaseModel:
-    """Validate a free-form dict field against `model`, reporting errors under `field.`."""
+def _validate_nested(model: type[BaseModel], raw: dict[str, Any], at: tuple[str, str]) -> BaseModel:
+    """Validate a free-form dict field (at path `at`) against `model`, reporting errors
+    under `params.`; an unknown key is said here, where the keys `model` takes are known."""
     try:
         return model.model_validate(raw)
     except ValidationError as e:
+        unknown = UnknownKeys(_known_keys(JobSpec))
+        level = known_keys(model)
+
+        def kind(err: Any) -> Any:
+            if err["type"] != "extra_forbidden":
+                return err["type"]
+            message = unknown.message((*at, *err["loc"]), err["input"], level)
+            return PydanticCustomError("unknown_key", "{message}", {"message": message})
+
         line_errors = [
             {
-                "type": (
-                    # Said here, where the keys `model` takes are known (see `field_errors`).
-                    PydanticCustomError(
-                        "unknown_key",
-                        "{message}",
-                        {"message": _unknown_key(str(err["loc"][-1]), list(model.model_fields))},
-                    )
-                    if err["type"] == "extra_forbidden"
-                    else err["type"]
-                ),
-                "loc": (field, *err["loc"]),
+                "type": kind(err),
+                "loc": (at[-1], *err["loc"]),
                 "input": err["input"],
                 "ctx": err.get("ctx", {}),
             }
@@ -156,7 +154,9 @@ class ModelSpec(_Strict):
         # a custom builder checks its own when the worker calls it.
         params_model = _MODEL_PARAMS.get(self.name)
         if params_model is not None:
-            self.params = _validate_nested(params_model, self.params, "params").model_dump()
+            self.params = _validate_nested(
+                params_model, self.params, ("model", "params")
+            ).model_dump()
         return self
 
     @property
@@ -247,7 +247,9 @@ class DataSpec(_Strict):
                     "Expected no `path` for synthetic data (leave it out, or null). "
                     f"Received: {self.path!r}"
                 )
-            self.params = _validate_nested(SyntheticParams, self.params, "params").model_dump()
+            self.params = _validate_nested(
+                SyntheticParams, self.params, ("data", "params")
+            ).model_dump()
             height, width = self.params["shape"][:2]
             problem = self.augment.crop_problem(height, width)
             if problem is not None:
@@ -470,6 +472,19 @@ class JobSpec(_Strict):
             raise ValidationError.from_exception_data(type(self).__name__, [details])
 
 
+@functools.cache
+def _known_keys(model: type[BaseModel]) -> list[Known]:
+    """Every key `model` takes; a job spec's with its built-in models' and synthetic data's
+    params (whose keys depend on the model's name and the data's format)."""
+    if model is not JobSpec:
+        return known_keys(model)
+    params: dict[tuple[str, ...], tuple[type[BaseModel], ...]] = {
+        ("model", "params"): tuple(_MODEL_PARAMS.values()),
+        ("data", "params"): (SyntheticParams,),
+    }
+    return known_keys(JobSpec, params)
+
+
 _SHOWN_CHARS = 200
 
 
@@ -481,67 +496,21 @@ def _shown(value: Any) -> str:
     return f"{text[:_SHOWN_CHARS]}... ({len(text):,} characters in all)"
 
 
-def _model_of(annotation: Any) -> type[BaseModel] | None:
-    """The spec model a field holds (`EvalSpec`, `float | None` holds none), if any."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    return next(filter(None, map(_model_of, typing.get_args(annotation))), None)
-
-
-def _keys_at(model: type[BaseModel], path: tuple[Any, ...]) -> list[str] | None:
-    """The keys a spec takes at `path`; None where no model says (`model.params`, whose
-    keys depend on the model's name)."""
-    for part in path:
-        field = model.model_fields.get(part) if isinstance(part, str) else None
-        nested = _model_of(field.annotation) if field is not None else None
-        if nested is None:
-            return None
-        model = nested
-    return list(model.model_fields)
-
-
-def _every_key(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
-    for name, field in model.model_fields.items():
-        yield (*prefix, name)
-        if (nested := _model_of(field.annotation)) is not None:
-            yield from _every_key(nested, (*prefix, name))
-
-
-def _unknown_key(
-    key: str, keys: list[str] | None, elsewhere: Iterable[tuple[str, ...]] = ()
-) -> str:
-    """What to say of an unknown key: the key of this level (`keys`) it is probably a
-    misspelling of; else the key paths of other levels (`elsewhere`) it is closest to
-    (`learning_rate` belongs under `optimizer`); else the keys this level takes."""
-    unknown = "Unknown key. Remove it or check its spelling."
-    if keys is None:
-        return unknown
-    if near := difflib.get_close_matches(key, keys, n=1, cutoff=_CLOSE):
-        return f"Unknown key. Did you mean `{near[0]}`?"
-    scored = [(difflib.SequenceMatcher(None, key, path[-1]).ratio(), path) for path in elsewhere]
-    best = max((score for score, _ in scored), default=0.0)
-    if best >= _CLOSE:
-        paths = [f"`{'.'.join(path)}`" for score, path in scored if score == best][:3]
-        return f"Unknown key here. Did you mean {' or '.join(paths)}?"
-    return f"{unknown} Expected one of: {', '.join(keys)}."
-
-
 def field_errors(error: ValidationError, model: Any = None) -> list[dict[str, str]]:
     """Every error of a failed validation as ``{"field": "a.b", "message": ...}``. An
-    unknown key gets the known key it is closest to, where the model validated is known:
-    `model` (a model, or a type that holds one: `X | None`), or a `JobSpec` the error
-    names (FastAPI's errors name none)."""
+    unknown key gets the key it was probably meant to be (`trainer.unknown_keys`), where
+    the model validated is known: `model` (a model, or a type that holds one: `X | None`),
+    or a `JobSpec` the error names (FastAPI's errors name none)."""
     errors = []
     named = JobSpec if getattr(error, "title", None) == JobSpec.__name__ else None
-    root = _model_of(model) or named
+    root = model_of(model) or named
+    unknown = UnknownKeys(_known_keys(root)) if root is not None else None
     for item in error.errors(include_url=False):
         loc = tuple(item["loc"])
-        field = ".".join(str(part) for part in loc) or "(spec)"
+        field = shown_path(loc) or "(spec)"
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            keys = _keys_at(root, loc[:-1]) if root is not None else None
-            elsewhere = (path for path in _every_key(root) if path[:-1] != loc[:-1]) if root else ()
-            message = _unknown_key(str(loc[-1]), keys, elsewhere)
+            message = unknown.message(loc, item.get("input")) if unknown else UNKNOWN
         elif item["type"] == "unknown_key":
             pass  # said where the keys were known (`_validate_nested`)
         elif "input" in item and item["type"] not in ("missing",) and "Received" not in message:
@@ -550,6 +519,6 @@ def field_errors(error: ValidationError, model: Any = None) -> list[dict[str, st
     return errors
 
 
-def format_errors(error: ValidationError) -> str:
-    """One line per field error, for logs and `result.json`."""
-    return "\n".join(f"{e['field']}: {e['message']}" for e in field_errors(error))
+def format_errors(errors: list[dict[str, str]]) -> str:
+    """One line per field error (`field_errors`), for logs and `result.json`."""
+    return "\n".join(f"{e['field']}: {e['message']}" for e in errors)

@@ -51,7 +51,8 @@ def _error_message(response: httpx.Response) -> str:
     detail = str(body.get("detail") or f"HTTP {response.status_code}")
     errors = body.get("errors") or []
     if errors:
-        fields = "; ".join(f"{e.get('field')}: {e.get('message')}" for e in errors)
+        # One line: each error's own full stop would end up before a semicolon.
+        fields = "; ".join(f"{e.get('field')}: {str(e.get('message')).rstrip('.')}" for e in errors)
         return f"{detail.removesuffix(' see `errors`.').rstrip(';')}: {fields}"
     return detail
 

@@ -132,6 +132,14 @@ export function h(tag, attrs = {}, ...children) {
   return el;
 }
 
+/** A service message as nodes: its `quoted` names (keys, paths, commands) as <code>, as
+ *  they read in Markdown; a message with an odd backtick is left as plain text. */
+export function withCode(text) {
+  const parts = String(text).split("`");
+  if (parts.length % 2 === 0) return [String(text)];
+  return parts.map((part, i) => (i % 2 ? h("code", {}, part) : part)).filter((p) => p !== "");
+}
+
 /** A progress bar (role=progressbar) showing `percent` or an indeterminate stripe. */
 export function progressBar(job) {
   const value = progressPercent(job);

@@ -5,7 +5,7 @@
 // editing never throws the edit away; picking "Draft" brings it back.
 
 import { api, getJSON } from "./api.js";
-import { h, jobLink } from "./format.js";
+import { h, jobLink, withCode } from "./format.js";
 import { PRESETS } from "./presets.js";
 
 const DRAFT_KEY = "towerboard.draft"; // what the editor holds
@@ -121,7 +121,7 @@ export function mountSubmit(view, query) {
     errors.hidden = false;
     errors.replaceChildren(h("p", { class: "form-errors-detail" }, h("strong", {}, detail)),
       list.length ? h("ul", {}, list.map((e) => h("li", { dataset: { field: e.field } },
-        h("code", { class: "field-name" }, e.field), " ", e.message))) : "");
+        h("code", { class: "field-name" }, e.field), " ", withCode(e.message)))) : "");
   }
 
   select.addEventListener("change", () => {

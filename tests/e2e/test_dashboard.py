@@ -320,7 +320,7 @@ def test_jobs_table_shows_job_and_filters(
 def test_bad_spec_shows_422_field_errors(session: Session, screenshots: Path) -> None:
     page = session.page
     page.goto("/#/submit")
-    bad = {"data": {"format": "synthetic"}, "towers": 0, "batch_size": 32, "bogus": 1}
+    bad = {"data": {"format": "synthetic"}, "towers": 0, "batch_size": 32, "bogus": 1, "tower": 1}
     page.fill("#spec", json.dumps(bad, indent=2))
     page.click("#submit-job")
     errors = page.locator("#form-errors")
@@ -330,6 +330,10 @@ def test_bad_spec_shows_422_field_errors(session: Session, screenshots: Path) ->
         "Input should be greater than or equal to 1. Received: 0"
     )
     expect(errors.locator('li[data-field="bogus"]')).to_contain_text("Unknown key")
+    # The key it suggests reads as code, not between literal backticks.
+    suggestion = errors.locator('li[data-field="tower"]')
+    expect(suggestion).to_contain_text("Unknown key. Did you mean towers?")
+    expect(suggestion.locator("code:not(.field-name)")).to_have_text("towers")
     expect(page).to_have_url(re.compile(r"#/submit$"))
     page.screenshot(path=screenshots / "dashboard-submit-422.png")
 

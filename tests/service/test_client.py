@@ -500,7 +500,7 @@ def test_errors_are_one_line_with_exit_codes(service: Service, tmp_path: Path) -
         "towers: Input should be greater than or equal to 1. Received: 0; "
         "bogus: Unknown key. Remove it or check its spelling. Expected one of: name, priority, "
         "model, data, towers, parameter_device, batch_size, steps, epochs, optimizer, "
-        "weight_decay, clip_norm, ema_decay, eval, summaries, checkpoint, seed, deterministic."
+        "weight_decay, clip_norm, ema_decay, eval, summaries, checkpoint, seed, deterministic"
     )
 
     not_json = tmp_path / "not.json"

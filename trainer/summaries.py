@@ -22,7 +22,8 @@ Cost is the point here: the defaults must take at most 3% of throughput, on a GP
   each new GPU kernel is compiled from PTX first, 0.6–1.5 s at a job's first images).
   On a GPU host the loop waits on the device while that thread works; on a CPU host the
   thread shares the cores with training, so the work costs what it did, not less.
-  At most `MAX_PENDING` calls wait for the thread; the next one waits for the oldest.
+  At most `MAX_PENDING` calls wait for the thread; the next one waits for the oldest
+  before it takes its copies.
 Measured by `bench/towers_bench.py` and recorded in docs/benchmarks.md.
 """
 
@@ -56,8 +57,9 @@ log = logging.getLogger(__name__)
 
 HISTOGRAM_BUCKETS = 30
 # Calls handed to the background thread and not yet written; the next one waits for the
-# oldest. Two, so that a step's histograms and its images do not wait on each other; the
-# host copies held stay at two calls' worth (13 MB for the `cnn`'s weights and gradients).
+# oldest before it takes its host copies. Two, so that a step's histograms and its images
+# do not wait on each other; the copies held stay at two calls' worth (13 MB for the
+# `cnn`'s weights and gradients).
 MAX_PENDING = 2
 
 _file_serial = itertools.count()  # two files of one process in one second get two names
@@ -84,7 +86,8 @@ class EventFile:
         self.write(event_pb2.Event(file_version="brain.Event:2"))
 
     def write(self, event: event_pb2.Event) -> None:
-        event.wall_time = time.time()
+        """Append `event`, stamped with the time now unless it has a time already."""
+        event.wall_time = event.wall_time or time.time()
         data = event.SerializeToString()
         with self._lock:
             self._records.write(data)
@@ -177,7 +180,8 @@ class SummaryManager:
         # Per sub-directory, the tags its file has metadata for (see the module doc).
         self._described: dict[str, set[str]] = {}
         self._background: ThreadPoolExecutor | None = None
-        self._pending: deque[Future[None]] = deque()
+        # Each pending call, with the tags it was first to describe (see `_collect`).
+        self._pending: deque[tuple[Future[None], str, list[str]]] = deque()
 
     def _file(self, subdir: str) -> EventFile:
         assert self.logdir is not None
@@ -203,18 +207,30 @@ class SummaryManager:
     def _write(self, subdir: str, summary: summary_pb2.Summary, step: int) -> None:
         self._file(subdir).write(event_pb2.Event(step=step, summary=summary))
 
-    def _hand_over(self, work: Callable[[], None]) -> None:
-        """Run `work` on the background thread, after waiting for the oldest call if
-        `MAX_PENDING` are in flight; a failure there is raised here, at the next call."""
-        self._collect(keep=MAX_PENDING - 1)
+    def _hand_over(
+        self, work: Callable[[], None], subdir: str, summary: summary_pb2.Summary
+    ) -> None:
+        """Run `work` on the background thread; a failure there is raised here, at the
+        next call. The caller made room first (`_make_room`), before its host copies."""
         if self._background is None:
             self._background = ThreadPoolExecutor(1, thread_name_prefix="summaries")
-        self._pending.append(self._background.submit(work))
+        described = [value.tag for value in summary.value if value.HasField("metadata")]
+        self._pending.append((self._background.submit(work), subdir, described))
+
+    def _make_room(self) -> None:
+        """Wait for the oldest call while `MAX_PENDING` are in flight: so that a call takes
+        its host copies only once there is room for them."""
+        self._collect(keep=MAX_PENDING - 1)
 
     def _collect(self, keep: int = 0) -> None:
-        """Wait until at most `keep` handed-over calls are pending; raise the first failure."""
-        while self._pending and (len(self._pending) > keep or self._pending[0].done()):
-            self._pending.popleft().result()
+        """Wait until at most `keep` handed-over calls are pending; raise the first failure.
+        The tags a failed call was first to describe are described again by the next
+        value: its event, and their metadata with it, never reached the file."""
+        while self._pending and (len(self._pending) > keep or self._pending[0][0].done()):
+            future, subdir, described = self._pending.popleft()
+            if future.exception() is not None:
+                self._described.get(subdir, set()).difference_update(described)
+            future.result()
 
     def scalars(self, subdir: str, values: Mapping[str, float], step: int) -> None:
         if self.logdir is None:
@@ -232,7 +248,8 @@ class SummaryManager:
         """One histogram per tensor, bucketed on the background thread."""
         if self.logdir is None:
             return
-        summary = summary_pb2.Summary()
+        self._make_room()
+        summary, wall_time = summary_pb2.Summary(), time.time()
         copies = [
             (self._add(summary, subdir, tag, histogram_metadata), tag, _host_copy(tensor))
             for tag, tensor in tensors.items()
@@ -254,9 +271,9 @@ class SummaryManager:
                         tag, int(dropped), step,
                     )  # fmt: skip
                 value.tensor.CopyFrom(tensor_util.make_tensor_proto(buckets))
-            file.write(event_pb2.Event(step=step, summary=summary))
+            file.write(event_pb2.Event(step=step, wall_time=wall_time, summary=summary))
 
-        self._hand_over(work)
+        self._hand_over(work, subdir, summary)
 
     def images(
         self,
@@ -272,10 +289,11 @@ class SummaryManager:
         as any channel); any other count shows channel 0."""
         if self.logdir is None:
             return
-        summary = summary_pb2.Summary()
+        self._make_room()
+        summary, wall_time = summary_pb2.Summary(), time.time()
         batches = []
         for tag, batch in images.items():
-            pixels = _host_copy(batch)[:max_images]
+            pixels = np.array(batch[:max_images])  # a copy of these alone, not of the batch
             if pixels.shape[-1] == 4:
                 pixels = pixels[..., :3]
             elif pixels.shape[-1] not in (1, 3):
@@ -286,9 +304,9 @@ class SummaryManager:
         def work() -> None:
             for value, pixels in batches:
                 value.tensor.CopyFrom(_png_images(pixels))
-            file.write(event_pb2.Event(step=step, summary=summary))
+            file.write(event_pb2.Event(step=step, wall_time=wall_time, summary=summary))
 
-        self._hand_over(work)
+        self._hand_over(work, subdir, summary)
 
     def graph(self, subdir: str, graph: tf.Graph) -> None:
         if self.logdir is None:

@@ -1,12 +1,14 @@
 """Summaries as TensorBoard reads them back: the right plugin, the right values."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.compat.proto import event_pb2
+from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.distribution.compressor import compress_histogram
 
 from trainer.descriptions import describe
@@ -209,7 +211,8 @@ class Gate:
 
     def __init__(self, summaries):
         self.opened = threading.Event()
-        summaries._hand_over(lambda: self.opened.wait(timeout=60))
+        summaries._make_room()
+        summaries._hand_over(lambda: self.opened.wait(timeout=60), "train", Summary())
 
     def open(self):
         self.opened.set()
@@ -242,20 +245,42 @@ def test_the_loop_waits_only_when_the_background_thread_falls_behind(tmp_path):
     gate = Gate(summaries)
     # One call pending (the gate): the next is handed over and returns at once.
     summaries.histograms("train", {"weights/w": np.ones(3)}, step=1)
-    # Two pending: a third waits for the oldest, so host copies cannot pile up.
+    # Two pending: a third waits for the oldest, so host copies cannot pile up; it takes
+    # its own only once it has room (here: after the batch changed while it waited).
+    batch = np.zeros((1, 4, 4, 1), np.float32)
     third = threading.Thread(
-        target=summaries.images,
-        args=("train", {"tower_0/inputs": np.zeros((1, 4, 4, 1), np.float32)}, 1, 1),
+        target=summaries.images, args=("train", {"tower_0/inputs": batch}, 1, 1)
     )
     third.start()
     third.join(timeout=0.5)
     assert third.is_alive(), "a third call went on with two still pending"
+    batch[:] = 1.0
     gate.open()
     third.join(timeout=60)
     assert not third.is_alive()
     summaries.close()
     acc = read(tmp_path / "train")
     assert len(acc.Tensors("weights/w")) == len(acc.Tensors("tower_0/inputs")) == 1
+    [image] = acc.Tensors("tower_0/inputs")
+    assert (tf.io.decode_png(tf.make_ndarray(image.tensor_proto)[2]).numpy() == 255).all()
+
+
+def test_an_image_is_of_its_step_and_only_max_images_are_held(tmp_path):
+    summaries = SummaryManager(tmp_path)
+    gate = Gate(summaries)
+    batch = np.zeros((64, 4, 4, 1), np.float32)
+    before = time.time()
+    summaries.images("train", {"tower_0/inputs": batch}, step=1, max_images=2)
+    handed = time.time()
+    batch[:] = 1.0  # the next step's batch, in the same memory, before the PNGs are made
+    time.sleep(0.1)
+    gate.open()
+    summaries.close()
+    [image] = read(tmp_path / "train").Tensors("tower_0/inputs")
+    width, height, *pngs = tf.make_ndarray(image.tensor_proto)
+    assert len(pngs) == 2 and (tf.io.decode_png(pngs[0]).numpy() == 0).all()
+    # Stamped when handed over (the step's time), not when the thread wrote it.
+    assert before <= image.wall_time <= handed
 
 
 def test_a_failure_on_the_background_thread_is_raised_on_the_loop(tmp_path):
@@ -263,11 +288,17 @@ def test_a_failure_on_the_background_thread_is_raised_on_the_loop(tmp_path):
     summaries.histograms("train", {"weights/w": np.array(["not a number"])}, step=1)
     with pytest.raises(ValueError, match="could not convert"):
         summaries.flush()
-    summaries.histograms("train", {"weights/w": np.array(["not a number"])}, step=2)
+    # The failed call's event never reached the file: the next value carries the tag's
+    # metadata, or TensorBoard could not tell which plugin draws it.
+    summaries.histograms("train", {"weights/w": np.ones(3)}, step=2)
+    summaries.histograms("train", {"weights/w": np.array(["not a number"])}, step=3)
     with pytest.raises(ValueError, match="could not convert"):
         summaries.close()
+    acc = read(tmp_path / "train")
+    assert [e.step for e in acc.Tensors("weights/w")] == [2]
+    assert acc.SummaryMetadata("weights/w").plugin_data.plugin_name == "histograms"
     # Closed all the same: a new call starts a new file.
-    summaries.scalars("train", {"loss": 1.0}, step=3)
+    summaries.scalars("train", {"loss": 1.0}, step=4)
     summaries.close()
     assert len(list((tmp_path / "train").glob("events.out.tfevents.*"))) == 2
 

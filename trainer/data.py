@@ -4,6 +4,10 @@ Every format is read whole into numpy arrays (`load_arrays`), checked once, and 
 by index (`train_dataset`): the pipeline's state is a few counters, never images, so a
 `tf.train.Checkpoint(iterator=...)` of it is about a kilobyte and a restored iterator
 continues with exactly the batches the old one would have given.
+
+The arrays are made where TensorFlow can take them without a copy (`trainer.hostarrays`):
+IDX files and .npz members are read straight into them, and conversions write into them,
+so the pipelines share the loaded images and a job holds them once, from its start.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, cast
 
 import numpy as np
 import tensorflow as tf
 
+from trainer import hostarrays
 from trainer.datafiles import DataFiles, resolve_files
 from trainer.errors import op_reason
 from trainer.spec import AugmentSpec, DataSpec, SyntheticParams
@@ -66,7 +72,8 @@ class Arrays:
 
     def without_images(self) -> Arrays:
         """The same set with its images dropped (its labels and shapes kept): once the
-        input pipelines hold TensorFlow's copy, these would be a second copy for the run."""
+        input pipelines hold the images, these are at best a second reference to them, and
+        at worst (an array TensorFlow had to copy) a second copy for the run."""
         height, width, channels = self.image_shape
         return dataclasses.replace(
             self,
@@ -296,15 +303,14 @@ def _pipeline_options() -> tf.data.Options:
 
 def _gatherer(x: np.ndarray, y: np.ndarray) -> Callable[[tf.Tensor], tuple[tf.Tensor, tf.Tensor]]:
     """A function from a batch of example indices to its `(x float32, y int32)` batch."""
-    # One copy of the arrays in TF memory, made here once. Created eagerly, they are
-    # captured by the dataset function as inputs, not baked into its graph (which would
-    # hit the 2 GB graph limit on large sets and be copied on every trace). Copied by an
-    # op, not `tf.constant`, which held a staging buffer as large as the images for the
-    # whole run (measured: 500 MB of images took 975 MB that way, 477 MB this way); on
-    # the host, never a GPU, where the input pipeline runs.
-    with tf.device("/CPU:0"):
-        x_all = tf.identity(x)
-        y_all = tf.identity(y.astype(np.int32, copy=False))
+    # The loaded arrays themselves, shared with TensorFlow (`hostarrays.to_tensor`; an
+    # array the loaders did not make is copied once). Made eagerly, they are captured by
+    # the dataset function as inputs, not baked into its graph (which would hit the 2 GB
+    # graph limit on large sets and be copied on every trace); on the host, never a GPU,
+    # where the input pipeline runs. Not `tf.constant`, whose staging buffer as large as
+    # the images stayed for the whole run, nor `tf.identity`, a copy through a temporary.
+    x_all = hostarrays.to_tensor(x)
+    y_all = hostarrays.to_tensor(hostarrays.cast(y, np.int32))
     scale = x.dtype == np.uint8
 
     def gather(indices: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -391,10 +397,13 @@ def _synthetic(params: SyntheticParams, eval_fraction: float, seed: int) -> Arra
     prototypes = rng.uniform(0.0, 1.0, size=(params.classes, *shape)).astype(np.float32)
     # Balanced classes in a random order.
     y = rng.permutation(np.arange(params.size) % params.classes).astype(np.int32)
-    x = prototypes[y]
-    # Noise in slices, so peak memory stays near one copy of x rather than two.
-    for start in range(0, params.size, 65_536):
-        part = x[start : start + 65_536]
+    x = hostarrays.empty((params.size, *shape), np.float32)
+    np.take(prototypes, y, axis=0, out=x, mode="clip")  # "raise" fills a temporary first
+    # Noise in slices of 16 MiB, so peak memory stays near one copy of x rather than two
+    # (the draws do not depend on how they are sliced).
+    rows = max(1, (16 << 20) // (math.prod(shape) * 4))
+    for start in range(0, params.size, rows):
+        part = x[start : start + rows]
         part += params.noise * rng.standard_normal(part.shape, dtype=np.float32)
         np.clip(part, 0.0, 1.0, out=part)
     keep = params.size - _held_out_count(params.size, eval_fraction)
@@ -455,11 +464,15 @@ def _concatenate(chunks: list[_Chunk]) -> tuple[np.ndarray, np.ndarray]:
     xs = [chunk.x for chunk in chunks]
     if len({x.dtype for x in xs}) > 1:
         xs = [_as_float(x) for x in xs]
-    return np.concatenate(xs), np.concatenate([chunk.y for chunk in chunks])
+    return hostarrays.concatenate(xs), hostarrays.concatenate([chunk.y for chunk in chunks])
 
 
 def _as_float(x: np.ndarray) -> np.ndarray:
-    return x.astype(np.float32) / 255.0 if x.dtype == np.uint8 else x
+    if x.dtype != np.uint8:
+        return x
+    floats = hostarrays.cast(x, np.float32)
+    floats /= 255.0
+    return floats
 
 
 def _checked(
@@ -508,24 +521,24 @@ def _pixels(x: np.ndarray, name: str, source: str) -> np.ndarray:
         # neither the array nor the file.
         raise DataError(f"Expected numeric pixels `{name}`. Received: dtype {x.dtype} ({source})")
     if x.dtype == np.uint8 or x.size == 0:
-        return x if x.dtype == np.uint8 else x.astype(np.float32)
+        return x if x.dtype == np.uint8 else hostarrays.cast(x, np.float32)
     low, high = x.min(), x.max()
     if np.issubdtype(x.dtype, np.integer):
         if low < 0 or high > 255:
             raise DataError(
                 f"Expected integer pixels `{name}` in 0-255. Received: values {low} to {high} ({source})"
             )
-        return x.astype(np.uint8)
+        return hostarrays.cast(x, np.uint8)
     if not (low >= 0.0 and high <= 1.0):  # also catches NaN
         raise DataError(
             f"Expected float pixels `{name}` in [0, 1]. Received: values {low} to {high} ({source})"
         )
-    return x.astype(np.float32)
+    return hostarrays.cast(x, np.float32)
 
 
 def _labels(y: np.ndarray, name: str, source: str) -> np.ndarray:
     if y.size == 0:
-        return y.astype(np.int32)
+        return hostarrays.cast(y, np.int32)
     integral = np.issubdtype(y.dtype, np.integer) or (
         np.issubdtype(y.dtype, np.floating) and np.array_equal(y, np.round(y))
     )
@@ -546,7 +559,7 @@ def _labels(y: np.ndarray, name: str, source: str) -> np.ndarray:
             f"Expected labels `{name}` to be class ids below {MAX_CLASSES:,} (the model has one "
             f"output per id up to the largest). Received: a label of {high} ({source})"
         )
-    return y.astype(np.int32)
+    return hostarrays.cast(y, np.int32)
 
 
 # IDX: magic 0x00 0x00 <dtype> <ndim>, then ndim big-endian uint32 sizes, then the data.
@@ -561,33 +574,79 @@ _IDX_DTYPES: dict[int, np.dtype] = {
 
 
 def read_idx(path: Path) -> np.ndarray:
-    """One IDX file (gzip-compressed or plain, told by its first bytes) as a numpy array."""
-    raw = path.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
+    """One IDX file (gzip-compressed or plain, told by its first bytes) as a numpy array,
+    read straight into an aligned one (`trainer.hostarrays`): no copy of it on the way."""
+    with open(path, "rb") as file:
+        compressed = file.read(2) == b"\x1f\x8b"
+        file.seek(0)
+        if not compressed:
+            return _read_idx_stream(file, path)
         try:
-            raw = gzip.decompress(raw)
+            with gzip.GzipFile(fileobj=file) as stream:
+                return _read_idx_stream(stream, path)
         except (OSError, EOFError, zlib.error) as error:  # zlib.error: damaged compressed data
             raise DataError(f"Expected a readable gzip file. Received: {error} ({path})") from None
-    if len(raw) < 4 or raw[:2] != b"\x00\x00" or raw[2] not in _IDX_DTYPES:
+
+
+def _read_idx_stream(stream: _Stream, path: Path) -> np.ndarray:
+    magic = stream.read(4)
+    if len(magic) < 4 or magic[:2] != b"\x00\x00" or magic[2] not in _IDX_DTYPES:
         raise DataError(
             "Expected an IDX file starting 0x00 0x00 <type 0x08-0x0E> <dims>. "
-            f"Received: {raw[:4].hex(' ') or 'an empty file'} ({path})"
+            f"Received: {magic.hex(' ') or 'an empty file'} ({path})"
         )
-    dtype, ndim = _IDX_DTYPES[raw[2]], raw[3]
-    header = 4 + 4 * ndim
-    if len(raw) < header:
+    dtype, ndim = _IDX_DTYPES[magic[2]], magic[3]
+    sizes = stream.read(4 * ndim)
+    if len(sizes) < 4 * ndim:
         raise DataError(
             f"Expected {ndim} dimension sizes after the magic. Received: a truncated header ({path})"
         )
-    dims = struct.unpack(f">{ndim}I", raw[4:header])
+    dims = struct.unpack(f">{ndim}I", sizes)
     expected = math.prod(dims) * dtype.itemsize
-    if len(raw) - header != expected:
+    try:
+        # Untouched pages cost nothing: a header that claims more than the file holds
+        # fills only what the file has before it is refused below.
+        array: np.ndarray | None = hostarrays.empty(dims, dtype)
+    except MemoryError:  # more than this host could ever hold: say what the file holds
+        array = None
+    received = (0 if array is None else _read_into(stream, array)) + _count_rest(stream)
+    if received != expected:
         raise DataError(
             f"Expected {expected} bytes of data for dims {dims}. "
-            f"Received: {len(raw) - header} bytes ({path})"
+            f"Received: {received} bytes ({path})"
         )
-    array = np.frombuffer(raw, dtype, count=math.prod(dims), offset=header).reshape(dims)
-    return array.astype(dtype.newbyteorder("="), copy=False)
+    if array is None:
+        raise DataError(
+            f"Expected data that fits in memory. Received: {expected:,} bytes for dims {dims} "
+            f"({path})"
+        )
+    if not dtype.isnative:  # IDX is big-endian: swapped in place, still aligned
+        array = array.byteswap(inplace=True).view(dtype.newbyteorder("="))
+    return array
+
+
+class _Stream(Protocol):
+    """A binary file, gzip stream or zip member, read from its current position."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+    def readinto(self, buffer: memoryview, /) -> int | None: ...
+
+
+def _read_into(stream: _Stream, array: np.ndarray) -> int:
+    """Fill `array` (C-contiguous) from `stream`; the bytes read, fewer if it ended first."""
+    view = array.reshape(-1).view(np.uint8).data
+    done = 0
+    # In pieces of 16 MiB: a zip member's or gzip stream's `readinto` reads into bytes of
+    # the size asked for and copies them over, so a piece is a temporary of its size.
+    while done < len(view) and (n := stream.readinto(view[done : done + (16 << 20)])):
+        done += n
+    return done
+
+
+def _count_rest(stream: _Stream) -> int:
+    """The bytes left in `stream`, read in pieces and dropped."""
+    return sum(len(piece) for piece in iter(lambda: stream.read(1 << 20), b""))
 
 
 def _read_idx_pair(images_path: Path, labels_path: Path) -> _Chunk:
@@ -628,39 +687,80 @@ def _read_npz(path: Path) -> tuple[_Chunk, _Chunk | None]:
             f"Expected an .npz file (a zip archive of .npy arrays). Received: {what} ({path})"
         )
     try:
-        # allow_pickle=False: an uploaded file must not run code when loaded.
-        with np.load(path, allow_pickle=False) as archive:
-            arrays = {name: archive[name] for name in archive.files}
+        with zipfile.ZipFile(path) as archive:
+            # The arrays by name, as np.load names them: each member's name less `.npy`.
+            members = {name.removesuffix(".npy"): name for name in archive.namelist()}
+            # Keras's own `mnist.npz` (and files saved like it) names the arrays `x_train`,
+            # `y_train`, `x_test`, `y_test`: read as `x`, `y`, `x_eval`, `y_eval` where
+            # those are absent.
+            train_names = ("x", "y") if "x" in members or "y" in members else ("x_train", "y_train")
+            eval_names = next(
+                (
+                    (x, y)
+                    for x, y in (("x_eval", "y_eval"), ("x_test", "y_test"))
+                    if x in members or y in members
+                ),
+                None,
+            )
+            # These alone: another array in the file costs no memory.
+            wanted = [*train_names, *(eval_names or ())]
+            arrays = {name: _npy(archive, members[name]) for name in wanted if name in members}
     # A damaged member fails its CRC (BadZipFile) or, compressed, its inflate (zlib.error):
     # neither is an OSError, and neither names the file.
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as error:
         raise DataError(f"Expected a readable .npz file. Received: {error} ({path})") from None
-    # Keras's own `mnist.npz` (and files saved like it) names the arrays `x_train`,
-    # `y_train`, `x_test`, `y_test`: read as `x`, `y`, `x_eval`, `y_eval` where those are absent.
-    train_names = ("x", "y") if "x" in arrays or "y" in arrays else ("x_train", "y_train")
     if any(name not in arrays for name in train_names):
         raise DataError(
             "Expected arrays `x` and `y` (or `x_train` and `y_train`) in the .npz file. "
-            f"Received: {sorted(arrays)} ({path})"
+            f"Received: {sorted(members)} ({path})"
         )
     chunk = _checked(arrays[train_names[0]], arrays[train_names[1]], str(path), names=train_names)
-    eval_names = next(
-        (
-            (x, y)
-            for x, y in (("x_eval", "y_eval"), ("x_test", "y_test"))
-            if x in arrays or y in arrays
-        ),
-        None,
-    )
     if eval_names is None:
         return chunk, None
     if any(name not in arrays for name in eval_names):
         raise DataError(
             f"Expected both `{eval_names[0]}` and `{eval_names[1]}`, or neither. "
-            f"Received: {sorted(arrays)} ({path})"
+            f"Received: {sorted(members)} ({path})"
         )
     eval_chunk = _checked(arrays[eval_names[0]], arrays[eval_names[1]], str(path), names=eval_names)
     return chunk, eval_chunk
+
+
+# The .npy header readers of the format versions `np.save` writes (3.0 only for dtypes
+# with non-Latin-1 field names, which are no pixels or labels).
+_NPY_HEADERS = {
+    (1, 0): np.lib.format.read_array_header_1_0,
+    (2, 0): np.lib.format.read_array_header_2_0,
+}
+
+
+def _npy(archive: zipfile.ZipFile, name: str) -> np.ndarray:
+    """One .npy member, as `np.load(allow_pickle=False)` reads it, but read straight into
+    an aligned array (`trainer.hostarrays`) where it is in C order: numpy's own copy would
+    be copied again into TensorFlow's memory."""
+    with archive.open(name) as opened:
+        member = cast(_Stream, opened)  # a ZipExtFile, which typeshed calls IO[bytes]
+        try:
+            version = np.lib.format.read_magic(member)
+            header = _NPY_HEADERS.get(version)
+            shape, fortran_order, dtype = header(member) if header else ((), True, np.dtype(object))
+        except ValueError:
+            # A damaged byte in the header: the member's CRC, checked at its end, says so
+            # better than the header's parse does (numpy read the whole member first).
+            _count_rest(member)
+            raise
+        if fortran_order or dtype.hasobject or not dtype.itemsize:
+            # numpy's own way: it refuses pickled objects (an uploaded file must not run
+            # code when loaded), and any other such array is copied once when handed over.
+            opened.seek(0)
+            return np.lib.format.read_array(opened, allow_pickle=False)
+        array = hostarrays.empty(shape, dtype)
+        if (received := _read_into(member, array)) != array.nbytes:
+            raise ValueError(
+                f"EOF: reading array data, expected {array.nbytes} bytes got {received}"
+            )
+        _count_rest(member)  # to the member's end, where zipfile checks its CRC
+        return array
 
 
 _TFRECORD_FRAMING = 16  # bytes around each record's data in an uncompressed file
@@ -777,7 +877,10 @@ def _read_tfrecord(path: Path) -> _Chunk | None:
     if shape is None:  # an empty file (one that is not empty and holds no record failed above)
         return None
     return _checked(
-        np.concatenate(images), np.concatenate(labels), str(path), ("image_raw", "label")
+        hostarrays.concatenate(images),
+        hostarrays.concatenate(labels),
+        str(path),
+        ("image_raw", "label"),
     )
 
 

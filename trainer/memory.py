@@ -12,13 +12,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# A job's images are held three times at the peak of its start: the arrays as loaded,
-# TensorFlow's copy, and a temporary one that copy is made through (measured: 410 MB of
-# images raised the peak RSS by 1,080 MB). The loaded arrays are already counted as used.
-# Once the input pipelines hold TensorFlow's copy, the loaded arrays are freed and the run
-# holds its images once (trainer.data; it held them three times for the whole run).
-MORE_COPIES_AT_START = 2
-
 
 class NotEnoughMemory(RuntimeError):
     """The data loaded needs more memory than the worker may take."""
@@ -33,14 +26,17 @@ def available_bytes(
     return min(known) if known else None
 
 
-def check_room(images_bytes: int, available: int | None) -> None:
-    """Refuse data whose start would take more than `available` (None: no check)."""
-    needed = MORE_COPIES_AT_START * images_bytes
-    if available is None or needed <= available:
+def check_room(copied_bytes: int, available: int | None) -> None:
+    """Refuse data whose start would take more than `available` (None: no check).
+
+    The images loaded are already counted as used, and TensorFlow shares them as they are
+    (`trainer.hostarrays`); `copied_bytes` are those it must copy first (an array stored in
+    Fortran order, an eval part held out at an offset TensorFlow cannot share)."""
+    if available is None or copied_bytes <= available:
         return
     raise NotEnoughMemory(
-        f"Expected room in memory for {_gib(needed)} more: TensorFlow copies the "
-        f"{_gib(images_bytes)} of images loaded, through a temporary copy as large. "
+        f"Expected room in memory for {_gib(copied_bytes)} more: TensorFlow copies that much "
+        "of the images loaded, which it cannot take as they are. "
         f"Received: {_gib(available)} available to this worker. Train on fewer or smaller "
         "images (a narrower data.path glob), or run it where it has more memory"
     )

@@ -222,6 +222,7 @@ def _prepare(spec: JobSpec, cluster: Cluster, stop: threading.Event) -> dict[str
     # TensorFlow only now: a spec error above is reported without paying its import.
     from trainer.data import DataError, load_arrays
     from trainer.devices import setup_devices
+    from trainer.hostarrays import copied_bytes
     from trainer.memory import available_bytes, check_room
     from trainer.models import ModelError, build_model, is_binary
 
@@ -262,7 +263,7 @@ def _prepare(spec: JobSpec, cluster: Cluster, stop: threading.Event) -> dict[str
 
     # Data too large for memory fails here in one line (exit 1: it may fit later, or
     # elsewhere) rather than be killed, restarted as a crash and killed again.
-    check_room(arrays.x_train.nbytes + arrays.x_eval.nbytes, available_bytes())
+    check_room(copied_bytes(arrays.x_train, arrays.x_eval), available_bytes())
 
     problem = spec.data.augment.crop_problem(*arrays.image_shape[:2])
     if problem is not None:
@@ -347,7 +348,8 @@ def _train(
             batches = iter(train_dataset(arrays, spec.data, spec.batch_size, spec.seed))
         evaluates = arrays.num_eval and spec.eval.every_steps
         evals = eval_dataset(arrays, spec.batch_size, spec.eval.batches) if evaluates else None
-        # The pipelines hold TensorFlow's copy of the images now: free the loaded one.
+        # The pipelines hold the images now (the loaded arrays themselves, or TensorFlow's
+        # copy of one it could not share): drop this reference, so such a copy's original goes.
         job["arrays"] = arrays = arrays.without_images()
         if evaluates and (read := spec.eval.batches * spec.batch_size) < arrays.num_eval:
             log.info(

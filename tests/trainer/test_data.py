@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from trainer import hostarrays
 from trainer.data import (
     Arrays,
     DataError,
@@ -292,6 +293,22 @@ def test_load_arrays_reads_npz_eval_arrays(tmp_path: Path) -> None:
     np.testing.assert_array_equal(arrays.x_train, x.astype(np.float32))
     np.testing.assert_array_equal(arrays.y_eval, [1, 1])
     assert arrays.y_eval.dtype == np.int32
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_load_arrays_reads_npz_of_either_order_into_memory_tensorflow_shares(
+    tmp_path: Path, order: str
+) -> None:
+    x = np.asarray(images(6, (5, 3, 2)), order=order)
+    np.savez(tmp_path / "set.npz", x=x, y=np.arange(6), notes=np.array(["not read"]))
+
+    arrays = load_arrays(spec("npz", tmp_path / "set.npz", eval_fraction=0.0), seed=0)
+
+    np.testing.assert_array_equal(arrays.x_train, x)
+    np.testing.assert_array_equal(arrays.y_train, np.arange(6))
+    # Read straight into aligned memory in C order; numpy's copy of a Fortran-ordered one
+    # is copied once more when the pipeline takes it.
+    assert hostarrays.shareable(arrays.x_train) == (order == "C")
 
 
 def test_load_arrays_reads_npz_integer_pixels_as_uint8(tmp_path: Path) -> None:
@@ -1182,3 +1199,64 @@ def test_the_pipelines_hold_the_images_once_after_the_loaded_arrays_go() -> None
     held = _rss_bytes() - before
     # Once (250 MiB, and some 30 MiB of TensorFlow's first pipeline); twice was 1.7 times.
     assert held < 1.4 * x_bytes, f"{held / 2**20:.0f} MiB held for 250 MiB of images"
+
+
+def _reset_peak_rss() -> None:
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM starts again from VmRSS
+
+
+def _peak_rss_bytes() -> int:
+    return int(Path("/proc/self/status").read_text().split("VmHWM:")[1].split()[0]) * 1024
+
+
+def _write_large(fmt: str, folder: Path, x: np.ndarray, y: np.ndarray) -> DataSpec:
+    """`x`, `y` in a file of `fmt` (written with fast compression: the data is constant)."""
+    if fmt.startswith("idx"):
+        gz = fmt.endswith(".gz")
+        for name, array in (("train-images-idx3-ubyte", x), ("train-labels-idx1-ubyte", y)):
+            raw = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+            path = folder / (name + (".gz" if gz else ""))
+            with gzip.open(path, "wb", compresslevel=1) if gz else open(path, "wb") as f:
+                f.write(raw)
+                f.write(array.data)
+        return spec("idx", folder)
+    save = np.savez_compressed if fmt == "npz, compressed" else np.savez
+    save(folder / "set.npz", x=x, y=y)
+    return spec("npz", folder / "set.npz")
+
+
+@pytest.mark.skipif(
+    not Path("/proc/self/clear_refs").exists(), reason="resets the peak RSS through /proc (Linux)"
+)
+@pytest.mark.parametrize("fmt", ["idx", "idx.gz", "npz", "npz, compressed", "synthetic"])
+def test_a_job_start_holds_its_images_once_at_its_peak(tmp_path: Path, fmt: str) -> None:
+    """From the files to the first batches, as a worker starts: the images are read into
+    memory TensorFlow shares (`trainer.hostarrays`), so the peak holds them once. It held
+    them three times: the loaded arrays, TensorFlow's copy and the temporary it was made
+    through (a data set of a third of the worker's memory could not start)."""
+    n, side = 3072, 256  # 192 MiB of images; the eval part (0.2) held out at an aligned offset
+    if fmt == "synthetic":
+        data = DataSpec(
+            format="synthetic", params={"shape": [128, 128, 1], "classes": 10, "size": n}
+        )
+        images_bytes = n * 128 * 128 * 4
+    else:
+        x = np.full((n, side, side), 7, np.uint8)
+        data = _write_large(fmt, tmp_path, x, (np.arange(n) % 10).astype(np.uint8))
+        images_bytes = x.nbytes
+        del x
+    before = _rss_bytes()
+    _reset_peak_rss()
+
+    arrays = load_arrays(data, seed=0)
+    with tf.device("/CPU:0"):
+        batch, _ = next(iter(train_dataset(arrays, data, batch_size=8, seed=0)))
+        evals = eval_dataset(arrays, batch_size=8)
+    assert next(iter(evals))[0].shape[0] == 8
+    arrays = arrays.without_images()
+
+    peak = _peak_rss_bytes() - before
+    if fmt != "synthetic":
+        assert float(batch[0, 0, 0, 0]) == pytest.approx(7 / 255)
+    # Once, and TensorFlow's first pipelines (some 30 MiB); three times was 3.0x.
+    assert peak < 1.3 * images_bytes, f"peak {peak / 2**20:.0f} MiB for {images_bytes >> 20} MiB"

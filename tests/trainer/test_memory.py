@@ -58,13 +58,14 @@ def test_available_on_this_machine_is_at_most_its_memory() -> None:
 
 
 def test_data_needing_more_room_than_there_is_is_refused_naming_the_sizes() -> None:
-    check_room(2 * GIB, 4 * GIB)  # two more copies fit
+    check_room(4 * GIB, 4 * GIB)  # the copy fits
+    check_room(0, 0)  # images TensorFlow shares as loaded need no room beyond their own
     check_room(2 * GIB, None)  # nothing says: no check
     with pytest.raises(NotEnoughMemory) as refused:
-        check_room(3 * GIB, 5 * GIB)
+        check_room(6 * GIB, 5 * GIB)
     assert str(refused.value) == (
-        "Expected room in memory for 6.0 GiB more: TensorFlow copies the 3.0 GiB of images "
-        "loaded, through a temporary copy as large. Received: 5.0 GiB available to this "
+        "Expected room in memory for 6.0 GiB more: TensorFlow copies that much of the images "
+        "loaded, which it cannot take as they are. Received: 5.0 GiB available to this "
         "worker. Train on fewer or smaller images (a narrower data.path glob), or run it "
         "where it has more memory"
     )

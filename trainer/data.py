@@ -16,6 +16,7 @@ import dataclasses
 import gzip
 import logging
 import math
+import os
 import re
 import struct
 import zipfile
@@ -31,6 +32,7 @@ import tensorflow as tf
 from trainer import hostarrays
 from trainer.datafiles import DataFiles, resolve_files
 from trainer.errors import op_reason
+from trainer.memory import available_bytes, check_read
 from trainer.spec import AugmentSpec, DataSpec, SyntheticParams
 
 log = logging.getLogger(__name__)
@@ -580,15 +582,16 @@ def read_idx(path: Path) -> np.ndarray:
         compressed = file.read(2) == b"\x1f\x8b"
         file.seek(0)
         if not compressed:
-            return _read_idx_stream(file, path)
+            return _read_idx_stream(file, path, os.fstat(file.fileno()).st_size)
         try:
             with gzip.GzipFile(fileobj=file) as stream:
-                return _read_idx_stream(stream, path)
+                return _read_idx_stream(stream, path, None)
         except (OSError, EOFError, zlib.error) as error:  # zlib.error: damaged compressed data
             raise DataError(f"Expected a readable gzip file. Received: {error} ({path})") from None
 
 
-def _read_idx_stream(stream: _Stream, path: Path) -> np.ndarray:
+def _read_idx_stream(stream: _Stream, path: Path, size: int | None) -> np.ndarray:
+    """The IDX array `stream` holds; `size`: its bytes, where known before reading."""
     magic = stream.read(4)
     if len(magic) < 4 or magic[:2] != b"\x00\x00" or magic[2] not in _IDX_DTYPES:
         raise DataError(
@@ -603,18 +606,25 @@ def _read_idx_stream(stream: _Stream, path: Path) -> np.ndarray:
         )
     dims = struct.unpack(f">{ndim}I", sizes)
     expected = math.prod(dims) * dtype.itemsize
+
+    def wrong_size(received: int) -> DataError:
+        return DataError(
+            f"Expected {expected} bytes of data for dims {dims}. "
+            f"Received: {received} bytes ({path})"
+        )
+
+    if size is not None and (received := size - 4 - 4 * ndim) != expected:
+        raise wrong_size(received)  # known before reading a byte of it
+    check_read(expected, f"{path} (dims {dims})", available_bytes())
     try:
-        # Untouched pages cost nothing: a header that claims more than the file holds
-        # fills only what the file has before it is refused below.
+        # Untouched pages cost nothing: a header that claims more than the stream holds
+        # fills only what the stream has before it is refused below.
         array: np.ndarray | None = hostarrays.empty(dims, dtype)
     except MemoryError:  # more than this host could ever hold: say what the file holds
         array = None
     received = (0 if array is None else _read_into(stream, array)) + _count_rest(stream)
     if received != expected:
-        raise DataError(
-            f"Expected {expected} bytes of data for dims {dims}. "
-            f"Received: {received} bytes ({path})"
-        )
+        raise wrong_size(received)
     if array is None:
         raise DataError(
             f"Expected data that fits in memory. Received: {expected:,} bytes for dims {dims} "
@@ -754,6 +764,8 @@ def _npy(archive: zipfile.ZipFile, name: str) -> np.ndarray:
             # code when loaded), and any other such array is copied once when handed over.
             opened.seek(0)
             return np.lib.format.read_array(opened, allow_pickle=False)
+        nbytes = math.prod(shape) * dtype.itemsize
+        check_read(nbytes, f"{archive.filename} ({name}, shape {shape})", available_bytes())
         array = hostarrays.empty(shape, dtype)
         if (received := _read_into(member, array)) != array.nbytes:
             raise ValueError(

@@ -31,12 +31,26 @@ def check_room(copied_bytes: int, available: int | None) -> None:
 
     The images loaded are already counted as used, and TensorFlow shares them as they are
     (`trainer.hostarrays`); `copied_bytes` are those it must copy first (an array stored in
-    Fortran order, an eval part held out at an offset TensorFlow cannot share)."""
-    if available is None or copied_bytes <= available:
+    Fortran order, an eval part held out at an offset it cannot share)."""
+    _check(
+        copied_bytes,
+        available,
+        "TensorFlow copies that much of the images loaded, which it cannot take as they are",
+    )
+
+
+def check_read(nbytes: int, source: str, available: int | None) -> None:
+    """Refuse to read `nbytes` from `source` (as its header gives them) into more memory
+    than `available`: one line now, where the out-of-memory killer would kill the worker
+    halfway through the file (and the service would take that for a crash)."""
+    _check(nbytes, available, f"{source} holds that much to read")
+
+
+def _check(needed: int, available: int | None, why: str) -> None:
+    if available is None or needed <= available:
         return
     raise NotEnoughMemory(
-        f"Expected room in memory for {_gib(copied_bytes)} more: TensorFlow copies that much "
-        "of the images loaded, which it cannot take as they are. "
+        f"Expected room in memory for {_gib(needed)} more: {why}. "
         f"Received: {_gib(available)} available to this worker. Train on fewer or smaller "
         "images (a narrower data.path glob), or run it where it has more memory"
     )

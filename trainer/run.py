@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from trainer import modelmodules
 from trainer.cluster import Cluster, ClusterError, cluster_from_env, wait_for_peers
 from trainer.errors import one_line
+from trainer.memory import NotEnoughMemory
 from trainer.rundir import (
     OUTCOME_EXIT_CODES,
     ExitCode,
@@ -140,6 +141,9 @@ def run_job(
     except InvalidJob as e:
         log.error("%s", e)
         return _write_result(rundir, Outcome.INVALID_SPEC, str(e), errors=e.errors)
+    except NotEnoughMemory as e:  # not the spec's: the job may start where there is room
+        log.error("%s", e)
+        return _write_result(rundir, Outcome.FAILED, f"Not enough memory for the data: {e}")
     except StoppedWaiting:
         return _write_result(
             rundir,
@@ -255,14 +259,17 @@ def _prepare(spec: JobSpec, cluster: Cluster, stop: threading.Event) -> dict[str
         strategy = make_strategy()
     try:
         arrays = load_arrays(spec.data, spec.seed)
+    except NotEnoughMemory:
+        raise  # not the spec's fault: a failed job (exit 1) to resume where there is room
     except Exception as e:  # noqa: BLE001 - a corrupt file can raise anything (zlib.error, EOFError, MemoryError)
         reason = str(e) if isinstance(e, (DataError, ValueError, OSError)) else one_line(e)
         raise InvalidJob(
             f"Cannot load the data: {reason}", [{"field": "data", "message": reason}]
         ) from e
 
-    # Data too large for memory fails here in one line (exit 1: it may fit later, or
-    # elsewhere) rather than be killed, restarted as a crash and killed again.
+    # Data too large for memory fails in one line (exit 1: it may fit later, or elsewhere)
+    # rather than be killed, restarted as a crash and killed again: a file before it is
+    # read (`load_arrays`), and here what TensorFlow must copy of what was.
     check_room(copied_bytes(arrays.x_train, arrays.x_eval), available_bytes())
 
     problem = spec.data.augment.crop_problem(*arrays.image_shape[:2])

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import gzip
+import io
 import logging
 import struct
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pytest
@@ -24,6 +26,7 @@ from trainer.data import (
     train_dataset,
 )
 from trainer.datafiles import DataFilesError
+from trainer.memory import NotEnoughMemory
 from trainer.spec import DataSpec
 
 MNIST_T10K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "mnist-t10k"
@@ -297,7 +300,7 @@ def test_load_arrays_reads_npz_eval_arrays(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("order", ["C", "F"])
 def test_load_arrays_reads_npz_of_either_order_into_memory_tensorflow_shares(
-    tmp_path: Path, order: str
+    tmp_path: Path, order: Literal["C", "F"]
 ) -> None:
     x = np.asarray(images(6, (5, 3, 2)), order=order)
     np.savez(tmp_path / "set.npz", x=x, y=np.arange(6), notes=np.array(["not read"]))
@@ -1260,3 +1263,54 @@ def test_a_job_start_holds_its_images_once_at_its_peak(tmp_path: Path, fmt: str)
         assert float(batch[0, 0, 0, 0]) == pytest.approx(7 / 255)
     # Once, and TensorFlow's first pipelines (some 30 MiB); three times was 3.0x.
     assert peak < 1.3 * images_bytes, f"peak {peak / 2**20:.0f} MiB for {images_bytes >> 20} MiB"
+
+
+TIB_DIMS = (1 << 20, 1024, 1024)  # 1 TiB of uint8 images: more than any test host has
+
+
+def write_tib_headers(folder: Path, fmt: str) -> Path:
+    """Files whose headers say they hold 1 TiB of images, with next to nothing in them
+    (an IDX file sparse to its full size; an .npz member cut short after its header)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if fmt == "idx":
+        images = folder / "train-images-idx3-ubyte"
+        with open(images, "wb") as f:
+            f.write(bytes([0, 0, 0x08, 3]) + struct.pack(">3I", *TIB_DIMS))
+            f.truncate(16 + (1 << 40))  # sparse: no disk, and nothing to read before refusing
+        write_idx(folder / "train-labels-idx1-ubyte", np.zeros(4, np.uint8))
+        return folder
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "|u1", "fortran_order": False, "shape": TIB_DIMS}
+    )
+    path = folder / "big.npz"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("x.npy", header.getvalue() + b"\x00" * 64)
+        archive.writestr("y.npy", b"")  # never reached
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["idx", "npz"])
+def test_load_arrays_refuses_a_file_larger_than_memory_before_reading_it(
+    tmp_path: Path, fmt: str
+) -> None:
+    """A worker reading more than it has was killed by the out-of-memory killer partway
+    through the file; the header says how much there is, so it fails in one line first."""
+    path = write_tib_headers(tmp_path, fmt)
+
+    with pytest.raises(NotEnoughMemory) as refused:
+        load_arrays(spec(fmt, path), seed=0)
+
+    source = (
+        f"{tmp_path / 'train-images-idx3-ubyte'} (dims {TIB_DIMS})"
+        if fmt == "idx"
+        else f"{path} (x.npy, shape {TIB_DIMS})"
+    )
+    message = str(refused.value)
+    assert message.startswith(
+        f"Expected room in memory for 1024.0 GiB more: {source} holds that much to read. Received: "
+    ), message
+    assert message.endswith(
+        "GiB available to this worker. Train on fewer or smaller images (a narrower "
+        "data.path glob), or run it where it has more memory"
+    )

@@ -18,6 +18,7 @@ import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
 from tests.trainer.beside import start_beside
+from tests.trainer.test_data import write_tib_headers
 from trainer.profiling import tower_times_ms, trace_op_names
 from trainer.rundir import read_progress
 
@@ -567,6 +568,20 @@ def test_run_job_crop_padding_larger_than_the_images_exits_2(tmp_path):
             "about 15% of the training images blank",
         }
     ]
+    assert sorted(p.name for p in job_dir.iterdir()) == ["result.json", "spec.json"]
+
+
+def test_run_job_on_data_larger_than_memory_fails_before_reading_it(tmp_path):
+    # Not the spec's fault (exit 1, not 2): the same job may start where there is room.
+    data = write_tib_headers(tmp_path / "data", "idx")
+    job_dir = tmp_path / "job"
+    code, result, log = run_worker(job_dir, with_(TINY, data={"format": "idx", "path": str(data)}))
+    assert code == 1, log
+    assert result["outcome"] == "failed"
+    assert result["message"].startswith(
+        "Not enough memory for the data: Expected room in memory for 1024.0 GiB more: "
+        f"{data / 'train-images-idx3-ubyte'} (dims (1048576, 1024, 1024)) holds that much to read."
+    ), result["message"]
     assert sorted(p.name for p in job_dir.iterdir()) == ["result.json", "spec.json"]
 
 

@@ -63,9 +63,11 @@ class _StepClock:
     def __init__(self) -> None:
         self.seconds, self.steps, self.examples = 0.0, 0, 0
 
-    def add(self, seconds: float, examples: int) -> None:
+    def add(self, seconds: float, examples: int, steps: int = 1) -> None:
+        """`seconds` of the loop that read `steps` steps' losses, of `examples` in all
+        (none, for a launch whose loss is read in the next span)."""
         self.seconds += seconds
-        self.steps += 1
+        self.steps += steps
         self.examples += examples
 
     def take(self) -> tuple[float, float] | None:
@@ -108,6 +110,16 @@ class _Pace:
             return None
         (then, first), (now, last) = self._marks[0], self._marks[-1]
         return (now - then) / (last - first) if last > first else None
+
+
+@dataclass(frozen=True)
+class _Launched:
+    """A step started on the devices: its number, outputs (tensors, maybe not computed
+    yet) and example count."""
+
+    step: int
+    out: dict[str, Any]
+    examples: int
 
 
 class NonFiniteLoss(RuntimeError):
@@ -187,7 +199,7 @@ class Controller:
             towers=self.trainer.num_towers,
             **({"workers": self.cluster.workers} if self.cluster.is_multi_worker else {}),
         )
-        out: dict[str, Any] | None = None
+        out: dict[str, Any] | None = None  # the outputs of the last step whose loss is read
         loss = math.nan
         # Step time is the time spent in steps alone: waiting for input, the step, reading
         # the loss. Summaries, evals and checkpoints between steps are left out, and so is
@@ -198,6 +210,44 @@ class Controller:
         chart_every = max(1, self.total_steps // CHART_POINTS)
         examples_per_sec: float | None = None  # until a step other than the first is timed
         graph_written = False
+        # A step with nothing due after it but its loss (most of them) has its loss read
+        # only once the next step is launched: on a GPU the call returns as the step is
+        # queued, and reading the loss waits for it, so the device would sit idle while
+        # the loop fetched and launched the next step (the loop's own time a step, against
+        # steps of 3 ms on an H100; not yet measured there). A CPU runs a call to its end.
+        pending: _Launched | None = None
+
+        def settle(launched: _Launched) -> None:
+            """Read a launched step's loss: the one host-device sync point of a step."""
+            nonlocal loss, out
+            loss, out = float(launched.out["loss"]), launched.out
+            if not math.isfinite(loss):
+                raise NonFiniteLoss(launched.step, loss)
+
+        def report_if_due(at: int, launched: int) -> None:
+            """A progress line for step `at` (read) when one is due; `launched`: the last
+            step started, after which a profile request's steps come."""
+            nonlocal last_report, examples_per_sec
+            assert out is not None
+            now = time.monotonic()
+            since = now - last_report
+            chart_point = at % chart_every == 0 and since >= PROGRESS_MIN_SECONDS
+            if since >= PROGRESS_EVERY_SECONDS or chart_point or at == self.total_steps:
+                timed = report_clock.take()
+                step_seconds = None
+                if timed is not None:
+                    step_seconds, examples_per_sec = timed
+                pace.mark(now, at)
+                wall_per_step = pace.seconds_per_step() or step_seconds
+                self._report(
+                    at,
+                    _metrics(loss, out),
+                    examples_per_sec,
+                    wall_per_step,
+                    float(out["learning_rate"]),
+                )
+                last_report = now
+                self._take_profile_request(launched)
 
         self.at_step = step
         e = self.spec.eval
@@ -217,6 +267,14 @@ class Controller:
         # whose requests carried the stop, all of them at that step.
         in_cluster = self.cluster.is_multi_worker
         while step < self.total_steps:
+            if pending is not None and (self.stop.is_set() or step + 1 in self._trace_steps):
+                # The step in flight is read first: a stop checkpoints after it, and a
+                # trace must not take in its end.
+                began = time.monotonic()
+                settle(pending)
+                for clock in (scalar_clock, report_clock):
+                    clock.add(time.monotonic() - began, pending.examples)
+                pending = None
             if not in_cluster and self.stop.is_set():
                 return self._finish_cancelled(step, _metrics(loss, out))
             self.at_step = step + 1
@@ -238,25 +296,40 @@ class Controller:
                 if self.trace.active
                 else contextlib.nullcontext()
             ):
-                out = self.trainer.train_step(
-                    images,
-                    labels,
-                    with_grad_norm=scalars_due,
-                    requests=tf.constant(requests) if in_cluster else None,
+                launched = _Launched(
+                    step + 1,
+                    self.trainer.train_step(
+                        images,
+                        labels,
+                        with_grad_norm=scalars_due,
+                        requests=tf.constant(requests) if in_cluster else None,
+                    ),
+                    examples,
                 )
                 step += 1
-                loss = float(out["loss"])  # the one host-device sync point of a step
-            if not math.isfinite(loss):
-                raise NonFiniteLoss(step, loss)
-            # One process's requests are its own (no read back from the step's outputs).
-            agreed = out["requests"].numpy() if in_cluster else requests
-            stop_asked, checkpoint_asked = (bool(r) for r in agreed)
+                read = [pending] if pending is not None else []
+                quiet = not in_cluster and self._only_its_loss_due(
+                    step, first_step, scalars_due, bool(requests.any())
+                )
+                if not quiet:
+                    read.append(launched)
+                for earlier in read:
+                    settle(earlier)
+            pending = launched if quiet else None
             if step == first_step:
                 pace.mark(time.monotonic(), step)
             else:
-                took = time.monotonic() - began
-                scalar_clock.add(took, examples)
-                report_clock.add(took, examples)
+                took, settled = time.monotonic() - began, sum(r.examples for r in read)
+                for clock in (scalar_clock, report_clock):
+                    clock.add(took, settled, len(read))
+            if quiet:
+                if read:
+                    report_if_due(read[-1].step, step)
+                continue
+            # One process's requests are its own (no read back from the step's outputs).
+            assert out is not None
+            agreed = out["requests"].numpy() if in_cluster else requests
+            stop_asked, checkpoint_asked = (bool(r) for r in agreed)
             if self.trace.active:
                 self._traced_steps += 1
                 if step + 1 not in self._trace_steps:
@@ -275,25 +348,7 @@ class Controller:
             if s.images_every and (step % s.images_every == 0 or last):
                 self._write_images(step, images)
 
-            now = time.monotonic()
-            since = now - last_report
-            chart_point = step % chart_every == 0 and since >= PROGRESS_MIN_SECONDS
-            if since >= PROGRESS_EVERY_SECONDS or chart_point or step == self.total_steps:
-                timed = report_clock.take()
-                step_seconds = None
-                if timed is not None:
-                    step_seconds, examples_per_sec = timed
-                pace.mark(now, step)
-                wall_per_step = pace.seconds_per_step() or step_seconds
-                self._report(
-                    step,
-                    _metrics(loss, out),
-                    examples_per_sec,
-                    wall_per_step,
-                    float(out["learning_rate"]),
-                )
-                last_report = now
-                self._take_profile_request(step)
+            report_if_due(step, step)
 
             if in_cluster and stop_asked:
                 return self._finish_cancelled(step, _metrics(loss, out))
@@ -323,6 +378,28 @@ class Controller:
         return RunSummary(Outcome.SUCCEEDED, step, metrics, self._last_eval, self._checkpoint_path)
 
     # -- pieces of the loop ----------------------------------------------------------
+
+    def _only_its_loss_due(
+        self, step: int, first_step: int, scalars_due: bool, requested: bool
+    ) -> bool:
+        """Whether nothing but reading its loss follows `step` (just launched), so the loop
+        may launch the next step before it reads it: no summary, trace, eval or checkpoint
+        due after it, no stop or checkpoint asked for, and not the first step (timed apart)
+        or the last. Each of those reads the step's outputs or the variables as the step
+        left them."""
+        s, e = self.spec.summaries, self.spec.eval
+        due = (
+            step in (first_step, self.total_steps)
+            or requested
+            or scalars_due
+            or self.trace.active
+            or step + 1 in self._trace_steps
+            or bool(s.histograms_every and step % s.histograms_every == 0)
+            or bool(s.images_every and step % s.images_every == 0)
+            or bool(e.every_steps and step % e.every_steps == 0)
+            or self.checkpointer.due_by_steps(step)
+        )
+        return not due
 
     def _last_reported(self, step: int) -> dict[str, float | None] | None:
         """Loss, accuracy and examples/sec of the run dir's last report, if it is of `step`."""

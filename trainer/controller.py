@@ -572,8 +572,7 @@ class Controller:
             if time.monotonic() - last_report >= PROGRESS_EVERY_SECONDS:
                 report(done)
                 last_report = time.monotonic()
-            out = self.trainer.eval_step(images, labels)
-            totals += [float(out["loss_sum"]), float(out["correct"]), float(out["count"])]
+            totals += self.trainer.eval_step(images, labels).numpy()
         return float(totals[0]), float(totals[1]), float(totals[2])
 
     def _save(self, step: int) -> None:

@@ -324,8 +324,9 @@ class TowerTrainer:
             )
         return grads, averaged, grad_norm
 
-    def _eval_step(self, images: tf.Tensor, labels: tf.Tensor) -> dict[str, tf.Tensor]:
-        """Sums of loss and correct predictions over a batch (the caller divides)."""
+    def _eval_step(self, images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+        """[loss sum, correct predictions, examples] of a batch (the caller divides): one
+        tensor, so that a batch is read back to the host in one copy, not three syncs."""
         batch = tf.shape(images)[0]
         with tf.device("/CPU:0"):  # as in `_train_step`
             sizes = tower_sizes(batch, self.local_towers)
@@ -340,11 +341,7 @@ class TowerTrainer:
                 loss, correct = self._per_example(shard_labels, logits)
                 loss_sums.append(weight * tf.reduce_sum(loss))
                 correct_sums.append(weight * tf.reduce_sum(correct))
-        return {
-            "loss_sum": tf.add_n(loss_sums),
-            "correct": tf.add_n(correct_sums),
-            "count": tf.cast(batch, tf.float32),
-        }
+        return tf.stack([tf.add_n(loss_sums), tf.add_n(correct_sums), tf.cast(batch, tf.float32)])
 
     def eval_weights(self) -> contextlib.AbstractContextManager[None]:
         """The weights eval and export use: the EMA's inside the block when enabled."""

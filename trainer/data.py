@@ -101,14 +101,16 @@ def load_arrays(data: DataSpec, seed: int) -> Arrays:
         return arrays
     files = resolve_files(data)
     train, evals = _read_files(data.format, files)
-    x_train, y_train = _concatenate(train)
-    if evals:
+    train_files = len(train)
+    eval_sources = [chunk.source for chunk in evals] if evals else None
+    x_train, y_train = _concatenate(train)  # empties `train`, and `evals` below
+    if eval_sources is not None:
         x_eval, y_eval = _concatenate(evals)
         if x_eval.shape[1:] != x_train.shape[1:]:
             raise DataError(
                 "Expected eval images of the train image shape "
                 f"{tuple(x_train.shape[1:])}. Received: {tuple(x_eval.shape[1:])} "
-                f"({', '.join(chunk.source for chunk in evals)})"
+                f"({', '.join(eval_sources)})"
             )
         if x_eval.dtype != x_train.dtype:  # one uint8, one float: feed both as float
             x_train, x_eval = _as_float(x_train), _as_float(x_eval)
@@ -123,8 +125,7 @@ def load_arrays(data: DataSpec, seed: int) -> Arrays:
         )
     num_classes = max(2, int(max(y_train.max(), y_eval.max(initial=0))) + 1)
     arrays = Arrays(x_train, y_train, x_eval, y_eval, num_classes)
-    eval_sources = [chunk.source for chunk in evals] if evals else None
-    _log_loaded(arrays, f"{len(train)} file(s) in {data.path}", eval_sources, data.eval_fraction)
+    _log_loaded(arrays, f"{train_files} file(s) in {data.path}", eval_sources, data.eval_fraction)
     return arrays
 
 
@@ -457,16 +458,19 @@ def _read_files(fmt: str, files: DataFiles) -> tuple[list[_Chunk], list[_Chunk]]
 
 
 def _concatenate(chunks: list[_Chunk]) -> tuple[np.ndarray, np.ndarray]:
+    """Every chunk's examples, in order, in one pair of arrays. Empties `chunks`: each file's
+    arrays go once copied, so joining files holds their images about once, not twice."""
     shapes = {chunk.x.shape[1:] for chunk in chunks}
     if len(shapes) > 1:
         received = ", ".join(f"{tuple(chunk.x.shape[1:])} in {chunk.source}" for chunk in chunks)
         raise DataError(f"Expected every file to hold images of one shape. Received: {received}")
-    if len(chunks) == 1:
-        return chunks[0].x, chunks[0].y
-    xs = [chunk.x for chunk in chunks]
+    xs, ys = [chunk.x for chunk in chunks], [chunk.y for chunk in chunks]
+    chunks.clear()  # the lists above hold the only references: each goes as it is copied
+    if len(xs) == 1:
+        return xs[0], ys[0]
     if len({x.dtype for x in xs}) > 1:
         xs = [_as_float(x) for x in xs]
-    return hostarrays.concatenate(xs), hostarrays.concatenate([chunk.y for chunk in chunks])
+    return hostarrays.concatenate(xs), hostarrays.concatenate(ys)
 
 
 def _as_float(x: np.ndarray) -> np.ndarray:
@@ -832,7 +836,9 @@ def _read_tfrecord(path: Path) -> _Chunk | None:
     compressed = path.name.endswith(".gz")
     dataset = (
         tf.data.TFRecordDataset([str(path)], compression_type="GZIP" if compressed else "")
-        .batch(1024)  # parse 1024 records per call; per-record parsing is 10x slower
+        # 256 records a parse: one at a time is 10x slower, and a batch's strings are held
+        # a few times over while its images are copied out (1,024 16-KiB images took 160 MB)
+        .batch(256)
         .map(
             lambda records: (
                 tf.io.parse_example(records, _TFRECORD_FEATURES),
@@ -865,7 +871,10 @@ def _read_tfrecord(path: Path) -> _Chunk | None:
                     f"Received: {sizes[bad[0]]} bytes in record {first + bad[0]}"
                     f"{_encoded_hint(raw[bad[0]])} ({path})"
                 )
-            images.append(np.frombuffer(b"".join(raw), np.uint8).reshape(-1, *shape))
+            # Each batch in memory of its own (`hostarrays.empty`), which goes back to the
+            # system as the batches are joined; the joined bytes are a batch's temporary.
+            joined = np.frombuffer(b"".join(raw), np.uint8).reshape(-1, *shape)
+            images.append(hostarrays.cast(joined, np.uint8))
             labels.append(batch["label"])
             first += len(raw)
     except tf.errors.DataLossError as error:

@@ -17,18 +17,32 @@ handed over is TensorFlow's, and nothing writes to it again.
 from __future__ import annotations
 
 import math
+import mmap
 from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
 
 ALIGNMENT = 64
+MAPPED_FROM = 1 << 20  # bytes: see `empty`
 
 
 def empty(shape: Sequence[int], dtype: np.dtype | type) -> np.ndarray:
-    """An uninitialised C-contiguous array whose data starts on a 64-byte boundary."""
+    """An uninitialised C-contiguous array whose data starts on a 64-byte boundary.
+
+    From 1 MiB up, its memory is a mapping of its own (page-aligned), returned to the
+    system the moment the array goes: from the heap, which malloc uses for blocks below a
+    threshold it raises up to 32 MiB as blocks are freed, a file's images read in pieces
+    of that size stayed resident after they were joined, and joining files held them
+    twice. Its pages are taken only as they are written."""
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes >= MAPPED_FROM:
+        try:
+            mapping = mmap.mmap(-1, nbytes)
+        except OSError as error:  # ENOMEM: more than the system would ever give
+            raise MemoryError(f"Unable to map {nbytes:,} bytes: {error}") from None
+        return np.frombuffer(mapping, np.uint8).view(dtype).reshape(tuple(shape))
     raw = np.empty(nbytes + ALIGNMENT, np.uint8)
     start = -raw.ctypes.data % ALIGNMENT
     return raw[start : start + nbytes].view(dtype).reshape(tuple(shape))
@@ -43,11 +57,19 @@ def cast(x: np.ndarray, dtype: np.dtype | type) -> np.ndarray:
     return out
 
 
-def concatenate(arrays: Sequence[np.ndarray]) -> np.ndarray:
-    """`np.concatenate(arrays)` (of one dtype), into an aligned array."""
-    first = arrays[0]
-    out = empty((sum(len(x) for x in arrays), *first.shape[1:]), first.dtype)
-    return np.concatenate(arrays, out=out)
+def concatenate(arrays: list[np.ndarray]) -> np.ndarray:
+    """`np.concatenate(arrays)` (of one dtype), into an aligned array. Empties `arrays`,
+    dropping each once it is copied: where the list holds the only reference, the join
+    holds the data about once (the output's pages are taken as they are written), not
+    twice."""
+    out = empty((sum(len(x) for x in arrays), *arrays[0].shape[1:]), arrays[0].dtype)
+    at = 0
+    arrays.reverse()  # popped from the end: the first array first
+    while arrays:
+        part = arrays.pop()
+        out[at : at + len(part)] = part
+        at += len(part)
+    return out
 
 
 def shareable(x: np.ndarray) -> bool:

@@ -1214,6 +1214,15 @@ def _peak_rss_bytes() -> int:
 
 def _write_large(fmt: str, folder: Path, x: np.ndarray, y: np.ndarray) -> DataSpec:
     """`x`, `y` in a file of `fmt` (written with fast compression: the data is constant)."""
+    if fmt == "idx, 8 files":  # joined holding the images once, and one file's again
+        for i, (xs, ys) in enumerate(zip(np.split(x, 8), np.split(y, 8), strict=True)):
+            write_idx(folder / f"{i}-images-idx3-ubyte", xs)
+            write_idx(folder / f"{i}-labels-idx1-ubyte", ys)
+        return spec("idx", folder / "*-ubyte")
+    if fmt == "tfrecord":  # smaller images, more records: parsed 1,024 records a batch
+        x = x.reshape(-1, 128, 128, 1)
+        y = np.resize(y, len(x))
+        return spec("tfrecord", write_tfrecord(folder / "set.tfrecord", x, y))
     if fmt.startswith("idx"):
         gz = fmt.endswith(".gz")
         for name, array in (("train-images-idx3-ubyte", x), ("train-labels-idx1-ubyte", y)):
@@ -1231,7 +1240,9 @@ def _write_large(fmt: str, folder: Path, x: np.ndarray, y: np.ndarray) -> DataSp
 @pytest.mark.skipif(
     not Path("/proc/self/clear_refs").exists(), reason="resets the peak RSS through /proc (Linux)"
 )
-@pytest.mark.parametrize("fmt", ["idx", "idx.gz", "npz", "npz, compressed", "synthetic"])
+@pytest.mark.parametrize(
+    "fmt", ["idx", "idx.gz", "idx, 8 files", "npz", "npz, compressed", "tfrecord", "synthetic"]
+)
 def test_a_job_start_holds_its_images_once_at_its_peak(tmp_path: Path, fmt: str) -> None:
     """From the files to the first batches, as a worker starts: the images are read into
     memory TensorFlow shares (`trainer.hostarrays`), so the peak holds them once. It held

@@ -116,7 +116,7 @@ def load_arrays(data: DataSpec, seed: int) -> Arrays:
             x_train, x_eval = _as_float(x_train), _as_float(x_eval)
     else:
         keep = len(y_train) - _held_out_count(len(y_train), data.eval_fraction)
-        x_train, x_eval = x_train[:keep], x_train[keep:]
+        x_train, x_eval = hostarrays.split(x_train, keep)
         y_train, y_eval = y_train[:keep], y_train[keep:]
     if len(y_train) == 0:
         raise DataError(
@@ -410,7 +410,8 @@ def _synthetic(params: SyntheticParams, eval_fraction: float, seed: int) -> Arra
         part += params.noise * rng.standard_normal(part.shape, dtype=np.float32)
         np.clip(part, 0.0, 1.0, out=part)
     keep = params.size - _held_out_count(params.size, eval_fraction)
-    return Arrays(x[:keep], y[:keep], x[keep:], y[keep:], params.classes)
+    x_train, x_eval = hostarrays.split(x, keep)
+    return Arrays(x_train, y[:keep], x_eval, y[keep:], params.classes)
 
 
 def _held_out_count(n: int, fraction: float) -> int:

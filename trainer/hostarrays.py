@@ -72,6 +72,46 @@ def concatenate(arrays: list[np.ndarray]) -> np.ndarray:
     return out
 
 
+def split(x: np.ndarray, at: int) -> tuple[np.ndarray, np.ndarray]:
+    """`x[:at]` and `x[at:]`, both shareable, holding `x`'s memory about once.
+
+    Where `x[at:]` does not start on a 64-byte boundary it is copied out, and where `x`
+    is a mapping of its own (`empty`), the pages that `x[:at]` does not reach are given
+    back to the system as the copy goes, 16 MiB at a time: the tail is then held once, in
+    its copy, and not twice (a held-out eval part at an unaligned offset was a fifth of
+    the images more, at the default 0.2).
+    """
+    head, tail = x[:at], x[at:]
+    if shareable(tail):
+        return head, tail
+    mapping, start = _mapping(x) if x.flags.c_contiguous else (None, 0)
+    # Offsets into the mapping: the first whole page after the head's last byte, and (as
+    # the copy goes) the last whole page copied. Nothing else lies in them: `empty` maps
+    # each array alone.
+    released = -(-(head.ctypes.data + head.nbytes - start) // mmap.PAGESIZE) * mmap.PAGESIZE
+    copy = empty(tail.shape, tail.dtype)
+    rows = max(1, (16 << 20) // max(1, tail[:1].nbytes))
+    for first in range(0, len(tail), rows):
+        piece = tail[first : first + rows]
+        copy[first : first + rows] = piece
+        if mapping is not None:
+            copied = (piece.ctypes.data + piece.nbytes - start) // mmap.PAGESIZE * mmap.PAGESIZE
+            if copied > released:
+                mapping.madvise(mmap.MADV_DONTNEED, released, copied - released)
+                released = copied
+    return head, copy
+
+
+def _mapping(x: np.ndarray) -> tuple[mmap.mmap | None, int]:
+    """The mapping `x` is a view of (`empty`'s), and the address it starts at."""
+    base: object = x
+    while isinstance(base, np.ndarray):
+        outer, base = base, base.base
+    if isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap):
+        return base.obj, outer.ctypes.data
+    return None, 0
+
+
 def shareable(x: np.ndarray) -> bool:
     """Whether `to_tensor(x)` shares `x`'s buffer instead of copying it (an empty array
     has no data to align: numpy may place it anywhere)."""

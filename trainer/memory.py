@@ -30,8 +30,8 @@ def check_room(copied_bytes: int, available: int | None) -> None:
     """Refuse data whose start would take more than `available` (None: no check).
 
     The images loaded are already counted as used, and TensorFlow shares them as they are
-    (`trainer.hostarrays`); `copied_bytes` are those it must copy first (an array stored in
-    Fortran order, an eval part held out at an offset it cannot share)."""
+    (`trainer.hostarrays`); `copied_bytes` are those it must copy first (an .npz array
+    stored in Fortran order)."""
     _check(
         copied_bytes,
         available,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -78,3 +79,41 @@ def test_concatenate_is_aligned_and_in_order() -> None:
     joined = hostarrays.concatenate([np.ones((2, 3), np.uint8), np.zeros((1, 3), np.uint8)])
     assert hostarrays.shareable(joined)
     np.testing.assert_array_equal(joined, [[1, 1, 1], [1, 1, 1], [0, 0, 0]])
+
+
+def _rss_bytes() -> int:
+    return int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) * 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RSS from /proc (Linux)")
+def test_split_at_an_unaligned_row_holds_the_memory_once() -> None:
+    rows, width = 8000, 4 * 1024 + 3  # rows of 4099 bytes: a row's start is rarely aligned
+    x = hostarrays.empty((rows, width), np.uint8)  # 31 MiB: a mapping of its own
+    x[:] = (np.arange(rows) % 251).astype(np.uint8)[:, None]
+    keep = 6403  # the tail starts 4099 * 6403 bytes in: not on 64 bytes
+    before = _rss_bytes()
+
+    head, tail = hostarrays.split(x, keep)
+
+    grown = _rss_bytes() - before
+    assert hostarrays.shareable(head) and hostarrays.shareable(tail)
+    assert not np.shares_memory(tail, x)  # copied out, and its pages in x given back
+    assert grown < 0.05 * x.nbytes, f"{grown >> 20} MiB more for a {tail.nbytes >> 20} MiB tail"
+    # Every row as it was, the head's last (on a page it shares with the tail's first) too.
+    np.testing.assert_array_equal(head[:, 0], np.arange(keep) % 251)
+    np.testing.assert_array_equal(head[-1], np.full(width, (keep - 1) % 251, np.uint8))
+    np.testing.assert_array_equal(tail[:, -1], np.arange(keep, rows) % 251)
+
+
+def test_split_at_an_aligned_row_or_of_a_small_array_keeps_the_values() -> None:
+    aligned = hostarrays.empty((100, 64), np.uint8)
+    aligned[:] = np.arange(100, dtype=np.uint8)[:, None]
+    head, tail = hostarrays.split(aligned, 30)
+    assert np.shares_memory(tail, aligned)  # starts on 64 bytes: shared as it is
+    np.testing.assert_array_equal(tail[:, 0], np.arange(30, 100))
+
+    small = hostarrays.empty((10, 3), np.float32)  # in numpy's own memory: nothing to give back
+    small[:] = np.arange(30, dtype=np.float32).reshape(10, 3)
+    head, tail = hostarrays.split(small, 7)
+    assert hostarrays.shareable(tail)
+    np.testing.assert_array_equal(np.concatenate([head, tail]), np.arange(30).reshape(10, 3))

@@ -7,8 +7,8 @@ job's start held its images three times (410 MB of images raised the worker's pe
 C-contiguous and writeable (DLPack as numpy exports it cannot say read-only) and starts
 on a 64-byte boundary, the alignment TensorFlow's CPU kernels assume (Eigen's): numpy's
 own allocations keep 16. So the loaders make their arrays here (`empty`, `cast`,
-`concatenate`), and `to_tensor` shares those and copies any other array once, straight
-into an aligned buffer it then shares.
+`concatenate`, and `split` for a held-out part), and `to_tensor` shares those and copies
+any other array once, straight into an aligned buffer it then shares.
 
 The tensor keeps the array's buffer alive, and sees any later write to it: an array
 handed over is TensorFlow's, and nothing writes to it again.
@@ -79,7 +79,8 @@ def split(x: np.ndarray, at: int) -> tuple[np.ndarray, np.ndarray]:
     is a mapping of its own (`empty`), the pages that `x[:at]` does not reach are given
     back to the system as the copy goes, 16 MiB at a time: the tail is then held once, in
     its copy, and not twice (a held-out eval part at an unaligned offset was a fifth of
-    the images more, at the default 0.2).
+    the images more, at the default 0.2). `x` itself is spent: its rows past `at` may
+    read as zeros afterwards.
     """
     head, tail = x[:at], x[at:]
     if shareable(tail):

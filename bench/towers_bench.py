@@ -30,6 +30,7 @@ Targets: towers(N) / Mirrored(N) >= 1.05; towers(1) / plain >= 0.97; monitoring 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
@@ -40,13 +41,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 TOWERS = (1, 2, 4)
+
+if TYPE_CHECKING:
+    from trainer.spec import SummariesSpec
 
 
 def parse_args() -> argparse.Namespace:
@@ -341,12 +345,22 @@ def monitoring_costs(args: argparse.Namespace) -> None:
     steps(5)
     step = seconds(lambda: steps(10), repeats=8) / 10
     out = trainer.train_step(x, y, with_grad_norm=True)
-    # What a scalars step adds inside the step: the global norm of the averaged gradient.
-    grad_norm = tf.function(tf.linalg.global_norm)
-    grad_norm(out["grads"]).numpy()
-    scalars = seconds(lambda: grad_norm(out["grads"]).numpy(), 20) + seconds(
-        lambda: controller._write_scalars(10, out, step), 8
-    )
+
+    def scalars_step() -> None:
+        # A scalars step as a job runs it: the step computes the gradient norm too, and
+        # the loop reads its loss, then writes its scalars.
+        launched = trainer.train_step(x, y, with_grad_norm=True)
+        float(launched["loss"])
+        controller._write_scalars(10, launched, step)
+
+    scalars_step()
+    # What it adds to a step: the best of 20 of each, taken in turns so that both see the
+    # same spells of the machine (interference only ever adds time).
+    plain_best = scalars_best = float("inf")
+    for _ in range(20):
+        plain_best = min(plain_best, seconds(lambda: steps(1)))
+        scalars_best = min(scalars_best, seconds(scalars_step))
+    scalars = max(0.0, scalars_best - plain_best)
     graph = seconds(
         lambda: summaries.graph("train", trainer.train_function.get_concrete_function().graph)
     )
@@ -359,34 +373,32 @@ def monitoring_costs(args: argparse.Namespace) -> None:
         "graph (once)": (graph, graph),
     }
     capture = TraceCapture(tmp / "tb")
+    from trainer.profiling import tower_times_ms
 
-    def traced() -> None:
-        capture.start()
-        steps(3)
-        controller._tower_ms = None
-        path = capture.stop()
-        if path is None:
-            raise RuntimeError(
-                "Expected the profiler to write a trace. Received: none (see the log above)"
-            )
-        from trainer.profiling import tower_times_ms
-
-        tower_times_ms(path, 2, 3)
-
-    trace = seconds(traced) - 3 * step
+    # The trace's parts: starting the profiler, the 3 steps it adds to, stopping it (which
+    # collects and writes the trace), and reading the towers' times from the file.
+    marks = [time.perf_counter()]
+    capture.start()
+    marks.append(time.perf_counter())
+    steps(3)
+    marks.append(time.perf_counter())
+    path = capture.stop()
+    marks.append(time.perf_counter())
+    if path is None:
+        raise RuntimeError(
+            "Expected the profiler to write a trace. Received: none (see the log above)"
+        )
+    tower_times_ms(path, 2, 3)
+    marks.append(time.perf_counter())
+    start_s, steps_s, stop_s, parse_s = (b - a for a, b in zip(marks, marks[1:], strict=False))
+    trace = start_s + max(0.0, steps_s - 3 * step) + stop_s + parse_s
     costs["trace of 3 steps (once)"] = (trace, trace)
     summaries.close()
     s = spec.summaries
     job_steps = 1000
 
     def per_job(which: int) -> float:
-        cost = {name: pair[which] for name, pair in costs.items()}
-        return (
-            cost["scalars (+ grad norm)"] * job_steps / s.scalars_every
-            + cost["histograms"] * job_steps // s.histograms_every
-            + cost["images"] * (job_steps // s.images_every - 1) + cost["images, first call"]
-            + cost["graph (once)"] + cost["trace of 3 steps (once)"]
-        )  # fmt: skip
+        return job_seconds({name: pair[which] for name, pair in costs.items()}, s, job_steps)
 
     print(
         f"\nmonitoring cost per call (cnn on 2 towers, batch {args.batch}; one step = {step * 1000:.1f} ms)"
@@ -394,6 +406,11 @@ def monitoring_costs(args: argparse.Namespace) -> None:
     print(f"  {'':<26}{'on the loop':>12}{'in all':>10}")
     for name, (loop, whole) in costs.items():
         print(f"  {name:<26}{loop * 1000:>9.1f} ms{whole * 1000:>7.1f} ms")
+    print(
+        f"  (the trace: profiler start {start_s * 1000:.1f} ms, the steps "
+        f"{max(0.0, steps_s - 3 * step) * 1000:.1f} ms over 3 plain ones, stop and write "
+        f"{stop_s * 1000:.1f} ms, reading the towers' times {parse_s * 1000:.1f} ms)"
+    )
     for which, meaning in (
         (1, "all of the work, as a host whose cores all train (this one) pays it"),
         (0, "the loop's share, as a GPU host whose cores wait on the device pays it"),
@@ -404,6 +421,18 @@ def monitoring_costs(args: argparse.Namespace) -> None:
             f"  {per_job(which):.2f} s of {job_steps * step:.1f} s = {share * 100:.1f}%, "
             f"throughput ratio {1 / (1 + share):.3f}   (target >= 0.97)"
         )
+
+
+def job_seconds(cost: dict[str, float], s: SummariesSpec, job_steps: int) -> float:
+    """What each kind's cost a call adds up to over a job of `job_steps` at the cadences
+    of `s`: scalars every `scalars_every` steps, histograms and images every so many (the
+    first images call apart), the graph once and one trace."""
+    return (
+        cost["scalars (+ grad norm)"] * (job_steps / s.scalars_every)
+        + cost["histograms"] * (job_steps // s.histograms_every)
+        + cost["images"] * (job_steps // s.images_every - 1) + cost["images, first call"]
+        + cost["graph (once)"] + cost["trace of 3 steps (once)"]
+    )  # fmt: skip
 
 
 def worker_examples_per_sec(spec: dict, job_dir: Path, env: dict[str, str]) -> float:
@@ -456,14 +485,17 @@ def monitoring_benchmark(args: argparse.Namespace) -> dict[str, list[float]]:
         for r in range(args.worker_repeats):
             # Alternate which runs first, so a drift of the machine favours neither.
             for name in list(specs) if r % 2 == 0 else list(specs)[::-1]:
-                samples[name].append(
-                    worker_examples_per_sec(specs[name], Path(tmp) / f"{name}-{r}", env)
-                )
+                rate = worker_examples_per_sec(specs[name], Path(tmp) / f"{name}-{r}", env)
+                samples[name].append(rate)
+                # Each run as it ends: a bench cut off by a time limit keeps what it measured.
+                print(f"  whole worker, {name}, run {r + 1}: {rate:.0f} examples/sec")
     return samples
 
 
 def main() -> None:
     args = parse_args()
+    # A line at a time, also into a pipe or file: what a run cut short had printed stays.
+    cast(io.TextIOWrapper, sys.stdout).reconfigure(line_buffering=True)
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}"
     )
@@ -474,10 +506,10 @@ def main() -> None:
         print_step_benchmarks(*step_benchmarks(args))
         monitoring_costs(args)
     if args.worker_steps:
-        samples = monitoring_benchmark(args)
         print(
             f"\nwhole workers, cnn on 2 towers, {args.worker_steps} steps, {args.worker_repeats} pairs of runs"
         )
+        samples = monitoring_benchmark(args)
         for name, rates in samples.items():
             print(
                 f"{name:<20}{statistics.median(rates):>10.1f} examples/sec (median; runs {', '.join(f'{r:.0f}' for r in rates)})"

@@ -11,23 +11,45 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def towers_bench():
-    spec = importlib.util.spec_from_file_location(
-        "towers_bench", ROOT / "bench" / "towers_bench.py"
-    )
+def load(name: str):
+    """A bench module, loaded by its path (bench/ is no package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def test_median_interval_is_an_order_statistic_interval() -> None:
-    median_interval = towers_bench().median_interval
+    median_interval = load("towers_bench").median_interval
     # Under 6 values no interval covers the median with 95% confidence.
     assert median_interval([3.0, 1.0, 2.0, 5.0, 4.0]) == (3.0, None, None)
     # 6 values: P(Binomial(6, 1/2) = 0) = 1/64 <= 2.5%, so the whole range.
     assert median_interval([6.0, 1.0, 5.0, 2.0, 4.0, 3.0]) == (3.5, 1.0, 6.0)
     # 100 values: the 40th and 61st (the textbook 95% ranks for n = 100).
     assert median_interval([float(i) for i in range(1, 101)]) == (50.5, 40.0, 61.0)
+
+
+def test_monitoring_costs_add_up_over_a_job_at_the_default_cadences() -> None:
+    from trainer.spec import SummariesSpec
+
+    kinds = ("scalars (+ grad norm)", "histograms", "images", "images, first call",
+             "graph (once)", "trace of 3 steps (once)")  # fmt: skip
+    calls = {name: 0.0 for name in kinds}
+    job_seconds = load("towers_bench").job_seconds
+    # Each kind alone at 1 s a call: its number of calls in a 1000-step job.
+    counts = {}
+    for name in kinds:
+        counts[name] = job_seconds({**calls, name: 1.0}, SummariesSpec(), 1000)
+    assert counts == {
+        "scalars (+ grad norm)": 100,  # every 10 steps
+        "histograms": 2,  # every 500 (a cost under 0.5 s once counted as none)
+        "images": 1,  # every 500, the first call apart
+        "images, first call": 1,
+        "graph (once)": 1,
+        "trace of 3 steps (once)": 1,
+    }
+    assert job_seconds({**calls, "histograms": 0.01}, SummariesSpec(), 1000) == 0.02
 
 
 @pytest.mark.slow

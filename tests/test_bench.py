@@ -2,6 +2,8 @@
 silently is found only when someone needs its numbers)."""
 
 import importlib.util
+import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -94,3 +96,60 @@ def test_series_bench_runs_and_reports_every_figure() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     for row in ("| chart of 2,000 points", "| chart of 600 points", "| storing every batch"):
         assert row in done.stdout, done.stdout
+
+
+def fatbin(entries: list[tuple[int, int, bytes]]) -> bytes:
+    """A fatbin container as nvcc lays one out: its 16-byte header, then each entry's
+    64-byte header (kind, version, header size, payload size; the architecture at 28)
+    and payload."""
+    body = b""
+    for kind, arch, payload in entries:
+        header = bytearray(64)
+        struct.pack_into("<HHIQ", header, 0, kind, 0x101, 64, len(payload))
+        struct.pack_into("<I", header, 28, arch)
+        body += bytes(header) + payload
+    return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
+
+
+@pytest.mark.skipif(
+    not (shutil.which("cc") and shutil.which("readelf")),
+    reason="needs a C compiler and readelf to build a library with a .nv_fatbin section",
+)
+def test_gpu_pack_keeps_only_the_machine_code_of_the_architecture_asked_for(
+    tmp_path: Path,
+) -> None:
+    pack = load("gpu_pack")
+    sm90, sm80, ptx = b"\x90" * 96, b"\x80" * 64, b"P" * 32
+    # Two containers, 8 bytes of padding between them, as in TensorFlow's libraries.
+    blob = fatbin([(2, 80, sm80), (1, 90, ptx), (2, 90, sm90)]) + bytes(8) + fatbin([(2, 90, sm90)])
+    source = tmp_path / "lib.c"
+    source.write_text(
+        '__attribute__((section(".nv_fatbin"), used)) const unsigned char blob[] = {'
+        + ",".join(str(b) for b in blob)
+        + "};\n"
+    )
+    lib = tmp_path / "libfake.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(source)], check=True)
+    offset, size = pack.section(lib, ".nv_fatbin")
+    assert lib.read_bytes()[offset : offset + size] == blob
+
+    assert pack.keep_only_arch(lib, 90) == len(sm80) + len(ptx)
+    data = lib.read_bytes()[offset : offset + size]
+    found = [(k, a, data[o - offset : o - offset + n]) for k, a, o, n in
+             pack.fatbin_entries(lib.read_bytes(), offset, offset + size)]  # fmt: skip
+    assert found == [
+        (2, 80, bytes(len(sm80))),
+        (1, 90, bytes(len(ptx))),
+        (2, 90, sm90),
+        (2, 90, sm90),
+    ]
+    # Nothing but the payloads changed: the headers still describe every entry.
+    assert len(data) == len(blob) and data.count(b"\x90") == 2 * len(sm90)
+    # A library without GPU code is left as it was.
+    plain = tmp_path / "libplain.so"
+    (tmp_path / "plain.c").write_text("int f(void) { return 1; }\n")
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", "-o", str(plain), str(tmp_path / "plain.c")], check=True
+    )
+    before = plain.read_bytes()
+    assert pack.keep_only_arch(plain, 90) == 0 and plain.read_bytes() == before

@@ -41,6 +41,18 @@ CHART_POINTS = 100
 
 MAX_REQUESTED_TRACE_STEPS = 100
 
+# How many steps with nothing but their loss due (most of them) the loop launches before it
+# reads their losses. Reading any tensor from a GPU waits for all the work queued on it
+# (TensorFlow's device-to-host copy waits on the compute stream), so a loop that read each
+# step's loss before launching the next would leave the device idle for the loop's own
+# time every step; reading every tenth, it idles once in ten. Ten is the default scalars
+# cadence, whose steps are read anyway. A non-finite loss is found up to this many steps
+# late, and named by its own step.
+UNREAD_STEPS_MAX = 10
+# What the loop keeps of a step whose loss it reads later: what a report reads. The rest
+# (the averaged gradients, as large as the model) is let go at once.
+_KEPT_UNREAD = ("loss", "accuracy", "learning_rate")
+
 
 def _metrics(loss: float, out: dict[str, Any] | None) -> dict[str, float]:
     """Loss and accuracy of the last step (read only when reported: one sync less a step)."""
@@ -210,19 +222,19 @@ class Controller:
         chart_every = max(1, self.total_steps // CHART_POINTS)
         examples_per_sec: float | None = None  # until a step other than the first is timed
         graph_written = False
-        # A step with nothing due after it but its loss (most of them) has its loss read
-        # only once the next step is launched: on a GPU the call returns as the step is
-        # queued, and reading the loss waits for it, so the device would sit idle while
-        # the loop fetched and launched the next step (the loop's own time a step, against
-        # steps of 3 ms on an H100; not yet measured there). A CPU runs a call to its end.
-        pending: _Launched | None = None
+        # Steps with nothing due after them but their losses are launched up to
+        # UNREAD_STEPS_MAX at a time before the loop reads them: on a GPU a call returns
+        # as its step is queued, and the loop runs ahead of the device (see there). A CPU
+        # runs a call to its end, so there it changes only the order of the reads.
+        pending: list[_Launched] = []
 
-        def settle(launched: _Launched) -> None:
-            """Read a launched step's loss: the one host-device sync point of a step."""
+        def settle(launched: list[_Launched]) -> None:
+            """Read launched steps' losses, in order: the host-device sync points."""
             nonlocal loss, out
-            loss, out = float(launched.out["loss"]), launched.out
-            if not math.isfinite(loss):
-                raise NonFiniteLoss(launched.step, loss)
+            for each in launched:
+                loss, out = float(each.out["loss"]), each.out
+                if not math.isfinite(loss):
+                    raise NonFiniteLoss(each.step, loss)
 
         def report_if_due(at: int, launched: int) -> None:
             """A progress line for step `at` (read) when one is due; `launched`: the last
@@ -267,14 +279,16 @@ class Controller:
         # whose requests carried the stop, all of them at that step.
         in_cluster = self.cluster.is_multi_worker
         while step < self.total_steps:
-            if pending is not None and (self.stop.is_set() or step + 1 in self._trace_steps):
-                # The step in flight is read first: a stop checkpoints after it, and a
-                # trace must not take in its end.
+            if pending and (self.stop.is_set() or step + 1 in self._trace_steps):
+                # The steps in flight are read first: a stop checkpoints after them, and a
+                # trace must not take in their end.
                 began = time.monotonic()
                 settle(pending)
                 for clock in (scalar_clock, report_clock):
-                    clock.add(time.monotonic() - began, pending.examples)
-                pending = None
+                    clock.add(
+                        time.monotonic() - began, sum(p.examples for p in pending), len(pending)
+                    )
+                pending = []
             if not in_cluster and self.stop.is_set():
                 return self._finish_cancelled(step, _metrics(loss, out))
             self.at_step = step + 1
@@ -307,15 +321,26 @@ class Controller:
                     examples,
                 )
                 step += 1
-                read = [pending] if pending is not None else []
-                quiet = not in_cluster and self._only_its_loss_due(
-                    step, first_step, scalars_due, bool(requests.any())
+                since_report = time.monotonic() - last_report
+                # A step that a report is due at is read at once: a chart point (a hundredth
+                # of the job) or one 2 s after the last report (slow steps report on time).
+                report_due = since_report >= PROGRESS_EVERY_SECONDS or (
+                    step % chart_every == 0 and since_report >= PROGRESS_MIN_SECONDS
                 )
-                if not quiet:
-                    read.append(launched)
-                for earlier in read:
-                    settle(earlier)
-            pending = launched if quiet else None
+                quiet = (
+                    not in_cluster
+                    and not report_due
+                    and self._only_its_loss_due(step, first_step, scalars_due, bool(requests.any()))
+                )
+                if quiet:
+                    kept = {k: launched.out[k] for k in _KEPT_UNREAD}
+                    pending.append(_Launched(launched.step, kept, examples))
+                    read = pending if len(pending) >= UNREAD_STEPS_MAX else []
+                else:
+                    read = [*pending, launched]
+                if read:
+                    pending = []
+                settle(read)
             if step == first_step:
                 pace.mark(time.monotonic(), step)
             else:
@@ -383,7 +408,7 @@ class Controller:
         self, step: int, first_step: int, scalars_due: bool, requested: bool
     ) -> bool:
         """Whether nothing but reading its loss follows `step` (just launched), so the loop
-        may launch the next step before it reads it: no summary, trace, eval or checkpoint
+        may launch more steps before it reads it: no summary, trace, eval or checkpoint
         due after it, no stop or checkpoint asked for, and not the first step (timed apart)
         or the last. Each of those reads the step's outputs or the variables as the step
         left them."""

@@ -1,10 +1,11 @@
 """The outer loop's order of work, in this process on real towers (logical CPU devices):
-which step's loss is read when, relative to the launch of the next one.
+which step's loss is read when, relative to the launches of the next ones.
 
-On a GPU a step's call returns once it is queued, and reading its loss waits for it; the
-loop reads a step's loss only after it has launched the next one, unless something other
-than the loss is due after it. A CPU runs each call to its end, so the gain cannot be
-timed here; the order it comes from is what these tests hold."""
+On a GPU a step's call returns once it is queued, and reading any tensor back waits for
+all the work queued; the loop launches steps with nothing but their loss due up to
+`UNREAD_STEPS_MAX` at a time before it reads them, and reads at once a step that has
+something else due. A CPU runs each call to its end, so the gain cannot be timed here;
+the order it comes from is what these tests hold."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from trainer import controller as controller_module
 from trainer.checkpoints import Checkpointer
-from trainer.controller import Controller, NonFiniteLoss
+from trainer.controller import UNREAD_STEPS_MAX, Controller, NonFiniteLoss
 from trainer.models import build_model
 from trainer.optim import make_optimizer
 from trainer.rundir import ProgressWriter, RunDir, read_progress
@@ -60,6 +62,14 @@ class RecordingTrainer(TowerTrainer):
         if self.stop_after is not None and self.stop_after[0] == step:
             self.stop_after[1].set()
         return out
+
+
+@pytest.fixture(autouse=True)
+def reports_at_the_end_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step a report is due at is read at once, and reports fall due by the clock: these
+    tests hold the order of reads by the steps alone, with reports at the last step."""
+    monkeypatch.setattr(controller_module, "PROGRESS_EVERY_SECONDS", float("inf"))
+    monkeypatch.setattr(controller_module, "PROGRESS_MIN_SECONDS", float("inf"))
 
 
 def run_loop(
@@ -108,7 +118,11 @@ def batches() -> Iterator[tuple[tf.Tensor, tf.Tensor]]:
         yield tf.constant(images), tf.constant(rng.integers(0, 4, 16).astype(np.int32))
 
 
-def test_a_step_with_only_its_loss_due_is_read_after_the_next_one_launches(tmp_path) -> None:
+def logged(verb: str, *steps: int) -> list[str]:
+    return [f"{verb} {s}" for s in steps]
+
+
+def test_steps_with_only_their_loss_due_are_read_with_the_next_that_has_more(tmp_path) -> None:
     summaries = {"scalars_every": 5, "histograms_every": 0, "images_every": 0}
     controller, trainer = run_loop(
         tmp_path, 12, batches(), summaries={**summaries, "trace_steps": [], "graph": False}
@@ -118,33 +132,13 @@ def test_a_step_with_only_its_loss_due_is_read_after_the_next_one_launches(tmp_p
 
     assert summary.step == 12
     # 1 is read at once (the first step is timed apart), and so are 5 and 10 (scalars)
-    # and 12 (the last); each of the others once the step after it is launched.
+    # and 12 (the last), each with the steps launched before it and not read yet.
     assert trainer.log == [
-        "launch 1",
-        "read 1",
-        "launch 2",
-        "launch 3",
-        "read 2",
-        "launch 4",
-        "read 3",
-        "launch 5",
-        "read 4",
-        "read 5",
-        "launch 6",
-        "launch 7",
-        "read 6",
-        "launch 8",
-        "read 7",
-        "launch 9",
-        "read 8",
-        "launch 10",
-        "read 9",
-        "read 10",
-        "launch 11",
-        "launch 12",
-        "read 11",
-        "read 12",
-    ]
+        *logged("launch", 1), *logged("read", 1),
+        *logged("launch", 2, 3, 4, 5), *logged("read", 2, 3, 4, 5),
+        *logged("launch", 6, 7, 8, 9, 10), *logged("read", 6, 7, 8, 9, 10),
+        *logged("launch", 11, 12), *logged("read", 11, 12),
+    ]  # fmt: skip
     lines, _ = read_progress(controller.rundir.progress)
     ends = [e for e in lines if e["event"] == "progress"]
     # The last report is of the last step, its loss to 6 significant digits.
@@ -152,10 +146,32 @@ def test_a_step_with_only_its_loss_due_is_read_after_the_next_one_launches(tmp_p
     assert ends[-1]["loss"] == pytest.approx(summary.metrics["loss"], rel=1e-5)
 
 
-def test_a_non_finite_loss_read_a_step_late_names_its_own_step(tmp_path) -> None:
+def test_with_nothing_else_due_the_loop_reads_every_so_many_steps(tmp_path) -> None:
+    off = {"scalars_every": 0, "histograms_every": 0, "images_every": 0}
+    steps = 2 * UNREAD_STEPS_MAX + 3
+    controller, trainer = run_loop(
+        tmp_path, steps, batches(), summaries={**off, "trace_steps": [], "graph": False}
+    )
+
+    controller.run()
+
+    # After the first, the loop reads when UNREAD_STEPS_MAX steps are unread, and at the last.
+    read_after = [
+        int(trainer.log[i - 1].split()[1])
+        for i, entry in enumerate(trainer.log)
+        if entry.startswith("read") and trainer.log[i - 1].startswith("launch")
+    ]
+    assert read_after == [1, 1 + UNREAD_STEPS_MAX, 1 + 2 * UNREAD_STEPS_MAX, steps]
+    assert [e for e in trainer.log if e.startswith("read")] == logged("read", *range(1, steps + 1))
+    # Every step reported: the last report is of the last step.
+    lines, _ = read_progress(controller.rundir.progress)
+    assert [e for e in lines if e["event"] == "progress"][-1]["step"] == steps
+
+
+def test_a_non_finite_loss_read_steps_late_names_its_own_step(tmp_path) -> None:
     off = {"scalars_every": 0, "histograms_every": 0, "images_every": 0}
     controller, trainer = run_loop(
-        tmp_path, 20, batches(), summaries={**off, "trace_steps": [], "graph": False}
+        tmp_path, 40, batches(), summaries={**off, "trace_steps": [], "graph": False}
     )
     trainer.nan_at = 7
 
@@ -164,10 +180,13 @@ def test_a_non_finite_loss_read_a_step_late_names_its_own_step(tmp_path) -> None
 
     assert failed.value.step == 7
     assert str(failed.value) == "Loss became non-finite (nan) at step 7."
-    assert trainer.log[-2:] == ["launch 8", "read 7"]  # found once 8 was queued
+    # Found when the steps after the first were read, UNREAD_STEPS_MAX of them launched.
+    last = 1 + UNREAD_STEPS_MAX
+    tail = [*logged("launch", last), *logged("read", *range(2, 8))]
+    assert trainer.log[-len(tail) :] == tail
 
 
-def test_a_stop_reads_the_step_in_flight_and_checkpoints_after_it(tmp_path) -> None:
+def test_a_stop_reads_the_steps_in_flight_and_checkpoints_after_them(tmp_path) -> None:
     off = {"scalars_every": 0, "histograms_every": 0, "images_every": 0}
     controller, trainer = run_loop(
         tmp_path, 50, batches(), summaries={**off, "trace_steps": [], "graph": False}
@@ -177,6 +196,22 @@ def test_a_stop_reads_the_step_in_flight_and_checkpoints_after_it(tmp_path) -> N
     summary = controller.run()
 
     assert summary.outcome.value == "cancelled" and summary.step == 6
-    assert trainer.log[-3:] == ["launch 6", "read 5", "read 6"]
+    assert trainer.log[-6:] == [*logged("launch", 6), *logged("read", 2, 3, 4, 5, 6)]
     assert summary.checkpoint == "checkpoints/ckpt-6"
     assert int(trainer.step.numpy()) == 6
+
+
+def test_a_step_a_report_is_due_at_is_read_at_once(tmp_path, monkeypatch) -> None:
+    # As on a host whose steps take longer than the 2 s between reports: each is read as
+    # soon as it is launched, and reported, never held back with the unread ones.
+    monkeypatch.setattr(controller_module, "PROGRESS_EVERY_SECONDS", 0.0)
+    off = {"scalars_every": 0, "histograms_every": 0, "images_every": 0}
+    controller, trainer = run_loop(
+        tmp_path, 5, batches(), summaries={**off, "trace_steps": [], "graph": False}
+    )
+
+    controller.run()
+
+    assert trainer.log == [e for s in range(1, 6) for e in logged("launch", s) + logged("read", s)]
+    lines, _ = read_progress(controller.rundir.progress)
+    assert [e["step"] for e in lines if e["event"] == "progress"] == [1, 2, 3, 4, 5]

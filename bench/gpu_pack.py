@@ -154,7 +154,9 @@ def main() -> None:
     p.add_argument("--arch", type=int, default=90, help="the GPU's sm_ number (default 90)")
     args = p.parse_args()
     if args.out.exists():
-        shutil.rmtree(args.out)
+        if any(args.out.iterdir()) and not (args.out / "kit").is_dir():
+            p.error(f"--out {args.out} holds files but no earlier pack: choose another folder")
+        shutil.rmtree(args.out)  # an earlier pack, replaced whole
     kit = args.out / "kit"
     (kit / "lib").mkdir(parents=True)
     with tempfile.TemporaryDirectory() as tmp:

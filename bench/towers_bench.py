@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import math
 import os
@@ -390,8 +391,9 @@ def monitoring_costs(args: argparse.Namespace) -> None:
         )
     tower_times_ms(path, 2, 3)
     marks.append(time.perf_counter())
-    start_s, steps_s, stop_s, parse_s = (b - a for a, b in zip(marks, marks[1:], strict=False))
-    trace = start_s + max(0.0, steps_s - 3 * step) + stop_s + parse_s
+    start_s, steps_s, stop_s, parse_s = (b - a for a, b in itertools.pairwise(marks))
+    extra_s = max(0.0, steps_s - 3 * step)  # what tracing added to the 3 steps
+    trace = start_s + extra_s + stop_s + parse_s
     costs["trace of 3 steps (once)"] = (trace, trace)
     summaries.close()
     s = spec.summaries
@@ -408,7 +410,7 @@ def monitoring_costs(args: argparse.Namespace) -> None:
         print(f"  {name:<26}{loop * 1000:>9.1f} ms{whole * 1000:>7.1f} ms")
     print(
         f"  (the trace: profiler start {start_s * 1000:.1f} ms, the steps "
-        f"{max(0.0, steps_s - 3 * step) * 1000:.1f} ms over 3 plain ones, stop and write "
+        f"{extra_s * 1000:.1f} ms over 3 plain ones, stop and write "
         f"{stop_s * 1000:.1f} ms, reading the towers' times {parse_s * 1000:.1f} ms)"
     )
     for which, meaning in (
@@ -425,14 +427,20 @@ def monitoring_costs(args: argparse.Namespace) -> None:
 
 def job_seconds(cost: dict[str, float], s: SummariesSpec, job_steps: int) -> float:
     """What each kind's cost a call adds up to over a job of `job_steps` at the cadences
-    of `s`: scalars every `scalars_every` steps, histograms and images every so many (the
-    first images call apart), the graph once and one trace."""
+    of `s`: scalars, histograms and images every so many steps (the first images call
+    apart), the graph once and one trace; a kind turned off costs nothing."""
+
+    def calls(every: int) -> int:
+        return job_steps // every if every else 0
+
+    images = calls(s.images_every)
     return (
-        cost["scalars (+ grad norm)"] * (job_steps / s.scalars_every)
-        + cost["histograms"] * (job_steps // s.histograms_every)
-        + cost["images"] * (job_steps // s.images_every - 1) + cost["images, first call"]
-        + cost["graph (once)"] + cost["trace of 3 steps (once)"]
-    )  # fmt: skip
+        cost["scalars (+ grad norm)"] * calls(s.scalars_every)
+        + cost["histograms"] * calls(s.histograms_every)
+        + (cost["images, first call"] + cost["images"] * (images - 1) if images else 0.0)
+        + (cost["graph (once)"] if s.graph else 0.0)
+        + (cost["trace of 3 steps (once)"] if s.trace_steps else 0.0)
+    )
 
 
 def worker_examples_per_sec(spec: dict, job_dir: Path, env: dict[str, str]) -> float:

@@ -52,6 +52,10 @@ def test_monitoring_costs_add_up_over_a_job_at_the_default_cadences() -> None:
         "trace of 3 steps (once)": 1,
     }
     assert job_seconds({**calls, "histograms": 0.01}, SummariesSpec(), 1000) == 0.02
+    # A kind turned off costs nothing (the defaults trace steps 20-22 and write the graph).
+    every = {name: 1.0 for name in kinds}
+    off = SummariesSpec(histograms_every=0, images_every=0, trace_steps=[], graph=False)
+    assert job_seconds(every, off, 1000) == 100
 
 
 @pytest.mark.slow

@@ -229,10 +229,15 @@ class Controller:
         pending: list[_Launched] = []
 
         def settle(launched: list[_Launched]) -> None:
-            """Read launched steps' losses, in order: the host-device sync points."""
+            """Read launched steps' losses, the host-device sync point: in one copy (each
+            copy from a GPU is a sync of its own), then check them in order."""
             nonlocal loss, out
-            for each in launched:
-                loss, out = float(each.out["loss"]), each.out
+            if len(launched) > 1:
+                losses = tf.stack([each.out["loss"] for each in launched]).numpy().tolist()
+            else:
+                losses = [float(each.out["loss"]) for each in launched]
+            for each, value in zip(launched, losses, strict=True):
+                loss, out = value, each.out
                 if not math.isfinite(loss):
                     raise NonFiniteLoss(each.step, loss)
 

@@ -33,15 +33,23 @@ SHAPE = (8, 8, 1)
 
 
 class _Loss:
-    """A step's loss tensor that notes when the loop first reads it."""
+    """A step's loss tensor that notes when the loop first reads it, alone (`float`) or
+    with others (converted to a tensor, to be stacked)."""
 
     def __init__(self, tensor: tf.Tensor, step: int, log: list[str]) -> None:
         self.tensor, self.step, self.log = tensor, step, log
 
-    def __float__(self) -> float:
+    def _note(self) -> None:
         if f"read {self.step}" not in self.log:
             self.log.append(f"read {self.step}")
+
+    def __float__(self) -> float:
+        self._note()
         return float(self.tensor)
+
+    def __tf_tensor__(self, dtype: tf.DType | None = None, name: str | None = None) -> tf.Tensor:
+        self._note()
+        return tf.convert_to_tensor(self.tensor, dtype=dtype, name=name)
 
 
 class RecordingTrainer(TowerTrainer):
@@ -180,9 +188,9 @@ def test_a_non_finite_loss_read_steps_late_names_its_own_step(tmp_path) -> None:
 
     assert failed.value.step == 7
     assert str(failed.value) == "Loss became non-finite (nan) at step 7."
-    # Found when the steps after the first were read, UNREAD_STEPS_MAX of them launched.
+    # Found when the steps after the first were read, UNREAD_STEPS_MAX of them, together.
     last = 1 + UNREAD_STEPS_MAX
-    tail = [*logged("launch", last), *logged("read", *range(2, 8))]
+    tail = [*logged("launch", last), *logged("read", *range(2, last + 1))]
     assert trainer.log[-len(tail) :] == tail
 
 

@@ -656,6 +656,15 @@ def test_epochs_train_partial_batches_and_scalars_count_their_examples(run):
 
     assert sorted(series("tower_0/loss")) == [1, 2, 3, 4]
     assert sorted(series("tower_1/loss")) == [1, 3]
+    # Each value under its own tag: a full batch of 9 splits 5 and 4, and the towers' mean
+    # losses weighted so make the step's; the last step's is the job's.
+    loss, tower_0, tower_1 = series("loss"), series("tower_0/loss"), series("tower_1/loss")
+    for step in (1, 3):
+        assert loss[step] == pytest.approx((5 * tower_0[step] + 4 * tower_1[step]) / 9, rel=1e-5)
+    assert loss[4] == pytest.approx(result["metrics"]["loss"], rel=1e-5)
+    assert 0 <= series("accuracy")[4] <= 1 and series("grad_norm")[4] > 0
+    reports = [e for e in read_progress(folder / "job" / "progress.jsonl")[0] if "loss" in e]
+    assert series("learning_rate")[4] == pytest.approx(reports[-1]["learning_rate"], rel=1e-6)
     times, rates = series("step_time_ms"), series("examples_per_sec")
     assert sorted(times) == [2, 3, 4]
     for step, examples in ((2, 1), (3, 9), (4, 1)):

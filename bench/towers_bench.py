@@ -281,7 +281,7 @@ def monitoring_costs(args: argparse.Namespace) -> None:
     from trainer.optim import make_optimizer
     from trainer.profiling import TraceCapture
     from trainer.rundir import ProgressWriter, RunDir
-    from trainer.spec import JobSpec, ModelSpec, OptimizerSpec
+    from trainer.spec import JobSpec, ModelSpec, OptimizerSpec, SummariesSpec
     from trainer.summaries import SummaryManager
     from trainer.towers import TowerTrainer
 
@@ -396,7 +396,9 @@ def monitoring_costs(args: argparse.Namespace) -> None:
     trace = start_s + extra_s + stop_s + parse_s
     costs["trace of 3 steps (once)"] = (trace, trace)
     summaries.close()
-    s = spec.summaries
+    # The job spec's default cadences, trace steps included (the `spec` above has none, so
+    # that the controller's calls here start no trace).
+    s = SummariesSpec()
     job_steps = 1000
 
     def per_job(which: int) -> float:
@@ -420,7 +422,7 @@ def monitoring_costs(args: argparse.Namespace) -> None:
         share = per_job(which) / (job_steps * step)
         print(
             f"default cadences over a {job_steps}-step job, {meaning}:\n"
-            f"  {per_job(which):.2f} s of {job_steps * step:.1f} s = {share * 100:.1f}%, "
+            f"  {per_job(which):.3f} s of {job_steps * step:.3f} s = {share * 100:.1f}%, "
             f"throughput ratio {1 / (1 + share):.3f}   (target >= 0.97)"
         )
 

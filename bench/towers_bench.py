@@ -13,8 +13,10 @@
    the same round see the same drift, and it cancels out of their ratio.
 2. The cost of the default monitoring, two ways:
    a. each summary kind's cost per call, timed in this process through the controller's
-      own methods on a 2-tower `cnn`, and the share of a default 1000-step job it adds up
-      to (stable: it does not depend on how busy the machine is). Twice: all of the work
+      own methods on a 2-tower `cnn` (first, before the configurations of 1 are built, so
+      that the process is in a worker's state), and the share of a default 1000-step job
+      it adds up to (stable: it does not depend on how busy the machine is), with a step's
+      time after the device trace beside the one before it. Twice: all of the work
       (what this CPU host pays, its cores busy training), and the loop's share alone
       (histograms and images hand their work to a background thread: what a GPU host,
       whose cores wait on the device, pays);
@@ -51,6 +53,7 @@ sys.path.insert(0, str(REPO))
 TOWERS = (1, 2, 4)
 
 if TYPE_CHECKING:
+    from trainer.devices import Devices
     from trainer.spec import SummariesSpec
 
 
@@ -108,21 +111,15 @@ def median_interval(
     return statistics.median(xs), xs[j - 1], xs[n - j]
 
 
-def step_benchmarks(args: argparse.Namespace) -> tuple[dict[str, list[float]], int]:
-    """Seconds per round of each configuration; and the examples each round trains."""
-    import keras
-    import numpy as np
+def set_up_devices(args: argparse.Namespace) -> Devices:
+    """The towers' devices for every configuration (the most towers any takes); says which
+    GPU they are on."""
     import tensorflow as tf
 
     from trainer.devices import setup_devices
-    from trainer.models import build_model
-    from trainer.optim import make_optimizer
-    from trainer.spec import ModelSpec, OptimizerSpec
-    from trainer.towers import TowerTrainer
 
     devices = setup_devices(max(TOWERS), args.parameter_device, split_gpu_mb=args.split_gpu_mb)
-    kind = devices.kind
-    if kind == "GPU":
+    if devices.kind == "GPU":
         details = tf.config.experimental.get_device_details(
             tf.config.list_physical_devices("GPU")[0]
         )
@@ -131,6 +128,23 @@ def step_benchmarks(args: argparse.Namespace) -> tuple[dict[str, list[float]], i
             f"towers on {', '.join(devices.towers)}; parameters on {devices.parameter}; "
             f"TensorFlow {tf.__version__}\n"
         )
+    return devices
+
+
+def step_benchmarks(
+    args: argparse.Namespace, devices: Devices
+) -> tuple[dict[str, list[float]], int]:
+    """Seconds per round of each configuration; and the examples each round trains."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from trainer.models import build_model
+    from trainer.optim import make_optimizer
+    from trainer.spec import ModelSpec, OptimizerSpec
+    from trainer.towers import TowerTrainer
+
+    kind = devices.kind
     rng = np.random.default_rng(0)
     x = rng.random((args.batch, 28, 28, 1), dtype=np.float32)
     y = rng.integers(0, 10, args.batch).astype(np.int32)
@@ -267,8 +281,9 @@ def print_step_benchmarks(seconds: dict[str, list[float]], examples: int) -> Non
     ratio("towers(1), Keras update", "plain", 0.97)
 
 
-def monitoring_costs(args: argparse.Namespace) -> None:
-    """Per-call cost of each summary kind, through the controller's own methods."""
+def monitoring_costs(args: argparse.Namespace, devices: Devices) -> None:
+    """Per-call cost of each summary kind, through the controller's own methods, on a
+    2-tower trainer placed as a worker places it."""
     import tempfile
     import threading
 
@@ -297,15 +312,12 @@ def monitoring_costs(args: argparse.Namespace) -> None:
     rng = np.random.default_rng(1)
     x = tf.constant(rng.random((args.batch, 28, 28, 1), dtype=np.float32))
     y = tf.constant(rng.integers(0, 10, args.batch).astype(np.int32))
-    devices = [
-        d.name for d in tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices()
-    ][:2]
-    with tf.device(devices[0]):
+    with tf.device(devices.parameter):
         trainer = TowerTrainer(
             model=build_model(ModelSpec(name="cnn"), (28, 28, 1), 10),
             optimizer=make_optimizer(spec.optimizer if spec.optimizer else OptimizerSpec()),
-            tower_devices=devices,
-            parameter_device=devices[0],
+            tower_devices=devices.towers[:2],
+            parameter_device=devices.parameter,
         )
     tmp = Path(tempfile.mkdtemp())
     summaries = SummaryManager(tmp / "tb")
@@ -392,6 +404,9 @@ def monitoring_costs(args: argparse.Namespace) -> None:
     tower_times_ms(path, 2, 3)
     marks.append(time.perf_counter())
     start_s, steps_s, stop_s, parse_s = (b - a for a, b in itertools.pairwise(marks))
+    # A profiler that left its hooks in (CUPTI not finalized) would slow every later step,
+    # which the trace's own cost above does not show.
+    step_after = seconds(lambda: steps(10), repeats=8) / 10
     extra_s = max(0.0, steps_s - 3 * step)  # what tracing added to the 3 steps
     trace = start_s + extra_s + stop_s + parse_s
     costs["trace of 3 steps (once)"] = (trace, trace)
@@ -413,7 +428,8 @@ def monitoring_costs(args: argparse.Namespace) -> None:
     print(
         f"  (the trace: profiler start {start_s * 1000:.1f} ms, the steps "
         f"{extra_s * 1000:.1f} ms over 3 plain ones, stop and write "
-        f"{stop_s * 1000:.1f} ms, reading the towers' times {parse_s * 1000:.1f} ms)"
+        f"{stop_s * 1000:.1f} ms, reading the towers' times {parse_s * 1000:.1f} ms; "
+        f"a step after it {step_after * 1000:.1f} ms)"
     )
     for which, meaning in (
         (1, "all of the work, as a host whose cores all train (this one) pays it"),
@@ -513,8 +529,14 @@ def main() -> None:
         f"model cnn, optimizer {args.optimizer}, global batch {args.batch}; {args.rounds} rounds of {args.steps} steps\n"
     )
     if not args.skip_steps:
-        print_step_benchmarks(*step_benchmarks(args))
-        monitoring_costs(args)
+        devices = set_up_devices(args)
+        # The monitoring costs first, in a process that has built one trainer, as a worker
+        # has. After the step configurations' eight models and strategies, the summaries'
+        # thread page-faulted through every histogram (33,000 faults a call against none):
+        # 101 ms a call against 27 in a worker, on this CPU, 2026-11-26.
+        monitoring_costs(args, devices)
+        print()
+        print_step_benchmarks(*step_benchmarks(args, devices))
     if args.worker_steps:
         print(
             f"\nwhole workers, cnn on 2 towers, {args.worker_steps} steps, {args.worker_repeats} pairs of runs"

@@ -32,6 +32,18 @@ def test_histogram_buckets_count_every_value():
     np.testing.assert_allclose(buckets[1:, 0], buckets[:-1, 1])
 
 
+@pytest.mark.parametrize(
+    "values",
+    [np.array([-3e38, 0.0, 3e38], np.float32), np.array([1.0, 2.5, 4.0], np.float16),
+     np.array([-2, 5, 7], np.int64)],
+    ids=["float32 wider than float32 can subtract", "float16", "int64"],
+)  # fmt: skip
+def test_histogram_buckets_of_any_numeric_dtype(values):
+    buckets = histogram_buckets(values)
+    assert buckets[:, 2].sum() == 3 and buckets[0, 2] == 1 and buckets[-1, 2] == 1
+    assert buckets[0, 0] == float(values.min()) and buckets[-1, 1] == float(values.max())
+
+
 def test_histogram_buckets_constant_tensor():
     # TensorBoard's own shape for one value: every edge at it, the count in the last bucket.
     buckets = histogram_buckets(np.full((4, 4), 3.0))

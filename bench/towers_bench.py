@@ -22,7 +22,8 @@
       whose cores wait on the device, pays);
    b. examples/sec of whole workers (`python -m trainer run`, 1000 steps) with the default
       summaries against all summaries off, interleaved, median of the runs (noisy: on
-      2 shared cores, 2-second windows of one run vary by +-15%).
+      2 shared cores, 2-second windows of one run vary by +-15%); with `--attribute`, also
+      the defaults less one kind each, to say what each costs a whole worker.
 
 On a CPU host the towers run on logical CPU devices split from the one CPU; with a GPU,
 `--split-gpu-mb M` splits the first GPU into N logical GPUs of M MiB each.
@@ -88,6 +89,12 @@ def parse_args() -> argparse.Namespace:
         "--worker-repeats", type=int, default=5, help="whole-worker runs per configuration"
     )
     p.add_argument("--skip-steps", action="store_true", help="only the monitoring comparison")
+    p.add_argument(
+        "--attribute",
+        action="store_true",
+        help="whole workers also with the defaults less one kind (the trace; scalars; "
+        "histograms and images), to say what each costs",
+    )
     return p.parse_args()
 
 
@@ -478,7 +485,19 @@ def worker_examples_per_sec(spec: dict, job_dir: Path, env: dict[str, str]) -> f
     return (last["step"] - first["step"]) * spec["batch_size"] / (last["time"] - first["time"])
 
 
-def monitoring_benchmark(args: argparse.Namespace) -> dict[str, list[float]]:
+# The defaults less one kind each (`--attribute`): what a whole worker gains without it
+# says what that kind costs, its time off the loop included, which the per-call sum
+# cannot see (the summaries' thread taking the host from a launch-bound loop, say).
+LESS_ONE_KIND = {
+    "less the trace": {"trace_steps": []},
+    "less scalars": {"scalars_every": 0},
+    "less histograms, images": {"histograms_every": 0, "images_every": 0},
+}
+
+
+def worker_specs(args: argparse.Namespace) -> dict[str, dict]:
+    """The whole workers' job specs by name: the default summaries, none, and with
+    `--attribute` the defaults less one kind each."""
     base = {
         "name": "bench-monitoring",
         "model": {"name": "cnn"},
@@ -501,6 +520,16 @@ def monitoring_benchmark(args: argparse.Namespace) -> dict[str, list[float]]:
         "graph": False,
     }
     specs = {"default summaries": base, "no summaries": {**base, "summaries": off}}
+    if args.attribute:
+        specs |= {
+            f"defaults {name}": {**base, "summaries": less} for name, less in LESS_ONE_KIND.items()
+        }
+    return specs
+
+
+def monitoring_benchmark(args: argparse.Namespace) -> dict[str, list[float]]:
+    specs = worker_specs(args)
+    names = list(specs)
     samples: dict[str, list[float]] = {name: [] for name in specs}
     env = dict(os.environ)
     if args.split_gpu_mb:  # the workers' towers on logical GPUs of the one card, as above
@@ -509,8 +538,8 @@ def monitoring_benchmark(args: argparse.Namespace) -> dict[str, list[float]]:
         env[SPLIT_GPU_ENV] = str(args.split_gpu_mb)
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.worker_repeats):
-            # Alternate which runs first, so a drift of the machine favours neither.
-            for name in list(specs) if r % 2 == 0 else list(specs)[::-1]:
+            # Rotate which runs first, so a drift of the machine favours none.
+            for name in names[r % len(names) :] + names[: r % len(names)]:
                 rate = worker_examples_per_sec(specs[name], Path(tmp) / f"{name}-{r}", env)
                 samples[name].append(rate)
                 # Each run as it ends: a bench cut off by a time limit keeps what it measured.
@@ -539,26 +568,30 @@ def main() -> None:
         print_step_benchmarks(*step_benchmarks(args, devices))
     if args.worker_steps:
         print(
-            f"\nwhole workers, cnn on 2 towers, {args.worker_steps} steps, {args.worker_repeats} pairs of runs"
+            f"\nwhole workers, cnn on 2 towers, {args.worker_steps} steps, {args.worker_repeats} "
+            f"runs of each of {len(worker_specs(args))} configurations, in rotating order"
         )
         samples = monitoring_benchmark(args)
         for name, rates in samples.items():
             print(
-                f"{name:<20}{statistics.median(rates):>10.1f} examples/sec (median; runs {', '.join(f'{r:.0f}' for r in rates)})"
+                f"{name:<41}{statistics.median(rates):>10.1f} examples/sec (median; runs {', '.join(f'{r:.0f}' for r in rates)})"
             )
-        pairs = [
-            d / n
-            for d, n in zip(samples["default summaries"], samples["no summaries"], strict=True)
-        ]
-        median, low, high = median_interval(pairs)
-        interval = (
-            f"95% CI {low:.3f}-{high:.3f}"
-            if low is not None
-            else "too few pairs for a 95% interval"
-        )
-        print(
-            f"default / none       = {median:.3f}   (median of per-pair ratios, {interval}; target >= 0.97)"
-        )
+        for name in samples:
+            if name == "no summaries":
+                continue
+            # Each repeat ran every configuration once: its ratio to that repeat's none.
+            pairs = [d / n for d, n in zip(samples[name], samples["no summaries"], strict=True)]
+            median, low, high = median_interval(pairs)
+            interval = (
+                f"95% CI {low:.3f}-{high:.3f}"
+                if low is not None
+                else "too few repeats for a 95% interval"
+            )
+            label = "default" if name == "default summaries" else name
+            target = "; target >= 0.97" if name == "default summaries" else ""
+            print(
+                f"{label + ' / none':<41}= {median:.3f}   (median of per-repeat ratios, {interval}{target})"
+            )
 
 
 if __name__ == "__main__":

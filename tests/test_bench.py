@@ -1,6 +1,7 @@
 """The benchmarks are run by hand, not by CI: these keep them running (a bench that breaks
 silently is found only when someone needs its numbers)."""
 
+import argparse
 import importlib.util
 import re
 import shutil
@@ -57,6 +58,29 @@ def test_monitoring_costs_add_up_over_a_job_at_the_default_cadences() -> None:
     every = {name: 1.0 for name in kinds}
     off = SummariesSpec(histograms_every=0, images_every=0, trace_steps=[], graph=False)
     assert job_seconds(every, off, 1000) == 100
+
+
+def test_whole_worker_specs_differ_from_the_defaults_in_their_kinds_alone() -> None:
+    from trainer.spec import JobSpec, SummariesSpec
+
+    bench = load("towers_bench")
+    args = argparse.Namespace(parameter_device="cpu", batch=128, worker_steps=1000, attribute=True)
+    specs = bench.worker_specs(args)
+    assert list(specs) == ["default summaries", "no summaries", "defaults less the trace",
+                           "defaults less scalars", "defaults less histograms, images"]  # fmt: skip
+    summaries = {name: JobSpec.model_validate(spec).summaries for name, spec in specs.items()}
+    defaults = SummariesSpec().model_dump()
+    assert summaries["default summaries"].model_dump() == defaults
+    for name, off in [("defaults less the trace", {"trace_steps": []}),
+                      ("defaults less scalars", {"scalars_every": 0}),
+                      ("defaults less histograms, images",
+                       {"histograms_every": 0, "images_every": 0})]:  # fmt: skip
+        assert summaries[name].model_dump() == defaults | off, name
+    none = summaries["no summaries"]
+    assert not (none.scalars_every or none.histograms_every or none.images_every)
+    assert not (none.trace_steps or none.graph)
+    args.attribute = False
+    assert list(bench.worker_specs(args)) == ["default summaries", "no summaries"]
 
 
 @pytest.mark.slow

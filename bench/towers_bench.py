@@ -13,7 +13,7 @@
    the same round see the same drift, and it cancels out of their ratio.
 2. The cost of the default monitoring, two ways:
    a. each summary kind's cost per call, timed in this process through the controller's
-      own methods on a 2-tower `cnn` (first, before the configurations of 1 are built, so
+      own methods on a 2-tower `cnn` (first, before part 1 builds its configurations, so
       that the process is in a worker's state), and the share of a default 1000-step job
       it adds up to (stable: it does not depend on how busy the machine is), with a step's
       time after the device trace beside the one before it. Twice: all of the work

@@ -156,8 +156,8 @@ class TowerTrainer:
         self.eval_step = tf.function(self._eval_step, input_signature=[image_spec, label_spec])
         # The step's one concrete function (its signature admits no other), made at the
         # first step and called directly from then on: the tf.function's own call binds
-        # the arguments and looks its cache up first, 140 µs a call on this CPU, which a
-        # GPU step of 3-4 ms bound by the host's launches pays in full.
+        # the arguments and looks its cache up first, 0.14-0.28 ms a call on this CPU,
+        # which a GPU step of 3-4 ms bound by the host's launches pays in full.
         self._train_concrete: tf.types.experimental.ConcreteFunction | None = None
         # Made once, not per step, and on the host: a `tf.cond` reads its predicate there, so
         # a flag made under a GPU's device scope (the parameter device's) crossed every step.

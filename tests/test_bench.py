@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,10 +72,12 @@ def test_whole_worker_specs_differ_from_the_defaults_in_their_kinds_alone() -> N
     summaries = {name: JobSpec.model_validate(spec).summaries for name, spec in specs.items()}
     defaults = SummariesSpec().model_dump()
     assert summaries["default summaries"].model_dump() == defaults
-    for name, off in [("defaults less the trace", {"trace_steps": []}),
-                      ("defaults less scalars", {"scalars_every": 0}),
-                      ("defaults less histograms, images",
-                       {"histograms_every": 0, "images_every": 0})]:  # fmt: skip
+    less: dict[str, dict[str, Any]] = {
+        "defaults less the trace": {"trace_steps": []},
+        "defaults less scalars": {"scalars_every": 0},
+        "defaults less histograms, images": {"histograms_every": 0, "images_every": 0},
+    }
+    for name, off in less.items():
         assert summaries[name].model_dump() == defaults | off, name
     none = summaries["no summaries"]
     assert not (none.scalars_every or none.histograms_every or none.images_every)

@@ -530,6 +530,10 @@ def worker_specs(args: argparse.Namespace) -> dict[str, dict]:
 def monitoring_benchmark(args: argparse.Namespace) -> dict[str, list[float]]:
     specs = worker_specs(args)
     names = list(specs)
+    print(
+        f"\nwhole workers, cnn on 2 towers, {args.worker_steps} steps, {args.worker_repeats} "
+        f"runs of each of {len(specs)} configurations, in rotating order"
+    )
     samples: dict[str, list[float]] = {name: [] for name in specs}
     env = dict(os.environ)
     if args.split_gpu_mb:  # the workers' towers on logical GPUs of the one card, as above
@@ -567,10 +571,6 @@ def main() -> None:
         print()
         print_step_benchmarks(*step_benchmarks(args, devices))
     if args.worker_steps:
-        print(
-            f"\nwhole workers, cnn on 2 towers, {args.worker_steps} steps, {args.worker_repeats} "
-            f"runs of each of {len(worker_specs(args))} configurations, in rotating order"
-        )
         samples = monitoring_benchmark(args)
         for name, rates in samples.items():
             print(

@@ -135,6 +135,17 @@ def test_start_bench_runs_and_reports_the_ratio() -> None:
     assert "service / floor, median of 1 per-round ratios:" in done.stdout, done.stdout
 
 
+def test_bucketing_bench_runs_and_reports_every_bucketing() -> None:
+    done = subprocess.run(
+        [sys.executable, "bench/bucketing_bench.py", "--rounds", "1", "--seconds", "0.2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    for row in ("| control (np.sort) |", "| np.histogram |", "| histogram_buckets |"):
+        assert row in done.stdout, done.stdout
+    assert "16 tensors, 3,260,180 values" in done.stdout, done.stdout
+
+
 def test_series_bench_runs_and_reports_every_figure() -> None:
     done = subprocess.run(
         [sys.executable, "bench/series_bench.py", "--steps", "40000", "--series", "2"],

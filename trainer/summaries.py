@@ -17,11 +17,12 @@ Cost is the point here: the defaults must take at most 3% of throughput, on a GP
   `make_tensor_proto` and 6.4 ms as eager `tf.summary.scalar` ops (a `tf.function` of
   summary ops costs about a second to trace, per job);
 - histograms and images take only a host copy of their tensors on the loop; a background
-  thread buckets the histograms (`np.histogram`: TensorBoard's stock op takes about
-  100 ms for 1.6M values here) and encodes the images' PNGs (on the CPU: on an H100
-  each new GPU kernel is compiled from PTX first, 0.6–1.5 s at a job's first images).
-  On a GPU host the loop waits on the device while that thread works; on a CPU host the
-  thread shares the cores with training, so the work costs what it did, not less.
+  thread buckets the histograms (TensorBoard's stock op takes about 100 ms for 1.6M
+  values here) and encodes the images' PNGs (on the CPU: on an H100 each new GPU kernel
+  is compiled from PTX first, 0.6–1.5 s at a job's first images). On a GPU host that
+  thread runs on a core the loop leaves idle, and costs the loop only the GIL it holds:
+  so it buckets in numpy calls that release the GIL as they run (`histogram_buckets`).
+  On a CPU host it shares the cores with training, so its work costs what it takes.
   At most `MAX_PENDING` calls wait for the thread; the next one waits for the oldest
   before it takes its copies.
 Measured by `bench/towers_bench.py` and recorded in docs/benchmarks.md.
@@ -56,6 +57,8 @@ from trainer.descriptions import describe
 log = logging.getLogger(__name__)
 
 HISTOGRAM_BUCKETS = 30
+# Values bucketed at a time: a float64 copy of a chunk (8 MiB) at most, whatever the tensor.
+BUCKETING_CHUNK = 1 << 20
 # Calls handed to the background thread and not yet written; the next one waits for the
 # oldest before it takes its host copies. Two, so that a step's histograms and its images
 # do not wait on each other; the copies held stay at two calls' worth (13 MB for the
@@ -99,42 +102,63 @@ class EventFile:
 
 
 def histogram_buckets(values: np.ndarray, buckets: int = HISTOGRAM_BUCKETS) -> np.ndarray:
-    """[buckets, 3] of (left edge, right edge, count), the histogram plugin's format.
+    """[buckets, 3] of (left edge, right edge, count), the histogram plugin's format: the
+    buckets of `np.histogram(values, buckets)`, counted the same (a value on an edge goes
+    to the bucket that edge opens; the last bucket holds the maximum too).
 
-    Only finite values are counted: a NaN or infinity has no place on the axis, and
-    `np.histogram` refuses a range that holds one (a gradient that overflowed at a step
+    Only finite values are counted: a NaN or infinity has no place on the axis (and
+    `np.histogram` refuses a range that holds one: a gradient that overflowed at a step
     whose loss was still finite failed the job). A tensor of one value gets TensorBoard's
     own shape for it (`tf.summary.histogram`): every edge at the value, every count in the
     last bucket, so the distributions chart shows the value and not a spread from it to
     value + 1. No values (empty, or none finite): zeros, as TensorBoard writes them.
     """
-    flat = np.asarray(values, dtype=np.float64).ravel()
+    flat = np.asarray(values).ravel()
+    if flat.dtype.kind not in "biuf":  # not a number type: as float64, or a clear error
+        flat = flat.astype(np.float64)
     if not flat.size:
         return np.zeros((buckets, 3))
+    # Float64 is exact for every value's order, so these are the minimum and maximum of
+    # the float64 values `np.histogram` would see, without a float64 copy of the tensor.
     low, high = float(flat.min()), float(flat.max())
     if not (math.isfinite(low) and math.isfinite(high)):  # a NaN or infinity is min or max
         flat = flat[np.isfinite(flat)]
         if not flat.size:
             return np.zeros((buckets, 3))
         low, high = float(flat.min()), float(flat.max())
-    if high > low:
-        try:
-            with np.errstate(over="raise", invalid="raise"):
-                counts, edges = np.histogram(flat, bins=buckets, range=(low, high))
-            return np.stack([edges[:-1], edges[1:], counts.astype(np.float64)], axis=1)
-        except (ValueError, FloatingPointError):
-            # A range float64 cannot cut into `buckets` finite widths (too narrow for its
-            # precision, or too wide to subtract): edges interpolated without overflow, and
-            # each value counted in the last bucket whose left edge it reaches.
-            t = np.arange(buckets + 1) / buckets
-            edges = np.maximum.accumulate(low * (1.0 - t) + high * t)  # rounding: keep sorted
-            index = np.clip(np.searchsorted(edges, flat, side="right") - 1, 0, buckets - 1)
-            counts = np.bincount(index, minlength=buckets)
-            return np.stack([edges[:-1], edges[1:], counts.astype(np.float64)], axis=1)
-    one = np.full((buckets, 3), low)
-    one[:, 2] = 0.0
-    one[-1, 2] = flat.size
-    return one
+    if high == low:
+        one = np.full((buckets, 3), low)
+        one[:, 2] = 0.0
+        one[-1, 2] = flat.size
+        return one
+    edges = _bucket_edges(low, high, buckets)
+    counts = np.zeros(buckets + 1, np.int64)
+    for start in range(0, flat.size, BUCKETING_CHUNK):
+        chunk = flat[start : start + BUCKETING_CHUNK].astype(np.float64)
+        # Each value's bucket: the last edge at or below it, by binary search; the maximum
+        # lands one past the last bucket and is folded into it below. Not `np.histogram`,
+        # which takes a third of this time but loops in Python over blocks of 65,536
+        # values: it took the GIL back hundreds of times for the `cnn`'s 1.6M values, and
+        # a training loop bound by its own launches (as a short GPU step is) ran a fifth
+        # slower meanwhile. These are a few calls a chunk, each releasing the GIL as it
+        # runs (bench/bucketing_bench.py; docs/benchmarks.md).
+        found = np.searchsorted(edges, chunk, side="right")
+        counts += np.bincount(found, minlength=buckets + 2)[1:]
+    counts[buckets - 1] += counts[buckets]
+    return np.stack([edges[:-1], edges[1:], counts[:buckets].astype(np.float64)], axis=1)
+
+
+def _bucket_edges(low: float, high: float, buckets: int) -> np.ndarray:
+    """`buckets` + 1 edges from `low` to `high` (low < high): `np.histogram`'s own where
+    float64 can cut the range into `buckets` finite widths. Where it cannot (a range too
+    narrow for its precision, or too wide to subtract), interpolated without overflow and
+    kept in order, some buckets then empty or zero-wide."""
+    if math.isfinite(high - low):
+        edges = np.linspace(low, high, buckets + 1)
+        if (edges[:-1] < edges[1:]).all():
+            return edges
+    t = np.arange(buckets + 1) / buckets
+    return np.maximum.accumulate(low * (1.0 - t) + high * t)  # rounding: keep sorted
 
 
 def _scalar_proto(value: float) -> tensor_pb2.TensorProto:

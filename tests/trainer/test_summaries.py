@@ -32,6 +32,26 @@ def test_histogram_buckets_count_every_value():
     np.testing.assert_allclose(buckets[1:, 0], buckets[:-1, 1])
 
 
+@pytest.mark.parametrize("chunk", [7, 1 << 20], ids=["in chunks of 7", "in one chunk"])
+def test_histogram_buckets_are_numpys(monkeypatch, chunk):
+    # The buckets and counts of np.histogram, which they replace: values on every edge
+    # (integers, the edges themselves) go to the bucket the edge opens, the maximum to the
+    # last; counted across chunk boundaries alike.
+    monkeypatch.setattr("trainer.summaries.BUCKETING_CHUNK", chunk)
+    rng = np.random.default_rng(3)
+    for values in (
+        rng.normal(size=1001).astype(np.float32),
+        rng.integers(-15, 16, 997),
+        np.linspace(-1.0, 2.0, 31),
+        rng.integers(0, 256, (30, 31)).astype(np.uint8),
+    ):
+        counts, edges = np.histogram(values.astype(np.float64), bins=30)
+        buckets = histogram_buckets(values)
+        np.testing.assert_array_equal(buckets[:, 2], counts)
+        np.testing.assert_array_equal(buckets[:, 0], edges[:-1])
+        np.testing.assert_array_equal(buckets[:, 1], edges[1:])
+
+
 @pytest.mark.parametrize(
     "values",
     [np.array([-3e38, 0.0, 3e38], np.float32), np.array([1.0, 2.5, 4.0], np.float16),

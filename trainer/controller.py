@@ -28,7 +28,7 @@ from trainer.profiling import TraceCapture, tower_times_ms
 from trainer.rundir import Outcome, ProgressWriter, RunDir, evaluated_at, last_progress
 from trainer.spec import JobSpec
 from trainer.summaries import SummaryManager, variable_tag
-from trainer.towers import REQUESTS, TowerTrainer, tower_sizes
+from trainer.towers import REQUESTS, SCALARS, TowerTrainer, tower_sizes
 
 log = logging.getLogger(__name__)
 
@@ -320,7 +320,7 @@ class Controller:
                     self.trainer.train_step(
                         images,
                         labels,
-                        with_grad_norm=scalars_due,
+                        with_scalars=scalars_due,
                         requests=tf.constant(requests) if in_cluster else None,
                     ),
                     examples,
@@ -471,10 +471,10 @@ class Controller:
         """`step_seconds`: the mean time of the steps since the last write (None: none timed);
         `examples_per_sec`: the examples those steps trained on a second (None: `batch_size`
         examples a step)."""
-        # The step's scalars in one copy back: each copy from a GPU is a sync of its own.
-        names = ("loss", "accuracy", "learning_rate", "grad_norm")
-        read = tf.concat([tf.stack([out[k] for k in names]), out["tower_loss"]], 0).numpy()
-        values: dict[str, float] = {k: float(v) for k, v in zip(names, read, strict=False)}
+        # The step's scalars, packed by the step itself: one copy back (each copy from a
+        # GPU is a sync of its own) and no eager op on the loop.
+        read = out["scalars"].numpy()
+        values: dict[str, float] = {k: float(v) for k, v in zip(SCALARS, read, strict=False)}
         if step_seconds is not None:
             values["step_time_ms"] = step_seconds * 1000.0
             values["examples_per_sec"] = (
@@ -486,7 +486,7 @@ class Controller:
         # loss this step; a 0 would plot as a perfect tower.
         # The example counts are made on the host: reading them costs no sync.
         for i, (tower_loss, count) in enumerate(
-            zip(read[len(names) :], out["tower_examples"].numpy(), strict=True)
+            zip(read[len(SCALARS) :], out["tower_examples"].numpy(), strict=True)
         ):
             if count > 0:
                 values[f"tower_{i}/loss"] = float(tower_loss)

@@ -77,9 +77,9 @@ class ClusterTrainer(TowerTrainer):
         return int(self.strategy.num_replicas_in_sync)
 
     def _train_step(
-        self, images: tf.Tensor, labels: tf.Tensor, with_grad_norm: tf.Tensor, requests: tf.Tensor
+        self, images: tf.Tensor, labels: tf.Tensor, with_scalars: tf.Tensor, requests: tf.Tensor
     ) -> dict[str, tf.Tensor]:
-        out = self.strategy.run(self._tower_step, args=(images, labels, with_grad_norm, requests))
+        out = self.strategy.run(self._tower_step, args=(images, labels, with_scalars, requests))
         # Each tower's copy of the summed gradients goes to its copy of the variables.
         self._apply(out["grads"], out["learning_rate"])
         self.step.assign_add(1)
@@ -94,6 +94,7 @@ class ClusterTrainer(TowerTrainer):
             "tower_examples": first(out["tower_examples"]),
             "grad_norm": first(out["grad_norm"]),
             "learning_rate": first(out["learning_rate"]),
+            "scalars": first(out["scalars"]),
             "grads": [first(g) for g in out["averaged"]],
             "requests": first(out["requests"]),
         }
@@ -102,7 +103,7 @@ class ClusterTrainer(TowerTrainer):
         return self.strategy.experimental_local_results(value)[0]
 
     def _tower_step(
-        self, images: tf.Tensor, labels: tf.Tensor, with_grad_norm: tf.Tensor, requests: tf.Tensor
+        self, images: tf.Tensor, labels: tf.Tensor, with_scalars: tf.Tensor, requests: tf.Tensor
     ) -> dict[str, Any]:
         """One tower of the cluster, in replica context: its shard of the global batch."""
         context = tf.distribute.get_replica_context()
@@ -145,17 +146,23 @@ class ClusterTrainer(TowerTrainer):
                 )
                 for var, average in zip(self._bn_variables, averages, strict=True):
                     var.assign(average)  # this tower's copy; every tower assigns the same
-            grads, averaged, grad_norm = self._finish_gradients(grads, with_grad_norm)
+            grads, averaged, clip_norm = self._finish_gradients(grads)
             learning_rate = self.current_learning_rate()
+            loss, accuracy = numbers[0] / batch_f, numbers[1] / batch_f
+            tower_loss = numbers[2 : 2 + towers] / tf.maximum(tf.cast(sizes, tf.float32), 1.0)
+            grad_norm, scalars = self._step_scalars(
+                with_scalars, averaged, clip_norm, loss, accuracy, learning_rate, tower_loss
+            )
         return {
             "grads": grads,
             "averaged": averaged,
-            "loss": numbers[0] / batch_f,
-            "accuracy": numbers[1] / batch_f,
-            "tower_loss": numbers[2 : 2 + towers] / tf.maximum(tf.cast(sizes, tf.float32), 1.0),
+            "loss": loss,
+            "accuracy": accuracy,
+            "tower_loss": tower_loss,
             "tower_examples": sizes,
             "grad_norm": grad_norm,
             "learning_rate": learning_rate,
+            "scalars": scalars,
             "requests": tf.cast(numbers[2 + towers :] > 0, tf.int32),
         }
 

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 # (`TowerTrainer.train_step`'s `requests`): stop after this step; checkpoint after it
 # (a time-based cadence, whose clock differs per worker).
 REQUESTS = ("stop", "checkpoint")
+# What a scalars step packs into its `scalars` output, in this order, each tower's loss after.
+SCALARS = ("loss", "accuracy", "learning_rate", "grad_norm")
 
 
 def tower_sizes(batch: tf.Tensor, towers: int) -> tf.Tensor:
@@ -80,13 +82,15 @@ def _is_weight_decayed(var: keras.Variable) -> bool:
 class TowerTrainer:
     """Builds the train and eval steps of `model` over `tower_devices`.
 
-    `train_step(x, y, with_grad_norm=False)` returns a dict of tensors: loss (mean
+    `train_step(x, y, with_scalars=False)` returns a dict of tensors: loss (mean
     cross-entropy over the global batch), accuracy, tower_loss (each tower's mean loss; 0
     for a tower with no examples), tower_examples (each tower's example count),
-    grad_norm (global norm of the averaged gradient before clipping; computed only when
-    asked for or when clipping needs it, since it is a pass over every gradient, 3% of a
-    `cnn` step on a CPU; 0 otherwise), learning_rate (the rate this step used), grads (the
-    averaged gradients, before clipping), requests (see `train_step`).
+    grad_norm (global norm of the averaged gradient before clipping; computed only on a
+    scalars step or when clipping needs it, since it is a pass over every gradient, 3% of
+    a `cnn` step on a CPU; 0 otherwise), learning_rate (the rate this step used),
+    scalars (on a scalars step, the `SCALARS` then each tower's loss in one tensor, which
+    the controller reads back in one copy; zeros otherwise), grads (the averaged
+    gradients, before clipping), requests (see `train_step`).
 
     The update goes through TensorFlow's fused training kernels when the optimizer allows
     (`trainer.updates`); `fused_updates=False` applies it through Keras instead.
@@ -169,7 +173,7 @@ class TowerTrainer:
         self,
         images: tf.Tensor,
         labels: tf.Tensor,
-        with_grad_norm: bool = False,
+        with_scalars: bool = False,
         requests: tf.Tensor | None = None,
     ) -> dict[str, tf.Tensor]:
         """One update. `requests` (int32, one per `REQUESTS` name, non-zero = asked) come
@@ -179,7 +183,7 @@ class TowerTrainer:
         return self._train_concrete(
             images,
             labels,
-            self._flags[with_grad_norm],
+            self._flags[with_scalars],
             self._no_requests if requests is None else requests,
         )
 
@@ -246,7 +250,7 @@ class TowerTrainer:
         return objective
 
     def _train_step(
-        self, images: tf.Tensor, labels: tf.Tensor, with_grad_norm: tf.Tensor, requests: tf.Tensor
+        self, images: tf.Tensor, labels: tf.Tensor, with_scalars: tf.Tensor, requests: tf.Tensor
     ) -> dict[str, tf.Tensor]:
         batch = tf.shape(images)[0]
         batch_f = tf.cast(batch, tf.float32)
@@ -283,7 +287,7 @@ class TowerTrainer:
                 tf.add_n([tf.convert_to_tensor(g[k]) for g in tower_grads])
                 for k in range(len(self._variables))
             ]
-            grads, averaged, grad_norm = self._finish_gradients(grads, with_grad_norm)
+            grads, averaged, clip_norm = self._finish_gradients(grads)
             learning_rate = self.current_learning_rate()
             self._apply(grads, learning_rate)
             if self._bn_variables:
@@ -297,13 +301,20 @@ class TowerTrainer:
             if self.ema is not None:
                 self.ema.update(self.step)
             tower_counts = tf.maximum(tf.cast(sizes, tf.float32), 1.0)
+            loss = tf.add_n(loss_sums) / batch_f
+            accuracy = tf.add_n(correct_sums) / batch_f
+            tower_loss = tf.stack(loss_sums) / tower_counts
+            grad_norm, scalars = self._step_scalars(
+                with_scalars, averaged, clip_norm, loss, accuracy, learning_rate, tower_loss
+            )
             return {
-                "loss": tf.add_n(loss_sums) / batch_f,
-                "accuracy": tf.add_n(correct_sums) / batch_f,
-                "tower_loss": tf.stack(loss_sums) / tower_counts,
+                "loss": loss,
+                "accuracy": accuracy,
+                "tower_loss": tower_loss,
                 "tower_examples": sizes,
                 "grad_norm": grad_norm,
                 "learning_rate": learning_rate,
+                "scalars": scalars,
                 # For histograms; unused outputs cost nothing beyond keeping them alive.
                 "grads": averaged,
                 # One process: what it asked for is what is agreed (trainer.multiworker).
@@ -311,25 +322,51 @@ class TowerTrainer:
             }
 
     def _finish_gradients(
-        self, grads: list[tf.Tensor], with_grad_norm: tf.Tensor
-    ) -> tuple[list[tf.Tensor], list[tf.Tensor], tf.Tensor]:
+        self, grads: list[tf.Tensor]
+    ) -> tuple[list[tf.Tensor], list[tf.Tensor], tf.Tensor | None]:
         """From the summed gradient of the global mean loss: the gradients to apply
         (weight decay added, clipped), the same before clipping (for histograms), and
-        their global norm before clipping (0 unless asked for or clipping needs it)."""
+        their global norm before clipping when clipping computed it (None otherwise)."""
         if self.weight_decay:
             grads = [
                 g + self.weight_decay * tf.convert_to_tensor(v) if _is_weight_decayed(v) else g
                 for g, v in zip(grads, self._variables, strict=True)
             ]
         averaged = grads
-        if self.clip_norm is not None:
-            grad_norm = tf.linalg.global_norm(grads)
-            grads, _ = tf.clip_by_global_norm(grads, self.clip_norm, use_norm=grad_norm)
-        else:
-            grad_norm = tf.cond(
-                with_grad_norm, lambda: tf.linalg.global_norm(averaged), lambda: 0.0
-            )
-        return grads, averaged, grad_norm
+        if self.clip_norm is None:
+            return grads, averaged, None
+        norm = tf.linalg.global_norm(grads)
+        grads, _ = tf.clip_by_global_norm(grads, self.clip_norm, use_norm=norm)
+        return grads, averaged, norm
+
+    def _step_scalars(
+        self,
+        with_scalars: tf.Tensor,
+        averaged: list[tf.Tensor],
+        clip_norm: tf.Tensor | None,
+        loss: tf.Tensor,
+        accuracy: tf.Tensor,
+        learning_rate: tf.Tensor,
+        tower_loss: tf.Tensor,
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """(grad_norm, scalars). On a scalars step: the averaged gradient's global norm
+        (the clipping's, when it computed one) and the `SCALARS` and each tower's loss in
+        one tensor, packed here so that the loop reads them back in one copy with no
+        eager op of its own (two eager ops on GPU tensors, and a copy each). On other
+        steps: zeros, and no pass over the gradients (the clipping's norm still comes out)."""
+        width = len(SCALARS) + self.num_towers
+
+        def asked() -> tuple[tf.Tensor, tf.Tensor]:
+            norm = clip_norm if clip_norm is not None else tf.linalg.global_norm(averaged)
+            named = {"loss": loss, "accuracy": accuracy, "learning_rate": learning_rate}
+            named["grad_norm"] = norm
+            return norm, tf.concat([tf.stack([named[k] for k in SCALARS]), tower_loss], 0)
+
+        def not_asked() -> tuple[tf.Tensor, tf.Tensor]:
+            norm = clip_norm if clip_norm is not None else tf.constant(0.0)
+            return norm, tf.zeros([width])
+
+        return tf.cond(with_scalars, asked, not_asked)
 
     def _eval_step(self, images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         """[loss sum, correct predictions, examples] of a batch (the caller divides): one

@@ -9,7 +9,7 @@ import tensorflow as tf
 from trainer.models import build_model
 from trainer.optim import make_optimizer
 from trainer.spec import ModelSpec, OptimizerSpec
-from trainer.towers import TowerTrainer, tower_sizes
+from trainer.towers import SCALARS, TowerTrainer, tower_sizes
 
 SHAPE = (8, 8, 1)
 CLASSES = 4
@@ -199,13 +199,30 @@ def test_learning_rate_schedule_config_round_trips():
         assert [float(copy(s)) for s in (0, 4, 20)] == [float(schedule(s)) for s in (0, 4, 20)]
 
 
-def test_grad_norm_only_when_asked():
+def test_grad_norm_and_packed_scalars_only_on_a_scalars_step():
     trainer = make_trainer(2)
     x, y = batch(32)
-    asked = trainer.train_step(x, y, with_grad_norm=True)
+    asked = trainer.train_step(x, y, with_scalars=True)
     expected = np.sqrt(sum(float((g.numpy() ** 2).sum()) for g in asked["grads"]))
     assert float(asked["grad_norm"]) == pytest.approx(expected, rel=1e-5)
-    assert float(trainer.train_step(x, y)["grad_norm"]) == 0.0
+    # The step's scalars in one tensor, in `SCALARS` order, each tower's loss after.
+    packed = [float(asked[k]) for k in SCALARS] + asked["tower_loss"].numpy().tolist()
+    assert asked["scalars"].numpy().tolist() == packed
+    other = trainer.train_step(x, y)
+    assert float(other["grad_norm"]) == 0.0
+    assert other["scalars"].numpy().tolist() == [0.0] * (len(SCALARS) + 2)
+
+
+def test_a_clipping_step_gives_its_grad_norm_on_every_step():
+    trainer = make_trainer(2, clip_norm=1e-3)
+    x, y = batch(32)
+    for with_scalars in (False, True):
+        out = trainer.train_step(x, y, with_scalars=with_scalars)
+        expected = np.sqrt(sum(float((g.numpy() ** 2).sum()) for g in out["grads"]))
+        assert float(out["grad_norm"]) == pytest.approx(expected, rel=1e-5)
+        assert float(out["scalars"][SCALARS.index("grad_norm")]) == (
+            pytest.approx(expected, rel=1e-5) if with_scalars else 0.0
+        )
 
 
 class _WithUnusedLayer(keras.Model):

@@ -146,12 +146,12 @@ class ClusterTrainer(TowerTrainer):
                 )
                 for var, average in zip(self._bn_variables, averages, strict=True):
                     var.assign(average)  # this tower's copy; every tower assigns the same
-            grads, averaged, clip_norm = self._finish_gradients(grads)
+            grads, averaged, norm = self._finish_gradients(grads)
             learning_rate = self.current_learning_rate()
             loss, accuracy = numbers[0] / batch_f, numbers[1] / batch_f
             tower_loss = numbers[2 : 2 + towers] / tf.maximum(tf.cast(sizes, tf.float32), 1.0)
             grad_norm, scalars = self._step_scalars(
-                with_scalars, averaged, clip_norm, loss, accuracy, learning_rate, tower_loss
+                with_scalars, averaged, norm, loss, accuracy, learning_rate, tower_loss
             )
         return {
             "grads": grads,

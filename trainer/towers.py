@@ -287,7 +287,7 @@ class TowerTrainer:
                 tf.add_n([tf.convert_to_tensor(g[k]) for g in tower_grads])
                 for k in range(len(self._variables))
             ]
-            grads, averaged, clip_norm = self._finish_gradients(grads)
+            grads, averaged, norm = self._finish_gradients(grads)
             learning_rate = self.current_learning_rate()
             self._apply(grads, learning_rate)
             if self._bn_variables:
@@ -305,7 +305,7 @@ class TowerTrainer:
             accuracy = tf.add_n(correct_sums) / batch_f
             tower_loss = tf.stack(loss_sums) / tower_counts
             grad_norm, scalars = self._step_scalars(
-                with_scalars, averaged, clip_norm, loss, accuracy, learning_rate, tower_loss
+                with_scalars, averaged, norm, loss, accuracy, learning_rate, tower_loss
             )
             return {
                 "loss": loss,
@@ -343,28 +343,27 @@ class TowerTrainer:
         self,
         with_scalars: tf.Tensor,
         averaged: list[tf.Tensor],
-        clip_norm: tf.Tensor | None,
+        clipping_norm: tf.Tensor | None,
         loss: tf.Tensor,
         accuracy: tf.Tensor,
         learning_rate: tf.Tensor,
         tower_loss: tf.Tensor,
     ) -> tuple[tf.Tensor, tf.Tensor]:
         """(grad_norm, scalars). On a scalars step: the averaged gradient's global norm
-        (the clipping's, when it computed one) and the `SCALARS` and each tower's loss in
-        one tensor, packed here so that the loop reads them back in one copy with no
-        eager op of its own (two eager ops on GPU tensors, and a copy each). On other
-        steps: zeros, and no pass over the gradients (the clipping's norm still comes out)."""
-        width = len(SCALARS) + self.num_towers
+        (`clipping_norm`, when clipping computed it) and the `SCALARS` and each tower's loss
+        in one tensor, packed here so that the loop reads them back in one copy with no
+        eager op of its own (it ran two, each a launch on a GPU's tensors). On other
+        steps: zeros, and no pass over the gradients (a clipping norm still comes out)."""
 
         def asked() -> tuple[tf.Tensor, tf.Tensor]:
-            norm = clip_norm if clip_norm is not None else tf.linalg.global_norm(averaged)
+            norm = clipping_norm if clipping_norm is not None else tf.linalg.global_norm(averaged)
             named = {"loss": loss, "accuracy": accuracy, "learning_rate": learning_rate}
             named["grad_norm"] = norm
             return norm, tf.concat([tf.stack([named[k] for k in SCALARS]), tower_loss], 0)
 
         def not_asked() -> tuple[tf.Tensor, tf.Tensor]:
-            norm = clip_norm if clip_norm is not None else tf.constant(0.0)
-            return norm, tf.zeros([width])
+            norm = clipping_norm if clipping_norm is not None else tf.constant(0.0)
+            return norm, tf.zeros([len(SCALARS) + self.num_towers])
 
         return tf.cond(with_scalars, asked, not_asked)
 

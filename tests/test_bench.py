@@ -126,34 +126,31 @@ def test_towers_bench_runs_and_reports_every_ratio() -> None:
         assert share == pytest.approx(expected, abs=0.0065), done.stdout
 
 
-def test_start_bench_runs_and_reports_the_ratio() -> None:
+def run_bench(*args: str) -> str:
+    """A bench's stdout, run as `python bench/...` from the repository; it must succeed."""
     done = subprocess.run(
-        [sys.executable, "bench/start_bench.py", "--rounds", "1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "service / floor, median of 1 per-round ratios:" in done.stdout, done.stdout
+    return done.stdout
+
+
+def test_start_bench_runs_and_reports_the_ratio() -> None:
+    out = run_bench("bench/start_bench.py", "--rounds", "1")
+    assert "service / floor, median of 1 per-round ratios:" in out, out
 
 
 def test_bucketing_bench_runs_and_reports_every_bucketing() -> None:
-    done = subprocess.run(
-        [sys.executable, "bench/bucketing_bench.py", "--rounds", "1", "--seconds", "0.2"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    out = run_bench("bench/bucketing_bench.py", "--rounds", "1", "--seconds", "0.2")
     for row in ("| control (np.sort) |", "| np.histogram |", "| histogram_buckets |"):
-        assert row in done.stdout, done.stdout
-    assert "16 tensors, 3,260,180 values" in done.stdout, done.stdout
+        assert row in out, out
+    assert "16 tensors, 3,260,180 values" in out, out
 
 
 def test_series_bench_runs_and_reports_every_figure() -> None:
-    done = subprocess.run(
-        [sys.executable, "bench/series_bench.py", "--steps", "40000", "--series", "2"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    out = run_bench("bench/series_bench.py", "--steps", "40000", "--series", "2")
     for row in ("| chart of 2,000 points", "| chart of 600 points", "| storing every batch"):
-        assert row in done.stdout, done.stdout
+        assert row in out, out
 
 
 def fatbin(entries: list[tuple[int, int, bytes]]) -> bytes:

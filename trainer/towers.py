@@ -49,6 +49,11 @@ def tower_sizes(batch: tf.Tensor, towers: int) -> tf.Tensor:
     return base + extra
 
 
+def host_tower_sizes(batch: int, towers: int) -> list[int]:
+    """`tower_sizes` on the host, for a batch whose size is known there."""
+    return [batch // towers + (i < batch % towers) for i in range(towers)]
+
+
 def _shards(
     images: tf.Tensor, labels: tf.Tensor, sizes: tf.Tensor, towers: int
 ) -> list[tuple[tf.Tensor, tf.Tensor, tf.Tensor]]:

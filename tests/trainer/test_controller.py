@@ -18,6 +18,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorboard.backend.event_processing import event_accumulator
 
 from trainer import controller as controller_module
 from trainer.checkpoints import Checkpointer
@@ -223,3 +224,24 @@ def test_a_step_a_report_is_due_at_is_read_at_once(tmp_path, monkeypatch) -> Non
     assert trainer.log == [e for s in range(1, 6) for e in logged("launch", s) + logged("read", s)]
     lines, _ = read_progress(controller.rundir.progress)
     assert [e["step"] for e in lines if e["event"] == "progress"] == [1, 2, 3, 4, 5]
+
+
+def test_each_towers_images_are_the_examples_it_trained_on(tmp_path) -> None:
+    # A batch of 7 on 2 towers: the first tower trains examples 0-3, the second 4-6. Each
+    # example is a flat image of its own shade, so its grid says which examples it holds.
+    controller, _ = run_loop(tmp_path, 1, batches())
+    shades = np.arange(7, dtype=np.float32) / 10
+    images = np.broadcast_to(shades[:, None, None, None], (7, *SHAPE)).copy()
+
+    controller._write_images(3, tf.constant(images))
+    controller.summaries.close()
+
+    acc = event_accumulator.EventAccumulator(
+        str(controller.rundir.tensorboard / "train"), size_guidance={event_accumulator.TENSORS: 0}
+    )
+    acc.Reload()
+    for tag, examples in (("tower_0/inputs", [0, 1, 2, 3]), ("tower_1/inputs", [4, 5, 6])):
+        [event] = acc.Tensors(tag)
+        pngs = tf.make_ndarray(event.tensor_proto)[2:]  # after the width and the height
+        seen = [int(tf.io.decode_png(png).numpy()[0, 0, 0]) for png in pngs]
+        assert seen == [int(shades[k] * 255.5) for k in examples], tag

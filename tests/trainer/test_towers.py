@@ -9,7 +9,7 @@ import tensorflow as tf
 from trainer.models import build_model
 from trainer.optim import make_optimizer
 from trainer.spec import ModelSpec, OptimizerSpec
-from trainer.towers import SCALARS, TowerTrainer, tower_sizes
+from trainer.towers import SCALARS, TowerTrainer, host_tower_sizes, tower_sizes
 
 SHAPE = (8, 8, 1)
 CLASSES = 4
@@ -45,6 +45,14 @@ def max_weight_difference(a: TowerTrainer, b: TowerTrainer) -> float:
 def test_split_tower_sizes_uneven():
     assert tower_sizes(tf.constant(250), 4).numpy().tolist() == [63, 63, 62, 62]
     assert tower_sizes(tf.constant(3), 4).numpy().tolist() == [1, 1, 1, 0]
+
+
+def test_the_host_splits_a_batch_as_the_step_does():
+    # The image summaries show each tower's shard, split on the host.
+    for batch in range(0, 20):
+        for towers in range(1, 6):
+            expected = tower_sizes(tf.constant(batch), towers).numpy().tolist()
+            assert host_tower_sizes(batch, towers) == expected
 
 
 @pytest.mark.parametrize(("optimizer", "tolerance"), [("sgd", 1e-6), ("adam", 1e-5)])

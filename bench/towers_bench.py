@@ -443,9 +443,9 @@ def monitoring_costs(args: argparse.Namespace, devices: Devices) -> None:
     print(
         f"\nmonitoring cost per call (cnn on 2 towers, batch {args.batch}; one step = {step * 1000:.1f} ms)"
     )
-    print(f"  {'':<26}{'on the loop':>12}{'in all':>10}")
+    print(f"  {'':<26}{'on the loop':>12}{'in all':>11}")
     for name, (loop, whole) in costs.items():
-        print(f"  {name:<26}{loop * 1000:>9.1f} ms{whole * 1000:>7.1f} ms")
+        print(f"  {name:<26}{loop * 1000:>9.2f} ms{whole * 1000:>8.2f} ms")
     print(
         f"  (the scalars: the step's gradient norm and pack {scalars_in_step * 1000:.2f} ms, "
         f"reading and writing them {(scalars - scalars_in_step) * 1000:.2f} ms)"

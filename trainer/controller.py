@@ -503,9 +503,9 @@ class Controller:
 
     def _write_images(self, step: int, images: tf.Tensor) -> None:
         # The split the step made (`tower_sizes`), so each grid shows what its tower trained
-        # on. In numpy, on the batch's host memory (the input pipeline's tensors are on the
-        # host: `numpy()` is a view): as eager ops, the split and the sizes' arithmetic cost
-        # 10 ms on the loop at a job's first images, and 1 ms after.
+        # on. In numpy: the input pipeline's batches are on the host, so `numpy()` is a copy
+        # in host memory with no device in it. As eager ops, the split and the sizes'
+        # arithmetic cost 10 ms on the loop at a job's first images, and 1 ms after.
         batch = images.numpy()
         sizes = host_tower_sizes(len(batch), self.trainer.num_towers)
         ends = list(itertools.accumulate(sizes))

@@ -86,54 +86,52 @@ def test_whole_worker_specs_differ_from_the_defaults_in_their_kinds_alone() -> N
     assert list(bench.worker_specs(args)) == ["default summaries", "no summaries"]
 
 
+def run_bench(*args: str, timeout: int = 300) -> str:
+    """A bench's stdout, run as `python bench/...` from the repository; it must succeed."""
+    done = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
 @pytest.mark.slow
 def test_towers_bench_runs_and_reports_every_ratio() -> None:
     # The fewest rounds that give a 95% interval (6), one step each, and a global batch of 8
     # (2 examples a tower at 4 towers): this checks that every part runs and reports, not
     # the numbers; at the default batch of 128 it took 1.7 times the CPU time.
-    done = subprocess.run(
-        [sys.executable, "bench/towers_bench.py", "--rounds", "6", "--steps", "1",
-         "--worker-steps", "0", "--batch", "8"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    out = run_bench(
+        "bench/towers_bench.py", "--rounds", "6", "--steps", "1", "--worker-steps", "0",
+        "--batch", "8", timeout=600,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
     for ratio in (
         "towers(1) / plain",
         "towers(1) / mirrored(1)",
         "towers(2) / mirrored(2)",
         "towers(4) / mirrored(4)",
     ):
-        line = next((line for line in done.stdout.splitlines() if line.startswith(ratio)), None)
-        assert line is not None and "95% CI" in line, done.stdout
+        line = next((line for line in out.splitlines() if line.startswith(ratio)), None)
+        assert line is not None and "95% CI" in line, out
     # Monitoring's share twice: all of its work, and the training loop's part of it.
-    assert "default cadences over a 1000-step job, all of the work" in done.stdout
-    assert "default cadences over a 1000-step job, the loop's share" in done.stdout
-    assert done.stdout.count("throughput ratio") == 2, done.stdout
+    assert "default cadences over a 1000-step job, all of the work" in out
+    assert "default cadences over a 1000-step job, the loop's share" in out
+    assert out.count("throughput ratio") == 2, out
     # Each share is the table's costs a call times their calls in a 1000-step job at the
     # default cadences, the once-only trace included (it once counted as none: the bench's
     # own spec traces no step). Rounding: 0.005 ms a call, times 100 for the scalars, and
     # 0.5 ms in the printed share.
     table = dict(
         (m[1].strip(), (float(m[2]) / 1000, float(m[3]) / 1000))
-        for m in re.finditer(r"^  (\S.*?)\s+([\d.]+) ms\s+([\d.]+) ms$", done.stdout, re.M)
+        for m in re.finditer(r"^  (\S.*?)\s+([\d.]+) ms\s+([\d.]+) ms$", out, re.M)
     )
     calls = {"scalars (+ grad norm)": 100, "histograms": 2, "images, first call": 1,
              "images": 1, "graph (once)": 1, "trace of 3 steps (once)": 1}  # fmt: skip
-    assert table.keys() == calls.keys(), done.stdout
-    assert table["trace of 3 steps (once)"][0] > 0.0012, done.stdout  # or this checks nothing
-    shares = [float(m[1]) for m in re.finditer(r"^  ([\d.]+) s of ", done.stdout, re.M)]
+    assert table.keys() == calls.keys(), out
+    assert table["trace of 3 steps (once)"][0] > 0.0012, out  # or this checks nothing
+    shares = [float(m[1]) for m in re.finditer(r"^  ([\d.]+) s of ", out, re.M)]
     for which, share in zip((1, 0), shares, strict=True):  # all of the work, then the loop's
         expected = sum(table[name][which] * n for name, n in calls.items())
-        assert share == pytest.approx(expected, abs=0.0012), done.stdout
-
-
-def run_bench(*args: str) -> str:
-    """A bench's stdout, run as `python bench/...` from the repository; it must succeed."""
-    done = subprocess.run(
-        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+        assert share == pytest.approx(expected, abs=0.0012), out
 
 
 def test_start_bench_runs_and_reports_the_ratio() -> None:

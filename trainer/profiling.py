@@ -9,6 +9,7 @@ device).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -121,22 +122,21 @@ def tower_times_ms(trace: Path, towers: int, steps: int, on_gpus: bool = False) 
     space = _xplane_pb2().XSpace()
     space.ParseFromString(trace.read_bytes())
     kernels, on_host = [0] * towers, [0] * towers
-    tower_of = _TowerOf(towers)
     for plane in space.planes:
         is_gpu = plane.name.startswith("/device:GPU:")
         totals = kernels if is_gpu else on_host
         stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
         tf_op = next((key for key, name in stat_names.items() if name == "tf_op"), None)
         # A host event's op is its metadata's name: matched once a name, not once an event.
-        host_tower = {key: tower_of(meta.name) for key, meta in plane.event_metadata.items()}
+        host_tower = {key: _tower_index(meta.name) for key, meta in plane.event_metadata.items()}
         for line in plane.lines:
             for event in line.events:
                 tower = (
-                    tower_of(_gpu_op_name(event, tf_op, stat_names))
+                    _tower_index(_gpu_op_name(event, tf_op, stat_names))
                     if is_gpu
                     else host_tower.get(event.metadata_id)
                 )
-                if tower is not None:
+                if tower is not None and tower < towers:
                     totals[tower] += event.duration_ps
     if on_gpus and not any(kernels):
         raise ValueError(
@@ -148,20 +148,12 @@ def tower_times_ms(trace: Path, towers: int, steps: int, on_gpus: bool = False) 
     return [round(ps / 1e9 / max(steps, 1), 3) for ps in total_ps]
 
 
-class _TowerOf:
-    """The tower (below `towers`) whose op an event name is, or None; each name is matched
-    once (a trace names the same few hundred ops in thousands of events)."""
-
-    def __init__(self, towers: int) -> None:
-        self.towers = towers
-        self._seen: dict[str, int | None] = {}
-
-    def __call__(self, name: str) -> int | None:
-        if name not in self._seen:
-            match = _TOWER_OP.match(name)
-            tower = int(match.group(1)) if match else None
-            self._seen[name] = tower if tower is not None and tower < self.towers else None
-        return self._seen[name]
+@functools.lru_cache(maxsize=4096)
+def _tower_index(name: str) -> int | None:
+    """The tower whose op an event name is, or None. Cached: a trace names the same few
+    hundred ops in thousands of events."""
+    match = _TOWER_OP.match(name)
+    return int(match.group(1)) if match else None
 
 
 def _gpu_op_name(event, tf_op: int | None, stat_names: dict[int, str]) -> str:  # noqa: ANN001 - an XEvent

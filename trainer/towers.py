@@ -362,8 +362,12 @@ class TowerTrainer:
 
         def asked() -> tuple[tf.Tensor, tf.Tensor]:
             norm = clipping_norm if clipping_norm is not None else tf.linalg.global_norm(averaged)
-            named = {"loss": loss, "accuracy": accuracy, "learning_rate": learning_rate}
-            named["grad_norm"] = norm
+            named = {
+                "loss": loss,
+                "accuracy": accuracy,
+                "learning_rate": learning_rate,
+                "grad_norm": norm,
+            }
             return norm, tf.concat([tf.stack([named[k] for k in SCALARS]), tower_loss], 0)
 
         def not_asked() -> tuple[tf.Tensor, tf.Tensor]:

@@ -122,6 +122,9 @@ def fold_progress(
             points = [point for point in points if point.step <= step]
         if event == "start" and isinstance(line.get("towers"), int):
             snapshot["towers"] = line["towers"]
+            per_epoch = line.get("steps_per_epoch")
+            if isinstance(per_epoch, int) and not isinstance(per_epoch, bool) and per_epoch > 0:
+                snapshot["steps_per_epoch"] = per_epoch
         elif event == "progress":
             for field in _SNAPSHOT_FIELDS:
                 snapshot[field] = _number(line.get(field))

@@ -60,6 +60,11 @@ class ProgressPublic(BaseModel):
     eta_seconds: float | None = None
     learning_rate: float | None = None
     towers: int | None = None
+    steps_per_epoch: int | None = Field(
+        None,
+        description="How many steps one epoch of the job's training data takes at its batch "
+        "size, as its worker counted them (a resume's `epochs` is checked by it).",
+    )
     tower_ms: list[float] | None = None
     trace_step: int | None = Field(
         None, description="The step the device trace that gave `tower_ms` ended at."

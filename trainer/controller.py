@@ -167,6 +167,7 @@ class Controller:
         checkpointer: Checkpointer,
         stop: threading.Event,
         cluster: Cluster | None = None,
+        steps_per_epoch: int | None = None,
     ) -> None:
         self.spec = spec
         self.trainer = trainer
@@ -181,6 +182,8 @@ class Controller:
         # In a cluster every worker trains, and the chief alone evaluates, traces and
         # takes the service's profile requests; the others wait for it at the next step.
         self.cluster = cluster or Cluster()
+        # Said in the start line: the service checks a later `{"epochs": N}` resume by it.
+        self.steps_per_epoch = steps_per_epoch
         self.trace = TraceCapture(rundir.tensorboard)
         self._trace_steps = set(spec.summaries.trace_steps) if self.cluster.is_chief else set()
         if past := sorted(s for s in self._trace_steps if s > total_steps):
@@ -210,6 +213,7 @@ class Controller:
             total=self.total_steps,
             phase="starting",
             towers=self.trainer.num_towers,
+            **({"steps_per_epoch": self.steps_per_epoch} if self.steps_per_epoch else {}),
             **({"workers": self.cluster.workers} if self.cluster.is_multi_worker else {}),
         )
         out: dict[str, Any] | None = None  # the outputs of the last step whose loss is read

@@ -313,11 +313,12 @@ def _train(
 
     devices, arrays, model = job["devices"], job["arrays"], job["model"]
 
+    per_epoch = steps_per_epoch(arrays.num_train, spec.batch_size)
     if spec.steps is not None:
         total = spec.steps
     else:
         assert spec.epochs is not None  # the spec holds one of the two
-        total = spec.epochs * steps_per_epoch(arrays.num_train, spec.batch_size)
+        total = spec.epochs * per_epoch
     # In a cluster the chief alone writes TensorBoard's logs (trainer/cluster.py).
     summaries = SummaryManager(rundir.tensorboard if cluster.is_chief else None)
     # None until a checkpoint is restored (or none found): a run that fails before then
@@ -392,6 +393,7 @@ def _train(
             checkpointer=checkpointer,
             stop=stop,
             cluster=cluster,
+            steps_per_epoch=per_epoch,
         )
         summary = controller.run()
         step = summary.step
@@ -452,8 +454,8 @@ class PastTheEnd(RuntimeError):
         length = f"{epochs} epochs, {total} steps" if epochs is not None else f"{total} steps"
         super().__init__(
             f"Cannot resume: the latest checkpoint is at step {step}, past this job's total "
-            f"of {length}. Give a larger total (steps or epochs), or use a new job directory "
-            "to start again."
+            f"of {length}. Give a larger total (steps or epochs), or start a new job to train "
+            "from the start."
         )
 
 

@@ -367,18 +367,21 @@ def _resume(job_id: str, resume_in: ResumeCreate, runtime: Runtime) -> Response:
             }
         )
     old_epochs, old_total = job.spec.get("epochs"), (job.progress or {}).get("total")
-    if resume_in.epochs is not None and old_epochs and isinstance(old_total, int):
-        # An epoch's steps, as the worker counted them (total = epochs x steps per epoch).
+    # An epoch's steps, as the worker counted them: said in its start line since
+    # 2026-11-27; before that, known only for a job of epochs (total = epochs x an epoch).
+    per_epoch = (job.progress or {}).get("steps_per_epoch")
+    if not isinstance(per_epoch, int) and old_epochs and isinstance(old_total, int):
         per_epoch = old_total // old_epochs
-        if per_epoch and resume_in.epochs * per_epoch <= last:
-            errors.append(
-                {
-                    "field": "epochs",
-                    "message": f"Expected more than {last // per_epoch}: the job's latest "
-                    f"checkpoint, where it resumes, is at step {last}, and an epoch is "
-                    f"{per_epoch} steps. Received: {resume_in.epochs}",
-                }
-            )
+    epochs = resume_in.epochs
+    if epochs is not None and isinstance(per_epoch, int) and 0 < epochs * per_epoch <= last:
+        errors.append(
+            {
+                "field": "epochs",
+                "message": f"Expected more than {last // per_epoch}: the job's latest "
+                f"checkpoint, where it resumes, is at step {last}, and an epoch is "
+                f"{per_epoch} steps. Received: {epochs}",
+            }
+        )
     if errors:
         raise FieldErrors(errors)
     # Resumed as it is, a job whose latest checkpoint has passed its total (one resumed

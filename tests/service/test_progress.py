@@ -41,6 +41,15 @@ def test_fold_progress_lines() -> None:
     ]
 
 
+@pytest.mark.parametrize("said", [7, 0, True, "7", None], ids=str)
+def test_fold_progress_keeps_an_epochs_length_a_start_line_says(said: object) -> None:
+    # A resume's `epochs` is checked by it; only a whole number of steps above 0 is one.
+    start = {"time": 1.0, "event": "start", "step": 0, "total": 40, "towers": 1}
+    progress, _, _ = fold_progress(None, None, [{**start, "steps_per_epoch": said}])
+    assert progress is not None
+    assert progress.get("steps_per_epoch") == (7 if said == 7 else None)
+
+
 def test_fold_progress_trace_step_is_the_trace_lines_own() -> None:
     """Every progress line after a trace repeats its tower_ms: the step the times are from
     is the trace line's (a trace asked for at step 81, not the spec's trace_steps)."""

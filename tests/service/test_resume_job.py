@@ -321,6 +321,20 @@ def test_resume_real_job_trains_on_from_its_checkpoint_and_longer(
     done = service.wait_state(job_id, "succeeded")
     assert done["result"]["step"] == stopped_at + 50 and done["attempts"] == 2
     _worker_gone(service, done)
+    # Too few epochs for where it stands, though it was a job of steps: refused here from
+    # the epoch length its worker reported, where the worker failed it (and its export
+    # went unserved) before.
+    per_epoch = done["progress"]["steps_per_epoch"]
+    assert isinstance(per_epoch, int) and 0 < per_epoch < stopped_at + 50
+    too_few = _resume(service, job_id, {"epochs": 1})
+    assert too_few.status_code == 422, too_few.text
+    assert too_few.json()["errors"][0]["message"] == (
+        f"Expected more than {(stopped_at + 50) // per_epoch}: the job's latest checkpoint, "
+        f"where it resumes, is at step {stopped_at + 50}, and an epoch is {per_epoch} steps. "
+        "Received: 1"
+    )
+    assert service.job(job_id)["state"] == "succeeded"
+    assert service.client.head(f"/api/v1/jobs/{job_id}/export").status_code == 200
     assert _resume(service, job_id, {"steps": stopped_at + 80}).status_code == 200
     longer = service.wait_state(job_id, "succeeded")
 

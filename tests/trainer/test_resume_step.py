@@ -27,8 +27,8 @@ def test_resume_past_the_total_fails_saying_so(finished, tmp_path):  # noqa: F81
     assert result["outcome"] == "failed"
     assert result["message"] == (
         "Cannot resume: the latest checkpoint is at step 30, past this job's total of 20 "
-        "steps. Give a larger total (steps or epochs), or use a new job directory to start "
-        "again."
+        "steps. Give a larger total (steps or epochs), or start a new job to train from the "
+        "start."
     )
     assert (result["step"], result["total"]) == (30, 20)
     assert sorted(path.name for path in (job_dir / "checkpoints").iterdir()) == kept

@@ -646,6 +646,11 @@ def test_epochs_train_partial_batches_and_scalars_count_their_examples(run):
     code, result, log, folder = run
     assert code == 0, log
     assert result["step"] == result["total"] == 4
+    # The start line says how long an epoch is: the service checks an `epochs` resume by it.
+    starts = [
+        e for e in read_progress(folder / "job" / "progress.jsonl")[0] if e["event"] == "start"
+    ]
+    assert [e["steps_per_epoch"] for e in starts] == [2]
     acc = event_accumulator.EventAccumulator(
         str(folder / "job" / "tb" / "train"), size_guidance={"tensors": 0}
     )

@@ -62,7 +62,8 @@ def admit(
         errors.append(
             {
                 "field": "towers",
-                "message": f"Expected at most {pool.max_towers} towers, the devices this "
+                "message": f"Expected at most {pool.max_towers} "
+                f"tower{'s' if pool.max_towers != 1 else ''}, the devices this "
                 f"service can give ({pool.describe()}). Received: {spec.towers}",
             }
         )

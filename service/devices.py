@@ -52,5 +52,6 @@ class DevicePool:
 
     def describe(self) -> str:
         if self.gpu:
-            return f"{len(self.devices)} GPUs (TOWERBOARD_GPUS={','.join(d[4:] for d in self.devices)})"
+            count = f"{len(self.devices)} GPU{'s' if len(self.devices) != 1 else ''}"
+            return f"{count} (TOWERBOARD_GPUS={','.join(d[4:] for d in self.devices)})"
         return f"a CPU-only host (TOWERBOARD_CPU_MAX_TOWERS={self.max_towers})"

@@ -184,6 +184,8 @@ def install_error_handlers(app: FastAPI) -> None:
             # JSON that parses as text but not as data (nested past Python's recursion
             # limit, say): the same 422 as any other body that is not a JSON spec.
             cause = f"{type(exc.__cause__).__name__}: {exc.__cause__}" if exc.__cause__ else detail
+            if isinstance(exc.__cause__, RecursionError):
+                cause = "Received: one nested too deeply for Python's JSON reader."
             errors = [
                 {"field": "(body)", "message": f"Expected a JSON body that can be read. {cause}"}
             ]

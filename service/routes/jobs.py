@@ -221,10 +221,10 @@ def cancel_job(job: JobDep, runtime: RuntimeDep) -> Response:
         runtime.supervisor.wake()
     else:
         current = store.get(job.id)
-        state = current.state.value if current else job.state.value
+        state = current.state if current else job.state
         raise HTTPException(
             409,
-            f"Job {job.id!r} is already {state}; only queued or running jobs can be cancelled.",
+            f"Job {job.id!r} {_is_in(state)}; only queued or running jobs can be cancelled.",
         )
     updated = store.get(job.id)
     assert updated is not None
@@ -325,6 +325,11 @@ def resume_job(job: JobDep, runtime: RuntimeDep, resume_in: ResumeCreate | None 
     (the data must still be there, the towers still fit)."""
     with _ENDED_JOB_LOCK:  # not while a delete of the job moves its files
         return _resume(job.id, resume_in or ResumeCreate(), runtime)
+
+
+def _is_in(state: JobState) -> str:
+    """A job's state as a message says it: "has ended (succeeded)", not "is succeeded"."""
+    return f"has ended ({state.value})" if state.is_terminal else f"is {state.value}"
 
 
 def _resume(job_id: str, resume_in: ResumeCreate, runtime: Runtime) -> Response:
@@ -455,7 +460,7 @@ def profile_job(
     steps = (profile_in or ProfileCreate()).steps
     if job.state is not JobState.RUNNING:
         raise HTTPException(
-            409, f"Job {job.id!r} is {job.state.value}; only a running job can be traced."
+            409, f"Job {job.id!r} {_is_in(job.state)}; only a running job can be traced."
         )
     if job.cancel_requested_at is not None:
         raise HTTPException(

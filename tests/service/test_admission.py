@@ -42,3 +42,16 @@ def test_admit_names_the_first_root_for_a_glob_that_matches_nowhere(tmp_path: Pa
     spec, [error] = admit(_spec("set/*.nothing.npz"), pool=POOL, data_roots=roots)
     assert spec.data.path == str(roots[0] / "set" / "*.nothing.npz")
     assert error["field"] == "data.path" and "matches no such file" in error["message"]
+
+
+def test_admit_counts_one_device_in_the_singular(tmp_path: Path) -> None:
+    one_gpu = DevicePool(devices=("gpu:3",), gpu=True, max_towers=1)
+    spec = JobSpec.model_validate({"data": {"format": "synthetic"}, "towers": 2})
+    _, errors = admit(spec, pool=one_gpu, data_roots=[tmp_path])
+    assert errors == [
+        {
+            "field": "towers",
+            "message": "Expected at most 1 tower, the devices this service can give "
+            "(1 GPU (TOWERBOARD_GPUS=3)). Received: 2",
+        }
+    ]

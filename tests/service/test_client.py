@@ -347,7 +347,7 @@ def test_cancel_queued_and_running_jobs(
     again = towerboard("cancel", running["id"], url=service.base_url)
     assert again.returncode == 1
     assert one_error_line(again) == (
-        f"towerboard: error: Job {running['id']!r} is already cancelled; "
+        f"towerboard: error: Job {running['id']!r} has ended (cancelled); "
         "only queued or running jobs can be cancelled."
     )
     # --wait asks for a stopped job, and this one is: a script waiting on it goes on.

@@ -488,7 +488,7 @@ def test_cancel_job_queued_and_running(service: Service) -> None:
     again = service.client.post(f"/api/v1/jobs/{running['id']}/cancel")
     assert again.status_code == 409
     assert again.json() == {
-        "detail": f"Job '{running['id']}' is already cancelled; only queued or running jobs "
+        "detail": f"Job '{running['id']}' has ended (cancelled); only queued or running jobs "
         "can be cancelled.",
         "errors": [],
     }
@@ -541,12 +541,41 @@ def test_create_job_every_error_listed(service: Service) -> None:
             "Received: 'vgg'",
         },
         {"field": "towers", "message": "Input should be greater than or equal to 1. Received: 0"},
-        {
-            "field": "batch_size",
-            "message": "Input should be a valid integer, unable to parse string as an integer. "
-            "Received: 'big'",
-        },
+        {"field": "batch_size", "message": "Input should be a valid integer. Received: 'big'"},
     ]
+
+
+def test_create_job_value_of_another_json_type(service: Service) -> None:
+    # Each was read as the type its field takes: `"towers": true` was a 201 with towers 1.
+    data = {**job_spec()["data"], "augment": {"flip_left_right": "yes"}}
+    spec = job_spec(towers=True, steps="500", seed=True, deterministic=1, priority="3", data=data)
+    assert _errors(service, spec) == [
+        {"field": "priority", "message": "Input should be a valid integer. Received: '3'"},
+        {
+            "field": "data.augment.flip_left_right",
+            "message": "Input should be a valid boolean. Received: 'yes'",
+        },
+        {"field": "towers", "message": "Input should be a valid integer. Received: true"},
+        {"field": "steps", "message": "Input should be a valid integer. Received: '500'"},
+        {"field": "seed", "message": "Input should be a valid integer. Received: true"},
+        {"field": "deterministic", "message": "Input should be a valid boolean. Received: 1"},
+    ]
+
+
+def test_create_job_integer_where_a_number_is_expected(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # JSON has one number type: 1 is a learning rate as 1.0 is. Stored as a float, the spec
+    # is validated again, as it is, when the job is resumed.
+    service = make_service(env=fake_worker_env(tmp_path))
+    service.start()
+    job = service.submit(job_spec(name="quick", optimizer={"learning_rate": 1}, weight_decay=0))
+    assert job["spec"]["optimizer"]["learning_rate"] == 1.0 and job["spec"]["weight_decay"] == 0
+    assert isinstance(job["spec"]["weight_decay"], float)
+    service.wait_state(job["id"], "succeeded")
+    resumed = service.client.post(f"/api/v1/jobs/{job['id']}/resume", json={"steps": 80})
+    assert resumed.status_code == 200, resumed.text
+    assert resumed.json()["spec"] == {**job["spec"], "steps": 80}
 
 
 def test_create_job_option_its_optimizer_or_schedule_ignores(service: Service) -> None:
@@ -753,7 +782,10 @@ def test_create_job_nested_too_deep(service: Service) -> None:
     assert response.status_code == 422
     [error] = response.json()["errors"]
     assert error["field"] == "(body)"
-    assert error["message"].startswith("Expected a JSON body that can be read. RecursionError")
+    assert error["message"] == (
+        "Expected a JSON body that can be read. Received: one nested too deeply for Python's "
+        "JSON reader."
+    )
 
 
 @pytest.mark.parametrize(

@@ -54,7 +54,7 @@ def test_profile_job_not_running_409(make_service: Callable[..., Service], tmp_p
     response = service.client.post(f"/api/v1/jobs/{done['id']}/profile")
     assert response.status_code == 409
     assert response.json()["detail"] == (
-        f"Job {done['id']!r} is succeeded; only a running job can be traced."
+        f"Job {done['id']!r} has ended (succeeded); only a running job can be traced."
     )
 
 
@@ -72,6 +72,12 @@ def test_profile_bad_steps_422_and_unknown_job_404(
     assert response.status_code == 422
     assert response.json()["errors"] == [
         {"field": "steps", "message": "Input should be greater than or equal to 1. Received: 0"}
+    ]
+    # A number, as in a job spec: true was read as 1.
+    response = service.client.post(f"/api/v1/jobs/{job['id']}/profile", json={"steps": True})
+    assert response.status_code == 422
+    assert response.json()["errors"] == [
+        {"field": "steps", "message": "Input should be a valid integer. Received: true"}
     ]
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.store import JobRecord, JobState
-from trainer.spec import JobSpec, without_unread
+from trainer.spec import JobSpec, JsonInt, without_unread
 
 # Body of POST /jobs: exactly the trainer's job spec, validated by the same code.
 JobCreate = JobSpec
@@ -203,7 +203,7 @@ class ProfileCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    steps: int = Field(3, ge=1, le=100)
+    steps: JsonInt = Field(3, ge=1, le=100)  # a number, not true or "3", as in a job spec
 
 
 class ResumeCreate(BaseModel):
@@ -212,8 +212,12 @@ class ResumeCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    steps: int | None = Field(None, description="The job's new total steps (replaces `epochs`).")
-    epochs: int | None = Field(None, description="The job's new total epochs (replaces `steps`).")
+    steps: JsonInt | None = Field(
+        None, description="The job's new total steps (replaces `epochs`)."
+    )
+    epochs: JsonInt | None = Field(
+        None, description="The job's new total epochs (replaces `steps`)."
+    )
 
 
 class ProfilePublic(BaseModel):

@@ -2,8 +2,9 @@
 
 Defined once, here, as pydantic models. This module must never import TensorFlow: the
 service validates submissions with exactly the code the worker runs. Unknown keys are
-errors everywhere, every field except ``data`` has a default, and every error names the
-field, what was expected and what was received.
+errors everywhere, every field except ``data`` has a default, a value of the wrong JSON
+type is an error too (``true`` is no 1, ``"500"`` no 500; an integer is a number), and
+every error names the field, what was expected and what was received.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
+    Strict,
     ValidationError,
     field_validator,
     model_validator,
 )
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic_core import InitErrorDetails, PydanticCustomError, PydanticKnownError
 
 from trainer.modelsize import too_large
 from trainer.unknown_keys import UNKNOWN, Known, UnknownKeys, known_keys, model_of, shown_path
@@ -38,13 +41,37 @@ MAX_SYNTHETIC_VALUES = 2**28  # 1 GiB of float32
 # `package.module:function`, each part a Python identifier.
 _CUSTOM_MODEL = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*$")
 
-PositiveInt = Annotated[int, Field(gt=0)]
+
+def _not_bool_or_str(value: Any) -> Any:
+    # Pydantic's lax mode reads JSON's `true` as 1 and "500" as 500: a spec that says
+    # `"towers": true` ran on one tower without a word. Raised as pydantic's own error,
+    # so the message reads as any other type error's.
+    if isinstance(value, (bool, str)):
+        raise PydanticKnownError("int_type")
+    return value
+
+
+# The JSON types each field takes, and no other: a bool is no number, a string is no
+# number or bool, a number is no bool. Per field, not the models' `strict=True`: that, in
+# Python mode (how the service and the worker validate parsed JSON), also refuses a list
+# for a tuple and a string for an enum, which is all JSON has for them.
+# An integer is a JSON number without a fraction: 2000, and 2000.0 as Python clients
+# write it (JSON Schema's "integer" takes both; 2.5 stays an error). Bounds go in the
+# field's `Field(...)` of a `JsonInt`, or before the check (`Annotated[int, Field(...),
+# _INTEGER]`) inside a list, an `Annotated` or `| None`: after it, pydantic writes them
+# into the OpenAPI schema as its own `ge`, not `minimum` (a test checks the schema).
+_INTEGER = BeforeValidator(_not_bool_or_str)
+JsonInt = Annotated[int, _INTEGER]
+JsonFloat = Annotated[float, Strict()]  # strict float still takes an int: 1 is 1.0
+JsonBool = Annotated[bool, Strict()]  # true or false, not 1 or "yes"
+
+PositiveInt = Annotated[int, Field(gt=0), _INTEGER]
 # Caps on the built-in models' sizes: far beyond what they are for, and low enough that a
 # typo (a million hidden layers, a width of 10^9) is refused here, not by a worker that
 # hangs building the model or runs out of memory after the job waited its turn.
 MAX_LAYERS = 64
-LayerWidth = Annotated[int, Field(gt=0, le=65_536)]
-NonNegativeInt = Annotated[int, Field(ge=0)]
+LayerWidth = Annotated[int, Field(gt=0, le=65_536), _INTEGER]
+NonNegativeInt = Annotated[int, Field(ge=0), _INTEGER]
 
 
 def _validate_nested(model: type[BaseModel], raw: dict[str, Any], at: tuple[str, str]) -> BaseModel:
@@ -89,7 +116,7 @@ class MlpParams(_Strict):
     hidden: list[LayerWidth] = Field(
         default_factory=lambda: [500], min_length=1, max_length=MAX_LAYERS
     )
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    dropout: JsonFloat = Field(0.0, ge=0.0, lt=1.0)
 
 
 class CnnParams(_Strict):
@@ -97,7 +124,7 @@ class CnnParams(_Strict):
 
     filters: tuple[LayerWidth, LayerWidth] = (32, 64)
     dense: LayerWidth = 512
-    dropout: float = Field(0.4, ge=0.0, lt=1.0)
+    dropout: JsonFloat = Field(0.4, ge=0.0, lt=1.0)
 
     @field_validator("filters", mode="before")
     @classmethod
@@ -114,11 +141,11 @@ class CnnParams(_Strict):
 class ResnetParams(_Strict):
     """`resnet`: a small residual network with batch norm."""
 
-    width: Annotated[int, Field(gt=0, le=1024)] = 16  # doubles at each stage
-    blocks_per_stage: list[Annotated[int, Field(gt=0, le=MAX_LAYERS)]] = Field(
+    width: Annotated[int, Field(gt=0, le=1024), _INTEGER] = 16  # doubles at each stage
+    blocks_per_stage: list[Annotated[int, Field(gt=0, le=MAX_LAYERS), _INTEGER]] = Field(
         default_factory=lambda: [1, 1, 1], min_length=1, max_length=8
     )
-    bn_momentum: float = Field(0.9, gt=0.0, lt=1.0)
+    bn_momentum: JsonFloat = Field(0.9, gt=0.0, lt=1.0)
 
 
 class LogisticParams(_Strict):
@@ -170,10 +197,10 @@ class ModelSpec(_Strict):
 class AugmentSpec(_Strict):
     """Augmentations applied to training images (never to eval images)."""
 
-    flip_left_right: bool = False
-    random_crop_padding: NonNegativeInt = Field(0, le=64)
-    brightness: float = Field(0.0, ge=0.0, le=1.0)
-    contrast: float = Field(0.0, ge=0.0, lt=1.0)
+    flip_left_right: JsonBool = False
+    random_crop_padding: Annotated[int, Field(ge=0, le=64), _INTEGER] = 0
+    brightness: JsonFloat = Field(0.0, ge=0.0, le=1.0)
+    contrast: JsonFloat = Field(0.0, ge=0.0, lt=1.0)
 
     @property
     def any(self) -> bool:
@@ -208,9 +235,9 @@ class SyntheticParams(_Strict):
     shape: list[PositiveInt] = Field(
         default_factory=lambda: [28, 28, 1], min_length=2, max_length=3
     )
-    classes: int = Field(10, ge=2, le=10_000)
-    size: int = Field(4096, ge=2, le=10_000_000)
-    noise: float = Field(0.3, ge=0.0, le=10.0)
+    classes: JsonInt = Field(10, ge=2, le=10_000)
+    size: JsonInt = Field(4096, ge=2, le=10_000_000)
+    noise: JsonFloat = Field(0.3, ge=0.0, le=10.0)
 
     @model_validator(mode="after")
     def _check_memory(self) -> SyntheticParams:
@@ -230,7 +257,7 @@ class DataSpec(_Strict):
 
     format: Literal["synthetic", "idx", "npz", "tfrecord"]
     path: str | None = None
-    eval_fraction: float = Field(0.2, ge=0.0, lt=1.0)
+    eval_fraction: JsonFloat = Field(0.2, ge=0.0, lt=1.0)
     # Kept for the public contract. The pipeline shuffles every epoch fully with a seeded
     # index permutation, which needs no buffer (and keeps checkpoints tiny).
     shuffle_buffer: PositiveInt = 10_000
@@ -274,22 +301,22 @@ class ScheduleSpec(_Strict):
 
     name: Literal["constant", "exponential_decay", "polynomial", "cosine"] = "constant"
     decay_steps: PositiveInt = 1000
-    decay_rate: float = Field(0.96, gt=0.0, le=1.0)
-    staircase: bool = False
-    power: float = Field(1.0, gt=0.0)
-    end_learning_rate: float = Field(0.0, ge=0.0)
-    alpha: float = Field(0.0, ge=0.0, le=1.0)  # cosine: final LR as a fraction of the initial
+    decay_rate: JsonFloat = Field(0.96, gt=0.0, le=1.0)
+    staircase: JsonBool = False
+    power: JsonFloat = Field(1.0, gt=0.0)
+    end_learning_rate: JsonFloat = Field(0.0, ge=0.0)
+    alpha: JsonFloat = Field(0.0, ge=0.0, le=1.0)  # cosine: final LR as a fraction of the initial
 
 
 class OptimizerSpec(_Strict):
     """Optimizer, learning rate and its schedule."""
 
     name: Literal["sgd", "momentum", "adam"] = "adam"
-    learning_rate: float = Field(0.001, gt=0.0, le=10.0)
-    momentum: float = Field(0.9, ge=0.0, lt=1.0)
-    beta_1: float = Field(0.9, ge=0.0, lt=1.0)
-    beta_2: float = Field(0.999, ge=0.0, lt=1.0)
-    epsilon: float = Field(1e-7, gt=0.0)
+    learning_rate: JsonFloat = Field(0.001, gt=0.0, le=10.0)
+    momentum: JsonFloat = Field(0.9, ge=0.0, lt=1.0)
+    beta_1: JsonFloat = Field(0.9, ge=0.0, lt=1.0)
+    beta_2: JsonFloat = Field(0.999, ge=0.0, lt=1.0)
+    epsilon: JsonFloat = Field(1e-7, gt=0.0)
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
     warmup_steps: NonNegativeInt = 0
 
@@ -375,9 +402,9 @@ class SummariesSpec(_Strict):
     scalars_every: NonNegativeInt = 10
     histograms_every: NonNegativeInt = 500
     images_every: NonNegativeInt = 500
-    max_images: int = Field(8, ge=1, le=64)
+    max_images: JsonInt = Field(8, ge=1, le=64)
     trace_steps: list[PositiveInt] = Field(default_factory=lambda: [20, 21, 22], max_length=100)
-    graph: bool = True
+    graph: JsonBool = True
 
     @field_validator("trace_steps")
     @classmethod
@@ -400,23 +427,23 @@ class JobSpec(_Strict):
     """A whole training job: the body of `POST /api/v1/jobs` and the worker's spec.json."""
 
     name: str = Field("job", min_length=1, max_length=200)
-    priority: int = Field(0, ge=-1000, le=1000)
+    priority: JsonInt = Field(0, ge=-1000, le=1000)
     model: ModelSpec = Field(default_factory=ModelSpec)
     data: DataSpec
-    towers: int = Field(1, ge=1, le=64)
+    towers: JsonInt = Field(1, ge=1, le=64)
     parameter_device: Literal["cpu", "gpu0"] = "cpu"
-    batch_size: int = Field(256, ge=1, le=1_000_000)
-    steps: int | None = Field(None, ge=1, le=100_000_000)
-    epochs: int | None = Field(None, ge=1, le=1_000_000)
+    batch_size: JsonInt = Field(256, ge=1, le=1_000_000)
+    steps: Annotated[int, Field(ge=1, le=100_000_000), _INTEGER] | None = None
+    epochs: Annotated[int, Field(ge=1, le=1_000_000), _INTEGER] | None = None
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
-    weight_decay: float = Field(0.0, ge=0.0, le=1.0)
-    clip_norm: float | None = Field(None, gt=0.0)
-    ema_decay: float | None = Field(None, gt=0.0, lt=1.0)
+    weight_decay: JsonFloat = Field(0.0, ge=0.0, le=1.0)
+    clip_norm: JsonFloat | None = Field(None, gt=0.0)
+    ema_decay: JsonFloat | None = Field(None, gt=0.0, lt=1.0)
     eval: EvalSpec = Field(default_factory=EvalSpec)
     summaries: SummariesSpec = Field(default_factory=SummariesSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
-    seed: int = Field(0, ge=0, le=2**31 - 1)
-    deterministic: bool = False
+    seed: JsonInt = Field(0, ge=0, le=2**31 - 1)
+    deterministic: JsonBool = False
 
     @field_validator("name")
     @classmethod
@@ -490,6 +517,8 @@ _SHOWN_CHARS = 200
 
 def _shown(value: Any) -> str:
     """`repr(value)`, cut short: a message echoes what it refuses, not all 300 KB of it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"  # as the JSON it came as, not Python's True
     text = repr(value)
     if len(text) <= _SHOWN_CHARS:
         return text

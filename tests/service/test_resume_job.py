@@ -146,6 +146,13 @@ def test_resume_checks_the_new_length_and_the_body(service: Service) -> None:
         json.dumps({"step": 30}): [
             {"field": "step", "message": "Unknown key. Did you mean `steps`?"}
         ],
+        # A number, as in a job spec: "30" and true were read as 30 and 1.
+        json.dumps({"steps": "30"}): [
+            {"field": "steps", "message": "Input should be a valid integer. Received: '30'"}
+        ],
+        json.dumps({"epochs": True}): [
+            {"field": "epochs", "message": "Input should be a valid integer. Received: true"}
+        ],
     }
     for body, errors in cases.items():
         response = service.client.post(

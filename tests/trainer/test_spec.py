@@ -210,6 +210,112 @@ def test_parse_spec_bad_ranges_lists_every_field():
     }
 
 
+# Values of another JSON type: pydantic's lax mode read each as the type the field takes
+# (`"towers": true` ran on 1 tower, `"flip_left_right": "yes"` flipped), without a word.
+WRONG_TYPES = {
+    "bool for int": ({"towers": True}, "towers", "Input should be a valid integer. Received: true"),
+    "string for int": ({"steps": "500"}, "steps",
+                       "Input should be a valid integer. Received: '500'"),
+    "string for bool": ({"data": {**SYNTHETIC, "augment": {"flip_left_right": "yes"}}},
+                        "data.augment.flip_left_right",
+                        "Input should be a valid boolean. Received: 'yes'"),
+    "bool for seed": ({"seed": True}, "seed", "Input should be a valid integer. Received: true"),
+    "number for bool": ({"deterministic": 1}, "deterministic",
+                        "Input should be a valid boolean. Received: 1"),
+    "string for priority": ({"priority": "3"}, "priority",
+                            "Input should be a valid integer. Received: '3'"),
+    "number for string": ({"name": 123}, "name", "Input should be a valid string. Received: 123"),
+    "bool for float": ({"weight_decay": False}, "weight_decay",
+                       "Input should be a valid number. Received: false"),
+    "string for float": ({"optimizer": {"learning_rate": "0.1"}}, "optimizer.learning_rate",
+                         "Input should be a valid number. Received: '0.1'"),
+    "string for optional float": ({"clip_norm": "1"}, "clip_norm",
+                                  "Input should be a valid number. Received: '1'"),
+    "bool for optional int": ({"steps": None, "epochs": True}, "epochs",
+                              "Input should be a valid integer. Received: true"),
+    "float for bool": ({"optimizer": {"schedule": {"name": "exponential_decay", "staircase": 1.0}}},
+                       "optimizer.schedule.staircase",
+                       "Input should be a valid boolean. Received: 1.0"),
+    "bool in an int list": ({"summaries": {"trace_steps": [True]}}, "summaries.trace_steps.0",
+                            "Input should be a valid integer. Received: true"),
+    "string in an int tuple": ({"model": {"name": "cnn", "params": {"filters": [32, "64"]}}},
+                               "model.params.filters.1",
+                               "Input should be a valid integer. Received: '64'"),
+    "bool in model params": ({"model": {"name": "mlp", "params": {"dropout": True}}},
+                             "model.params.dropout",
+                             "Input should be a valid number. Received: true"),
+    "bool in synthetic params": ({"data": {**SYNTHETIC, "params": {"classes": True}}},
+                                 "data.params.classes",
+                                 "Input should be a valid integer. Received: true"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("spec", "field", "message"), WRONG_TYPES.values(), ids=WRONG_TYPES)
+def test_parse_spec_value_of_another_json_type_is_refused(spec, field, message):
+    assert errors_of({"data": SYNTHETIC, **spec}) == {field: message}
+    # The worker reads spec.json as JSON: the same errors there.
+    with pytest.raises(ValidationError) as caught:
+        JobSpec.model_validate_json(json.dumps({"data": SYNTHETIC, **spec}))
+    assert {e["field"]: e["message"] for e in field_errors(caught.value)} == {field: message}
+
+
+def test_parse_spec_integer_where_a_number_is_expected():
+    # JSON has one number type: 1 is a learning rate as much as 1.0 is, and 2000.0 (as
+    # Python's json writes a computed float) a step count, as JSON Schema's "integer" says.
+    spec = JobSpec.model_validate(
+        {
+            "data": {**SYNTHETIC, "eval_fraction": 0, "params": {"noise": 1}},
+            "model": {"name": "mlp", "params": {"dropout": 0}},
+            "optimizer": {"learning_rate": 1, "schedule": {"name": "polynomial", "power": 2}},
+            "weight_decay": 0,
+            "clip_norm": 5,
+            "steps": 2000.0,
+        }
+    )
+    assert spec.optimizer.learning_rate == 1.0 and type(spec.optimizer.learning_rate) is float
+    assert type(spec.weight_decay) is float and type(spec.clip_norm) is float
+    assert type(spec.model.params["dropout"]) is float and type(spec.data.params["noise"]) is float
+    assert spec.steps == 2000 and type(spec.steps) is int
+    assert errors_of({"data": SYNTHETIC, "steps": 2.5}) == {
+        "steps": "Input should be a valid integer, got a number with a fractional part. "
+        "Received: 2.5"
+    }
+
+
+def test_parse_spec_lists_for_tuples_and_strings_for_choices_still_read():
+    # What model-wide strict mode would refuse in Python mode, which JSON cannot say otherwise.
+    spec = JobSpec.model_validate(
+        {
+            "data": SYNTHETIC,
+            "model": {"name": "cnn", "params": {"filters": [4, 8]}},
+            "parameter_device": "gpu0",
+            "optimizer": {"name": "sgd", "schedule": {"name": "cosine"}},
+        }
+    )
+    assert spec.model.params["filters"] == (4, 8) and spec.parameter_device == "gpu0"
+    # A stored spec (dumped as JSON, as the service stores it and resumes from) reads back.
+    assert JobSpec.model_validate(spec.model_dump(mode="json")) == spec
+
+
+def test_spec_schema_states_every_bound_in_json_schema_words():
+    # A bound placed after the type check of `JsonInt` is written by pydantic as its own
+    # `ge`/`gt`, which no OpenAPI reader knows, instead of `minimum`/`exclusiveMinimum`.
+    def keys(node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                yield key
+                yield from keys(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from keys(value)
+
+    schema = JobSpec.model_json_schema()
+    assert not {"ge", "gt", "le", "lt"} & set(keys(schema))
+    assert schema["properties"]["steps"]["anyOf"][0] == {
+        "maximum": 100_000_000, "minimum": 1, "type": "integer"
+    }  # fmt: skip
+
+
 @pytest.mark.parametrize("name", ["   ", "\u200b", "\t\n", "\x01"])
 def test_parse_spec_name_that_shows_nothing(name):
     assert errors_of({"data": SYNTHETIC, "name": name}) == {

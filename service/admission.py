@@ -9,8 +9,9 @@ have been checked here.
 A custom model's module is looked for, never imported (its import may need TensorFlow,
 or run anything): on the worker's path (the project, PYTHONPATH, the installed packages)
 when workers run on the service's own interpreter; otherwise the worker alone checks it.
-Only its top-level package is looked for, and not its function: finding those would mean
-running the module.
+Its top-level package is looked for, and its function in its source, read with `ast`
+where the worker would import it from (`service.modulesource`): a module whose source
+cannot say (an extension, a star import, a module `__getattr__`) is left to the worker.
 
 A relative data path is taken relative to the data roots (the first root where it exists),
 and the job is stored with the absolute path, since the worker runs in its run directory.
@@ -25,6 +26,7 @@ from importlib.machinery import PathFinder
 from pathlib import Path
 
 from service.devices import DevicePool
+from service.modulesource import defines, module_source
 from trainer import modelmodules
 from trainer.datafiles import DataFilesError, check_under_roots, is_glob, resolve_files
 from trainer.spec import JobSpec
@@ -58,6 +60,8 @@ def admit(
                     "packages)",
                 }
             )
+        elif (unbound := _unbound_function(spec.model.name, worker_path)) is not None:
+            errors.append({"field": "model.name", "message": unbound})
     if spec.towers > pool.max_towers:
         errors.append(
             {
@@ -110,6 +114,20 @@ def _holds(candidate: Path) -> bool:
         return os.path.exists(path) or (is_glob(path) and bool(glob.glob(path, recursive=True)))
     except (ValueError, OSError):  # glob on a name it cannot even scan
         return False
+
+
+def _unbound_function(model: str, worker_path: list[str]) -> str | None:
+    """Why `model` ('module:function') names a function its module does not define, or
+    None when it does or its source cannot say (`service.modulesource`): read, not
+    imported."""
+    module, _, function = model.partition(":")
+    source = module_source(module, worker_path)
+    if source is None or defines(source, function) is not False:
+        return None
+    return (
+        f"Expected 'module:function' with a function the module defines. Received: "
+        f"{model!r}, but {source} defines no {function!r} at its top level"
+    )
 
 
 def _missing_module(module: str, worker_path: list[str]) -> str | None:

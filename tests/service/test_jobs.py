@@ -638,6 +638,18 @@ def test_create_job_custom_model_module_missing(service: Service) -> None:
     ]
 
 
+def test_create_job_custom_model_function_missing(service: Service) -> None:
+    # Read from the module's source, not imported: refused here, where the worker failed
+    # the job seconds later ("Module 'json' has no function 'nosuchfn'", exit 2).
+    [error] = _errors(service, job_spec(model={"name": "json:nosuchfn"}))
+    assert error["field"] == "model.name"
+    assert error["message"].startswith(
+        "Expected 'module:function' with a function the module defines. Received: "
+        "'json:nosuchfn', but "
+    )
+    assert error["message"].endswith("json/__init__.py defines no 'nosuchfn' at its top level")
+
+
 def test_create_job_custom_model_module_on_pythonpath(
     make_service: Callable[..., Service], tmp_path: Path
 ) -> None:

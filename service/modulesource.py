@@ -1,0 +1,106 @@
+"""Whether a custom model's module defines its function, told from the module's source.
+
+The service never imports a job's module: it may import TensorFlow (which the service
+never loads), and its top level is code the worker, not the service, is there to run. So
+the module's `.py` file is found the way the worker's import would find it, without
+running any package's `__init__`, and read with `ast` for the names its top level binds.
+Wherever the source cannot say for sure, the answer is "cannot tell" and the worker
+decides, as before: a module that is not a plain `.py` file (an extension, a namespace
+package, a submodule a package makes at import), a module that can bind names no reader
+sees (a star import, a module `__getattr__`, `globals()`, `setattr`, `exec`, `global`
+statements, `sys.modules`), or one that does not parse.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from importlib.machinery import ModuleSpec, PathFinder, SourceFileLoader
+from pathlib import Path
+
+# Names whose use lets a module bind top-level names that no reading of its source sees.
+_DYNAMIC_NAMES = frozenset({"globals", "vars", "locals", "setattr", "exec", "eval", "__import__"})
+
+
+def module_source(module: str, path: list[str]) -> Path | None:
+    """The `.py` file the worker would import as `module` (dotted), looked for on `path`
+    then the service's own `sys.path`, or None when that cannot be told without running a
+    package's code (the module is not there either: the worker says so)."""
+    parts = module.split(".")
+    try:
+        spec: ModuleSpec | None = PathFinder.find_spec(parts[0], path) or (
+            importlib.util.find_spec(parts[0])
+        )
+        for depth in range(1, len(parts)):
+            locations = spec.submodule_search_locations if spec is not None else None
+            if not locations:
+                return None
+            spec = PathFinder.find_spec(".".join(parts[: depth + 1]), list(locations))
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not isinstance(spec.loader, SourceFileLoader) or not spec.origin:
+        return None
+    return Path(spec.origin)
+
+
+def defines(source: Path, name: str) -> bool | None:
+    """Whether the module in `source` binds `name` at its top level (True or False), or
+    None when its source cannot say. Over-counts rather than under: a name bound in any
+    branch of an `if` or `try`, or by a loop or comprehension, counts as bound."""
+    try:
+        tree = ast.parse(source.read_bytes(), filename=str(source))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    if _binds_unseen(tree):
+        return None
+    if source.name == "__init__.py" and _submodule(source.parent, name):
+        return None  # a submodule: the package has it as an attribute once it is imported
+    return name in _top_level_names(tree)
+
+
+def _binds_unseen(tree: ast.Module) -> bool:
+    """Whether the module may bind top-level names its statements do not show."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and any(alias.name == "*" for alias in node.names):
+            return True
+        if isinstance(node, ast.Global):
+            return True
+        if isinstance(node, ast.Name) and node.id in _DYNAMIC_NAMES:
+            return True
+        if isinstance(node, ast.Attribute) and node.attr in ("modules", "__dict__"):
+            return True
+    return any(
+        isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "__getattr__"
+        for node in tree.body
+    )
+
+
+def _submodule(package: Path, name: str) -> bool:
+    return (package / f"{name}.py").exists() or (package / name).is_dir()
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    """Every name the module's own scope binds: not those of its functions, classes and
+    lambdas, which have scopes of their own."""
+    names: set[str] = set()
+    pending: list[ast.AST] = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+            # Decorators and defaults run in the module's scope (a walrus there binds).
+            pending.extend(node.decorator_list)
+            continue
+        if isinstance(node, ast.Lambda):
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            for alias in node.names:
+                names.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
+            names.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            names.add(node.rest)
+        pending.extend(ast.iter_child_nodes(node))
+    return names

@@ -185,7 +185,9 @@ class Supervisor:
                 if job.pid is None:  # found by its argv: store what was never stored
                     self._store.set_worker(job.id, pid=worker.pid, pid_started=worker.started)
                 self._workers[job.id] = worker
+                log.info("Job %s: adopted its running worker (pid %d)", job.id, worker.pid)
                 continue
+            log.info("Job %s: its worker ended while no service watched; settling it", job.id)
             # What it wrote while nobody watched: tens of MB are read on by the ticks.
             self._gone.add(job.id)
             self._settle_gone(job.id, job, parts=RECOVER_PARTS)

@@ -424,6 +424,7 @@ def test_restart_service_adopts_living_worker_then_requeues_dead_one(
     adopted = service.job(first["id"])
     assert adopted["state"] == "running" and adopted["attempts"] == 1
     assert worker_pid(service, first["id"]) == pid
+    assert f"Job {first['id']}: adopted its running worker (pid {pid})" in service.log.read_text()
     assert service.job(second["id"])["state"] == "queued"
     step = adopted["progress"]["step"]
     service.wait_for(
@@ -440,6 +441,9 @@ def test_restart_service_adopts_living_worker_then_requeues_dead_one(
     os.kill(pid, signal.SIGKILL)
     service.start()
     resumed = service.job(first["id"])
+    assert f"Job {first['id']}: its worker ended while no service watched" in (
+        service.log.read_text()
+    )
     assert resumed["attempts"] == 2
     assert resumed["state"] in ("queued", "running")
     assert service.job(second["id"])["state"] == "queued"  # the older job goes first

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from service.client.commands import add_client_commands, parse_url
-from service.settings import Settings
+from service.settings import Settings, unknown_variables
 
 EXIT_CANNOT_START = 1
 EXIT_BAD_SETTING = 2
@@ -133,6 +133,8 @@ def _serve(args: argparse.Namespace) -> int:
             "reach the port can use the service. Set TOWERBOARD_TOKEN, or listen on 127.0.0.1.",
             settings.host,
         )
+    for line in unknown_variables(os.environ):
+        log.warning("%s", line)
     app = create_app(settings)
 
     class Server(uvicorn.Server):

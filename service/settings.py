@@ -9,9 +9,11 @@ Everything the service writes lives under one data directory:
 
 from __future__ import annotations
 
+import difflib
 import re
 import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -180,3 +182,33 @@ class Settings(BaseSettings):
     def resolved(self) -> Settings:
         """These settings with `data_dir` made absolute, so workers and tests agree on paths."""
         return self.model_copy(update={"data_dir": self.data_dir.expanduser().resolve()})
+
+
+# `TOWERBOARD_*` variables that are not the service's settings, and what reads each (a
+# worker inherits the service's environment). tests/test_docs.py holds the docs to these.
+OTHER_VARIABLES = {
+    "TOWERBOARD_URL": "the command-line client's --url default",
+    "TOWERBOARD_DATASETS": "docker-compose.yml: the host's folder mounted at /datasets",
+    "TOWERBOARD_SPLIT_GPU_MB": "trainer/run.py (SPLIT_GPU_ENV), for benchmarks on one card",
+    "TOWERBOARD_JOB_ID": "set by the service in each worker's environment",
+    "TOWERBOARD_SCREENSHOTS": "the dashboard tests: where their screenshots go",
+    "TOWERBOARD_CHROMIUM": "the dashboard tests: the browser they drive",
+}
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A line for each `TOWERBOARD_*` variable in `environ` that nothing reads (a misspelt
+    setting is otherwise ignored without a word), with the nearest known name."""
+    prefix = Settings.model_config.get("env_prefix", "")
+    known = {f"{prefix}{name}".upper() for name in Settings.model_fields} | set(OTHER_VARIABLES)
+    lines = []
+    for name in sorted(environ):
+        if name.upper().startswith(prefix) and name.upper() not in known:
+            # Matched without the prefix, which every name shares: with it, BOGUS "was" GPUS.
+            rest = {known_name.removeprefix(prefix): known_name for known_name in known}
+            near = difflib.get_close_matches(
+                name.upper().removeprefix(prefix), sorted(rest), n=1, cutoff=0.75
+            )
+            hint = f"; did you mean {rest[near[0]]}?" if near else ""
+            lines.append(f"{name} is set, but it is no setting of Towerboard's: ignored{hint}")
+    return lines

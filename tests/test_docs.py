@@ -31,7 +31,7 @@ from service import schemas
 from service.cli import EXIT_BAD_SETTING, EXIT_CANNOT_START, build_parser, main
 from service.main import create_app
 from service.progress import SERIES
-from service.settings import Settings
+from service.settings import OTHER_VARIABLES, Settings
 from trainer import spec as job_spec
 from trainer.rundir import ExitCode
 
@@ -98,12 +98,6 @@ def _table(text: str) -> list[list[str]]:
 
 ENV_PREFIX = "TOWERBOARD_"
 SETTINGS_FIELDS = Settings.model_fields
-# Variables the docs name that are not the service's settings, and where each is read.
-OTHER_VARIABLES = {
-    "TOWERBOARD_URL": "the CLI's --url default",
-    "TOWERBOARD_DATASETS": "docker-compose.yml",
-    "TOWERBOARD_SPLIT_GPU_MB": "trainer/run.py (SPLIT_GPU_ENV), for benchmarks on one card",
-}
 
 
 def _settings_table() -> dict[str, str]:

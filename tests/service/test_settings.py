@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from service.settings import Settings
+from service.settings import Settings, unknown_variables
+
+VARIABLE = re.compile(r"TOWERBOARD_[A-Z][A-Z_]*[A-Z]")
 
 
 def test_read_settings_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -74,3 +77,33 @@ def test_read_settings_token_refused(
     # What `towerboard serve` logs of it: the message, never the secret.
     [error] = raised.value.errors()
     assert value.strip() not in error["msg"] or not value.strip()
+
+
+def test_a_variable_nothing_reads_is_named_with_the_setting_it_is_near() -> None:
+    lines = unknown_variables(
+        {
+            "TOWERBOARD_CPU_JOB": "2",  # misspelt: the service would run with the default
+            "TOWERBOARD_BOGUS": "1",
+            "TOWERBOARD_TOKEN": "t",
+            "TOWERBOARD_URL": "http://h:1",  # the client's, not the service's
+            "TOWERBOARD_SPLIT_GPU_MB": "8192",  # the workers'
+            "PATH": "/bin",
+        }
+    )
+    assert lines == [
+        "TOWERBOARD_BOGUS is set, but it is no setting of Towerboard's: ignored",
+        "TOWERBOARD_CPU_JOB is set, but it is no setting of Towerboard's: ignored; did you "
+        "mean TOWERBOARD_CPU_JOBS?",
+    ]
+
+
+def test_every_towerboard_variable_the_code_reads_is_known() -> None:
+    # So that no variable that something does read is called unknown at the service's
+    # start. (This file alone names unknown ones, on purpose.)
+    root = Path(__file__).resolve().parents[2]
+    files = [root / "docker-compose.yml", *(root / "scripts").glob("*.sh")]
+    for folder in ("service", "trainer", "tests", "bench"):
+        files += [path for path in (root / folder).rglob("*.py") if path != Path(__file__)]
+    read = {name for path in files for name in VARIABLE.findall(path.read_text())}
+    assert "TOWERBOARD_TOKEN" in read and "TOWERBOARD_SPLIT_GPU_MB" in read
+    assert unknown_variables(dict.fromkeys(read, "")) == []

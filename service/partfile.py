@@ -31,15 +31,22 @@ def part_paths(target: Path) -> tuple[Path, Path]:
 def resumable_bytes(target: Path, etag: str | None, size: int | None) -> int:
     """How many bytes of an archive of `etag` and `size` an earlier download to `target`
     left in its part (0: nothing to resume from, start over)."""
-    part, tag = part_paths(target)
-    if etag is None or size is None:
+    if etag is None or size is None or (saved := saved_etag(target)) is None:
         return 0
     try:
-        saved = tag.read_text(encoding="utf-8").strip()
-        held = part.stat().st_size
-    except (OSError, UnicodeDecodeError):
+        held = part_paths(target)[0].stat().st_size
+    except OSError:
         return 0
     return held if saved == etag and held <= size else 0
+
+
+def saved_etag(target: Path) -> str | None:
+    """The ETag of the archive the part of a download to `target` holds bytes of; None
+    when no readable tag is beside it (its version cannot be told)."""
+    try:
+        return part_paths(target)[1].read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 class PartFile:

@@ -12,7 +12,7 @@ import httpx
 from service.client import display as show
 from service.client.api import Client
 from service.client.common import EXIT_UNREACHABLE, ClientError
-from service.partfile import PartFile, PartInUse, part_paths, resumable_bytes
+from service.partfile import PartFile, PartInUse, part_paths, resumable_bytes, saved_etag
 
 # A download waits up to this long between bytes: resuming near the end of a large
 # archive, the service reads all before the first (for the gzip trailer's CRC).
@@ -135,9 +135,14 @@ def download(
             else:
                 total, held = _length(response), 0
                 if stale := part.held():
+                    of = (
+                        f"are of another version of {name}"
+                        if saved_etag(target) is not None
+                        else f"have no {part.tag_path.name} beside them to say which version "
+                        f"of {name} they are"
+                    )
                     sys.stderr.write(
-                        f"the {show.data_size(stale)} in {part.path} are of another version of "
-                        f"{name}: downloading it whole\n"
+                        f"the {show.data_size(stale)} in {part.path} {of}: downloading it whole\n"
                     )
                 part.restart(response.headers.get("etag"))
             progress = _DownloadProgress(name, total, held) if sys.stderr.isatty() else None

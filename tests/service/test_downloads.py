@@ -280,6 +280,16 @@ def test_cli_starts_over_when_the_archive_changed(
     assert "resuming" not in got.stderr
     assert out.read_bytes() == service.client.get(urls(job_id)[2]).content
     assert not part.exists() and not saved_tag.exists()
+    assert f"the 4.9 KiB in {part} are of another version of" in got.stderr
+
+    # A part with no tag beside it: its version cannot be told, and the message says so.
+    part.write_bytes(out.read_bytes()[:1000])
+    untold = towerboard(service, "export", job_id, "-o", str(out), "--force")
+    assert untold.returncode == 0, untold.stderr
+    assert out.read_bytes() == service.client.get(urls(job_id)[2]).content
+    assert f"in {part} have no {saved_tag.name} beside them to say which version of " in (
+        untold.stderr
+    )
 
     # `latest` moved on since the part was saved: another archive, downloaded whole.
     write_checkpoint(run, 60, size=1000)

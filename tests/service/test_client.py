@@ -358,10 +358,10 @@ def test_cancel_queued_and_running_jobs(
 
 
 def test_submit_watch_failed_job_exits_1(service: Service, tmp_path: Path) -> None:
-    # A custom model builder the service cannot check (its module is there; whether the
-    # function is takes importing it) and the worker does not find.
+    # A custom model the service cannot check (its module binds the name; whether that is
+    # a function takes importing it) and the worker finds is none (a string).
     spec = tmp_path / "custom.json"
-    spec.write_text(json.dumps(job_spec(name="custom", model={"name": "json:no_such_builder"})))
+    spec.write_text(json.dumps(job_spec(name="custom", model={"name": "string:ascii_letters"})))
     result = towerboard("submit", str(spec), "--watch", url=service.base_url)
     assert result.returncode == 1, result.stderr
     job_id = result.stdout.strip()

@@ -28,6 +28,11 @@ log = logging.getLogger(__name__)
 _TOWER_OP = re.compile(r"^(?:replica_\d+/)?(?:gradient_tape/)?(?:replica_\d+/)?tower_(\d+)/")
 
 
+# The profiler's own name for a capture's folder: the local time it was written,
+# `2026_11_22_10_42_17`; a capture named by its steps has `_steps_20-22` after it.
+_PROFILER_RUN = re.compile(r"\d{4}(?:_\d\d){5}")
+
+
 def _xplane_pb2():  # noqa: ANN202 - generated protobuf module
     # The XPlane schema ships inside TensorFlow; importing it lazily keeps module import cheap.
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
@@ -41,14 +46,17 @@ class TraceCapture:
     def __init__(self, logdir: Path) -> None:
         self.logdir = logdir
         self.active = False
-        self._started_at = 0.0
-        # The wall-clock second the last capture was written in (see `stop`).
-        self._written_second = -1
+        # The traces under the profiler's own folder names when the capture started: the
+        # one it writes is the one not among them.
+        self._before: set[Path] = set()
+        # The wall-clock second the last capture left under the profiler's own folder name
+        # was written in (see `stop`).
+        self._unnamed_second = -1
 
     def start(self) -> bool:
         if self.active:
             return True
-        self._started_at = time.time()
+        self._before = self._unnamed_traces()
         try:
             options = tf.profiler.experimental.ProfilerOptions(
                 host_tracer_level=2, python_tracer_level=0, device_tracer_level=1
@@ -71,10 +79,12 @@ class TraceCapture:
             return None
         self.active = False
         # The profiler names a capture's folder by the wall-clock second it stops in, so a
-        # capture that stops within the second the last one was written in would write over
-        # it (steps 200-201 of a job, with an eval between, were lost to a trace of 204-205).
-        # Rare (close trace steps), and then waiting out the second costs less than a trace.
-        wait = self._written_second + 1 - time.time()
+        # capture that stops within the second of one still under that name would write
+        # over it (steps 200-201 of a job, with an eval between, were lost to a trace of
+        # 204-205). A capture named by its steps has left that name by now, so only one
+        # that was not (no steps given, or its renaming failed) is waited out: a second on
+        # the loop, which trace steps 100 and 200 of a 4 ms GPU step paid every time.
+        wait = self._unnamed_second + 1 - time.time()
         if wait > 0:
             time.sleep(wait + 0.01)
         try:
@@ -83,16 +93,13 @@ class TraceCapture:
             log.warning("could not stop the profiler: %s", e)
             return None
         finally:
-            self._written_second = math.floor(time.time())
-        written = [
-            p
-            for p in self.logdir.glob("plugins/profile/*/*.xplane.pb")
-            if p.stat().st_mtime >= self._started_at - 1
-        ]
+            stopped_second = math.floor(time.time())
+        written = self._unnamed_traces() - self._before
         if not written:
             return None
         trace = max(written, key=lambda p: p.stat().st_mtime)
         if steps is None:
+            self._unnamed_second = stopped_second
             return trace
         first, last = steps
         label = f"step_{last}" if first == last else f"steps_{first}-{last}"
@@ -102,8 +109,17 @@ class TraceCapture:
             trace.parent.rename(named)
         except OSError as e:  # the trace under the profiler's name is still a trace
             log.warning("could not name the trace %s by its steps: %s", trace.parent, e)
+            self._unnamed_second = stopped_second
             return trace
         return named / trace.name
+
+    def _unnamed_traces(self) -> set[Path]:
+        """The trace files in folders the profiler named (the time they were written)."""
+        return {
+            path
+            for path in self.logdir.glob("plugins/profile/*/*.xplane.pb")
+            if _PROFILER_RUN.fullmatch(path.parent.name)
+        }
 
 
 def tower_times_ms(trace: Path, towers: int, steps: int, on_gpus: bool = False) -> list[float]:

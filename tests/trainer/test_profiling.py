@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from trainer import profiling
 from trainer.models import build_model
 from trainer.optim import make_optimizer
 from trainer.profiling import TraceCapture, _xplane_pb2, tower_times_ms
@@ -182,6 +183,25 @@ def test_captures_that_end_within_one_second_keep_both_traces(tmp_path):
     assert first.read_bytes() != second.read_bytes()
 
 
+def test_captures_named_by_their_steps_never_wait_and_keep_every_trace(tmp_path, monkeypatch):
+    # Named by its steps, a capture leaves the profiler's folder name at once, so the next
+    # one, in the same second or not, cannot write over it: no second is waited out on the
+    # loop (trace steps 100 and 200 of a 4 ms GPU step had waited a second).
+    def no_sleep(seconds: float) -> None:
+        raise AssertionError(f"waited {seconds:.2f} s on the loop")
+
+    monkeypatch.setattr(profiling.time, "sleep", no_sleep)
+    capture = TraceCapture(tmp_path)
+    traces = []
+    for step in (100, 200, 300):
+        assert capture.start()
+        tf.constant(float(step)) + 1.0
+        traces.append(capture.stop((step, step)))
+    assert all(trace is not None and trace.exists() for trace in traces)
+    assert [trace.parent.name.rsplit("_", 1)[1] for trace in traces] == ["100", "200", "300"]
+    assert sorted(tmp_path.glob("plugins/profile/*/*.xplane.pb")) == sorted(traces)
+
+
 def test_a_capture_is_named_by_the_steps_it_holds(tmp_path):
     # The profile plugin lists a job's traces by folder name: the profiler's own is the time
     # alone, which says nothing of which steps a trace holds.
@@ -196,6 +216,6 @@ def test_a_capture_is_named_by_the_steps_it_holds(tmp_path):
     assert names[0].endswith("_steps_20-22") and names[1].endswith("_step_7")
     # The time the profiler named it by stays first: the runs sort by when they were taken.
     assert all(re.fullmatch(r"\d{4}(_\d\d){5}_steps?_[\d-]+", name) for name in names), names
-    assert sorted(p.name for p in (tmp_path / "plugins" / "profile").iterdir()) == names
+    assert sorted(p.name for p in (tmp_path / "plugins" / "profile").iterdir()) == sorted(names)
     assert capture.start()
     assert capture.stop().parent.name.count("_") == 5  # no steps given: the profiler's name

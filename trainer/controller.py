@@ -193,6 +193,10 @@ class Controller:
                 ", ".join(map(str, past)), total_steps, "it" if len(past) == 1 else "them",
             )  # fmt: skip
         self._traced_steps = 0
+        # Steps a profile request (the service's) asked to trace, until a trace takes them:
+        # that trace's line says `requested`, so a page that asked knows its answer from
+        # the spec's own traces.
+        self._requested_steps: set[int] = set()
         self._tower_ms: list[float] | None = None
         self._towers_on_gpus = any(
             tf.DeviceSpec.from_string(d).device_type == "GPU" for d in trainer.tower_devices
@@ -526,6 +530,9 @@ class Controller:
 
     def _finish_trace(self, step: int) -> None:
         steps, self._traced_steps = self._traced_steps, 0
+        traced = range(step - steps + 1, step + 1)
+        requested = not self._requested_steps.isdisjoint(traced)
+        self._requested_steps.difference_update(traced)
         # The steps name the trace's run in TensorBoard's profile plugin.
         path = self.trace.stop((step - steps + 1, step) if steps else None)
         if path is None:
@@ -545,6 +552,7 @@ class Controller:
             step=step,
             tower_ms=self._tower_ms,
             trace_dir=str(path.parent.relative_to(self.rundir.root)),
+            **({"requested": True} if requested else {}),
         )
 
     def _take_profile_request(self, step: int) -> None:
@@ -560,6 +568,7 @@ class Controller:
             request.unlink(missing_ok=True)
         steps = max(1, min(steps, MAX_REQUESTED_TRACE_STEPS))
         self._trace_steps.update(range(step + 1, step + 1 + steps))
+        self._requested_steps.update(range(step + 1, step + 1 + steps))
 
     def _evaluate(self, step: int) -> None:
         if self.eval_data is None or not self.cluster.is_chief:

@@ -52,7 +52,9 @@ export function profileControl(jobId) {
       }
     },
     traced(event) {
-      if (!waiting) return; // a trace of the spec's trace_steps: the times say it
+      // Only a trace holding steps a request asked for (`requested`) answers this one: the
+      // spec's own trace_steps, traced meanwhile, were taken for this page's request.
+      if (!waiting || !event.requested) return;
       waiting = false;
       say("traced", `Traced up to step ${event.step}: the per-tower times below are from ` +
         "it, and the trace is in TensorBoard's profile tab.");

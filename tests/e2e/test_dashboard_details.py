@@ -25,7 +25,8 @@ pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
 
 # `python -m trace_worker run --job-dir DIR`: a step every 0.2 s until SIGTERM; takes the
 # service's profile request as the trainer does (at a report, deleting the file) and
-# writes the `trace` event once the asked steps have run, with each tower's time.
+# writes the `trace` event once the asked steps have run, with each tower's time and
+# `requested`. A trace of the spec's own comes in between, as one of its trace_steps can.
 TRACE_WORKER = """\
 import json, signal, sys, time
 from pathlib import Path
@@ -50,8 +51,13 @@ while not stopped:
     if until is None and request.exists():
         until = step + json.loads(request.read_text())["steps"]
         request.unlink()
+    if until is not None and step == until - 2:
+        progress(event="trace", step=step, tower_ms=[9.0, 9.0], trace_dir="tb/plugins/profile/0")
     if step == until:
-        progress(event="trace", step=step, tower_ms=[1.5, 2.5], trace_dir="tb/plugins/profile/1")
+        progress(
+            event="trace", step=step, tower_ms=[1.5, 2.5], trace_dir="tb/plugins/profile/1",
+            requested=True,
+        )
         until = None
 (job_dir / "result.json").write_text(json.dumps({"outcome": "cancelled", "message": "stopped"}))
 sys.exit(3)
@@ -232,6 +238,9 @@ def test_trace_asked_for_from_the_job_page(browser: Browser, tmp_path: Path) -> 
         expect(status).to_have_text(re.compile(r"^Traced up to step (\d+): the per-tower times"))
         step = re.search(r"step (\d+)", status.inner_text())
         assert step is not None
+        # The requested trace's step, not the spec's trace two steps before it (which the
+        # page took for its answer, naming a step the times below were not from).
+        assert tracing.job(job["id"])["progress"]["trace_step"] == int(step[1])
         assert tracing.job(job["id"])["progress"]["tower_ms"] == [1.5, 2.5]
         towers = page.locator("#towers")
         expect(towers.locator(".tower-value")).to_have_text(["1.50 ms", "2.50 ms"])

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tests.service.harness import Service, fake_worker_env, job_spec, long_job
+from tests.service.test_supervisor import progress_lines
 
 pytestmark = pytest.mark.slow  # real TensorFlow workers, like its siblings
 
@@ -40,6 +41,9 @@ def test_profile_running_job_traces_next_steps(make_service: Callable[..., Servi
     run = service.data_dir / "runs" / job["id"]
     assert list(run.glob("tb/plugins/profile/*/*.xplane.pb"))
     assert not (run / "profile_request.json").exists()  # the worker took it
+    # Its line says it answers a request (the job page waits for that, not for any trace).
+    traces = [line for line in progress_lines(service, job["id"]) if line["event"] == "trace"]
+    assert [line.get("requested") for line in traces] == [True]
     service.client.post(f"/api/v1/jobs/{job['id']}/cancel")
     service.wait_state(job["id"], "cancelled")
 

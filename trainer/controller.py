@@ -590,7 +590,7 @@ class Controller:
             eval_loss=_significant(metrics["loss"]),
             eval_accuracy=round(metrics["accuracy"], 6),
             eval_examples=int(count),
-            phase="eval",
+            phase=self._phase_after("eval", step),
         )
 
     def _eval_sums(self, step: int) -> tuple[float, float, float] | None:
@@ -625,6 +625,8 @@ class Controller:
         return float(totals[0]), float(totals[1]), float(totals[2])
 
     def _save(self, step: int) -> None:
+        # Said before the save, which takes seconds for a large model, and not only after.
+        self.progress.write("phase", step=step, total=self.total_steps, phase="checkpoint")
         path = self.checkpointer.save(step)
         self._checkpoint_path = str(Path(path).relative_to(self.rundir.root))
         self.summaries.flush()
@@ -633,8 +635,14 @@ class Controller:
             step=step,
             total=self.total_steps,
             checkpoint=self._checkpoint_path,
-            phase="checkpoint",
+            phase=self._phase_after("checkpoint", step),
         )
+
+    def _phase_after(self, phase: str, step: int) -> str:
+        """The phase an eval's or a checkpoint's line, written as it ends, leaves the job
+        in: training again, unless the job ends or stops (then the line after says what
+        comes). A job checkpointing twice a second showed "checkpoint" most of the time."""
+        return "training" if step < self.total_steps and not self.stop.is_set() else phase
 
     def _finish_cancelled(self, step: int, metrics: dict[str, float]) -> RunSummary:
         if self.trace.active:

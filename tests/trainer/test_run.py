@@ -153,6 +153,15 @@ def test_run_job_reports_progress(tiny_run):
     }
     checkpoints = [e["checkpoint"] for e in events if e["event"] == "checkpoint"]
     assert checkpoints == ["checkpoints/ckpt-20", "checkpoints/ckpt-40"]
+    # The phase is what the worker does now: a save says so as it begins, and its line
+    # (and an eval's) says training again once it is done, until the job's last step.
+    for kind in ("checkpoint", "eval"):
+        assert [(e["step"], e["phase"]) for e in events if e["event"] == kind] == [
+            (20, "training"),
+            (40, kind),
+        ], kind
+    saving = [e["step"] for e in events if e["event"] == "phase" and e["phase"] == "checkpoint"]
+    assert saving == [20, 40]
     # Each eval (steps 20 and 40) says first how many batches it has: TINY asks for 2.
     starts = [
         e for e in events if e["event"] == "phase" and e["phase"] == "eval" and e["phase_done"] == 0

@@ -403,9 +403,12 @@ def _resume(job_id: str, resume_in: ResumeCreate, runtime: Runtime) -> Response:
     changed = new_spec != without_unread(job.spec)  # a job stored before kept every option
     progress = None
     if job.progress is not None:
-        # The last attempt's phase ("done") and ETA are not this one's: `status` and
-        # `--watch` would show the new attempt "running (done)" until its worker reports.
-        cleared = dict.fromkeys(("phase", "phase_done", "phase_total", "eta_seconds"))
+        # The last attempt's phase ("done"), ETA and speed are not this one's: `status`
+        # and `--watch` would show the new attempt "running (done)" until its worker
+        # reports, and the page a speed for a job that is not running.
+        cleared = dict.fromkeys(
+            ("phase", "phase_done", "phase_total", "eta_seconds", "examples_per_sec")
+        )
         progress = {**job.progress, **cleared}
     if changed and progress is not None:
         # Until the next worker reports, the job shows its step of the new total (of an

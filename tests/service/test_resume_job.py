@@ -216,7 +216,12 @@ def test_resumed_job_shows_no_phase_or_eta_of_the_attempt_before(service: Servic
     try:
         record = store.get(job["id"])
         assert record is not None
-        ended = {**(record.progress or {}), "phase": "done", "eta_seconds": 0.0}
+        ended = {
+            **(record.progress or {}),
+            "phase": "done",
+            "eta_seconds": 0.0,
+            "examples_per_sec": 900.0,
+        }
         store.record_progress(
             job["id"], offset=record.progress_offset, progress=ended, eval=record.eval, points=[]
         )
@@ -227,6 +232,7 @@ def test_resumed_job_shows_no_phase_or_eta_of_the_attempt_before(service: Servic
 
     assert resumed["progress"]["step"] == job["progress"]["step"]
     assert resumed["progress"]["phase"] is None and resumed["progress"]["eta_seconds"] is None
+    assert resumed["progress"]["examples_per_sec"] is None  # no speed while it waits
 
 
 def test_resume_admits_the_spec_again(service: Service) -> None:

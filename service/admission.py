@@ -20,13 +20,11 @@ and the job is stored with the absolute path, since the worker runs in its run d
 from __future__ import annotations
 
 import glob
-import importlib.util
 import os
-from importlib.machinery import PathFinder
 from pathlib import Path
 
 from service.devices import DevicePool
-from service.modulesource import defines, module_source
+from service.modulesource import defines, module_source, top_level_spec
 from trainer import modelmodules
 from trainer.datafiles import DataFilesError, check_under_roots, is_glob, resolve_files
 from trainer.spec import JobSpec
@@ -135,10 +133,8 @@ def _missing_module(module: str, worker_path: list[str]) -> str | None:
     may. Only the top-level package is looked for: a parent package may make its
     submodules at import (os.path, tensorflow.keras), and looking for them the way
     importlib.util.find_spec('a.b') does would run a's __init__."""
-    top = module.split(".")[0]
     try:
-        # The worker's PYTHONPATH comes before the rest of its sys.path, as in the worker.
-        found = PathFinder.find_spec(top, worker_path) or importlib.util.find_spec(top)
+        found = top_level_spec(module, worker_path)
     except (ImportError, ValueError):
         return None  # a finder that cannot say: leave it to the worker
-    return None if found is not None else f"there is no module {top!r}"
+    return None if found is not None else f"there is no module {module.split('.')[0]!r}"

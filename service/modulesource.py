@@ -22,15 +22,22 @@ from pathlib import Path
 _DYNAMIC_NAMES = frozenset({"globals", "vars", "locals", "setattr", "exec", "eval", "__import__"})
 
 
+def top_level_spec(module: str, path: list[str]) -> ModuleSpec | None:
+    """The spec of `module`'s top-level package as the worker would find it: on `path` (its
+    PYTHONPATH, which comes first in its sys.path), then the service's own `sys.path`.
+    None when there is none; raises ImportError or ValueError when a finder cannot say.
+    Never runs the package's code."""
+    top = module.split(".")[0]
+    return PathFinder.find_spec(top, path) or importlib.util.find_spec(top)
+
+
 def module_source(module: str, path: list[str]) -> Path | None:
     """The `.py` file the worker would import as `module` (dotted), looked for on `path`
     then the service's own `sys.path`, or None when that cannot be told without running a
     package's code (the module is not there either: the worker says so)."""
     parts = module.split(".")
     try:
-        spec: ModuleSpec | None = PathFinder.find_spec(parts[0], path) or (
-            importlib.util.find_spec(parts[0])
-        )
+        spec = top_level_spec(module, path)
         for depth in range(1, len(parts)):
             locations = spec.submodule_search_locations if spec is not None else None
             if not locations:

@@ -201,11 +201,11 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     setting is otherwise ignored without a word), with the nearest known name."""
     prefix = Settings.model_config.get("env_prefix", "")
     known = {f"{prefix}{name}".upper() for name in Settings.model_fields} | set(OTHER_VARIABLES)
+    # Matched without the prefix, which every name shares: with it, BOGUS "was" GPUS.
+    rest = {known_name.removeprefix(prefix): known_name for known_name in known}
     lines = []
     for name in sorted(environ):
         if name.upper().startswith(prefix) and name.upper() not in known:
-            # Matched without the prefix, which every name shares: with it, BOGUS "was" GPUS.
-            rest = {known_name.removeprefix(prefix): known_name for known_name in known}
             near = difflib.get_close_matches(
                 name.upper().removeprefix(prefix), sorted(rest), n=1, cutoff=0.75
             )

@@ -11,7 +11,8 @@ nor understands `--logdir_spec`. The mirror is refreshed every few seconds, so f
 worker creates later (and, when every job is shown, jobs submitted later) appear. It
 serves under `--path_prefix /tensorboard`, which the service proxies (`service.proxy`).
 The service never imports TensorFlow or TensorBoard itself; this only starts a process.
-It is stopped after `tb_idle_minutes` without a proxied request, and a TensorBoard left by
+It is stopped after `tb_idle_minutes` without a proxied request (counted from when it is
+ready, never while it starts), and a TensorBoard left by
 a killed service is stopped at the next start. One that exits on its own (a crash, a kill)
 is noticed at the next look (status, proxy, /metrics, or the watch loop every few
 seconds): it is reaped, reported "stopped", and why is kept in `last_error`.
@@ -417,6 +418,9 @@ class TensorBoardLauncher:
                 break
             with contextlib.suppress(*self._upstream.errors):
                 if (await self._upstream.client.get(probe, timeout=2.0)).status_code == 200:
+                    # The idle clock starts now: on a busy host the start alone can take
+                    # longer than a short idle timeout, and nobody has used it yet.
+                    self.touch()
                     self._ready.set()
                     log.info("TensorBoard pid %d is ready", instance.pid)
                     return
@@ -479,6 +483,8 @@ class TensorBoardLauncher:
             instance = self.instance  # reaps one that exited on its own
             if instance is None:
                 continue
+            if not self._ready.is_set():
+                continue  # still starting: _await_ready stops it if it never answers
             if time.time() - self._last_used > self.idle_seconds:
                 log.info(
                     "TensorBoard unused for %g minutes; stopping it", self._settings.tb_idle_minutes

@@ -533,9 +533,18 @@ def test_tensorboard_killed_while_starting_says_so(service: Service) -> None:
 
 
 def test_stop_tensorboard_after_idle_timeout(make_service: Callable[..., Service]) -> None:
+    """The idle clock starts when TensorBoard is ready: one whose start takes longer than
+    the idle timeout (held here with SIGSTOP, as a busy host can) is not stopped while
+    starting, and is stopped once it has then gone unused for the timeout."""
     service = make_service(env={"TOWERBOARD_TB_IDLE_MINUTES": "0.1"})  # 6 s
     service.start()
     started = service.client.post("/api/v1/tensorboard").json()
+    os.kill(started["pid"], signal.SIGSTOP)
+    try:
+        time.sleep(9)  # the idle timeout and a watch tick past it
+        assert service.client.get("/api/v1/tensorboard").json()["state"] == "starting"
+    finally:
+        os.kill(started["pid"], signal.SIGCONT)
     _wait(
         lambda: service.client.get("/api/v1/tensorboard").json()["state"] == "running",
         120,

@@ -49,7 +49,12 @@ class ProgressPublic(BaseModel):
     step: int | None = None
     total: int | None = None
     percent: float | None = None
-    phase: str | None = None
+    phase: str | None = Field(
+        None,
+        description="What the worker is doing: `preparing` (from its start until its first "
+        "line: TensorFlow's import, the data, the model), `starting` (its first step), "
+        "`training`, `eval`, `checkpoint`, `exporting`, `done`.",
+    )
     phase_done: int | None = Field(
         None, description="How much of the phase is done (eval: batches)."
     )

@@ -40,6 +40,9 @@ class JobState(enum.StrEnum):
         return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
 
+# A running job's phase from its start until its worker's first progress line.
+PREPARING = "preparing"
+
 # Short, URL-safe, unambiguous (no 0/o, 1/l) and never starting with '-'.
 _ID_ALPHABET = "abcdefghijkmnpqrstuvwxyz23456789"
 _ID_LENGTH = 10
@@ -491,10 +494,17 @@ class JobStore:
             return conn.execute(sql, params).rowcount == 1
 
     def mark_running(self, job_id: str, *, devices: list[str]) -> bool:
-        """Queued -> running, holding `devices`; the worker is recorded once it exists."""
+        """Queued -> running, holding `devices`; the worker is recorded once it exists.
+
+        The phase is `preparing` until the worker's first line: it imports TensorFlow,
+        loads the data, builds the model and restores a checkpoint first, seconds to
+        minutes with nothing to show. It was blank, or the phase of the attempt a crash
+        ended ("training") while the next one had not started."""
         return self._update(
             job_id,
             JobState.QUEUED,
+            extra_set="progress = json_set(json_remove(COALESCE(progress, '{}'), "
+            f"'$.phase_done', '$.phase_total'), '$.phase', '{PREPARING}')",
             state=JobState.RUNNING,
             devices=devices,
             pid=None,

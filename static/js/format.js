@@ -109,7 +109,11 @@ export function progressPercent(job) {
 
 export function stepText(job) {
   const p = job.progress;
-  if (!p || !isNum(p.step)) return job.state === "queued" ? "queued" : DASH;
+  if (!p || !isNum(p.step)) {
+    if (job.state === "queued") return "queued";
+    // A worker between its start and its first line says so (`preparing`).
+    return job.state === "running" && p && p.phase ? phaseText(p) : DASH;
+  }
   return isNum(p.total) ? `${p.step} / ${p.total}` : String(p.step);
 }
 

@@ -202,7 +202,8 @@ export function mountJob(view, jobId) {
     setProgress(bar, job);
     const parts = [stepText(job)];
     if (typeof p.percent === "number") parts.push(`${p.percent.toFixed(1)}%`);
-    if (p.phase && !TERMINAL.has(job.state)) parts.push(phaseText(p));
+    // Without a step, stepText is the phase already.
+    if (p.phase && Number.isInteger(p.step) && !TERMINAL.has(job.state)) parts.push(phaseText(p));
     barText.textContent = parts.join(" · ");
     const set = (key, text) => { stats.querySelector(`[data-stat="${key}"]`).textContent = text; };
     set("loss", num(p.loss));

@@ -42,7 +42,7 @@ def progress(**line):
         f.write(json.dumps({"time": time.time(), **line}) + "\\n")
 
 
-progress(event="start", step=0, total=1000)
+progress(event="start", step=0, total=1000, phase="starting")
 step, until = 0, None
 while not stopped:
     time.sleep(0.2)
@@ -84,7 +84,7 @@ def test_cancel_line_follows_the_job_to_its_end(session: Session, service: Servi
     """Once the cancelled job has stopped, the line under Cancel says so; it went on
     saying "the worker checkpoints and stops" beside the cancelled badge."""
     job = service.submit(job_spec(name="runs-until-cancelled"))
-    service.wait_for(job["id"], lambda j: j["progress"] is not None, what="its start line")
+    service.wait_reported(job["id"])
     page = session.page
     page.goto(f"/#/jobs/{job['id']}")
     expect(page.locator(".job-heading .state")).to_have_text("running")
@@ -97,6 +97,24 @@ def test_cancel_line_follows_the_job_to_its_end(session: Session, service: Servi
     ended = service.job(job["id"])
     assert ended["state"] == "cancelled", ended
     expect(line).to_have_text(f"Cancelled at step {ended['progress']['step']}.")
+    assert session.errors == []
+
+
+def test_a_job_whose_worker_is_preparing_says_so(session: Session, service: Service) -> None:
+    """Between its worker's start and first line (TensorFlow's import, the data, the
+    model: seconds to minutes) a running job's page and row say `preparing`; they showed
+    a bare "—" as if nothing were happening."""
+    job = service.submit(job_spec(name="preparing"))  # never writes a line
+    service.wait_state(job["id"], "running")
+    page = session.page
+    page.goto("/#/jobs")
+    row = page.locator(f'tr[data-job="{job["id"]}"]')
+    expect(row.locator(".col-progress")).to_have_text("preparing")
+    page.goto(f"/#/jobs/{job['id']}")
+    expect(page.locator("#job-progress-text")).to_have_text("preparing")
+    assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+    expect(page.locator(".job-heading .state")).to_have_text("cancelled", timeout=30_000)
+    expect(page.locator("#job-progress-text")).to_have_text("—")  # over: no phase
     assert session.errors == []
 
 

@@ -8,8 +8,6 @@ here, so none of it is marked slow."""
 from __future__ import annotations
 
 import re
-import sqlite3
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -47,25 +45,11 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
         yield svc
 
 
-def worker_exited(service: Service, job_id: str, timeout: float = 30.0) -> None:
-    """Wait until the service has seen the job's worker exit (the store's `exiting` is
-    cleared): only then does a DELETE get its 204 rather than a 409."""
-    store = service.data_dir / "towerboard.db"
-    deadline = time.monotonic() + timeout
-    while True:
-        with sqlite3.connect(f"file:{store}?mode=ro", uri=True) as db:
-            (exiting,) = db.execute("SELECT exiting FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        if exiting is None:
-            return
-        assert time.monotonic() < deadline, f"job {job_id}'s worker still exiting: {exiting}"
-        time.sleep(0.05)
-
-
 def ended(service: Service, name: str = "quick") -> dict[str, Any]:
     """A job the stand-in ran to its end, whose worker has exited: deletable."""
     job = service.submit(job_spec(name=name))
     done = service.wait_state(job["id"], *TERMINAL)
-    worker_exited(service, job["id"])
+    service.wait_exited(job["id"])
     return done
 
 
@@ -177,7 +161,7 @@ def test_refused_delete_says_why_and_changes_nothing(session: Session, service: 
     low = page.evaluate(LOW_CONTRAST)
     assert low == [], "\n".join(low)
 
-    worker_exited(service, job["id"])
+    service.wait_exited(job["id"])
     expect(button).to_have_text("Delete job", timeout=6_000)  # the armed press lapsed
     button.click()
     expect(line).to_have_text(ARMED)
@@ -201,7 +185,7 @@ def test_no_delete_while_the_job_runs(session: Session, service: Service) -> Non
     expect(page.locator(".job-heading .state")).to_have_text("cancelled", timeout=30_000)
     expect(page.locator("#delete-job")).to_be_visible()
     expect(page.locator("#cancel-job")).to_be_hidden()
-    worker_exited(service, job["id"])
+    service.wait_exited(job["id"])
     delete_elsewhere(service, job["id"])
     expect(page.locator("#job-load-error")).to_have_text("This job was deleted.")
     assert session.errors == []
@@ -286,14 +270,14 @@ def test_deleted_jobs_keep_paging_whole(session: Session, service: Service) -> N
 
     shown_id = rows.nth(2).get_attribute("data-job")
     assert shown_id is not None
-    worker_exited(service, shown_id)
+    service.wait_exited(shown_id)
     delete_elsewhere(service, shown_id)
     expect(rows).to_have_count(49)
     expect(page.locator("#jobs-summary")).to_have_text(f"49 of {everything - 1} jobs")
 
     oldest = service.client.get("/api/v1/jobs", params={"limit": 200}).json()["data"][-1]["id"]
     assert page.locator(f'tr[data-job="{oldest}"]').count() == 0
-    worker_exited(service, oldest)
+    service.wait_exited(oldest)
     delete_elsewhere(service, oldest)
     # Not a row here, but counted: the table reads the list again and has it right.
     expect(page.locator("#jobs-summary")).to_have_text(

@@ -37,7 +37,7 @@ def progress(**line):
         f.write(json.dumps({"time": time.time(), **line}) + "\\n")
 
 
-progress(event="start", step=0, total=1000)
+progress(event="start", step=0, total=1000, phase="starting")
 for step in name.split("-")[1:]:
     progress(event="progress", step=int(step), total=1000, loss=0.5, accuracy=0.8,
              examples_per_sec=1234.0)

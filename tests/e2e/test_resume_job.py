@@ -23,7 +23,7 @@ from playwright.sync_api import Browser, Page, expect
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import LAPTOP, PHONE, TERMINAL, Session, no_overflow, open_session
 from tests.e2e.test_dashboard_details import LOW_CONTRAST
-from tests.e2e.test_delete_job import STILL_EXITING, ended, worker_exited
+from tests.e2e.test_delete_job import STILL_EXITING, ended
 from tests.service.harness import Service, job_spec, stand_in_service
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
@@ -59,7 +59,7 @@ def end(outcome, code):
 
 
 fail_at = int(name[8:]) if name.startswith("fail-at-") and step == 0 else None
-progress(event="start")
+progress(event="start", phase="starting")
 if step:
     time.sleep(1.5)
 while step < total:
@@ -112,10 +112,10 @@ def cancelled(service: Service, spec: dict[str, Any] | None = None) -> dict[str,
     """A stand-in job that ran, was cancelled, and whose worker has exited: resumable."""
     job = service.submit(spec or job_spec(name="wait"))
     # Its start line: the stand-in stops on SIGTERM from then on.
-    service.wait_for(job["id"], lambda job: job["progress"] is not None, what="a start")
+    service.wait_reported(job["id"])
     assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
     service.wait_state(job["id"], "cancelled")
-    worker_exited(service, job["id"])
+    service.wait_exited(job["id"])
     return service.job(job["id"])
 
 
@@ -153,14 +153,14 @@ def test_resume_a_cancelled_job_by_keyboard(session: Session, service: Service) 
     takes the focus from the hidden button; the page follows the new attempt live: its
     state, its log, its end when it is cancelled again from the page."""
     job = service.submit(job_spec(name="wait"))
-    service.wait_for(job["id"], lambda job: job["progress"] is not None, what="a start")
+    service.wait_reported(job["id"])
     page = session.page
     open_job(page, job["id"], "running")
     expect(page.locator("#cancel-job")).to_be_visible()
     no_resume_controls(page)
     assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
     expect(badge(page)).to_have_text("cancelled")
-    worker_exited(service, job["id"])
+    service.wait_exited(job["id"])
     fake_checkpoint(service, job["id"], 5)
     page.reload()  # the checkpoint is read with the page
     expect(badge(page)).to_have_text("cancelled")
@@ -331,7 +331,7 @@ def test_resumed_attempt_charts_and_progress_go_on(browser: Browser, stepping: S
     job = stepping.submit(job_spec(name="fail-at-25", steps=30))
     failed = stepping.wait_state(job["id"], *TERMINAL)
     assert failed["state"] == "failed" and failed["progress"]["step"] == 25, failed
-    worker_exited(stepping, job["id"])
+    stepping.wait_exited(job["id"])
     session = open_session(browser, stepping, LAPTOP)
     try:
         page = session.page

@@ -29,7 +29,7 @@ def progress(**line):
         f.write(json.dumps({"time": time.time(), "total": 100, **line}) + "\\n")
 
 
-progress(event="start", step=0)
+progress(event="start", step=0, phase="starting")
 progress(event="trace", step=6, tower_ms=[1.0, 2.0])
 progress(event="progress", step=10, loss=0.5, tower_ms=[1.0, 2.0])
 progress(event="trace", step=81, tower_ms=[3.0, 4.0])

@@ -25,7 +25,7 @@ from pathlib import Path
 
 job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1])
 now = time.time()
-lines = [dict(event="start", step=0, total={2 * REPORTS}, time=now)]
+lines = [dict(event="start", step=0, total={2 * REPORTS}, phase="starting", time=now)]
 for k in range(1, {REPORTS} + 1):
     step = 2 * k
     lines.append(dict(event="progress", step=step, total={2 * REPORTS}, time=now,

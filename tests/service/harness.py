@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -90,7 +91,11 @@ if behaviour == "deaf":  # ignores SIGTERM: only SIGKILL ends it
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 else:  # stops on SIGTERM like the trainer: exit 3, outcome cancelled
     signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
-progress(event="start", step=0, total=10)
+if behaviour == "preparing":  # cancelled before its first line, as while loading data
+    while not stopped:
+        time.sleep(0.05)
+    end("cancelled", 3)
+progress(event="start", step=0, total=10, phase="starting")
 if behaviour == "quick":
     end("succeeded", 0)
 elif behaviour == "points":  # a few metric points, then done
@@ -324,6 +329,32 @@ class Service:
     def wait_state(self, job_id: str, *states: str, timeout: float = 120.0) -> dict[str, Any]:
         return self.wait_for(
             job_id, lambda job: job["state"] in states, timeout=timeout, what=f"state {states}"
+        )
+
+    def wait_exited(self, job_id: str, timeout: float = 60.0) -> None:
+        """Wait until the service has seen the ended job's worker exit (the store's
+        `exiting` is cleared): a worker outlives its result.json by TensorFlow's teardown,
+        seconds on a busy host, and until then a DELETE or resume gets a 409."""
+        store = self.data_dir / "towerboard.db"
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.closing(sqlite3.connect(f"file:{store}?mode=ro", uri=True)) as db:
+                (exiting,) = db.execute(
+                    "SELECT exiting FROM jobs WHERE id = ?", (job_id,)
+                ).fetchone()
+            if exiting is None:
+                return
+            assert time.monotonic() < deadline, f"job {job_id}'s worker still exiting: {exiting}"
+            time.sleep(0.05)
+
+    def wait_reported(self, job_id: str, timeout: float = 120.0) -> dict[str, Any]:
+        """Wait until the job's worker has written its first progress line (a step): from
+        its start until then the job shows only the phase `preparing`."""
+        return self.wait_for(
+            job_id,
+            lambda job: (job["progress"] or {}).get("step") is not None,
+            timeout=timeout,
+            what="the worker's first report",
         )
 
     def wait_checkpoint(self, job_id: str, timeout: float = 120.0) -> dict[str, Any]:

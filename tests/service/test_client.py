@@ -387,7 +387,12 @@ def test_followers_outlive_a_service_restart(
         service.wait_checkpoint(job_id)
         follower = towerboard_in_background("logs", job_id, "--follow", url=service.base_url)
         try:
-            time.sleep(1.0)  # both following
+            # Both following: the watcher has printed its id, and the follower the log so
+            # far. Its first read is not retried (a wrong --url fails at once), and a
+            # process started on a busy host took over a second to make it.
+            assert follower.stdout is not None
+            first = follower.stdout.readline()
+            assert first.startswith(f"--- towerboard: attempt 1 of job {job_id} "), first
             service.kill()  # the worker lives on, to be adopted
             time.sleep(3.0)  # longer than one retry: the service is really gone a while
             assert watcher.poll() is None, watcher.communicate()
@@ -411,7 +416,7 @@ def test_followers_outlive_a_service_restart(
     assert err.strip().splitlines()[-1].startswith(f"{job_id} cancelled"), err
     assert follower.returncode == 0, logs_err
     assert logs_err == f"towerboard: {lost}\ntowerboard: {back}\n"
-    assert f"--- towerboard: attempt 1 of job {job_id} starting" in logs_out
+    assert f"--- towerboard: attempt 1 of job {job_id} starting" in first + logs_out
 
 
 def test_tensorboard_open_says_when_no_browser_opens(
@@ -807,7 +812,7 @@ def test_serve_refuses_a_taken_port_before_touching_jobs(
     first.wait_state(job["id"], "running")
     # Its worker past its exec: killed mid-spawn, the service left a child that became the
     # worker after every look for it had passed.
-    first.wait_for(job["id"], lambda job: job["progress"] is not None, what="a report")
+    first.wait_reported(job["id"])
     first.kill()
     kill_processes_under(first.data_dir)
     busy = make_service()

@@ -40,12 +40,7 @@ def _exited(service: Service, *jobs: dict[str, Any]) -> None:
     its result.json by a moment, and until it has exited the job is not deletable."""
     for job in jobs:
         assert service.wait_state(job["id"], "succeeded")["state"] == "succeeded"
-
-    def held() -> list[dict[str, Any]]:
-        devices = service.client.get("/api/v1/devices").json()["data"]
-        return [device for device in devices if device["job_id"]]
-
-    assert _until(lambda: not held()), held()
+        service.wait_exited(job["id"])
 
 
 def test_delete_ended_job_removes_record_metrics_and_files(service: Service) -> None:

@@ -28,7 +28,7 @@ def service(make_service: Callable[..., Service], tmp_path: Path) -> Iterator[Se
 def _cancelled(service: Service, spec: dict[str, Any] | None = None) -> dict[str, Any]:
     job = service.submit(spec or job_spec(name="wait"))
     # Its start line: the stand-in stops on SIGTERM from then on.
-    service.wait_for(job["id"], lambda job: job["progress"] is not None, what="a start")
+    service.wait_reported(job["id"])
     assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
     return _worker_gone(service, service.wait_state(job["id"], "cancelled"))
 

@@ -135,12 +135,29 @@ def test_a_job_that_ends_unsucceeded_keeps_no_eta(store: JobStore, state, eta) -
     assert ended is not None and ended.progress == {**progress, "eta_seconds": eta}
 
 
-def test_finish_without_progress_keeps_none(store: JobStore) -> None:
+def test_a_job_ended_before_its_worker_reported_was_preparing(store: JobStore) -> None:
     job = store.create(SPEC)
     store.mark_running(job.id, devices=["cpu:0"])
     assert store.finish(job.id, JobState.FAILED, result=None, error=None)
     ended = store.get(job.id)
-    assert ended is not None and ended.progress is None
+    assert ended is not None and ended.progress == {"phase": "preparing", "eta_seconds": None}
+
+
+def test_a_started_attempt_is_preparing_not_where_the_last_one_was(store: JobStore) -> None:
+    """A worker crashed in an eval: its job, started again, shows the step it had reached
+    and `preparing`, not the dead attempt's `eval 3/20`, until the new worker reports."""
+    job = store.create(SPEC)
+    store.mark_running(job.id, devices=["cpu:0"])
+    assert store.get(job.id).progress == {"phase": "preparing"}  # type: ignore[union-attr]
+    progress = {"step": 40, "total": 100, "loss": 0.5, "phase": "eval", "phase_done": 3,
+                "phase_total": 20}  # fmt: skip
+    store.record_progress(job.id, offset=10, progress=progress, eval=None, points=[])
+    assert store.requeue(job.id, crashed=True)
+    assert store.get(job.id).progress == progress  # type: ignore[union-attr]
+    store.mark_running(job.id, devices=["cpu:0"])
+    again = store.get(job.id)
+    assert again is not None
+    assert again.progress == {"step": 40, "total": 100, "loss": 0.5, "phase": "preparing"}
 
 
 def test_record_progress_replaces_repeated_steps(store: JobStore) -> None:

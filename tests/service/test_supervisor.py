@@ -161,6 +161,26 @@ def test_run_job_worker_rejects_spec_fails_with_reason(service: Service) -> None
     assert failed["result"]["outcome"] == "invalid_spec"
 
 
+def test_a_started_job_is_preparing_until_its_worker_reports(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    """From its worker's start to its first line (TensorFlow's import, the data, the model:
+    seconds to minutes) a job says it is `preparing`; a job cancelled then keeps it, as
+    where it stopped. The stand-in's "preparing" never writes a line."""
+    service = make_service(env=fake_worker_env(tmp_path))
+    service.start()
+    job = service.submit(job_spec(name="preparing"))
+    running = service.wait_state(job["id"], "running")
+    assert running["progress"]["phase"] == "preparing", running
+    assert running["progress"]["step"] is None
+    assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+    cancelled = service.wait_state(job["id"], "cancelled", "failed", "succeeded")
+    assert cancelled["state"] == "cancelled" and cancelled["progress"]["phase"] == "preparing"
+
+    reported = service.submit(job_spec(name="wait"))
+    assert service.wait_reported(reported["id"])["progress"]["phase"] == "starting"
+
+
 def test_cancel_job_killed_after_grace(
     make_service: Callable[..., Service], tmp_path: Path
 ) -> None:
@@ -173,7 +193,7 @@ def test_cancel_job_killed_after_grace(
     service.start()
     job = service.submit(job_spec(name="deaf"))
     # Its first progress line comes after it has set SIGTERM aside.
-    service.wait_for(job["id"], lambda job: job["progress"] is not None, what="the worker up")
+    service.wait_reported(job["id"])
     pid = worker_pid(service, job["id"])
     assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
     cancelled = service.wait_state(job["id"], "cancelled", "failed", "succeeded")

@@ -572,6 +572,7 @@ def test_a_deleted_job_leaves_the_tensorboard_selection(
     assert started.status_code == 201, started.text
     pid = _running(service)["pid"]
 
+    service.wait_exited(doomed["id"])  # deletable only then
     assert service.client.delete(f"/api/v1/jobs/{doomed['id']}").status_code == 204
 
     assert service.client.get("/api/v1/tensorboard").json()["job_ids"] == [other_job["id"]]

@@ -15,10 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Playwright
+from playwright.sync_api import Browser, Playwright, expect
 
 from tests.e2e.chromium import CHROMIUM, CHROMIUM_ARGS
 from tests.service.harness import ROOT
+
+# An `expect` waits 5 s unless told (the context's default timeout is for actions, not
+# these): short for what a stand-in worker, started niced on a busy 2-core host, has to
+# do first. A passing `expect` returns as soon as it holds, so this costs only failures.
+expect.set_options(timeout=20_000)
 
 
 @pytest.fixture(scope="session")

@@ -83,7 +83,7 @@ RESUME_TITLE = "Queue the job again: it trains on from its latest checkpoint"
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    """Stand-in workers: "quick" succeeds at once, "linger" stays 8 s after it succeeds,
+    """Stand-in workers: "quick" succeeds at once, "linger" stays after it succeeds until released,
     any other name runs until cancelled. Four slots, so a lingering one blocks no other."""
     with stand_in_service(tmp_path_factory.mktemp("stand-in"), TOWERBOARD_CPU_JOBS="4") as svc:
         yield svc
@@ -270,7 +270,7 @@ def test_refusals_are_said_and_change_nothing(session: Session, service: Service
     """A job whose worker is still exiting gets the service's 409 detail in the status line;
     a job whose data file was removed since gets its field error there (it is no step's):
     each red, the job as it was, and the controls still there to try again."""
-    lingering = service.submit(job_spec(name="linger"))  # its worker stays 8 s after it ends
+    lingering = service.submit(job_spec(name="linger"))  # its worker stays until released
     service.wait_state(lingering["id"], "succeeded")
     page = session.page
     open_job(page, lingering["id"], "succeeded")
@@ -285,6 +285,7 @@ def test_refusals_are_said_and_change_nothing(session: Session, service: Service
     expect(page.locator("#resume-submit")).to_be_enabled()
     expect(badge(page)).to_have_text("succeeded")
     low_contrast(page)
+    service.release(lingering["id"])
 
     data = service.data_dir / "datasets" / "digits.npz"
     data.parent.mkdir(exist_ok=True)

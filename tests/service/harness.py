@@ -12,7 +12,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +109,11 @@ elif behaviour in ("linger", "hang"):  # done, and then slow to exit, or never e
     progress(event="end", step=10, total=10, outcome="succeeded", phase="done")
     (job_dir / "result.json").write_text(json.dumps({"outcome": "succeeded", "message": "done"}))
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    time.sleep(8 if behaviour == "linger" else 3600)
+    # "linger" exits once the test releases it (Service.release), not after a fixed time
+    # that a busy host could use up before the test has looked; 120 s at most.
+    until = time.time() + (120 if behaviour == "linger" else 3600)
+    while time.time() < until and not (job_dir / "release").exists():
+        time.sleep(0.05)
     sys.exit(0)
 elif behaviour == "leak":  # worker.log becomes a link to a file beside the data dir
     log = job_dir / "worker.log"
@@ -195,6 +199,26 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def catches_sigterm(pid: int) -> bool:
+    """Whether the process has its own SIGTERM handler yet (`SigCgt` in /proc/PID/status).
+    A worker sets one in its first lines; a SIGTERM before then (the interpreter's first
+    tens of milliseconds, longer on a busy host) ends it, as it would any process."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next(line for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+
+
+def wait_catching_sigterm(pids: Callable[[], list[int]], timeout: float = 60.0) -> None:
+    """Wait until one of the processes `pids()` gives catches SIGTERM."""
+    deadline = time.monotonic() + timeout
+    while not any(catches_sigterm(pid) for pid in pids()):
+        assert time.monotonic() < deadline, "no process caught SIGTERM in time"
+        time.sleep(0.005)
 
 
 def processes_under(data_dir: Path) -> list[int]:
@@ -285,11 +309,12 @@ class Service:
         self.process.kill()
         self.process.wait()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM the service; SIGKILL it after `timeout` seconds."""
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(timeout=20)
+                self.process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
 
@@ -330,6 +355,10 @@ class Service:
         return self.wait_for(
             job_id, lambda job: job["state"] in states, timeout=timeout, what=f"state {states}"
         )
+
+    def release(self, job_id: str) -> None:
+        """Let the job's "linger" stand-in exit."""
+        (self.data_dir / "runs" / job_id / "release").touch()
 
     def wait_exited(self, job_id: str, timeout: float = 60.0) -> None:
         """Wait until the service has seen the ended job's worker exit (the store's

@@ -126,7 +126,7 @@ def test_delete_refuses_a_job_whose_worker_is_still_exiting(
 ) -> None:
     service = make_service(env={"TOWERBOARD_CPU_JOBS": "1", **fake_worker_env(tmp_path)})
     service.start()
-    job = service.submit(job_spec(name="linger"))  # exits 8 s after its result
+    job = service.submit(job_spec(name="linger"))  # exits once released
     assert service.wait_state(job["id"], "succeeded")["state"] == "succeeded"
     refused = service.client.delete(f"/api/v1/jobs/{job['id']}")
     assert refused.status_code == 409
@@ -135,6 +135,7 @@ def test_delete_refuses_a_job_whose_worker_is_still_exiting(
         in (refused.json()["detail"])
     )
     assert (service.data_dir / "runs" / job["id"] / "result.json").is_file()
+    service.release(job["id"])
     deleted = _until(
         lambda: service.client.delete(f"/api/v1/jobs/{job['id']}").status_code == 204, 30
     )

@@ -124,7 +124,7 @@ def test_stream_job_events_live_until_the_end(finished: dict[str, Any]) -> None:
     # may be late: the median is what shows the stream is live.)
     worker_lines = [e for e in events if e["event"] != "state"]
     lags = sorted(e["arrived"] - e["data"]["time"] for e in worker_lines)
-    assert lags[len(lags) // 2] < 1.0, lags
+    assert lags[len(lags) // 2] < 2.0, lags
     ended_at = next(e["data"]["time"] for e in worker_lines if e["event"] == "end")
     early = [e["event"] for e in worker_lines if e["arrived"] < ended_at]
     assert early[:1] == ["start"], (early, lags)  # here before the worker wrote its end

@@ -115,7 +115,7 @@ def test_profile_job_stopping_409(make_service: Callable[..., Service], tmp_path
     service = make_service(env=fake_worker_env(tmp_path))
     service.start()
     job = service.submit(job_spec(name="deaf"))  # ignores SIGTERM: stays running, stopping
-    service.wait_state(job["id"], "running")
+    service.wait_reported(job["id"])  # it ignores SIGTERM from then on
     assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
     response = service.client.post(f"/api/v1/jobs/{job['id']}/profile")
     assert response.status_code == 409

@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
+from tests.service.harness import wait_catching_sigterm
 from tests.trainer.beside import start_beside
 from tests.trainer.test_data import write_tib_headers
 from trainer.profiling import tower_times_ms, trace_op_names
@@ -424,10 +425,10 @@ def test_sigterm_while_the_worker_starts_up_exits_3_with_a_result(tmp_path):
 def test_sigterm_while_tensorflow_is_imported_exits_3_with_a_result(tmp_path):
     # The earliest window: the handler was set only once trainer.run had been imported
     # (about the first 0.3 s), so a cancel then killed the worker with no result.json.
-    # At 0.15 s the interpreter has started and parsed the arguments, not yet that import.
+    # Sent as soon as the handler is set: TensorFlow's import, seconds, has not ended.
     job_dir = tmp_path / "job"
     proc = start_worker(job_dir, TINY)
-    time.sleep(0.15)
+    wait_catching_sigterm(lambda: [proc.pid])
     assert proc.poll() is None
     proc.send_signal(signal.SIGTERM)
     log, _ = proc.communicate(timeout=120)

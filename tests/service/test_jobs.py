@@ -573,6 +573,7 @@ def test_create_job_integer_where_a_number_is_expected(
     assert job["spec"]["optimizer"]["learning_rate"] == 1.0 and job["spec"]["weight_decay"] == 0
     assert isinstance(job["spec"]["weight_decay"], float)
     service.wait_state(job["id"], "succeeded")
+    service.wait_exited(job["id"])  # resumable only then
     resumed = service.client.post(f"/api/v1/jobs/{job['id']}/resume", json={"steps": 80})
     assert resumed.status_code == 200, resumed.text
     assert resumed.json()["spec"] == {**job["spec"], "steps": 80}
@@ -619,6 +620,7 @@ def test_stored_spec_has_only_the_options_used_and_resubmits_as_it_is(
         db.execute("UPDATE jobs SET spec = ? WHERE id = ?", (json.dumps(spec), job["id"]))
     service.start()
     assert service.job(job["id"])["spec"] == job["spec"]
+    service.wait_exited(job["id"])  # resumable only then
     resumed = service.client.post(f"/api/v1/jobs/{job['id']}/resume", json={"steps": 80})
     assert resumed.status_code == 200, resumed.text
     assert resumed.json()["spec"] == {**job["spec"], "steps": 80}

@@ -34,14 +34,8 @@ def _cancelled(service: Service, spec: dict[str, Any] | None = None) -> dict[str
 
 
 def _worker_gone(service: Service, job: dict[str, Any]) -> dict[str, Any]:
-    """Wait until no device is held: the ended job's worker has exited."""
-    service.wait_for(
-        job["id"],
-        lambda _: (
-            not any(d["job_id"] for d in service.client.get("/api/v1/devices").json()["data"])
-        ),
-        what="its worker to exit",
-    )
+    """The ended job, once its worker has exited (resumable only then)."""
+    service.wait_exited(job["id"])
     return service.job(job["id"])
 
 

@@ -12,10 +12,10 @@ worker creates later (and, when every job is shown, jobs submitted later) appear
 serves under `--path_prefix /tensorboard`, which the service proxies (`service.proxy`).
 The service never imports TensorFlow or TensorBoard itself; this only starts a process.
 It is stopped after `tb_idle_minutes` without a proxied request (counted from when it is
-ready, never while it starts), and a TensorBoard left by
-a killed service is stopped at the next start. One that exits on its own (a crash, a kill)
-is noticed at the next look (status, proxy, /metrics, or the watch loop every few
-seconds): it is reaped, reported "stopped", and why is kept in `last_error`.
+ready, never while it starts), and a TensorBoard left by a killed service is stopped at
+the next start. One that exits on its own (a crash, a kill) is noticed at the next look
+(status, proxy, /metrics, or the watch loop every few seconds): it is reaped, reported
+"stopped", and why is kept in `last_error`.
 
 It is shared, so a start never takes a job away from the running one without saying so:
 a start over a superset of what it shows (or over every job) adds the jobs to it in

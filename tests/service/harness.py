@@ -378,7 +378,8 @@ class Service:
 
     def wait_reported(self, job_id: str, timeout: float = 120.0) -> dict[str, Any]:
         """Wait until the job's worker has written its first progress line (a step): from
-        its start until then the job shows only the phase `preparing`."""
+        its start until then the job shows only the phase `preparing`. For a first
+        attempt only: a later one shows the step its job had reached from the start."""
         return self.wait_for(
             job_id,
             lambda job: (job["progress"] or {}).get("step") is not None,

@@ -191,6 +191,12 @@ class DevicePublic(BaseModel):
     id: str
     kind: str
     job_id: str | None
+    exiting: bool = Field(
+        False,
+        description="True while the job holding it has ended and its worker process is "
+        "still exiting (TensorFlow's teardown: seconds): the device is given out once the "
+        "process is gone.",
+    )
     configured: bool = Field(
         True,
         description="False for a device a running job holds that the service's settings no "

@@ -474,6 +474,8 @@ def devices(client: Client, args: argparse.Namespace) -> int:
     rows = [["DEVICE", "JOB"]]
     for device in answer["data"]:
         held = device["job_id"] or "free"
+        if device.get("exiting"):
+            held += " (ended: its worker is exiting)"
         if not device.get("configured", True):
             held += " (not configured: not given out again)"
         rows.append([device["id"], held])

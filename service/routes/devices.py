@@ -16,17 +16,30 @@ async def read_devices(runtime: RuntimeDep) -> DevicesPublic:
     one, or one whose worker is still exiting."""
     pool = runtime.pool
     # A job that has ended holds its devices until its worker process is gone.
-    holders = runtime.supervisor.held_after_their_jobs()
-    holders.update({device: job.id for job in runtime.store.running() for device in job.devices})
+    held_after = runtime.supervisor.held_after_their_jobs()
+    running = {device: job.id for job in runtime.store.running() for device in job.devices}
+    holders = held_after | running
+    exiting = held_after.keys() - running.keys()
     data = [
-        DevicePublic(id=device, kind="gpu" if pool.gpu else "cpu", job_id=holders.get(device))
+        DevicePublic(
+            id=device,
+            kind="gpu" if pool.gpu else "cpu",
+            job_id=holders.get(device),
+            exiting=device in exiting,
+        )
         for device in pool.devices
     ]
     # A job adopted after a restart that configured fewer devices (a lower
     # TOWERBOARD_CPU_JOBS, a shorter TOWERBOARD_GPUS) still holds one outside the pool:
     # shown until it ends, as it counts in /metrics' busy devices, and never given out again.
     data += [
-        DevicePublic(id=device, kind=device.split(":")[0], job_id=job_id, configured=False)
+        DevicePublic(
+            id=device,
+            kind=device.split(":")[0],
+            job_id=job_id,
+            exiting=device in exiting,
+            configured=False,
+        )
         for device, job_id in sorted(holders.items())
         if device not in pool.devices
     ]

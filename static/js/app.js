@@ -11,6 +11,10 @@ import { mountJobs } from "./jobs.js";
 import { mountSubmit } from "./submit.js";
 
 const DEVICES_POLL_MS = 5000;
+// While a device is held by an ended job's exiting worker (a second or so of TensorFlow's
+// teardown), the panel asks again this soon: no event says when the process is gone, and
+// the 5 s poll left a device shown taken for that long after it was free.
+const EXITING_POLL_MS = 500;
 const view = document.getElementById("view");
 let unmount = () => {};
 
@@ -68,20 +72,35 @@ function route() {
 
 const devicesList = document.getElementById("devices");
 const devicesNote = document.getElementById("devices-note");
+let exitingTimer = null;
+
+/** Who holds a device: its job's link (with "exiting" once the job has ended), or "free". */
+function holder(device) {
+  if (!device.job_id) return h("span", { class: "muted" }, "free");
+  const link = h("a", { href: jobLink({ id: device.job_id }) }, device.job_id);
+  if (!device.exiting) return link;
+  return h("span", {
+    title: "The job has ended and its worker process is exiting; the device is given out once it is gone.",
+  }, link, " ", h("span", { class: "muted" }, "exiting"));
+}
 
 async function refreshDevices() {
+  clearTimeout(exitingTimer);
   try {
     const devices = await getJSON("/api/v1/devices");
     devicesList.replaceChildren(...devices.data.map((device) => h("li", {
-      class: `device ${device.job_id ? "busy" : "free"}`, dataset: { device: device.id },
+      class: `device ${device.job_id ? "busy" : "free"}${device.exiting ? " exiting" : ""}`,
+      dataset: { device: device.id },
     },
     h("span", { class: "device-id" }, device.id),
     device.configured === false
       ? h("span", { class: "muted", title: "Held by a job started before the service's settings named fewer devices; not given out again." }, "not configured")
       : null,
-    device.job_id
-      ? h("a", { href: jobLink({ id: device.job_id }) }, device.job_id)
-      : h("span", { class: "muted" }, "free"))));
+    holder(device))));
+    if (devices.data.some((device) => device.exiting)) {
+      clearTimeout(exitingTimer); // one set by a refresh that answered meanwhile
+      exitingTimer = setTimeout(refreshDevices, EXITING_POLL_MS);
+    }
     const kind = devices.data.some((d) => d.kind === "gpu") ? "GPU" : "CPU-only";
     devicesNote.textContent = `${kind} host · up to ${devices.max_towers} towers a job`;
   } catch (error) {

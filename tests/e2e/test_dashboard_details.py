@@ -118,6 +118,29 @@ def test_a_job_whose_worker_is_preparing_says_so(session: Session, service: Serv
     assert session.errors == []
 
 
+def test_devices_panel_frees_a_device_as_its_worker_exits(
+    session: Session, service: Service, screenshots: Path
+) -> None:
+    """An ended job's device is held until its worker has exited (TensorFlow's teardown):
+    the panel says `exiting` then, and `free` within a second of the exit. It showed the
+    job's link as if it ran, until the next 5 s poll."""
+    job = service.submit(job_spec(name="linger"))  # its result, then waits to be released
+    page = session.page
+    page.goto("/#/")
+    service.wait_state(job["id"], "succeeded")
+    held = [d["id"] for d in service.client.get("/api/v1/devices").json()["data"]
+            if d["job_id"] == job["id"]]  # fmt: skip
+    assert held, "the lingering worker's device is still held"
+    item = page.locator(f'.device[data-device="{held[0]}"]')
+    expect(item).to_contain_text(f"{job['id']} exiting")
+    session.page.locator("aside").screenshot(path=screenshots / "devices-exiting.png")
+    service.release(job["id"])
+    service.wait_exited(job["id"])
+    # Within 2 s: the panel's 500 ms poll while a device is exiting, not its 5 s one.
+    expect(item).to_contain_text("free", timeout=2_000)
+    assert session.errors == []
+
+
 def test_ended_job_says_what_it_never_reported(session: Session, service: Service) -> None:
     """A job that ended without metrics, checkpoints or its device trace says so; the page
     said "No data yet", "No checkpoint yet" and "not taken yet" as if more could come."""

@@ -237,6 +237,27 @@ def test_profile_and_devices(make_service: Callable[..., Service], tmp_path: Pat
     assert one_error_line(ended).endswith("only a running job can be traced.")
 
 
+def test_devices_says_which_are_held_by_an_exiting_worker(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # An ended job holds its device until its worker has exited: the table says so, where
+    # a bare job id read as a job still running.
+    service = make_service(env=fake_worker_env(tmp_path))
+    service.start()
+    job_id = service.submit(job_spec(name="linger"))["id"]  # exits once released
+    service.wait_state(job_id, "succeeded")
+    devices = towerboard("devices", url=service.base_url)
+    assert devices.returncode == 0, devices.stderr
+    assert devices.stdout.splitlines()[1].split(None, 1) == [
+        "cpu:0",
+        f"{job_id} (ended: its worker is exiting)",
+    ]
+    service.release(job_id)
+    service.wait_exited(job_id)
+    devices = towerboard("devices", url=service.base_url)
+    assert devices.stdout.split() == ["DEVICE", "JOB", "cpu:0", "free"]
+
+
 def test_export_downloads_the_saved_model(
     service: Service,
     watched: dict[str, Any],

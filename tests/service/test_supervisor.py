@@ -229,10 +229,14 @@ def test_job_ends_at_its_result_and_its_device_waits_for_the_worker_to_exit(
     assert done["state"] == "succeeded" and done["result"]["message"] == "done", done
     assert done["progress"]["phase"] == "done"
     assert [device["job_id"] for device in devices] == [first["id"]]
+    assert [device["exiting"] for device in devices] == [True]  # said, so a page can say it
     assert service.job(second["id"])["state"] == "queued"
 
     service.release(first["id"])
     assert service.wait_state(second["id"], "succeeded")["state"] == "succeeded"
+    service.wait_exited(second["id"])
+    devices = service.client.get("/api/v1/devices").json()["data"]
+    assert [(device["job_id"], device["exiting"]) for device in devices] == [(None, False)]
     assert pid not in worker_pids(service, first["id"])
     assert service.job(first["id"])["state"] == "succeeded"
 
@@ -263,7 +267,7 @@ def test_restarted_service_keeps_an_ended_jobs_devices_until_its_worker_exits(
     )  # fmt: skip
     after.start()
     devices = after.client.get("/api/v1/devices").json()["data"]
-    assert [device["job_id"] for device in devices] == [first["id"]]
+    assert [(device["job_id"], device["exiting"]) for device in devices] == [(first["id"], True)]
     assert after.job(second["id"])["state"] == "queued"
     assert after.wait_state(second["id"], "succeeded", timeout=60)["state"] == "succeeded"
     assert pid not in worker_pids(after, first["id"])
@@ -517,8 +521,8 @@ def test_restart_with_fewer_devices_still_shows_the_one_an_adopted_job_holds(
 
     devices = service.client.get("/api/v1/devices").json()["data"]
     assert devices == [
-        {"id": "cpu:0", "kind": "cpu", "job_id": first, "configured": True},
-        {"id": "cpu:1", "kind": "cpu", "job_id": second, "configured": False},
+        {"id": "cpu:0", "kind": "cpu", "job_id": first, "exiting": False, "configured": True},
+        {"id": "cpu:1", "kind": "cpu", "job_id": second, "exiting": False, "configured": False},
     ]
     third = service.submit(long_job(name="third"))["id"]
     service.client.post(f"/api/v1/jobs/{second}/cancel")

@@ -87,6 +87,15 @@ def steps(job: dict[str, Any]) -> str:
     return f"{p['step']}/{p['total']}" if isinstance(p.get("total"), int) else str(p["step"])
 
 
+def step_or_phase(job: dict[str, Any]) -> str:
+    """`steps`, or for a running job with no step yet its phase (`preparing`, between its
+    worker's start and first line), as the dashboard's jobs table shows it."""
+    p = job.get("progress") or {}
+    if isinstance(p.get("step"), int) or job.get("state") != "running":
+        return steps(job)
+    return phase(p) or "-"
+
+
 def phase(progress: dict[str, Any]) -> str:
     """`eval 3/20` while a phase reports how far it is, else the phase's name ('' if none)."""
     phase, done, of = progress.get("phase"), progress.get("phase_done"), progress.get("phase_total")

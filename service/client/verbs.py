@@ -190,7 +190,7 @@ def status(client: Client, args: argparse.Namespace) -> int:
         rows.append([
             job["id"], show.printable(job["name"])[:32], job["state"],
             f"{percent:.0f}%" if isinstance(percent, int | float) else "-",
-            show.steps(job), show.number(p.get("loss")), show.percent(p.get("accuracy")),
+            show.step_or_phase(job), show.number(p.get("loss")), show.percent(p.get("accuracy")),
             show.rate(p.get("examples_per_sec")), show.eta(job), show.devices(job), show.age(job["created_at"]),
         ])  # fmt: skip
     show.table(rows, sys.stdout)

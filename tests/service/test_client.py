@@ -258,6 +258,25 @@ def test_devices_says_which_are_held_by_an_exiting_worker(
     assert devices.stdout.split() == ["DEVICE", "JOB", "cpu:0", "free"]
 
 
+def test_status_table_shows_a_preparing_jobs_phase_as_its_step(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # Between its worker's start and first line a running job has no step: its row says
+    # `preparing` there, as the dashboard's does, where a "-" looked like a stall.
+    service = make_service(env=fake_worker_env(tmp_path))
+    service.start()
+    job_id = service.submit(job_spec(name="preparing"))["id"]  # never writes a line
+    service.wait_state(job_id, "running")
+    listed = towerboard("status", url=service.base_url)
+    assert listed.returncode == 0, listed.stderr
+    header, row = listed.stdout.splitlines()
+    assert row.split()[:5] == [job_id, "preparing", "running", "-", "preparing"], listed.stdout
+    assert service.client.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 202
+    service.wait_state(job_id, "cancelled")
+    listed = towerboard("status", url=service.base_url)
+    assert listed.stdout.splitlines()[1].split()[3:5] == ["-", "-"]  # over: no phase
+
+
 def test_export_downloads_the_saved_model(
     service: Service,
     watched: dict[str, Any],

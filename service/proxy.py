@@ -1,7 +1,8 @@
 """Reverse proxy from the service's `/tensorboard/*` to its TensorBoard on loopback.
 
-One port and one auth for everything: TensorBoard listens on 127.0.0.1 only and every
-request reaches it through here, streamed both ways with httpx. Query values that look
+One port and one auth for everything: TensorBoard listens on 127.0.0.1 only and answers
+only requests carrying its secret, which this adds (`service.guarded_tensorboard`), so
+every request reaches it through here, streamed both ways with httpx. Query values that look
 like file paths leaving the logdir (`..` parts, absolute paths) are refused: some
 TensorBoard plugins join request parameters onto the logdir.
 """
@@ -16,6 +17,7 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 
+from service.guarded_tensorboard import SECRET_HEADER
 from service.tensorboard import PATH_PREFIX, TensorBoardLauncher
 from service.upstream import Upstream
 
@@ -27,7 +29,8 @@ _HOP_BY_HOP = {
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
     "trailer", "transfer-encoding", "upgrade", "host",
 }  # fmt: skip
-_REQUEST_DROP = _HOP_BY_HOP | {"authorization", "cookie"}
+# A client's own secret header is dropped, and the instance's added (see below).
+_REQUEST_DROP = _HOP_BY_HOP | {"authorization", "cookie", SECRET_HEADER.lower()}
 _RESPONSE_DROP = _HOP_BY_HOP | {"date", "server"}
 
 
@@ -120,6 +123,8 @@ async def proxy_tensorboard(
     if "accept-encoding" not in request.headers:
         # Else httpx would ask for gzip, and the raw gzip would reach a client that did not.
         headers.append((b"accept-encoding", b"identity"))
+    # TensorBoard answers nothing without it (`service.guarded_tensorboard`).
+    headers.append((SECRET_HEADER.encode(), instance.secret.encode()))
     has_body = "content-length" in request.headers or "transfer-encoding" in request.headers
     client = upstream.client
     upstream_request = client.build_request(

@@ -32,16 +32,18 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 
+from service.guarded_tensorboard import SECRET_ENV, SECRET_HEADER
 from service.processes import is_same_process, start_time
 from service.settings import Settings
 from service.upstream import Upstream
@@ -125,10 +127,18 @@ class TensorBoardInstance:
     job_ids: tuple[str, ...] | None  # None: every job, including jobs submitted later
     started_at: float
     replaced: ReplacedInstance | None = None
+    # Sent with each request (`SECRET_HEADER`): TensorBoard refuses any request without it
+    # (`service.guarded_tensorboard`), so its loopback port is no way round the proxy.
+    secret: str = field(default="", repr=False)
 
     @property
     def upstream(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What each request to it must carry."""
+        return {SECRET_HEADER: self.secret}
 
 
 def _union(shown: tuple[str, ...] | None, wanted: tuple[str, ...] | None) -> tuple[str, ...] | None:
@@ -303,7 +313,8 @@ class TensorBoardLauncher:
             if current is None or current.pid != instance.pid:
                 return  # stopped or replaced meanwhile: nothing to wait for
             with contextlib.suppress(*self._upstream.errors, ValueError):
-                runs = (await self._upstream.client.get(url, timeout=2.0)).json()
+                answer = await self._upstream.client.get(url, headers=instance.headers, timeout=2.0)
+                runs = answer.json()
                 if isinstance(runs, list):
                     pending = {
                         job_id
@@ -356,7 +367,7 @@ class TensorBoardLauncher:
         mirror_logdir(logdir, self._settings.runs_dir, selection)
         port = _free_port()
         command = [
-            self._settings.python, "-m", "tensorboard.main",
+            self._settings.python, "-m", "service.guarded_tensorboard",
             "--logdir", str(logdir),
             "--host", "127.0.0.1",
             "--port", str(port),
@@ -369,6 +380,8 @@ class TensorBoardLauncher:
         ]  # fmt: skip
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # never hold GPU memory jobs need
         env.pop("TOWERBOARD_TOKEN", None)  # TensorBoard, behind the proxy, never needs it
+        # In its environment, not its argv: only its own user can read that.
+        env[SECRET_ENV] = secret = secrets.token_urlsafe(32)
         with open(self._settings.data_dir / "tensorboard.log", "ab") as log_file:
             self._process = subprocess.Popen(
                 command,
@@ -386,6 +399,7 @@ class TensorBoardLauncher:
             job_ids=selection,
             started_at=time.time(),
             replaced=replaced,
+            secret=secret,
         )
         self._instance = instance
         self.last_error = None
@@ -417,7 +431,10 @@ class TensorBoardLauncher:
                 self.last_error = self._exit_reason(instance.pid, code, ready=False)
                 break
             with contextlib.suppress(*self._upstream.errors):
-                if (await self._upstream.client.get(probe, timeout=2.0)).status_code == 200:
+                answer = await self._upstream.client.get(
+                    probe, headers=instance.headers, timeout=2.0
+                )
+                if answer.status_code == 200:
                     # The idle clock starts now: on a busy host the start alone can take
                     # longer than a short idle timeout, and nobody has used it yet.
                     self.touch()

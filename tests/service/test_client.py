@@ -518,7 +518,7 @@ def test_tensorboard_that_fails_to_start_says_why(
     # An interpreter that runs workers but whose TensorBoard exits at once. The CLI said
     # only "see the service log", a file on the service's host; the service knows why.
     python = tmp_path / "python.sh"
-    fail_board = 'case "$*" in *tensorboard.main*) exit 1;; esac'
+    fail_board = 'case "$*" in *guarded_tensorboard*) exit 1;; esac'
     python.write_text(f'#!/bin/sh\n{fail_board}\nexec {sys.executable} "$@"\n')
     python.chmod(0o755)
     service = make_service(env={**fake_worker_env(tmp_path), "TOWERBOARD_PYTHON": str(python)})

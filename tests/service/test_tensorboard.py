@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+import httpx
 import pytest
 
 from tests.service.harness import Service, fake_worker_env, job_spec
@@ -74,6 +75,48 @@ def test_start_tensorboard_and_read_loss_through_proxy(
     api_loss = {p["step"]: p["value"] for p in series}
     assert points[-1][2] == pytest.approx(api_loss[40], rel=1e-5)
     assert service.client.get("/api/v1/tensorboard").json()["state"] == "running"
+
+
+def test_tensorboard_answers_nobody_who_goes_round_the_proxy(
+    service: Service, traced_job: dict[str, Any]
+) -> None:
+    """Every user of the host can reach TensorBoard's loopback port. Asked there directly,
+    it refuses: with no secret, with a wrong one, and for the profile plugin's capture from
+    an address, which the proxy refuses and the port once served to anyone."""
+    started = service.client.post("/api/v1/tensorboard", json={"job_ids": [traced_job["id"]]})
+    pid = started.json()["pid"]
+    _wait(
+        lambda: service.client.get("/api/v1/tensorboard").json()["state"] == "running",
+        120,
+        "TensorBoard to run",
+    )
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    port = int(argv[argv.index("--port") + 1])
+    environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+    (secret,) = [v.split("=", 1)[1] for v in environ if v.startswith("TOWERBOARD_TB_SECRET=")]
+    assert secret not in " ".join(argv)  # argv is every user's to read; environ is not
+    board = f"http://127.0.0.1:{port}/tensorboard"
+    capture = {"service_addr": "10.1.2.3:6009", "duration": "1000"}
+    for path, params, headers in [
+        ("/data/environment", None, {}),
+        ("/data/environment", None, {"X-Towerboard-Secret": "guess"}),
+        ("/data/plugin/profile/capture_profile", capture, {}),
+    ]:
+        refused = httpx.get(board + path, params=params, headers=headers, timeout=10)
+        assert refused.status_code == 403, (path, refused.status_code, refused.text)
+        assert refused.text == (
+            "Forbidden: this TensorBoard answers through the Towerboard service only.\n"
+        )
+    # With the secret it answers: the header is what it checks.
+    answered = httpx.get(
+        board + "/data/environment", headers={"X-Towerboard-Secret": secret}, timeout=10
+    )
+    assert answered.status_code == 200, answered.text
+    # A client's own header goes no further than the proxy, which sends the real one.
+    proxied = service.client.get(
+        "/tensorboard/data/environment", headers={"X-Towerboard-Secret": "guess"}
+    )
+    assert proxied.status_code == 200, proxied.text
 
 
 def test_tensorboard_shows_every_kind_of_summary_a_job_writes(

@@ -262,13 +262,16 @@ def test_raise_data_files_error_as_value_error() -> None:
 
 
 def test_resolve_files_npz_folder_splits_eval_by_name(tmp_path: Path) -> None:
-    a, b, evals, latest, test, _ = touch(
-        tmp_path, "a.npz", "b.npz", "eval.npz", "latest.npz", "mnist_test.npz", "notes.txt"
-    )
+    a, b, evals, latest, test, joined, _ = touch(
+        tmp_path, "a.npz", "b.npz", "eval.npz", "latest.npz", "mnist_test.npz",
+        "mnisttest.npz", "notes.txt",
+    )  # fmt: skip
 
     files = resolve_files(spec("npz", tmp_path))
 
-    assert files == DataFiles(train=[a, b, latest], eval=[evals, test])
+    # Names that contain `eval` or `test` anywhere, as JOB_SPEC.md says: `mnisttest` was
+    # once trained on, read as a word that does not start with `test`.
+    assert files == DataFiles(train=[a, b], eval=[evals, latest, test, joined])
 
 
 def test_resolve_files_npz_lone_eval_named_file_is_train(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import unicodedata
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AllowInfNan,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -62,7 +63,35 @@ def _not_bool_or_str(value: Any) -> Any:
 # into the OpenAPI schema as its own `ge`, not `minimum` (a test checks the schema).
 _INTEGER = BeforeValidator(_not_bool_or_str)
 JsonInt = Annotated[int, _INTEGER]
-JsonFloat = Annotated[float, Strict()]  # strict float still takes an int: 1 is 1.0
+# What a float32, which training computes in, holds: a larger number (1e39, or JSON's
+# 1e400, which reads as infinity) would pass a bound like `clip_norm`'s `> 0` and then be
+# infinite in the step (a clip by an infinite norm scales by inf * 0 = NaN, and the job
+# failed "non-finite loss at step 2").
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _float32(value: Any) -> Any:
+    """Refuses a number too large for a float32; before the type check, as `JsonInt`'s (see
+    there: after it, pydantic writes the field's bounds into the schema in its own words).
+    NaN and infinity are left to `AllowInfNan`, which says so."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if number and not (isinstance(value, float) and not math.isfinite(value)) and (
+        abs(value) > FLOAT32_MAX
+    ):
+        raise ValueError(
+            f"Expected a number a 32-bit float holds, at most {FLOAT32_MAX:.4g} in size "
+            "(training computes in float32)"
+        )
+    return value
+
+
+# Strict float still takes an int: 1 is 1.0. NaN and infinity are refused (JSON has
+# neither, but Python's json reads `NaN`, `Infinity` and 1e400 as them).
+_FLOAT = (Strict(), AllowInfNan(False), BeforeValidator(_float32))
+JsonFloat = Annotated[float, *_FLOAT]
+# Where it may be null, its bounds go before the check, as `JsonInt`'s do.
+ClipNorm = Annotated[float, Field(gt=0.0), *_FLOAT]
+EmaDecay = Annotated[float, Field(gt=0.0, lt=1.0), *_FLOAT]
 JsonBool = Annotated[bool, Strict()]  # true or false, not 1 or "yes"
 
 PositiveInt = Annotated[int, Field(gt=0), _INTEGER]
@@ -437,8 +466,8 @@ class JobSpec(_Strict):
     epochs: Annotated[int, Field(ge=1, le=1_000_000), _INTEGER] | None = None
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     weight_decay: JsonFloat = Field(0.0, ge=0.0, le=1.0)
-    clip_norm: JsonFloat | None = Field(None, gt=0.0)
-    ema_decay: JsonFloat | None = Field(None, gt=0.0, lt=1.0)
+    clip_norm: ClipNorm | None = None
+    ema_decay: EmaDecay | None = None
     eval: EvalSpec = Field(default_factory=EvalSpec)
     summaries: SummariesSpec = Field(default_factory=SummariesSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)

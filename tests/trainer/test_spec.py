@@ -282,6 +282,32 @@ def test_parse_spec_integer_where_a_number_is_expected():
     }
 
 
+@pytest.mark.parametrize(
+    ("text", "field", "message"),
+    [
+        # Past float32's range: finite here, infinite in the step. A clip by it scaled by
+        # inf * 0 = NaN, and the job failed "non-finite loss at step 2".
+        ('{"clip_norm": 1e39}', "clip_norm",
+         "Expected a number a 32-bit float holds, at most 3.403e+38 in size (training "
+         "computes in float32). Received: 1e+39"),
+        ('{"clip_norm": 1e400}', "clip_norm", "Input should be a finite number. Received: inf"),
+        ('{"clip_norm": Infinity}', "clip_norm",
+         "Input should be a finite number. Received: inf"),
+        ('{"optimizer": {"epsilon": NaN}}', "optimizer.epsilon",
+         "Input should be a finite number. Received: nan"),
+        ('{"optimizer": {"schedule": {"name": "polynomial", "power": 1e39}}}',
+         "optimizer.schedule.power",
+         "Expected a number a 32-bit float holds, at most 3.403e+38 in size (training "
+         "computes in float32). Received: 1e+39"),
+    ],
+)  # fmt: skip
+def test_parse_spec_number_a_float32_cannot_hold(text, field, message):
+    # Python's json (the service's and the worker's) reads NaN, Infinity and 1e400.
+    spec = {"data": SYNTHETIC, **json.loads(text)}
+    assert errors_of(spec) == {field: message}
+    assert JobSpec.model_validate({"data": SYNTHETIC, "clip_norm": 1e38}).clip_norm == 1e38
+
+
 def test_parse_spec_lists_for_tuples_and_strings_for_choices_still_read():
     # What model-wide strict mode would refuse in Python mode, which JSON cannot say otherwise.
     spec = JobSpec.model_validate(

@@ -562,7 +562,8 @@ class Controller:
             return
         try:
             steps = int(json.loads(request.read_text()).get("steps", 3))
-        except (ValueError, TypeError, AttributeError, OSError):  # a hand-written file: never fatal
+        # A hand-written file is never fatal: `{"steps": 1e400}` is an OverflowError.
+        except (ValueError, TypeError, AttributeError, OverflowError, OSError):
             steps = 3
         finally:
             request.unlink(missing_ok=True)

@@ -24,7 +24,9 @@ from trainer.towers import TowerTrainer
 
 
 def predictions(logits: tf.Tensor, binary: bool) -> dict[str, tf.Tensor]:
-    """Logits, class probabilities and the predicted class of each example."""
+    """Logits, class probabilities and the predicted class of each example, in float32
+    whatever the model computes in (as its loss was: `TowerTrainer._per_example`)."""
+    logits = tf.cast(logits, tf.float32)
     if binary:
         probabilities = tf.sigmoid(logits)
         classes = tf.cast(tf.squeeze(logits, -1) > 0, tf.int32)

@@ -14,6 +14,7 @@ from typing import Any
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from trainer.errors import one_line
 from trainer.modelsize import too_large
@@ -204,6 +205,13 @@ def _output_shape(name: str, model: keras.Model, input_shape: tuple[int, ...]) -
         raise ModelError(
             f"Expected model {name!r} to output one tensor of logits. "
             f"Received: a {type(output).__name__} of {len(output)} outputs"
+        )
+    # Floating logits of any width train (the step computes its loss in float32, as
+    # Keras's mixed precision asks); integers have no gradient to give.
+    dtype = tf.as_dtype(output.dtype)
+    if not dtype.is_floating:
+        raise ModelError(
+            f"Expected model {name!r} to output floating-point logits. Received: {dtype.name}"
         )
     return tuple(output.shape)
 

@@ -210,6 +210,11 @@ class TowerTrainer:
 
     def _per_example(self, labels: tf.Tensor, logits: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """Per-example loss and correctness (float 0/1) from logits."""
+        # The loss in float32 whatever the model's logits are: a custom model under Keras's
+        # mixed precision gives float16 or bfloat16 (and Keras asks for a float32 loss),
+        # one may give float64; the sums over towers are float32.
+        if logits.dtype != tf.float32:
+            logits = tf.cast(logits, tf.float32)
         if self.binary:
             logits = tf.squeeze(logits, -1)
             target = tf.cast(labels, logits.dtype)

@@ -482,8 +482,11 @@ def test_sigterm_during_a_long_eval_stops_without_finishing_it(tmp_path):
     assert [e["checkpoint"] for e in events if e["event"] == "checkpoint"] == ["checkpoints/ckpt-5"]
 
 
-BAD_SPECS = {
+BAD_SPECS: dict[str, tuple[str | bytes | None, str]] = {
     "not_json": ("{not json", "is not valid JSON"),
+    # Exit 1 ("failed") with a UnicodeDecodeError, or an IsADirectoryError, until these.
+    "not_utf8": (b'{"name": "caf\xe9", "data": {"format": "synthetic"}}', "is not UTF-8 text"),
+    "a_folder": (None, "Cannot read the spec file"),
     "unknown_key": (
         json.dumps(with_(TINY, tower=2)),
         "tower: Unknown key. Did you mean `towers`?",
@@ -511,13 +514,30 @@ BAD_SPECS = {
 def test_run_job_bad_spec_exits_2(tmp_path, case):
     text, expected = BAD_SPECS[case]
     spec_file = tmp_path / "spec.json"
-    spec_file.write_text(text)
+    if text is None:
+        spec_file.mkdir()
+    else:
+        spec_file.write_bytes(text if isinstance(text, bytes) else text.encode())
     job_dir = tmp_path / "job"
     code, result, log = run_worker(job_dir, spec_file=spec_file)
     assert code == 2, log
     assert result["outcome"] == "invalid_spec" and result["exit_code"] == 2
     assert expected in result["message"]
     assert sorted(p.name for p in job_dir.iterdir()) == ["result.json"]
+
+
+def test_run_job_takes_a_hand_written_profile_request_it_cannot_read_as_three_steps(tmp_path):
+    # The service writes `{"steps": N}` with N in 1..100; a hand-written 1e400 (infinity
+    # to Python's json) raised an OverflowError at the first report and failed the job.
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    (job_dir / "profile_request.json").write_text('{"steps": 1e400}')
+    code, result, log = run_worker(job_dir, with_(TINY, steps=2000))
+    assert code == 0, log
+    events, _ = read_progress(job_dir / "progress.jsonl")
+    (trace,) = [e for e in events if e["event"] == "trace" and e.get("requested")]
+    assert trace["trace_dir"].endswith(f"_steps_{trace['step'] - 2}-{trace['step']}")
+    assert not (job_dir / "profile_request.json").exists()
 
 
 def test_run_job_given_gpus_that_tensorflow_cannot_see_fails_saying_so(tmp_path):
@@ -858,6 +878,55 @@ def test_run_job_custom_model_with_one_logit_for_four_classes_exits_2(run):
         "Expected model 'onelogit:build' to output logits of shape (batch, 4). "
         "Received: output shape (1, 1)"
     )
+
+
+MIXED_PRECISION = (
+    "import keras\n"
+    "def build(input_shape, num_classes):\n"
+    "    # Keras's mixed-precision recipe, but for the float32 output layer it advises.\n"
+    "    keras.mixed_precision.set_global_policy('mixed_bfloat16')\n"
+    "    inputs = keras.Input(input_shape)\n"
+    "    x = keras.layers.Dense(16, activation='relu')(keras.layers.Flatten()(inputs))\n"
+    "    return keras.Model(inputs, keras.layers.Dense(num_classes)(x))\n"
+)
+
+
+@beside_run("test_run_job_custom_model_with_half_precision_logits_trains")
+def _mixed_precision(folder: Path) -> Run:
+    return custom_model_in(folder, "mixed", MIXED_PRECISION, steps=60)
+
+
+def test_run_job_custom_model_with_half_precision_logits_trains(run):
+    # Its bfloat16 logits met the float32 loss weights in the step: a TypeError at step 1.
+    # The loss is computed in float32, and the export answers float32.
+    code, result, log, folder = run
+    assert code == 0, log
+    assert result["eval"]["accuracy"] > 0.9, result  # synthetic classes are easy to tell apart
+    exported = tf.saved_model.load(str(folder / "job" / "export"))
+    out = exported.signatures["serving_default"](images=tf.zeros((3, 8, 8, 1)))
+    assert out["probabilities"].dtype == tf.float32 and out["logits"].dtype == tf.float32
+
+
+@beside_run("test_run_job_custom_model_with_integer_output_exits_2")
+def _integer_output(folder: Path) -> Run:
+    return custom_model_in(
+        folder,
+        "intout",
+        "import keras\n"
+        "def build(input_shape, num_classes):\n"
+        "    inputs = keras.Input(input_shape)\n"
+        "    x = keras.layers.Dense(num_classes)(keras.layers.Flatten()(inputs))\n"
+        "    return keras.Model(inputs, keras.ops.cast(x, 'int32'))\n",
+    )
+
+
+def test_run_job_custom_model_with_integer_output_exits_2(run):
+    code, result, log, folder = run
+    assert code == 2, log
+    assert result["message"] == (
+        "Expected model 'intout:build' to output floating-point logits. Received: int32"
+    )
+    assert sorted(p.name for p in (folder / "job").iterdir()) == ["result.json", "spec.json"]
 
 
 @beside_run("test_run_job_custom_model_that_cannot_run_exits_2")

@@ -74,12 +74,11 @@ def _float32(value: Any) -> Any:
     """Refuses a number too large for a float32; before the type check, as `JsonInt`'s (see
     there: after it, pydantic writes the field's bounds into the schema in its own words).
     NaN and infinity are left to `AllowInfNan`, which says so."""
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if (
-        number
-        and not (isinstance(value, float) and not math.isfinite(value))
-        and (abs(value) > FLOAT32_MAX)
-    ):
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return value  # the type check says what it is
+    if isinstance(value, float) and not math.isfinite(value):
+        return value
+    if abs(value) > FLOAT32_MAX:
         raise ValueError(
             f"Expected a number a 32-bit float holds, at most {FLOAT32_MAX:.4g} in size "
             "(training computes in float32)"

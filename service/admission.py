@@ -69,6 +69,16 @@ def admit(
                 f"service can give ({pool.describe()}). Received: {spec.towers}",
             }
         )
+    if spec.parameter_device == "gpu0" and not pool.gpu:
+        # The worker would say so in its log and keep the variables on the CPU, while the
+        # stored spec went on saying gpu0.
+        errors.append(
+            {
+                "field": "parameter_device",
+                "message": f"Expected 'cpu' on this host, whose jobs get no GPU "
+                f"({pool.describe()}). Received: 'gpu0'",
+            }
+        )
     if spec.data.path is not None:
         path = _absolute(spec.data.path, data_roots)
         spec = spec.model_copy(update={"data": spec.data.model_copy(update={"path": path})})

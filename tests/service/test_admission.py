@@ -55,3 +55,19 @@ def test_admit_counts_one_device_in_the_singular(tmp_path: Path) -> None:
             "(1 GPU (TOWERBOARD_GPUS=3)). Received: 2",
         }
     ]
+
+
+def test_admit_keeps_variables_on_a_gpu_only_where_jobs_get_one(tmp_path: Path) -> None:
+    # On a CPU-only host the worker put them on the CPU, saying so only in its log, while
+    # the job's spec went on saying gpu0.
+    spec = JobSpec.model_validate({"data": {"format": "synthetic"}, "parameter_device": "gpu0"})
+    _, errors = admit(spec, pool=POOL, data_roots=[tmp_path])
+    assert errors == [
+        {
+            "field": "parameter_device",
+            "message": "Expected 'cpu' on this host, whose jobs get no GPU (a CPU-only host "
+            "(TOWERBOARD_CPU_MAX_TOWERS=8)). Received: 'gpu0'",
+        }
+    ]
+    one_gpu = DevicePool(devices=("gpu:3",), gpu=True, max_towers=1)
+    assert admit(spec, pool=one_gpu, data_roots=[tmp_path])[1] == []

@@ -1,9 +1,10 @@
 """What only the service can check about a submitted job, beyond `trainer.spec`.
 
 The spec model checks a job on its own; these checks need to know this host: towers
-against the devices the service can give, a data path against the allowed data roots
-and the files actually there, and a custom model's module against what the worker can
-import. A job the service accepts must not fail in the worker for a reason that could
+(and a parameter device `gpu0`) against the devices the service can give, a data path
+against the allowed data roots and the files actually there (for .npz files, the arrays
+each holds, from its zip directory), and a custom model's module against what the worker
+can import. A job the service accepts must not fail in the worker for a reason that could
 have been checked here.
 
 A custom model's module is looked for, never imported (its import may need TensorFlow,
@@ -26,7 +27,13 @@ from pathlib import Path
 from service.devices import DevicePool
 from service.modulesource import defines, module_source, top_level_spec
 from trainer import modelmodules
-from trainer.datafiles import DataFilesError, check_under_roots, is_glob, resolve_files
+from trainer.datafiles import (
+    DataFilesError,
+    check_under_roots,
+    is_glob,
+    npz_array_names,
+    resolve_files,
+)
 from trainer.spec import JobSpec
 
 
@@ -84,7 +91,13 @@ def admit(
         spec = spec.model_copy(update={"data": spec.data.model_copy(update={"path": path})})
         try:
             check_under_roots(path, data_roots)
-            resolve_files(spec.data)
+            files = resolve_files(spec.data)
+            if spec.data.format == "npz":
+                # Each file's arrays, from its zip directory (no array is read): a lone
+                # .npy, a file that is no zip, or arrays under other names failed only
+                # in the worker, after the job's wait for its turn.
+                for file in (*files.train, *files.eval):
+                    npz_array_names(file)
         except DataFilesError as error:
             errors.append({"field": "data.path", "message": str(error)})
         except (ValueError, OSError) as error:

@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainer import hostarrays
-from trainer.datafiles import DataFiles, resolve_files
+from trainer.datafiles import DataFiles, DataFilesError, npz_array_names, resolve_files
 from trainer.errors import op_reason
 from trainer.memory import available_bytes, check_read
 from trainer.spec import AugmentSpec, DataSpec, SyntheticParams
@@ -679,64 +679,27 @@ def _read_idx_pair(images_path: Path, labels_path: Path) -> _Chunk:
     return _checked(images, labels, source, names=("images", "labels"))
 
 
-_NPY_MAGIC = b"\x93NUMPY"
-
-
 def _read_npz(path: Path) -> tuple[_Chunk, _Chunk | None]:
     """`x`, `y` and, if present, `x_eval`, `y_eval` of one .npz file."""
-    # np.load takes whatever the bytes look like: a lone .npy array, or (refused, as
-    # pickled data) anything else that is not a zip. Say which the file is instead.
     try:
-        with open(path, "rb") as f:
-            head = f.read(len(_NPY_MAGIC))
-            is_zip = zipfile.is_zipfile(f)  # one open for both looks
-    except OSError as error:
-        raise DataError(f"Expected a readable .npz file. Received: {error} ({path})") from None
-    if not is_zip:
-        what = (
-            "a single .npy array"
-            if head == _NPY_MAGIC
-            else "a file that is not a zip archive, or one cut short"
-        )
-        raise DataError(
-            f"Expected an .npz file (a zip archive of .npy arrays). Received: {what} ({path})"
-        )
+        train_names, eval_names = npz_array_names(path)
+    except DataFilesError as error:
+        raise DataError(str(error)) from None
     try:
         with zipfile.ZipFile(path) as archive:
             # The arrays by name, as np.load names them: each member's name less `.npy`.
             members = {name.removesuffix(".npy"): name for name in archive.namelist()}
-            # Keras's own `mnist.npz` (and files saved like it) names the arrays `x_train`,
-            # `y_train`, `x_test`, `y_test`: read as `x`, `y`, `x_eval`, `y_eval` where
-            # those are absent.
-            train_names = ("x", "y") if "x" in members or "y" in members else ("x_train", "y_train")
-            eval_names = next(
-                (
-                    (x, y)
-                    for x, y in (("x_eval", "y_eval"), ("x_test", "y_test"))
-                    if x in members or y in members
-                ),
-                None,
-            )
             # These alone: another array in the file costs no memory.
             wanted = [*train_names, *(eval_names or ())]
-            arrays = {name: _npy(archive, members[name]) for name in wanted if name in members}
+            arrays = {name: _npy(archive, members[name]) for name in wanted}
     # A damaged member fails its CRC (BadZipFile) or, compressed, its inflate (zlib.error):
-    # neither is an OSError, and neither names the file.
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as error:
+    # neither is an OSError, and neither names the file. A member missing since the look
+    # above (the file replaced meanwhile) is a KeyError.
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as error:
         raise DataError(f"Expected a readable .npz file. Received: {error} ({path})") from None
-    if any(name not in arrays for name in train_names):
-        raise DataError(
-            "Expected arrays `x` and `y` (or `x_train` and `y_train`) in the .npz file. "
-            f"Received: {sorted(members)} ({path})"
-        )
     chunk = _checked(arrays[train_names[0]], arrays[train_names[1]], str(path), names=train_names)
     if eval_names is None:
         return chunk, None
-    if any(name not in arrays for name in eval_names):
-        raise DataError(
-            f"Expected both `{eval_names[0]}` and `{eval_names[1]}`, or neither. "
-            f"Received: {sorted(members)} ({path})"
-        )
     eval_chunk = _checked(arrays[eval_names[0]], arrays[eval_names[1]], str(path), names=eval_names)
     return chunk, eval_chunk
 

@@ -2,8 +2,9 @@
 
 No TensorFlow here: the service calls `resolve_files` and `check_under_roots` to reject
 a spec before accepting it, with exactly the rules the worker later loads by
-(`trainer/data.py`). Only names and the file system are looked at, never file contents,
-so a check costs a directory listing.
+(`trainer/data.py`). Only names and the file system are looked at, and an .npz file's
+directory of arrays (`npz_array_names`), never the data, so a check costs a directory
+listing and a few reads of each .npz file's end.
 
 Rules (`data.path` may name a file, a folder (its own files, not its subfolders') or a
 glob (`**` reaches every depth); file order is sorted by name):
@@ -13,8 +14,8 @@ glob (`**` reaches every depth); file order is sorted by name):
   `labels-idx1`); also named `*-images.idx3-ubyte`, as copies of MNIST unpacked on
   Windows or downloaded from Kaggle are. Pairs whose names start `t10k` or `test` are eval when a train pair is
   present too; otherwise every pair is train and eval is held out by `eval_fraction`.
-- npz, tfrecord: files whose names contain the word `eval` or `test` are eval, the rest
-  train; again, only when some train file is present.
+- npz, tfrecord: files whose names contain `eval` or `test` are eval, the rest train;
+  again, only when some train file is present.
 - For a glob, the folders it matched below its fixed part count as the name does, so
   `data/**/*.tfrecord` over `data/train/` and `data/test/` takes `data/test/` as eval.
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,6 +86,61 @@ def resolve_files(data: DataSpec) -> DataFiles:
     if data.format == "idx":
         return _resolve_idx(candidates, lambda f: any(_IDX_EVAL.match(n) for n in names(f)))
     return _split_by_name(candidates, lambda f: any(_NAMED_EVAL.search(n) for n in names(f)))
+
+
+_NPY_MAGIC = b"\x93NUMPY"
+
+ArrayNames = tuple[str, str]
+
+
+def npz_array_names(path: Path) -> tuple[ArrayNames, ArrayNames | None]:
+    """The names of an .npz file's train arrays (`x`, `y`) and eval arrays (`x_eval`,
+    `y_eval`, or None), read from its zip directory alone, as the worker reads them.
+
+    Keras's own `mnist.npz` (and files saved like it) names them `x_train`, `y_train`,
+    `x_test`, `y_test`: taken where `x` and `y` are absent.
+
+    Raises:
+        DataFilesError: not a zip archive (np.load would take a lone .npy array, or
+            refuse anything else as pickled data: said here instead), unreadable, or
+            without the arrays it needs.
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_NPY_MAGIC))
+            is_zip = zipfile.is_zipfile(f)  # one open for both looks
+            if is_zip:
+                f.seek(0)
+                with zipfile.ZipFile(f) as archive:
+                    names = archive.namelist()
+    except (OSError, zipfile.BadZipFile) as error:
+        raise DataFilesError(f"Expected a readable .npz file. Received: {error} ({path})") from None
+    if not is_zip:
+        what = (
+            "a single .npy array"
+            if head == _NPY_MAGIC
+            else "a file that is not a zip archive, or one cut short"
+        )
+        raise DataFilesError(
+            f"Expected an .npz file (a zip archive of .npy arrays). Received: {what} ({path})"
+        )
+    members = {name.removesuffix(".npy") for name in names}
+    train: ArrayNames = ("x", "y") if members & {"x", "y"} else ("x_train", "y_train")
+    if not set(train) <= members:
+        raise DataFilesError(
+            "Expected arrays `x` and `y` (or `x_train` and `y_train`) in the .npz file. "
+            f"Received: {sorted(members)} ({path})"
+        )
+    evals: ArrayNames | None = next(
+        (pair for pair in (("x_eval", "y_eval"), ("x_test", "y_test")) if members & set(pair)),
+        None,
+    )
+    if evals is not None and not set(evals) <= members:
+        raise DataFilesError(
+            f"Expected both `{evals[0]}` and `{evals[1]}`, or neither. "
+            f"Received: {sorted(members)} ({path})"
+        )
+    return train, evals
 
 
 def check_under_roots(path: str, roots: list[Path]) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, Request, ViewportSize, expect
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
@@ -493,16 +494,19 @@ def test_jobs_table_shows_long_names_and_why_jobs_failed(
     # In a folder with a long name and no space, which the reason names.
     folder = Path(service.env["TOWERBOARD_DATA_ROOTS"]) / ("a_folder_name_with_no_space_" * 5)
     folder.mkdir()
-    (folder / "not-a-zip.npz").write_bytes(b"not a zip archive")
+    # Arrays of the right names (the service checks those) but 3 images to 2 labels.
+    np.savez(folder / "mismatched.npz", x=np.zeros((3, 4, 4), np.uint8), y=np.zeros(2, np.int64))
     failing = service.submit(
-        job_spec(name="bad-data", data={"format": "npz", "path": str(folder / "not-a-zip.npz")})
+        job_spec(name="bad-data", data={"format": "npz", "path": str(folder / "mismatched.npz")})
     )
     long_name = "a-run-name-with-no-space-" + "x" * 175  # the spec's longest: 200 characters
     long_named = service.submit(job_spec(name=long_name))
     ended = service.wait_state(failing["id"], *TERMINAL, timeout=180)
     assert ended["state"] == "failed", ended
     reason = ended["error"]["reason"]
-    assert reason.startswith("The worker rejected the spec: data: Expected an .npz file"), reason
+    assert reason.startswith(
+        "The worker rejected the spec: data: Expected `x` and `y` to have the same number"
+    ), reason
 
     page.goto("/#/")
     row = page.locator(f'tr[data-job="{failing["id"]}"]')

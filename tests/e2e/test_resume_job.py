@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
@@ -289,7 +290,7 @@ def test_refusals_are_said_and_change_nothing(session: Session, service: Service
 
     data = service.data_dir / "datasets" / "digits.npz"
     data.parent.mkdir(exist_ok=True)
-    data.write_bytes(b"")  # the service checks it is there, not what it holds
+    np.savez(data, x=np.zeros((2, 4, 4), np.uint8), y=np.zeros(2, np.int64))
     job = cancelled(service, job_spec(name="wait", data={"format": "npz", "path": str(data)}))
     data.unlink()
     open_job(page, job["id"], "cancelled")

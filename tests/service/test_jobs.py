@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from service.schemas import MetricsPublic
@@ -733,6 +734,46 @@ def test_create_job_data_path_missing(service: Service) -> None:
     [error] = _errors(service, job_spec(data={"format": "npz", "path": "nothing.npz"}))
     assert error["field"] == "data.path"
     assert f"{roots}/nothing.npz" in error["message"]
+
+
+def test_create_job_npz_data_the_worker_could_not_read_is_refused(service: Service) -> None:
+    # Each was accepted, waited its turn, and failed in the worker: the service reads each
+    # .npz file's directory of arrays (never the arrays) as it admits the job.
+    folder = Path(service.env["TOWERBOARD_DATA_ROOTS"]) / "npz-checks"
+    folder.mkdir()
+    np.save(folder / "plain.npy", np.zeros((2, 4, 4), np.uint8))
+    (folder / "garbage.npz").write_bytes(b"not a zip archive")
+    np.savez(folder / "named.npz", images=np.zeros((2, 4, 4)), labels=np.zeros(2, np.int64))
+    np.savez(folder / "half.npz", x=np.zeros((2, 4, 4)), y=np.zeros(2), x_eval=np.zeros(1))
+    good = {"x": np.zeros((2, 4, 4), np.uint8), "y": np.zeros(2, np.int64)}
+    (mixed := folder / "mixed").mkdir()
+    np.savez(mixed / "a.npz", **good)
+    (mixed / "b.npz").write_bytes(b"")
+    cases = {
+        "plain.npy": "Expected an .npz file (a zip archive of .npy arrays). Received: a "
+        "single .npy array",
+        "garbage.npz": "Expected an .npz file (a zip archive of .npy arrays). Received: a "
+        "file that is not a zip archive, or one cut short",
+        "named.npz": "Expected arrays `x` and `y` (or `x_train` and `y_train`) in the .npz "
+        "file. Received: ['images', 'labels']",
+        "half.npz": "Expected both `x_eval` and `y_eval`, or neither. Received: ['x', "
+        "'x_eval', 'y']",
+        "mixed": "Expected an .npz file (a zip archive of .npy arrays). Received: a file "
+        "that is not a zip archive, or one cut short",
+    }
+    for name, message in cases.items():
+        spec = job_spec(data={"format": "npz", "path": str(folder / name)})
+        [error] = _errors(service, spec)
+        named = folder / name / "b.npz" if name == "mixed" else folder / name
+        assert error == {"field": "data.path", "message": f"{message} ({named})"}, name
+    np.savez(folder / "keras.npz", x_train=good["x"], y_train=good["y"], x_test=good["x"],
+             y_test=good["y"])  # fmt: skip
+    for path in (folder / "keras.npz", mixed / "a.npz"):
+        answer = service.client.post(
+            "/api/v1/jobs", json=job_spec(data={"format": "npz", "path": str(path)})
+        )
+        assert answer.status_code == 201, answer.text
+        service.client.post(f"/api/v1/jobs/{answer.json()['id']}/cancel")
 
 
 def test_create_job_data_path_nul_byte(service: Service) -> None:

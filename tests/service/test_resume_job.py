@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from service.store import JobStore
@@ -232,7 +233,7 @@ def test_resumed_job_shows_no_phase_or_eta_of_the_attempt_before(service: Servic
 def test_resume_admits_the_spec_again(service: Service) -> None:
     data = service.data_dir / "datasets" / "digits.npz"
     data.parent.mkdir(exist_ok=True)
-    data.write_bytes(b"")  # the service checks it is there, not what it holds
+    np.savez(data, x=np.zeros((2, 4, 4), np.uint8), y=np.zeros(2, np.int64))
     job = _cancelled(service, job_spec(name="wait", data={"format": "npz", "path": str(data)}))
     data.unlink()
 

@@ -745,7 +745,7 @@ def test_create_job_npz_data_the_worker_could_not_read_is_refused(service: Servi
     (folder / "garbage.npz").write_bytes(b"not a zip archive")
     np.savez(folder / "named.npz", images=np.zeros((2, 4, 4)), labels=np.zeros(2, np.int64))
     np.savez(folder / "half.npz", x=np.zeros((2, 4, 4)), y=np.zeros(2), x_eval=np.zeros(1))
-    good = {"x": np.zeros((2, 4, 4), np.uint8), "y": np.zeros(2, np.int64)}
+    good: dict[str, np.ndarray] = {"x": np.zeros((2, 4, 4), np.uint8), "y": np.zeros(2, np.int64)}
     (mixed := folder / "mixed").mkdir()
     np.savez(mixed / "a.npz", **good)
     (mixed / "b.npz").write_bytes(b"")

@@ -4,7 +4,8 @@ The spec model checks a job on its own; these checks need to know this host: tow
 (and a parameter device `gpu0`) against the devices the service can give, a data path
 against the allowed data roots and the files actually there (for .npz files, the arrays
 each holds, from its zip directory), and a custom model's module against what the worker
-can import. A job the service accepts must not fail in the worker for a reason that could
+can import (and, where its source shows the function, that it takes the arguments the
+worker calls it with). A job the service accepts must not fail in the worker for a reason that could
 have been checked here.
 
 A custom model's module is looked for, never imported (its import may need TensorFlow,
@@ -25,7 +26,7 @@ import os
 from pathlib import Path
 
 from service.devices import DevicePool
-from service.modulesource import defines, module_source, top_level_spec
+from service.modulesource import call_refusal, defines, module_source, top_level_spec
 from trainer import modelmodules
 from trainer.datafiles import (
     DataFilesError,
@@ -67,6 +68,8 @@ def admit(
             )
         elif (unbound := _unbound_function(spec.model.name, worker_path)) is not None:
             errors.append({"field": "model.name", "message": unbound})
+        elif (refused_call := _refused_call(spec, worker_path)) is not None:
+            errors.append({"field": "model.name", "message": refused_call})
     if spec.towers > pool.max_towers:
         errors.append(
             {
@@ -148,6 +151,23 @@ def _unbound_function(model: str, worker_path: list[str]) -> str | None:
     return (
         f"Expected 'module:function' with a function the module defines. Received: "
         f"{model!r}, but {source} defines no {function!r} at its top level"
+    )
+
+
+def _refused_call(spec: JobSpec, worker_path: list[str]) -> str | None:
+    """Why the worker's call of the custom model's function (`input_shape`, `num_classes`
+    and the spec's `model.params`, by keyword) would fail for want of the arguments, as its
+    source shows the function; None when it would not, or the source cannot say."""
+    module, _, function = spec.model.name.partition(":")
+    source = module_source(module, worker_path)
+    keywords = ["input_shape", "num_classes", *spec.model.params]
+    refused = None if source is None else call_refusal(source, function, keywords)
+    if refused is None:
+        return None
+    # As the worker says it (`trainer.models`), where it found this at the job's turn.
+    return (
+        f"Expected model {spec.model.name!r} to take the keyword arguments "
+        f"{', '.join(keywords)}. Received: {refused}"
     )
 
 

@@ -1,4 +1,5 @@
-"""Whether a custom model's module defines its function, told from the module's source.
+"""Whether a custom model's module defines its function, and whether the function takes
+the worker's arguments, told from the module's source.
 
 The service never imports a job's module: it may import TensorFlow (which the service
 never loads), and its top level is code the worker, not the service, is there to run. So
@@ -63,6 +64,59 @@ def defines(source: Path, name: str) -> bool | None:
     if source.name == "__init__.py" and _submodule(source.parent, name):
         return None  # a submodule: the package has it as an attribute once it is imported
     return name in _top_level_names(tree)
+
+
+def call_refusal(source: Path, name: str, keywords: list[str]) -> str | None:
+    """Why calling the module's function `name` with `keywords` (by keyword) would raise
+    a TypeError, as `inspect.Signature.bind` says it ("missing a required argument:
+    'depth'"), with the function as its source shows it; or None when the call binds, or
+    the source cannot say: `name` is not a plain function bound once at the top level
+    (a decorator may change what it takes; a class's `__init__`, an import or a second
+    binding may be anything)."""
+    try:
+        tree = ast.parse(source.read_bytes(), filename=str(source))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    if _binds_unseen(tree):
+        return None
+    defs = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name
+    ]
+    if len(defs) != 1 or defs[0].decorator_list or _bindings(tree, name) != 1:
+        return None
+    function = defs[0]
+    reason = _unbound_keywords(function.args, keywords)
+    if reason is None:
+        return None
+    return f"a function {name}({ast.unparse(function.args)}) ({reason})"
+
+
+def _bindings(tree: ast.Module, name: str) -> int:
+    """How many statements at the module's top level bind `name` (anywhere in them)."""
+    return sum(1 for node in tree.body if name in _top_level_names(ast.Module([node], [])))
+
+
+def _unbound_keywords(args: ast.arguments, keywords: list[str]) -> str | None:
+    """What `inspect.Signature.bind(**{k: ... for k in keywords})` would raise for a
+    function of `args` (its first complaint, in its order), or None when it binds."""
+    positional = [*args.posonlyargs, *args.args]
+    first_defaulted = len(positional) - len(args.defaults)
+    for index, arg in enumerate(positional):
+        if arg in args.posonlyargs and arg.arg in keywords and args.kwarg is None:
+            return f"{arg.arg!r} parameter is positional only, but was passed as a keyword"
+        given = arg.arg in keywords and arg not in args.posonlyargs
+        if not given and index < first_defaulted:
+            return f"missing a required argument: {arg.arg!r}"
+    for arg, default in zip(args.kwonlyargs, args.kw_defaults, strict=True):
+        if arg.arg not in keywords and default is None:
+            return f"missing a required argument: {arg.arg!r}"
+    by_keyword = {arg.arg for arg in [*args.args, *args.kwonlyargs]}
+    unexpected = [keyword for keyword in keywords if keyword not in by_keyword]
+    if unexpected and args.kwarg is None:
+        return f"got an unexpected keyword argument {unexpected[0]!r}"
+    return None
 
 
 def _binds_unseen(tree: ast.Module) -> bool:

@@ -78,7 +78,7 @@ def progress(**line):
         f.write(json.dumps({"time": time.time(), **line}) + "\\n")
 
 
-def build(input_shape, classes):  # what a job's custom model may name: the service reads
+def build(input_shape, num_classes):  # what a job's custom model may name: the service reads
     raise NotImplementedError  # that it is here; this worker trains nothing
 
 

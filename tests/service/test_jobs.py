@@ -664,6 +664,38 @@ def test_create_job_custom_model_module_on_pythonpath(
     assert service.wait_state(job["id"], "succeeded", "failed")["state"] == "succeeded"
 
 
+def test_create_job_custom_model_whose_function_takes_other_arguments(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # Read from the function's source, as `inspect.signature(...).bind` would say it: the
+    # worker refused the job (exit 2) only once it had waited its turn.
+    service = make_service(env=fake_worker_env(tmp_path))
+    (tmp_path / "team_models.py").write_text(
+        "def build(input_shape, classes):\n    ...\n"
+        "def deep(input_shape, num_classes, *, depth):\n    ...\n"
+    )
+    service.start()
+    cases = {
+        ("team_models:build", None): "Expected model 'team_models:build' to take the keyword "
+        "arguments input_shape, num_classes. Received: a function build(input_shape, "
+        "classes) (missing a required argument: 'classes')",
+        ("team_models:deep", None): "Expected model 'team_models:deep' to take the keyword "
+        "arguments input_shape, num_classes. Received: a function deep(input_shape, "
+        "num_classes, *, depth) (missing a required argument: 'depth')",
+        ("team_models:deep", '{"depth": 3, "width": 8}'): "Expected model 'team_models:deep' "
+        "to take the keyword arguments input_shape, num_classes, depth, width. Received: a "
+        "function deep(input_shape, num_classes, *, depth) (got an unexpected keyword "
+        "argument 'width')",
+    }
+    for (name, params), message in cases.items():
+        model = {"name": name, **({"params": json.loads(params)} if params else {})}
+        assert _errors(service, job_spec(model=model)) == [
+            {"field": "model.name", "message": message}
+        ], name
+    accepted = job_spec(name="quick", model={"name": "team_models:deep", "params": {"depth": 3}})
+    assert service.client.post("/api/v1/jobs", json=accepted).status_code == 201
+
+
 def test_create_job_custom_model_only_from_the_modules_the_service_allows(
     make_service: Callable[..., Service], tmp_path: Path
 ) -> None:

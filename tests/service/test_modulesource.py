@@ -1,12 +1,15 @@
-"""`service.modulesource`: whether a module defines a name, told from its source alone."""
+"""`service.modulesource`: whether a module defines a name, and whether its function takes
+the worker's arguments, told from its source alone."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from service.modulesource import defines, module_source
+from service.modulesource import call_refusal, defines, module_source
 
 
 def _module(folder: Path, name: str, source: str) -> Path:
@@ -98,3 +101,57 @@ def test_what_is_no_plain_source_file_is_left_to_the_worker(tmp_path: Path) -> N
     assert module_source("namespace", [str(tmp_path)]) is None
     assert module_source("math", [str(tmp_path)]) is None  # built into the interpreter
     assert module_source("no_such_module_anywhere", [str(tmp_path)]) is None
+
+
+SIGNATURES = [
+    "input_shape, num_classes",
+    "input_shape, classes",
+    "input_shape, num_classes, depth",
+    "input_shape, num_classes, depth=3",
+    "input_shape, /, num_classes",
+    "input_shape=1, /, num_classes=2",
+    "**kw",
+    "input_shape, num_classes, *, depth",
+    "*args",
+    "input_shape, num_classes, **kw",
+    "a, /, **kw",
+    "",
+]
+
+
+@pytest.mark.parametrize(
+    "keywords", [["input_shape", "num_classes"], ["input_shape", "num_classes", "depth"]]
+)
+@pytest.mark.parametrize("signature", SIGNATURES)
+def test_call_refusal_says_what_inspect_bind_says(
+    tmp_path: Path, signature: str, keywords: list[str]
+) -> None:
+    # The worker checks its call with `inspect.signature(builder).bind(**kwargs)`; the
+    # service, from the source alone, must refuse exactly those calls, saying the same.
+    source = f"def build({signature}):\n    ...\n"
+    namespace: dict[str, Any] = {}
+    exec(source, namespace)  # noqa: S102 - the test's own source, to compare with
+    try:
+        inspect.signature(namespace["build"]).bind(**dict.fromkeys(keywords, 1))
+        expected = None
+    except TypeError as error:
+        expected = f"a function build({signature}) ({error})"
+    assert call_refusal(_module(tmp_path, "m", source), "build", keywords) == expected
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import functools\n@functools.cache\ndef build(x): ...\n",  # a decorator may change it
+        "def build(x): ...\nbuild = make(build)\n",  # bound again
+        "class build:\n    def __init__(self, x): ...\n",
+        "from elsewhere import build\n",
+        "from elsewhere import *\ndef build(x): ...\n",
+        "def build(x):\n",  # does not parse
+    ],
+    ids=["decorated", "rebound", "class", "import", "star", "syntax"],
+)
+def test_call_refusal_cannot_say_where_the_source_does_not_show_the_function(
+    tmp_path: Path, source: str
+) -> None:
+    assert call_refusal(_module(tmp_path, "m", source), "build", ["input_shape"]) is None

@@ -52,9 +52,22 @@ def _error_message(response: httpx.Response) -> str:
     errors = body.get("errors") or []
     if errors:
         # One line: each error's own full stop would end up before a semicolon.
-        fields = "; ".join(f"{e.get('field')}: {str(e.get('message')).rstrip('.')}" for e in errors)
+        fields = "; ".join(
+            f"{_as_option(str(e.get('field')))}: {str(e.get('message')).rstrip('.')}"
+            for e in errors
+        )
         return f"{detail.removesuffix(' see `errors`.').rstrip(';')}: {fields}"
     return detail
+
+
+def _as_option(field: str) -> str:
+    """A query parameter's error as the option that sent it: `query.name.0` is `--name`,
+    `query.after_step` is `--after-step` (the API's names read as internals to a CLI user).
+    Other fields (a spec's, a body's) are said as they are."""
+    if not field.startswith("query."):
+        return field
+    name = field.removeprefix("query.").split(".")[0]
+    return f"--{name.replace('_', '-')}"
 
 
 class Client:

@@ -212,6 +212,11 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
         metavar="N",
         help="only steps after N (the last one already read, to read on)",
     )
+    p.add_argument(
+        "--no-header",
+        action="store_true",
+        help="no header row: to append a read on (--after-step, with --name for the columns)",
+    )
     p.add_argument("--json", action="store_true", help="print the API's JSON")
 
     p = verb("profile", "ask a running job for a device trace of its next steps")

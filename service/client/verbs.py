@@ -437,17 +437,24 @@ def metrics(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(answer, indent=2) + "\n")
         return EXIT_OK
-    order = dict.fromkeys(args.name or answer["series"])  # the columns asked for, in order
-    series = {name: points for name in order if (points := answer["series"].get(name))}
-    if not series:
-        sys.stderr.write(f"job {args.id} has no metrics yet\n")
-        return EXIT_OK
+    # The columns: those asked for, in order, each kept with no points (so reads with
+    # --after-step and --no-header append to one CSV); else the series that have points.
+    series = (
+        {name: answer["series"].get(name) or [] for name in dict.fromkeys(args.name)}
+        if args.name
+        else {name: points for name, points in answer["series"].items() if points}
+    )
     rows: dict[int, dict[str, float]] = {}
     for name, points in series.items():
         for point in points:
             rows.setdefault(point["step"], {})[name] = point["value"]
+    if not rows:
+        after = " yet" if args.after_step is None else f" after step {args.after_step}"
+        sys.stderr.write(f"job {args.id} has no metrics{after}\n")
+        return EXIT_OK
     out = csv.writer(sys.stdout, lineterminator="\n")
-    out.writerow(["step", *series])
+    if not args.no_header:
+        out.writerow(["step", *series])
     for step in sorted(rows):
         out.writerow([step, *(repr(rows[step][n]) if n in rows[step] else "" for n in series)])
     return EXIT_OK

@@ -212,6 +212,20 @@ def test_metrics_as_csv_and_json(service: Service, watched: dict[str, Any]) -> N
     assert steps and min(steps) > 20
     wrong = towerboard("metrics", job_id, "--name", "los", url=service.base_url)
     assert wrong.returncode == 2 and "loss" in one_error_line(wrong)  # the names there are
+    # Said as the option the user gave, not as the API's `query.name.0`.
+    assert one_error_line(wrong).startswith("towerboard: error: Invalid request: 1 error: --name: ")
+
+    # Read on: the rows after step 20, no header, the same columns: appended to the rows
+    # up to 20, one CSV, the same as the first read.
+    head = [row for row in rows if row[0] == "step" or int(row[0]) <= 20]
+    more = towerboard("metrics", job_id, "--name", "loss", "--name", "eval_accuracy",
+                      "--after-step", "20", "--no-header", url=service.base_url)  # fmt: skip
+    assert more.returncode == 0, more.stderr
+    assert head + list(csv.reader(io.StringIO(more.stdout))) == rows
+    last = max(loss)
+    after_all = towerboard("metrics", job_id, "--after-step", str(last), url=service.base_url)
+    assert after_all.returncode == 0 and after_all.stdout == ""
+    assert after_all.stderr == f"job {job_id} has no metrics after step {last}\n"
 
 
 def test_profile_and_devices(make_service: Callable[..., Service], tmp_path: Path) -> None:

@@ -480,9 +480,16 @@ class JobSpec(_Strict):
     def _visible_name(cls, name: str) -> str:
         # A name of spaces, controls or zero-width characters shows as nothing: in the
         # dashboard's table it was a link with no height, nothing to click.
-        if any(unicodedata.category(char)[0] not in "CZ" for char in name):
-            return name
-        raise ValueError(f"Expected a name with a visible character. Received: {name!r}")
+        if not any(unicodedata.category(char)[0] not in "CZ" for char in name):
+            raise ValueError(f"Expected a name with a visible character. Received: {name!r}")
+        # A newline or a NUL in a name broke the CLI's table and the service's log lines,
+        # and a tab its columns. Format characters (a zero-width joiner in an emoji) stay.
+        if any(unicodedata.category(char) == "Cc" for char in name):
+            raise ValueError(
+                "Expected a name without control characters (a tab, a newline, a NUL). "
+                f"Received: {name!r}"
+            )
+        return name
 
     @model_validator(mode="after")
     def _check_job(self) -> JobSpec:

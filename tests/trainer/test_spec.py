@@ -347,7 +347,17 @@ def test_parse_spec_name_that_shows_nothing(name):
     assert errors_of({"data": SYNTHETIC, "name": name}) == {
         "name": f"Expected a name with a visible character. Received: {name!r}"
     }
-    JobSpec.model_validate({"data": SYNTHETIC, "name": f" {name}a"})
+    JobSpec.model_validate({"data": SYNTHETIC, "name": " \u200b a"})  # one is enough
+
+
+@pytest.mark.parametrize("name", ["bad\x00name", "two\nlines", "a\tb", "del\x7f"])
+def test_parse_spec_name_with_a_control_character(name):
+    assert errors_of({"data": SYNTHETIC, "name": name}) == {
+        "name": "Expected a name without control characters (a tab, a newline, a NUL). "
+        f"Received: {name!r}"
+    }
+    # A zero-width joiner (a format character, not a control) is part of an emoji.
+    assert JobSpec.model_validate({"data": SYNTHETIC, "name": "run \U0001f469\u200d\U0001f52c"})
 
 
 def test_parse_spec_unknown_model_name():

@@ -352,24 +352,28 @@ def test_download_shows_progress_on_a_terminal(
     assert re.search(rf"\rdownloading {name}: 100% of [0-9.]+ (B|KiB|MiB)".encode(), drawn), drawn
 
 
-def test_status_escapes_control_characters_in_names(
+def test_status_escapes_characters_that_print_nothing_in_names(
     make_service: Callable[..., Service], tmp_path: Path
 ) -> None:
-    # A job's name is any text another user typed; printed raw, an escape sequence in it
-    # would clear the terminal of whoever lists the jobs, and a newline break the table.
+    # A job's name is any text another user typed. Control characters are refused at
+    # submit (an escape sequence would clear the terminal of whoever lists the jobs, a
+    # newline break the table); format characters are not (an emoji needs its zero-width
+    # joiner), and a right-to-left override printed raw reverses the rest of the line.
     service = make_service(env=fake_worker_env(tmp_path))
     service.start()
-    job = service.submit(job_spec(name="evil\x1b[2J\nname\x07"))
+    refused = service.client.post("/api/v1/jobs", json=job_spec(name="evil\x1b[2J\nname"))
+    assert refused.status_code == 422, refused.text
+    job = service.submit(job_spec(name="evil\u202ename\u200b"))
     listing = towerboard("status", url=service.base_url)
     assert listing.returncode == 0, listing.stderr
-    assert "\x1b" not in listing.stdout and "\x07" not in listing.stdout
+    assert "\u202e" not in listing.stdout and "\u200b" not in listing.stdout
     header, row = listing.stdout.splitlines()
-    assert row.split()[:2] == [job["id"], "evil\\x1b[2J\\nname\\x07"]
+    assert row.split()[:2] == [job["id"], "evil\\u202ename\\u200b"]
     one = towerboard("status", job["id"], url=service.base_url)
-    assert re.search(r"^name\s{2,}evil\\x1b\[2J\\nname\\x07$", one.stdout, re.M), one.stdout
+    assert re.search(r"^name\s{2,}evil\\u202ename\\u200b$", one.stdout, re.M), one.stdout
     # --json is the API's JSON, escaped by JSON itself.
     as_json = towerboard("status", job["id"], "--json", url=service.base_url)
-    assert json.loads(as_json.stdout)["name"] == "evil\x1b[2J\nname\x07"
+    assert json.loads(as_json.stdout)["name"] == "evil\u202ename\u200b"
     assert towerboard("cancel", job["id"], "--wait", url=service.base_url).returncode == 0
 
 

@@ -84,6 +84,9 @@ class JobRecord:
     # When a user last put the ended job back in the queue (`resume`): it waits behind
     # the jobs submitted before then, as a job submitted then would. None: never resumed.
     queued_at: float | None = None
+    # A resumed job, until its attempt starts: how it was when it was resumed (its state,
+    # spec, progress, result, error, finished_at, queued_at), for a cancel to put back.
+    resumed_from: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     progress_offset INTEGER NOT NULL DEFAULT 0,
     version INTEGER NOT NULL DEFAULT 1,
     exiting TEXT,
-    queued_at REAL
+    queued_at REAL,
+    resumed_from TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, priority DESC, seq);
 -- A page of jobs in one state, newest first, walks this one instead of sorting them all.
@@ -149,9 +153,34 @@ _ADDED_COLUMNS = {
     "crashes": "INTEGER NOT NULL DEFAULT 0",
     "exiting": "TEXT",
     "queued_at": "REAL",
+    "resumed_from": "TEXT",
 }
 
-_JSON_COLUMNS = ("spec", "devices", "progress", "eval", "result", "error", "exiting")
+_JSON_COLUMNS = (
+    "spec", "devices", "progress", "eval", "result", "error", "exiting", "resumed_from"
+)  # fmt: skip
+
+# What `resume` keeps of the ended job it queues again, for a cancel before the attempt
+# starts to put back (`cancel_queued`): computed from the row as it was, in the same UPDATE.
+# Times as text of 17 digits (`%!.17g`, whose `!` lifts SQLite's 16): json_object writes
+# a REAL with 15, and the time put back would differ from the one taken.
+_EXACT = "CASE WHEN {0} IS NULL THEN NULL ELSE printf('%!.17g', {0}) END"
+_RESUMED_FROM = (
+    "resumed_from = json_object('state', state, 'spec', json(spec), 'progress', "
+    "json(progress), 'result', json(result), 'error', json(error), 'finished_at', "
+    f"{_EXACT.format('finished_at')}, 'queued_at', {_EXACT.format('queued_at')})"
+)
+# Each column as `resume` found it: JSON columns as JSON text, as they are stored.
+_PUT_BACK = (
+    "state = json_extract(resumed_from, '$.state'), "
+    "spec = json(json_extract(resumed_from, '$.spec')), "
+    "progress = json(json_extract(resumed_from, '$.progress')), "
+    "result = json(json_extract(resumed_from, '$.result')), "
+    "error = json(json_extract(resumed_from, '$.error')), "
+    "finished_at = CAST(json_extract(resumed_from, '$.finished_at') AS REAL), "
+    "queued_at = CAST(json_extract(resumed_from, '$.queued_at') AS REAL), "
+    "attempts = attempts - 1, resumed_from = NULL"
+)
 
 
 def _row_to_record(row: sqlite3.Row) -> JobRecord:
@@ -514,6 +543,7 @@ class JobStore:
             finished_at=None,
             result=None,
             error=None,
+            resumed_from=None,  # its attempt has started: a cancel now stops it
         )
 
     def set_worker(self, job_id: str, *, pid: int, pid_started: int | None) -> bool:
@@ -521,8 +551,17 @@ class JobStore:
         return self._update(job_id, JobState.RUNNING, pid=pid, pid_started=pid_started)
 
     def cancel_queued(self, job_id: str) -> bool:
-        """Queued -> cancelled, at once. False when the job is no longer queued."""
-        return self._update(
+        """Queued -> cancelled, at once; or, for a job resumed whose attempt has not
+        started, back to how it was when it was resumed (its state, spec and result: a
+        succeeded job's "train longer" taken back is succeeded again, its export served).
+        False when the job is no longer queued."""
+        with self._transaction() as conn:
+            put_back = conn.execute(
+                f"UPDATE jobs SET {_PUT_BACK}, updated_at = ?, version = version + 1"
+                " WHERE id = ? AND state = 'queued' AND resumed_from IS NOT NULL",
+                (time.time(), job_id),
+            ).rowcount
+        return put_back == 1 or self._update(
             job_id, JobState.QUEUED, state=JobState.CANCELLED, finished_at=time.time()
         )
 
@@ -651,6 +690,7 @@ class JobStore:
             job_id,
             ended,
             extra_where="exiting IS NULL",
+            extra_set=_RESUMED_FROM,
             increment="attempts",
             state=JobState.QUEUED,
             devices=[],

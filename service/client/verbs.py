@@ -251,6 +251,11 @@ def cancel(client: Client, args: argparse.Namespace) -> int:
         return EXIT_OK
     if response.status_code == 202:
         sys.stderr.write(f"cancel requested: job {job['id']} checkpoints and stops\n")
+    elif job["state"] != "cancelled":  # a resume taken back before its attempt started
+        sys.stderr.write(
+            f"job {job['id']} was resumed and had not started again: it is {job['state']} "
+            "again, as it was\n"
+        )
     if args.wait and job["state"] not in TERMINAL:
         while job["state"] not in TERMINAL:
             time.sleep(0.5)

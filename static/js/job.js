@@ -390,9 +390,16 @@ export function mountJob(view, jobId) {
       let next = fresher(job, streamedAt, data, asked);
       if (data.cancel_requested && !TERMINAL.has(next.state)) next = { ...next, cancel_requested: true };
       actionStatus.classList.remove("error"); // a refused resume's, say
+      // A resumed job whose attempt had not started goes back to how it was (a "train
+      // longer" taken back leaves it succeeded, its model still served).
+      const takenBack = status === 200 && data.state !== "cancelled";
       actionStatus.textContent = status === 202
-        ? "Cancel requested: the worker checkpoints and stops." : "Cancelled.";
-      actionStatus.dataset.action = "cancel"; // renderCancelled() says how it ended
+        ? "Cancel requested: the worker checkpoints and stops."
+        : takenBack
+          ? `Resume taken back (its attempt had not started): the job is ${data.state} again.`
+          : "Cancelled.";
+      // renderCancelled() says how a cancelled job ended; a resume taken back is said here.
+      actionStatus.dataset.action = takenBack ? "" : "cancel";
       // As a state from the stream: a job this answer ended (a queued one, cancelled at once)
       // has its log, checkpoints and metrics read as ended, and the devices panel is told.
       take(next);

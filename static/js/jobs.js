@@ -107,14 +107,17 @@ export function mark() {
 }
 
 /** Which copy of a job to show: `snapshot`, read by a request that started at `askedAt`,
- *  or `known`, last changed by the stream at `streamedAt` (undefined if never). A copy of
- *  a later attempt is newer whatever its state (an ended job resumed, or run again after
- *  a crash, is queued again). Within one attempt the end is final, so an ended copy wins
- *  over a live one; otherwise the stream's copy wins if it changed after the read began. */
+ *  or `known`, last changed by the stream at `streamedAt` (undefined if never). Of two
+ *  attempts, the copy the service wrote later is newer whatever its state: an ended job
+ *  resumed, or run again after a crash, is queued again as a later attempt, and a resume
+ *  cancelled before its attempt started is its earlier attempt, ended, again. Within one
+ *  attempt the end is final, so an ended copy wins over a live one; otherwise the
+ *  stream's copy wins if it changed after the read began. */
 export function fresher(known, streamedAt, snapshot, askedAt) {
   if (!known) return snapshot;
   if (snapshot.attempts !== known.attempts) {
-    return snapshot.attempts > known.attempts ? snapshot : known;
+    // Its time of writing, as the service gives it (ISO, to the microsecond, in UTC).
+    return snapshot.updated_at > known.updated_at ? snapshot : known;
   }
   const knownEnded = TERMINAL.has(known.state);
   const snapshotEnded = TERMINAL.has(snapshot.state);

@@ -636,11 +636,14 @@ def test_older_snapshot_never_undoes_the_stream(session: Session) -> None:
     page.goto("/#/")
     verdicts = page.evaluate("""async () => {
       const { fresher, mark } = await import("/static/js/jobs.js");
-      const running = { id: "a", state: "running", attempts: 1, progress: { step: 10 } };
-      const ended = { id: "a", state: "succeeded", attempts: 1, progress: { step: 20 } };
-      const older = { id: "a", state: "running", attempts: 1, progress: { step: 5 } };
+      const at = (second) => `2026-11-27T08:00:0${second}.000000Z`;  // updated_at
+      const running = { id: "a", state: "running", attempts: 1, updated_at: at(2) };
+      const ended = { id: "a", state: "succeeded", attempts: 1, updated_at: at(3) };
+      const older = { id: "a", state: "running", attempts: 1, updated_at: at(1) };
       // Resumed: the ended job queued again as its next attempt.
-      const resumed = { id: "a", state: "queued", attempts: 2, progress: { step: 20 } };
+      const resumed = { id: "a", state: "queued", attempts: 2, updated_at: at(4) };
+      // The resume cancelled before its attempt started: the ended attempt again.
+      const takenBack = { ...ended, updated_at: at(5) };
       const asked = mark();  // a read starts...
       const streamed = mark();  // ...the stream changes the job while it is out
       const later = mark();  // a read that starts after that
@@ -652,6 +655,8 @@ def test_older_snapshot_never_undoes_the_stream(session: Session) -> None:
         firstRead: fresher(undefined, undefined, older, asked) === older,
         resumeWins: fresher(ended, streamed, resumed, asked) === resumed,
         resumeStays: fresher(resumed, streamed - 10, ended, later) === resumed,
+        takenBackWins: fresher(resumed, streamed, takenBack, asked) === takenBack,
+        takenBackStays: fresher(takenBack, streamed - 10, resumed, later) === takenBack,
       };
     }""")
     assert all(verdicts.values()), verdicts

@@ -267,6 +267,40 @@ def test_train_a_succeeded_job_longer(
     assert session.errors == []
 
 
+def test_train_longer_cancelled_before_it_starts_is_taken_back(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """A "train longer" cancelled while it waits for a device (a mistyped length, say)
+    leaves the job as it was: succeeded, its spec's length and its model. It was left
+    cancelled, the length replaced, the model no longer served; the line said "Cancelled."."""
+    with stand_in_service(tmp_path, TOWERBOARD_CPU_JOBS="1") as one_slot:
+        job = ended(one_slot)  # "quick": succeeded
+        blocker = one_slot.submit(job_spec(name="wait"))  # holds the slot: the job waits
+        one_slot.wait_state(blocker["id"], "running")
+        session = open_session(browser, one_slot, LAPTOP)
+        page = session.page
+        open_job(page, job["id"], "succeeded")
+        page.locator("#train-longer").click()
+        page.get_by_label("To step", exact=True).fill("100000000")
+        page.locator("#resume-submit").click()
+        expect(badge(page)).to_have_text("queued")
+        cancel = page.locator("#cancel-job")
+        cancel.click()
+        cancel.click()
+        expect(page.locator("#action-status")).to_have_text(
+            "Resume taken back (its attempt had not started): the job is succeeded again."
+        )
+        expect(badge(page)).to_have_text("succeeded")
+        # Its own length again, not the one it was resumed to.
+        expect(page.locator("#spec")).to_contain_text(f'"steps": {job["spec"]["steps"]},')
+        expect(page.locator("#train-longer")).to_be_visible()
+        back = one_slot.job(job["id"])
+        assert back["state"] == "succeeded" and back["spec"] == job["spec"], back
+        assert back["attempts"] == 1
+        assert session.errors == []
+        session.context.close()
+
+
 def test_refusals_are_said_and_change_nothing(session: Session, service: Service) -> None:
     """A job whose worker is still exiting gets the service's 409 detail in the status line;
     a job whose data file was removed since gets its field error there (it is no step's):

@@ -98,6 +98,8 @@ if behaviour == "preparing":  # cancelled before its first line, as while loadin
 progress(event="start", step=0, total=10, phase="starting")
 if behaviour == "quick":
     end("succeeded", 0)
+elif behaviour == "fail":  # the trainer's failure: exit 1, outcome failed
+    end("failed", 1)
 elif behaviour == "points":  # a few metric points, then done
     for step in (1, 2, 3):
         progress(event="progress", step=step, total=3, loss=1 / step)

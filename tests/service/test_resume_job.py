@@ -280,6 +280,44 @@ def test_export_is_served_only_while_the_job_has_succeeded(service: Service) -> 
     )
 
 
+def test_cancel_before_the_attempt_starts_takes_the_resume_back(service: Service) -> None:
+    # A "train longer" with a mistyped length, cancelled while it waits: the succeeded job
+    # was left cancelled, its spec's length replaced and its model no longer served. A
+    # failed job resumed and cancelled so lost its failure's reason.
+    done = _worker_gone(service, service.wait_state(service.submit(job_spec(name="quick"))["id"],
+                                                    "succeeded"))  # fmt: skip
+    export = service.data_dir / "runs" / done["id"] / "export"
+    export.mkdir()
+    (export / "saved_model.pb").write_bytes(b"model")
+    failed = service.submit(job_spec(name="fail"))
+    failed = _worker_gone(service, service.wait_state(failed["id"], "failed"))
+    blocker = service.submit(job_spec(name="wait"))  # holds the one slot: both stay queued
+    service.wait_state(blocker["id"], "running")
+    for job in (done, failed):
+        body = {"steps": 100_000_000} if job is done else None
+        assert _resume(service, job["id"], body).json()["state"] == "queued"
+        answer = service.client.post(f"/api/v1/jobs/{job['id']}/cancel")
+        assert answer.status_code == 200, answer.text
+        back = answer.json()
+        assert back == {**service.job(job["id"]), "updated_at": back["updated_at"]}
+        for key in ("state", "spec", "attempts", "result", "error", "finished_at", "progress"):
+            assert back[key] == job[key], key
+    assert service.client.head(f"/api/v1/jobs/{done['id']}/export").status_code == 200
+    # Said by the CLI too; and once an attempt has started, a cancel stops it as ever.
+    assert _resume(service, done["id"], {"steps": 80}).status_code == 200
+    cli = towerboard("cancel", done["id"], url=service.base_url)
+    assert cli.stdout == f"{done['id']} succeeded\n"
+    assert cli.stderr == (
+        f"job {done['id']} was resumed and had not started again: it is succeeded again, "
+        "as it was\n"
+    )
+    assert _resume(service, done["id"], {"steps": 80}).status_code == 200
+    service.client.post(f"/api/v1/jobs/{blocker['id']}/cancel")
+    service.wait_state(done["id"], "running", "succeeded")
+    service.wait_exited(blocker["id"])
+    assert service.job(done["id"])["attempts"] == 2
+
+
 def test_cli_resume(service: Service) -> None:
     # The service's hint, said as this command's options rather than the API's body.
     done = _worker_gone(

@@ -60,6 +60,37 @@ def test_cancel_queued_only_once_and_not_when_running(store: JobStore) -> None:
     assert store.get(running.id).cancel_requested_at is not None  # type: ignore[union-attr]
 
 
+def test_cancel_before_a_resumed_attempt_starts_puts_the_job_back(store: JobStore) -> None:
+    job = store.create(SPEC)
+    store.mark_running(job.id, devices=["cpu:0"])
+    store.record_progress(job.id, offset=9, progress={"step": 7}, eval=None, points=[])
+    assert store.finish(job.id, JobState.SUCCEEDED, result={"outcome": "succeeded"}, error=None)
+    before = store.get(job.id)
+    assert before is not None and before.resumed_from is None
+    longer = {**SPEC, "steps": 90}
+    assert store.resume(job.id, spec=longer, progress={"step": 7, "total": 90})
+    resumed = store.get(job.id)
+    assert resumed is not None and resumed.spec == longer and resumed.attempts == 2
+    assert resumed.resumed_from is not None and resumed.resumed_from["state"] == "succeeded"
+
+    assert store.cancel_queued(job.id)
+    back = store.get(job.id)
+    assert back is not None
+    for field in ("state", "spec", "progress", "result", "error", "finished_at", "queued_at",
+                  "attempts"):  # fmt: skip
+        assert getattr(back, field) == getattr(before, field), field
+    assert back.resumed_from is None and back.version > resumed.version
+
+    # Once its attempt has started it is a job like any other: a crash requeues it, and
+    # a cancel then cancels it.
+    assert store.resume(job.id, spec=longer)
+    assert store.mark_running(job.id, devices=["cpu:0"])
+    assert store.get(job.id).resumed_from is None  # type: ignore[union-attr]
+    assert store.requeue(job.id, crashed=True)
+    assert store.cancel_queued(job.id)
+    assert store.get(job.id).state is JobState.CANCELLED  # type: ignore[union-attr]
+
+
 def test_requeue_increments_attempts_and_frees_devices(store: JobStore) -> None:
     job = store.create(SPEC)
     store.mark_running(job.id, devices=["gpu:0", "gpu:1"])
@@ -84,12 +115,14 @@ def test_store_from_before_added_columns_gains_them(tmp_path: Path) -> None:
     conn = sqlite3.connect(path)
     conn.execute("ALTER TABLE jobs DROP COLUMN crashes")
     conn.execute("ALTER TABLE jobs DROP COLUMN exiting")
+    conn.execute("ALTER TABLE jobs DROP COLUMN resumed_from")
     conn.commit()
     conn.close()
 
     reopened = JobStore(path)
     old = reopened.get(job.id)
     assert old is not None and old.crashes == 0 and old.exiting is None and old.spec == SPEC
+    assert old.resumed_from is None
     reopened.mark_running(job.id, devices=["cpu:0"])
     assert reopened.requeue(job.id, crashed=True)
     assert reopened.get(job.id).crashes == 1  # type: ignore[union-attr]

@@ -788,7 +788,8 @@ def _checkpoint_archive(
             [
                 {
                     "field": "path.step",
-                    "message": f"Expected a checkpoint's step (a whole number) or {_LATEST!r}. "
+                    "message": "Expected a checkpoint's step (a whole number of at most 18 "
+                    f"digits) or {_LATEST!r}. "
                     f"Received: {step[:200]!r}",
                 }
             ]

@@ -994,7 +994,8 @@ def test_download_checkpoint_step_not_a_number(
     assert response.json()["errors"] == [
         {
             "field": "path.step",
-            "message": f"Expected a checkpoint's step (a whole number) or 'latest'. Received: {step!r}",
+            "message": "Expected a checkpoint's step (a whole number of at most 18 digits) "
+            f"or 'latest'. Received: {step!r}",
         }
     ]
 

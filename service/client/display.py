@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import time
+import unicodedata
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -138,13 +139,21 @@ def devices_and_towers(job: dict[str, Any]) -> str:
     return f"{held} ({towers} tower{'' if towers == 1 else 's'})" if towers else held
 
 
+def width(text: str) -> int:
+    """The columns `text` takes on a terminal: a wide character (CJK, most emoji) two, a
+    combining mark none. Padded by its length, a name in Chinese pushed the columns after
+    it out of line."""
+    return sum(
+        0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+        for c in text
+    )
+
+
 def table(rows: list[list[str]], out: TextIO) -> None:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    widths = [max(width(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
-        out.write(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-            + "\n"
-        )
+        cells = (cell + " " * (w - width(cell)) for cell, w in zip(row, widths, strict=True))
+        out.write("  ".join(cells).rstrip() + "\n")
 
 
 def fold_event(job: dict[str, Any], name: str, data: dict[str, Any]) -> dict[str, Any]:

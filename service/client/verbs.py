@@ -142,7 +142,9 @@ def status(client: Client, args: argparse.Namespace) -> int:
             ["name", show.printable(job["name"])],
             ["state", job["state"] + (" (cancel requested)" if job.get("cancel_requested") and job["state"] not in TERMINAL else "")],
             ["progress", f"{show.steps(job)}" + (f" ({p['percent']}%)" if p.get("percent") is not None else "")],
-            ["phase", show.phase(p) or "-"],
+            # An ended job's last phase ("preparing", where it failed before its first
+            # line) read as one it was in; over, it is in none, as the dashboard says.
+            ["phase", "-" if job["state"] in TERMINAL else show.phase(p) or "-"],
             ["loss", show.number(p.get("loss"))],
             ["accuracy", show.percent(p.get("accuracy"))],
             ["eval loss", show.number(evaluation.get("loss"))],

@@ -119,6 +119,7 @@ def test_status_lists_and_shows_job(service: Service, watched: dict[str, Any]) -
     assert fields["progress"] == "40/40 (100.0%)"
     assert fields["checkpoint"] == "checkpoints/ckpt-40"
     assert fields["devices"] == "- (1 tower)"  # an ended job holds none
+    assert fields["phase"] == "-"  # nor is it in one (its progress says "done")
 
     as_json = towerboard("status", job_id, "--json", url=service.base_url)
     assert json.loads(as_json.stdout)["id"] == job_id
@@ -289,6 +290,9 @@ def test_status_table_shows_a_preparing_jobs_phase_as_its_step(
     service.wait_state(job_id, "cancelled")
     listed = towerboard("status", url=service.base_url)
     assert listed.stdout.splitlines()[1].split()[3:5] == ["-", "-"]  # over: no phase
+    assert service.job(job_id)["progress"]["phase"] == "preparing"  # where it ended
+    one = towerboard("status", job_id, url=service.base_url)
+    assert re.search(r"^phase\s{2,}-$", one.stdout, re.M), one.stdout  # none now
 
 
 def test_export_downloads_the_saved_model(

@@ -318,6 +318,16 @@ def _train(
     devices, arrays, model = job["devices"], job["arrays"], job["model"]
 
     per_epoch = steps_per_epoch(arrays.num_train, spec.batch_size)
+    if spec.batch_size > arrays.num_train:
+        # Not refused (a small set may be meant), but the batch is not what the spec says:
+        # each step is the whole set, and each tower's share of it shrinks with it.
+        log.warning(
+            "batch_size %d is more than the %d training examples: each step trains on all "
+            "of them (one epoch a step), a global batch of %d",
+            spec.batch_size,
+            arrays.num_train,
+            arrays.num_train,
+        )
     if spec.steps is not None:
         total = spec.steps
     else:

@@ -564,6 +564,18 @@ def test_run_job_says_which_trace_steps_lie_past_its_end(tmp_path):
     assert " steps, so no trace of them" in log
 
 
+def test_run_job_says_when_its_batch_is_more_than_the_training_set(tmp_path):
+    # 512 synthetic examples, a fifth held out: 410 to train on. A batch of 1000 trained
+    # on 410 a step without a word, its examples/sec a third of what the spec led to expect.
+    spec = with_(TINY, batch_size=1000, steps=3, eval={"every_steps": 0})
+    code, _, log = run_worker(tmp_path / "job", spec)
+    assert code == 0, log
+    assert (
+        "batch_size 1000 is more than the 410 training examples: each step trains on all of "
+        "them (one epoch a step), a global batch of 410"
+    ) in log
+
+
 @pytest.mark.parametrize("value", ["0", "²"])  # '²' passes str.isdigit(), not int()
 def test_run_job_with_a_bad_gpu_split_exits_2(tmp_path, value):
     # The benchmarks' knob for towers on logical GPUs of one card: a value that is no size

@@ -47,6 +47,7 @@ from service.guarded_tensorboard import SECRET_ENV, SECRET_HEADER
 from service.processes import is_same_process, start_time
 from service.settings import Settings
 from service.upstream import Upstream
+from service.workers import worker_pythonpath
 
 log = logging.getLogger(__name__)
 
@@ -377,9 +378,17 @@ class TensorBoardLauncher:
             # 200,000-step job showed (and its CSV download held) 1,000 of 20,000. 5,000
             # costs some 100 KB a series in the shared TensorBoard.
             "--samples_per_plugin", "scalars=5000",
+            # Not the Rust data server (`auto` starts it where its package is installed):
+            # it serves the runs over gRPC on a loopback port of its own with no auth,
+            # which the secret below cannot guard. The Python loader reads the same runs.
+            "--load_fast", "false",
         ]  # fmt: skip
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # never hold GPU memory jobs need
         env.pop("TOWERBOARD_TOKEN", None)  # TensorBoard, behind the proxy, never needs it
+        # Its main is this project's (`service.guarded_tensorboard`), found as a worker
+        # finds the trainer: an interpreter of another environment (TOWERBOARD_PYTHON) has
+        # the project on its path only so.
+        env["PYTHONPATH"] = os.pathsep.join(worker_pythonpath())
         # In its environment, not its argv: only its own user can read that.
         env[SECRET_ENV] = secret = secrets.token_urlsafe(32)
         with open(self._settings.data_dir / "tensorboard.log", "ab") as log_file:

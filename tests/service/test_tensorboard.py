@@ -30,6 +30,14 @@ def _alive(pid: int) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def _parent(proc: Path) -> int | None:
+    """The parent pid of /proc/<pid>, or None if it has gone."""
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -95,6 +103,13 @@ def test_tensorboard_answers_nobody_who_goes_round_the_proxy(
     environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
     (secret,) = [v.split("=", 1)[1] for v in environ if v.startswith("TOWERBOARD_TB_SECRET=")]
     assert secret not in " ".join(argv)  # argv is every user's to read; environ is not
+    # Nor does a data server run beside it: its gRPC port would serve the runs to anyone.
+    children = [
+        proc.name
+        for proc in Path("/proc").iterdir()
+        if proc.name.isdigit() and _parent(proc) == pid
+    ]
+    assert children == [], "TensorBoard started a process (its Rust data server?)"
     board = f"http://127.0.0.1:{port}/tensorboard"
     capture = {"service_addr": "10.1.2.3:6009", "duration": "1000"}
     for path, params, headers in [

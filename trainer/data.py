@@ -695,7 +695,10 @@ def _read_npz(path: Path) -> tuple[_Chunk, _Chunk | None]:
     # A damaged member fails its CRC (BadZipFile) or, compressed, its inflate (zlib.error):
     # neither is an OSError, and neither names the file. A member missing since the look
     # above (the file replaced meanwhile) is a KeyError.
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as error:
+    except (
+        OSError, ValueError, EOFError, KeyError, NotImplementedError, zipfile.BadZipFile,
+        zlib.error,
+    ) as error:  # fmt: skip
         raise DataError(f"Expected a readable .npz file. Received: {error} ({path})") from None
     chunk = _checked(arrays[train_names[0]], arrays[train_names[1]], str(path), names=train_names)
     if eval_names is None:

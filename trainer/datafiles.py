@@ -113,7 +113,9 @@ def npz_array_names(path: Path) -> tuple[ArrayNames, ArrayNames | None]:
                 f.seek(0)
                 with zipfile.ZipFile(f) as archive:
                     names = archive.namelist()
-    except (OSError, zipfile.BadZipFile) as error:
+    # A damaged directory: BadZipFile, EOFError, a name that is not text (ValueError), or a
+    # zip version or feature zipfile does not read (NotImplementedError).
+    except (OSError, ValueError, EOFError, NotImplementedError, zipfile.BadZipFile) as error:
         raise DataFilesError(f"Expected a readable .npz file. Received: {error} ({path})") from None
     if not is_zip:
         what = (

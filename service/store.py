@@ -85,7 +85,8 @@ class JobRecord:
     # the jobs submitted before then, as a job submitted then would. None: never resumed.
     queued_at: float | None = None
     # A resumed job, until its attempt starts: how it was when it was resumed (its state,
-    # spec, progress, result, error, finished_at, queued_at), for a cancel to put back.
+    # spec, progress, result, error, crashes, finished_at, queued_at, cancel_requested_at),
+    # for a cancel to put back.
     resumed_from: dict[str, Any] | None = None
 
 
@@ -167,8 +168,10 @@ _JSON_COLUMNS = (
 _EXACT = "CASE WHEN {0} IS NULL THEN NULL ELSE printf('%!.17g', {0}) END"
 _RESUMED_FROM = (
     "resumed_from = json_object('state', state, 'spec', json(spec), 'progress', "
-    "json(progress), 'result', json(result), 'error', json(error), 'finished_at', "
-    f"{_EXACT.format('finished_at')}, 'queued_at', {_EXACT.format('queued_at')})"
+    "json(progress), 'result', json(result), 'error', json(error), 'crashes', crashes, "
+    f"'finished_at', {_EXACT.format('finished_at')}, 'queued_at', "
+    f"{_EXACT.format('queued_at')}, 'cancel_requested_at', "
+    f"{_EXACT.format('cancel_requested_at')})"
 )
 # Each column as `resume` found it: JSON columns as JSON text, as they are stored.
 _PUT_BACK = (
@@ -179,6 +182,8 @@ _PUT_BACK = (
     "error = json(json_extract(resumed_from, '$.error')), "
     "finished_at = CAST(json_extract(resumed_from, '$.finished_at') AS REAL), "
     "queued_at = CAST(json_extract(resumed_from, '$.queued_at') AS REAL), "
+    "cancel_requested_at = CAST(json_extract(resumed_from, '$.cancel_requested_at') AS REAL), "
+    "crashes = json_extract(resumed_from, '$.crashes'), "
     "attempts = attempts - 1, resumed_from = NULL"
 )
 

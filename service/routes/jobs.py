@@ -213,7 +213,9 @@ async def read_jobs(
 )
 def cancel_job(job: JobDep, runtime: RuntimeDep) -> Response:
     """Cancel a job: a queued one at once (200); a running one gets SIGTERM, checkpoints
-    and exits, or is killed after the grace period (202)."""
+    and exits, or is killed after the grace period (202). A resumed job whose attempt has
+    not started goes back to how it was when it was resumed (200, its earlier state: a
+    succeeded job's "train longer" taken back is succeeded again)."""
     store = runtime.store
     if store.cancel_queued(job.id):
         status = 200

@@ -63,21 +63,26 @@ def test_cancel_queued_only_once_and_not_when_running(store: JobStore) -> None:
 def test_cancel_before_a_resumed_attempt_starts_puts_the_job_back(store: JobStore) -> None:
     job = store.create(SPEC)
     store.mark_running(job.id, devices=["cpu:0"])
+    assert store.requeue(job.id, crashed=True)  # a crash count, to keep
+    store.mark_running(job.id, devices=["cpu:0"])
     store.record_progress(job.id, offset=9, progress={"step": 7}, eval=None, points=[])
+    assert store.request_cancel(job.id)  # and a cancel asked for that the job outran
     assert store.finish(job.id, JobState.SUCCEEDED, result={"outcome": "succeeded"}, error=None)
     before = store.get(job.id)
     assert before is not None and before.resumed_from is None
+    assert before.crashes == 1 and before.cancel_requested_at is not None
     longer = {**SPEC, "steps": 90}
     assert store.resume(job.id, spec=longer, progress={"step": 7, "total": 90})
     resumed = store.get(job.id)
-    assert resumed is not None and resumed.spec == longer and resumed.attempts == 2
+    assert resumed is not None and resumed.spec == longer and resumed.attempts == 3
+    assert resumed.crashes == 0 and resumed.cancel_requested_at is None
     assert resumed.resumed_from is not None and resumed.resumed_from["state"] == "succeeded"
 
     assert store.cancel_queued(job.id)
     back = store.get(job.id)
     assert back is not None
     for field in ("state", "spec", "progress", "result", "error", "finished_at", "queued_at",
-                  "attempts"):  # fmt: skip
+                  "attempts", "crashes", "cancel_requested_at"):  # fmt: skip
         assert getattr(back, field) == getattr(before, field), field
     assert back.resumed_from is None and back.version > resumed.version
 

@@ -116,8 +116,12 @@ export function mark() {
 export function fresher(known, streamedAt, snapshot, askedAt) {
   if (!known) return snapshot;
   if (snapshot.attempts !== known.attempts) {
-    // Its time of writing, as the service gives it (ISO, to the microsecond, in UTC).
-    return snapshot.updated_at > known.updated_at ? snapshot : known;
+    // Its time of writing, as the service gives it (ISO in UTC; read as a time, not as
+    // text: a time on the second has no fraction). Within one millisecond, the later
+    // attempt, as attempts only go back when a resume is taken back, a later write.
+    const [then, now] = [Date.parse(known.updated_at), Date.parse(snapshot.updated_at)];
+    if (now !== then) return now > then ? snapshot : known;
+    return snapshot.attempts > known.attempts ? snapshot : known;
   }
   const knownEnded = TERMINAL.has(known.state);
   const snapshotEnded = TERMINAL.has(snapshot.state);

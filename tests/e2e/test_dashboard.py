@@ -636,14 +636,16 @@ def test_older_snapshot_never_undoes_the_stream(session: Session) -> None:
     page.goto("/#/")
     verdicts = page.evaluate("""async () => {
       const { fresher, mark } = await import("/static/js/jobs.js");
-      const at = (second) => `2026-11-27T08:00:0${second}.000000Z`;  // updated_at
+      const at = (second) => `2026-11-27T08:00:0${second}Z`;  // updated_at
       const running = { id: "a", state: "running", attempts: 1, updated_at: at(2) };
       const ended = { id: "a", state: "succeeded", attempts: 1, updated_at: at(3) };
       const older = { id: "a", state: "running", attempts: 1, updated_at: at(1) };
       // Resumed: the ended job queued again as its next attempt.
       const resumed = { id: "a", state: "queued", attempts: 2, updated_at: at(4) };
-      // The resume cancelled before its attempt started: the ended attempt again.
-      const takenBack = { ...ended, updated_at: at(5) };
+      // The resume cancelled before its attempt started: the ended attempt again, half a
+      // second after the resume (which, on the second, the service writes with no
+      // fraction: as text, "04Z" sorts after "04.500000Z").
+      const takenBack = { ...ended, updated_at: "2026-11-27T08:00:04.500000Z" };
       const asked = mark();  // a read starts...
       const streamed = mark();  // ...the stream changes the job while it is out
       const later = mark();  // a read that starts after that

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import struct
 import unicodedata
 from typing import Annotated, Any, Literal
 
@@ -70,10 +71,16 @@ JsonInt = Annotated[int, _INTEGER]
 FLOAT32_MAX = 3.4028234663852886e38
 
 
+# float32's smallest normal number: a smaller one is 0 to a CPU that flushes subnormals
+# (TensorFlow's kernels do), so an `epsilon` of 1e-40 divided by zero.
+FLOAT32_TINY = 1.1754943508222875e-38
+
+
 def _float32(value: Any) -> Any:
-    """Refuses a number too large for a float32; before the type check, as `JsonInt`'s (see
-    there: after it, pydantic writes the field's bounds into the schema in its own words).
-    NaN and infinity are left to `AllowInfNan`, which says so."""
+    """Refuses a number a float32 cannot hold: too large, or too small to tell from 0.
+    Before the type check, as `JsonInt`'s (see there: after it, pydantic writes the field's
+    bounds into the schema in its own words). NaN and infinity are left to `AllowInfNan`,
+    which says so."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return value  # the type check says what it is
     if isinstance(value, float) and not math.isfinite(value):
@@ -83,6 +90,26 @@ def _float32(value: Any) -> Any:
             f"Expected a number a 32-bit float holds, at most {FLOAT32_MAX:.4g} in size "
             "(training computes in float32)"
         )
+    if value and abs(value) < FLOAT32_TINY:
+        raise ValueError(
+            f"Expected 0 or a number of at least {FLOAT32_TINY:.4g} in size: smaller, a 32-bit "
+            "float (which training computes in) is 0"
+        )
+    return value
+
+
+def _under_one_in_float32(value: Any) -> Any:
+    """Refuses a number under 1 that a float32 rounds to 1 (0.99999999): a `beta_2` of 1
+    divides Adam's bias correction by 0, a dropout rate of 1 drops every unit."""
+    if (
+        isinstance(value, float)
+        and value < 1
+        and struct.unpack("f", struct.pack("f", value))[0] >= 1
+    ):
+        raise ValueError(
+            "Expected a number under 1 in a 32-bit float, which training computes in: "
+            "this one rounds to 1.0 there (0.9999999 does not)"
+        )
     return value
 
 
@@ -90,9 +117,11 @@ def _float32(value: Any) -> Any:
 # neither, but Python's json reads `NaN`, `Infinity` and 1e400 as them).
 _FLOAT = (Strict(), AllowInfNan(False), BeforeValidator(_float32))
 JsonFloat = Annotated[float, *_FLOAT]
+# One of the fields whose bound is `< 1`: under 1 as training computes it, too.
+UnderOne = Annotated[float, *_FLOAT, BeforeValidator(_under_one_in_float32)]
 # Where it may be null, its bounds go before the check, as `JsonInt`'s do.
 ClipNorm = Annotated[float, Field(gt=0.0), *_FLOAT]
-EmaDecay = Annotated[float, Field(gt=0.0, lt=1.0), *_FLOAT]
+EmaDecay = Annotated[float, Field(gt=0.0, lt=1.0), *_FLOAT, BeforeValidator(_under_one_in_float32)]
 JsonBool = Annotated[bool, Strict()]  # true or false, not 1 or "yes"
 
 PositiveInt = Annotated[int, Field(gt=0), _INTEGER]
@@ -146,7 +175,7 @@ class MlpParams(_Strict):
     hidden: list[LayerWidth] = Field(
         default_factory=lambda: [500], min_length=1, max_length=MAX_LAYERS
     )
-    dropout: JsonFloat = Field(0.0, ge=0.0, lt=1.0)
+    dropout: UnderOne = Field(0.0, ge=0.0, lt=1.0)
 
 
 class CnnParams(_Strict):
@@ -154,7 +183,7 @@ class CnnParams(_Strict):
 
     filters: tuple[LayerWidth, LayerWidth] = (32, 64)
     dense: LayerWidth = 512
-    dropout: JsonFloat = Field(0.4, ge=0.0, lt=1.0)
+    dropout: UnderOne = Field(0.4, ge=0.0, lt=1.0)
 
     @field_validator("filters", mode="before")
     @classmethod
@@ -175,7 +204,7 @@ class ResnetParams(_Strict):
     blocks_per_stage: list[Annotated[int, Field(gt=0, le=MAX_LAYERS), _INTEGER]] = Field(
         default_factory=lambda: [1, 1, 1], min_length=1, max_length=8
     )
-    bn_momentum: JsonFloat = Field(0.9, gt=0.0, lt=1.0)
+    bn_momentum: UnderOne = Field(0.9, gt=0.0, lt=1.0)
 
 
 class LogisticParams(_Strict):
@@ -214,6 +243,12 @@ class ModelSpec(_Strict):
             self.params = _validate_nested(
                 params_model, self.params, ("model", "params")
             ).model_dump()
+        elif given := sorted(set(self.params) & {"input_shape", "num_classes"}):
+            # The worker passes these from the data: given twice, the call would fail.
+            raise ValueError(
+                "Expected `params` without `input_shape` or `num_classes`, which the worker "
+                f"gives a custom model from the data. Received: {', '.join(given)}"
+            )
         return self
 
     @property
@@ -230,7 +265,7 @@ class AugmentSpec(_Strict):
     flip_left_right: JsonBool = False
     random_crop_padding: Annotated[int, Field(ge=0, le=64), _INTEGER] = 0
     brightness: JsonFloat = Field(0.0, ge=0.0, le=1.0)
-    contrast: JsonFloat = Field(0.0, ge=0.0, lt=1.0)
+    contrast: UnderOne = Field(0.0, ge=0.0, lt=1.0)
 
     @property
     def any(self) -> bool:
@@ -287,7 +322,7 @@ class DataSpec(_Strict):
 
     format: Literal["synthetic", "idx", "npz", "tfrecord"]
     path: str | None = None
-    eval_fraction: JsonFloat = Field(0.2, ge=0.0, lt=1.0)
+    eval_fraction: UnderOne = Field(0.2, ge=0.0, lt=1.0)
     # Kept for the public contract. The pipeline shuffles every epoch fully with a seeded
     # index permutation, which needs no buffer (and keeps checkpoints tiny).
     shuffle_buffer: PositiveInt = 10_000
@@ -343,9 +378,9 @@ class OptimizerSpec(_Strict):
 
     name: Literal["sgd", "momentum", "adam"] = "adam"
     learning_rate: JsonFloat = Field(0.001, gt=0.0, le=10.0)
-    momentum: JsonFloat = Field(0.9, ge=0.0, lt=1.0)
-    beta_1: JsonFloat = Field(0.9, ge=0.0, lt=1.0)
-    beta_2: JsonFloat = Field(0.999, ge=0.0, lt=1.0)
+    momentum: UnderOne = Field(0.9, ge=0.0, lt=1.0)
+    beta_1: UnderOne = Field(0.9, ge=0.0, lt=1.0)
+    beta_2: UnderOne = Field(0.999, ge=0.0, lt=1.0)
     epsilon: JsonFloat = Field(1e-7, gt=0.0)
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
     warmup_steps: NonNegativeInt = 0
@@ -484,10 +519,11 @@ class JobSpec(_Strict):
             raise ValueError(f"Expected a name with a visible character. Received: {name!r}")
         # A newline or a NUL in a name broke the CLI's table and the service's log lines,
         # and a tab its columns. Format characters (a zero-width joiner in an emoji) stay.
-        if any(unicodedata.category(char) == "Cc" for char in name):
+        # Unicode's line and paragraph separators (U+2028, U+2029) break lines as well.
+        if any(unicodedata.category(char) in ("Cc", "Zl", "Zp") for char in name):
             raise ValueError(
-                "Expected a name without control characters (a tab, a newline, a NUL). "
-                f"Received: {name!r}"
+                "Expected a name without control characters or line breaks (a tab, a "
+                f"newline, a NUL). Received: {name!r}"
             )
         return name
 

@@ -299,6 +299,17 @@ def test_parse_spec_integer_where_a_number_is_expected():
          "optimizer.schedule.power",
          "Expected a number a 32-bit float holds, at most 3.403e+38 in size (training "
          "computes in float32). Received: 1e+39"),
+        # Past `> 0` as a double, 0 as training's float32 (flushed to 0 as a subnormal).
+        ('{"optimizer": {"epsilon": 1e-40}}', "optimizer.epsilon",
+         "Expected 0 or a number of at least 1.175e-38 in size: smaller, a 32-bit float "
+         "(which training computes in) is 0. Received: 1e-40"),
+        # Past `< 1` as a double, 1.0 as float32: Adam's bias correction divided by 0.
+        ('{"optimizer": {"beta_2": 0.99999999}}', "optimizer.beta_2",
+         "Expected a number under 1 in a 32-bit float, which training computes in: this one "
+         "rounds to 1.0 there (0.9999999 does not). Received: 0.99999999"),
+        ('{"ema_decay": 0.999999999}', "ema_decay",
+         "Expected a number under 1 in a 32-bit float, which training computes in: this one "
+         "rounds to 1.0 there (0.9999999 does not). Received: 0.999999999"),
     ],
 )  # fmt: skip
 def test_parse_spec_number_a_float32_cannot_hold(text, field, message):
@@ -306,6 +317,8 @@ def test_parse_spec_number_a_float32_cannot_hold(text, field, message):
     spec = {"data": SYNTHETIC, **json.loads(text)}
     assert errors_of(spec) == {field: message}
     assert JobSpec.model_validate({"data": SYNTHETIC, "clip_norm": 1e38}).clip_norm == 1e38
+    near_one = {"beta_2": 0.9999999, "epsilon": 1e-30}
+    assert JobSpec.model_validate({"data": SYNTHETIC, "optimizer": near_one}).optimizer.beta_2
 
 
 def test_parse_spec_lists_for_tuples_and_strings_for_choices_still_read():
@@ -350,14 +363,24 @@ def test_parse_spec_name_that_shows_nothing(name):
     JobSpec.model_validate({"data": SYNTHETIC, "name": " \u200b a"})  # one is enough
 
 
-@pytest.mark.parametrize("name", ["bad\x00name", "two\nlines", "a\tb", "del\x7f"])
+@pytest.mark.parametrize(
+    "name", ["bad\x00name", "two\nlines", "a\tb", "del\x7f", "line\u2028break"]
+)
 def test_parse_spec_name_with_a_control_character(name):
     assert errors_of({"data": SYNTHETIC, "name": name}) == {
-        "name": "Expected a name without control characters (a tab, a newline, a NUL). "
-        f"Received: {name!r}"
+        "name": "Expected a name without control characters or line breaks (a tab, a "
+        f"newline, a NUL). Received: {name!r}"
     }
     # A zero-width joiner (a format character, not a control) is part of an emoji.
     assert JobSpec.model_validate({"data": SYNTHETIC, "name": "run \U0001f469\u200d\U0001f52c"})
+
+
+def test_parse_spec_custom_model_params_that_the_worker_gives():
+    model = {"name": "mine:build", "params": {"num_classes": 10, "depth": 3}}
+    assert errors_of({"data": SYNTHETIC, "model": model}) == {
+        "model": "Expected `params` without `input_shape` or `num_classes`, which the worker "
+        "gives a custom model from the data. Received: num_classes"
+    }
 
 
 def test_parse_spec_unknown_model_name():

@@ -153,7 +153,7 @@ def test_delete_and_resume_wait_a_moment_for_a_worker_that_is_exiting(
     for ask in ("resume", "delete"):
         job = service.submit(job_spec(name="linger"))  # exits once released
         assert service.wait_state(job["id"], "succeeded")["state"] == "succeeded"
-        threading.Timer(1.0, service.release, (job["id"],)).start()
+        threading.Timer(0.5, service.release, (job["id"],)).start()
         began = time.monotonic()
         if ask == "resume":
             answer = service.client.post(f"/api/v1/jobs/{job['id']}/resume", json={"steps": 20})
@@ -164,7 +164,7 @@ def test_delete_and_resume_wait_a_moment_for_a_worker_that_is_exiting(
             answer = service.client.delete(f"/api/v1/jobs/{job['id']}")
             assert answer.status_code == 204, answer.text
         # Went through (a worker still there after 5 s gets the 409), once it had exited.
-        assert time.monotonic() - began > 0.9
+        assert time.monotonic() - began > 0.4
 
 
 def stored_points(service: Service, job_id: str) -> int:

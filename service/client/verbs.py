@@ -327,6 +327,15 @@ def _resume_by_step(error: ClientError, args: argparse.Namespace) -> ClientError
 
 
 def checkpoints(client: Client, args: argparse.Namespace) -> int:
+    if args.download is None and (args.output is not None or args.force):
+        # A list has nowhere to go and nothing to replace: the options were meant for a
+        # download, which without --download did not happen, and nothing said so.
+        given = " and ".join(o for o, v in (("-o", args.output), ("--force", args.force)) if v)
+        raise ClientError(
+            f"{given} {'go' if ' and ' in given else 'goes'} with --download STEP, which "
+            "downloads a checkpoint; without it the command lists them",
+            EXIT_USAGE,
+        )
     if args.download is not None:
         which = args.download
         if which != "latest" and not (which.isascii() and which.isdigit()):

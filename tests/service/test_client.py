@@ -192,6 +192,14 @@ def test_checkpoints_list_and_download(
     assert one_error_line(missing) == (
         f"towerboard: error: Job {job_id!r} has no checkpoint at step 7. Retained steps: 20, 40."
     )
+    # Options of a download, given to a listing: said, not silently ignored.
+    astray = towerboard("checkpoints", job_id, "-o", str(tmp_path), "--force",
+                        url=service.base_url)  # fmt: skip
+    assert astray.returncode == 2 and astray.stdout == ""
+    assert one_error_line(astray) == (
+        "towerboard: error: -o and --force go with --download STEP, which downloads a "
+        "checkpoint; without it the command lists them"
+    )
 
 
 def test_metrics_as_csv_and_json(service: Service, watched: dict[str, Any]) -> None:

@@ -55,11 +55,8 @@ def defines(source: Path, name: str) -> bool | None:
     """Whether the module in `source` binds `name` at its top level (True or False), or
     None when its source cannot say. Over-counts rather than under: a name bound in any
     branch of an `if` or `try`, or by a loop or comprehension, counts as bound."""
-    try:
-        tree = ast.parse(source.read_bytes(), filename=str(source))
-    except (OSError, SyntaxError, ValueError):
-        return None
-    if _binds_unseen(tree):
+    tree = _readable_tree(source)
+    if tree is None:
         return None
     if source.name == "__init__.py" and _submodule(source.parent, name):
         return None  # a submodule: the package has it as an attribute once it is imported
@@ -73,11 +70,8 @@ def call_refusal(source: Path, name: str, keywords: list[str]) -> str | None:
     the source cannot say: `name` is not a plain function bound once at the top level
     (a decorator may change what it takes; a class's `__init__`, an import or a second
     binding may be anything)."""
-    try:
-        tree = ast.parse(source.read_bytes(), filename=str(source))
-    except (OSError, SyntaxError, ValueError):
-        return None
-    if _binds_unseen(tree):
+    tree = _readable_tree(source)
+    if tree is None:
         return None
     defs = [
         node
@@ -91,6 +85,16 @@ def call_refusal(source: Path, name: str, keywords: list[str]) -> str | None:
     if reason is None:
         return None
     return f"a function {name}({ast.unparse(function.args)}) ({reason})"
+
+
+def _readable_tree(source: Path) -> ast.Module | None:
+    """The module's syntax tree, or None when it does not parse or may bind names its
+    statements do not show (`_binds_unseen`)."""
+    try:
+        tree = ast.parse(source.read_bytes(), filename=str(source))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    return None if _binds_unseen(tree) else tree
 
 
 def _bindings(tree: ast.Module, name: str) -> int:

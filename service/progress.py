@@ -156,6 +156,14 @@ def fold_progress(
             # Nothing is left to wait for, but a cancelled or failed job is not "done in 0 s":
             # its last estimate would go on promising an end it will not reach.
             snapshot["eta_seconds"] = 0.0 if line.get("outcome") == "succeeded" else None
+            # A cancelled run's end says the loss and accuracy of the step it stopped at,
+            # which its last report (up to 2 s before) was not: the job and its charts end
+            # with the numbers its result has.
+            for field in ("loss", "accuracy"):
+                if (value := _number(line.get(field))) is not None:
+                    snapshot[field] = value
+                    if isinstance(step, int):
+                        points.append(MetricPoint(_TRAIN_SERIES[field], step, when, value))
         if isinstance(line.get("tower_ms"), list):
             snapshot["tower_ms"] = line["tower_ms"]
         if event == "trace" and isinstance(step, int):

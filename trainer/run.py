@@ -422,7 +422,17 @@ def _train(
         if cluster.is_multi_worker:
             fields["cluster"] = {"workers": cluster.workers, "task": cluster.name}
         if summary.outcome is Outcome.CANCELLED:
-            progress.write("end", step=step, total=total, outcome="cancelled", phase="done")
+            # With the numbers of the step it stopped at, as result.json has them: its last
+            # report, up to 2 s before, was of an earlier step, and the job showed those.
+            progress.write(
+                "end",
+                step=step,
+                total=total,
+                outcome="cancelled",
+                phase="done",
+                loss=summary.metrics.get("loss"),
+                accuracy=summary.metrics.get("accuracy"),
+            )
             return _write_result(
                 rundir,
                 Outcome.CANCELLED,

@@ -173,6 +173,9 @@ def fold_event(job: dict[str, Any], name: str, data: dict[str, Any]) -> dict[str
         )
     if name == "end":  # as the service folds it (service/progress.py)
         p["eta_seconds"] = 0.0 if data.get("outcome") == "succeeded" else None
+        for key in ("loss", "accuracy"):  # a cancelled run's, of the step it stopped at
+            if isinstance(data.get(key), int | float) and not isinstance(data.get(key), bool):
+                p[key] = data[key]
     if name == "eval":
         job["eval"] = {"step": data.get("step"), "loss": data.get("eval_loss"),
                        "accuracy": data.get("eval_accuracy")}  # fmt: skip

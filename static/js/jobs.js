@@ -48,8 +48,14 @@ export function applyProgressEvent(job, event) {
   if (event.event === "checkpoint" && typeof event.checkpoint === "string") {
     p.checkpoint = event.checkpoint;
   }
-  // Done in 0 s only when it succeeded, as the service folds it: a cancelled job has none.
-  if (event.event === "end") p.eta_seconds = event.outcome === "succeeded" ? 0 : null;
+  // Done in 0 s only when it succeeded, as the service folds it: a cancelled job has none,
+  // and ends with the loss and accuracy of the step it stopped at, where its end says them.
+  if (event.event === "end") {
+    p.eta_seconds = event.outcome === "succeeded" ? 0 : null;
+    for (const key of ["loss", "accuracy"]) {
+      if (typeof event[key] === "number") p[key] = event[key];
+    }
+  }
   if (Array.isArray(event.tower_ms)) p.tower_ms = event.tower_ms;
   if (event.event === "trace" && Number.isInteger(event.step)) p.trace_step = event.step;
   if (typeof event.time === "number") p.updated_at = new Date(event.time * 1000).toISOString();

@@ -664,6 +664,26 @@ def test_older_snapshot_never_undoes_the_stream(session: Session) -> None:
     assert all(verdicts.values()), verdicts
 
 
+def test_an_end_event_folds_as_the_service_folds_it(session: Session) -> None:
+    """What the views apply from a job's `end` event before its state event comes: as
+    `service/progress.py` folds it (no ETA unless it succeeded; a cancelled run's loss and
+    accuracy of the step it stopped at)."""
+    page = session.page
+    page.goto("/#/")
+    folded = page.evaluate("""async () => {
+      const { applyProgressEvent } = await import("/static/js/jobs.js");
+      const job = { id: "a", state: "running",
+                    progress: { step: 30, total: 40, loss: 0.5, accuracy: 0.75, eta_seconds: 9 } };
+      const end = { event: "end", outcome: "cancelled", phase: "done", step: 34, total: 40,
+                    loss: 0.25, accuracy: 0.875 };
+      const { progress: p } = applyProgressEvent(job, end);
+      const bare = applyProgressEvent(job, { event: "end", outcome: "succeeded", step: 40 });
+      return [p.step, p.loss, p.accuracy, p.eta_seconds, bare.progress.loss,
+              bare.progress.eta_seconds];
+    }""")
+    assert folded == [34, 0.25, 0.875, None, 0.5, 0]
+
+
 def test_phone_width_layout(
     browser: Browser, service: Service, submitted: dict[str, Any], screenshots: Path
 ) -> None:

@@ -1,4 +1,5 @@
-"""The CLI's watch folds an `end` event's ETA as the service does (none unless it succeeded)."""
+"""The CLI's watch folds an `end` event as the service does: no ETA unless it succeeded,
+and a cancelled run's loss and accuracy of the step it stopped at."""
 
 from __future__ import annotations
 
@@ -28,3 +29,12 @@ def test_fold_event_end_of_a_succeeded_job_is_due_now() -> None:
            "progress": {"step": 39, "total": 40, "eta_seconds": 1.0}}  # fmt: skip
     end = {"event": "end", "outcome": "succeeded", "phase": "done", "step": 40, "total": 40}
     assert fold_event(job, "end", end)["progress"]["eta_seconds"] == 0.0
+
+
+def test_fold_event_end_of_a_cancelled_job_takes_its_last_steps_numbers() -> None:
+    job = {"id": "j1", "state": "running",
+           "progress": {"step": 30, "total": 40, "loss": 0.5, "accuracy": 0.75}}  # fmt: skip
+    end = {"event": "end", "outcome": "cancelled", "phase": "done", "step": 34, "total": 40,
+           "loss": 0.25, "accuracy": 0.875}  # fmt: skip
+    folded = fold_event(job, "end", end)["progress"]
+    assert (folded["step"], folded["loss"], folded["accuracy"]) == (34, 0.25, 0.875)

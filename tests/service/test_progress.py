@@ -110,6 +110,26 @@ def test_fold_progress_of_a_job_that_did_not_finish_has_no_eta(outcome) -> None:
     assert progress is not None and progress["eta_seconds"] is None and progress["step"] == 12
 
 
+def test_fold_progress_of_a_cancelled_run_ends_with_its_last_steps_numbers() -> None:
+    # Its last report (up to 2 s before the stop) was of step 30: the job showed that
+    # step's loss beside step 34, and its result another.
+    progress, _, points = fold_progress(
+        {"step": 30, "total": 40, "loss": 0.5, "accuracy": 0.75}, None,
+        [{"time": 9.0, "event": "end", "step": 34, "total": 40, "outcome": "cancelled",
+          "phase": "done", "loss": 0.25, "accuracy": 0.875}],
+    )  # fmt: skip
+    assert progress is not None
+    assert (progress["step"], progress["loss"], progress["accuracy"]) == (34, 0.25, 0.875)
+    assert {(p.name, p.step, p.value) for p in points} == {
+        ("loss", 34, 0.25), ("accuracy", 34, 0.875)
+    }  # fmt: skip
+    # An end line without them (a failed run's, an older trainer's) leaves the last report's.
+    failed, _, none = fold_progress(
+        {"step": 30, "loss": 0.5}, None, [{"time": 9.0, "event": "end", "step": 31}]
+    )
+    assert failed is not None and failed["loss"] == 0.5 and none == []
+
+
 def test_fold_progress_ignores_non_numbers() -> None:
     progress, _, points = fold_progress(
         None,

@@ -346,6 +346,12 @@ def test_resume_after_sigterm_equals_uninterrupted(tmp_path):
         "SIGTERM must land mid-run for this test to mean anything"
     )
     assert stopped["checkpoint"] == f"checkpoints/ckpt-{stopped['step']}"
+    # Its end line has the numbers of the step it stopped at, as its result has them (its
+    # last report was of an earlier step).
+    end = read_progress(interrupted / "progress.jsonl")[0][-1]
+    assert end["event"] == "end" and end["step"] == stopped["step"]
+    assert end["loss"] == stopped["metrics"]["loss"]
+    assert end["accuracy"] == stopped["metrics"]["accuracy"]
     # The log ends saying so too, not on whatever TensorFlow printed last.
     assert (
         log.rstrip()

@@ -236,7 +236,10 @@ export function mountJob(view, jobId) {
   }
 
   function renderMeta() {
-    const started = job.started_at ? ` · started ${localTime(job.started_at)}` : "";
+    // Queued (again), its start is the last attempt's: beside "attempt 2" it read as this
+    // one's, which has not started.
+    const started = job.started_at && job.state !== "queued"
+      ? ` · started ${localTime(job.started_at)}` : "";
     const ran = job.started_at && job.finished_at
       ? ` · ran ${duration((Date.parse(job.finished_at) - Date.parse(job.started_at)) / 1000)}` : "";
     meta.textContent = `${job.id} · submitted ${age(job.created_at)} ago${started}${ran}` +

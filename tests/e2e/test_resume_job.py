@@ -284,6 +284,10 @@ def test_train_longer_cancelled_before_it_starts_is_taken_back(
         page.get_by_label("To step", exact=True).fill("100000000")
         page.locator("#resume-submit").click()
         expect(badge(page)).to_have_text("queued")
+        # Its start is the first attempt's, not this one's, which has not started.
+        meta = page.locator("p.meta")
+        expect(meta).to_contain_text("attempt 2")
+        expect(meta).not_to_contain_text("started")
         cancel = page.locator("#cancel-job")
         cancel.click()
         cancel.click()
@@ -291,6 +295,7 @@ def test_train_longer_cancelled_before_it_starts_is_taken_back(
             "Resume taken back (its attempt had not started): the job is succeeded again."
         )
         expect(badge(page)).to_have_text("succeeded")
+        expect(meta).to_contain_text(re.compile(r"started .* · ran .* · attempt 1$"))
         # Its own length again, not the one it was resumed to.
         expect(page.locator("#spec")).to_contain_text(f'"steps": {job["spec"]["steps"]},')
         expect(page.locator("#train-longer")).to_be_visible()

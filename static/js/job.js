@@ -101,6 +101,18 @@ export function mountJob(view, jobId) {
   const towers = h("div", { class: "towers", id: "towers" });
   const checkpoints = h("div", { id: "checkpoints" }, h("p", { class: "muted" }, "Loading…"));
   const logs = h("pre", { class: "log", id: "log", tabindex: "0", "aria-label": "Worker log" }, "");
+  // Whether the log box follows its newest lines: until the reader scrolls up from its end,
+  // and again once they scroll back down to it. Judged at each read from where the box
+  // stood, a resize that rewrapped the lines (a phone turned) left it mid-log, and it
+  // stopped following for good; a resize now keeps it at the end.
+  let followLog = true;
+  logs.addEventListener("scroll", () => {
+    followLog = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 8;
+  });
+  const logResized = new ResizeObserver(() => {
+    if (followLog) logs.scrollTop = logs.scrollHeight;
+  });
+  logResized.observe(logs);
   // A failed read is said here, and the lines already read stay below it.
   const logError = h("p", { class: "error small log-error", id: "log-error", role: "status",
     hidden: true });
@@ -299,11 +311,10 @@ export function mountJob(view, jobId) {
     try {
       const text = await getJSON(`${base}/logs?tail=${LOG_LINES}`);
       if (stopped) return;
-      const atBottom = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 8;
       const next = text || (job && TERMINAL.has(job.state) ? "(no output)" : "(no output yet)");
       // Unchanged, it is left alone: rewriting it would drop a selection being copied.
       if (logs.textContent !== next) logs.textContent = next;
-      if (atBottom) logs.scrollTop = logs.scrollHeight;
+      if (followLog) logs.scrollTop = logs.scrollHeight;
       logError.hidden = true;
     } catch (error) {
       if (!stopped) {
@@ -663,6 +674,7 @@ export function mountJob(view, jobId) {
     clearTimeout(loadTimer);
     clearTimeout(deleteTimer);
     clearInterval(ticker);
+    logResized.disconnect();
     tensorBoard.destroy();
     profile.destroy();
     resume.destroy();

@@ -18,7 +18,7 @@ import pytest
 from playwright.sync_api import Browser, Route, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
-from tests.e2e.test_dashboard import LAPTOP, LOG_POLL_MS, Session, open_session
+from tests.e2e.test_dashboard import LAPTOP, LOG_POLL_MS, PHONE, Session, open_session
 from tests.service.harness import Service, fake_worker_env, job_spec, stand_in_service
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
@@ -138,6 +138,31 @@ def test_devices_panel_frees_a_device_as_its_worker_exits(
     service.wait_exited(job["id"])
     # Within 3 s: the panel's 500 ms poll while a device is exiting, not its 5 s one.
     expect(item).to_contain_text("free", timeout=3_000)
+    assert session.errors == []
+
+
+def test_log_keeps_to_its_newest_lines_through_a_resize(session: Session, service: Service) -> None:
+    """A log followed at its end stays at its end when a resize rewraps its lines (a phone
+    turned): the box was left mid-log, judged at the next read as scrolled up by the
+    reader, and followed no more."""
+    job = service.submit(job_spec(name="chatty"))  # 200 long lines, then runs on
+    page = session.page
+    page.goto(f"/#/jobs/{job['id']}")
+    log = page.locator("#log")
+    expect(log).to_contain_text("line 199", timeout=30_000)
+    at_end = "el => el.scrollHeight - el.scrollTop - el.clientHeight <= 8"
+    assert log.evaluate("el => el.scrollHeight > el.clientHeight"), "the log must overflow"
+    page.wait_for_function(f"({at_end})(document.getElementById('log'))")
+    try:
+        page.set_viewport_size(PHONE)  # the lines wrap more
+        page.wait_for_function(f"({at_end})(document.getElementById('log'))", timeout=2_000)
+        # Scrolled up by the reader, it stays where they put it.
+        log.evaluate("el => { el.scrollTop = 0; }")
+        page.wait_for_timeout(LOG_POLL_MS + 500)  # a read comes meanwhile
+        assert log.evaluate("el => el.scrollTop") == 0
+    finally:
+        page.set_viewport_size(LAPTOP)  # the module's other tests share the page
+        service.client.post(f"/api/v1/jobs/{job['id']}/cancel")
     assert session.errors == []
 
 

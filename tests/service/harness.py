@@ -100,6 +100,9 @@ if behaviour == "quick":
     end("succeeded", 0)
 elif behaviour == "fail":  # the trainer's failure: exit 1, outcome failed
     end("failed", 1)
+elif behaviour == "chatty":  # a log of 200 long lines (its worker.log), then runs on
+    for i in range(200):
+        print(f"line {i:03d}: " + "words that wrap on a narrow screen " * 3, flush=True)
 elif behaviour == "points":  # a few metric points, then done
     for step in (1, 2, 3):
         progress(event="progress", step=step, total=3, loss=1 / step)

@@ -66,10 +66,8 @@ def admit(
                     "packages)",
                 }
             )
-        elif (unbound := _unbound_function(spec.model.name, worker_path)) is not None:
-            errors.append({"field": "model.name", "message": unbound})
-        elif (refused_call := _refused_call(spec, worker_path)) is not None:
-            errors.append({"field": "model.name", "message": refused_call})
+        elif (unfit := _function_problem(spec, worker_path)) is not None:
+            errors.append({"field": "model.name", "message": unfit})
     if spec.towers > pool.max_towers:
         errors.append(
             {
@@ -140,34 +138,29 @@ def _holds(candidate: Path) -> bool:
         return False
 
 
-def _unbound_function(model: str, worker_path: list[str]) -> str | None:
-    """Why `model` ('module:function') names a function its module does not define, or
-    None when it does or its source cannot say (`service.modulesource`): read, not
-    imported."""
+def _function_problem(spec: JobSpec, worker_path: list[str]) -> str | None:
+    """Why the custom model's function (`module:function`) cannot be called as the worker
+    calls it: its module defines no such function, or it cannot take `input_shape`,
+    `num_classes` and the spec's `model.params` by keyword. None when it can, or its
+    source cannot say (`service.modulesource`): read, not imported."""
+    model = spec.model.name
     module, _, function = model.partition(":")
     source = module_source(module, worker_path)
-    if source is None or defines(source, function) is not False:
+    if source is None:
         return None
-    return (
-        f"Expected 'module:function' with a function the module defines. Received: "
-        f"{model!r}, but {source} defines no {function!r} at its top level"
-    )
-
-
-def _refused_call(spec: JobSpec, worker_path: list[str]) -> str | None:
-    """Why the worker's call of the custom model's function (`input_shape`, `num_classes`
-    and the spec's `model.params`, by keyword) would fail for want of the arguments, as its
-    source shows the function; None when it would not, or the source cannot say."""
-    module, _, function = spec.model.name.partition(":")
-    source = module_source(module, worker_path)
+    if defines(source, function) is False:
+        return (
+            f"Expected 'module:function' with a function the module defines. Received: "
+            f"{model!r}, but {source} defines no {function!r} at its top level"
+        )
     keywords = ["input_shape", "num_classes", *spec.model.params]
-    refused = None if source is None else call_refusal(source, function, keywords)
+    refused = call_refusal(source, function, keywords)
     if refused is None:
         return None
     # As the worker says it (`trainer.models`), where it found this at the job's turn.
     return (
-        f"Expected model {spec.model.name!r} to take the keyword arguments "
-        f"{', '.join(keywords)}. Received: {refused}"
+        f"Expected model {model!r} to take the keyword arguments {', '.join(keywords)}. "
+        f"Received: {refused}"
     )
 
 

@@ -152,6 +152,21 @@ def test_series_bench_runs_and_reports_every_figure() -> None:
         assert row in out, out
 
 
+def test_tensorboard_load_bench_loads_every_kind_with_both_loaders() -> None:
+    # The bench itself fails unless each loader serves every job's loss, and the last
+    # job's histograms and images, to their last step within the deadline: so a logdir
+    # it wrote that TensorBoard could not read, or read in part, fails here.
+    out = run_bench(
+        "bench/tensorboard_load_bench.py", "--jobs", "2", "--steps", "1000", "--rounds", "1",
+        "--deadline", "120",
+    )  # fmt: skip
+    assert "2 jobs of 1000 steps" in out, out
+    for what in ("up", "scalars", "all"):
+        assert re.search(
+            rf"^{what}: Python loader [\d.]+ s, Rust data server [\d.]+ s", out, re.M
+        ), out
+
+
 def fatbin(entries: list[tuple[int, int, bytes]]) -> bytes:
     """A fatbin container as nvcc lays one out: its 16-byte header, then each entry's
     64-byte header (kind, version, header size, payload size; the architecture at 28)

@@ -9,18 +9,23 @@ exit 2 before anything is imported or connected.
 Tasks that train are the `chief` (at most one) and the `worker`s. The chief is task 0
 (the `chief`, else `worker` 0): it writes the job's run directory. Every other task
 writes its own under `workers/<type>-<index>/` of the job dir it was given, so workers
-that share one directory over NFS never write the same file.
+that share one directory over NFS never write the same file. A task whose `TF_CONFIG`
+is wrong, or whose port is taken, writes no file at all (exit 2, saying why on stderr):
+it cannot tell that it is the chief, and the directory may be a running chief's (the
+same worker started twice).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,9 +103,16 @@ def cluster_from_env(environ: Mapping[str, str] | None = None) -> Cluster:
         raise _fail("expected at most one chief", cluster["chief"])
     if not isinstance(task, dict):
         raise _fail("expected `task`, an object with `type` and `index`", task)
-    task_type, task_index = task.get("type"), task.get("index", 0)
+    task_type, task_index = task.get("type"), task.get("index")
     if task_type not in cluster:
         raise _fail(f"expected `task.type` to be one of {sorted(cluster)}", task_type)
+    if "index" not in task:
+        # TensorFlow refuses a task without one, but only after the wait for the others.
+        raise _fail(
+            f"expected `task.index`, this task's place among the {len(cluster[task_type])} "
+            f"{task_type} task(s)",
+            task,
+        )
     if (
         not isinstance(task_index, int)
         or isinstance(task_index, bool)
@@ -111,6 +123,8 @@ def cluster_from_env(environ: Mapping[str, str] | None = None) -> Cluster:
             f"{len(cluster[task_type])} {task_type} task(s)",
             task_index,
         )
+    for address in (*cluster.get("chief", []), *cluster.get("worker", [])):
+        _host_port(address)
     chiefs = len(cluster.get("chief", []))
     index = task_index if task_type == "chief" else chiefs + task_index
     return Cluster(
@@ -124,8 +138,11 @@ def cluster_from_env(environ: Mapping[str, str] | None = None) -> Cluster:
 
 def _host_port(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
+    # isascii: str.isdigit() holds for '²' too, which int() refuses.
+    if not host or not (port.isascii() and port.isdigit()):
         raise _fail("expected every address to be host:port", address)
+    if not 0 < int(port) < 65536:
+        raise _fail("expected every address's port to be in 1..65535", address)
     return host.strip("[]"), int(port)
 
 
@@ -135,6 +152,40 @@ def _answers(address: str) -> bool:
     except OSError:
         return False
     return True
+
+
+_STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+
+
+@contextlib.contextmanager
+def signals_held(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM and Ctrl-C held back (blocked) on this thread, and on every thread started
+    from it meanwhile, TensorFlow's own among them; at the end, the handlers that set
+    `stop` are put back and the signals let through, so one that came meanwhile sets
+    `stop` then. Entered before TensorFlow is imported; `wait_for_peers` takes them as
+    they come.
+
+    Why: making the strategy starts TensorFlow's coordination service, which installs a
+    SIGTERM handler of its own (a preemption notice it would act on alone). A SIGTERM
+    while the cluster formed went to it and was lost: the job trained to its end. Held,
+    it waits for the handler that stops the job, with the cluster, at its first step.
+    """
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        for signum in _STOP_SIGNALS:
+            signal.signal(signum, lambda *_: stop.set())
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _stopped(stop: threading.Event, seconds: float) -> bool:
+    """Whether `stop` is set within `seconds`, taking a held SIGTERM or Ctrl-C as one."""
+    if signal.pthread_sigmask(signal.SIG_BLOCK, []) >= _STOP_SIGNALS:
+        if signal.sigtimedwait(_STOP_SIGNALS, seconds) is not None:
+            stop.set()
+        return stop.is_set()
+    return stop.wait(seconds)
 
 
 def wait_for_peers(
@@ -165,7 +216,7 @@ def wait_for_peers(
     started = said = time.monotonic()
     try:
         while others := [a for a in others if not _answers(a)]:
-            if stop.wait(0.5):
+            if _stopped(stop, 0.5):
                 return False
             if time.monotonic() - said >= log_every:
                 said = time.monotonic()

@@ -224,13 +224,20 @@ def start_together(trainer: ClusterTrainer, checkpointer: Checkpointer, job: int
     return checkpointer.restore(common)
 
 
-def lost_worker(error: BaseException, step: int) -> str | None:
+def lost_worker(error: BaseException, step: int | None) -> str | None:
     """What to tell the user when a collective failed because a worker is gone (killed,
-    its host down, the network cut); None for any other error. TensorFlow's own message
-    is a page of traceback around one useful line."""
-    if not isinstance(error, (tf.errors.UnavailableError, tf.errors.AbortedError)):
-        return None
+    its host down, the network cut, or stopped: its heartbeats time out); None for any
+    other error. TensorFlow's own message is a page of traceback around one useful line.
+    `step`: the step being run, or None before training (the cluster starting)."""
     text = str(error)
+    gone = isinstance(error, (tf.errors.UnavailableError, tf.errors.AbortedError)) or (
+        # A chief that stops answering (its host hung, or SIGSTOP) is the coordination
+        # service's leader: the others' heartbeats to it time out.
+        isinstance(error, tf.errors.DeadlineExceededError)
+        and ("Collective ops is aborted" in text or "CoordinationService" in text)
+    )
+    if not gone:
+        return None
     # The cause's first line can end in a colon, with the tasks it names on the lines
     # after it ("The following tasks are unhealthy (stopped sending heartbeats):").
     cause = re.search(r"Collective ops is aborted by: ([^\n]+(?:\n/job:\S+)*)", text)
@@ -238,13 +245,18 @@ def lost_worker(error: BaseException, step: int) -> str | None:
     detail = "; ".join(
         part
         for part in (
-            cause and " ".join(cause.group(1).split()),
+            cause and _shortened(" ".join(cause.group(1).split())),
             peer and f"peer {peer.group(1)}",
         )
         if part
     )
+    when = "while the cluster was starting" if step is None else f"at step {step}"
     return (
-        f"Lost another worker of the cluster at step {step}"
+        f"Lost another worker of the cluster {when}"
         + (f" ({detail})" if detail else f" ({type(error).__name__})")
         + ". Start every worker again: they resume from the newest checkpoint they all have."
     )
+
+
+def _shortened(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"

@@ -15,6 +15,7 @@ import math
 import os
 import re
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -24,7 +25,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from trainer import modelmodules
-from trainer.cluster import Cluster, ClusterError, cluster_from_env, wait_for_peers
+from trainer.cluster import (
+    Cluster,
+    ClusterError,
+    cluster_from_env,
+    signals_held,
+    wait_for_peers,
+)
 from trainer.errors import one_line
 from trainer.memory import NotEnoughMemory
 from trainer.rundir import (
@@ -114,14 +121,7 @@ def run_job(
     try:
         cluster = cluster_from_env()
     except ClusterError as e:
-        log.error("%s", e)
-        job_dir.mkdir(parents=True, exist_ok=True)
-        return _write_result(
-            RunDir(job_dir),
-            Outcome.INVALID_SPEC,
-            str(e),
-            errors=[{"field": "TF_CONFIG", "message": str(e)}],
-        )
+        return _cluster_refused(e)
     spec_path = spec_path or RunDir(job_dir).spec
     rundir = RunDir(cluster.run_dir(job_dir))
     rundir.root.mkdir(parents=True, exist_ok=True)
@@ -138,10 +138,8 @@ def run_job(
             lines = "\n".join(f"{e['field']}: {e['message']}" for e in unread)
             raise InvalidJob(f"Invalid job spec:\n{lines}", unread)
         job = _prepare(spec, cluster, stop)
-        if job["strategy"] is not None:
-            # TensorFlow's coordination service installs its own SIGTERM handler (a
-            # preemption notice it would act on alone); ours must decide, with the cluster.
-            _stop_on_signals(stop)
+    except ClusterError as e:
+        return _cluster_refused(e)
     except InvalidJob as e:
         log.error("%s", e)
         return _write_result(rundir, Outcome.INVALID_SPEC, str(e), errors=e.errors)
@@ -157,7 +155,14 @@ def run_job(
         )
     except Exception as e:  # noqa: BLE001 - whatever breaks, the job ends with a result.json saying why
         log.error("preparing the job failed:\n%s", traceback.format_exc())
-        return _write_result(rundir, Outcome.FAILED, f"Preparing the job failed: {one_line(e)}")
+        message = f"Preparing the job failed: {one_line(e)}"
+        if cluster.is_multi_worker and "tensorflow" in sys.modules:
+            # The model's initial values are broadcast as it is built: a worker that
+            # stopped meanwhile (its own spec refused) fails the others there.
+            from trainer.multiworker import lost_worker
+
+            message = lost_worker(e, None) or message
+        return _write_result(rundir, Outcome.FAILED, message)
     if spec_path.resolve() != rundir.spec.resolve():
         write_json_atomic(rundir.spec, without_unread(spec.model_dump(mode="json")))
     return _train(spec, job, rundir, stop, cluster)
@@ -201,6 +206,15 @@ def _quietly(what: str, action: Any, *args: Any, **kwargs: Any) -> None:
         log.error("could not %s: %s", what, one_line(e))
 
 
+def _cluster_refused(error: ClusterError) -> ExitCode:
+    """Exit 2 for a task that cannot take its place in the cluster, writing nothing: the
+    job dir is the chief's, and this task may be a second copy of a running one
+    (trainer/cluster.py)."""
+    log.error("%s", error)
+    log.info("%s (exit %d): nothing written", Outcome.INVALID_SPEC.value, ExitCode.INVALID_SPEC)
+    return ExitCode.INVALID_SPEC
+
+
 def _stop_on_signals(stop: threading.Event) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -227,40 +241,15 @@ def _prepare(spec: JobSpec, cluster: Cluster, stop: threading.Event) -> dict[str
         except DataFilesError as e:
             raise InvalidJob(str(e), [{"field": "data.path", "message": str(e)}]) from e
 
-    # TensorFlow only now: a spec error above is reported without paying its import.
+    # TensorFlow only now: a spec error above is reported without paying its import. In a
+    # cluster, with SIGTERM and Ctrl-C held until the strategy is made (see there).
+    with signals_held(stop) if cluster.is_multi_worker else contextlib.nullcontext():
+        devices, strategy = _devices_and_strategy(spec, cluster, stop)
     from trainer.data import DataError, load_arrays
-    from trainer.devices import setup_devices
     from trainer.hostarrays import copied_bytes
     from trainer.memory import available_bytes, check_room
     from trainer.models import ModelError, build_model, is_binary
 
-    split = os.environ.get(SPLIT_GPU_ENV, "").strip()
-    # isascii: str.isdigit() holds for '²' too, which int() refuses.
-    if split and not (split.isascii() and split.isdigit() and int(split) > 0):
-        message = (
-            f"Expected {SPLIT_GPU_ENV} to be a whole number of MiB above 0. Received: {split!r}"
-        )
-        raise InvalidJob(message, [{"field": SPLIT_GPU_ENV, "message": message}])
-    try:
-        devices = setup_devices(
-            spec.towers,
-            spec.parameter_device,
-            split_gpu_mb=int(split) if split else None,
-            multi_worker=cluster.is_multi_worker,
-        )
-    except ValueError as e:
-        raise InvalidJob(str(e), [{"field": "towers", "message": str(e)}]) from e
-    strategy = None
-    if cluster.is_multi_worker:
-        from trainer.multiworker import make_strategy
-
-        try:
-            if not wait_for_peers(cluster, stop):
-                raise StoppedWaiting
-        except ClusterError as e:
-            raise InvalidJob(str(e), [{"field": "TF_CONFIG", "message": str(e)}]) from e
-        # Before any other op (it starts this worker's server); waits for the others.
-        strategy = make_strategy()
     try:
         arrays = load_arrays(spec.data, spec.seed)
     except NotEnoughMemory:
@@ -300,6 +289,43 @@ def _prepare(spec: JobSpec, cluster: Cluster, stop: threading.Event) -> dict[str
         "binary": binary,
         "strategy": strategy,
     }
+
+
+def _devices_and_strategy(
+    spec: JobSpec, cluster: Cluster, stop: threading.Event
+) -> tuple[Any, Any]:
+    """The job's devices (TensorFlow imported here) and, in a cluster, the strategy,
+    once every task has joined."""
+    from trainer.devices import setup_devices
+
+    split = os.environ.get(SPLIT_GPU_ENV, "").strip()
+    # isascii: str.isdigit() holds for '²' too, which int() refuses.
+    if split and not (split.isascii() and split.isdigit() and int(split) > 0):
+        message = (
+            f"Expected {SPLIT_GPU_ENV} to be a whole number of MiB above 0. Received: {split!r}"
+        )
+        raise InvalidJob(message, [{"field": SPLIT_GPU_ENV, "message": message}])
+    try:
+        devices = setup_devices(
+            spec.towers,
+            spec.parameter_device,
+            split_gpu_mb=int(split) if split else None,
+            multi_worker=cluster.is_multi_worker,
+        )
+    except ValueError as e:
+        raise InvalidJob(str(e), [{"field": "towers", "message": str(e)}]) from e
+    strategy = None
+    if cluster.is_multi_worker:
+        from trainer.multiworker import make_strategy
+
+        if not wait_for_peers(cluster, stop):  # a port taken raises ClusterError
+            raise StoppedWaiting
+        # Before any other op (it starts this worker's server); waits for the others. A
+        # SIGTERM meanwhile is held (`signals_held`), not lost to TensorFlow's handler;
+        # but TensorFlow's wait holds the interpreter, so one is acted on only once every
+        # task has joined (a task gone just after `wait_for_peers` saw it is waited for).
+        strategy = make_strategy()
+    return devices, strategy
 
 
 def _train(

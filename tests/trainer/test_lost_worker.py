@@ -36,3 +36,42 @@ def test_a_closed_socket_keeps_its_one_line():
 
 def test_other_errors_are_not_a_lost_worker():
     assert lost_worker(tf.errors.InvalidArgumentError(None, None, "bad shape"), 3) is None
+
+
+# What a worker raised when the chief stopped answering (SIGSTOP, a hung host): the chief
+# hosts the coordination service, and the heartbeats to it time out.
+CHIEF_SILENT = (
+    "Collective ops is aborted by: Deadline Exceeded\n"
+    "RPC: /tensorflow.CoordinationService/Heartbeat\n"
+    "The error could be from a previous operation. Restart your program to reset.\n"
+    "\t [[{{node average/CollectiveReduceV2_1}}]] [Op:__inference__train_step_775]"
+)
+
+
+def test_a_chief_that_stops_answering_is_a_lost_worker():
+    message = lost_worker(tf.errors.DeadlineExceededError(None, None, CHIEF_SILENT), 100)
+    assert message is not None
+    assert message.startswith("Lost another worker of the cluster at step 100 (Deadline"), message
+    assert "Start every worker again" in message
+
+
+def test_a_deadline_elsewhere_is_not_a_lost_worker():
+    error = tf.errors.DeadlineExceededError(None, None, "Timed out reading gs://bucket/x")
+    assert lost_worker(error, 3) is None
+
+
+def test_a_worker_lost_while_the_cluster_starts_says_so():
+    text = "{{function_node __wrapped__CollectiveBcastSend_device_/job:worker}} Socket closed"
+    message = lost_worker(tf.errors.UnavailableError(None, None, text), None)
+    assert message == (
+        "Lost another worker of the cluster while the cluster was starting "
+        "(UnavailableError). Start every worker again: they resume from the newest "
+        "checkpoint they all have."
+    )
+
+
+def test_a_long_cause_is_cut_to_one_short_line():
+    text = "Collective ops is aborted by: " + "x" * 2000
+    message = lost_worker(tf.errors.AbortedError(None, None, text), 5)
+    assert message is not None and len(message) < 450, len(message or "")
+    assert "…" in message

@@ -62,24 +62,33 @@ def start_cluster(job_dir: Path, specs: list[dict]) -> list[Worker]:
     """One worker process per spec, all given `job_dir` (a shared disk); worker 0 is chief."""
     job_dir.mkdir(parents=True, exist_ok=True)
     addresses = [f"127.0.0.1:{port}" for port in free_ports(len(specs))]
-    workers = []
-    for index, spec in enumerate(specs):
-        spec_file = job_dir.parent / f"{job_dir.name}-spec-{index}.json"
-        spec_file.write_text(json.dumps(spec))
-        tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
-        # Logs go to files: a worker blocked on a full pipe would stall every other worker.
-        log = job_dir.parent / f"{job_dir.name}-{index}.log"
-        with log.open("w") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "trainer", "run", "--job-dir", str(job_dir)]
-                + ["--spec", str(spec_file)],
-                cwd=REPO,
-                env={**os.environ, "TF_CONFIG": json.dumps(tf_config)},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        workers.append(Worker(proc, log))
-    return workers
+    return [start_worker(job_dir, addresses, i, spec) for i, spec in enumerate(specs)]
+
+
+def start_worker(job_dir: Path, addresses: list[str], index: int, spec: dict) -> Worker:
+    """Worker `index` of the cluster at `addresses`, given `job_dir`."""
+    spec_file = job_dir.parent / f"{job_dir.name}-spec-{index}.json"
+    spec_file.write_text(json.dumps(spec))
+    tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
+    # Logs go to files: a worker blocked on a full pipe would stall every other worker.
+    log = job_dir.parent / f"{job_dir.name}-{index}.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainer", "run", "--job-dir", str(job_dir)]
+            + ["--spec", str(spec_file)],
+            cwd=REPO,
+            env={**os.environ, "TF_CONFIG": json.dumps(tf_config)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    return Worker(proc, log)
+
+
+def wait_for_line(worker: Worker, text: str, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while text not in worker.log.read_text():
+        assert worker.proc.poll() is None and time.monotonic() < deadline, worker.log.read_text()
+        time.sleep(0.1)
 
 
 def finish(workers: list[Worker]) -> list[tuple[int, str]]:
@@ -302,7 +311,33 @@ def test_a_worker_whose_port_is_taken_exits_2_naming_it(tmp_path):
             timeout=120,
         )
     assert proc.returncode == 2, proc.stderr
-    result = json.loads((job_dir / "result.json").read_text())
-    assert "cannot listen on this task's address (worker-0)" in result["message"]
-    assert f"127.0.0.1:{port}" in result["message"]
-    assert result["errors"][0]["field"] == "TF_CONFIG"
+    assert "cannot listen on this task's address (worker-0)" in proc.stderr
+    assert f"127.0.0.1:{port}" in proc.stderr
+    # No result.json: this could be a second worker 0 beside a running chief, whose
+    # result.json it overwrote.
+    assert not (job_dir / "result.json").exists()
+
+
+def test_a_sigterm_while_the_cluster_forms_stops_every_worker(tmp_path):
+    # Making the strategy starts TensorFlow's coordination service, which installs a
+    # SIGTERM handler of its own: a SIGTERM then went to it and was lost, and both workers
+    # trained to the end. Worker 0 is held in TensorFlow's wait for the cluster: worker 1's
+    # port answers first from a stand-in listener, closed before the real worker 1 starts.
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    spec = with_(SPEC, steps=40, eval={"every_steps": 0})
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    with socket.socket() as stand_in:
+        stand_in.bind(("127.0.0.1", int(addresses[1].rpartition(":")[2])))
+        stand_in.listen()
+        chief = start_worker(job_dir, addresses, 0, spec)
+        wait_for_line(chief, "every task of the cluster answered")
+    time.sleep(2)  # into TensorFlow's wait, its coordination service started
+    chief.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    other = start_worker(job_dir, addresses, 1, spec)
+    for code, log in finish([chief, other]):
+        assert code == 3, log
+    for result in results(job_dir, 2):
+        assert result["outcome"] == "cancelled", result
+        assert result["step"] < 40, result

@@ -277,16 +277,22 @@ class Controller:
 
         self.at_step = step
         e = self.spec.eval
+        # The last eval step at or before the one resumed from (0: none yet).
+        due = step - step % e.every_steps if e.every_steps else 0
         if (
-            step
-            and e.every_steps
-            and step % e.every_steps == 0
+            due
             and step < self.total_steps
             and not self.stop.is_set()
-            and not evaluated_at(self.rundir.progress, step)
+            and not evaluated_at(self.rundir.progress, due, through=step)
         ):
-            # Resumed at an eval step whose eval never ended (a stop during it skips it and
-            # checkpoints): evaluate it now, or the eval charts lack that point for good.
+            # Resumed after an eval step whose eval never ended (a stop during it skips
+            # it): evaluate first, or the eval charts lack that point for good. One
+            # process stops before its next step, so it checkpointed at the eval step
+            # itself (due == step). A cluster's workers stop after the next step they
+            # all agree on, so they checkpointed a step (or more) past it: the weights of
+            # the eval step are gone, and the eval is of the step resumed from, written
+            # as that step. So an eval of any step from `due` through `step` counts: one
+            # such resumed run that ended its eval has done the one due.
             self._evaluate(step)
         requests = np.zeros(len(REQUESTS), np.int32)
         # One process stops before its next step; a cluster's workers stop after the step

@@ -205,9 +205,11 @@ def last_progress(path: Path, tail_bytes: int = 64 * 1024) -> dict[str, Any] | N
     return None
 
 
-def evaluated_at(path: Path, step: int) -> bool:
-    """Whether progress.jsonl has an eval of `step`. Reads the whole file, a line at a
-    time (tens of MB for a long job: a fraction of a second, once per resumed start)."""
+def evaluated_at(path: Path, step: int, through: int | None = None) -> bool:
+    """Whether progress.jsonl has an eval of `step`, or of any step from `step` through
+    `through` if given. Reads the whole file, a line at a time (tens of MB for a long job:
+    a fraction of a second, once per resumed start)."""
+    last = step if through is None else through
     try:
         with open(path, "rb") as f:
             for raw in f:
@@ -220,7 +222,8 @@ def evaluated_at(path: Path, step: int) -> bool:
                 if (
                     isinstance(line, dict)
                     and line.get("event") == "eval"
-                    and line.get("step") == step
+                    and isinstance(at := line.get("step"), int | float)
+                    and step <= at <= last
                 ):
                     return True
     except FileNotFoundError:

@@ -82,7 +82,11 @@ def reports_at_the_end_only(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def run_loop(
-    tmp_path: Path, steps: int, batches: Iterator[tuple[tf.Tensor, tf.Tensor]], **spec: Any
+    tmp_path: Path,
+    steps: int,
+    batches: Iterator[tuple[tf.Tensor, tf.Tensor]],
+    eval_data: tf.data.Dataset | None = None,
+    **spec: Any,
 ) -> tuple[Controller, RecordingTrainer]:
     job = JobSpec.model_validate(
         {
@@ -109,7 +113,7 @@ def run_loop(
         spec=job,
         trainer=trainer,
         train_batches=batches,
-        eval_data=None,
+        eval_data=eval_data,
         total_steps=steps,
         rundir=rundir,
         progress=ProgressWriter(rundir.progress),
@@ -245,3 +249,61 @@ def test_each_towers_images_are_the_examples_it_trained_on(tmp_path) -> None:
         pngs = tf.make_ndarray(event.tensor_proto)[2:]  # after the width and the height
         seen = [int(tf.io.decode_png(png).numpy()[0, 0, 0]) for png in pngs]
         assert seen == [int(shades[k] * 255.5) for k in examples], tag
+
+
+def eval_set() -> tf.data.Dataset:
+    rng = np.random.default_rng(1)
+    images = rng.random((16, *SHAPE), dtype=np.float32)
+    labels = rng.integers(0, 4, 16).astype(np.int32)
+    return tf.data.Dataset.from_tensor_slices((images, labels)).batch(16)
+
+
+@pytest.mark.parametrize(
+    ("resumed_at", "evaluated", "evals"),
+    [
+        # A cluster: SIGTERM during the eval of step 10 drops it, and the workers stop
+        # after step 11, the next they agree on. The eval due is done first, of step 11
+        # (step 10's weights are gone), then the job's own at its end.
+        pytest.param(11, [], [11, 15], id="cluster-eval-lost"),
+        pytest.param(11, [10], [15], id="cluster-eval-done"),  # it ended before the stop
+        # The resumed run's eval of step 11 was cut short too, and it stopped after 12.
+        pytest.param(12, [], [12, 15], id="cluster-eval-lost-twice"),
+        # An earlier resumed run did it (of step 11): not done again.
+        pytest.param(13, [11], [15], id="cluster-eval-done-on-resume"),
+        # Evals of other steps are not the one due.
+        pytest.param(11, [5, 9, 12], [11, 15], id="cluster-other-evals"),
+        # One process stops before its next step: at the eval step itself.
+        pytest.param(10, [], [10, 15], id="one-process-eval-lost"),
+        pytest.param(10, [10], [15], id="one-process-eval-done"),
+        pytest.param(9, [], [10, 15], id="before-the-first-eval-step"),
+    ],
+)
+def test_a_resumed_run_first_does_the_eval_a_stop_cut_short(
+    tmp_path, resumed_at, evaluated, evals
+) -> None:
+    off = {"scalars_every": 0, "histograms_every": 0, "images_every": 0}
+    total = 15
+    controller, trainer = run_loop(
+        tmp_path,
+        total,
+        batches(),
+        eval_data=eval_set(),
+        eval={"every_steps": 10, "batches": 1},
+        summaries={**off, "trace_steps": [], "graph": False},
+    )
+    trainer.step.assign(resumed_at)  # as restored from the checkpoint of that step
+    progress = ProgressWriter(controller.rundir.progress)  # the runs before this one's
+    for step in evaluated:
+        progress.write("phase", step=step, total=total, phase="eval", phase_done=0)
+        progress.write("eval", step=step, total=total, eval_loss=1.0, eval_accuracy=0.5)
+    progress.close()
+
+    summary = controller.run()
+
+    assert summary.outcome.value == "succeeded" and summary.step == total
+    lines, _ = read_progress(controller.rundir.progress)
+    assert [e["step"] for e in lines if e["event"] == "eval"] == [*evaluated, *evals]
+    controller.summaries.close()
+    acc = event_accumulator.EventAccumulator(str(controller.rundir.tensorboard / "eval"))
+    acc.Reload()
+    assert [event.step for event in acc.Tensors("loss")] == evals

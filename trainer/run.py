@@ -386,9 +386,17 @@ def _train(
         trainer: TowerTrainer
         cluster_trainer = None
         if strategy is not None:
-            from trainer.multiworker import ClusterTrainer, fingerprint, start_together
+            from trainer.multiworker import (
+                ClusterTrainer,
+                data_fingerprint,
+                spec_fingerprint,
+                start_together,
+            )
 
             trainer = cluster_trainer = ClusterTrainer(strategy=strategy, **settings)
+            # What every worker must agree on (`start_together`, below): taken here, while
+            # `arrays` holds the images the data's digest samples.
+            prints = (spec_fingerprint(spec), data_fingerprint(arrays))
         else:
             with tf.device(devices.parameter):
                 trainer = TowerTrainer(tower_devices=devices.towers, **settings)
@@ -412,8 +420,7 @@ def _train(
         checkpointer = Checkpointer(rundir.checkpoints, trainer, batches, spec.checkpoint)
         if cluster_trainer is not None:
             # Same spec and data on every worker, then the same checkpoint restored on each.
-            job_print = fingerprint(spec.model_dump_json(), arrays.num_train, arrays.num_eval)
-            resumed = start_together(cluster_trainer, checkpointer, job_print)
+            resumed = start_together(cluster_trainer, checkpointer, *prints)
         else:
             resumed = checkpointer.restore_latest()
         if resumed is not None:

@@ -21,6 +21,16 @@ import pytest
 import tensorflow as tf
 
 from tests.trainer.test_run import REPO, run_worker, tags_by_plugin, with_
+from trainer.data import Arrays
+from trainer.multiworker import (
+    SAMPLE_BLOCK_BYTES,
+    SAMPLE_BLOCKS,
+    ClusterMismatch,
+    data_fingerprint,
+    spec_fingerprint,
+    start_together,
+)
+from trainer.spec import JobSpec
 
 SPEC = {
     "name": "cluster",
@@ -58,15 +68,22 @@ class Worker:
     log: Path
 
 
-def start_cluster(job_dir: Path, specs: list[dict]) -> list[Worker]:
-    """One worker process per spec, all given `job_dir` (a shared disk); worker 0 is chief."""
+def start_cluster(job_dir: Path, specs: list[dict], cwds: list[Path] | None = None) -> list[Worker]:
+    """One worker process per spec, all given `job_dir` (a shared disk); worker 0 is chief.
+    `cwds`: each worker's working directory, as on hosts of their own (the repo's root by
+    default)."""
     job_dir.mkdir(parents=True, exist_ok=True)
     addresses = [f"127.0.0.1:{port}" for port in free_ports(len(specs))]
-    return [start_worker(job_dir, addresses, i, spec) for i, spec in enumerate(specs)]
+    return [
+        start_worker(job_dir, addresses, i, spec, cwds[i] if cwds else REPO)
+        for i, spec in enumerate(specs)
+    ]
 
 
-def start_worker(job_dir: Path, addresses: list[str], index: int, spec: dict) -> Worker:
-    """Worker `index` of the cluster at `addresses`, given `job_dir`."""
+def start_worker(
+    job_dir: Path, addresses: list[str], index: int, spec: dict, cwd: Path = REPO
+) -> Worker:
+    """Worker `index` of the cluster at `addresses`, given `job_dir`, run in `cwd`."""
     spec_file = job_dir.parent / f"{job_dir.name}-spec-{index}.json"
     spec_file.write_text(json.dumps(spec))
     tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
@@ -76,8 +93,10 @@ def start_worker(job_dir: Path, addresses: list[str], index: int, spec: dict) ->
         proc = subprocess.Popen(
             [sys.executable, "-m", "trainer", "run", "--job-dir", str(job_dir)]
             + ["--spec", str(spec_file)],
-            cwd=REPO,
-            env={**os.environ, "TF_CONFIG": json.dumps(tf_config)},
+            cwd=cwd,
+            # This checkout's trainer from any working directory (not another one's
+            # that the environment may have installed).
+            env={**os.environ, "TF_CONFIG": json.dumps(tf_config), "PYTHONPATH": str(REPO)},
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -233,8 +252,127 @@ def test_workers_given_different_jobs_fail_saying_so(tmp_path):
         assert code == 1, log
     for result in results(job_dir, 2):
         assert result["outcome"] == "failed"
-        assert "given different jobs" in result["message"]
+        assert "given different jobs (spec differs)" in result["message"], result
     assert not (job_dir / "checkpoints").exists()
+
+
+def test_workers_given_different_data_at_the_same_path_fail_saying_so(tmp_path):
+    # One spec, one relative data.path, read from two working directories as on two hosts:
+    # the same shapes and counts, other labels. Both would train "successfully", each
+    # worker's shard of every batch labelled its own way.
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (200, 8, 8, 1), np.uint8)
+    y = rng.integers(0, 4, 200)
+    hosts = [tmp_path / "host-a", tmp_path / "host-b"]
+    for host, labels in zip(hosts, (y, (y + 1) % 4), strict=True):
+        (host / "data").mkdir(parents=True)
+        np.savez(host / "data" / "train.npz", x=x, y=labels)
+    spec = with_(
+        SPEC,
+        model={"name": "mlp", "params": {"hidden": [8]}},
+        data={"format": "npz", "path": "data/train.npz"},
+        steps=20,
+    )
+    job_dir = tmp_path / "job"
+    for code, log in finish(start_cluster(job_dir, [spec, spec], cwds=hosts)):
+        assert code == 1, log
+        assert "cluster: spec fingerprint" in log, "the fingerprints are in each worker's log"
+    for result in results(job_dir, 2):
+        assert result["outcome"] == "failed"
+        assert "given different jobs (data differ, the specs agree)" in result["message"], result
+        assert "the same files at data.path on every host" in result["message"]
+    assert not (job_dir / "checkpoints").exists()
+
+
+def test_workers_given_the_same_training_under_other_names_train_together(tmp_path):
+    # `name` and `priority` label and queue a job; training never reads them.
+    spec = with_(
+        SPEC,
+        model={"name": "mlp", "params": {"hidden": [8]}},
+        steps=4,
+        eval={"every_steps": 0},
+        summaries={"scalars_every": 2},
+    )
+    other = with_(spec, name="cluster, as host-b calls it", priority=5)
+    job_dir = tmp_path / "job"
+    for code, log in finish(start_cluster(job_dir, [spec, other])):
+        assert code == 0, log
+    assert [r["step"] for r in results(job_dir, 2)] == [4, 4]
+
+
+class _Gathered:
+    """A `ClusterTrainer` stand-in: `gather` gives these workers' rows."""
+
+    def __init__(self, rows: list[list[int]]) -> None:
+        self.rows = rows
+
+    def gather(self, values: list[int]) -> np.ndarray:
+        assert values == self.rows[0], "this worker's row is the first"
+        return np.array(self.rows, np.int64)
+
+
+class _NoCheckpoints:
+    def latest_step(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize(
+    ("other", "says"),
+    [
+        ((2, 10), "(spec differs): give every worker the same spec.json."),
+        ((1, 20), "(data differ, the specs agree): give every worker the same data:"),
+        ((2, 20), "(spec and data differ): give every worker the same spec.json and the same"),
+    ],
+)
+def test_start_together_says_which_part_differs(other, says):
+    trainer = _Gathered([[1, 10, -1], [*other, -1]])
+    with pytest.raises(ClusterMismatch) as raised:
+        start_together(trainer, _NoCheckpoints(), 1, 10)
+    assert str(raised.value).startswith("The workers of this cluster were given different jobs ")
+    assert says in str(raised.value)
+
+
+def _arrays(x_train, y_train, x_eval=None, y_eval=None) -> Arrays:
+    x_eval = np.empty((0, *x_train.shape[1:]), x_train.dtype) if x_eval is None else x_eval
+    y_eval = np.empty((0,), np.int32) if y_eval is None else y_eval
+    return Arrays(x_train, y_train, x_eval, y_eval, 10)
+
+
+def test_data_fingerprint_follows_the_labels_the_shapes_and_the_sampled_images():
+    rng = np.random.default_rng(0)
+    # 6 MiB of images: more than the sample, so it samples.
+    x = rng.integers(0, 256, (8192, 32, 32, 3), np.uint8)
+    y = rng.integers(0, 10, 8192).astype(np.int32)
+    assert x.nbytes > SAMPLE_BLOCKS * SAMPLE_BLOCK_BYTES
+    print_ = data_fingerprint(_arrays(x, y))
+    assert data_fingerprint(_arrays(x.copy(), y.copy())) == print_, "the contents, not the memory"
+    assert 0 <= print_ < 2**62, "fits the int64 the workers gather"
+
+    one_label = y.copy()
+    one_label[4321] = (one_label[4321] + 1) % 10
+    assert data_fingerprint(_arrays(x, one_label)) != print_, "every label counts"
+    first_pixel, last_pixel = x.copy(), x.copy()
+    first_pixel[0, 0, 0, 0] ^= 1
+    last_pixel[-1, -1, -1, -1] ^= 1
+    assert data_fingerprint(_arrays(first_pixel, y)) != print_
+    assert data_fingerprint(_arrays(last_pixel, y)) != print_
+    # Another split of the same examples, another layout or dtype of the same bytes.
+    held_out = _arrays(x[:8000], y[:8000], x[8000:], y[8000:])
+    assert data_fingerprint(held_out) != print_
+    assert data_fingerprint(_arrays(x.reshape(8192, 32, 96, 1), y)) != print_
+    assert data_fingerprint(_arrays(x.view(np.int8), y)) != print_
+    # Arrays that are no loader's (not C-contiguous) read as their contents.
+    fortran = np.asfortranarray(x[:64])
+    assert data_fingerprint(_arrays(fortran, y[:64])) == data_fingerprint(_arrays(x[:64], y[:64]))
+
+
+def test_spec_fingerprint_leaves_out_the_name_and_priority_alone():
+    spec = JobSpec.model_validate(SPEC)
+    print_ = spec_fingerprint(spec)
+    renamed = JobSpec.model_validate(with_(SPEC, name="another name", priority=7))
+    assert spec_fingerprint(renamed) == print_
+    assert spec_fingerprint(JobSpec.model_validate(with_(SPEC, steps=161))) != print_
+    assert spec_fingerprint(JobSpec.model_validate(with_(SPEC, seed=1))) != print_
 
 
 def test_more_than_one_tower_per_cpu_worker_exits_2(tmp_path):

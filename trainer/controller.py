@@ -652,6 +652,9 @@ class Controller:
         return "training" if step < self.total_steps and not self.stop.is_set() else phase
 
     def _finish_cancelled(self, step: int, metrics: dict[str, float]) -> RunSummary:
+        # A cluster's worker stops on the stop another worker was sent: its own event
+        # too, so what it writes from here on (the checkpoint's phase) says it stops.
+        self.stop.set()
         if self.trace.active:
             self._finish_trace(step)
         self._save(step)

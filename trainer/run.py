@@ -122,8 +122,11 @@ def run_job(
         cluster = cluster_from_env()
     except ClusterError as e:
         return _cluster_refused(e)
-    spec_path = spec_path or RunDir(job_dir).spec
     rundir = RunDir(cluster.run_dir(job_dir))
+    if spec_path is None:
+        # A cluster's other worker keeps its copy in its own directory: started again
+        # without --spec, it reads that one (the job dir's may be none, or the chief's).
+        spec_path = rundir.spec if rundir.spec.exists() else RunDir(job_dir).spec
     rundir.root.mkdir(parents=True, exist_ok=True)
     # SIGTERM (the service's cancel, or its shutdown) and Ctrl-C finish the step,
     # checkpoint, and exit 3. Caught from the start: one that lands while TensorFlow is

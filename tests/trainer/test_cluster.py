@@ -1,6 +1,7 @@
 """`TF_CONFIG` as the trainer reads it (no TensorFlow needed)."""
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -92,3 +93,38 @@ def test_a_worker_with_a_bad_tf_config_exits_2_before_importing_tensorflow(tmp_p
     assert "'ps' is not used" in proc.stderr
     # Nothing written: the job dir may be a running chief's (the same task started twice).
     assert list(tmp_path.iterdir()) == []
+
+
+def test_another_worker_started_without_spec_reads_its_own_copy(tmp_path):
+    # Hosts with job dirs of their own: worker 1's copy of the spec is in its directory,
+    # and the job dir has none. Started again without --spec, it must find that one (it
+    # said "Spec file not found"). A stop already asked ends it at the wait for the others.
+    own = tmp_path / "workers" / "worker-1"
+    own.mkdir(parents=True)
+    spec = {"model": {"name": "mlp"}, "data": {"format": "synthetic"}, "steps": 5}
+    (own / "spec.json").write_text(json.dumps(spec))
+    code = (
+        "import sys, threading\nfrom pathlib import Path\nfrom trainer.run import run_job\n"
+        "stop = threading.Event()\nstop.set()\n"
+        f"sys.exit(int(run_job(Path({str(tmp_path)!r}), stop=stop)))\n"
+    )
+    with socket.socket() as one, socket.socket() as other:  # two free ports
+        one.bind(("127.0.0.1", 0))
+        other.bind(("127.0.0.1", 0))
+        ports = [one.getsockname()[1], other.getsockname()[1]]
+    tf_config = {
+        "cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]},
+        "task": {"type": "worker", "index": 1},
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env={"TF_CONFIG": json.dumps(tf_config), "PATH": "", "TF_CPP_MIN_LOG_LEVEL": "3"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 3, proc.stderr
+    result = json.loads((own / "result.json").read_text())
+    assert "while waiting for the other tasks" in result["message"], result
+    assert not (tmp_path / "spec.json").exists()

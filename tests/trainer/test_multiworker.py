@@ -207,6 +207,10 @@ def test_sigterm_to_one_worker_stops_every_worker_at_one_step_and_they_resume(
     assert 40 <= chief["step"] < 160, "SIGTERM must land mid-run for this test to mean anything"
     for d in worker_dirs(job_dir, 2):
         assert (d / "checkpoints" / f"ckpt-{chief['step']}.index").exists()
+        # The stop's checkpoint leaves no worker "training", the one not signalled too.
+        lines = [json.loads(line) for line in (d / "progress.jsonl").read_text().splitlines()]
+        saved = [line for line in lines if line["event"] == "checkpoint"][-1]
+        assert saved["step"] == chief["step"] and saved["phase"] == "checkpoint", saved
 
     for code, log in finish(start_cluster(job_dir, [SPEC, SPEC])):
         assert code == 0, log

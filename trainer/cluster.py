@@ -41,6 +41,12 @@ class ClusterError(ValueError):
     """`TF_CONFIG` is not a cluster this trainer can run in."""
 
 
+class ClusterMismatch(RuntimeError):
+    """The workers of one cluster were not given the same job, or cannot resume together
+    (raised by trainer/multiworker.py; here, so the trainer catches it without
+    TensorFlow)."""
+
+
 @dataclass(frozen=True)
 class Cluster:
     """This process's place in the cluster: `workers` training tasks, this one at `index`."""
@@ -103,10 +109,14 @@ def cluster_from_env(environ: Mapping[str, str] | None = None) -> Cluster:
         raise _fail("expected at most one chief", cluster["chief"])
     if not isinstance(task, dict):
         raise _fail("expected `task`, an object with `type` and `index`", task)
-    task_type, task_index = task.get("type"), task.get("index")
+    task_type, task_index = task.get("type"), task.get("index", 0)
     if task_type not in cluster:
         raise _fail(f"expected `task.type` to be one of {sorted(cluster)}", task_type)
-    if "index" not in task:
+    addresses = (*cluster.get("chief", []), *cluster.get("worker", []))
+    # A cluster of one trains as one process, and TensorFlow never reads its TF_CONFIG:
+    # the index and addresses matter only to a cluster of several.
+    several = len(addresses) > 1
+    if several and "index" not in task:
         # TensorFlow refuses a task without one, but only after the wait for the others.
         raise _fail(
             f"expected `task.index`, this task's place among the {len(cluster[task_type])} "
@@ -123,16 +133,17 @@ def cluster_from_env(environ: Mapping[str, str] | None = None) -> Cluster:
             f"{len(cluster[task_type])} {task_type} task(s)",
             task_index,
         )
-    for address in (*cluster.get("chief", []), *cluster.get("worker", [])):
-        _host_port(address)
+    if several:
+        for address in addresses:
+            _host_port(address)
     chiefs = len(cluster.get("chief", []))
     index = task_index if task_type == "chief" else chiefs + task_index
     return Cluster(
-        workers=chiefs + len(cluster.get("worker", [])),
+        workers=len(addresses),
         index=index,
         task_type=str(task_type),
         task_index=task_index,
-        addresses=tuple(cluster.get("chief", []) + cluster.get("worker", [])),
+        addresses=addresses,
     )
 
 
@@ -174,9 +185,11 @@ def signals_held(stop: threading.Event) -> Iterator[None]:
     try:
         yield
     finally:
-        for signum in _STOP_SIGNALS:
-            signal.signal(signum, lambda *_: stop.set())
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        try:
+            for signum in _STOP_SIGNALS:
+                signal.signal(signum, lambda *_: stop.set())
+        finally:  # never left blocked
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _stopped(stop: threading.Event, seconds: float) -> bool:

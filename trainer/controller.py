@@ -283,7 +283,9 @@ class Controller:
             due
             and step < self.total_steps
             and not self.stop.is_set()
-            and not evaluated_at(self.rundir.progress, due, through=step)
+            and self.eval_data is not None  # who evaluates: a cluster's chief alone
+            and self.cluster.is_chief
+            and not evaluated_at(self.rundir.progress, due, through=step)  # reads it all
         ):
             # Resumed after an eval step whose eval never ended (a stop during it skips
             # it): evaluate first, or the eval charts lack that point for good. One

@@ -25,12 +25,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
 
 from trainer.checkpoints import Checkpointer
+from trainer.cluster import ClusterMismatch
 from trainer.towers import TowerTrainer, tower_sizes
 from trainer.updates import Apply, make_apply
 
@@ -39,10 +41,6 @@ if TYPE_CHECKING:
     from trainer.spec import JobSpec
 
 log = logging.getLogger(__name__)
-
-
-class ClusterMismatch(RuntimeError):
-    """The workers of one cluster were not given the same job, or cannot resume together."""
 
 
 def make_strategy() -> tf.distribute.MultiWorkerMirroredStrategy:
@@ -171,17 +169,20 @@ class ClusterTrainer(TowerTrainer):
         }
 
     def gather(self, values: list[int]) -> np.ndarray:
-        """Every tower's `values` (int64), one row a tower, in replica order; a collective,
-        so every worker must call it at the same point."""
-        mine = tf.constant([values], tf.int64)
+        """`gather_rows` over this trainer's strategy."""
+        return gather_rows(self.strategy, values)
 
-        @tf.function
-        def gathered() -> Any:
-            return self.strategy.run(
-                lambda: tf.distribute.get_replica_context().all_gather(mine, axis=0)
-            )
 
-        return np.asarray(self._first_local(gathered()))
+def gather_rows(strategy: tf.distribute.Strategy, values: list[int]) -> np.ndarray:
+    """Every tower's `values` (int64), one row a tower, in replica order; a collective,
+    so every worker must call it at the same point."""
+    mine = tf.constant([values], tf.int64)
+
+    @tf.function
+    def gathered() -> Any:
+        return strategy.run(lambda: tf.distribute.get_replica_context().all_gather(mine, axis=0))
+
+    return np.asarray(strategy.experimental_local_results(gathered())[0])
 
 
 def fingerprint(*parts: object) -> int:
@@ -202,78 +203,83 @@ def spec_fingerprint(spec: JobSpec) -> int:
 
 
 # The images are sampled, not read whole: SAMPLE_BLOCKS blocks of SAMPLE_BLOCK_BYTES, at
-# evenly spaced offsets over each image array's bytes (the first block at its start, the
-# last at its end), or the whole array where it is no larger; the labels, shapes and
-# dtypes in full. Measured on this project's 2-core x86 dev machine (SHA-256 at 1.7 GB/s),
-# median of 20: 4 ms for 400 MB of uint8 images (510,000 of 28x28, 2 MB of labels
-# included; 4 ms on its first call), 4 ms for MNIST's test set (8,000 train and 2,000 held
-# out, all of the eval images hashed), 22 ms for 10 million labels alone: the labels are
-# most of the cost of a large set. Data that differ only in images the sample misses pass:
-# two data sets of one shape differ in their labels, or in their images all over.
+# evenly spaced offsets over each image array's values in C order (the first block at its
+# start, the last at its end), or the whole array where it is no larger; the labels,
+# shapes and dtypes in full. Sampled by value (`ndarray.flat`), not by memory, so an
+# array in Fortran order (an .npz saved so: numpy's reader keeps it) costs no copy of the
+# whole, and two workers holding one data set in two layouts agree. Measured on this
+# project's 2-core x86 dev machine, median of 5, with a test run beside it: 25 ms for 400
+# MB of uint8 images in C order (510,000 of 28x28, 4 MB of labels included; 4 ms when the
+# blocks were sliced from the bytes, which read a Fortran-order array only through a
+# whole copy), 120 ms for the same in Fortran order; 22 ms for 10 million labels alone.
+# Once, at the job's start. Data that differ
+# only in images the sample misses pass: two data sets of one shape differ in their
+# labels, or in their images all over.
 SAMPLE_BLOCKS = 1024
 SAMPLE_BLOCK_BYTES = 4096
 
 
 def data_fingerprint(arrays: Arrays) -> int:
     """A 62-bit digest of the examples in `arrays` (labels in full, images sampled), to
-    compare the data each worker read. Reads the labels and at most 8 MiB of images,
-    however large they are."""
+    compare the data each worker read. Reads the labels and at most 4 MiB of each image
+    array, however large it is."""
     sha = hashlib.sha256()
     parts = (arrays.x_train, arrays.y_train, arrays.x_eval, arrays.y_eval)
     sha.update(repr([arrays.num_classes, *((a.shape, a.dtype.str) for a in parts)]).encode())
     for labels in (arrays.y_train, arrays.y_eval):
-        sha.update(_bytes_of(labels))
+        sha.update(np.ascontiguousarray(labels).tobytes())
     for images in (arrays.x_train, arrays.x_eval):
-        raw = _bytes_of(images)
-        if raw.nbytes <= SAMPLE_BLOCKS * SAMPLE_BLOCK_BYTES:
-            sha.update(raw)
+        block = max(1, SAMPLE_BLOCK_BYTES // images.itemsize)  # values a block
+        if images.size <= SAMPLE_BLOCKS * block:
+            sha.update(np.ascontiguousarray(images).tobytes())
             continue
-        last = raw.nbytes - SAMPLE_BLOCK_BYTES
-        for block in range(SAMPLE_BLOCKS):
-            start = block * last // (SAMPLE_BLOCKS - 1)
-            sha.update(raw[start : start + SAMPLE_BLOCK_BYTES])
+        last = images.size - block
+        for i in range(SAMPLE_BLOCKS):
+            start = i * last // (SAMPLE_BLOCKS - 1)
+            sha.update(images.flat[start : start + block].tobytes())  # a copy of the block
     return int.from_bytes(sha.digest()[:8], "big") >> 2
 
 
-def _bytes_of(x: np.ndarray) -> memoryview:
-    """`x`'s bytes, in C order, flat: a view of the loaders' arrays (C-contiguous), of a
-    copy of any other."""
-    return np.ascontiguousarray(x).reshape(-1).view(np.uint8).data
+def same_job(gather: Callable[[list[int]], np.ndarray], spec: int, data: int) -> None:
+    """Raises `ClusterMismatch` unless every worker runs the same job (`spec_fingerprint`)
+    on the same data (`data_fingerprint`), saying which differs. `gather`: `gather_rows`
+    over the cluster's strategy. Called before the model is built: building it broadcasts
+    the chief's first values, which fails on a model of other shapes as a shape mismatch
+    in a collective, or on the chief as "lost another worker"."""
+    # In each worker's log: comparing them finds the worker that differs.
+    log.info("cluster: spec fingerprint %016x, data fingerprint %016x", spec, data)
+    rows = gather([spec, data])
+    specs, datas = (len(set(rows[:, column].tolist())) > 1 for column in (0, 1))
+    if not (specs or datas):
+        return
+    # Every worker gathers the same rows, so each says the same: which part differs.
+    if specs and datas:
+        differ, fix = "spec and data differ", "the same spec.json and the same data"
+    elif specs:
+        differ, fix = "spec differs", "the same spec.json"
+    else:
+        differ = "data differ, the specs agree"
+        fix = (
+            "the same data: the same files at data.path on every host (a relative "
+            "path is read from each worker's working directory)"
+        )
+    raise ClusterMismatch(
+        f"The workers of this cluster were given different jobs ({differ}): "
+        f"give every worker {fix}."
+    )
 
 
-def start_together(
-    trainer: ClusterTrainer, checkpointer: Checkpointer, spec: int, data: int
-) -> int | None:
-    """Check that every worker runs the same job (`spec_fingerprint`) on the same data
-    (`data_fingerprint`), then restore the same checkpoint on all of them; returns its
-    step, or None for a fresh start.
+def start_together(trainer: ClusterTrainer, checkpointer: Checkpointer) -> int | None:
+    """Restore the same checkpoint on every worker (`same_job` has checked they run one
+    job); returns its step, or None for a fresh start.
 
     Each worker keeps its own checkpoints (no shared disk needed), so after a crash they
     can differ by the save that was under way: all of them restore the newest step every
     worker has.
     """
-    # In each worker's log: comparing them finds the worker that differs.
-    log.info("cluster: spec fingerprint %016x, data fingerprint %016x", spec, data)
     latest = checkpointer.latest_step()
-    rows = trainer.gather([spec, data, -1 if latest is None else latest])
-    specs, datas = (len(set(rows[:, column].tolist())) > 1 for column in (0, 1))
-    if specs or datas:
-        # Every worker gathers the same rows, so each says the same: which part differs.
-        if specs and datas:
-            differ, fix = "spec and data differ", "the same spec.json and the same data"
-        elif specs:
-            differ, fix = "spec differs", "the same spec.json"
-        else:
-            differ = "data differ, the specs agree"
-            fix = (
-                "the same data: the same files at data.path on every host (a relative "
-                "path is read from each worker's working directory)"
-            )
-        raise ClusterMismatch(
-            f"The workers of this cluster were given different jobs ({differ}): "
-            f"give every worker {fix}."
-        )
-    common, newest = int(rows[:, 2].min()), int(rows[:, 2].max())
+    rows = trainer.gather([-1 if latest is None else latest])
+    common, newest = int(rows[:, 0].min()), int(rows[:, 0].max())
     if common < 0:
         if newest >= 0:
             # Starting again from step 0 would throw away every worker's training and

@@ -28,6 +28,7 @@ from trainer import modelmodules
 from trainer.cluster import (
     Cluster,
     ClusterError,
+    ClusterMismatch,
     cluster_from_env,
     signals_held,
     wait_for_peers,
@@ -146,6 +147,9 @@ def run_job(
     except InvalidJob as e:
         log.error("%s", e)
         return _write_result(rundir, Outcome.INVALID_SPEC, str(e), errors=e.errors)
+    except ClusterMismatch as e:
+        log.error("%s", e)
+        return _write_result(rundir, Outcome.FAILED, str(e))
     except NotEnoughMemory as e:  # not the spec's: the job may start where there is room
         log.error("%s", e)
         return _write_result(rundir, Outcome.FAILED, f"Not enough memory for the data: {e}")
@@ -273,6 +277,16 @@ def _prepare(spec: JobSpec, cluster: Cluster, stop: threading.Event) -> dict[str
         field = "data.augment.random_crop_padding"
         raise InvalidJob(problem, [{"field": field, "message": problem}])
 
+    if strategy is not None:
+        from trainer.multiworker import data_fingerprint, gather_rows, same_job, spec_fingerprint
+
+        # Before the model is built: see `same_job`.
+        same_job(
+            lambda values: gather_rows(strategy, values),
+            spec_fingerprint(spec),
+            data_fingerprint(arrays),
+        )
+
     import keras
     import tensorflow as tf
 
@@ -389,17 +403,9 @@ def _train(
         trainer: TowerTrainer
         cluster_trainer = None
         if strategy is not None:
-            from trainer.multiworker import (
-                ClusterTrainer,
-                data_fingerprint,
-                spec_fingerprint,
-                start_together,
-            )
+            from trainer.multiworker import ClusterTrainer, start_together
 
             trainer = cluster_trainer = ClusterTrainer(strategy=strategy, **settings)
-            # What every worker must agree on (`start_together`, below): taken here, while
-            # `arrays` holds the images the data's digest samples.
-            prints = (spec_fingerprint(spec), data_fingerprint(arrays))
         else:
             with tf.device(devices.parameter):
                 trainer = TowerTrainer(tower_devices=devices.towers, **settings)
@@ -422,8 +428,8 @@ def _train(
             )
         checkpointer = Checkpointer(rundir.checkpoints, trainer, batches, spec.checkpoint)
         if cluster_trainer is not None:
-            # Same spec and data on every worker, then the same checkpoint restored on each.
-            resumed = start_together(cluster_trainer, checkpointer, *prints)
+            # The same checkpoint restored on every worker (`same_job` checked the job).
+            resumed = start_together(cluster_trainer, checkpointer)
         else:
             resumed = checkpointer.restore_latest()
         if resumed is not None:
@@ -497,7 +503,7 @@ def _train(
         if strategy is not None:
             from trainer.multiworker import lost_worker
 
-            message = lost_worker(e, step or 0) or message
+            message = lost_worker(e, step) or message
         _end_failed(progress, step, total)
         return _write_result(rundir, Outcome.FAILED, message, step=step, total=total)
     finally:

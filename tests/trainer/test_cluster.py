@@ -41,6 +41,12 @@ def test_a_chief_task_comes_before_the_workers():
     assert (worker.index, worker.is_chief, worker.name) == (1, False, "worker-0")
 
 
+def test_a_one_worker_cluster_needs_no_index_nor_a_port():
+    # It trains as one process: TensorFlow never reads its TF_CONFIG.
+    cluster = cluster_from_env(config({"worker": ["localhost"]}, {"type": "worker"}))
+    assert not cluster.is_multi_worker and cluster.is_chief
+
+
 def test_a_one_worker_cluster_is_not_multi_worker():
     cluster = cluster_from_env(config({"worker": ["a:1"]}, {"type": "worker", "index": 0}))
     assert not cluster.is_multi_worker and cluster.is_chief

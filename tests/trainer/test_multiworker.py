@@ -27,8 +27,8 @@ from trainer.multiworker import (
     SAMPLE_BLOCKS,
     ClusterMismatch,
     data_fingerprint,
+    same_job,
     spec_fingerprint,
-    start_together,
 )
 from trainer.spec import JobSpec
 
@@ -304,22 +304,6 @@ def test_workers_given_the_same_training_under_other_names_train_together(tmp_pa
     assert [r["step"] for r in results(job_dir, 2)] == [4, 4]
 
 
-class _Gathered:
-    """A `ClusterTrainer` stand-in: `gather` gives these workers' rows."""
-
-    def __init__(self, rows: list[list[int]]) -> None:
-        self.rows = rows
-
-    def gather(self, values: list[int]) -> np.ndarray:
-        assert values == self.rows[0], "this worker's row is the first"
-        return np.array(self.rows, np.int64)
-
-
-class _NoCheckpoints:
-    def latest_step(self) -> None:
-        return None
-
-
 @pytest.mark.parametrize(
     ("other", "says"),
     [
@@ -328,12 +312,28 @@ class _NoCheckpoints:
         ((2, 20), "(spec and data differ): give every worker the same spec.json and the same"),
     ],
 )
-def test_start_together_says_which_part_differs(other, says):
-    trainer = _Gathered([[1, 10, -1], [*other, -1]])
+def test_same_job_says_which_part_differs(other, says):
+    def gather(values: list[int]) -> np.ndarray:  # these two workers' rows, this one's first
+        assert values == [1, 10]
+        return np.array([values, list(other)], np.int64)
+
     with pytest.raises(ClusterMismatch) as raised:
-        start_together(trainer, _NoCheckpoints(), 1, 10)
+        same_job(gather, 1, 10)
     assert str(raised.value).startswith("The workers of this cluster were given different jobs ")
     assert says in str(raised.value)
+
+
+def test_workers_given_different_models_fail_saying_so_not_at_the_broadcast(tmp_path):
+    # Building the model broadcasts the chief's first values: with other shapes that
+    # failed as a shape mismatch in a collective on one worker and as "lost another
+    # worker" on the chief. The job check comes before it.
+    spec = with_(SPEC, model={"name": "mlp", "params": {"hidden": [8]}}, steps=4)
+    other = with_(spec, model={"name": "mlp", "params": {"hidden": [16]}})
+    job_dir = tmp_path / "job"
+    for code, log in finish(start_cluster(job_dir, [spec, other])):
+        assert code == 1, log
+    for result in results(job_dir, 2):
+        assert "given different jobs (spec differs)" in result["message"], result
 
 
 def _arrays(x_train, y_train, x_eval=None, y_eval=None) -> Arrays:
@@ -365,9 +365,11 @@ def test_data_fingerprint_follows_the_labels_the_shapes_and_the_sampled_images()
     assert data_fingerprint(held_out) != print_
     assert data_fingerprint(_arrays(x.reshape(8192, 32, 96, 1), y)) != print_
     assert data_fingerprint(_arrays(x.view(np.int8), y)) != print_
-    # Arrays that are no loader's (not C-contiguous) read as their contents.
-    fortran = np.asfortranarray(x[:64])
-    assert data_fingerprint(_arrays(fortran, y[:64])) == data_fingerprint(_arrays(x[:64], y[:64]))
+    # An array in Fortran order (an .npz saved so loads so) reads as its contents, in
+    # the sample too, so two workers holding one data set in two layouts agree.
+    fortran = np.asfortranarray(x)
+    assert not fortran.flags.c_contiguous
+    assert data_fingerprint(_arrays(fortran, y)) == print_
 
 
 def test_spec_fingerprint_leaves_out_the_name_and_priority_alone():
@@ -474,7 +476,9 @@ def test_a_sigterm_while_the_cluster_forms_stops_every_worker(tmp_path):
         stand_in.listen()
         chief = start_worker(job_dir, addresses, 0, spec)
         wait_for_line(chief, "every task of the cluster answered")
-    time.sleep(2)  # into TensorFlow's wait, its coordination service started
+    # Into TensorFlow's wait: its coordination service (and its SIGTERM handler) starts
+    # as the chief's agent connects, well within this.
+    time.sleep(2)
     chief.proc.send_signal(signal.SIGTERM)
     time.sleep(0.5)
     other = start_worker(job_dir, addresses, 1, spec)

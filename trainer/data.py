@@ -590,13 +590,22 @@ def read_idx(path: Path) -> np.ndarray:
             return _read_idx_stream(file, path, os.fstat(file.fileno()).st_size)
         try:
             with gzip.GzipFile(fileobj=file) as stream:
-                return _read_idx_stream(stream, path, None)
+                # DEFLATE packs at most 1032 bytes into one: a header that claims more is
+                # damaged, not too large for this host's memory.
+                at_most = os.fstat(file.fileno()).st_size * _DEFLATE_MAX_RATIO
+                return _read_idx_stream(stream, path, None, at_most)
         except (OSError, EOFError, zlib.error) as error:  # zlib.error: damaged compressed data
             raise DataError(f"Expected a readable gzip file. Received: {error} ({path})") from None
 
 
-def _read_idx_stream(stream: _Stream, path: Path, size: int | None) -> np.ndarray:
-    """The IDX array `stream` holds; `size`: its bytes, where known before reading."""
+_DEFLATE_MAX_RATIO = 1032  # the most bytes DEFLATE's longest match codes can stand for
+
+
+def _read_idx_stream(
+    stream: _Stream, path: Path, size: int | None, at_most: int | None = None
+) -> np.ndarray:
+    """The IDX array `stream` holds; `size`: its bytes, where known before reading;
+    `at_most`: a bound on them where that alone is known (a gzip file's)."""
     magic = stream.read(4)
     if len(magic) < 4 or magic[:2] != b"\x00\x00" or magic[2] not in _IDX_DTYPES:
         raise DataError(
@@ -620,6 +629,12 @@ def _read_idx_stream(stream: _Stream, path: Path, size: int | None) -> np.ndarra
 
     if size is not None and (received := size - 4 - 4 * ndim) != expected:
         raise wrong_size(received)  # known before reading a byte of it
+    if at_most is not None and expected > at_most:
+        raise DataError(
+            f"Expected {expected:,} bytes of data for dims {dims}. Received: a gzip file "
+            f"that holds at most {at_most:,} (the header is damaged, or the file cut "
+            f"short) ({path})"
+        )
     check_read(expected, f"{path} (dims {dims})", available_bytes())
     try:
         # Untouched pages cost nothing: a header that claims more than the stream holds
@@ -736,6 +751,13 @@ def _npy(archive: zipfile.ZipFile, name: str) -> np.ndarray:
             opened.seek(0)
             return np.lib.format.read_array(opened, allow_pickle=False)
         nbytes = math.prod(shape) * dtype.itemsize
+        # The zip directory gives the member's size: a header that claims more than it
+        # holds is damaged, not too large for this host's memory.
+        if nbytes != (held := archive.getinfo(name).file_size - opened.tell()):
+            raise ValueError(
+                f"the header of {name} says shape {shape} of {dtype}, {nbytes:,} bytes, "
+                f"and the member holds {held:,}: damaged, or written cut short"
+            )
         check_read(nbytes, f"{archive.filename} ({name}, shape {shape})", available_bytes())
         array = hostarrays.empty(shape, dtype)
         if (received := _read_into(member, array)) != array.nbytes:

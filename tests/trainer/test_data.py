@@ -1292,38 +1292,85 @@ def write_tib_headers(folder: Path, fmt: str) -> Path:
             f.truncate(16 + (1 << 40))  # sparse: no disk, and nothing to read before refusing
         write_idx(folder / "train-labels-idx1-ubyte", np.zeros(4, np.uint8))
         return folder
-    header = io.BytesIO()
-    np.lib.format.write_array_header_1_0(
-        header, {"descr": "|u1", "fortran_order": False, "shape": TIB_DIMS}
-    )
+    # A member's size is in the zip directory, and one whose header claims more than it
+    # holds is damaged; a real one of 1 TiB would need 1 TiB of disk (or 1 GB compressed).
+    # So the file is small, and the test makes the host smaller (`small_host`).
     path = folder / "big.npz"
-    with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr("x.npy", header.getvalue() + b"\x00" * 64)
-        archive.writestr("y.npy", b"")  # never reached
+    np.savez(path, x=np.zeros((64, 64, 64), np.uint8), y=np.zeros(64, np.int64))
     return path
+
+
+def small_host(monkeypatch: pytest.MonkeyPatch, fmt: str) -> None:
+    """For .npz: a host with 64 KiB of memory to spare, less than the file's 256 KiB of
+    images (no test host has less than 1 TiB of IDX's sparse file)."""
+    if fmt == "npz":
+        monkeypatch.setattr("trainer.data.available_bytes", lambda: 64 << 10)
 
 
 @pytest.mark.parametrize("fmt", ["idx", "npz"])
 def test_load_arrays_refuses_a_file_larger_than_memory_before_reading_it(
-    tmp_path: Path, fmt: str
+    tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A worker reading more than it has was killed by the out-of-memory killer partway
     through the file; the header says how much there is, so it fails in one line first."""
     path = write_tib_headers(tmp_path, fmt)
+    small_host(monkeypatch, fmt)
 
     with pytest.raises(NotEnoughMemory) as refused:
         load_arrays(spec(fmt, path), seed=0)
 
-    source = (
-        f"{tmp_path / 'train-images-idx3-ubyte'} (dims {TIB_DIMS})"
+    needed, source = (
+        ("1024.0 GiB", f"{tmp_path / 'train-images-idx3-ubyte'} (dims {TIB_DIMS})")
         if fmt == "idx"
-        else f"{path} (x.npy, shape {TIB_DIMS})"
+        else ("0.0 GiB", f"{path} (x.npy, shape (64, 64, 64))")
     )
     message = str(refused.value)
     assert message.startswith(
-        f"Expected room in memory for 1024.0 GiB more: {source} holds that much to read. Received: "
+        f"Expected room in memory for {needed} more: {source} holds that much to read. Received: "
     ), message
     assert message.endswith(
         "GiB available to this worker. Train on fewer or smaller images (a narrower "
         "data.path glob), or run it where it has more memory"
     )
+
+
+def test_load_arrays_npz_header_that_claims_more_than_its_member_holds(tmp_path: Path) -> None:
+    # A header of 10^12 bytes over 100: it read as "Not enough memory" (exit 1, "resume it
+    # where there is room"), though no host would ever read it.
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "|u1", "fortran_order": False, "shape": (1_000_000, 1000, 1000)}
+    )
+    labels = io.BytesIO()
+    np.save(labels, np.zeros(10, np.int64))
+    path = tmp_path / "lying.npz"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("x.npy", header.getvalue() + bytes(100))
+        archive.writestr("y.npy", labels.getvalue())
+
+    with pytest.raises(DataError) as error:
+        load_arrays(spec("npz", path), seed=0)
+
+    assert str(error.value) == (
+        "Expected a readable .npz file. Received: the header of x.npy says shape "
+        "(1000000, 1000, 1000) of uint8, 1,000,000,000,000 bytes, and the member holds "
+        f"100: damaged, or written cut short ({path})"
+    )
+
+
+def test_load_arrays_idx_gzip_header_that_claims_more_than_the_file_can_hold(
+    tmp_path: Path,
+) -> None:
+    write_idx_pair(tmp_path, "train", images(3), np.array([0, 1, 2]), gz=True)
+    path = tmp_path / "train-images-idx3-ubyte.gz"
+    path.write_bytes(gzip.compress(b"\x00\x00\x08\x03" + struct.pack(">3I", 10**6, 1000, 1000)))
+
+    with pytest.raises(DataError) as error:
+        load_arrays(spec("idx", tmp_path), seed=0)
+
+    message = str(error.value)
+    assert message.startswith(
+        "Expected 1,000,000,000,000 bytes of data for dims (1000000, 1000, 1000). "
+        "Received: a gzip file that holds at most "
+    ), message
+    assert message.endswith(f"(the header is damaged, or the file cut short) ({path})")

@@ -191,6 +191,8 @@ OTHER_VARIABLES = {
     "TOWERBOARD_DATASETS": "docker-compose.yml: the host's folder mounted at /datasets",
     "TOWERBOARD_SPLIT_GPU_MB": "trainer/run.py (SPLIT_GPU_ENV), for benchmarks on one card",
     "TOWERBOARD_JOB_ID": "set by the service in each worker's environment",
+    "TOWERBOARD_WORKER_DATA_ROOTS": "set by the service in each worker's environment "
+    "(trainer/datafiles.py)",
     "TOWERBOARD_TB_SECRET": "set by the service in its TensorBoard's environment "
     "(service/guarded_tensorboard.py)",
     "TOWERBOARD_SCREENSHOTS": "the dashboard tests: where their screenshots go",

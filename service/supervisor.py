@@ -481,6 +481,7 @@ class Supervisor:
                 nice=self._settings.worker_nice,
                 cuda_visible_devices=self._pool.cuda_visible_devices(devices),
                 attempt=job.attempts,
+                data_roots=self._settings.allowed_data_roots,
             )
         except OSError as error:
             log.exception("Job %s: could not start its worker", job.id)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from service.processes import find_by_argv, is_same_process, start_time
+from trainer import datafiles
 from trainer.rundir import RunDir, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -180,6 +181,7 @@ def spawn_worker(
     nice: int,
     cuda_visible_devices: str,
     attempt: int,
+    data_roots: list[Path],
 ) -> Worker:
     """Write spec.json and start the worker process for one attempt of a job."""
     run.root.mkdir(parents=True, exist_ok=True)
@@ -207,6 +209,9 @@ def spawn_worker(
     # (Python 3.11 on; an older TOWERBOARD_PYTHON ignores the variable).
     env["PYTHONSAFEPATH"] = "1"
     env["TOWERBOARD_JOB_ID"] = job_id
+    # Checked at submit, and by the worker again as it starts (trainer/datafiles.py): a
+    # link put in a data folder while the job was queued could lead out of them.
+    env[datafiles.ROOTS_ENV] = os.pathsep.join(str(root) for root in data_roots)
     with open(run.log, "ab") as log_file:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
         log_file.write(

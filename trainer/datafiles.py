@@ -26,7 +26,7 @@ import glob
 import os
 import re
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -143,6 +143,18 @@ def npz_array_names(path: Path) -> tuple[ArrayNames, ArrayNames | None]:
             f"Received: {sorted(members)} ({path})"
         )
     return train, evals
+
+
+# The data roots of the service that started a worker, os.pathsep-joined: the worker
+# checks a job's data against them again as it starts (`roots_from_environ`).
+ROOTS_ENV = "TOWERBOARD_WORKER_DATA_ROOTS"
+
+
+def roots_from_environ(environ: Mapping[str, str]) -> list[Path] | None:
+    """The data roots a worker's service allows, or None (a job run by hand: its data is
+    its own)."""
+    value = environ.get(ROOTS_ENV)
+    return None if value is None else [Path(p) for p in value.split(os.pathsep) if p]
 
 
 def check_under_roots(path: str, roots: list[Path]) -> None:

@@ -233,7 +233,12 @@ class StoppedWaiting(Exception):
 
 def _prepare(spec: JobSpec, cluster: Cluster, stop: threading.Event) -> dict[str, Any]:
     """Everything that can reject the job, before anything is written."""
-    from trainer.datafiles import DataFilesError, resolve_files
+    from trainer.datafiles import (
+        DataFilesError,
+        check_under_roots,
+        resolve_files,
+        roots_from_environ,
+    )
 
     # Again here, before the module is imported: a job queued or stored before the
     # service's list was narrowed was admitted under the old one.
@@ -243,7 +248,12 @@ def _prepare(spec: JobSpec, cluster: Cluster, stop: threading.Event) -> dict[str
         raise InvalidJob(refused, [{"field": "model.name", "message": refused}])
 
     if spec.data.format != "synthetic":
+        assert spec.data.path is not None  # DataSpec requires it for every file format
         try:
+            # Again here: a link or file put in a folder while the job waited for its
+            # turn would otherwise bring data from outside the service's roots.
+            if (roots := roots_from_environ(os.environ)) is not None:
+                check_under_roots(spec.data.path, roots)
             resolve_files(spec.data)
         except DataFilesError as e:
             raise InvalidJob(str(e), [{"field": "data.path", "message": str(e)}]) from e

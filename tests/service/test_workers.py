@@ -1,6 +1,7 @@
 """How the service starts a worker process: its command line, environment and import path."""
 
 import json
+import os
 import sys
 import time
 
@@ -41,6 +42,7 @@ def test_a_worker_gets_its_devices_and_no_cluster_config(tmp_path, monkeypatch):
         nice=0,
         cuda_visible_devices="1,2",
         attempt=1,
+        data_roots=[tmp_path / "a", tmp_path / "b"],
     )
     deadline = time.monotonic() + 30
     while (exit := worker.poll()) is None:
@@ -51,6 +53,8 @@ def test_a_worker_gets_its_devices_and_no_cluster_config(tmp_path, monkeypatch):
     assert "TF_CONFIG" not in env  # a job the service runs never joins a cluster
     assert env["CUDA_VISIBLE_DEVICES"] == "1,2"
     assert env["TOWERBOARD_JOB_ID"] == "job1"
+    # The worker checks the job's data against them again as it starts.
+    assert env["TOWERBOARD_WORKER_DATA_ROOTS"] == f"{tmp_path / 'a'}{os.pathsep}{tmp_path / 'b'}"
     assert "TOWERBOARD_TOKEN" not in env  # job code must not read the service's token
     assert json.loads(run.spec.read_text()) == {"name": "x"}
     path = json.loads((run.root / "path.json").read_text())

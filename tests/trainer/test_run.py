@@ -1087,6 +1087,27 @@ def test_run_job_custom_model_outside_the_services_list_exits_2_unimported(tmp_p
         assert (tmp_path / "imported").exists()
 
 
+def test_run_job_data_led_out_of_the_services_roots_while_queued_exits_2(tmp_path):
+    """The service checks a job's data against its roots at submit, and passes them to
+    the worker, which checks again as it starts: a link put in the data's folder while
+    the job waited for its turn was read from outside them."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "set").mkdir(parents=True)
+    outside.mkdir()
+    np.savez(root / "set" / "a.npz", x=np.zeros((8, 4, 4), np.uint8), y=np.zeros(8, np.int64))
+    np.savez(outside / "b.npz", x=np.zeros((8, 4, 4), np.uint8), y=np.zeros(8, np.int64))
+    (root / "set" / "b.npz").symlink_to(outside / "b.npz")  # after the job's submit
+    spec = with_(TINY, data={"format": "npz", "path": str(root / "set")})
+    env = {"TOWERBOARD_WORKER_DATA_ROOTS": str(root)}
+    code, result, log = run_worker(tmp_path / "job", spec, env=env)
+    assert code == 2, log
+    assert result["errors"][0]["field"] == "data.path"
+    assert f"resolves to {outside / 'b.npz'}" in result["message"], result
+    # By hand, without the variable, the data is the job's own.
+    code, result, log = run_worker(tmp_path / "by-hand", spec)
+    assert code == 0, log
+
+
 def test_run_job_whose_checkpoints_path_is_a_file_fails_at_the_start(tmp_path):
     # It trained from step 0 and failed at its first save (a hand-damaged job folder).
     job_dir = tmp_path / "job"

@@ -30,9 +30,9 @@ from service.modulesource import call_refusal, defines, module_source, top_level
 from trainer import modelmodules
 from trainer.datafiles import (
     DataFilesError,
+    check_npz_headers,
     check_under_roots,
     is_glob,
-    npz_array_names,
     resolve_files,
 )
 from trainer.spec import JobSpec
@@ -94,11 +94,11 @@ def admit(
             check_under_roots(path, data_roots)
             files = resolve_files(spec.data)
             if spec.data.format == "npz":
-                # Each file's arrays, from its zip directory (no array is read): a lone
-                # .npy, a file that is no zip, or arrays under other names failed only
-                # in the worker, after the job's wait for its turn.
-                for file in (*files.train, *files.eval):
-                    npz_array_names(file)
+                # Each file's arrays, from its zip directory and their .npy headers (no
+                # array is read): a lone .npy, a file that is no zip, arrays under other
+                # names or of shapes that do not go together, or a damaged header failed
+                # only in the worker, after the job's wait for its turn.
+                check_npz_headers(files)
         except DataFilesError as error:
             errors.append({"field": "data.path", "message": str(error)})
         except (ValueError, OSError) as error:

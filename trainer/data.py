@@ -30,7 +30,13 @@ import numpy as np
 import tensorflow as tf
 
 from trainer import hostarrays
-from trainer.datafiles import DataFiles, DataFilesError, npz_array_names, resolve_files
+from trainer.datafiles import (
+    DataFiles,
+    DataFilesError,
+    npz_array_names,
+    resolve_files,
+    shape_problem,
+)
 from trainer.errors import op_reason
 from trainer.memory import available_bytes, check_read
 from trainer.spec import AugmentSpec, DataSpec, SyntheticParams
@@ -487,32 +493,12 @@ def _checked(
 ) -> _Chunk:
     """Checks one source's arrays and brings them to the `Arrays` layout and dtypes."""
     x_name, y_name = names
-    received = x.shape
+    if problem := shape_problem(x.shape, y.shape, source, names):
+        raise DataError(problem)
     if x.ndim == 3:
         x = x[..., np.newaxis]
-    if x.ndim != 4:
-        raise DataError(
-            f"Expected `{x_name}` of shape (N, H, W) or (N, H, W, C). "
-            f"Received: shape {x.shape} ({source})"
-        )
-    if 0 in x.shape[1:]:
-        # An image with no pixels has nothing to learn from, and TensorFlow's CPU kernels
-        # abort the whole process on it (SIGABRT in oneDNN: no result.json, no message).
-        raise DataError(
-            f"Expected `{x_name}` images of at least 1 x 1 pixels and 1 channel. "
-            f"Received: shape {received} ({source})"
-        )
-    if y.ndim == 2 and y.shape[1] == 1:
+    if y.ndim == 2:  # (N, 1)
         y = y[:, 0]
-    if y.ndim != 1:
-        raise DataError(
-            f"Expected `{y_name}` of shape (N,) holding class ids. Received: shape {y.shape} ({source})"
-        )
-    if len(x) != len(y):
-        raise DataError(
-            f"Expected `{x_name}` and `{y_name}` to have the same number of examples. "
-            f"Received: {x_name} has {len(x)}, {y_name} has {len(y)} ({source})"
-        )
     return _Chunk(_pixels(x, x_name, source), _labels(y, y_name, source), source)
 
 

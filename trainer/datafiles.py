@@ -23,6 +23,7 @@ glob (`**` reaches every depth); file order is sorted by name):
 from __future__ import annotations
 
 import glob
+import math
 import os
 import re
 import zipfile
@@ -143,6 +144,103 @@ def npz_array_names(path: Path) -> tuple[ArrayNames, ArrayNames | None]:
             f"Received: {sorted(members)} ({path})"
         )
     return train, evals
+
+
+Shape = tuple[int, ...]
+
+
+def shape_problem(
+    x_shape: Shape, y_shape: Shape, source: str, names: tuple[str, str] = ("x", "y")
+) -> str | None:
+    """What is wrong with one source's images and labels, from their shapes alone (None:
+    nothing): the worker's first look at the arrays it read (`trainer.data`), and the
+    service's at an .npz file's headers (`check_npz_headers`)."""
+    x_name, y_name = names
+    x_dims = (*x_shape, 1) if len(x_shape) == 3 else x_shape
+    if len(x_dims) != 4:
+        return f"Expected `{x_name}` of shape (N, H, W) or (N, H, W, C). Received: shape {x_shape} ({source})"
+    if 0 in x_dims[1:]:
+        # An image with no pixels has nothing to learn from, and TensorFlow's CPU kernels
+        # abort the whole process on it (SIGABRT in oneDNN: no result.json, no message).
+        return (
+            f"Expected `{x_name}` images of at least 1 x 1 pixels and 1 channel. "
+            f"Received: shape {x_shape} ({source})"
+        )
+    if not (len(y_shape) == 1 or (len(y_shape) == 2 and y_shape[1] == 1)):
+        return f"Expected `{y_name}` of shape (N,) holding class ids. Received: shape {y_shape} ({source})"
+    if x_dims[0] != y_shape[0]:
+        return (
+            f"Expected `{x_name}` and `{y_name}` to have the same number of examples. "
+            f"Received: {x_name} has {x_dims[0]}, {y_name} has {y_shape[0]} ({source})"
+        )
+    return None
+
+
+def check_npz_headers(files: DataFiles) -> None:
+    """Raises `DataFilesError` for what the .npz files' headers alone show the worker
+    would refuse: a member whose header claims more than it holds, images and labels of
+    other counts or dims, files of other image shapes, eval images of another shape than
+    the train images. Reads each file's zip directory and its arrays' .npy headers (a few
+    hundred bytes each), never the arrays: the service checks a job with it at submit."""
+    shapes: dict[str, list[tuple[Shape, str]]] = {"train": [], "eval": []}
+    for part, paths in (("train", files.train), ("eval", files.eval)):
+        for path in paths:
+            train_names, eval_names = npz_array_names(path)
+            read = _npy_shapes(path, [*train_names, *(eval_names or ())])
+            for names, into in ((train_names, part), (eval_names, "eval")):
+                if names is None:
+                    continue
+                x_shape, y_shape = read[names[0]], read[names[1]]
+                if problem := shape_problem(x_shape, y_shape, str(path), names):
+                    raise DataFilesError(problem)
+                x_dims = (*x_shape, 1) if len(x_shape) == 3 else x_shape
+                shapes[into].append((x_dims[1:], f"{path} ({names[0]})"))
+    for found in shapes.values():
+        if len({shape for shape, _ in found}) > 1:
+            received = ", ".join(f"{shape} in {source}" for shape, source in found)
+            raise DataFilesError(
+                f"Expected every file to hold images of one shape. Received: {received}"
+            )
+    if shapes["train"] and shapes["eval"] and shapes["train"][0][0] != shapes["eval"][0][0]:
+        raise DataFilesError(
+            f"Expected eval images of the train image shape {shapes['train'][0][0]}. "
+            f"Received: {shapes['eval'][0][0]} ({shapes['eval'][0][1]})"
+        )
+
+
+def _npy_shapes(path: Path, names: list[str]) -> dict[str, Shape]:
+    """The shapes the .npy headers of `names` in `path` give, each checked against the
+    member's size in the zip directory."""
+    import numpy as np  # the service's and the worker's dependency alike; here only
+
+    headers = {(1, 0): np.lib.format.read_array_header_1_0,
+               (2, 0): np.lib.format.read_array_header_2_0}  # fmt: skip
+    shapes: dict[str, Shape] = {}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = {name.removesuffix(".npy"): name for name in archive.namelist()}
+            for name in names:
+                with archive.open(members[name]) as member:
+                    version = np.lib.format.read_magic(member)
+                    if version not in headers:
+                        continue  # read by numpy's own reader in the worker, which says
+                    shape, _, dtype = headers[version](member)
+                    shapes[name] = tuple(shape)
+                    if dtype.hasobject or not dtype.itemsize:
+                        continue  # refused or read by numpy's own reader in the worker
+                    held = archive.getinfo(members[name]).file_size - member.tell()
+                    if (claimed := math.prod(shape) * dtype.itemsize) != held:
+                        raise DataFilesError(
+                            f"Expected a readable .npz file. Received: the header of "
+                            f"{members[name]} says shape {tuple(shape)} of {dtype}, "
+                            f"{claimed:,} bytes, and the member holds {held:,}: damaged, "
+                            f"or written cut short ({path})"
+                        )
+    except DataFilesError:
+        raise
+    except (OSError, ValueError, EOFError, KeyError, NotImplementedError, zipfile.BadZipFile) as e:
+        raise DataFilesError(f"Expected a readable .npz file. Received: {e} ({path})") from None
+    return shapes
 
 
 # The data roots of the service that started a worker, os.pathsep-joined: the worker

@@ -1,5 +1,7 @@
 """`service.admission.admit` on its own: what it makes of a relative data path."""
 
+import io
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -71,3 +73,69 @@ def test_admit_keeps_variables_on_a_gpu_only_where_jobs_get_one(tmp_path: Path) 
     ]
     one_gpu = DevicePool(devices=("gpu:3",), gpu=True, max_towers=1)
     assert admit(spec, pool=one_gpu, data_roots=[tmp_path])[1] == []
+
+
+def _npz(path: Path, **arrays: np.ndarray) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **arrays)
+    return str(path)
+
+
+def test_admit_refuses_npz_arrays_the_worker_would_refuse_from_their_headers(
+    tmp_path: Path,
+) -> None:
+    # Each was a 201, then a failed job once it had waited for its turn: the .npy headers
+    # alone say so, and the worker's own first check (`shape_problem`) is run on them.
+    images, labels = np.zeros((8, 4, 4), np.uint8), np.zeros(8, np.int64)
+    cases = {
+        "counts": (
+            _npz(tmp_path / "counts.npz", x=images, y=labels[:7]),
+            "Expected `x` and `y` to have the same number of examples. Received: x has 8, y has 7",
+        ),
+        "one-hot": (
+            _npz(tmp_path / "onehot.npz", x=images, y=np.zeros((8, 3))),
+            "Expected `y` of shape (N,) holding class ids. Received: shape (8, 3)",
+        ),
+        "eval shape": (
+            _npz(
+                tmp_path / "evalshape.npz",
+                x=images,
+                y=labels,
+                x_eval=np.zeros((2, 5, 5), np.uint8),
+                y_eval=labels[:2],
+            ),  # fmt: skip
+            "Expected eval images of the train image shape (4, 4, 1). Received: (5, 5, 1)",
+        ),
+        "files of two shapes": (
+            (
+                _npz(tmp_path / "two" / "a.npz", x=images, y=labels),
+                _npz(tmp_path / "two" / "b.npz", x=np.zeros((8, 6, 6), np.uint8), y=labels),
+            )[0].rpartition("/")[0],
+            "Expected every file to hold images of one shape. Received: (4, 4, 1) in ",
+        ),
+    }
+    for what, (path, says) in cases.items():
+        _, errors = admit(_spec(path), pool=POOL, data_roots=[tmp_path])
+        assert [e["field"] for e in errors] == ["data.path"], (what, errors)
+        assert says in errors[0]["message"], (what, errors)
+    # The same arrays, consistent: admitted.
+    good = _npz(tmp_path / "good.npz", x=images, y=labels[:, None])  # labels (N, 1) are fine
+    assert admit(_spec(good), pool=POOL, data_roots=[tmp_path])[1] == []
+
+
+def test_admit_refuses_an_npz_header_that_claims_more_than_its_member_holds(
+    tmp_path: Path,
+) -> None:
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "|u1", "fortran_order": False, "shape": (10**6, 1000, 1000)}
+    )
+    labels = io.BytesIO()
+    np.save(labels, np.zeros(10, np.int64))
+    path = tmp_path / "lying.npz"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("x.npy", header.getvalue() + bytes(100))
+        archive.writestr("y.npy", labels.getvalue())
+    _, [error] = admit(_spec(str(path)), pool=POOL, data_roots=[tmp_path])
+    assert error["field"] == "data.path"
+    assert "and the member holds 100: damaged, or written cut short" in error["message"], error

@@ -77,7 +77,7 @@ def test_admit_keeps_variables_on_a_gpu_only_where_jobs_get_one(tmp_path: Path) 
 
 def _npz(path: Path, **arrays: np.ndarray) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, **arrays)
+    np.savez(path, **arrays)  # type: ignore[arg-type]  # numpy's stub: allow_pickle is 2nd
     return str(path)
 
 

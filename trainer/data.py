@@ -78,6 +78,14 @@ class Arrays:
     def num_eval(self) -> int:
         return len(self.y_eval)
 
+    @property
+    def label_range(self) -> tuple[int, int]:
+        """The smallest and largest label of the train and eval examples (of a set with a
+        training example, as `load_arrays` gives)."""
+        low = min(self.y_train.min(), self.y_eval.min(initial=self.y_train[0]))
+        high = max(self.y_train.max(), self.y_eval.max(initial=self.y_train[0]))
+        return int(low), int(high)
+
     def without_images(self) -> Arrays:
         """The same set with its images dropped (its labels and shapes kept): once the
         input pipelines hold the images, these are at best a second reference to them, and
@@ -132,6 +140,10 @@ def load_arrays(data: DataSpec, seed: int) -> Arrays:
     num_classes = max(2, int(max(y_train.max(), y_eval.max(initial=0))) + 1)
     arrays = Arrays(x_train, y_train, x_eval, y_eval, num_classes)
     _log_loaded(arrays, f"{train_files} file(s) in {data.path}", eval_sources, data.eval_fraction)
+    # Shards named without a suffix (`train-00000-of-00002`) beside a `train.tfrecord`
+    # were left out without a word: the job trained on fewer examples than the folder held.
+    if (skipped := files.skipped_note()) is not None:
+        log.warning("%s", skipped)
     return arrays
 
 
@@ -196,6 +208,7 @@ def _log_loaded(
             "shuffle the examples across files, or give eval data (`x_eval`/`y_eval`, eval "
             "files)",
         )
+    _warn_of_classes_without_examples(arrays)
     if arrays.num_eval == 0 and (eval_sources is not None or eval_fraction > 0):
         # Not an error (a tiny set may have nothing to spare), but the user asked for an eval.
         log.warning(
@@ -204,6 +217,29 @@ def _log_loaded(
             if eval_sources is not None
             else f"eval_fraction {eval_fraction:g} of {arrays.num_train} examples is less than one",
         )
+
+
+def _warn_of_classes_without_examples(arrays: Arrays) -> None:
+    """Warns of class ids below the class count that no example has. The count is the
+    largest label + 1: labels 1 and 2 make three classes, one (0) never seen, which trains
+    a third output on nothing, and `logistic` refuses as not two-class."""
+    counts = np.bincount(arrays.y_train, minlength=arrays.num_classes)
+    counts += np.bincount(arrays.y_eval, minlength=arrays.num_classes)
+    missing = np.flatnonzero(counts == 0)
+    if not missing.size:
+        return
+    classes = ", ".join(str(c) for c in missing[:10])
+    if missing.size > 10:
+        classes += f" and {missing.size - 10} more"
+    low = int(np.flatnonzero(counts)[0])
+    log.warning(
+        "%d of %d classes have no example (%s): class ids count from 0, and the class count "
+        "is the largest label + 1 (2 at least)%s",
+        missing.size,
+        arrays.num_classes,
+        classes,
+        f"; the labels begin at {low}: give labels from 0 (e.g. y - {low})" if low else "",
+    )
 
 
 def steps_per_epoch(num_examples: int, batch_size: int) -> int:
@@ -522,7 +558,18 @@ def _pixels(x: np.ndarray, name: str, source: str) -> np.ndarray:
                 f"Expected integer pixels `{name}` in 0-255. Received: values {low} to {high} ({source})"
             )
         return hostarrays.cast(x, np.uint8)
-    if not (low >= 0.0 and high <= 1.0):  # also catches NaN
+    if not (np.isfinite(low) and np.isfinite(high)):
+        # NaN spreads to min() and max() alike: "values nan to nan" did not say it plainly.
+        nan = bool(np.isnan(low))
+        bad = np.isnan(x) if nan else np.isinf(x)  # a temporary, on the way to failing
+        count = int(bad.sum())
+        first = int(np.argmax(bad.reshape(-1))) // math.prod(x.shape[1:])
+        raise DataError(
+            f"Expected float pixels `{name}` in [0, 1]. Received: {count:,} "
+            f"{'NaN (not a number)' if nan else 'infinite'} value{'s' if count > 1 else ''}, "
+            f"the first in example {first} ({source})"
+        )
+    if not (low >= 0.0 and high <= 1.0):
         raise DataError(
             f"Expected float pixels `{name}` in [0, 1]. Received: values {low} to {high} ({source})"
         )
@@ -530,7 +577,7 @@ def _pixels(x: np.ndarray, name: str, source: str) -> np.ndarray:
 
 
 def _labels(y: np.ndarray, name: str, source: str) -> np.ndarray:
-    if y.size == 0:
+    if y.size == 0 or y.dtype == np.bool_:  # bool: two-class data, as `r.random(n) > 0.5`
         return hostarrays.cast(y, np.int32)
     integral = np.issubdtype(y.dtype, np.integer) or (
         np.issubdtype(y.dtype, np.floating) and np.array_equal(y, np.round(y))

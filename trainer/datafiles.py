@@ -16,6 +16,10 @@ glob (`**` reaches every depth); file order is sorted by name):
   present too; otherwise every pair is train and eval is held out by `eval_fraction`.
 - npz, tfrecord: files whose names contain `eval` or `test` are eval, the rest train;
   again, only when some train file is present.
+- A TFRecord folder reads its files named `.tfrecord`, `.tfrecords` or `.tfrec`
+  (optionally `.gz`) alone, as it may hold a README too; the others (hidden ones aside)
+  are `DataFiles.skipped`, for the worker's log to name: shards are often named without
+  a suffix (`train-00000-of-00008`), and a glob (`data/*`) reads them.
 - For a glob, the folders it matched below its fixed part count as the name does, so
   `data/**/*.tfrecord` over `data/train/` and `data/test/` takes `data/test/` as eval.
 """
@@ -44,11 +48,28 @@ class DataFiles:
 
     For idx, `train` and `eval` hold the images files and `pairs` maps each to its labels
     file; for the other formats `pairs` is empty. Synthetic data has no files.
+    `skipped`: a TFRecord folder's files that are not read, as their names lack the suffix.
     """
 
     train: list[Path]
     eval: list[Path]
     pairs: dict[Path, Path] = field(default_factory=dict)
+    skipped: list[Path] = field(default_factory=list)
+
+    def skipped_note(self) -> str | None:
+        """What the worker's log says of `skipped` (a count, the first names, and how to
+        read them), or None when nothing was skipped."""
+        if not self.skipped:
+            return None
+        names = ", ".join(path.name for path in self.skipped[:5])
+        if len(self.skipped) > 5:
+            names += f" and {len(self.skipped) - 5} more"
+        folder = self.skipped[0].parent
+        return (
+            f"{len(self.skipped)} file(s) in {folder} not read ({names}): a folder gives only "
+            f"files named {_TFRECORD_NAMES}; to read them too, give a glob such as "
+            f"'{folder}/*', which reads every file it matches"
+        )
 
 
 _GLOB_CHARS = re.compile(r"[*?[]")
@@ -65,6 +86,7 @@ _NAMED_EVAL = re.compile(r"eval|test", re.IGNORECASE)
 _TFRECORD_NAME = re.compile(r"\.(tfrecords?|tfrec)(\.gz)?$", re.IGNORECASE)
 _NPZ_NAME = re.compile(r"\.npz$", re.IGNORECASE)
 _FITS = {"idx": _IDX_IMAGES.search, "npz": _NPZ_NAME.search, "tfrecord": _TFRECORD_NAME.search}
+_TFRECORD_NAMES = "`.tfrecord`, `.tfrecords` or `.tfrec` (optionally `.gz`)"
 _WANTED = {
     "idx": "`*-images-idx3-ubyte[.gz]` files with their `*-labels-idx1-ubyte[.gz]` files",
     "npz": "`.npz` files",
@@ -86,7 +108,12 @@ def resolve_files(data: DataSpec) -> DataFiles:
     names = _eval_names(data.path)
     if data.format == "idx":
         return _resolve_idx(candidates, lambda f: any(_IDX_EVAL.match(n) for n in names(f)))
-    return _split_by_name(candidates, lambda f: any(_NAMED_EVAL.search(n) for n in names(f)))
+    files = _split_by_name(candidates, lambda f: any(_NAMED_EVAL.search(n) for n in names(f)))
+    if data.format == "tfrecord" and not is_glob(data.path) and os.path.isdir(data.path):
+        # Not for npz (np.savez names every file `.npz`) nor idx (whose folder holds the
+        # labels files beside): a TFRecord shard is as often named without a suffix.
+        files = DataFiles(files.train, files.eval, skipped=_unread_members(Path(data.path)))
+    return files
 
 
 _NPY_MAGIC = b"\x93NUMPY"
@@ -358,14 +385,22 @@ def _candidates(path: str, fmt: str) -> list[Path]:
         if not matches:
             found = ", ".join(member.name for member in members[:10]) or "nothing"
             more = f" and {len(members) - 10} more" if len(members) > 10 else ""
+            hints = []
+            if fmt == "tfrecord" and _unread_members(target):
+                # Shards named `train-00000-of-00002` are TFRecord files too: a folder
+                # reads only files named as such, a glob every file it matches.
+                hints.append(
+                    f"a folder gives only files named {_TFRECORD_NAMES}: a glob such as "
+                    f"'{target}/*' reads every file it matches"
+                )
             # Only the folder's own files are read: say so when the data sits deeper.
-            deeper = (
-                f" (folders inside it are not searched: a glob such as '{target}/**/*' is)"
-                if any(entry.is_dir() for entry in target.iterdir())
-                else ""
-            )
+            if any(entry.is_dir() for entry in target.iterdir()):
+                hints.append(
+                    f"folders inside it are not searched: a glob such as '{target}/**/*' is"
+                )
+            hint = f" ({'; '.join(hints)})" if hints else ""
             raise DataFilesError(
-                f"Expected a folder holding {wanted}. Received: {found}{more} in {target}{deeper}"
+                f"Expected a folder holding {wanted}. Received: {found}{more} in {target}{hint}"
             )
         return matches
     if target.is_file():
@@ -379,6 +414,18 @@ def _candidates(path: str, fmt: str) -> list[Path]:
     raise DataFilesError(
         f"Expected `path` to name an existing file, folder or glob. Received: {path!r}, "
         f"which {what}"
+    )
+
+
+def _unread_members(folder: Path) -> list[Path]:
+    """A TFRecord folder's files that its name rule leaves out, hidden ones aside (which
+    `folder/*` does not match either, and `.DS_Store` is no data), sorted by name."""
+    return sorted(
+        entry
+        for entry in folder.iterdir()
+        if entry.is_file()
+        and not entry.name.startswith(".")
+        and not _TFRECORD_NAME.search(entry.name)
     )
 
 

@@ -132,7 +132,7 @@ def _resnet(
 
 def _logistic(input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
     if num_classes != 2:
-        raise ModelError(f"Model `logistic` needs two-class data. Received: {num_classes} classes")
+        raise ModelError(two_class_refusal(num_classes))
     inputs = keras.Input(input_shape, name="images")
     x = keras.layers.Flatten()(inputs)
     return keras.Model(inputs, keras.layers.Dense(1, name="logit")(x), name="logistic")
@@ -235,13 +235,36 @@ def _squashed_output(model: keras.Model) -> str | None:
     return f"{name} (from layer {layer.name!r})" if name in ("softmax", "sigmoid") else None
 
 
-def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
+def two_class_refusal(num_classes: int, labels: tuple[int, int] | None = None) -> str:
+    """Why `logistic` refuses data of `num_classes` classes; `labels`, the smallest and
+    largest label, where known. Labels 1 and 2 are three classes (ids count from 0), and
+    "Received: 3 classes" alone left a user with two-class data to wonder why."""
+    received = f"{num_classes} classes"
+    if labels is not None:
+        low, high = labels
+        received = f"labels {low}..{high}"
+        if low > 0:
+            received += f": class ids count from 0, so {num_classes} classes; give labels 0 and 1"
+        else:
+            received += f", so {num_classes} classes"
+    return f"Model `logistic` needs two-class data. Received: {received}"
+
+
+def build_model(
+    spec: ModelSpec,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    labels: tuple[int, int] | None = None,
+) -> keras.Model:
     """Build the model of `spec` for images of `input_shape` (H, W, C) and `num_classes`.
 
     A custom model may be functional or subclassed: it is called once on a zero batch of
     one, which builds a subclassed model and checks that it runs and gives logits of shape
-    (batch, classes), before any training starts.
+    (batch, classes), before any training starts. `labels`, the data's smallest and
+    largest label, where known, are named when the class count is refused.
     """
+    if spec.name == "logistic" and num_classes != 2:
+        raise ModelError(two_class_refusal(num_classes, labels))
     if spec.is_custom:
         builder = _custom_builder(spec.name)
         kwargs = {"input_shape": input_shape, "num_classes": num_classes}
@@ -280,9 +303,15 @@ def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int)
         # A (batch, H, W, classes) map would pass a check of the last axis alone, and then
         # fail in the first step's loss with TensorFlow's traceback instead of this line.
         alternative = " or (batch, 1) (one sigmoid logit)" if one_logit_ok and expected != 1 else ""
+        # A one-logit model on labels 1 and 2 is asked for 3 logits: say why.
+        note = (
+            f" (labels {labels[0]}..{labels[1]}: class ids count from 0, so {num_classes} classes)"
+            if labels is not None and labels[0] > 0
+            else ""
+        )
         raise ModelError(
             f"Expected model {spec.name!r} to output logits of shape (batch, {expected})"
-            f"{alternative}. Received: output shape {output_shape}"
+            f"{alternative}{note}. Received: output shape {output_shape}"
         )
     return model
 

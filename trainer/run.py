@@ -305,7 +305,9 @@ def _prepare(spec: JobSpec, cluster: Cluster, stop: threading.Event) -> dict[str
         tf.config.experimental.enable_op_determinism()
     try:
         with strategy.scope() if strategy else tf.device(devices.parameter):
-            model = build_model(spec.model, arrays.image_shape, arrays.num_classes)
+            model = build_model(
+                spec.model, arrays.image_shape, arrays.num_classes, arrays.label_range
+            )
             binary = is_binary(spec.model, model, arrays.image_shape)
     except (ModelError, ValueError, TypeError) as e:
         raise InvalidJob(str(e), [{"field": "model", "message": str(e)}]) from e

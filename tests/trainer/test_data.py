@@ -374,6 +374,20 @@ def test_load_arrays_npz_accepts_the_largest_class_id(tmp_path: Path) -> None:
     assert load_arrays(spec("npz", tmp_path / "wide.npz"), seed=0).num_classes == 100_000
 
 
+def test_load_arrays_reads_npz_bool_labels_as_zero_and_one(tmp_path: Path) -> None:
+    # `y = r.random(n) > 0.5`, two-class data as it is often made, was refused with
+    # "Expected integer class ids ... Received: dtype bool" (bool pixels were read).
+    y = np.array([True, False, False, True])
+    np.savez(tmp_path / "two.npz", x=images(4), y=y, x_eval=images(2), y_eval=y[:2])
+
+    arrays = load_arrays(spec("npz", tmp_path / "two.npz"), seed=0)
+
+    assert arrays.y_train.dtype == arrays.y_eval.dtype == np.int32
+    assert arrays.y_train.tolist() == [1, 0, 0, 1]
+    assert arrays.y_eval.tolist() == [1, 0]
+    assert (arrays.num_classes, arrays.label_range) == (2, (0, 1))
+
+
 def test_load_arrays_npz_wrong_dims(tmp_path: Path) -> None:
     message = _npz_error(tmp_path, x=images(3, (16,)), y=[0, 1, 2])
 
@@ -438,6 +452,30 @@ def test_load_arrays_npz_float_pixels_outside_unit_range(tmp_path: Path) -> None
     assert message == (
         "Expected float pixels `x` in [0, 1]. "
         f"Received: values 255.0 to 255.0 ({tmp_path / 'bad.npz'})"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "received"),
+    [
+        (np.nan, "2 NaN (not a number) values"),
+        (np.inf, "2 infinite values"),
+        (-np.inf, "2 infinite values"),
+    ],
+    ids=["nan", "inf", "-inf"],
+)
+def test_load_arrays_npz_float_pixels_that_are_not_finite_say_so(
+    tmp_path: Path, value: float, received: str
+) -> None:
+    # NaN said "Received: values nan to nan", as if it were a range.
+    x = np.zeros((3, 2, 2), np.float32)
+    x[1, 0, 1] = x[2, 1, 1] = value
+
+    message = _npz_error(tmp_path, x=np.zeros((1, 2, 2)), y=[0], x_eval=x, y_eval=[0, 1, 0])
+
+    assert message == (
+        f"Expected float pixels `x_eval` in [0, 1]. Received: {received}, the first in "
+        f"example 1 ({tmp_path / 'bad.npz'})"
     )
 
 
@@ -852,6 +890,61 @@ def test_load_arrays_warns_when_eval_holds_classes_training_lacks(tmp_path: Path
         "10 of 10 eval examples are of classes no training example has (4): the last 0.2 of "
         "the examples, in file order, is held out; shuffle the examples across files, or give "
         "eval data (`x_eval`/`y_eval`, eval files)"
+    )
+
+
+def test_load_arrays_warns_of_tfrecord_folder_files_it_does_not_read(
+    tmp_path: Path, caplog
+) -> None:
+    # Shards named without a suffix beside `train.tfrecord` were skipped without a word:
+    # the job trained on 2 of the folder's 6 examples.
+    write_tfrecord(tmp_path / "train.tfrecord", images(2, (4, 4, 1)), [0, 1])
+    for shard in range(2):
+        write_tfrecord(tmp_path / f"train-0000{shard}-of-00002", images(2, (4, 4, 1)), [0, 1])
+
+    with caplog.at_level(logging.INFO, logger="trainer.data"):
+        arrays = load_arrays(spec("tfrecord", tmp_path, eval_fraction=0.0), seed=0)
+
+    assert arrays.num_train == 2
+    assert caplog.records[-1].levelno == logging.WARNING
+    assert caplog.messages[-1] == (
+        f"2 file(s) in {tmp_path} not read (train-00000-of-00002, train-00001-of-00002): a "
+        "folder gives only files named `.tfrecord`, `.tfrecords` or `.tfrec` (optionally "
+        f"`.gz`); to read them too, give a glob such as '{tmp_path}/*', which reads every "
+        "file it matches"
+    )
+    # As the warning says: the glob reads all three.
+    assert load_arrays(spec("tfrecord", f"{tmp_path}/*", eval_fraction=0.0), seed=0).num_train == 6
+
+
+def test_load_arrays_warns_of_classes_without_examples(tmp_path: Path, caplog) -> None:
+    # Labels 1 and 2 are three classes, as ids count from 0: class 0 trained on nothing,
+    # and nothing said so.
+    np.savez(tmp_path / "one-two.npz", x=images(4), y=[1, 2, 2, 1])
+
+    with caplog.at_level(logging.INFO, logger="trainer.data"):
+        arrays = load_arrays(spec("npz", tmp_path / "one-two.npz", eval_fraction=0.25), seed=0)
+
+    assert (arrays.num_classes, arrays.label_range) == (3, (1, 2))
+    assert caplog.records[-1].levelno == logging.WARNING
+    assert caplog.messages[-1] == (
+        "1 of 3 classes have no example (0): class ids count from 0, and the class count is "
+        "the largest label + 1 (2 at least); the labels begin at 1: give labels from 0 "
+        "(e.g. y - 1)"
+    )
+
+
+def test_load_arrays_warns_of_class_ids_between_labels_without_examples(
+    tmp_path: Path, caplog
+) -> None:
+    np.savez(tmp_path / "gaps.npz", x=images(3), y=[0, 3, 14])
+
+    with caplog.at_level(logging.INFO, logger="trainer.data"):
+        load_arrays(spec("npz", tmp_path / "gaps.npz", eval_fraction=0.0), seed=0)
+
+    assert caplog.messages[-1] == (
+        "12 of 15 classes have no example (1, 2, 4, 5, 6, 7, 8, 9, 10, 11 and 2 more): class "
+        "ids count from 0, and the class count is the largest label + 1 (2 at least)"
     )
 
 

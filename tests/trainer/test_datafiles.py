@@ -290,11 +290,53 @@ def test_resolve_files_npz_glob(tmp_path: Path) -> None:
 
 
 def test_resolve_files_tfrecord_folder_keeps_record_files(tmp_path: Path) -> None:
-    a, b, evals, _ = touch(tmp_path, "a.tfrecord", "b.tfrecords.gz", "eval.tfrec", "README.md")
+    a, b, evals, readme = touch(tmp_path, "a.tfrecord", "b.tfrecords.gz", "eval.tfrec", "README.md")
 
     files = resolve_files(spec("tfrecord", tmp_path))
 
-    assert files == DataFiles(train=[a, b], eval=[evals])
+    assert files == DataFiles(train=[a, b], eval=[evals], skipped=[readme])
+
+
+def test_resolve_files_tfrecord_folder_names_the_files_it_skips(tmp_path: Path) -> None:
+    # Shards named without a suffix beside `train.tfrecord` were left out without a word:
+    # the job trained on a third of the folder. Still left out, but named (for the log).
+    (train,) = touch(tmp_path, "train.tfrecord")
+    shards = touch(tmp_path, "train-00000-of-00002", "train-00001-of-00002")
+    touch(tmp_path, ".DS_Store")  # hidden: no data, and `folder/*` does not match it
+    touch(tmp_path / "sub", "deeper-00000-of-00001")  # a folder's own files only
+
+    files = resolve_files(spec("tfrecord", tmp_path))
+
+    assert files == DataFiles(train=[train], eval=[], skipped=shards)
+    # A glob reads every file it matches, and a file is itself: neither skips any.
+    assert resolve_files(spec("tfrecord", tmp_path / "*")).skipped == []
+    assert resolve_files(spec("tfrecord", train)).skipped == []
+
+
+def test_resolve_files_tfrecord_folder_of_shards_without_suffix_suggests_a_glob(
+    tmp_path: Path,
+) -> None:
+    # The 422 said only "Expected a folder holding `.tfrecord` files": not that these are
+    # refused for their names, nor how to read them.
+    touch(tmp_path, "train-00000-of-00002", "train-00001-of-00002")
+
+    with pytest.raises(DataFilesError) as error:
+        resolve_files(spec("tfrecord", tmp_path))
+
+    assert str(error.value) == (
+        "Expected a folder holding `.tfrecord` files. Received: train-00000-of-00002, "
+        f"train-00001-of-00002 in {tmp_path} (a folder gives only files named `.tfrecord`, "
+        f"`.tfrecords` or `.tfrec` (optionally `.gz`): a glob such as '{tmp_path}/*' reads "
+        "every file it matches)"
+    )
+
+    touch(tmp_path / "sub", "c.tfrecord")
+    with pytest.raises(DataFilesError) as error:
+        resolve_files(spec("tfrecord", tmp_path))
+    assert str(error.value).endswith(
+        f"reads every file it matches; folders inside it are not searched: a glob such as "
+        f"'{tmp_path}/**/*' is)"
+    )
 
 
 def test_resolve_files_tfrecord_glob_takes_shards_without_suffix(tmp_path: Path) -> None:

@@ -171,6 +171,30 @@ def test_custom_model_of_one_logit_on_three_classes_is_refused(custom):
     )
 
 
+def test_custom_model_of_one_logit_on_labels_from_one_is_told_ids_count_from_zero(custom):
+    with pytest.raises(ModelError) as error:
+        build_model(ModelSpec(name="qa_custom:one_logit"), (4, 4, 1), 3, labels=(1, 2))
+    assert str(error.value) == (
+        "Expected model 'qa_custom:one_logit' to output logits of shape (batch, 3) (labels "
+        "1..2: class ids count from 0, so 3 classes). Received: output shape (1, 1)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("classes", "labels", "received"),
+    [
+        (3, (1, 2), "labels 1..2: class ids count from 0, so 3 classes; give labels 0 and 1"),
+        (10, (0, 9), "labels 0..9, so 10 classes"),
+        (3, None, "3 classes"),
+    ],
+)
+def test_logistic_on_other_than_two_classes_names_the_labels(classes, labels, received):
+    # Labels 1 and 2, two classes to their user, were refused as "Received: 3 classes".
+    with pytest.raises(ModelError) as error:
+        build_model(ModelSpec(name="logistic"), (4, 4, 1), classes, labels=labels)
+    assert str(error.value) == f"Model `logistic` needs two-class data. Received: {received}"
+
+
 def test_custom_model_that_outputs_probabilities_is_refused(custom):
     # Taken for logits, softmax outputs trained on without a word: on MNIST, 75% where the
     # same model's logits reach 91%, and an export whose probabilities are near uniform.

@@ -784,7 +784,9 @@ def _logistic_ten_classes(folder: Path) -> Run:
 def test_run_job_logistic_on_many_classes_exits_2(run):
     code, result, log, _ = run
     assert code == 2, log
-    assert result["message"] == "Model `logistic` needs two-class data. Received: 10 classes"
+    assert result["message"] == (
+        "Model `logistic` needs two-class data. Received: labels 0..9, so 10 classes"
+    )
 
 
 def run_custom_model(tmp_path: Path, module: str, source: str, **changes) -> tuple[int, dict, str]:

@@ -30,6 +30,7 @@ from service.modulesource import call_refusal, defines, module_source, top_level
 from trainer import modelmodules
 from trainer.datafiles import (
     DataFilesError,
+    check_idx_headers,
     check_npz_headers,
     check_under_roots,
     is_glob,
@@ -99,6 +100,10 @@ def admit(
                 # names or of shapes that do not go together, or a damaged header failed
                 # only in the worker, after the job's wait for its turn.
                 check_npz_headers(files)
+            elif spec.data.format == "idx":
+                # The same of each IDX file's header and size: a file cut short, or images
+                # and labels of other counts, failed only in the worker.
+                check_idx_headers(files)
         except DataFilesError as error:
             errors.append({"field": "data.path", "message": str(error)})
         except (ValueError, OSError) as error:

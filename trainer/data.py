@@ -18,22 +18,24 @@ import logging
 import math
 import os
 import re
-import struct
 import zipfile
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, cast
+from typing import BinaryIO, Protocol, cast
 
 import numpy as np
 import tensorflow as tf
 
 from trainer import hostarrays
 from trainer.datafiles import (
+    DEFLATE_MAX_RATIO,
     DataFiles,
     DataFilesError,
+    idx_size_problem,
     npz_array_names,
+    read_idx_header,
     resolve_files,
     shape_problem,
 )
@@ -623,15 +625,12 @@ def read_idx(path: Path) -> np.ndarray:
             return _read_idx_stream(file, path, os.fstat(file.fileno()).st_size)
         try:
             with gzip.GzipFile(fileobj=file) as stream:
-                # DEFLATE packs at most 1032 bytes into one: a header that claims more is
-                # damaged, not too large for this host's memory.
-                at_most = os.fstat(file.fileno()).st_size * _DEFLATE_MAX_RATIO
+                # A header that claims more than DEFLATE could have packed is damaged, not
+                # too large for this host's memory.
+                at_most = os.fstat(file.fileno()).st_size * DEFLATE_MAX_RATIO
                 return _read_idx_stream(stream, path, None, at_most)
         except (OSError, EOFError, zlib.error) as error:  # zlib.error: damaged compressed data
             raise DataError(f"Expected a readable gzip file. Received: {error} ({path})") from None
-
-
-_DEFLATE_MAX_RATIO = 1032  # the most bytes DEFLATE's longest match codes can stand for
 
 
 def _read_idx_stream(
@@ -639,19 +638,11 @@ def _read_idx_stream(
 ) -> np.ndarray:
     """The IDX array `stream` holds; `size`: its bytes, where known before reading;
     `at_most`: a bound on them where that alone is known (a gzip file's)."""
-    magic = stream.read(4)
-    if len(magic) < 4 or magic[:2] != b"\x00\x00" or magic[2] not in _IDX_DTYPES:
-        raise DataError(
-            "Expected an IDX file starting 0x00 0x00 <type 0x08-0x0E> <dims>. "
-            f"Received: {magic.hex(' ') or 'an empty file'} ({path})"
-        )
-    dtype, ndim = _IDX_DTYPES[magic[2]], magic[3]
-    sizes = stream.read(4 * ndim)
-    if len(sizes) < 4 * ndim:
-        raise DataError(
-            f"Expected {ndim} dimension sizes after the magic. Received: a truncated header ({path})"
-        )
-    dims = struct.unpack(f">{ndim}I", sizes)
+    try:
+        code, dims = read_idx_header(cast(BinaryIO, stream), path)
+    except DataFilesError as error:
+        raise DataError(str(error)) from None
+    dtype, ndim = _IDX_DTYPES[code], len(dims)
     expected = math.prod(dims) * dtype.itemsize
 
     def wrong_size(received: int) -> DataError:
@@ -660,14 +651,10 @@ def _read_idx_stream(
             f"Received: {received} bytes ({path})"
         )
 
-    if size is not None and (received := size - 4 - 4 * ndim) != expected:
-        raise wrong_size(received)  # known before reading a byte of it
-    if at_most is not None and expected > at_most:
-        raise DataError(
-            f"Expected {expected:,} bytes of data for dims {dims}. Received: a gzip file "
-            f"that holds at most {at_most:,} (the header is damaged, or the file cut "
-            f"short) ({path})"
-        )
+    # Known before reading a byte of it.
+    received = None if size is None else size - 4 - 4 * ndim
+    if problem := idx_size_problem(dims, code, path, received, at_most):
+        raise DataError(problem)
     check_read(expected, f"{path} (dims {dims})", available_bytes())
     try:
         # Untouched pages cost nothing: a header that claims more than the stream holds

@@ -27,13 +27,17 @@ glob (`**` reaches every depth); file order is sorted by name):
 from __future__ import annotations
 
 import glob
+import gzip
 import math
 import os
 import re
+import struct
 import zipfile
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from trainer.spec import DataSpec
 
@@ -222,17 +226,7 @@ def check_npz_headers(files: DataFiles) -> None:
                     raise DataFilesError(problem)
                 x_dims = (*x_shape, 1) if len(x_shape) == 3 else x_shape
                 shapes[into].append((x_dims[1:], f"{path} ({names[0]})"))
-    for found in shapes.values():
-        if len({shape for shape, _ in found}) > 1:
-            received = ", ".join(f"{shape} in {source}" for shape, source in found)
-            raise DataFilesError(
-                f"Expected every file to hold images of one shape. Received: {received}"
-            )
-    if shapes["train"] and shapes["eval"] and shapes["train"][0][0] != shapes["eval"][0][0]:
-        raise DataFilesError(
-            f"Expected eval images of the train image shape {shapes['train'][0][0]}. "
-            f"Received: {shapes['eval'][0][0]} ({shapes['eval'][0][1]})"
-        )
+    _check_image_shapes(shapes)
 
 
 def _npy_shapes(path: Path, names: list[str]) -> dict[str, Shape]:
@@ -268,6 +262,112 @@ def _npy_shapes(path: Path, names: list[str]) -> dict[str, Shape]:
     except (OSError, ValueError, EOFError, KeyError, NotImplementedError, zipfile.BadZipFile) as e:
         raise DataFilesError(f"Expected a readable .npz file. Received: {e} ({path})") from None
     return shapes
+
+
+# An IDX file's element types: their codes (its magic's third byte) and item sizes.
+IDX_ITEM_SIZES = {0x08: 1, 0x09: 1, 0x0B: 2, 0x0C: 4, 0x0D: 4, 0x0E: 8}
+_GZIP_MAGIC = b"\x1f\x8b"
+# DEFLATE packs at most 1032 bytes into one: a gzip'd header that claims more is damaged.
+DEFLATE_MAX_RATIO = 1032
+
+
+def read_idx_header(stream: BinaryIO, path: Path) -> tuple[int, Shape]:
+    """An IDX file's element type code and dims, read from `stream` at its start: the
+    worker's reader (`trainer.data.read_idx`) and the service's check alike."""
+    magic = stream.read(4)
+    if len(magic) < 4 or magic[:2] != b"\x00\x00" or magic[2] not in IDX_ITEM_SIZES:
+        raise DataFilesError(
+            "Expected an IDX file starting 0x00 0x00 <type 0x08-0x0E> <dims>. "
+            f"Received: {magic.hex(' ') or 'an empty file'} ({path})"
+        )
+    ndim = magic[3]
+    sizes = stream.read(4 * ndim)
+    if len(sizes) < 4 * ndim:
+        raise DataFilesError(
+            f"Expected {ndim} dimension sizes after the magic. Received: a truncated header ({path})"
+        )
+    return magic[2], struct.unpack(f">{ndim}I", sizes)
+
+
+def idx_size_problem(
+    dims: Shape, code: int, path: Path, size: int | None, at_most: int | None
+) -> str | None:
+    """What an IDX file's size says of its header (None: nothing): `size`, its data's
+    bytes where known (a plain file's), else `at_most`, a bound on them (a gzip file's)."""
+    expected = math.prod(dims) * IDX_ITEM_SIZES[code]
+    if size is not None and size != expected:
+        return f"Expected {expected} bytes of data for dims {dims}. Received: {size} bytes ({path})"
+    if at_most is not None and expected > at_most:
+        return (
+            f"Expected {expected:,} bytes of data for dims {dims}. Received: a gzip file "
+            f"that holds at most {at_most:,} (the header is damaged, or the file cut "
+            f"short) ({path})"
+        )
+    return None
+
+
+def check_idx_headers(files: DataFiles) -> None:
+    """Raises `DataFilesError` for what the IDX files' headers and sizes alone show the
+    worker would refuse: a header that is no IDX header, or one its file's size belies,
+    images and labels of other counts or dims, files or eval images of other image
+    shapes. Reads each file's first bytes (a gzip'd one's first block), never its data."""
+    shapes: dict[str, list[tuple[Shape, str]]] = {"train": [], "eval": []}
+    for part, images_files in (("train", files.train), ("eval", files.eval)):
+        for images in images_files:
+            labels = files.pairs[images]
+            dims = {path: _idx_dims(path) for path in (images, labels)}
+            if len(dims[images]) not in (3, 4):
+                raise DataFilesError(
+                    "Expected an images file of dims (N, H, W) or (N, H, W, C). "
+                    f"Received: dims {dims[images]} ({images})"
+                )
+            if len(dims[labels]) != 1:
+                raise DataFilesError(
+                    f"Expected a labels file of dims (N,). Received: dims {dims[labels]} ({labels})"
+                )
+            source = f"{images}, {labels}"
+            if problem := shape_problem(dims[images], dims[labels], source, ("images", "labels")):
+                raise DataFilesError(problem)
+            x_dims = (*dims[images], 1) if len(dims[images]) == 3 else dims[images]
+            shapes[part].append((x_dims[1:], str(images)))
+    _check_image_shapes(shapes)
+
+
+def _idx_dims(path: Path) -> Shape:
+    with open(path, "rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        if file.read(2) != _GZIP_MAGIC:
+            file.seek(0)
+            code, dims = read_idx_header(file, path)
+            problem = idx_size_problem(dims, code, path, size - 4 - 4 * len(dims), None)
+        else:
+            file.seek(0)
+            try:
+                with gzip.GzipFile(fileobj=file) as stream:
+                    code, dims = read_idx_header(stream, path)  # type: ignore[arg-type]
+            except (OSError, EOFError, zlib.error) as error:
+                raise DataFilesError(
+                    f"Expected a readable gzip file. Received: {error} ({path})"
+                ) from None
+            problem = idx_size_problem(dims, code, path, None, size * DEFLATE_MAX_RATIO)
+    if problem:
+        raise DataFilesError(problem)
+    return dims
+
+
+def _check_image_shapes(shapes: dict[str, list[tuple[Shape, str]]]) -> None:
+    """Every file's images of one shape, and the eval images of the train images'."""
+    for found in shapes.values():
+        if len({shape for shape, _ in found}) > 1:
+            received = ", ".join(f"{shape} in {source}" for shape, source in found)
+            raise DataFilesError(
+                f"Expected every file to hold images of one shape. Received: {received}"
+            )
+    if shapes["train"] and shapes["eval"] and shapes["train"][0][0] != shapes["eval"][0][0]:
+        raise DataFilesError(
+            f"Expected eval images of the train image shape {shapes['train'][0][0]}. "
+            f"Received: {shapes['eval'][0][0]} ({shapes['eval'][0][1]})"
+        )
 
 
 # The data roots of the service that started a worker, os.pathsep-joined: the worker

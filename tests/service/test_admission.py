@@ -1,6 +1,8 @@
 """`service.admission.admit` on its own: what it makes of a relative data path."""
 
+import gzip
 import io
+import struct
 import zipfile
 from pathlib import Path
 
@@ -139,3 +141,49 @@ def test_admit_refuses_an_npz_header_that_claims_more_than_its_member_holds(
     _, [error] = admit(_spec(str(path)), pool=POOL, data_roots=[tmp_path])
     assert error["field"] == "data.path"
     assert "and the member holds 100: damaged, or written cut short" in error["message"], error
+
+
+def _idx(path: Path, array: np.ndarray, gz: bool = False) -> None:
+    """An IDX file of uint8 `array` (its header: magic, type 0x08, dims)."""
+    raw = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    raw += array.astype(np.uint8).tobytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(raw) if gz else raw)
+
+
+def _idx_spec(path: Path) -> JobSpec:
+    return JobSpec.model_validate({"data": {"format": "idx", "path": str(path)}})
+
+
+def test_admit_refuses_idx_files_the_worker_would_refuse_from_their_headers(
+    tmp_path: Path,
+) -> None:
+    # Each was a 201, then a failed job once it had waited for its turn.
+    images, labels = np.zeros((8, 4, 4), np.uint8), np.zeros(8, np.uint8)
+    counts, cut, lying = tmp_path / "counts", tmp_path / "cut", tmp_path / "lying"
+    _idx(counts / "train-images-idx3-ubyte", images)
+    _idx(counts / "train-labels-idx1-ubyte", labels[:7])
+    _idx(cut / "train-images-idx3-ubyte", images)
+    _idx(cut / "train-labels-idx1-ubyte", labels)
+    (cut / "train-images-idx3-ubyte").write_bytes(
+        (cut / "train-images-idx3-ubyte").read_bytes()[:-5]
+    )
+    _idx(lying / "train-labels-idx1-ubyte.gz", labels, gz=True)
+    (lying / "train-images-idx3-ubyte.gz").write_bytes(
+        gzip.compress(b"\x00\x00\x08\x03" + struct.pack(">3I", 10**6, 1000, 1000))
+    )
+    cases = {
+        counts: "Expected `images` and `labels` to have the same number of examples. "
+        "Received: images has 8, labels has 7",
+        cut: "Expected 128 bytes of data for dims (8, 4, 4). Received: 123 bytes",
+        lying: "Received: a gzip file that holds at most ",
+    }
+    for folder, says in cases.items():
+        _, errors = admit(_idx_spec(folder), pool=POOL, data_roots=[tmp_path])
+        assert [e["field"] for e in errors] == ["data.path"], (folder, errors)
+        assert says in errors[0]["message"], (folder, errors)
+    # A consistent pair, plain and gzip'd: admitted.
+    good = tmp_path / "good"
+    _idx(good / "train-images-idx3-ubyte.gz", images, gz=True)
+    _idx(good / "train-labels-idx1-ubyte", labels)
+    assert admit(_idx_spec(good), pool=POOL, data_roots=[tmp_path])[1] == []

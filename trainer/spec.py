@@ -119,6 +119,9 @@ _FLOAT = (Strict(), AllowInfNan(False), BeforeValidator(_float32))
 JsonFloat = Annotated[float, *_FLOAT]
 # One of the fields whose bound is `< 1`: under 1 as training computes it, too.
 UnderOne = Annotated[float, *_FLOAT, BeforeValidator(_under_one_in_float32)]
+# A number the trainer computes with in Python's doubles alone (`eval_fraction`, a share of
+# the examples): float32's limits are not its own, and 0.99999999 holds out all but one.
+Fraction = Annotated[float, Strict(), AllowInfNan(False)]
 # Where it may be null, its bounds go before the check, as `JsonInt`'s do.
 ClipNorm = Annotated[float, Field(gt=0.0), *_FLOAT]
 EmaDecay = Annotated[float, Field(gt=0.0, lt=1.0), *_FLOAT, BeforeValidator(_under_one_in_float32)]
@@ -131,6 +134,15 @@ PositiveInt = Annotated[int, Field(gt=0), _INTEGER]
 MAX_LAYERS = 64
 LayerWidth = Annotated[int, Field(gt=0, le=65_536), _INTEGER]
 NonNegativeInt = Annotated[int, Field(ge=0), _INTEGER]
+
+
+def _error_at(field: str, message: str, value: Any) -> ValidationError:
+    """An error of a model's `field`, raised from its model validator (which pydantic
+    would report at the model itself): the service's 422 and the form name the field."""
+    error = PydanticCustomError("field_error", "{message}", {"message": message})
+    return ValidationError.from_exception_data(
+        "DataSpec", [{"type": error, "loc": (field,), "input": value}]
+    )
 
 
 def _validate_nested(model: type[BaseModel], raw: dict[str, Any], at: tuple[str, str]) -> BaseModel:
@@ -322,7 +334,7 @@ class DataSpec(_Strict):
 
     format: Literal["synthetic", "idx", "npz", "tfrecord"]
     path: str | None = None
-    eval_fraction: UnderOne = Field(0.2, ge=0.0, lt=1.0)
+    eval_fraction: Fraction = Field(0.2, ge=0.0, lt=1.0)
     # Kept for the public contract. The pipeline shuffles every epoch fully with a seeded
     # index permutation, which needs no buffer (and keeps checkpoints tiny).
     shuffle_buffer: PositiveInt = 10_000
@@ -335,9 +347,11 @@ class DataSpec(_Strict):
             if self.path == "":  # a form's unused path field: nothing named, as with null
                 self.path = None
             if self.path is not None:
-                raise ValueError(
+                raise _error_at(
+                    "path",
                     "Expected no `path` for synthetic data (leave it out, or null). "
-                    f"Received: {self.path!r}"
+                    f"Received: {self.path!r}",
+                    self.path,
                 )
             self.params = _validate_nested(
                 SyntheticParams, self.params, ("data", "params")
@@ -348,8 +362,10 @@ class DataSpec(_Strict):
                 raise ValueError(problem)
         else:
             if not self.path:
-                raise ValueError(
-                    f"`path` is required for {self.format!r} data. Received: {self.path!r}"
+                raise _error_at(
+                    "path",
+                    f"`path` is required for {self.format!r} data. Received: {self.path!r}",
+                    self.path,
                 )
             if self.params:
                 raise ValueError(

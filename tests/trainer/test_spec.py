@@ -319,6 +319,13 @@ def test_parse_spec_number_a_float32_cannot_hold(text, field, message):
     assert JobSpec.model_validate({"data": SYNTHETIC, "clip_norm": 1e38}).clip_norm == 1e38
     near_one = {"beta_2": 0.9999999, "epsilon": 1e-30}
     assert JobSpec.model_validate({"data": SYNTHETIC, "optimizer": near_one}).optimizer.beta_2
+    # A share of the examples, computed in doubles: float32's limits are not its own.
+    for fraction in (1e-39, 0.99999999):
+        data = {**SYNTHETIC, "eval_fraction": fraction}
+        assert JobSpec.model_validate({"data": data}).data.eval_fraction == fraction
+    assert errors_of({"data": {**SYNTHETIC, "eval_fraction": float("nan")}}) == {
+        "data.eval_fraction": "Input should be a finite number. Received: nan"
+    }
 
 
 def test_parse_spec_lists_for_tuples_and_strings_for_choices_still_read():
@@ -491,8 +498,9 @@ def test_parse_spec_unknown_data_format():
 
 
 def test_parse_spec_file_data_needs_path():
+    # Named as the field, which the form marks (it was `data`, the whole part).
     assert errors_of({"data": {"format": "idx"}}) == {
-        "data": "`path` is required for 'idx' data. Received: None"
+        "data.path": "`path` is required for 'idx' data. Received: None"
     }
 
 
@@ -500,7 +508,7 @@ def test_parse_spec_synthetic_data_takes_an_empty_path_as_none():
     # An empty path was refused as "`path` must be empty for synthetic data. Received: ''".
     assert JobSpec.model_validate({"data": {**SYNTHETIC, "path": ""}}).data.path is None
     assert errors_of({"data": {**SYNTHETIC, "path": "/data/mnist"}}) == {
-        "data": "Expected no `path` for synthetic data (leave it out, or null). "
+        "data.path": "Expected no `path` for synthetic data (leave it out, or null). "
         "Received: '/data/mnist'"
     }
 

@@ -2,8 +2,8 @@
 
 The spec model checks a job on its own; these checks need to know this host: towers
 (and a parameter device `gpu0`) against the devices the service can give, a data path
-against the allowed data roots and the files actually there (for .npz files, the arrays
-each holds, from its zip directory), and a custom model's module against what the worker
+against the allowed data roots and the files actually there (for .npz and IDX files,
+what their headers say: the arrays, their shapes and sizes), and a custom model's module against what the worker
 can import (and, where its source shows the function, that it takes the arguments the
 worker calls it with). A job the service accepts must not fail in the worker for a reason that could
 have been checked here.

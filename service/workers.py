@@ -211,7 +211,7 @@ def spawn_worker(
     env["TOWERBOARD_JOB_ID"] = job_id
     # Checked at submit, and by the worker again as it starts (trainer/datafiles.py): a
     # link put in a data folder while the job was queued could lead out of them.
-    env[datafiles.ROOTS_ENV] = os.pathsep.join(str(root) for root in data_roots)
+    env[datafiles.ROOTS_ENV] = datafiles.roots_to_environ(data_roots)
     with open(run.log, "ab") as log_file:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
         log_file.write(

@@ -36,6 +36,7 @@ from trainer.datafiles import (
     idx_size_problem,
     npz_array_names,
     read_idx_header,
+    read_npy_header,
     resolve_files,
     shape_problem,
 )
@@ -158,7 +159,7 @@ def _log_loaded(
     if eval_sources is not None:
         held_out = f"from {', '.join(eval_sources)}"
     elif eval_fraction:
-        held_out = f"held out: the last {eval_fraction:g} of the examples"
+        held_out = f"held out: the last {eval_fraction:.10g} of the examples"
     else:
         held_out = "none held out: eval_fraction 0"
     log.info(
@@ -206,18 +207,19 @@ def _log_loaded(
             classes,
             ""
             if eval_sources is not None
-            else f": the last {eval_fraction:g} of the examples, in file order, is held out; "
+            else f": the last {eval_fraction:.10g} of the examples, in file order, is held out; "
             "shuffle the examples across files, or give eval data (`x_eval`/`y_eval`, eval "
             "files)",
         )
-    _warn_of_classes_without_examples(arrays)
+    if source != "synthetic data":  # whose classes are its params', not its labels'
+        _warn_of_classes_without_examples(arrays)
     if arrays.num_eval == 0 and (eval_sources is not None or eval_fraction > 0):
         # Not an error (a tiny set may have nothing to spare), but the user asked for an eval.
         log.warning(
             "no eval examples (%s): the job runs no eval",
             "its eval arrays or files are empty"
             if eval_sources is not None
-            else f"eval_fraction {eval_fraction:g} of {arrays.num_train} examples is less than one",
+            else f"eval_fraction {eval_fraction:.10g} of {arrays.num_train} examples is less than one",
         )
 
 
@@ -742,14 +744,6 @@ def _read_npz(path: Path) -> tuple[_Chunk, _Chunk | None]:
     return chunk, eval_chunk
 
 
-# The .npy header readers of the format versions `np.save` writes (3.0 only for dtypes
-# with non-Latin-1 field names, which are no pixels or labels).
-_NPY_HEADERS = {
-    (1, 0): np.lib.format.read_array_header_1_0,
-    (2, 0): np.lib.format.read_array_header_2_0,
-}
-
-
 def _npy(archive: zipfile.ZipFile, name: str) -> np.ndarray:
     """One .npy member, as `np.load(allow_pickle=False)` reads it, but read straight into
     an aligned array (`trainer.hostarrays`) where it is in C order: numpy's own copy would
@@ -757,27 +751,24 @@ def _npy(archive: zipfile.ZipFile, name: str) -> np.ndarray:
     with archive.open(name) as opened:
         member = cast(_Stream, opened)  # a ZipExtFile, which typeshed calls IO[bytes]
         try:
-            version = np.lib.format.read_magic(member)
-            header = _NPY_HEADERS.get(version)
-            shape, fortran_order, dtype = header(member) if header else ((), True, np.dtype(object))
+            header = read_npy_header(cast(BinaryIO, member), name, archive.getinfo(name).file_size)
         except ValueError:
             # A damaged byte in the header: the member's CRC, checked at its end, says so
             # better than the header's parse does (numpy read the whole member first).
             _count_rest(member)
             raise
-        if fortran_order or dtype.hasobject or not dtype.itemsize:
+        if (
+            header is None
+            or header.fortran_order
+            or header.dtype.hasobject
+            or not header.dtype.itemsize
+        ):
             # numpy's own way: it refuses pickled objects (an uploaded file must not run
             # code when loaded), and any other such array is copied once when handed over.
             opened.seek(0)
             return np.lib.format.read_array(opened, allow_pickle=False)
+        shape, dtype = header.shape, header.dtype
         nbytes = math.prod(shape) * dtype.itemsize
-        # The zip directory gives the member's size: a header that claims more than it
-        # holds is damaged, not too large for this host's memory.
-        if nbytes != (held := archive.getinfo(name).file_size - opened.tell()):
-            raise ValueError(
-                f"the header of {name} says shape {shape} of {dtype}, {nbytes:,} bytes, "
-                f"and the member holds {held:,}: damaged, or written cut short"
-            )
         check_read(nbytes, f"{archive.filename} ({name}, shape {shape})", available_bytes())
         array = hostarrays.empty(shape, dtype)
         if (received := _read_into(member, array)) != array.nbytes:

@@ -2,9 +2,10 @@
 
 No TensorFlow here: the service calls `resolve_files` and `check_under_roots` to reject
 a spec before accepting it, with exactly the rules the worker later loads by
-(`trainer/data.py`). Only names and the file system are looked at, and an .npz file's
-directory of arrays (`npz_array_names`), never the data, so a check costs a directory
-listing and a few reads of each .npz file's end.
+(`trainer/data.py`). Only names and the file system are looked at, and each file's
+headers (an .npz file's directory of arrays and their .npy headers, an IDX file's header
+and size), never the data, so a check costs a directory listing and a few small reads of
+each file: the header readers here are the worker's own.
 
 Rules (`data.path` may name a file, a folder (its own files, not its subfolders') or a
 glob (`**` reaches every depth); file order is sorted by name):
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import glob
 import gzip
+import json
 import math
 import os
 import re
@@ -37,7 +39,7 @@ import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO, cast
 
 from trainer.spec import DataSpec
 
@@ -52,7 +54,8 @@ class DataFiles:
 
     For idx, `train` and `eval` hold the images files and `pairs` maps each to its labels
     file; for the other formats `pairs` is empty. Synthetic data has no files.
-    `skipped`: a TFRecord folder's files that are not read, as their names lack the suffix.
+    `skipped`: a TFRecord folder's files that look like shards (`_unread_members`) but are
+    not read, as their names lack the suffix.
     """
 
     train: list[Path]
@@ -72,7 +75,7 @@ class DataFiles:
         return (
             f"{len(self.skipped)} file(s) in {folder} not read ({names}): a folder gives only "
             f"files named {_TFRECORD_NAMES}; to read them too, give a glob such as "
-            f"'{folder}/*', which reads every file it matches"
+            f"'{_shards_glob(folder, self.skipped)}', which reads every file it matches"
         )
 
 
@@ -219,8 +222,8 @@ def check_npz_headers(files: DataFiles) -> None:
             train_names, eval_names = npz_array_names(path)
             read = _npy_shapes(path, [*train_names, *(eval_names or ())])
             for names, into in ((train_names, part), (eval_names, "eval")):
-                if names is None:
-                    continue
+                if names is None or not set(names) <= read.keys():
+                    continue  # a format numpy alone reads: left to the worker
                 x_shape, y_shape = read[names[0]], read[names[1]]
                 if problem := shape_problem(x_shape, y_shape, str(path), names):
                     raise DataFilesError(problem)
@@ -230,38 +233,59 @@ def check_npz_headers(files: DataFiles) -> None:
 
 
 def _npy_shapes(path: Path, names: list[str]) -> dict[str, Shape]:
-    """The shapes the .npy headers of `names` in `path` give, each checked against the
-    member's size in the zip directory."""
-    import numpy as np  # the service's and the worker's dependency alike; here only
-
-    headers = {(1, 0): np.lib.format.read_array_header_1_0,
-               (2, 0): np.lib.format.read_array_header_2_0}  # fmt: skip
+    """The shapes the .npy headers of `names` in `path` give (`read_npy_header`); one of
+    a format numpy alone reads is left out, for the worker to read as numpy does."""
     shapes: dict[str, Shape] = {}
     try:
         with zipfile.ZipFile(path) as archive:
             members = {name.removesuffix(".npy"): name for name in archive.namelist()}
             for name in names:
-                with archive.open(members[name]) as member:
-                    version = np.lib.format.read_magic(member)
-                    if version not in headers:
-                        continue  # read by numpy's own reader in the worker, which says
-                    shape, _, dtype = headers[version](member)
-                    shapes[name] = tuple(shape)
-                    if dtype.hasobject or not dtype.itemsize:
-                        continue  # refused or read by numpy's own reader in the worker
-                    held = archive.getinfo(members[name]).file_size - member.tell()
-                    if (claimed := math.prod(shape) * dtype.itemsize) != held:
-                        raise DataFilesError(
-                            f"Expected a readable .npz file. Received: the header of "
-                            f"{members[name]} says shape {tuple(shape)} of {dtype}, "
-                            f"{claimed:,} bytes, and the member holds {held:,}: damaged, "
-                            f"or written cut short ({path})"
-                        )
-    except DataFilesError:
-        raise
-    except (OSError, ValueError, EOFError, KeyError, NotImplementedError, zipfile.BadZipFile) as e:
+                info = archive.getinfo(members[name])
+                with archive.open(info) as member:
+                    header = read_npy_header(cast(BinaryIO, member), info.filename, info.file_size)
+                if header is not None:
+                    shapes[name] = header.shape
+    # RuntimeError: an encrypted member.
+    except (OSError, ValueError, EOFError, KeyError, NotImplementedError, RuntimeError,
+            zipfile.BadZipFile) as e:  # fmt: skip
         raise DataFilesError(f"Expected a readable .npz file. Received: {e} ({path})") from None
     return shapes
+
+
+@dataclass(frozen=True)
+class NpyHeader:
+    shape: Shape
+    fortran_order: bool
+    dtype: Any  # numpy.dtype: numpy is imported where a header is read
+
+
+def read_npy_header(member: BinaryIO, name: str, member_size: int) -> NpyHeader | None:
+    """An .npy member's header, read from `member` at its start: the worker's reader
+    (`trainer.data`) and the service's check alike. None for a format version other than
+    1.0 and 2.0 (3.0 is for dtypes of non-Latin-1 field names), which numpy's own reader
+    takes.
+
+    Raises:
+        ValueError: an unreadable header, or one whose data claims more bytes than the
+            member holds after it (`member_size`, from the zip directory): damaged or
+            cut short, not a size for the memory check.
+    """
+    import numpy as np  # the service's and the worker's dependency alike; here only
+
+    readers = {(1, 0): np.lib.format.read_array_header_1_0,
+               (2, 0): np.lib.format.read_array_header_2_0}  # fmt: skip
+    reader = readers.get(np.lib.format.read_magic(member))
+    if reader is None:
+        return None
+    shape, fortran_order, dtype = reader(member)
+    if not dtype.hasobject and dtype.itemsize:
+        claimed, held = math.prod(shape) * dtype.itemsize, member_size - member.tell()
+        if claimed > held:  # more after it is numpy's to ignore, as np.load does
+            raise ValueError(
+                f"the header of {name} says shape {tuple(shape)} of {dtype}, {claimed:,} "
+                f"bytes, and the member holds {held:,}: damaged, or written cut short"
+            )
+    return NpyHeader(tuple(shape), fortran_order, dtype)
 
 
 # An IDX file's element types: their codes (its magic's third byte) and item sizes.
@@ -370,16 +394,22 @@ def _check_image_shapes(shapes: dict[str, list[tuple[Shape, str]]]) -> None:
         )
 
 
-# The data roots of the service that started a worker, os.pathsep-joined: the worker
+# The data roots of the service that started a worker, as JSON (`roots_to_environ`): the worker
 # checks a job's data against them again as it starts (`roots_from_environ`).
 ROOTS_ENV = "TOWERBOARD_WORKER_DATA_ROOTS"
+
+
+def roots_to_environ(roots: list[Path]) -> str:
+    """`ROOTS_ENV`'s value for `roots`: JSON, as a root may hold any character a path may
+    (`TOWERBOARD_DATA_ROOTS` is comma-separated, so a `:` in one is the user's to use)."""
+    return json.dumps([str(root) for root in roots])
 
 
 def roots_from_environ(environ: Mapping[str, str]) -> list[Path] | None:
     """The data roots a worker's service allows, or None (a job run by hand: its data is
     its own)."""
     value = environ.get(ROOTS_ENV)
-    return None if value is None else [Path(p) for p in value.split(os.pathsep) if p]
+    return None if value is None else [Path(p) for p in json.loads(value)]
 
 
 def check_under_roots(path: str, roots: list[Path]) -> None:
@@ -486,12 +516,12 @@ def _candidates(path: str, fmt: str) -> list[Path]:
             found = ", ".join(member.name for member in members[:10]) or "nothing"
             more = f" and {len(members) - 10} more" if len(members) > 10 else ""
             hints = []
-            if fmt == "tfrecord" and _unread_members(target):
+            if fmt == "tfrecord" and (shards := _unread_members(target)):
                 # Shards named `train-00000-of-00002` are TFRecord files too: a folder
                 # reads only files named as such, a glob every file it matches.
                 hints.append(
                     f"a folder gives only files named {_TFRECORD_NAMES}: a glob such as "
-                    f"'{target}/*' reads every file it matches"
+                    f"'{_shards_glob(target, shards)}' reads every file it matches"
                 )
             # Only the folder's own files are read: say so when the data sits deeper.
             if any(entry.is_dir() for entry in target.iterdir()):
@@ -517,16 +547,39 @@ def _candidates(path: str, fmt: str) -> list[Path]:
     )
 
 
+# A TFRecord shard as writers name one without the suffix: `train-00000-of-00008`, TFDS's
+# `mnist-train.tfrecord-00000-of-00001`, or a name with no extension at all. A README.md
+# or dataset_info.json beside them is no shard, and reading it as one fails the job.
+_SHARD_LIKE = re.compile(r"-\d+-of-\d+(\.gz)?$|^[^.]+$")
+
+
 def _unread_members(folder: Path) -> list[Path]:
-    """A TFRecord folder's files that its name rule leaves out, hidden ones aside (which
-    `folder/*` does not match either, and `.DS_Store` is no data), sorted by name."""
+    """A TFRecord folder's files that look like shards but that its name rule leaves out,
+    sorted by name (hidden ones aside: `folder/*` does not match them either)."""
     return sorted(
         entry
         for entry in folder.iterdir()
         if entry.is_file()
         and not entry.name.startswith(".")
         and not _TFRECORD_NAME.search(entry.name)
+        and _SHARD_LIKE.search(entry.name)
     )
+
+
+def _shards_glob(folder: Path, shards: list[Path]) -> str:
+    """A glob that reads `shards` (from `_unread_members`): every file of the folder
+    (`*`) where it holds nothing else but TFRecord files, else `*-of-*` where every shard
+    is named so, keeping a README beside them out."""
+    others = any(
+        entry.is_file()
+        and not entry.name.startswith(".")
+        and not _TFRECORD_NAME.search(entry.name)
+        and not _SHARD_LIKE.search(entry.name)
+        for entry in folder.iterdir()
+    )
+    if others and all("-of-" in shard.name for shard in shards):
+        return f"{folder}/*-of-*"
+    return f"{folder}/*"
 
 
 def _labels_candidates(images: Path) -> list[Path]:

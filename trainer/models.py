@@ -244,7 +244,9 @@ def two_class_refusal(num_classes: int, labels: tuple[int, int] | None = None) -
         low, high = labels
         received = f"labels {low}..{high}"
         if low > 0:
-            received += f": class ids count from 0, so {num_classes} classes; give labels 0 and 1"
+            received += f": class ids count from 0, so {num_classes} classes"
+            if high - low == 1:  # two labels: one off from 0 and 1
+                received += f"; give labels 0 and 1 (y - {low})"
         else:
             received += f", so {num_classes} classes"
     return f"Model `logistic` needs two-class data. Received: {received}"

@@ -187,3 +187,22 @@ def test_admit_refuses_idx_files_the_worker_would_refuse_from_their_headers(
     _idx(good / "train-images-idx3-ubyte.gz", images, gz=True)
     _idx(good / "train-labels-idx1-ubyte", labels)
     assert admit(_idx_spec(good), pool=POOL, data_roots=[tmp_path])[1] == []
+
+
+def test_admit_takes_npz_members_numpy_reads_that_the_header_check_does_not(
+    tmp_path: Path,
+) -> None:
+    # A version 3.0 header (numpy's reader alone takes it: the check made a 500 of it), and
+    # bytes after a member's data (np.load ignores them, and so does the worker).
+    labels = io.BytesIO()
+    np.save(labels, np.zeros(8, np.int64))
+    v3, padded = io.BytesIO(), io.BytesIO()
+    np.lib.format.write_array(v3, np.zeros((8, 4, 4), np.uint8), version=(3, 0))
+    np.lib.format.write_array(padded, np.zeros((8, 4, 4), np.uint8))
+    for name, x in (("v3.npz", v3.getvalue()), ("padded.npz", padded.getvalue() + bytes(16))):
+        with zipfile.ZipFile(tmp_path / name, "w") as archive:
+            archive.writestr("x.npy", x)
+            archive.writestr("y.npy", labels.getvalue())
+        with np.load(tmp_path / name) as loaded:
+            assert loaded["x"].shape == (8, 4, 4)
+        assert admit(_spec(str(tmp_path / name)), pool=POOL, data_roots=[tmp_path])[1] == []

@@ -1,7 +1,6 @@
 """How the service starts a worker process: its command line, environment and import path."""
 
 import json
-import os
 import sys
 import time
 
@@ -54,7 +53,10 @@ def test_a_worker_gets_its_devices_and_no_cluster_config(tmp_path, monkeypatch):
     assert env["CUDA_VISIBLE_DEVICES"] == "1,2"
     assert env["TOWERBOARD_JOB_ID"] == "job1"
     # The worker checks the job's data against them again as it starts.
-    assert env["TOWERBOARD_WORKER_DATA_ROOTS"] == f"{tmp_path / 'a'}{os.pathsep}{tmp_path / 'b'}"
+    assert json.loads(env["TOWERBOARD_WORKER_DATA_ROOTS"]) == [
+        str(tmp_path / "a"),
+        str(tmp_path / "b"),
+    ]
     assert "TOWERBOARD_TOKEN" not in env  # job code must not read the service's token
     assert json.loads(run.spec.read_text()) == {"name": "x"}
     path = json.loads((run.root / "path.json").read_text())

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from trainer.datafiles import DataFiles, DataFilesError, check_under_roots, resolve_files
+from trainer.datafiles import (
+    ROOTS_ENV,
+    DataFiles,
+    DataFilesError,
+    check_under_roots,
+    resolve_files,
+    roots_from_environ,
+    roots_to_environ,
+)
 from trainer.spec import DataSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -290,11 +298,27 @@ def test_resolve_files_npz_glob(tmp_path: Path) -> None:
 
 
 def test_resolve_files_tfrecord_folder_keeps_record_files(tmp_path: Path) -> None:
-    a, b, evals, readme = touch(tmp_path, "a.tfrecord", "b.tfrecords.gz", "eval.tfrec", "README.md")
+    a, b, evals = touch(tmp_path, "a.tfrecord", "b.tfrecords.gz", "eval.tfrec")
+    touch(tmp_path, "README.md", "dataset_info.json")
 
     files = resolve_files(spec("tfrecord", tmp_path))
 
-    assert files == DataFiles(train=[a, b], eval=[evals], skipped=[readme])
+    # A README or TFDS's dataset_info.json is no shard: not named as one left out (the
+    # glob the note gives would have read them as TFRecord files, and failed).
+    assert files == DataFiles(train=[a, b], eval=[evals], skipped=[])
+
+
+def test_resolve_files_tfrecord_folder_shards_beside_a_readme_get_a_narrower_glob(
+    tmp_path: Path,
+) -> None:
+    touch(tmp_path, "train.tfrecord", "README.md")
+    shards = touch(tmp_path, "train-00000-of-00002", "mnist-train.tfrecord-00001-of-00002")
+
+    files = resolve_files(spec("tfrecord", tmp_path))
+
+    assert files.skipped == sorted(shards)
+    note = files.skipped_note()
+    assert note is not None and f"give a glob such as '{tmp_path}/*-of-*'" in note, note
 
 
 def test_resolve_files_tfrecord_folder_names_the_files_it_skips(tmp_path: Path) -> None:
@@ -526,3 +550,12 @@ def test_import_datafiles_without_tensorflow() -> None:
     )
 
     assert result.stdout.strip() == "False"
+
+
+def test_the_workers_data_roots_travel_whole_whatever_their_characters() -> None:
+    # TOWERBOARD_DATA_ROOTS is comma-separated, so a root may hold a `:` (os.pathsep): joined
+    # with it, a worker split such a root in two and refused every job.
+    roots = [Path("/data/a:b"), Path("/data/c,d"), Path("/data/é")]
+    environ = {ROOTS_ENV: roots_to_environ(roots)}
+    assert roots_from_environ(environ) == roots
+    assert roots_from_environ({}) is None  # a job run by hand

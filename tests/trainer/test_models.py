@@ -183,7 +183,13 @@ def test_custom_model_of_one_logit_on_labels_from_one_is_told_ids_count_from_zer
 @pytest.mark.parametrize(
     ("classes", "labels", "received"),
     [
-        (3, (1, 2), "labels 1..2: class ids count from 0, so 3 classes; give labels 0 and 1"),
+        (
+            3,
+            (1, 2),
+            "labels 1..2: class ids count from 0, so 3 classes; give labels 0 and 1 (y - 1)",
+        ),
+        # Five labels: no advice to make them two.
+        (8, (3, 7), "labels 3..7: class ids count from 0, so 8 classes"),
         (10, (0, 9), "labels 0..9, so 10 classes"),
         (3, None, "3 classes"),
     ],

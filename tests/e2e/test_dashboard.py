@@ -494,10 +494,12 @@ def test_jobs_table_shows_long_names_and_why_jobs_failed(
     # In a folder with a long name and no space, which the reason names.
     folder = Path(service.env["TOWERBOARD_DATA_ROOTS"]) / ("a_folder_name_with_no_space_" * 5)
     folder.mkdir()
-    # Arrays of the right names (the service checks those) but 3 images to 2 labels.
-    np.savez(folder / "mismatched.npz", x=np.zeros((3, 4, 4), np.uint8), y=np.zeros(2, np.int64))
+    # Arrays of the right names and shapes (the service checks those from their headers)
+    # but a label below 0, which the worker alone reads.
+    labels = np.array([0, -1, 1], np.int64)
+    np.savez(folder / "negative.npz", x=np.zeros((3, 4, 4), np.uint8), y=labels)
     failing = service.submit(
-        job_spec(name="bad-data", data={"format": "npz", "path": str(folder / "mismatched.npz")})
+        job_spec(name="bad-data", data={"format": "npz", "path": str(folder / "negative.npz")})
     )
     long_name = "a-run-name-with-no-space-" + "x" * 175  # the spec's longest: 200 characters
     long_named = service.submit(job_spec(name=long_name))
@@ -505,7 +507,7 @@ def test_jobs_table_shows_long_names_and_why_jobs_failed(
     assert ended["state"] == "failed", ended
     reason = ended["error"]["reason"]
     assert reason.startswith(
-        "The worker rejected the spec: data: Expected `x` and `y` to have the same number"
+        "The worker rejected the spec: data: Expected labels `y` >= 0. Received: a label of -1"
     ), reason
 
     page.goto("/#/")

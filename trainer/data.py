@@ -34,6 +34,7 @@ from trainer.datafiles import (
     DataFiles,
     DataFilesError,
     idx_size_problem,
+    no_records,
     npz_array_names,
     read_idx_header,
     read_npy_header,
@@ -485,10 +486,7 @@ def _read_files(fmt: str, files: DataFiles) -> tuple[list[_Chunk], list[_Chunk]]
         else:
             empty.append(path)
     if not train:
-        raise DataError(
-            "Expected at least one record. Received: empty TFRecord files: "
-            f"{', '.join(str(path) for path in empty)}"
-        )
+        raise DataError(no_records(empty))
     for path in files.eval:
         if fmt == "idx":
             evals.append(_read_idx_pair(path, files.pairs[path]))

@@ -288,6 +288,21 @@ def read_npy_header(member: BinaryIO, name: str, member_size: int) -> NpyHeader 
     return NpyHeader(tuple(shape), fortran_order, dtype)
 
 
+def no_records(empty: list[Path]) -> str:
+    """What the worker and the service say of training TFRecord files that hold no record."""
+    return (
+        "Expected at least one record. Received: empty TFRecord files: "
+        f"{', '.join(str(path) for path in empty)}"
+    )
+
+
+def check_tfrecord_sizes(files: DataFiles) -> None:
+    """Raises `DataFilesError` where every training TFRecord file is of 0 bytes: nothing to
+    train on (a gzip'd one is never 0 bytes, and is left to the worker)."""
+    if files.train and all(path.stat().st_size == 0 for path in files.train):
+        raise DataFilesError(no_records(files.train))
+
+
 # An IDX file's element types: their codes (its magic's third byte) and item sizes.
 IDX_ITEM_SIZES = {0x08: 1, 0x09: 1, 0x0B: 2, 0x0C: 4, 0x0D: 4, 0x0E: 8}
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -540,7 +555,12 @@ def _candidates(path: str, fmt: str) -> list[Path]:
                 f"Received: {target}"
             )
         return [target]
-    what = "is not a regular file or a folder" if target.exists() else "does not exist"
+    if target.exists():
+        what = "is not a regular file or a folder"
+    elif target.is_symlink():  # exists() follows it, and says False for a loop too
+        what = "is a link that leads to nothing that exists (a loop, or a missing target)"
+    else:
+        what = "does not exist"
     raise DataFilesError(
         f"Expected `path` to name an existing file, folder or glob. Received: {path!r}, "
         f"which {what}"

@@ -206,3 +206,20 @@ def test_admit_takes_npz_members_numpy_reads_that_the_header_check_does_not(
         with np.load(tmp_path / name) as loaded:
             assert loaded["x"].shape == (8, 4, 4)
         assert admit(_spec(str(tmp_path / name)), pool=POOL, data_roots=[tmp_path])[1] == []
+
+
+def test_admit_refuses_tfrecord_files_that_are_all_empty(tmp_path: Path) -> None:
+    # Was a 201, then "Expected at least one record" from the worker after the wait.
+    (tmp_path / "set").mkdir()
+    (tmp_path / "set" / "train.tfrecord").write_bytes(b"")
+    (tmp_path / "set" / "eval.tfrecord").write_bytes(b"")
+    spec = JobSpec.model_validate({"data": {"format": "tfrecord", "path": str(tmp_path / "set")}})
+    _, [error] = admit(spec, pool=POOL, data_roots=[tmp_path])
+    assert error == {
+        "field": "data.path",
+        "message": "Expected at least one record. Received: empty TFRecord files: "
+        f"{tmp_path / 'set' / 'train.tfrecord'}",
+    }
+    # One file with records among empty ones: admitted (a sharded writer leaves some empty).
+    (tmp_path / "set" / "more.tfrecord").write_bytes(b"x" * 16)
+    assert admit(spec, pool=POOL, data_roots=[tmp_path])[1] == []

@@ -559,3 +559,17 @@ def test_the_workers_data_roots_travel_whole_whatever_their_characters() -> None
     environ = {ROOTS_ENV: roots_to_environ(roots)}
     assert roots_from_environ(environ) == roots
     assert roots_from_environ({}) is None  # a job run by hand
+
+
+def test_resolve_files_says_a_link_leads_nowhere_rather_than_that_it_does_not_exist(
+    tmp_path: Path,
+) -> None:
+    loop, dangling = tmp_path / "loop.npz", tmp_path / "dangling.npz"
+    loop.symlink_to(loop)
+    dangling.symlink_to(tmp_path / "gone.npz")
+    for link in (loop, dangling):
+        with pytest.raises(DataFilesError) as error:
+            resolve_files(spec("npz", link))
+        assert str(error.value).endswith(
+            "which is a link that leads to nothing that exists (a loop, or a missing target)"
+        ), error.value

@@ -424,7 +424,18 @@ def roots_from_environ(environ: Mapping[str, str]) -> list[Path] | None:
     """The data roots a worker's service allows, or None (a job run by hand: its data is
     its own)."""
     value = environ.get(ROOTS_ENV)
-    return None if value is None else [Path(p) for p in json.loads(value)]
+    if value is None:
+        return None
+    try:
+        roots = json.loads(value)
+    except json.JSONDecodeError:
+        roots = None
+    if not (isinstance(roots, list) and all(isinstance(root, str) for root in roots)):
+        raise ValueError(
+            f"Expected {ROOTS_ENV} to be a JSON list of folders, as the service sets it. "
+            f"Received: {value!r}"
+        )
+    return [Path(root) for root in roots]
 
 
 def check_under_roots(path: str, roots: list[Path]) -> None:

@@ -559,6 +559,9 @@ def test_the_workers_data_roots_travel_whole_whatever_their_characters() -> None
     environ = {ROOTS_ENV: roots_to_environ(roots)}
     assert roots_from_environ(environ) == roots
     assert roots_from_environ({}) is None  # a job run by hand
+    for bad in ("/data", '{"a": 1}', "[1]"):
+        with pytest.raises(ValueError, match="to be a JSON list of folders"):
+            roots_from_environ({ROOTS_ENV: bad})
 
 
 def test_resolve_files_says_a_link_leads_nowhere_rather_than_that_it_does_not_exist(

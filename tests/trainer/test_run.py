@@ -1100,7 +1100,7 @@ def test_run_job_data_led_out_of_the_services_roots_while_queued_exits_2(tmp_pat
     np.savez(outside / "b.npz", x=np.zeros((8, 4, 4), np.uint8), y=np.zeros(8, np.int64))
     (root / "set" / "b.npz").symlink_to(outside / "b.npz")  # after the job's submit
     spec = with_(TINY, data={"format": "npz", "path": str(root / "set")})
-    env = {"TOWERBOARD_WORKER_DATA_ROOTS": str(root)}
+    env = {"TOWERBOARD_WORKER_DATA_ROOTS": json.dumps([str(root)])}  # as the service sets it
     code, result, log = run_worker(tmp_path / "job", spec, env=env)
     assert code == 2, log
     assert result["errors"][0]["field"] == "data.path"

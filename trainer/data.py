@@ -33,6 +33,7 @@ from trainer.datafiles import (
     DEFLATE_MAX_RATIO,
     DataFiles,
     DataFilesError,
+    idx_pair_problem,
     idx_size_problem,
     no_records,
     npz_array_names,
@@ -701,17 +702,9 @@ def _count_rest(stream: _Stream) -> int:
 
 def _read_idx_pair(images_path: Path, labels_path: Path) -> _Chunk:
     images, labels = read_idx(images_path), read_idx(labels_path)
-    source = f"{images_path}, {labels_path}"
-    if images.ndim not in (3, 4):
-        raise DataError(
-            f"Expected an images file of dims (N, H, W) or (N, H, W, C). "
-            f"Received: dims {images.shape} ({images_path})"
-        )
-    if labels.ndim != 1:
-        raise DataError(
-            f"Expected a labels file of dims (N,). Received: dims {labels.shape} ({labels_path})"
-        )
-    return _checked(images, labels, source, names=("images", "labels"))
+    if problem := idx_pair_problem(images.shape, labels.shape, images_path, labels_path):
+        raise DataError(problem)
+    return _checked(images, labels, f"{images_path}, {labels_path}", names=("images", "labels"))
 
 
 def _read_npz(path: Path) -> tuple[_Chunk, _Chunk | None]:

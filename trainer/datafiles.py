@@ -345,6 +345,22 @@ def idx_size_problem(
     return None
 
 
+def idx_pair_problem(
+    images_dims: Shape, labels_dims: Shape, images: Path, labels: Path
+) -> str | None:
+    """What is wrong with an IDX images file and its labels file, from their dims alone
+    (None: nothing): the worker's check of the arrays it read, and the service's of the
+    headers."""
+    if len(images_dims) not in (3, 4):
+        return (
+            "Expected an images file of dims (N, H, W) or (N, H, W, C). "
+            f"Received: dims {images_dims} ({images})"
+        )
+    if len(labels_dims) != 1:
+        return f"Expected a labels file of dims (N,). Received: dims {labels_dims} ({labels})"
+    return shape_problem(images_dims, labels_dims, f"{images}, {labels}", ("images", "labels"))
+
+
 def check_idx_headers(files: DataFiles) -> None:
     """Raises `DataFilesError` for what the IDX files' headers and sizes alone show the
     worker would refuse: a header that is no IDX header, or one its file's size belies,
@@ -355,17 +371,7 @@ def check_idx_headers(files: DataFiles) -> None:
         for images in images_files:
             labels = files.pairs[images]
             dims = {path: _idx_dims(path) for path in (images, labels)}
-            if len(dims[images]) not in (3, 4):
-                raise DataFilesError(
-                    "Expected an images file of dims (N, H, W) or (N, H, W, C). "
-                    f"Received: dims {dims[images]} ({images})"
-                )
-            if len(dims[labels]) != 1:
-                raise DataFilesError(
-                    f"Expected a labels file of dims (N,). Received: dims {dims[labels]} ({labels})"
-                )
-            source = f"{images}, {labels}"
-            if problem := shape_problem(dims[images], dims[labels], source, ("images", "labels")):
+            if problem := idx_pair_problem(dims[images], dims[labels], images, labels):
                 raise DataFilesError(problem)
             x_dims = (*dims[images], 1) if len(dims[images]) == 3 else dims[images]
             shapes[part].append((x_dims[1:], str(images)))

@@ -125,19 +125,25 @@ def test_admit_refuses_npz_arrays_the_worker_would_refuse_from_their_headers(
     assert admit(_spec(good), pool=POOL, data_roots=[tmp_path])[1] == []
 
 
-def test_admit_refuses_an_npz_header_that_claims_more_than_its_member_holds(
-    tmp_path: Path,
-) -> None:
+def write_lying_npz(path: Path) -> Path:
+    """An .npz whose `x.npy` header says shape (10^6, 1000, 1000) of uint8 (10^12 bytes),
+    over 100 bytes of data; `y.npy` is 10 labels."""
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(
-        header, {"descr": "|u1", "fortran_order": False, "shape": (10**6, 1000, 1000)}
+        header, {"descr": "|u1", "fortran_order": False, "shape": (1_000_000, 1000, 1000)}
     )
     labels = io.BytesIO()
     np.save(labels, np.zeros(10, np.int64))
-    path = tmp_path / "lying.npz"
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("x.npy", header.getvalue() + bytes(100))
         archive.writestr("y.npy", labels.getvalue())
+    return path
+
+
+def test_admit_refuses_an_npz_header_that_claims_more_than_its_member_holds(
+    tmp_path: Path,
+) -> None:
+    path = write_lying_npz(tmp_path / "lying.npz")  # the worker's test reads it too
     _, [error] = admit(_spec(str(path)), pool=POOL, data_roots=[tmp_path])
     assert error["field"] == "data.path"
     assert "and the member holds 100: damaged, or written cut short" in error["message"], error

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import gzip
-import io
 import logging
 import struct
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -15,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.service.test_admission import write_lying_npz
 from trainer import hostarrays
 from trainer.data import (
     Arrays,
@@ -1430,16 +1429,7 @@ def test_load_arrays_refuses_a_file_larger_than_memory_before_reading_it(
 def test_load_arrays_npz_header_that_claims_more_than_its_member_holds(tmp_path: Path) -> None:
     # A header of 10^12 bytes over 100: it read as "Not enough memory" (exit 1, "resume it
     # where there is room"), though no host would ever read it.
-    header = io.BytesIO()
-    np.lib.format.write_array_header_1_0(
-        header, {"descr": "|u1", "fortran_order": False, "shape": (1_000_000, 1000, 1000)}
-    )
-    labels = io.BytesIO()
-    np.save(labels, np.zeros(10, np.int64))
-    path = tmp_path / "lying.npz"
-    with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr("x.npy", header.getvalue() + bytes(100))
-        archive.writestr("y.npy", labels.getvalue())
+    path = write_lying_npz(tmp_path / "lying.npz")
 
     with pytest.raises(DataError) as error:
         load_arrays(spec("npz", path), seed=0)

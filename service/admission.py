@@ -90,7 +90,7 @@ def admit(
             }
         )
     if spec.data.path is not None:
-        path = _absolute(spec.data.path, data_roots)
+        path, held = _absolute(spec.data.path, data_roots)
         spec = spec.model_copy(update={"data": spec.data.model_copy(update={"path": path})})
         try:
             check_under_roots(path, data_roots)
@@ -108,7 +108,12 @@ def admit(
                 # and labels of other counts, failed only in the worker.
                 check_idx_headers(files)
         except DataFilesError as error:
-            errors.append({"field": "data.path", "message": str(error)})
+            message = str(error)
+            if not held and len(data_roots) > 1:
+                # The message names the first root's path alone: say the others had none.
+                looked = ", ".join(str(root) for root in data_roots)
+                message += f" (a relative path is looked for under each data root: {looked})"
+            errors.append({"field": "data.path", "message": message})
         except (ValueError, OSError) as error:
             # A NUL byte in the path (ValueError), or a folder this service may not read,
             # a name too long, a symlink loop (OSError): the job's fault, not the service's.
@@ -129,13 +134,16 @@ def _unreadable(path: str, error: ValueError | OSError) -> str:
     )
 
 
-def _absolute(path: str, data_roots: list[Path]) -> str:
+def _absolute(path: str, data_roots: list[Path]) -> tuple[str, bool]:
+    """`path` under the first data root that holds it (the first root where none does),
+    and whether a root held it (an absolute path: True, whatever is there)."""
     if Path(path).is_absolute() or not data_roots:
-        return path
+        return path, True
     candidates = [root / path for root in data_roots]
     # os.path.exists is False for a path it cannot even stat (a NUL byte, a name too
     # long): the checks that follow say why. A glob is held by a root it matches in.
-    return str(next((c for c in candidates if _holds(c)), candidates[0]))
+    held = next((c for c in candidates if _holds(c)), None)
+    return str(held or candidates[0]), held is not None
 
 
 def _holds(candidate: Path) -> bool:

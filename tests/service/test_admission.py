@@ -41,11 +41,21 @@ def test_admit_takes_a_relative_glob_under_the_root_it_matches_in(tmp_path: Path
     assert errors == [] and spec.data.path == str(roots[1] / "set" / "*.npz")
 
 
-def test_admit_names_the_first_root_for_a_glob_that_matches_nowhere(tmp_path: Path) -> None:
+def test_admit_names_every_root_for_a_relative_path_found_under_none(tmp_path: Path) -> None:
+    # The message named the first root's path alone, as if the others were not searched.
     roots = _roots(tmp_path)
-    spec, [error] = admit(_spec("set/*.nothing.npz"), pool=POOL, data_roots=roots)
-    assert spec.data.path == str(roots[0] / "set" / "*.nothing.npz")
-    assert error["field"] == "data.path" and "matches no such file" in error["message"]
+    looked = f"(a relative path is looked for under each data root: {roots[0]}, {roots[1]})"
+    for path, says in (("set/*.nothing.npz", "matches no such file"), ("gone.npz", "not exist")):
+        spec, [error] = admit(_spec(path), pool=POOL, data_roots=roots)
+        assert spec.data.path == str(roots[0] / path)
+        assert error["field"] == "data.path" and says in error["message"], error
+        assert error["message"].endswith(looked), error
+    # One root: its path says where it was looked for; a path found fails for its own reason.
+    _, [alone] = admit(_spec("gone.npz"), pool=POOL, data_roots=roots[:1])
+    assert "data root" not in alone["message"]
+    (roots[1] / "bad.npz").write_bytes(b"not a zip")
+    _, [bad] = admit(_spec("bad.npz"), pool=POOL, data_roots=roots)
+    assert str(roots[1] / "bad.npz") in bad["message"] and "data root" not in bad["message"]
 
 
 def test_admit_counts_one_device_in_the_singular(tmp_path: Path) -> None:

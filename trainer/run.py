@@ -498,7 +498,11 @@ def _train(
             export_model(trainer, arrays.image_shape, rundir.export)
             fields["export"] = "export"
         progress.write("end", step=step, total=total, outcome="succeeded", phase="done")
-        return _write_result(rundir, Outcome.SUCCEEDED, f"Trained {step} steps.", **fields)
+        message = f"Trained {step} steps."
+        if not cluster.is_chief:
+            # Its `eval` and `export` are null: whose they are, and whose result is the job's.
+            message += " The chief evaluates, exports and writes the job's result."
+        return _write_result(rundir, Outcome.SUCCEEDED, message, **fields)
     except NonFiniteLoss as e:
         log.error("%s", e)
         _end_failed(progress, e.step, total)

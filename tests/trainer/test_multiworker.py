@@ -170,6 +170,10 @@ def test_the_chief_writes_the_run_dir_and_the_other_workers_their_own(cluster_ru
     assert chief["metrics"]["loss"] == worker["metrics"]["loss"]
     assert chief["export"] == "export" and (cluster_run / "export" / "saved_model.pb").exists()
     assert chief["eval"] is not None and worker["eval"] is None
+    assert chief["message"] == "Trained 160 steps."
+    assert worker["message"] == (
+        "Trained 160 steps. The chief evaluates, exports and writes the job's result."
+    )
 
     tags = tags_by_plugin(cluster_run / "tb" / "train")
     assert {"loss", "tower_0/loss", "tower_1/loss", "tower_0/compute_ms"} <= tags["scalars"]
@@ -248,6 +252,41 @@ def test_a_killed_worker_fails_the_others_and_all_resume_from_a_step_they_share(
     whole = variables(cluster_run / "checkpoints" / "ckpt-160")
     for name in whole:
         np.testing.assert_array_equal(resumed[name], whole[name], err_msg=name)
+
+
+def test_a_chief_killed_in_its_final_eval_finishes_it_when_every_worker_starts_again(tmp_path):
+    # The other worker has succeeded by then, its part done: the job is the chief's.
+    spec = {
+        **SPEC,
+        "steps": 40,
+        "eval": {"every_steps": 40, "batches": 20},
+        "summaries": {"scalars_every": 10, "histograms_every": 0, "images_every": 0},
+        "checkpoint": {"every_steps": 20, "every_seconds": 0, "keep": 5},
+    }
+    job_dir = tmp_path / "job"
+    workers = start_cluster(job_dir, [spec, spec])
+    other = job_dir / "workers" / "worker-1" / "result.json"
+    deadline = time.monotonic() + 180
+    progress = job_dir / "progress.jsonl"
+    while not progress.exists() or '"phase": "eval"' not in progress.read_text():
+        assert workers[0].proc.poll() is None, workers[0].log.read_text()
+        assert time.monotonic() < deadline, "the chief never began its final eval"
+        time.sleep(0.01)
+    workers[0].proc.send_signal(signal.SIGSTOP)  # held in its eval until the other is done
+    while not other.exists():
+        assert workers[1].proc.poll() in (None, 0), workers[1].log.read_text()
+        assert time.monotonic() < deadline, "the other worker never wrote its result"
+        time.sleep(0.01)
+    workers[0].proc.kill()
+    assert [code for code, _ in finish(workers)] == [-signal.SIGKILL, 0]
+    assert json.loads(other.read_text())["outcome"] == "succeeded"
+    assert not (job_dir / "result.json").exists() and not (job_dir / "export").exists()
+
+    for code, log in finish(start_cluster(job_dir, [spec, spec])):
+        assert code == 0, log
+    chief = json.loads((job_dir / "result.json").read_text())
+    assert chief["outcome"] == "succeeded" and chief["eval"]["examples"] == 102, chief  # 512 / 5
+    assert (job_dir / "export" / "saved_model.pb").exists()
 
 
 def test_workers_given_different_jobs_fail_saying_so(tmp_path):

@@ -13,10 +13,8 @@ so the pipelines share the loaded images and a job holds them once, from its sta
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import logging
 import math
-import os
 import re
 import zipfile
 import zlib
@@ -30,13 +28,13 @@ import tensorflow as tf
 
 from trainer import hostarrays
 from trainer.datafiles import (
-    DEFLATE_MAX_RATIO,
     DataFiles,
     DataFilesError,
     idx_pair_problem,
     idx_size_problem,
     no_records,
     npz_array_names,
+    open_idx,
     read_idx_header,
     read_npy_header,
     resolve_files,
@@ -619,19 +617,11 @@ _IDX_DTYPES: dict[int, np.dtype] = {
 def read_idx(path: Path) -> np.ndarray:
     """One IDX file (gzip-compressed or plain, told by its first bytes) as a numpy array,
     read straight into an aligned one (`trainer.hostarrays`): no copy of it on the way."""
-    with open(path, "rb") as file:
-        compressed = file.read(2) == b"\x1f\x8b"
-        file.seek(0)
-        if not compressed:
-            return _read_idx_stream(file, path, os.fstat(file.fileno()).st_size)
-        try:
-            with gzip.GzipFile(fileobj=file) as stream:
-                # A header that claims more than DEFLATE could have packed is damaged, not
-                # too large for this host's memory.
-                at_most = os.fstat(file.fileno()).st_size * DEFLATE_MAX_RATIO
-                return _read_idx_stream(stream, path, None, at_most)
-        except (OSError, EOFError, zlib.error) as error:  # zlib.error: damaged compressed data
-            raise DataError(f"Expected a readable gzip file. Received: {error} ({path})") from None
+    try:
+        with open_idx(path) as (stream, size, at_most):
+            return _read_idx_stream(cast(_Stream, stream), path, size, at_most)
+    except DataFilesError as error:  # a header that is none, or a damaged gzip stream
+        raise DataError(str(error)) from None
 
 
 def _read_idx_stream(
@@ -639,10 +629,7 @@ def _read_idx_stream(
 ) -> np.ndarray:
     """The IDX array `stream` holds; `size`: its bytes, where known before reading;
     `at_most`: a bound on them where that alone is known (a gzip file's)."""
-    try:
-        code, dims = read_idx_header(cast(BinaryIO, stream), path)
-    except DataFilesError as error:
-        raise DataError(str(error)) from None
+    code, dims = read_idx_header(cast(BinaryIO, stream), path)
     dtype, ndim = _IDX_DTYPES[code], len(dims)
     expected = math.prod(dims) * dtype.itemsize
 

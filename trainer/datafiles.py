@@ -27,6 +27,7 @@ glob (`**` reaches every depth); file order is sorted by name):
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import gzip
 import json
@@ -36,7 +37,7 @@ import re
 import struct
 import zipfile
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, cast
@@ -328,6 +329,30 @@ def read_idx_header(stream: BinaryIO, path: Path) -> tuple[int, Shape]:
     return magic[2], struct.unpack(f">{ndim}I", sizes)
 
 
+@contextlib.contextmanager
+def open_idx(path: Path) -> Iterator[tuple[BinaryIO, int | None, int | None]]:
+    """An IDX file, plain or gzip'd (told by its first bytes), open at its start: (stream,
+    size, at_most) for `idx_size_problem`, `size` its bytes (a plain file's), `at_most` a
+    bound on them (a gzip file's). A damaged gzip stream, found in the block or later,
+    raises `DataFilesError`: the worker's reader and the service's check alike."""
+    with open(path, "rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        compressed = file.read(2) == _GZIP_MAGIC
+        file.seek(0)
+        if not compressed:
+            yield file, size, None
+            return
+        try:
+            with gzip.GzipFile(fileobj=file) as stream:
+                # A header that claims more than DEFLATE could have packed is damaged, not
+                # too large for this host's memory.
+                yield cast(BinaryIO, stream), None, size * DEFLATE_MAX_RATIO
+        except (OSError, EOFError, zlib.error) as error:  # zlib.error: damaged data
+            raise DataFilesError(
+                f"Expected a readable gzip file. Received: {error} ({path})"
+            ) from None
+
+
 def idx_size_problem(
     dims: Shape, code: int, path: Path, size: int | None, at_most: int | None
 ) -> str | None:
@@ -379,22 +404,12 @@ def check_idx_headers(files: DataFiles) -> None:
 
 
 def _idx_dims(path: Path) -> Shape:
-    with open(path, "rb") as file:
-        size = os.fstat(file.fileno()).st_size
-        if file.read(2) != _GZIP_MAGIC:
-            file.seek(0)
-            code, dims = read_idx_header(file, path)
-            problem = idx_size_problem(dims, code, path, size - 4 - 4 * len(dims), None)
-        else:
-            file.seek(0)
-            try:
-                with gzip.GzipFile(fileobj=file) as stream:
-                    code, dims = read_idx_header(stream, path)  # type: ignore[arg-type]
-            except (OSError, EOFError, zlib.error) as error:
-                raise DataFilesError(
-                    f"Expected a readable gzip file. Received: {error} ({path})"
-                ) from None
-            problem = idx_size_problem(dims, code, path, None, size * DEFLATE_MAX_RATIO)
+    with open_idx(path) as (stream, size, at_most):
+        code, dims = read_idx_header(stream, path)
+        header = 4 + 4 * len(dims)
+        problem = idx_size_problem(
+            dims, code, path, None if size is None else size - header, at_most
+        )
     if problem:
         raise DataFilesError(problem)
     return dims

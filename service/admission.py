@@ -32,7 +32,7 @@ from trainer.datafiles import (
     DataFilesError,
     check_idx_headers,
     check_npz_headers,
-    check_tfrecord_sizes,
+    check_tfrecord_files,
     check_under_roots,
     is_glob,
     resolve_files,
@@ -102,7 +102,7 @@ def admit(
                 # only in the worker, after the job's wait for its turn.
                 check_npz_headers(files)
             elif spec.data.format == "tfrecord":
-                check_tfrecord_sizes(files)
+                check_tfrecord_files(files)
             elif spec.data.format == "idx":
                 # The same of each IDX file's header and size: a file cut short, or images
                 # and labels of other counts, failed only in the worker.

@@ -39,6 +39,7 @@ from trainer.datafiles import (
     read_npy_header,
     resolve_files,
     shape_problem,
+    tfrecord_hint,
 )
 from trainer.errors import op_reason
 from trainer.memory import available_bytes, check_read
@@ -774,14 +775,7 @@ _TFRECORD_FEATURES = {
 def _tfrecord_hint(path: Path, compressed: bool) -> str:
     """What an unreadable TFRecord file's first bytes say it is, when they say."""
     with path.open("rb") as file:
-        head = file.read(4)
-    # The compression is told by the name, not these bytes: a record's length can begin
-    # with them too, so they only explain a file that failed to read.
-    if head[:2] == b"\x1f\x8b" and not compressed:
-        return "; it begins as a gzip file does: name gzip-compressed TFRecord files *.gz"
-    if head == b"PK\x03\x04":
-        return "; it begins as a zip (or .npz) file does: is `format` right?"
-    return ""
+        return tfrecord_hint(file.read(4), compressed)
 
 
 # The first bytes of the encoded image files a TFRecord writer often stores instead.

@@ -4,7 +4,7 @@ No TensorFlow here: the service calls `resolve_files` and `check_under_roots` to
 a spec before accepting it, with exactly the rules the worker later loads by
 (`trainer/data.py`). Only names and the file system are looked at, and each file's
 headers (an .npz file's directory of arrays and their .npy headers, an IDX file's header
-and size), never the data, so a check costs a directory listing and a few small reads of
+and size, a TFRecord file's first record header), never the data, so a check costs a directory listing and a few small reads of
 each file: the header readers here are the worker's own.
 
 Rules (`data.path` may name a file, a folder (its own files, not its subfolders') or a
@@ -297,11 +297,65 @@ def no_records(empty: list[Path]) -> str:
     )
 
 
-def check_tfrecord_sizes(files: DataFiles) -> None:
-    """Raises `DataFilesError` where every training TFRecord file is of 0 bytes: nothing to
-    train on (a gzip'd one is never 0 bytes, and is left to the worker)."""
-    if files.train and all(path.stat().st_size == 0 for path in files.train):
+# A TFRecord record begins with its length (8 bytes, little-endian) and that length's masked
+# CRC-32C (4 bytes): the first 12 bytes of a file tell a TFRecord file from a README or
+# JSON file a glob matched, or a gzip'd file not named .gz.
+TFRECORD_HEADER_BYTES = 12
+
+
+def check_tfrecord_files(files: DataFiles) -> None:
+    """Raises `DataFilesError` where a TFRecord file does not begin with a record's header
+    (its length's checksum), or where every training file holds no record. Reads each
+    file's first 12 bytes (a gzip'd one's first block)."""
+    empty = []
+    for path in [*files.train, *files.eval]:
+        compressed = path.name.lower().endswith(".gz")
+        try:
+            with gzip.open(path, "rb") if compressed else path.open("rb") as stream:
+                head = stream.read(TFRECORD_HEADER_BYTES)
+        except (OSError, EOFError, zlib.error) as error:
+            if not compressed:
+                raise
+            raise DataFilesError(
+                f"Expected a readable gzip file. Received: {error} ({path})"
+            ) from None
+        if not head:
+            empty.append(path)
+            continue
+        length, checksum = head[:8], head[8:]
+        if len(head) < TFRECORD_HEADER_BYTES or checksum != _masked_crc32c(length):
+            with path.open("rb") as file:  # the hint is of the file's own first bytes
+                hint = tfrecord_hint(file.read(4), compressed)
+            raise DataFilesError(
+                "Expected TFRecord files. Received: a file whose first bytes are no "
+                f"record's header, not a TFRecord file or one cut short{hint} ({path})"
+            )
+    if files.train and all(path in empty for path in files.train):
         raise DataFilesError(no_records(files.train))
+
+
+def tfrecord_hint(head: bytes, compressed: bool) -> str:
+    """What a file's first 4 bytes say it is, where TFRecord's reader cannot read it."""
+    # The compression is told by the name, not these bytes: a record's length can begin
+    # with them too, so they only explain a file that failed to read.
+    if head[:2] == _GZIP_MAGIC and not compressed:
+        return "; it begins as a gzip file does: name gzip-compressed TFRecord files *.gz"
+    if head == b"PK\x03\x04":
+        return "; it begins as a zip (or .npz) file does: is `format` right?"
+    return ""
+
+
+def _masked_crc32c(data: bytes) -> bytes:
+    """TFRecord's masked CRC-32C (Castagnoli) of `data`, as its 4 little-endian bytes.
+    Bit by bit, for the 8 bytes of a length: no table or library is worth it."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    crc ^= 0xFFFFFFFF
+    masked = (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+    return masked.to_bytes(4, "little")
 
 
 # An IDX file's element types: their codes (its magic's third byte) and item sizes.

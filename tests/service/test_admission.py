@@ -237,5 +237,65 @@ def test_admit_refuses_tfrecord_files_that_are_all_empty(tmp_path: Path) -> None
         f"{tmp_path / 'set' / 'train.tfrecord'}",
     }
     # One file with records among empty ones: admitted (a sharded writer leaves some empty).
-    (tmp_path / "set" / "more.tfrecord").write_bytes(b"x" * 16)
+    _tfrecord(tmp_path / "set" / "more.tfrecord")
     assert admit(spec, pool=POOL, data_roots=[tmp_path])[1] == []
+    # Empty once decompressed counts as empty too.
+    (tmp_path / "gz").mkdir()
+    _tfrecord(tmp_path / "gz" / "train.tfrecord.gz", records=0)
+    gz = JobSpec.model_validate({"data": {"format": "tfrecord", "path": str(tmp_path / "gz")}})
+    assert (
+        "Expected at least one record"
+        in admit(gz, pool=POOL, data_roots=[tmp_path])[1][0]["message"]
+    )
+
+
+def _tfrecord(path: Path, records: int = 1) -> bytes:
+    """A TFRecord file as TensorFlow writes it (gzip'd where named .gz); its bytes."""
+    import tensorflow as tf  # the test's, to write real files: the service never imports it
+
+    options = "GZIP" if path.name.endswith(".gz") else None
+    with tf.io.TFRecordWriter(str(path), options=options) as writer:
+        for _ in range(records):
+            writer.write(b"a record")
+    return path.read_bytes()
+
+
+def test_admit_refuses_tfrecord_files_that_begin_with_no_record_header(tmp_path: Path) -> None:
+    # Each was a 201, then a DataLossError in the worker once the job had waited its turn.
+    good = _tfrecord(tmp_path / "good.tfrecord", records=2)
+    bad = {
+        "readme": (b"# My data set\nShards of MNIST.\n", ""),
+        "gzip not named .gz": (gzip.compress(good), "; it begins as a gzip file does"),
+        "npz": (_npz_bytes(), "; it begins as a zip (or .npz) file does"),
+        "cut in the header": (good[:7], ""),
+    }
+    for what, (content, hint) in bad.items():
+        folder = tmp_path / what.replace(" ", "-")
+        folder.mkdir()
+        _tfrecord(folder / "train.tfrecord")
+        (folder / "eval.tfrecord").write_bytes(content)
+        spec = JobSpec.model_validate({"data": {"format": "tfrecord", "path": str(folder)}})
+        _, [error] = admit(spec, pool=POOL, data_roots=[tmp_path])
+        assert error["field"] == "data.path"
+        says = error["message"]
+        assert says.startswith(
+            "Expected TFRecord files. Received: a file whose first bytes are no record's "
+            f"header, not a TFRecord file or one cut short{hint}"
+        ), (what, says)
+        assert says.endswith(f" ({folder / 'eval.tfrecord'})"), (what, says)
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "train.tfrecord.gz").write_bytes(b"\x1f\x8b\x08" + bytes(20))
+    spec = JobSpec.model_validate({"data": {"format": "tfrecord", "path": str(damaged)}})
+    [error] = admit(spec, pool=POOL, data_roots=[tmp_path])[1]
+    assert error["message"].startswith("Expected a readable gzip file. Received: "), error
+    # Real files, plain and gzip'd, and a glob over them: admitted.
+    _tfrecord(damaged / "train.tfrecord.gz", records=3)
+    _tfrecord(damaged / "eval.tfrecord")
+    assert admit(spec, pool=POOL, data_roots=[tmp_path])[1] == []
+
+
+def _npz_bytes() -> bytes:
+    written = io.BytesIO()
+    np.savez(written, x=np.zeros(2))
+    return written.getvalue()

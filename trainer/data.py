@@ -17,7 +17,6 @@ import logging
 import math
 import re
 import zipfile
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ import tensorflow as tf
 
 from trainer import hostarrays
 from trainer.datafiles import (
+    ZIP_READ_ERRORS,
     DataFiles,
     DataFilesError,
     idx_pair_problem,
@@ -42,7 +42,7 @@ from trainer.datafiles import (
     tfrecord_hint,
 )
 from trainer.errors import op_reason
-from trainer.memory import available_bytes, check_read
+from trainer.memory import NotEnoughMemory, available_bytes, check_read
 from trainer.spec import AugmentSpec, DataSpec, SyntheticParams
 
 log = logging.getLogger(__name__)
@@ -708,13 +708,9 @@ def _read_npz(path: Path) -> tuple[_Chunk, _Chunk | None]:
             # These alone: another array in the file costs no memory.
             wanted = [*train_names, *(eval_names or ())]
             arrays = {name: _npy(archive, members[name]) for name in wanted}
-    # A damaged member fails its CRC (BadZipFile) or, compressed, its inflate (zlib.error):
-    # neither is an OSError, and neither names the file. A member missing since the look
-    # above (the file replaced meanwhile) is a KeyError.
-    except (
-        OSError, ValueError, EOFError, KeyError, NotImplementedError, zipfile.BadZipFile,
-        zlib.error,
-    ) as error:  # fmt: skip
+    except NotEnoughMemory:  # a RuntimeError, and no damage: said as it is
+        raise
+    except ZIP_READ_ERRORS as error:
         raise DataError(f"Expected a readable .npz file. Received: {error} ({path})") from None
     chunk = _checked(arrays[train_names[0]], arrays[train_names[1]], str(path), names=train_names)
     if eval_names is None:

@@ -124,6 +124,16 @@ def resolve_files(data: DataSpec) -> DataFiles:
     return files
 
 
+# What reading a damaged .npz file raises, none of which names the file: its directory's
+# damage (BadZipFile, EOFError), a name that is not text (ValueError), a zip version or
+# feature zipfile does not read (NotImplementedError), a member's damage found by its CRC
+# (BadZipFile) or, compressed, by its inflate (zlib.error), an encrypted member
+# (RuntimeError), a member gone since the directory was read (KeyError: the file replaced).
+ZIP_READ_ERRORS = (
+    OSError, ValueError, EOFError, KeyError, NotImplementedError, RuntimeError,
+    zipfile.BadZipFile, zlib.error,
+)  # fmt: skip
+
 _NPY_MAGIC = b"\x93NUMPY"
 
 ArrayNames = tuple[str, str]
@@ -149,9 +159,7 @@ def npz_array_names(path: Path) -> tuple[ArrayNames, ArrayNames | None]:
                 f.seek(0)
                 with zipfile.ZipFile(f) as archive:
                     names = archive.namelist()
-    # A damaged directory: BadZipFile, EOFError, a name that is not text (ValueError), or a
-    # zip version or feature zipfile does not read (NotImplementedError).
-    except (OSError, ValueError, EOFError, NotImplementedError, zipfile.BadZipFile) as error:
+    except ZIP_READ_ERRORS as error:
         raise DataFilesError(f"Expected a readable .npz file. Received: {error} ({path})") from None
     if not is_zip:
         what = (
@@ -242,13 +250,11 @@ def _npy_shapes(path: Path, names: list[str]) -> dict[str, Shape]:
             members = {name.removesuffix(".npy"): name for name in archive.namelist()}
             for name in names:
                 info = archive.getinfo(members[name])
-                with archive.open(info) as member:
+                with archive.open(info.filename) as member:  # its errors name it so
                     header = read_npy_header(cast(BinaryIO, member), info.filename, info.file_size)
                 if header is not None:
                     shapes[name] = header.shape
-    # RuntimeError: an encrypted member.
-    except (OSError, ValueError, EOFError, KeyError, NotImplementedError, RuntimeError,
-            zipfile.BadZipFile) as e:  # fmt: skip
+    except ZIP_READ_ERRORS as e:
         raise DataFilesError(f"Expected a readable .npz file. Received: {e} ({path})") from None
     return shapes
 

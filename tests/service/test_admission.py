@@ -10,6 +10,11 @@ import numpy as np
 
 from service.admission import admit
 from service.devices import DevicePool
+from tests.damaged_files import (
+    damage_first_member,
+    flag_first_member_encrypted,
+    write_lying_npz,
+)
 from trainer.spec import JobSpec
 
 POOL = DevicePool(devices=("cpu:0",), gpu=False, max_towers=8)
@@ -135,21 +140,6 @@ def test_admit_refuses_npz_arrays_the_worker_would_refuse_from_their_headers(
     assert admit(_spec(good), pool=POOL, data_roots=[tmp_path])[1] == []
 
 
-def write_lying_npz(path: Path) -> Path:
-    """An .npz whose `x.npy` header says shape (10^6, 1000, 1000) of uint8 (10^12 bytes),
-    over 100 bytes of data; `y.npy` is 10 labels."""
-    header = io.BytesIO()
-    np.lib.format.write_array_header_1_0(
-        header, {"descr": "|u1", "fortran_order": False, "shape": (1_000_000, 1000, 1000)}
-    )
-    labels = io.BytesIO()
-    np.save(labels, np.zeros(10, np.int64))
-    with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr("x.npy", header.getvalue() + bytes(100))
-        archive.writestr("y.npy", labels.getvalue())
-    return path
-
-
 def test_admit_refuses_an_npz_header_that_claims_more_than_its_member_holds(
     tmp_path: Path,
 ) -> None:
@@ -157,6 +147,21 @@ def test_admit_refuses_an_npz_header_that_claims_more_than_its_member_holds(
     _, [error] = admit(_spec(str(path)), pool=POOL, data_roots=[tmp_path])
     assert error["field"] == "data.path"
     assert "and the member holds 100: damaged, or written cut short" in error["message"], error
+
+
+def test_admit_refuses_npz_members_it_cannot_read(tmp_path: Path) -> None:
+    # A compressed member whose data is damaged was a 500 (zlib.error escaped the check).
+    for save, damage, says in (
+        (np.savez_compressed, damage_first_member, "Error -3 while decompressing data"),
+        (np.savez, flag_first_member_encrypted, "File 'x.npy' is encrypted"),
+    ):
+        path = tmp_path / f"{damage.__name__}.npz"
+        save(path, x=np.zeros((100, 28, 28), np.uint8), y=np.zeros(100, np.int64))
+        damage(path)
+        _, [error] = admit(_spec(str(path)), pool=POOL, data_roots=[tmp_path])
+        assert error["field"] == "data.path"
+        assert error["message"].startswith(f"Expected a readable .npz file. Received: {says}")
+        assert error["message"].endswith(f" ({path})")
 
 
 def _idx(path: Path, array: np.ndarray, gz: bool = False) -> None:

@@ -13,7 +13,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.service.test_admission import write_lying_npz
+from tests.damaged_files import (
+    damage_first_member,
+    flag_first_member_encrypted,
+    write_lying_npz,
+)
 from trainer import hostarrays
 from trainer.data import (
     Arrays,
@@ -89,19 +93,6 @@ def write_tfrecord(
 
 def images(n: int, shape: tuple[int, ...] = (4, 4), seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, size=(n, *shape), dtype=np.uint8)
-
-
-def damage_first_member(path: Path) -> None:
-    """Sets the first data byte of a gzip file's or zip archive's first member to 0xFF: a
-    stored member then fails its CRC, a deflated one starts with an invalid block type."""
-    data = bytearray(path.read_bytes())
-    if data[:2] == b"\x1f\x8b":  # gzip: a 10-byte header, then the file name if flagged
-        start = data.index(0, 10) + 1 if data[3] & 0x08 else 10
-    else:  # zip: a 30-byte local header, then the member's name and extra field
-        name_length, extra_length = struct.unpack("<HH", data[26:30])
-        start = 30 + name_length + extra_length
-    data[start] = 0xFF if data[start] != 0xFF else 0x00
-    path.write_bytes(bytes(data))
 
 
 def spec(fmt: str, path: Path | str, **fields: Any) -> DataSpec:
@@ -587,21 +578,23 @@ def test_load_arrays_npz_that_is_not_a_zip(
 
 
 @pytest.mark.parametrize(
-    ("save", "reason"),
+    ("save", "damage", "reason"),
     [
-        (np.savez, "Bad CRC-32 for file 'x.npy'"),
-        (np.savez_compressed, "Error -3 while decompressing"),
+        (np.savez, damage_first_member, "Bad CRC-32 for file 'x.npy'"),
+        (np.savez_compressed, damage_first_member, "Error -3 while decompressing"),
+        (np.savez, flag_first_member_encrypted, "File 'x.npy' is encrypted"),
     ],
-    ids=["stored", "compressed"],
+    ids=["stored", "compressed", "encrypted"],
 )
 def test_load_arrays_npz_damaged_inside_names_the_file(
-    tmp_path: Path, save: Callable[..., None], reason: str
+    tmp_path: Path, save: Callable[..., None], damage: Callable[[Path], None], reason: str
 ) -> None:
     # A zip whose member is damaged: BadZipFile and zlib.error are not OSErrors, so the job
-    # ended with "Cannot load the data: BadZipFile: Bad CRC-32 for file 'x.npy'", no file.
+    # ended with "Cannot load the data: BadZipFile: Bad CRC-32 for file 'x.npy'", no file;
+    # an encrypted member's RuntimeError did the same.
     path = tmp_path / "x.npz"
     save(path, x=images(200, (8, 8)), y=np.zeros(200, np.int64))
-    damage_first_member(path)
+    damage(path)
 
     with pytest.raises(DataError) as error:
         load_arrays(spec("npz", path), seed=0)

@@ -565,16 +565,16 @@ class Controller:
 
     def _take_profile_request(self, step: int) -> None:
         """A trace asked for by the service (`RunDir.profile_request`), taken at a report."""
-        request = self.rundir.profile_request
-        if not self.cluster.is_chief or not request.exists():
+        if not self.cluster.is_chief:
             return
         try:
-            steps = int(json.loads(request.read_text()).get("steps", 3))
+            text = self.rundir.take_profile_request()
+            if text is None:
+                return
+            steps = int(json.loads(text).get("steps", 3))
         # A hand-written file is never fatal: `{"steps": 1e400}` is an OverflowError.
         except (ValueError, TypeError, AttributeError, OverflowError, OSError):
             steps = 3
-        finally:
-            request.unlink(missing_ok=True)
         steps = max(1, min(steps, MAX_REQUESTED_TRACE_STEPS))
         self._trace_steps.update(range(step + 1, step + 1 + steps))
         self._requested_steps.update(range(step + 1, step + 1 + steps))

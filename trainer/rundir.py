@@ -10,7 +10,8 @@
                        resume found unreadable and set aside (trainer/checkpoints.py)
       export/          SavedModel written at the end of a successful job
       profile_request.json   {"steps": N}: the service asks a running worker for a device
-                       trace of its next N steps; the worker takes (deletes) it
+                       trace of its next N steps; the worker takes it (renames, reads and
+                       deletes it: `RunDir.take_profile_request`)
 
 No TensorFlow here: the service reads these files with this module too.
 """
@@ -89,6 +90,20 @@ class RunDir:
     @property
     def profile_request(self) -> Path:
         return self.root / "profile_request.json"
+
+    def take_profile_request(self) -> str | None:
+        """The text of the service's profile request, taken (None: none waits). Claimed by
+        a rename before it is read: a request the service writes meanwhile is a new file,
+        left for the next take, where a read then delete would delete it unseen."""
+        taken = self.root / "profile_request.taken"
+        try:
+            os.replace(self.profile_request, taken)
+        except FileNotFoundError:
+            return None
+        try:
+            return taken.read_text()
+        finally:
+            taken.unlink(missing_ok=True)
 
     def read_result(self) -> dict[str, Any] | None:
         try:

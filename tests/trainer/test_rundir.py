@@ -1,13 +1,15 @@
-"""The run directory's files are JSON any reader takes: no NaN or Infinity in them."""
+"""The run directory's files are JSON any reader takes: no NaN or Infinity in them. A
+profile request the service writes while the worker takes the last one is kept."""
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
 
 from tests.trainer.test_run import run_custom_model
-from trainer.rundir import ProgressWriter, read_progress, write_json_atomic
+from trainer.rundir import ProgressWriter, RunDir, read_progress, write_json_atomic
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -68,3 +70,23 @@ def test_worker_whose_eval_loss_is_nan_writes_json_files(tmp_path: Path) -> None
     assert result["eval"]["loss"] is None and 0.0 <= result["eval"]["accuracy"] <= 1.0
     lines = [strict_loads(line) for line in (job_dir / "progress.jsonl").read_text().splitlines()]
     assert [line["eval_loss"] for line in lines if line["event"] == "eval"] == [None]
+
+
+def test_a_profile_request_written_while_the_worker_takes_one_is_kept(tmp_path, monkeypatch):
+    # The worker read the file, then deleted it: a request the service wrote in between
+    # (after telling its client the trace would cover it) was deleted unseen.
+    run = RunDir(tmp_path)
+    write_json_atomic(run.profile_request, {"steps": 3})
+    real_replace = os.replace
+
+    def replace_then_service_writes(src, dst):  # the service's write, in the window
+        real_replace(src, dst)
+        if str(dst).endswith(".taken"):
+            write_json_atomic(run.profile_request, {"steps": 50})
+
+    monkeypatch.setattr(os, "replace", replace_then_service_writes)
+    assert json.loads(run.take_profile_request() or "") == {"steps": 3}
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert json.loads(run.take_profile_request() or "") == {"steps": 50}
+    assert run.take_profile_request() is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -1,9 +1,12 @@
 """Run one job: read its spec, build data, model and towers, train, and write the run dir.
 
 `run_job` returns the process exit code (`trainer.rundir.ExitCode`). Everything that can
-be wrong with a job before training starts (the spec, its data, its model, the devices it
-asks for) is checked first and ends with exit code 2 and a result.json saying why, and
-nothing else written.
+be wrong with a job before training starts is checked first, and a job that cannot start
+ends with a result.json saying why and nothing else written: exit 2 where the job itself
+is at fault (the spec, its data, its model, the devices it asks for), exit 1 where it is
+not (too little memory for the data, a cluster's workers given different jobs, a crash
+while preparing). A task refused its place in a cluster (`TF_CONFIG` it cannot use, its
+port taken) exits 2 and writes nothing: the directory may be another worker's.
 """
 
 from __future__ import annotations

@@ -32,12 +32,9 @@ from pydantic_core import InitErrorDetails, PydanticCustomError, PydanticKnownEr
 from trainer.modelsize import too_large
 from trainer.unknown_keys import UNKNOWN, Known, UnknownKeys, known_keys, model_of, shown_path
 
-# Names the registries know. The trainer's builders are keyed by exactly these names; a
-# test checks that the two stay in step.
+# The built-in models: the trainer's builders are keyed by exactly these names, and a test
+# checks that the two stay in step.
 MODEL_NAMES = ("mlp", "cnn", "resnet", "logistic")
-DATA_FORMATS = ("synthetic", "idx", "npz", "tfrecord")
-OPTIMIZER_NAMES = ("sgd", "momentum", "adam")
-SCHEDULE_NAMES = ("constant", "exponential_decay", "polynomial", "cosine")
 MAX_SYNTHETIC_VALUES = 2**28  # 1 GiB of float32
 
 # `package.module:function`, each part a Python identifier.

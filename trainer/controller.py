@@ -135,6 +135,52 @@ class _Launched:
     examples: int
 
 
+def _due(every: int, step: int, last: bool = False) -> bool:
+    """Whether a cadence of `every` steps (0: off) falls on `step`, or `last` (the job's
+    last step, where every kind is written) and the cadence is on."""
+    return bool(every) and (step % every == 0 or last)
+
+
+@dataclass
+class _Loop:
+    """What `Controller.run` carries from step to step."""
+
+    first_step: int  # this process's first: it traces the step function, so is timed apart
+    chart_every: int  # steps between chart points: a hundredth of the job
+    last_report: float  # `time.monotonic()` of the last progress line
+    loss: float = math.nan
+    out: dict[str, Any] | None = None  # the outputs of the last step whose loss is read
+    # Steps with nothing due after them but their losses, launched up to UNREAD_STEPS_MAX
+    # at a time before the loop reads them: on a GPU a call returns as its step is queued,
+    # and the loop runs ahead of the device (see there). A CPU runs a call to its end, so
+    # there it changes only the order of the reads.
+    pending: list[_Launched] = field(default_factory=list)
+    # Step time is the time spent in steps alone: waiting for input, the step, reading
+    # the loss. Summaries, evals and checkpoints between steps are left out, and so is
+    # this process's first step (it traces the function). The ETA counts everything.
+    scalar_clock: _StepClock = field(default_factory=_StepClock)
+    report_clock: _StepClock = field(default_factory=_StepClock)
+    pace: _Pace = field(default_factory=_Pace)
+    examples_per_sec: float | None = None  # until a step other than the first is timed
+    graph_written: bool = False
+
+    def report_due(self, step: int, now: float) -> bool:
+        """Whether a progress line is due at `step`: one 2 s after the last (slow steps
+        report on time), or a chart point (a hundredth of the job) but no sooner than
+        PROGRESS_MIN_SECONDS after the last."""
+        since = now - self.last_report
+        return since >= PROGRESS_EVERY_SECONDS or (
+            step % self.chart_every == 0 and since >= PROGRESS_MIN_SECONDS
+        )
+
+    def time(self, seconds: float, read: list[_Launched]) -> None:
+        """`seconds` of the loop that read the losses of `read` (none: a launch whose loss
+        is read later), on both clocks."""
+        examples = sum(each.examples for each in read)
+        for clock in (self.scalar_clock, self.report_clock):
+            clock.add(seconds, examples, len(read))
+
+
 class NonFiniteLoss(RuntimeError):
     def __init__(self, step: int, loss: float) -> None:
         super().__init__(f"Loss became non-finite ({loss}) at step {step}.")
@@ -210,7 +256,6 @@ class Controller:
 
     def run(self) -> RunSummary:
         step = int(self.trainer.step.numpy())
-        s = self.spec.summaries
         self.progress.write(
             "start",
             step=step,
@@ -220,62 +265,66 @@ class Controller:
             **({"steps_per_epoch": self.steps_per_epoch} if self.steps_per_epoch else {}),
             **({"workers": self.cluster.workers} if self.cluster.is_multi_worker else {}),
         )
-        out: dict[str, Any] | None = None  # the outputs of the last step whose loss is read
-        loss = math.nan
-        # Step time is the time spent in steps alone: waiting for input, the step, reading
-        # the loss. Summaries, evals and checkpoints between steps are left out, and so is
-        # this process's first step (it traces the function). The ETA counts everything.
-        scalar_clock, report_clock = _StepClock(), _StepClock()
-        first_step, pace = step + 1, _Pace()
-        last_report = time.monotonic()
-        chart_every = max(1, self.total_steps // CHART_POINTS)
-        examples_per_sec: float | None = None  # until a step other than the first is timed
-        graph_written = False
-        # Steps with nothing due after them but their losses are launched up to
-        # UNREAD_STEPS_MAX at a time before the loop reads them: on a GPU a call returns
-        # as its step is queued, and the loop runs ahead of the device (see there). A CPU
-        # runs a call to its end, so there it changes only the order of the reads.
-        pending: list[_Launched] = []
-
-        def settle(launched: list[_Launched]) -> None:
-            """Read launched steps' losses, the host-device sync point: in one copy (each
-            copy from a GPU is a sync of its own), then check them in order."""
-            nonlocal loss, out
-            if len(launched) > 1:
-                losses = tf.stack([each.out["loss"] for each in launched]).numpy().tolist()
-            else:
-                losses = [float(each.out["loss"]) for each in launched]
-            for each, value in zip(launched, losses, strict=True):
-                loss, out = value, each.out
-                if not math.isfinite(loss):
-                    raise NonFiniteLoss(each.step, loss)
-
-        def report_if_due(at: int, launched: int) -> None:
-            """A progress line for step `at` (read) when one is due; `launched`: the last
-            step started, after which a profile request's steps come."""
-            nonlocal last_report, examples_per_sec
-            assert out is not None
-            now = time.monotonic()
-            since = now - last_report
-            chart_point = at % chart_every == 0 and since >= PROGRESS_MIN_SECONDS
-            if since >= PROGRESS_EVERY_SECONDS or chart_point or at == self.total_steps:
-                timed = report_clock.take()
-                step_seconds = None
-                if timed is not None:
-                    step_seconds, examples_per_sec = timed
-                pace.mark(now, at)
-                wall_per_step = pace.seconds_per_step() or step_seconds
-                self._report(
-                    at,
-                    _metrics(loss, out),
-                    examples_per_sec,
-                    wall_per_step,
-                    float(out["learning_rate"]),
-                )
-                last_report = now
-                self._take_profile_request(launched)
-
+        loop = _Loop(
+            first_step=step + 1,
+            chart_every=max(1, self.total_steps // CHART_POINTS),
+            last_report=time.monotonic(),
+        )
         self.at_step = step
+        self._evaluate_if_cut_short(step)
+        s = self.spec.summaries
+        requests = np.zeros(len(REQUESTS), np.int32)
+        # One process stops before its next step; a cluster's workers stop after the step
+        # whose requests carried the stop, all of them at that step.
+        in_cluster = self.cluster.is_multi_worker
+        while step < self.total_steps:
+            if loop.pending and (self.stop.is_set() or step + 1 in self._trace_steps):
+                # The steps in flight are read first: a stop checkpoints after them, and a
+                # trace must not take in their end.
+                self._read_pending(loop)
+            if not in_cluster and self.stop.is_set():
+                return self._finish_cancelled(step, _metrics(loop.loss, loop.out))
+            self.at_step = step + 1
+            if step + 1 in self._trace_steps and not self.trace.active:
+                self.trace.start()
+            began = time.monotonic()
+            # Every kind is also written at the job's last step, so its charts end where the
+            # job did (a 2050-step job with scalars every 100 ended its charts at 2000).
+            last = step + 1 == self.total_steps
+            scalars_due = _due(s.scalars_every, step + 1, last)
+            requests[:] = (self.stop.is_set(), self.checkpointer.due_by_time())
+            images, quiet, read = self._step(loop, step + 1, scalars_due, requests)
+            step += 1
+            if step == loop.first_step:
+                loop.pace.mark(time.monotonic(), step)
+            else:
+                loop.time(time.monotonic() - began, read)
+            if quiet:
+                if read:
+                    self._report_if_due(loop, read[-1].step, step)
+                continue
+            # One process's requests are its own (no read back from the step's outputs).
+            assert loop.out is not None
+            agreed = loop.out["requests"].numpy() if in_cluster else requests
+            stop_asked, checkpoint_asked = (bool(r) for r in agreed)
+            self._write_summaries(loop, step, images, scalars_due, last)
+            self._report_if_due(loop, step, step)
+            if in_cluster and stop_asked:
+                return self._finish_cancelled(step, _metrics(loop.loss, loop.out))
+            e = self.spec.eval
+            if _due(e.every_steps, step) and step < self.total_steps and not self.stop.is_set():
+                self._evaluate(step)
+            if (
+                self.checkpointer.due_by_steps(step) or checkpoint_asked
+            ) and step < self.total_steps:
+                self._save(step)
+        return self._finish(loop, step)
+
+    # -- pieces of the loop ----------------------------------------------------------
+
+    def _evaluate_if_cut_short(self, step: int) -> None:
+        """On a resume after an eval step whose eval never ended (a stop during it skips
+        it), evaluate first, or the eval charts lack that point for good."""
         e = self.spec.eval
         # The last eval step at or before the one resumed from (0: none yet).
         due = step - step % e.every_steps if e.every_steps else 0
@@ -287,135 +336,135 @@ class Controller:
             and self.cluster.is_chief
             and not evaluated_at(self.rundir.progress, due, through=step)  # reads it all
         ):
-            # Resumed after an eval step whose eval never ended (a stop during it skips
-            # it): evaluate first, or the eval charts lack that point for good. One
-            # process stops before its next step, so it checkpointed at the eval step
+            # One process stops before its next step, so it checkpointed at the eval step
             # itself (due == step). A cluster's workers stop after the next step they
             # all agree on, so they checkpointed a step (or more) past it: the weights of
             # the eval step are gone, and the eval is of the step resumed from, written
             # as that step. So an eval of any step from `due` through `step` counts: one
             # such resumed run that ended its eval has done the one due.
             self._evaluate(step)
-        requests = np.zeros(len(REQUESTS), np.int32)
-        # One process stops before its next step; a cluster's workers stop after the step
-        # whose requests carried the stop, all of them at that step.
+
+    def _step(
+        self, loop: _Loop, step: int, scalars_due: bool, requests: np.ndarray
+    ) -> tuple[tf.Tensor, bool, list[_Launched]]:
+        """Launch `step` and read the losses due: (its images, whether nothing but its
+        loss is due after it, the steps whose losses were read)."""
         in_cluster = self.cluster.is_multi_worker
-        while step < self.total_steps:
-            if pending and (self.stop.is_set() or step + 1 in self._trace_steps):
-                # The steps in flight are read first: a stop checkpoints after them, and a
-                # trace must not take in their end.
-                began = time.monotonic()
-                settle(pending)
-                for clock in (scalar_clock, report_clock):
-                    clock.add(
-                        time.monotonic() - began, sum(p.examples for p in pending), len(pending)
-                    )
-                pending = []
-            if not in_cluster and self.stop.is_set():
-                return self._finish_cancelled(step, _metrics(loss, out))
-            self.at_step = step + 1
-            if step + 1 in self._trace_steps and not self.trace.active:
-                self.trace.start()
-            began = time.monotonic()
-            images, labels = next(self.train_batches)
-            examples = int(images.shape[0])
-            # Every kind is also written at the job's last step, so its charts end where the
-            # job did (a 2050-step job with scalars every 100 ended its charts at 2000).
-            last = step + 1 == self.total_steps
-            scalars_due = bool(s.scalars_every) and ((step + 1) % s.scalars_every == 0 or last)
-            requests[:] = (self.stop.is_set(), self.checkpointer.due_by_time())
-            # A traced step is marked as one (`step_num`), as Keras's fit marks its steps:
-            # the profile plugin's overview page and input-pipeline analyzer find steps by
-            # this marker alone, and without it said "No step marker observed" and 0 ms.
-            with (
-                tf.profiler.experimental.Trace("train", step_num=step + 1, _r=1)
-                if self.trace.active
-                else contextlib.nullcontext()
-            ):
-                launched = _Launched(
-                    step + 1,
-                    self.trainer.train_step(
-                        images,
-                        labels,
-                        with_scalars=scalars_due,
-                        requests=tf.constant(requests) if in_cluster else None,
-                    ),
-                    examples,
+        images, labels = next(self.train_batches)
+        examples = int(images.shape[0])
+        # A traced step is marked as one (`step_num`), as Keras's fit marks its steps:
+        # the profile plugin's overview page and input-pipeline analyzer find steps by
+        # this marker alone, and without it said "No step marker observed" and 0 ms. The
+        # read is inside it: on a GPU the launch returns before the step is done.
+        with (
+            tf.profiler.experimental.Trace("train", step_num=step, _r=1)
+            if self.trace.active
+            else contextlib.nullcontext()
+        ):
+            launched = _Launched(
+                step,
+                self.trainer.train_step(
+                    images,
+                    labels,
+                    with_scalars=scalars_due,
+                    requests=tf.constant(requests) if in_cluster else None,
+                ),
+                examples,
+            )
+            # A step that a report is due at is read at once: a chart point (a hundredth
+            # of the job) or one 2 s after the last report (slow steps report on time).
+            quiet = (
+                not in_cluster
+                and not loop.report_due(step, time.monotonic())
+                and self._only_its_loss_due(
+                    step, loop.first_step, scalars_due, bool(requests.any())
                 )
-                step += 1
-                since_report = time.monotonic() - last_report
-                # A step that a report is due at is read at once: a chart point (a hundredth
-                # of the job) or one 2 s after the last report (slow steps report on time).
-                report_due = since_report >= PROGRESS_EVERY_SECONDS or (
-                    step % chart_every == 0 and since_report >= PROGRESS_MIN_SECONDS
-                )
-                quiet = (
-                    not in_cluster
-                    and not report_due
-                    and self._only_its_loss_due(step, first_step, scalars_due, bool(requests.any()))
-                )
-                if quiet:
-                    kept = {k: launched.out[k] for k in _KEPT_UNREAD}
-                    pending.append(_Launched(launched.step, kept, examples))
-                    read = pending if len(pending) >= UNREAD_STEPS_MAX else []
-                else:
-                    read = [*pending, launched]
-                if read:
-                    pending = []
-                settle(read)
-            if step == first_step:
-                pace.mark(time.monotonic(), step)
-            else:
-                took, settled = time.monotonic() - began, sum(r.examples for r in read)
-                for clock in (scalar_clock, report_clock):
-                    clock.add(took, settled, len(read))
+            )
             if quiet:
-                if read:
-                    report_if_due(read[-1].step, step)
-                continue
-            # One process's requests are its own (no read back from the step's outputs).
-            assert out is not None
-            agreed = out["requests"].numpy() if in_cluster else requests
-            stop_asked, checkpoint_asked = (bool(r) for r in agreed)
-            if self.trace.active:
-                self._traced_steps += 1
-                if step + 1 not in self._trace_steps:
-                    self._finish_trace(step)
-            if s.graph and not graph_written:
-                self.summaries.graph(
-                    "train", self.trainer.train_function.get_concrete_function().graph
-                )
-                graph_written = True
+                kept = {k: launched.out[k] for k in _KEPT_UNREAD}
+                loop.pending.append(_Launched(launched.step, kept, examples))
+                read = loop.pending if len(loop.pending) >= UNREAD_STEPS_MAX else []
+            else:
+                read = [*loop.pending, launched]
+            if read:
+                loop.pending = []
+            self._settle(loop, read)
+        return images, quiet, read
 
-            if scalars_due:
-                timed = scalar_clock.take()
-                self._write_scalars(step, out, *(timed or (None, None)))
-            if s.histograms_every and (step % s.histograms_every == 0 or last):
-                self._write_histograms(step, out["grads"])
-            if s.images_every and (step % s.images_every == 0 or last):
-                self._write_images(step, images)
+    def _settle(self, loop: _Loop, launched: list[_Launched]) -> None:
+        """Read launched steps' losses, the host-device sync point: in one copy (each copy
+        from a GPU is a sync of its own), then check them in order."""
+        if len(launched) > 1:
+            losses = tf.stack([each.out["loss"] for each in launched]).numpy().tolist()
+        else:
+            losses = [float(each.out["loss"]) for each in launched]
+        for each, value in zip(launched, losses, strict=True):
+            loop.loss, loop.out = value, each.out
+            if not math.isfinite(value):
+                raise NonFiniteLoss(each.step, value)
 
-            report_if_due(step, step)
+    def _read_pending(self, loop: _Loop) -> None:
+        """Read the steps launched and not yet read, timed as steps."""
+        began = time.monotonic()
+        self._settle(loop, loop.pending)
+        loop.time(time.monotonic() - began, loop.pending)
+        loop.pending = []
 
-            if in_cluster and stop_asked:
-                return self._finish_cancelled(step, _metrics(loss, out))
-            e = self.spec.eval
-            if (
-                e.every_steps
-                and step % e.every_steps == 0
-                and step < self.total_steps
-                and not self.stop.is_set()
-            ):
-                self._evaluate(step)
-            if (
-                self.checkpointer.due_by_steps(step) or checkpoint_asked
-            ) and step < self.total_steps:
-                self._save(step)
+    def _report_if_due(self, loop: _Loop, at: int, launched: int) -> None:
+        """A progress line for step `at` (read) when one is due; `launched`: the last step
+        started, after which a profile request's steps come."""
+        assert loop.out is not None
+        now = time.monotonic()
+        if not (loop.report_due(at, now) or at == self.total_steps):
+            return
+        timed = loop.report_clock.take()
+        step_seconds = None
+        if timed is not None:
+            step_seconds, loop.examples_per_sec = timed
+        loop.pace.mark(now, at)
+        wall_per_step = loop.pace.seconds_per_step() or step_seconds
+        self._report(
+            at,
+            _metrics(loop.loss, loop.out),
+            loop.examples_per_sec,
+            wall_per_step,
+            float(loop.out["learning_rate"]),
+        )
+        loop.last_report = now
+        self._take_profile_request(launched)
 
+    def _write_summaries(
+        self, loop: _Loop, step: int, images: tf.Tensor, scalars_due: bool, last: bool
+    ) -> None:
+        """What is due to TensorBoard after `step` (read): the end of a trace, the graph
+        once, scalars, histograms and images."""
+        assert loop.out is not None
+        s = self.spec.summaries
+        if self.trace.active:
+            self._traced_steps += 1
+            if step + 1 not in self._trace_steps:
+                self._finish_trace(step)
+        if s.graph and not loop.graph_written:
+            self.summaries.graph("train", self.trainer.train_function.get_concrete_function().graph)
+            loop.graph_written = True
+        if scalars_due:
+            timed = loop.scalar_clock.take()
+            self._write_scalars(step, loop.out, *(timed or (None, None)))
+        if _due(s.histograms_every, step, last):
+            self._write_histograms(step, loop.out["grads"])
+        if _due(s.images_every, step, last):
+            self._write_images(step, images)
+
+    def _finish(self, loop: _Loop, step: int) -> RunSummary:
+        """The job's end after its last step: a trace still open, the final eval, the final
+        checkpoint."""
         if self.trace.active:
             self._finish_trace(step)
-        metrics = {**_metrics(loss, out), "examples_per_sec": _rounded(examples_per_sec)}
-        if out is None:
+        metrics = {
+            **_metrics(loop.loss, loop.out),
+            "examples_per_sec": _rounded(loop.examples_per_sec),
+        }
+        if loop.out is None:
             # Restarted from the final checkpoint (the worker died while exporting): no step
             # ran here, so the result carries the last report of the run that trained.
             metrics = self._last_reported(step) or metrics
@@ -423,8 +472,6 @@ class Controller:
             self._evaluate(step)
         self._save(step)
         return RunSummary(Outcome.SUCCEEDED, step, metrics, self._last_eval, self._checkpoint_path)
-
-    # -- pieces of the loop ----------------------------------------------------------
 
     def _only_its_loss_due(
         self, step: int, first_step: int, scalars_due: bool, requested: bool
@@ -441,9 +488,9 @@ class Controller:
             or scalars_due
             or self.trace.active
             or step + 1 in self._trace_steps
-            or bool(s.histograms_every and step % s.histograms_every == 0)
-            or bool(s.images_every and step % s.images_every == 0)
-            or bool(e.every_steps and step % e.every_steps == 0)
+            or _due(s.histograms_every, step)
+            or _due(s.images_every, step)
+            or _due(e.every_steps, step)
             or self.checkpointer.due_by_steps(step)
         )
         return not due

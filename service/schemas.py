@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.store import JobRecord, JobState
+from trainer.rundir import PROFILE_STEPS_DEFAULT, PROFILE_STEPS_MAX
 from trainer.spec import JobSpec, JsonInt, without_unread
 
 # Body of POST /jobs: exactly the trainer's job spec, validated by the same code.
@@ -214,7 +215,8 @@ class ProfileCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    steps: JsonInt = Field(3, ge=1, le=100)  # a number, not true or "3", as in a job spec
+    # A number, not true or "3", as in a job spec.
+    steps: JsonInt = Field(PROFILE_STEPS_DEFAULT, ge=1, le=PROFILE_STEPS_MAX)
 
 
 class ResumeCreate(BaseModel):

@@ -26,7 +26,15 @@ import tensorflow as tf
 from trainer.checkpoints import Checkpointer
 from trainer.cluster import Cluster
 from trainer.profiling import TraceCapture, tower_times_ms
-from trainer.rundir import Outcome, ProgressWriter, RunDir, evaluated_at, last_progress
+from trainer.rundir import (
+    PROFILE_STEPS_DEFAULT,
+    PROFILE_STEPS_MAX,
+    Outcome,
+    ProgressWriter,
+    RunDir,
+    evaluated_at,
+    last_progress,
+)
 from trainer.spec import JobSpec
 from trainer.summaries import SummaryManager, variable_tag
 from trainer.towers import REQUESTS, SCALARS, TowerTrainer, host_tower_sizes
@@ -39,8 +47,6 @@ PROGRESS_EVERY_SECONDS = 2.0
 # points, but no more often than this (each line is a store write and an SSE event).
 PROGRESS_MIN_SECONDS = 0.25
 CHART_POINTS = 100
-
-MAX_REQUESTED_TRACE_STEPS = 100
 
 # How many steps with nothing but their loss due (most of them) the loop launches before it
 # reads their losses. Reading any tensor from a GPU waits for all the work queued on it
@@ -618,11 +624,11 @@ class Controller:
             text = self.rundir.take_profile_request()
             if text is None:
                 return
-            steps = int(json.loads(text).get("steps", 3))
+            steps = int(json.loads(text).get("steps", PROFILE_STEPS_DEFAULT))
         # A hand-written file is never fatal: `{"steps": 1e400}` is an OverflowError.
         except (ValueError, TypeError, AttributeError, OverflowError, OSError):
-            steps = 3
-        steps = max(1, min(steps, MAX_REQUESTED_TRACE_STEPS))
+            steps = PROFILE_STEPS_DEFAULT
+        steps = max(1, min(steps, PROFILE_STEPS_MAX))
         self._trace_steps.update(range(step + 1, step + 1 + steps))
         self._requested_steps.update(range(step + 1, step + 1 + steps))
 

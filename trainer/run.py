@@ -22,8 +22,9 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -53,6 +54,13 @@ from trainer.spec import (
     options_not_read,
     without_unread,
 )
+
+if TYPE_CHECKING:  # their modules import TensorFlow, which a spec error never pays for
+    import keras
+    import tensorflow as tf
+
+    from trainer.data import Arrays
+    from trainer.devices import Devices
 
 log = logging.getLogger("trainer")
 
@@ -140,11 +148,11 @@ def run_job(
     _stop_on_signals(stop)
     try:
         spec = load_spec(spec_path)
-        if spec_path.resolve() != rundir.spec.resolve() and (unread := options_not_read(spec)):
-            # A spec file as a person wrote it (spec.json may be one stored with defaults).
-            lines = "\n".join(f"{e['field']}: {e['message']}" for e in unread)
-            raise InvalidJob(f"Invalid job spec:\n{lines}", unread)
-        job = _prepare(spec, cluster, stop)
+        # A spec file as a person wrote it (spec.json may be one stored with defaults).
+        from_file = spec_path.resolve() != rundir.spec.resolve()
+        if from_file and (unread := options_not_read(spec)):
+            raise InvalidJob(f"Invalid job spec:\n{format_errors(unread)}", unread)
+        prepared = _prepare(spec, cluster, stop)
     except ClusterError as e:
         return _cluster_refused(e)
     except InvalidJob as e:
@@ -173,9 +181,9 @@ def run_job(
 
             message = lost_worker(e, None) or message
         return _write_result(rundir, Outcome.FAILED, message)
-    if spec_path.resolve() != rundir.spec.resolve():
+    if from_file:
         write_json_atomic(rundir.spec, without_unread(spec.model_dump(mode="json")))
-    return _train(spec, job, rundir, stop, cluster)
+    return _train(spec, prepared, rundir, stop, cluster)
 
 
 # What the OS says when a run directory cannot be written, in an OSError or TensorFlow's
@@ -234,7 +242,18 @@ class StoppedWaiting(Exception):
     """A SIGTERM or Ctrl-C came while this task waited for the rest of its cluster."""
 
 
-def _prepare(spec: JobSpec, cluster: Cluster, stop: threading.Event) -> dict[str, Any]:
+@dataclass
+class _Prepared:
+    """What `_prepare` made of a job that nothing rejected, for `_train`."""
+
+    devices: Devices
+    arrays: Arrays  # `_train` drops its images once the input pipelines hold them
+    model: keras.Model
+    binary: bool  # one logit, for labels 0 and 1 (`trainer.models.is_binary`)
+    strategy: tf.distribute.Strategy | None  # a cluster's, else None
+
+
+def _prepare(spec: JobSpec, cluster: Cluster, stop: threading.Event) -> _Prepared:
     """Everything that can reject the job, before anything is written."""
     from trainer.datafiles import (
         DataFilesError,
@@ -314,13 +333,7 @@ def _prepare(spec: JobSpec, cluster: Cluster, stop: threading.Event) -> dict[str
             binary = is_binary(spec.model, model, arrays.image_shape)
     except (ModelError, ValueError, TypeError) as e:
         raise InvalidJob(str(e), [{"field": "model", "message": str(e)}]) from e
-    return {
-        "devices": devices,
-        "arrays": arrays,
-        "model": model,
-        "binary": binary,
-        "strategy": strategy,
-    }
+    return _Prepared(devices, arrays, model, binary, strategy)
 
 
 def _devices_and_strategy(
@@ -361,7 +374,7 @@ def _devices_and_strategy(
 
 
 def _train(
-    spec: JobSpec, job: dict[str, Any], rundir: RunDir, stop: threading.Event, cluster: Cluster
+    spec: JobSpec, prepared: _Prepared, rundir: RunDir, stop: threading.Event, cluster: Cluster
 ) -> ExitCode:
     import tensorflow as tf
 
@@ -373,7 +386,7 @@ def _train(
     from trainer.summaries import SummaryManager
     from trainer.towers import TowerTrainer
 
-    devices, arrays, model = job["devices"], job["arrays"], job["model"]
+    devices, arrays, model = prepared.devices, prepared.arrays, prepared.model
 
     per_epoch = steps_per_epoch(arrays.num_train, spec.batch_size)
     if spec.batch_size > arrays.num_train:
@@ -398,7 +411,7 @@ def _train(
     # reached, where a 0 in its end line showed it at 0 beside its latest checkpoint.
     step: int | None = None
     controller = None
-    strategy = job["strategy"]
+    strategy = prepared.strategy
     progress: ProgressWriter | None = None
     try:
         progress = ProgressWriter(rundir.progress)
@@ -409,7 +422,7 @@ def _train(
             "model": model,
             "optimizer": optimizer,
             "parameter_device": devices.parameter,
-            "binary": job["binary"],
+            "binary": prepared.binary,
             "weight_decay": spec.weight_decay,
             "clip_norm": spec.clip_norm,
             "ema_decay": spec.ema_decay,
@@ -430,7 +443,7 @@ def _train(
         evals = eval_dataset(arrays, spec.batch_size, spec.eval.batches) if evaluates else None
         # The pipelines hold the images now (the loaded arrays themselves, or TensorFlow's
         # copy of one it could not share): drop this reference, so such a copy's original goes.
-        job["arrays"] = arrays = arrays.without_images()
+        prepared.arrays = arrays = arrays.without_images()
         if evaluates and (read := spec.eval.batches * spec.batch_size) < arrays.num_eval:
             log.info(
                 "eval: each eval reads the first %d of the %d eval examples (eval.batches %d "

@@ -28,6 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# A profile request's steps: how many the service asks for by default, and at most (a
+# trace's size grows with its steps, and a whole trace is parsed for the towers' times).
+PROFILE_STEPS_DEFAULT = 3
+PROFILE_STEPS_MAX = 100
+
 
 class ExitCode(enum.IntEnum):
     """How a worker process ends; the service maps these to job states."""

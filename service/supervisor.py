@@ -21,7 +21,9 @@ so is one killed by a signal (the OOM killer), up to `crash_retries` times a job
 One job's trouble never stops the pass: each job, and the scheduling, runs under its own
 guard that logs an error once (again only when it changes) and retries on the next tick.
 The in-memory progress tail moves on only after the store has taken the lines, so a
-failed write is retried from the same offset and no line is lost.
+failed write is retried from the same offset and no line is lost; a job whose worker has
+ended is settled only once its last lines are stored, so a failed read or write holds
+its end back to a later tick rather than ending it without them.
 
 progress.jsonl is read a bounded part at a time (`read_progress_chunk`), each part stored
 before the next is read: a file that grew by 50 MB while the service was down was read,
@@ -239,30 +241,39 @@ class Supervisor:
             self._forget(job_id)
             return
         for _ in range(parts):
-            if not self._read_progress_guarded(job_id):
+            read = self._read_progress_guarded(job_id)
+            if read is None:
+                return  # failed (a full disk, a locked store): settled once all of it is stored
+            if not read:
                 break
         else:
             return  # more to read: the next tick goes on
-        self._gone.discard(job_id)
         run = self.run_dir(job_id)
         if inside(run.root, run.result) or job.cancel_requested_at is not None:
             self._ended(job, WorkerExit(), killed=False)
         else:
             self._requeue(job, "its worker is gone")
+        # Only once settled: a store that cannot finish or requeue the job raises above,
+        # and the job stays here for the next tick. Dropped before, nothing looked at it
+        # again, and it stayed running, its devices held, until the service restarted.
+        self._gone.discard(job_id)
 
     def _watch(self, job: JobRecord, worker: Worker) -> None:
-        # A progress file that cannot be read or stored does not stop the cancel or the
-        # reaping: the job's end matters more than its last lines.
+        # A progress file that cannot be read or stored does not stop the cancel: the
+        # signals go out whatever its lines. The job ends only once its last lines are
+        # stored; until then the next tick reads them again (poll() keeps its exit).
         self._read_progress_guarded(job.id)
         self._enforce_cancel(job, worker)
         exit = worker.poll()
         if exit is not None:
-            self._read_all_progress(job.id)  # the last lines, written just before the exit
-            self._ended(job, exit, killed=worker.killed)
+            # The last lines, written just before the exit.
+            if self._read_all_progress(job.id):
+                self._ended(job, exit, killed=worker.killed)
             return
         told = self._told_exit(job)
         if told is not None:
-            self._read_all_progress(job.id)  # the end line, written before result.json
+            if not self._read_all_progress(job.id):  # the end line, written before result.json
+                return
             self._exiting[job.id] = _Exiting(job.id, worker, list(job.devices), time.monotonic())
             self._ended(job, told, killed=False, exiting=worker)
 
@@ -333,17 +344,20 @@ class Supervisor:
             )
             worker.kill()
 
-    def _read_progress_guarded(self, job_id: str) -> bool:
+    def _read_progress_guarded(self, job_id: str) -> bool | None:
         """Read and store the next part of the job's progress.jsonl; True when that moved
-        on (there may be more), False when there was nothing new, or it failed."""
+        on (there may be more), False when there was nothing new, None when it failed (the
+        error logged; the next read starts from the same offset)."""
         with self._guard((job_id, "progress"), f"Job {job_id}: reading its progress.jsonl"):
             return self._read_progress(job_id)
-        return False
+        return None
 
-    def _read_all_progress(self, job_id: str) -> None:
-        """Every line the worker has written, a part at a time (it has ended, or said so)."""
-        while self._read_progress_guarded(job_id):
+    def _read_all_progress(self, job_id: str) -> bool:
+        """Every line the worker has written, a part at a time (it has ended, or said so);
+        True when all of it is stored, False when a read or write failed on the way."""
+        while read := self._read_progress_guarded(job_id):
             pass
+        return read is not None
 
     def _read_progress(self, job_id: str) -> bool:
         tail = self._tails[job_id]

@@ -11,7 +11,8 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 
 from service.devices import DevicePool
 from service.settings import Settings
-from service.store import JobStore
+from service.store import JobRecord, JobState, JobStore
 from service.supervisor import Supervisor
 from tests.service.harness import (
     ROOT,
@@ -27,9 +28,11 @@ from tests.service.harness import (
     fake_worker_env,
     free_port,
     job_spec,
+    kill_processes_under,
     long_job,
     processes_under,
     stepping_worker_env,
+    worker_env,
 )
 from trainer.spec import JobSpec
 
@@ -628,6 +631,186 @@ def test_service_killed_before_a_resumed_jobs_worker_starts_runs_it_again(
     assert after is not None
     assert (after.state.value, after.attempts, after.result) == ("queued", 2, None)
     store.close()
+
+
+# What a worker wrote, its third line with a step too large for a SQLite integer: the store
+# refuses that write (OverflowError) until the file is fixed, a failure of the real store's
+# own that a test can lift.
+_UNSTORABLE = str(2**70)
+_PROGRESS = "".join(
+    json.dumps(line) + "\n"
+    for line in [
+        {"event": "start", "step": 0, "total": 2},
+        {"event": "progress", "step": 1, "total": 2, "loss": 0.5},
+        {"event": "progress", "step": 2**70, "total": 2, "loss": 0.25},
+        {"event": "end", "step": 2, "total": 2, "outcome": "succeeded", "phase": "done"},
+    ]
+)
+_RESULT = json.dumps({"outcome": "succeeded", "message": "done"})
+
+
+def _make_storable(progress: Path) -> None:
+    """The unstorable step made 2, at the same length (JSON whitespace): the offsets hold."""
+    fixed = progress.with_name("fixed.jsonl")
+    fixed.write_text(progress.read_text().replace(_UNSTORABLE, "2".rjust(len(_UNSTORABLE))))
+    os.replace(fixed, progress)
+
+
+def _gone_worker_with_an_unstorable_line(settings: Settings, store: JobStore) -> JobRecord:
+    """A running job whose worker ended while no service watched, leaving its result.json
+    and a progress.jsonl whose third line the store cannot take."""
+    job = store.create(JobSpec.model_validate(job_spec(name="gone")).model_dump(mode="json"))
+    assert store.mark_running(job.id, devices=["cpu:0"])  # its worker never recorded: gone
+    run = settings.runs_dir / job.id
+    run.mkdir(parents=True)
+    (run / "progress.jsonl").write_text(_PROGRESS)
+    (run / "result.json").write_text(_RESULT)
+    return job
+
+
+def _running(store: JobStore, job_id: str) -> bool:
+    job = store.get(job_id)
+    assert job is not None
+    return job.state is JobState.RUNNING and job.devices == ["cpu:0"]
+
+
+def _settled(supervisor: Supervisor, store: JobStore, job_id: str) -> JobRecord:
+    """The job once the supervisor's ticks have ended or requeued it."""
+    for _ in range(20):
+        supervisor.tick()
+        job = store.get(job_id)
+        assert job is not None
+        if job.state is not JobState.RUNNING:
+            return job
+    raise AssertionError(f"job {job_id} still running after 20 ticks")
+
+
+def _assert_every_line_stored(store: JobStore, job: JobRecord, progress: Path) -> None:
+    assert (job.state, job.devices) == (JobState.SUCCEEDED, [])
+    assert job.progress_offset == progress.stat().st_size
+    assert (job.progress or {}).get("phase") == "done", "its end line was stored"
+    loss = store.metrics(job.id, names=["loss"])
+    assert [(point.step, point.value) for point in loss] == [(1, 0.5), (2, 0.25)]
+
+
+def test_gone_workers_job_ends_only_once_its_last_lines_are_stored(tmp_path: Path) -> None:
+    # A failed read or store write (a full disk, a store locked past its busy timeout) was
+    # taken for "nothing new": the job ended from its result.json, the lines not yet stored
+    # (here its last point and its end line) dropped for good.
+    settings = Settings(data_dir=tmp_path / "data").resolved()
+    store = JobStore(settings.db_path)
+    job = _gone_worker_with_an_unstorable_line(settings, store)
+    supervisor = in_process(settings, store)
+    supervisor.recover()
+    for _ in range(3):
+        supervisor.tick()
+    assert _running(store, job.id), "ended without its last lines"
+
+    progress = settings.runs_dir / job.id / "progress.jsonl"
+    _make_storable(progress)
+    _assert_every_line_stored(store, _settled(supervisor, store, job.id), progress)
+    store.close()
+
+
+@contextmanager
+def _write_locked(db_path: Path) -> Iterator[None]:
+    """The store's file held in a write transaction by another connection (a backup tool,
+    a sqlite3 shell): every write of the store fails with "database is locked"; its reads
+    go on."""
+    holder = sqlite3.connect(db_path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+def test_gone_workers_job_settles_after_the_store_failed_to_end_it(tmp_path: Path) -> None:
+    # A store that could not finish the job (locked, a full disk) left it running, its
+    # devices held, until the service restarted: the job had been dropped from
+    # supervision before the finish was tried.
+    settings = Settings(data_dir=tmp_path / "data").resolved()
+    store = JobStore(settings.db_path)
+    # The store waits 30 s for another connection's lock before it fails; here it fails at
+    # once. The lock and the error are SQLite's own, through the store's own code.
+    store._writer.execute("PRAGMA busy_timeout = 0")
+    job = _gone_worker_with_an_unstorable_line(settings, store)
+    progress = settings.runs_dir / job.id / "progress.jsonl"
+    supervisor = in_process(settings, store)
+    supervisor.recover()  # it stays running: its lines cannot be stored
+    _make_storable(progress)
+    for _ in range(20):  # until every line is stored and only the job's end is left
+        supervisor.tick()
+        assert _running(store, job.id)
+        if store.get(job.id).progress_offset == progress.stat().st_size:  # type: ignore[union-attr]
+            break
+    with _write_locked(settings.db_path):
+        for _ in range(3):
+            supervisor.tick()  # nothing left to read: each tick tries to end it, and fails
+    assert _running(store, job.id)
+    _assert_every_line_stored(store, _settled(supervisor, store, job.id), progress)
+    store.close()
+
+
+# A worker that writes _PROGRESS and its result.json, and exits once the test releases it
+# (`release` in its run directory), 120 s at most.
+_UNSTORABLE_WORKER = f"""\
+import sys, time
+from pathlib import Path
+
+job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1])
+(job_dir / "progress.jsonl").write_text({_PROGRESS!r})
+(job_dir / "result.json").write_text({_RESULT!r})
+until = time.time() + 120
+while time.time() < until and not (job_dir / "release").exists():
+    time.sleep(0.05)
+"""
+
+
+def _wait_until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {timeout:g} s"
+        time.sleep(0.05)
+
+
+def test_watched_workers_job_ends_only_once_its_last_lines_are_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same of a worker the service watches: one that has said its result, or exited,
+    # ended its job with its last lines unstored when their read or write failed.
+    for name, value in worker_env(tmp_path, "unstorable_worker", _UNSTORABLE_WORKER).items():
+        monkeypatch.setenv(name, value)
+    settings = Settings(data_dir=tmp_path / "data").resolved()
+    store = JobStore(settings.db_path)
+    job = store.create(JobSpec.model_validate(job_spec(name="told")).model_dump(mode="json"))
+    run = settings.runs_dir / job.id
+    supervisor = in_process(settings, store)
+    try:
+        supervisor.tick()  # starts its worker
+        _wait_until((run / "result.json").exists, "result.json")
+        supervisor.tick()
+        assert _running(store, job.id), "ended at its result without its last lines"
+        pid = store.get(job.id).pid  # type: ignore[union-attr]
+        assert pid is not None
+        (run / "release").touch()
+        # Exited, and left for the supervisor to reap (WNOWAIT): a look at /proc was not
+        # enough, as an exiting process drops its command line before it can be waited for.
+        exited = os.WEXITED | os.WNOHANG | os.WNOWAIT
+        _wait_until(lambda: os.waitid(os.P_PID, pid, exited) is not None, "exit")
+        supervisor.tick()
+        assert _running(store, job.id), "ended at its exit without its last lines"
+
+        _make_storable(run / "progress.jsonl")
+        done = _settled(supervisor, store, job.id)
+        _assert_every_line_stored(store, done, run / "progress.jsonl")
+        assert done.exiting is None
+    finally:
+        if run.is_dir():
+            (run / "release").touch()
+        kill_processes_under(run)
+        store.close()
 
 
 def test_stop_workers_on_exit_checkpoints_them_for_the_next_service(

@@ -8,8 +8,12 @@ TensorBoard reads a "view" logdir that mirrors the shown jobs' `tb/` folders wit
 so its runs are named `<job_id>/train`, `<job_id>/eval`. Real folders down to `plugins/`
 are needed because the profile plugin neither follows a linked folder while it searches
 nor understands `--logdir_spec`. The mirror is refreshed every few seconds, so folders a
-worker creates later (and, when every job is shown, jobs submitted later) appear. It
-serves under `--path_prefix /tensorboard`, which the service proxies (`service.proxy`).
+worker creates later (and, when every job is shown, jobs submitted later) appear. The
+view's file work (most of a second over 2,000 jobs) runs in threads, each under the
+launcher's lock: a start that restarts TensorBoard makes the new view beside the old one
+(`logdir.next`) while the running TensorBoard serves on, and renames it into place once
+that one has stopped. It serves under `--path_prefix /tensorboard`, which the service
+proxies (`service.proxy`).
 The service never imports TensorFlow or TensorBoard itself; this only starts a process.
 It is stopped after `tb_idle_minutes` without a proxied request (counted from when it is
 ready, never while it starts), and a TensorBoard left by a killed service is stopped at
@@ -294,8 +298,17 @@ class TensorBoardLauncher:
                     started_at=current.started_at,
                     last_used_at=last_used,
                 )
+            # The file work in a thread (over 2,000 jobs, removing the old view and
+            # mirroring the new took 0.3-0.7 s, every request of the service stalled that
+            # long on the loop); the new view made beside the old one while the running
+            # TensorBoard goes on serving, so no status in between says "stopped" (a page
+            # told so stops following it, never told of the one that replaced it).
+            view = await asyncio.to_thread(self._make_view, selection)
             await self._stop_locked()
-            return self._launch(selection, replaced), StartOutcome.STARTED
+            logdir, old = self._swap_view(view)
+            instance = self._launch(logdir, selection, replaced)
+            await asyncio.to_thread(shutil.rmtree, old, ignore_errors=True)
+            return instance, StartOutcome.STARTED
 
     async def wait_runs_listed(self, instance: TensorBoardInstance, job_ids: list[str]) -> None:
         """Wait (a bounded time) until a running TensorBoard lists a run of each of
@@ -359,13 +372,29 @@ class TensorBoardLauncher:
             f"{self._settings.data_dir / 'tensorboard.log'}."
         )
 
+    def _make_view(self, selection: tuple[str, ...] | None) -> Path:
+        """A view logdir over `selection`, made apart from the one a running TensorBoard
+        reads, for `_swap_view` to put in its place. Blocking file work: for a thread."""
+        view, old = self._home / "logdir.next", self._home / "logdir.old"
+        for left in (view, old):  # by a service killed while it started one
+            shutil.rmtree(left, ignore_errors=True)
+        view.mkdir(parents=True)
+        mirror_logdir(view, self._settings.runs_dir, selection)
+        return view
+
+    def _swap_view(self, view: Path) -> tuple[Path, Path]:
+        """`view` made the logdir, once no TensorBoard reads the old one: two renames. The
+        logdir, and where the old one now is, to be removed (in a thread)."""
+        logdir, old = self._home / "logdir", self._home / "logdir.old"
+        with contextlib.suppress(FileNotFoundError):  # the first start
+            os.rename(logdir, old)
+        os.rename(view, logdir)
+        return logdir, old
+
     def _launch(
-        self, selection: tuple[str, ...] | None, replaced: ReplacedInstance | None
+        self, logdir: Path, selection: tuple[str, ...] | None, replaced: ReplacedInstance | None
     ) -> TensorBoardInstance:
-        logdir = self._home / "logdir"
-        shutil.rmtree(logdir, ignore_errors=True)
-        logdir.mkdir(parents=True)
-        mirror_logdir(logdir, self._settings.runs_dir, selection)
+        """Start TensorBoard over `logdir`, the view of `selection` (`_make_view`)."""
         port = _free_port()
         command = [
             self._settings.python, "-m", "service.guarded_tensorboard",
@@ -517,9 +546,15 @@ class TensorBoardLauncher:
                 )
                 await self.stop()
                 continue
-            try:
-                await asyncio.to_thread(
-                    mirror_logdir, instance.logdir, self._settings.runs_dir, instance.job_ids
-                )
-            except OSError:
-                log.exception("Could not refresh TensorBoard's logdir")
+            # Under the lock, as every change to the view is: a refresh still running as a
+            # start swapped the views would write the old selection's links into the new.
+            async with self._lock:
+                current = self._instance
+                if current is None or current.pid != instance.pid:
+                    continue  # stopped or replaced meanwhile
+                try:
+                    await asyncio.to_thread(
+                        mirror_logdir, current.logdir, self._settings.runs_dir, current.job_ids
+                    )
+                except OSError:
+                    log.exception("Could not refresh TensorBoard's logdir")

@@ -22,6 +22,7 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
+from service.processes import signal_name
 from service.store import JobState
 from service.workers import WorkerExit
 from trainer.rundir import ExitCode, Outcome
@@ -39,13 +40,6 @@ class FinalState:
     state: JobState
     result: dict[str, Any] | None
     error: dict[str, Any] | None
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 def _result_reason(result: dict[str, Any]) -> str:
@@ -119,7 +113,7 @@ def crashed(
         )
     if exit.signal is None:
         return None
-    return f"its worker was killed by {_signal_name(exit.signal)} ({exit.signal})"
+    return f"its worker was killed by {signal_name(exit.signal)} ({exit.signal})"
 
 
 def final_state(
@@ -142,13 +136,13 @@ def final_state(
             {
                 "reason": reason,
                 "exit_code": exit.code,
-                "signal": _signal_name(exit.signal) if exit.signal is not None else None,
+                "signal": signal_name(exit.signal) if exit.signal is not None else None,
                 "log_tail": log_tail,
             },
         )
 
     if exit.signal is not None:
-        name = _signal_name(exit.signal)
+        name = signal_name(exit.signal)
         if cancel_requested:
             how = (
                 f"did not exit within {grace_seconds:g} s of SIGTERM and was killed with {name}"

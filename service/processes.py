@@ -1,4 +1,5 @@
-"""Recognising a process again by pid after a restart, without trusting a reused pid.
+"""Recognising a process again by pid after a restart, without trusting a reused pid; and
+naming the signal that killed one.
 
 A pid alone is not an identity: after a reboot or a long time the number is reused. A
 process is the one we started when /proc shows the same pid, the same start time (clock
@@ -9,7 +10,16 @@ we put there (a job dir, a TensorBoard logdir).
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
+
+
+def signal_name(signum: int) -> str:
+    """`SIGKILL` for 9; `signal 99` for a number this platform has no name for."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def _proc_stat(pid: int) -> tuple[str, int] | None:

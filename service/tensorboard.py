@@ -48,7 +48,7 @@ from enum import Enum
 from pathlib import Path
 
 from service.guarded_tensorboard import SECRET_ENV, SECRET_HEADER
-from service.processes import is_same_process, start_time
+from service.processes import is_same_process, signal_name, start_time
 from service.settings import Settings
 from service.upstream import Upstream
 from service.workers import worker_pythonpath
@@ -158,13 +158,6 @@ def _entries(folder: Path) -> list[os.DirEntry[str]]:
             return list(found)
     except (FileNotFoundError, NotADirectoryError):
         return []
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 class StartOutcome(Enum):
@@ -365,7 +358,7 @@ class TensorBoardLauncher:
         self._record.unlink(missing_ok=True)
 
     def _exit_reason(self, pid: int, code: int, *, ready: bool) -> str:
-        how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+        how = f"was killed by {signal_name(-code)}" if code < 0 else f"exited with code {code}"
         when = "after it was ready" if ready else "while starting"
         return (
             f"TensorBoard (pid {pid}) {how} {when}; see "

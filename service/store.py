@@ -42,6 +42,14 @@ class JobState(enum.StrEnum):
 
 # A running job's phase from its start until its worker's first progress line.
 PREPARING = "preparing"
+# What a job's progress says of one attempt alone: its phase, ETA and speed. A job
+# requeued for another attempt drops them (the API and the page showed a queued job, its
+# worker dead, "training" with an ETA and a speed), as does one resumed by a user
+# (`routes/jobs.py`); a started attempt is `preparing` until its worker reports.
+_ATTEMPT_PATHS = ", ".join(
+    f"'$.{key}'"
+    for key in ("phase", "phase_done", "phase_total", "eta_seconds", "examples_per_sec")
+)
 
 # Short, URL-safe, unambiguous (no 0/o, 1/l) and never starting with '-'.
 _ID_ALPHABET = "abcdefghijkmnpqrstuvwxyz23456789"
@@ -538,7 +546,7 @@ class JobStore:
             job_id,
             JobState.QUEUED,
             extra_set="progress = json_set(json_remove(COALESCE(progress, '{}'), "
-            f"'$.phase_done', '$.phase_total'), '$.phase', '{PREPARING}')",
+            f"{_ATTEMPT_PATHS}), '$.phase', '{PREPARING}')",
             state=JobState.RUNNING,
             devices=devices,
             pid=None,
@@ -659,12 +667,14 @@ class JobStore:
 
     def requeue(self, job_id: str, *, crashed: bool = False) -> bool:
         """Running -> queued for another attempt (its worker is gone); attempts += 1, and
-        crashes += 1 when its worker was killed."""
+        crashes += 1 when its worker was killed. Its progress keeps the step it reached
+        and drops the dead attempt's phase, ETA and speed."""
         with self._transaction() as conn:
             return (
                 conn.execute(
                     "UPDATE jobs SET state = 'queued', devices = '[]', pid = NULL,"
                     " pid_started = NULL, attempts = attempts + 1, crashes = crashes + ?,"
+                    f" progress = json_remove(progress, {_ATTEMPT_PATHS}),"
                     " updated_at = ?, version = version + 1"
                     " WHERE id = ? AND state = 'running'",
                     (int(crashed), time.time(), job_id),

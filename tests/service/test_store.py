@@ -182,16 +182,25 @@ def test_a_job_ended_before_its_worker_reported_was_preparing(store: JobStore) -
 
 
 def test_a_started_attempt_is_preparing_not_where_the_last_one_was(store: JobStore) -> None:
-    """A worker crashed in an eval: its job, started again, shows the step it had reached
-    and `preparing`, not the dead attempt's `eval 3/20`, until the new worker reports."""
+    """A worker crashed in an eval: its job, queued again, shows the step it had reached
+    and no phase, ETA or speed (they were the dead attempt's: a queued job showed
+    "training", an ETA and a speed); started, `preparing` until the new worker reports."""
     job = store.create(SPEC)
     store.mark_running(job.id, devices=["cpu:0"])
     assert store.get(job.id).progress == {"phase": "preparing"}  # type: ignore[union-attr]
     progress = {"step": 40, "total": 100, "loss": 0.5, "phase": "eval", "phase_done": 3,
-                "phase_total": 20}  # fmt: skip
+                "phase_total": 20, "eta_seconds": 110.2, "examples_per_sec": 46726.0}  # fmt: skip
     store.record_progress(job.id, offset=10, progress=progress, eval=None, points=[])
     assert store.requeue(job.id, crashed=True)
-    assert store.get(job.id).progress == progress  # type: ignore[union-attr]
+    queued = store.get(job.id)
+    assert queued is not None and queued.progress == {"step": 40, "total": 100, "loss": 0.5}
+    assert store.cancel_queued(job.id)  # it ends with no ETA either
+    assert store.get(job.id).progress == queued.progress  # type: ignore[union-attr]
+
+    job = store.create(SPEC)
+    store.mark_running(job.id, devices=["cpu:0"])
+    store.record_progress(job.id, offset=10, progress=progress, eval=None, points=[])
+    assert store.requeue(job.id, crashed=True)
     store.mark_running(job.id, devices=["cpu:0"])
     again = store.get(job.id)
     assert again is not None

@@ -329,6 +329,10 @@ class JobStore:
     ) -> tuple[list[JobRecord], int]:
         """Newest first; jobs with seq below `before_seq` when given; with `name`, jobs
         whose name holds it, in any case (ASCII). Returns (page, count)."""
+        if name and "\x00" in name:
+            # No name holds one (the spec refuses control characters), and SQLite's LIKE
+            # ends its pattern at a NUL: `?name=%00` listed every job.
+            return [], 0
         where: list[str] = []
         params: list[str | int] = []
         state_values = [state.value for state in states]

@@ -28,6 +28,9 @@ def test_store_page_by_name_any_case_with_wildcards_taken_literally(tmp_path: Pa
     assert named("%") == ["mnist%done"]  # not LIKE's anything
     assert named("\\") == ["a\\b"]
     assert named("nothing") == []
+    # SQLite's LIKE ends a pattern at a NUL: "\0" listed every job, "cnn\0" every name
+    # ending "cnn". No name holds one.
+    assert named("\x00") == [] and named("cnn\x00") == [] and named("cnn\x00x") == []
     store.cancel_queued(ids["cifar-cnn"])
     assert named("cnn", states=[JobState.CANCELLED]) == ["cifar-cnn"]
     # Paging counts every match, and pages through them newest first.

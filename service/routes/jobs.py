@@ -237,26 +237,6 @@ def cancel_job(job: JobDep, runtime: RuntimeDep) -> Response:
     return Response(render_job(updated), status_code=status, media_type=_JSON)
 
 
-@router.delete(
-    "/{job_id}",
-    status_code=204,
-    response_class=Response,
-    responses={
-        **_NOT_FOUND,
-        204: {"description": "Deleted: the job, its metrics and its run directory"},
-        409: {"model": ErrorPublic, "description": "The job has not ended, or its worker "
-              "has not exited within 5 s of the request"},
-        500: {"model": ErrorPublic, "description": "Its run directory could not be moved"},
-    },
-)  # fmt: skip
-def delete_job(job: JobDep, runtime: RuntimeDep) -> Response:
-    """Delete an ended job for good: its record, metrics, logs, checkpoints and export.
-    Its files leave the API and TensorBoard at once; the disk space is freed just after."""
-    _wait_for_its_exit(job.id, runtime)
-    with _ENDED_JOB_LOCK:  # a second delete of the same job finds it gone: 404
-        return _delete(job.id, runtime)
-
-
 # One delete or resume of an ended job at a time: a second delete of a job must not put
 # back the directory of a job the first one has deleted, nor a resume queue a job whose
 # directory a delete has moved aside.
@@ -270,6 +250,26 @@ _ENDED_JOB_LOCK = threading.Lock()
 EXIT_WAIT_SECONDS = 5.0
 
 
+@router.delete(
+    "/{job_id}",
+    status_code=204,
+    response_class=Response,
+    responses={
+        **_NOT_FOUND,
+        204: {"description": "Deleted: the job, its metrics and its run directory"},
+        409: {"model": ErrorPublic, "description": "The job has not ended, or its worker "
+              f"has not exited within {EXIT_WAIT_SECONDS:g} s of the request"},
+        500: {"model": ErrorPublic, "description": "Its run directory could not be moved"},
+    },
+)  # fmt: skip
+def delete_job(job: JobDep, runtime: RuntimeDep) -> Response:
+    """Delete an ended job for good: its record, metrics, logs, checkpoints and export.
+    Its files leave the API and TensorBoard at once; the disk space is freed just after."""
+    _wait_for_its_exit(job.id, runtime)
+    with _ENDED_JOB_LOCK:  # a second delete of the same job finds it gone: 404
+        return _delete(job.id, runtime)
+
+
 def _wait_for_its_exit(job_id: str, runtime: Runtime) -> None:
     """Return once the job's worker has exited after its end, or it has none, or after
     `EXIT_WAIT_SECONDS`. On the route's worker thread, not the event loop."""
@@ -280,15 +280,18 @@ def _wait_for_its_exit(job_id: str, runtime: Runtime) -> None:
         time.sleep(0.1)  # the supervisor's poll is 0.2 s
 
 
-def _delete(job_id: str, runtime: Runtime) -> Response:
+def _ended_job(job_id: str, runtime: Runtime, verb: str, then: str = "") -> JobRecord:
+    """The job, as the store has it, if it can be `verb` ("deleted", "resumed") now: a 404
+    when there is none, a 409 when it has not ended (`then`, if given, follows that
+    message to say what to do) or when its worker process is still exiting."""
     job = runtime.store.get(job_id)
     if job is None:
         raise HTTPException(404, job_not_found(job_id))
     if not job.state.is_terminal:
         raise HTTPException(
             409,
-            f"Job {job.id!r} is {job.state.value}; only an ended job can be deleted. Cancel "
-            f"it first (POST /api/v1/jobs/{job.id}/cancel), then delete it once it has ended.",
+            f"Job {job.id!r} is {job.state.value}; only an ended job can be {verb}."
+            + (f" {then}" if then else ""),
         )
     if job.exiting is not None:
         raise HTTPException(
@@ -296,6 +299,17 @@ def _delete(job_id: str, runtime: Runtime) -> Response:
             f"Job {job.id!r} has ended but its worker process is still exiting; try again "
             "in a few seconds.",
         )
+    return job
+
+
+def _delete(job_id: str, runtime: Runtime) -> Response:
+    job = _ended_job(
+        job_id,
+        runtime,
+        "deleted",
+        then=f"Cancel it first (POST /api/v1/jobs/{job_id}/cancel), then delete it once it "
+        "has ended.",
+    )
     runs_dir = runtime.settings.runs_dir
     try:
         aside = deletion.set_aside(runs_dir, job.id)
@@ -332,8 +346,8 @@ def _delete(job_id: str, runtime: Runtime) -> Response:
     responses={
         **_NOT_FOUND,
         409: {"model": ErrorPublic, "description": "The job has not ended, its worker has "
-              "not exited within 5 s of the request, or it succeeded and no new total was "
-              "given"},
+              f"not exited within {EXIT_WAIT_SECONDS:g} s of the request, or it succeeded and "
+              "no new total was given"},
         422: {"model": ErrorPublic, "description": "The new length, or the job's spec on "
               "this service now, is refused"},
         **NOT_JSON,
@@ -356,19 +370,7 @@ def _is_in(state: JobState) -> str:
 
 
 def _resume(job_id: str, resume_in: ResumeCreate, runtime: Runtime) -> Response:
-    job = runtime.store.get(job_id)
-    if job is None:
-        raise HTTPException(404, job_not_found(job_id))
-    if not job.state.is_terminal:
-        raise HTTPException(
-            409, f"Job {job.id!r} is {job.state.value}; only an ended job can be resumed."
-        )
-    if job.exiting is not None:
-        raise HTTPException(
-            409,
-            f"Job {job.id!r} has ended but its worker process is still exiting; try again "
-            "in a few seconds.",
-        )
+    job = _ended_job(job_id, runtime, "resumed")
     longer = resume_in.steps is not None or resume_in.epochs is not None
     if job.state is JobState.SUCCEEDED and not longer:
         raise HTTPException(

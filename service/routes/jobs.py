@@ -369,6 +369,70 @@ def _is_in(state: JobState) -> str:
     return f"has ended ({state.value})" if state.is_terminal else f"is {state.value}"
 
 
+def _steps_per_epoch(job: JobRecord) -> int | None:
+    """An epoch's steps, as the job's worker counted them, or None when unknown."""
+    # Said in its start line since 2026-11-27; before that, known only for a job of epochs
+    # (total = epochs x an epoch).
+    progress = job.progress or {}
+    per_epoch = progress.get("steps_per_epoch")
+    if isinstance(per_epoch, int):
+        return per_epoch
+    epochs, total = job.spec.get("epochs"), progress.get("total")
+    if epochs and isinstance(total, int):
+        per_epoch = total // epochs
+    return per_epoch if isinstance(per_epoch, int) else None
+
+
+def _length_errors(job: JobRecord, resume_in: ResumeCreate, last: int) -> list[dict[str, str]]:
+    """The field errors of a new `steps` or `epochs` that would not train past `last`, the
+    step of the job's latest checkpoint, where it resumes."""
+    errors = []
+    if resume_in.steps is not None and resume_in.steps <= last:
+        errors.append(
+            {
+                "field": "steps",
+                "message": f"Expected more than {last}, the step of the job's latest "
+                f"checkpoint, where it resumes. Received: {resume_in.steps}",
+            }
+        )
+    epochs, per_epoch = resume_in.epochs, _steps_per_epoch(job)
+    if epochs is not None and per_epoch is not None and 0 < epochs * per_epoch <= last:
+        errors.append(
+            {
+                "field": "epochs",
+                "message": f"Expected more than {last // per_epoch}: the job's latest "
+                f"checkpoint, where it resumes, is at step {last}, and an epoch is "
+                f"{per_epoch} steps. Received: {epochs}",
+            }
+        )
+    return errors
+
+
+def _resumed_progress(
+    job: JobRecord, resume_in: ResumeCreate, changed: bool
+) -> dict[str, Any] | None:
+    """The progress snapshot the resumed job shows until its next worker reports: the
+    last attempt's, less what was that attempt's own, and of the new total if `changed`."""
+    if job.progress is None:
+        return None
+    # The last attempt's phase ("done"), ETA and speed are not this one's: `status` and
+    # `--watch` would show the new attempt "running (done)" until its worker reports, and
+    # the page a speed for a job that is not running.
+    cleared = dict.fromkeys(
+        ("phase", "phase_done", "phase_total", "eta_seconds", "examples_per_sec")
+    )
+    progress = {**job.progress, **cleared}
+    if changed:
+        # Until the next worker reports, the job shows its step of the new total (of an
+        # unknown one for epochs: the worker counts the steps an epoch takes).
+        new_total = resume_in.steps
+        step = progress.get("step")
+        progress.update(
+            total=new_total, percent=percent_done(step, new_total) if new_total else None
+        )
+    return progress
+
+
 def _resume(job_id: str, resume_in: ResumeCreate, runtime: Runtime) -> Response:
     job = _ended_job(job_id, runtime, "resumed")
     longer = resume_in.steps is not None or resume_in.epochs is not None
@@ -388,59 +452,24 @@ def _resume(job_id: str, resume_in: ResumeCreate, runtime: Runtime) -> Response:
     admitted, errors = _admit(admitted, runtime)
     checkpoints = list_checkpoints(_run(runtime.settings, job))
     last = checkpoints[-1].step if checkpoints else 0
-    if resume_in.steps is not None and resume_in.steps <= last:
-        errors.append(
-            {
-                "field": "steps",
-                "message": f"Expected more than {last}, the step of the job's latest "
-                f"checkpoint, where it resumes. Received: {resume_in.steps}",
-            }
-        )
-    old_epochs, old_total = job.spec.get("epochs"), (job.progress or {}).get("total")
-    # An epoch's steps, as the worker counted them: said in its start line since
-    # 2026-11-27; before that, known only for a job of epochs (total = epochs x an epoch).
-    per_epoch = (job.progress or {}).get("steps_per_epoch")
-    if not isinstance(per_epoch, int) and old_epochs and isinstance(old_total, int):
-        per_epoch = old_total // old_epochs
-    epochs = resume_in.epochs
-    if epochs is not None and isinstance(per_epoch, int) and 0 < epochs * per_epoch <= last:
-        errors.append(
-            {
-                "field": "epochs",
-                "message": f"Expected more than {last // per_epoch}: the job's latest "
-                f"checkpoint, where it resumes, is at step {last}, and an epoch is "
-                f"{per_epoch} steps. Received: {epochs}",
-            }
-        )
+    errors += _length_errors(job, resume_in, last)
     if errors:
         raise FieldErrors(errors)
     # Resumed as it is, a job whose latest checkpoint has passed its total (one resumed
     # with fewer `epochs` than it had trained) fails again at once: say so here instead.
-    total = job.spec.get("steps") if not old_epochs else old_total
-    if not longer and isinstance(total, int) and last > total:
+    old_total = job.spec.get("steps")
+    if job.spec.get("epochs"):  # a job of epochs: the steps its worker counted
+        old_total = (job.progress or {}).get("total")
+    if not longer and isinstance(old_total, int) and last > old_total:
         raise HTTPException(
             409,
             f"Job {job.id!r} cannot train on as it is: its latest checkpoint, where it "
-            f"resumes, is at step {last}, past its total of {total} steps. Give a larger "
+            f"resumes, is at step {last}, past its total of {old_total} steps. Give a larger "
             f'total, e.g. {{"steps": N}} with N over {last}.',
         )
     new_spec = without_unread(admitted.model_dump(mode="json"))
     changed = new_spec != without_unread(job.spec)  # a job stored before kept every option
-    progress = None
-    if job.progress is not None:
-        # The last attempt's phase ("done"), ETA and speed are not this one's: `status`
-        # and `--watch` would show the new attempt "running (done)" until its worker
-        # reports, and the page a speed for a job that is not running.
-        cleared = dict.fromkeys(
-            ("phase", "phase_done", "phase_total", "eta_seconds", "examples_per_sec")
-        )
-        progress = {**job.progress, **cleared}
-    if changed and progress is not None:
-        # Until the next worker reports, the job shows its step of the new total (of an
-        # unknown one for epochs: the worker counts the steps an epoch takes).
-        total = resume_in.steps
-        step = progress.get("step")
-        progress.update(total=total, percent=percent_done(step, total) if total else None)
+    progress = _resumed_progress(job, resume_in, changed)
     if not runtime.store.resume(job.id, spec=new_spec if changed else None, progress=progress):
         current = runtime.store.get(job.id)
         state = current.state.value if current else "deleted"

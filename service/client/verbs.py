@@ -326,6 +326,31 @@ def _resume_by_step(error: ClientError, args: argparse.Namespace) -> ClientError
     )
 
 
+def _save_archive(
+    client: Client,
+    route: str,
+    name: str,
+    args: argparse.Namespace,
+    what: str,
+    *,
+    saved: str | None = None,
+    then: str = "",
+) -> int:
+    """Download the archive at `route`: with `-o -` to stdout, else to a file (`-o`'s path,
+    or `name`) whose path goes to stdout. Stderr says where it went and its size: "wrote
+    `what` to stdout (SIZE)", or "saved `saved` (default: `what`) to PATH (SIZE)" and
+    `then`."""
+    if args.output == "-":
+        written = download_to_stdout(client, route, name)
+        sys.stderr.write(f"wrote {what} to stdout ({show.data_size(written)})\n")
+        return EXIT_OK
+    path = download(client, route, name, args.output, force=args.force)
+    size = show.data_size(path.stat().st_size)
+    sys.stderr.write(f"saved {saved or what} to {path} ({size}){then}\n")
+    sys.stdout.write(f"{path}\n")
+    return EXIT_OK
+
+
 def checkpoints(client: Client, args: argparse.Namespace) -> int:
     if args.download is None and (args.output is not None or args.force):
         # A list has nowhere to go and nothing to replace: the options were meant for a
@@ -348,17 +373,14 @@ def checkpoints(client: Client, args: argparse.Namespace) -> int:
             f"/api/v1/jobs/{args.id}/checkpoints/{which}",
             f"{args.id}-ckpt-{which}.tar.gz",
         )
-        if args.output == "-":
-            written = download_to_stdout(client, route, name)
-            sys.stderr.write(f"wrote the checkpoint to stdout ({show.data_size(written)})\n")
-            return EXIT_OK
         try:
-            path = download(client, route, name, args.output, force=args.force)
+            return _save_archive(client, route, name, args, "the checkpoint", saved="checkpoint")
         except ClientError as error:
-            raise _resume_by_step(error, args) if which == "latest" else error from error
-        sys.stderr.write(f"saved checkpoint to {path} ({show.data_size(path.stat().st_size)})\n")
-        sys.stdout.write(f"{path}\n")
-        return EXIT_OK
+            # Only a file's cut-off download says how to resume; stdout keeps nothing.
+            hinted = _resume_by_step(error, args) if which == "latest" else error
+            if hinted is error:
+                raise
+            raise hinted from error
     answer = client.get(f"/api/v1/jobs/{args.id}/checkpoints")
     if args.json:  # the API's JSON, as --help says and `status --json` gives: not its list
         sys.stdout.write(json.dumps(answer, indent=2) + "\n")
@@ -376,17 +398,14 @@ def checkpoints(client: Client, args: argparse.Namespace) -> int:
 
 def export(client: Client, args: argparse.Namespace) -> int:
     route, name = f"/api/v1/jobs/{args.id}/export", f"{args.id}-export.tar.gz"
-    if args.output == "-":
-        written = download_to_stdout(client, route, name)
-        sys.stderr.write(f"wrote the exported model to stdout ({show.data_size(written)})\n")
-        return EXIT_OK
-    path = download(client, route, name, args.output, force=args.force)
-    sys.stderr.write(
-        f"saved the exported model to {path} ({show.data_size(path.stat().st_size)}); "
-        "extract it and tf.saved_model.load the folder\n"
+    return _save_archive(
+        client,
+        route,
+        name,
+        args,
+        "the exported model",
+        then="; extract it and tf.saved_model.load the folder",
     )
-    sys.stdout.write(f"{path}\n")
-    return EXIT_OK
 
 
 def tensorboard(client: Client, args: argparse.Namespace) -> int:

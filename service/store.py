@@ -46,10 +46,8 @@ PREPARING = "preparing"
 # requeued for another attempt drops them (the API and the page showed a queued job, its
 # worker dead, "training" with an ETA and a speed), as does one resumed by a user
 # (`routes/jobs.py`); a started attempt is `preparing` until its worker reports.
-_ATTEMPT_PATHS = ", ".join(
-    f"'$.{key}'"
-    for key in ("phase", "phase_done", "phase_total", "eta_seconds", "examples_per_sec")
-)
+ATTEMPT_FIELDS = ("phase", "phase_done", "phase_total", "eta_seconds", "examples_per_sec")
+_ATTEMPT_PATHS = ", ".join(f"'$.{key}'" for key in ATTEMPT_FIELDS)
 
 # Short, URL-safe, unambiguous (no 0/o, 1/l) and never starting with '-'.
 _ID_ALPHABET = "abcdefghijkmnpqrstuvwxyz23456789"

@@ -62,7 +62,7 @@ from service.schemas import (
 )
 from service.series import Row
 from service.settings import Settings
-from service.store import JobRecord, JobState
+from service.store import ATTEMPT_FIELDS, JobRecord, JobState
 from service.workers import worker_pythonpath
 from trainer.rundir import RunDir, write_json_atomic
 from trainer.spec import field_errors, options_not_read, without_unread
@@ -418,10 +418,7 @@ def _resumed_progress(
     # The last attempt's phase ("done"), ETA and speed are not this one's: `status` and
     # `--watch` would show the new attempt "running (done)" until its worker reports, and
     # the page a speed for a job that is not running.
-    cleared = dict.fromkeys(
-        ("phase", "phase_done", "phase_total", "eta_seconds", "examples_per_sec")
-    )
-    progress = {**job.progress, **cleared}
+    progress = {**job.progress, **dict.fromkeys(ATTEMPT_FIELDS)}
     if changed:
         # Until the next worker reports, the job shows its step of the new total (of an
         # unknown one for epochs: the worker counts the steps an epoch takes).

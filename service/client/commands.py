@@ -22,15 +22,15 @@ def _handler(name: str) -> Callable[[argparse.Namespace], int]:
     return handler
 
 
-def _count(most: int) -> Callable[[str], int]:
+def _count(most: int, least: int = 1) -> Callable[[str], int]:
     def parse(value: str) -> int:
         try:
             number = int(value)
         except ValueError:
-            number = 0
-        if not 1 <= number <= most:
+            number = least - 1
+        if not least <= number <= most:
             raise argparse.ArgumentTypeError(
-                f"expected a whole number from 1 to {most}. Received: {value!r}"
+                f"expected a whole number from {least} to {most}. Received: {value!r}"
             )
         return number
 
@@ -208,7 +208,8 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
     )
     p.add_argument(
         "--after-step",
-        type=_count(1_000_000_000),
+        # From 0, a script's first read, to the API's own bound.
+        type=_count(2**63 - 1, least=0),
         metavar="N",
         help="only steps after N (the last one already read, to read on)",
     )

@@ -235,6 +235,10 @@ def test_metrics_as_csv_and_json(service: Service, watched: dict[str, Any]) -> N
     after_all = towerboard("metrics", job_id, "--after-step", str(last), url=service.base_url)
     assert after_all.returncode == 0 and after_all.stdout == ""
     assert after_all.stderr == f"job {job_id} has no metrics after step {last}\n"
+    # A script's first read, before it has read any step: every row (it was refused).
+    first = towerboard("metrics", job_id, "--name", "loss", "--name", "eval_accuracy",
+                       "--after-step", "0", url=service.base_url)  # fmt: skip
+    assert first.returncode == 0 and list(csv.reader(io.StringIO(first.stdout))) == rows
 
 
 def test_profile_and_devices(make_service: Callable[..., Service], tmp_path: Path) -> None:

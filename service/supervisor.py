@@ -476,7 +476,12 @@ class Supervisor:
         # The attempt before's result.json goes before the job is marked running, not only
         # as its worker starts: a service killed between the two left it beside a running
         # job with no worker, and the next start ended the job with that old outcome.
-        self.run_dir(job_id).result.unlink(missing_ok=True)
+        run = self.run_dir(job_id)
+        run.result.unlink(missing_ok=True)
+        # So does a profile request that attempt never took (the job ended first, which
+        # the route said leaves it untraced): the next attempt traced it, saying "asked
+        # for". Only a running job is asked, so one asked of this attempt comes later.
+        run.profile_request.unlink(missing_ok=True)
         if not self._store.mark_running(job_id, devices=devices):
             return  # cancelled since the queue was read
         # Read now that it runs: nothing but a cancel request changes a running job, where
@@ -484,7 +489,6 @@ class Supervisor:
         job = self._store.get(job_id)
         if job is None:
             return
-        run = self.run_dir(job.id)
         try:
             worker = spawn_worker(
                 job_id=job.id,

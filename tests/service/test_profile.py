@@ -125,3 +125,26 @@ def test_profile_job_stopping_409(make_service: Callable[..., Service], tmp_path
         "errors": [],
     }
     assert not (service.data_dir / "runs" / job["id"] / "profile_request.json").exists()
+
+
+def test_profile_request_left_by_an_ended_attempt_is_not_the_next_ones(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # Cancelled before its worker took the request (the route says no trace comes then),
+    # then resumed: the next attempt traced it and said it answered a request.
+    service = make_service(env=fake_worker_env(tmp_path))  # takes no request
+    service.start()
+    job = service.submit(job_spec(name="waits"))
+    service.wait_state(job["id"], "running")
+    assert service.client.post(f"/api/v1/jobs/{job['id']}/profile").status_code == 202
+    request = service.data_dir / "runs" / job["id"] / "profile_request.json"
+    assert request.exists()
+    assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+    service.wait_state(job["id"], "cancelled")
+    assert service.client.post(f"/api/v1/jobs/{job['id']}/resume").status_code == 200
+    service.wait_for(job["id"], lambda j: j["state"] == "running" and j["attempts"] == 2,
+                     what="its second attempt")  # fmt: skip
+    assert not request.exists()
+    # One asked of the running attempt is its own.
+    assert service.client.post(f"/api/v1/jobs/{job['id']}/profile").status_code == 202
+    assert request.exists()

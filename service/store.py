@@ -70,7 +70,9 @@ class JobRecord:
     spec: dict[str, Any]
     devices: list[str]
     attempts: int
-    crashes: int  # attempts that ended with the worker killed by a signal nobody sent on purpose
+    # Attempts that ended with the worker killed by a signal nobody sent on purpose, or an
+    # adopted worker gone with no result.json (`service.outcomes.crashed`).
+    crashes: int
     pid: int | None
     pid_started: int | None  # the worker's start time in clock ticks, from /proc/<pid>/stat
     cancel_requested_at: float | None

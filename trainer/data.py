@@ -112,6 +112,8 @@ def load_arrays(data: DataSpec, seed: int) -> Arrays:
         DataFilesError: the path names no usable files (see `trainer.datafiles`).
         DataError: a file is unreadable or inconsistent (counts, dims, labels < 0, no
             training examples).
+        NotEnoughMemory: a file's arrays would not fit in this host's memory (not the
+            job's fault: `trainer.run` fails it with exit 1, not 2).
     """
     if data.format == "synthetic":
         arrays = _synthetic(SyntheticParams.model_validate(data.params), data.eval_fraction, seed)

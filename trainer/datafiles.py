@@ -98,7 +98,7 @@ _TFRECORD_NAMES = "`.tfrecord`, `.tfrecords` or `.tfrec` (optionally `.gz`)"
 _WANTED = {
     "idx": "`*-images-idx3-ubyte[.gz]` files with their `*-labels-idx1-ubyte[.gz]` files",
     "npz": "`.npz` files",
-    "tfrecord": "`.tfrecord` files",
+    "tfrecord": f"files named {_TFRECORD_NAMES}",
 }
 
 
@@ -611,6 +611,8 @@ def _candidates(path: str, fmt: str) -> list[Path]:
         if fmt != "tfrecord":
             matches = [match for match in matches if fits(match.name)]
         if not matches:
+            # A TFRecord glob reads every file it matches, whatever its name.
+            wanted = "a file" if fmt == "tfrecord" else wanted
             raise DataFilesError(
                 f"Expected the glob `path` to match {wanted}. Received: {path!r} matches no such file"
             )

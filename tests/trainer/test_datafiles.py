@@ -348,7 +348,8 @@ def test_resolve_files_tfrecord_folder_of_shards_without_suffix_suggests_a_glob(
         resolve_files(spec("tfrecord", tmp_path))
 
     assert str(error.value) == (
-        "Expected a folder holding `.tfrecord` files. Received: train-00000-of-00002, "
+        "Expected a folder holding files named `.tfrecord`, `.tfrecords` or `.tfrec` "
+        "(optionally `.gz`). Received: train-00000-of-00002, "
         f"train-00001-of-00002 in {tmp_path} (a folder gives only files named `.tfrecord`, "
         f"`.tfrecords` or `.tfrec` (optionally `.gz`): a glob such as '{tmp_path}/*' reads "
         "every file it matches)"

@@ -131,48 +131,57 @@ def _jobs(client: Client, limit: int, states: list[str], name: str | None) -> di
 
 
 def status(client: Client, args: argparse.Namespace) -> int:
-    if args.id:
-        job = client.job(args.id)
-        if args.json:
-            sys.stdout.write(json.dumps(job, indent=2) + "\n")
-            return EXIT_OK
-        p, evaluation = job.get("progress") or {}, job.get("eval") or {}
-        rows = [
-            ["id", job["id"]],
-            ["name", show.printable(job["name"])],
-            ["state", job["state"] + (" (cancel requested)" if job.get("cancel_requested") and job["state"] not in TERMINAL else "")],
-            ["progress", f"{show.steps(job)}" + (f" ({p['percent']}%)" if p.get("percent") is not None else "")],
-            # An ended job's last phase ("preparing", where it failed before its first
-            # line) read as one it was in; over, it is in none, as the dashboard says.
-            ["phase", "-" if job["state"] in TERMINAL else show.phase(p) or "-"],
-            ["loss", show.number(p.get("loss"))],
-            ["accuracy", show.percent(p.get("accuracy"))],
-            ["eval loss", show.number(evaluation.get("loss"))],
-            ["eval accuracy", show.percent(evaluation.get("accuracy"))],
-            ["examples/sec", show.rate(p.get("examples_per_sec"))],
-            ["eta", show.eta(job, why=True)],
-            ["tower ms", ", ".join(f"{ms:.2f}" for ms in p["tower_ms"]) if p.get("tower_ms") else "-"],
-            ["devices", show.devices_and_towers(job)],
-            ["priority", str(job["priority"])],
-            ["attempts", str(job["attempts"])],
-            ["created", f"{job['created_at']} ({show.age(job['created_at'])} ago)"],
-            ["started", job.get("started_at") or "-"],
-            ["finished", job.get("finished_at") or "-"],
-            ["checkpoint", str(p.get("checkpoint") or "-")],
-        ]  # fmt: skip
-        if job.get("error"):
-            error = job["error"]
-            rows.append(["error", str(error.get("reason"))])
-            if error.get("exit_code") is not None:
-                rows.append(["exit code", str(error["exit_code"])])
-        width = max(len(key) for key, _ in rows)
-        for key, value in rows:
-            sys.stdout.write(f"{key.ljust(width)}  {value}\n")
-        if job.get("error") and job["error"].get("log_tail"):
-            sys.stdout.write("log tail:\n")
-            for log_line in job["error"]["log_tail"]:
-                sys.stdout.write(f"  {log_line}\n")
+    """One job's details with an ID, else the table of jobs."""
+    return _status_of_job(client, args) if args.id else _status_table(client, args)
+
+
+def _status_of_job(client: Client, args: argparse.Namespace) -> int:
+    """A job's details, a row each (with an error's log tail where it failed)."""
+    job = client.job(args.id)
+    if args.json:
+        sys.stdout.write(json.dumps(job, indent=2) + "\n")
         return EXIT_OK
+    p, evaluation = job.get("progress") or {}, job.get("eval") or {}
+    rows = [
+        ["id", job["id"]],
+        ["name", show.printable(job["name"])],
+        ["state", job["state"] + (" (cancel requested)" if job.get("cancel_requested") and job["state"] not in TERMINAL else "")],
+        ["progress", f"{show.steps(job)}" + (f" ({p['percent']}%)" if p.get("percent") is not None else "")],
+        # An ended job's last phase ("preparing", where it failed before its first
+        # line) read as one it was in; over, it is in none, as the dashboard says.
+        ["phase", "-" if job["state"] in TERMINAL else show.phase(p) or "-"],
+        ["loss", show.number(p.get("loss"))],
+        ["accuracy", show.percent(p.get("accuracy"))],
+        ["eval loss", show.number(evaluation.get("loss"))],
+        ["eval accuracy", show.percent(evaluation.get("accuracy"))],
+        ["examples/sec", show.rate(p.get("examples_per_sec"))],
+        ["eta", show.eta(job, why=True)],
+        ["tower ms", ", ".join(f"{ms:.2f}" for ms in p["tower_ms"]) if p.get("tower_ms") else "-"],
+        ["devices", show.devices_and_towers(job)],
+        ["priority", str(job["priority"])],
+        ["attempts", str(job["attempts"])],
+        ["created", f"{job['created_at']} ({show.age(job['created_at'])} ago)"],
+        ["started", job.get("started_at") or "-"],
+        ["finished", job.get("finished_at") or "-"],
+        ["checkpoint", str(p.get("checkpoint") or "-")],
+    ]  # fmt: skip
+    if job.get("error"):
+        error = job["error"]
+        rows.append(["error", str(error.get("reason"))])
+        if error.get("exit_code") is not None:
+            rows.append(["exit code", str(error["exit_code"])])
+    width = max(len(key) for key, _ in rows)
+    for key, value in rows:
+        sys.stdout.write(f"{key.ljust(width)}  {value}\n")
+    if job.get("error") and job["error"].get("log_tail"):
+        sys.stdout.write("log tail:\n")
+        for log_line in job["error"]["log_tail"]:
+            sys.stdout.write(f"  {log_line}\n")
+    return EXIT_OK
+
+
+def _status_table(client: Client, args: argparse.Namespace) -> int:
+    """The jobs, newest first, a row each (`--limit`, `--state`, `--name`)."""
     page = _jobs(client, args.limit, args.state or [], args.name)
     if args.json:
         sys.stdout.write(json.dumps(page, indent=2) + "\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import sqlite3
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -12,6 +13,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.headmethod import allowed_methods
 from trainer.spec import field_errors
 
 
@@ -139,6 +141,14 @@ def _storage_detail(exc: Exception) -> tuple[str, int] | None:
     return None
 
 
+def _with_allow(request: Request, headers: Mapping[str, str] | None) -> Mapping[str, str] | None:
+    """A 405's headers, with an `Allow` that names every method its path takes: a route's
+    own named its own methods alone (DELETE /api/v1/jobs said `GET`, not POST), in no fixed
+    order, never HEAD. A mount's app (the static files) names its own."""
+    allowed = allowed_methods(request.app.router.routes, request.scope)
+    return {**(headers or {}), "Allow": ", ".join(allowed)} if allowed else headers
+
+
 def install_error_handlers(app: FastAPI) -> None:
     async def _storage_error(request: Request, exc: Exception) -> JSONResponse:
         found = _storage_detail(exc)
@@ -194,4 +204,6 @@ def install_error_handlers(app: FastAPI) -> None:
             detail = f"No such resource: {request.method} {request.url.path}. See /docs."
         elif exc.status_code == 405:
             detail = f"{request.method} is not allowed on {request.url.path}. See /docs."
+            headers = _with_allow(request, exc.headers)
+            return JSONResponse(error_body(detail), status_code=405, headers=headers)
         return JSONResponse(error_body(detail), status_code=exc.status_code, headers=exc.headers)

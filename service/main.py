@@ -34,6 +34,7 @@ from service.deps import Runtime, known_query
 from service.devices import DevicePool
 from service.errors import install_error_handlers
 from service.events import EventBroker
+from service.headmethod import HeadAsGet
 from service.jobjson import JobJson
 from service.proxy import proxy_tensorboard
 from service.routes import devices, events, health, jobs, tensorboard
@@ -208,4 +209,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Outermost: its headers go on every answer, a 401 included.
     check_host = settings.token is None and listens_on_loopback(settings.host)
     app.add_middleware(BrowserGuard, check_host=check_host)
+    # Outside even that: a HEAD no route takes is a GET to all the rest, auth included,
+    # and its answer (BrowserGuard's headers and all) ends with its head.
+    app.add_middleware(HeadAsGet, routes=app.router.routes)
     return app

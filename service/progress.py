@@ -125,6 +125,8 @@ def fold_progress(
             per_epoch = line.get("steps_per_epoch")
             if isinstance(per_epoch, int) and not isinstance(per_epoch, bool) and per_epoch > 0:
                 snapshot["steps_per_epoch"] = per_epoch
+            if (data := _data_summary(line.get("data"))) is not None:
+                snapshot["data"] = data
         elif event == "progress":
             for field in _SNAPSHOT_FIELDS:
                 snapshot[field] = _number(line.get(field))
@@ -199,3 +201,23 @@ def percent_done(step: Any, total: Any) -> float | None:
     ):
         return None
     return math.floor(1000 * step / total + 0.5) / 10
+
+
+def _data_summary(data: Any) -> dict[str, Any] | None:
+    """A start line's `data` (`trainer.data.Arrays.summary`), or None where it is not one
+    (a worker from before it said it, or a hand-written line)."""
+
+    def count(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if not isinstance(data, dict):
+        return None
+    shape = data.get("image_shape")
+    if not (
+        all(count(data.get(key)) for key in ("train_examples", "eval_examples", "classes"))
+        and isinstance(shape, list)
+        and len(shape) == 3
+        and all(count(size) for size in shape)
+    ):
+        return None
+    return {key: data[key] for key in ("train_examples", "eval_examples", "classes", "image_shape")}

@@ -42,6 +42,17 @@ UNKNOWN_QUERY: dict[int | str, dict[str, Any]] = {
 }
 
 
+class DataPublic(BaseModel):
+    """What a job trains and evaluates on, as its worker loaded it."""
+
+    train_examples: int
+    eval_examples: int = Field(
+        description="Held out from the training files by `eval_fraction`, or the eval files'"
+    )
+    classes: int
+    image_shape: list[int] = Field(description="Height, width and channels of an image.")
+
+
 class ProgressPublic(BaseModel):
     """A running job's latest progress, from the worker's progress.jsonl."""
 
@@ -70,6 +81,9 @@ class ProgressPublic(BaseModel):
         None,
         description="How many steps one epoch of the job's training data takes at its batch "
         "size, as its worker counted them (a resume's `epochs` is checked by it).",
+    )
+    data: DataPublic | None = Field(
+        None, description="What the job trains and evaluates on, once its worker has loaded it."
     )
     tower_ms: list[float] | None = None
     trace_step: int | None = Field(

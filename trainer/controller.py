@@ -220,6 +220,7 @@ class Controller:
         stop: threading.Event,
         cluster: Cluster | None = None,
         steps_per_epoch: int | None = None,
+        data: Mapping[str, Any] | None = None,
     ) -> None:
         self.spec = spec
         self.trainer = trainer
@@ -236,6 +237,8 @@ class Controller:
         self.cluster = cluster or Cluster()
         # Said in the start line: the service checks a later `{"epochs": N}` resume by it.
         self.steps_per_epoch = steps_per_epoch
+        # Said in the start line too, for the job's status: `Arrays.summary`.
+        self.data = data
         self.trace = TraceCapture(rundir.tensorboard)
         self._trace_steps = set(spec.summaries.trace_steps) if self.cluster.is_chief else set()
         if past := sorted(s for s in self._trace_steps if s > total_steps):
@@ -269,6 +272,7 @@ class Controller:
             phase="starting",
             towers=self.trainer.num_towers,
             **({"steps_per_epoch": self.steps_per_epoch} if self.steps_per_epoch else {}),
+            **({"data": dict(self.data)} if self.data else {}),
             **({"workers": self.cluster.workers} if self.cluster.is_multi_worker else {}),
         )
         loop = _Loop(

@@ -20,7 +20,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol, cast
+from typing import Any, BinaryIO, Protocol, cast
 
 import numpy as np
 import tensorflow as tf
@@ -89,6 +89,16 @@ class Arrays:
         low = min(self.y_train.min(), self.y_eval.min(initial=self.y_train[0]))
         high = max(self.y_train.max(), self.y_eval.max(initial=self.y_train[0]))
         return int(low), int(high)
+
+    def summary(self) -> dict[str, Any]:
+        """What a job trains and evaluates on, for its start line (and the service's status):
+        example counts, classes and the image shape, as its log says them."""
+        return {
+            "train_examples": self.num_train,
+            "eval_examples": self.num_eval,
+            "classes": self.num_classes,
+            "image_shape": list(self.image_shape),
+        }
 
     def without_images(self) -> Arrays:
         """The same set with its images dropped (its labels and shapes kept): once the

@@ -478,6 +478,7 @@ def _train(
             stop=stop,
             cluster=cluster,
             steps_per_epoch=per_epoch,
+            data=arrays.summary(),
         )
         summary = controller.run()
         step = summary.step

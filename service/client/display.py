@@ -139,6 +139,19 @@ def devices_and_towers(job: dict[str, Any]) -> str:
     return f"{held} ({towers} tower{'' if towers == 1 else 's'})" if towers else held
 
 
+def data(progress: dict[str, Any]) -> str:
+    """What a job trains on, as its worker loaded it: "8,000 train, 2,000 eval examples, 10
+    classes, 28x28x1"; "-" until its worker has said (a job that has not started)."""
+    said = progress.get("data")
+    if not isinstance(said, dict):
+        return "-"
+    shape = "x".join(str(size) for size in said.get("image_shape") or [])
+    return (
+        f"{said.get('train_examples', 0):,} train, {said.get('eval_examples', 0):,} eval "
+        f"examples, {said.get('classes')} classes, {shape}"
+    )
+
+
 def width(text: str) -> int:
     """The columns `text` takes on a terminal: a wide character (CJK, most emoji) two, a
     combining mark none. Padded by its length, a name in Chinese pushed the columns after

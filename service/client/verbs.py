@@ -158,6 +158,7 @@ def _status_of_job(client: Client, args: argparse.Namespace) -> int:
         ["eta", show.eta(job, why=True)],
         ["tower ms", ", ".join(f"{ms:.2f}" for ms in p["tower_ms"]) if p.get("tower_ms") else "-"],
         ["devices", show.devices_and_towers(job)],
+        ["data", show.data(p)],
         ["priority", str(job["priority"])],
         ["attempts", str(job["attempts"])],
         ["created", f"{job['created_at']} ({show.age(job['created_at'])} ago)"],

@@ -187,6 +187,16 @@ export function devicesText(job) {
   return job.state === "queued" ? `waiting for devices${count}` : DASH;
 }
 
+/** What a job trains on, as its worker loaded it ("205 train · 51 eval · 4 classes ·
+ *  8×8×1"); "—" until its worker has said. */
+export function dataText(progress) {
+  const d = progress && progress.data;
+  if (!d || !Array.isArray(d.image_shape)) return DASH;
+  const count = (n) => (isNum(n) ? n.toLocaleString("en-US") : DASH);
+  return `${count(d.train_examples)} train · ${count(d.eval_examples)} eval · ` +
+    `${count(d.classes)} classes · ${d.image_shape.join("×")}`;
+}
+
 /** A view's notice that its live updates (an event stream) are down: "reconnecting" while
  *  the browser retries, "stopped" with a Reload button once it has given up. `el` goes in
  *  the view; `reload` runs on the button. */

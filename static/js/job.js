@@ -13,7 +13,7 @@ import { profileControl } from "./profile.js";
 import { resumeControl } from "./resume.js";
 import { tensorBoardControl } from "./tensorboard.js";
 import {
-  age, bytes, devicesText, duration, endReason, eta, h, liveNotice, localTime, num, percent,
+  age, bytes, dataText, devicesText, duration, endReason, eta, h, liveNotice, localTime, num, percent,
   phaseText, progressBar, rate, setProgress, stateBadge, stepText,
 } from "./format.js";
 
@@ -96,7 +96,8 @@ export function mountJob(view, jobId) {
   const stats = h("div", { class: "stats" },
     stat("Loss", "loss"), stat("Accuracy", "accuracy"), stat("Eval loss", "eval_loss"),
     stat("Eval accuracy", "eval_accuracy"), stat("Examples/s", "examples_per_sec"),
-    stat("ETA", "eta"), stat("Learning rate", "learning_rate"), stat("Devices", "devices"));
+    stat("ETA", "eta"), stat("Learning rate", "learning_rate"), stat("Devices", "devices"),
+    stat("Data", "data"));
   const chartGrid = h("div", { class: "charts" });
   const towers = h("div", { class: "towers", id: "towers" });
   const checkpoints = h("div", { id: "checkpoints" }, h("p", { class: "muted" }, "Loading…"));
@@ -228,6 +229,7 @@ export function mountJob(view, jobId) {
     set("eta", eta(job));
     set("learning_rate", num(p.learning_rate, 6));
     set("devices", devicesText(job));
+    set("data", dataText(p));
     renderMeta();
     cancelButton.hidden = TERMINAL.has(job.state);
     deleteButton.hidden = !ended;

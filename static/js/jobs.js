@@ -45,6 +45,10 @@ export function applyProgressEvent(job, event) {
     }
   }
   if (event.event === "start" && Number.isInteger(event.towers)) p.towers = event.towers;
+  // What it trains on, as the service folds it (its checks there: a whole summary or none).
+  if (event.event === "start" && event.data && Array.isArray(event.data.image_shape)) {
+    p.data = event.data;
+  }
   if (event.event === "checkpoint" && typeof event.checkpoint === "string") {
     p.checkpoint = event.checkpoint;
   }

@@ -215,6 +215,10 @@ def test_submit_job_through_form_until_succeeded(
     expect(page.locator("#cancel-job")).to_be_hidden()
     # Its devices were freed when it ended; nothing says it is still on the CPU.
     expect(page.locator('[data-stat="devices"]')).to_have_text("—")
+    # What it trained on, as its worker loaded it (it was in the log alone).
+    expect(page.locator('[data-stat="data"]')).to_have_text(
+        "205 train · 51 eval · 4 classes · 8×8×1"
+    )
     expect(page.locator(".job-error")).to_be_hidden()
     expect(page.locator(".live-notice")).to_be_hidden()
     towers = page.locator("#towers .tower")
@@ -396,6 +400,7 @@ def test_job_without_metrics_and_cancel(
     expect(page.locator('[data-stat="loss"]')).to_have_text("—")
     expect(page.locator('[data-stat="eta"]')).to_have_text("—")
     expect(page.locator('[data-stat="devices"]')).to_have_text("waiting for devices (1 tower)")
+    expect(page.locator('[data-stat="data"]')).to_have_text("—")  # no worker has loaded it
     expect(page.locator("#checkpoints")).to_contain_text("No checkpoint yet")
     expect(page.locator("#towers")).to_contain_text("No device trace")
     expect(page.locator("#download-model")).to_be_hidden()  # nothing exported yet

@@ -120,6 +120,8 @@ def test_status_lists_and_shows_job(service: Service, watched: dict[str, Any]) -
     assert fields["checkpoint"] == "checkpoints/ckpt-40"
     assert fields["devices"] == "- (1 tower)"  # an ended job holds none
     assert fields["phase"] == "-"  # nor is it in one (its progress says "done")
+    # 256 synthetic examples of 8x8, a fifth held out: it was in worker.log alone.
+    assert fields["data"] == "205 train, 51 eval examples, 4 classes, 8x8x1"
 
     as_json = towerboard("status", job_id, "--json", url=service.base_url)
     assert json.loads(as_json.stdout)["id"] == job_id

@@ -50,6 +50,33 @@ def test_fold_progress_keeps_an_epochs_length_a_start_line_says(said: object) ->
     assert progress.get("steps_per_epoch") == (7 if said == 7 else None)
 
 
+DATA = {"train_examples": 8000, "eval_examples": 2000, "classes": 10, "image_shape": [28, 28, 1]}
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        DATA,
+        {**DATA, "extra": 1},  # kept to what the API says
+        {**DATA, "classes": True},
+        {**DATA, "train_examples": -1},
+        {**DATA, "image_shape": [28, 28]},
+        {**DATA, "image_shape": "28x28x1"},
+        {key: value for key, value in DATA.items() if key != "classes"},
+        "8000",
+        None,
+    ],
+    ids=str,
+)
+def test_fold_progress_keeps_the_data_a_start_line_says(said: object) -> None:
+    # What the job trains on, for its status (it was in worker.log alone).
+    start = {"time": 1.0, "event": "start", "step": 0, "total": 40, "towers": 1}
+    progress, _, _ = fold_progress(None, None, [{**start, "data": said}])
+    assert progress is not None
+    well_formed = isinstance(said, dict) and said.items() >= DATA.items()
+    assert progress.get("data") == (DATA if well_formed else None)
+
+
 def test_fold_progress_trace_step_is_the_trace_lines_own() -> None:
     """Every progress line after a trace repeats its tower_ms: the step the times are from
     is the trace line's (a trace asked for at step 81, not the spec's trace_steps)."""

@@ -141,6 +141,14 @@ def test_run_job_reports_progress(tiny_run):
     kinds = [e["event"] for e in events]
     assert kinds[0] == "start" and kinds[-1] == "end"
     assert {"progress", "eval", "checkpoint", "trace"} <= set(kinds)
+    # What it trains on, in its start line (it was in its log alone): 512 examples, a fifth
+    # held out.
+    assert events[0]["data"] == {
+        "train_examples": 410,
+        "eval_examples": 102,
+        "classes": 4,
+        "image_shape": [8, 8, 1],
+    }
     last = [e for e in events if e["event"] == "progress"][-1]
     assert last["step"] == 40 and last["total"] == 40
     assert set(last) >= {

@@ -275,6 +275,9 @@ class Controller:
             **({"data": dict(self.data)} if self.data else {}),
             **({"workers": self.cluster.workers} if self.cluster.is_multi_worker else {}),
         )
+        # What an earlier process wrote to TensorBoard past here, this one writes again.
+        self.summaries.start(step + 1)
+        self._trace_past_first_step(step + 1)
         loop = _Loop(
             first_step=step + 1,
             chart_every=max(1, self.total_steps // CHART_POINTS),
@@ -331,6 +334,25 @@ class Controller:
         return self._finish(loop, step)
 
     # -- pieces of the loop ----------------------------------------------------------
+
+    def _trace_past_first_step(self, first: int) -> None:
+        """A process's first step traces the step function (a second or more), which a
+        device trace of it would show as the step: the trace steps that run on from `first`
+        (a trace a restart lands in, or `trace_steps` from 1) move one step later."""
+        if first not in self._trace_steps:
+            return
+        after = first
+        while after in self._trace_steps:
+            after += 1
+        self._trace_steps.discard(first)
+        if after <= self.total_steps:
+            self._trace_steps.add(after)
+        log.info(
+            "trace of step %d %s: this process's first step traces the step function, which "
+            "a device trace would show as the step",
+            first,
+            f"moved to step {after}" if after <= self.total_steps else "left out (the job's last)",
+        )
 
     def _evaluate_if_cut_short(self, step: int) -> None:
         """On a resume after an eval step whose eval never ended (a stop during it skips

@@ -3,6 +3,13 @@
 Event files are made lazily, one per sub-directory (`train`, `eval`), and a manager
 without a logdir writes nothing, so callers never branch on whether summaries are on.
 
+A process's files begin with a `SessionLog.START` at its first step (`start`): a run
+resumed from a checkpoint older than where a killed worker got to (a crash retried, a
+failed job resumed) writes those steps again, and TensorBoard's Python loader (the
+service's, `--load_fast false`) drops what it read past a later START's step. Without it,
+every chart went back from where the dead worker was to the checkpoint's step and drew
+those steps twice.
+
 Each tag carries its description (`trainer.descriptions`), which TensorBoard shows with
 its chart. Scalars and histograms carry their metadata in a file's first value of a tag
 only, as TensorFlow's own v1 writer did: TensorBoard takes a tag's metadata from its first
@@ -80,13 +87,18 @@ class EventFile:
     as it is written (6 µs here), so TensorBoard shows a value once its call returns and a
     killed worker loses none. Shared by the loop and the background thread."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, start_step: int | None = None) -> None:
+        """`start_step`: the writing process's first step, said as a `SessionLog.START`
+        (see the module doc); None: not said."""
         directory.mkdir(parents=True, exist_ok=True)
         stamp = f"{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
         self.path = directory / f"events.out.tfevents.{stamp}.{next(_file_serial)}"
         self._records = tf.io.TFRecordWriter(str(self.path))
         self._lock = threading.Lock()
         self.write(event_pb2.Event(file_version="brain.Event:2"))
+        if start_step is not None:
+            start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+            self.write(event_pb2.Event(step=start_step, session_log=start))
 
     def write(self, event: event_pb2.Event) -> None:
         """Append `event`, stamped with the time now unless it has a time already."""
@@ -200,6 +212,7 @@ class SummaryManager:
     def __init__(self, logdir: Path | None) -> None:
         self.logdir = logdir
         self._files: dict[str, EventFile] = {}
+        self._start_step: int | None = None  # `start`'s
         self._warned_nonfinite: set[str] = set()  # the background thread's alone
         # Per sub-directory, the tags its file has metadata for (see the module doc).
         self._described: dict[str, set[str]] = {}
@@ -207,10 +220,16 @@ class SummaryManager:
         # Each pending call, with the tags it was first to describe (see `_collect`).
         self._pending: deque[tuple[Future[None], str, list[str]]] = deque()
 
+    def start(self, step: int) -> None:
+        """This process trains from `step` on: each event file it makes says so first, so
+        that TensorBoard drops what an earlier process wrote from there on (see the module
+        doc). Before any summary is written."""
+        self._start_step = step
+
     def _file(self, subdir: str) -> EventFile:
         assert self.logdir is not None
         if subdir not in self._files:
-            self._files[subdir] = EventFile(self.logdir / subdir)
+            self._files[subdir] = EventFile(self.logdir / subdir, self._start_step)
         return self._files[subdir]
 
     def _add(

@@ -13,6 +13,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+from tensorboard.backend.event_processing import plugin_event_accumulator
 
 from tests.trainer.beside import start_beside
 from tests.trainer.test_run import TINY, run_worker, start_worker, with_
@@ -301,3 +302,45 @@ def test_what_a_save_cut_short_left_is_removed(run):
     assert "removed ckpt-40_temp, left by a save cut short" in log
     assert "resumed from step 30" in log and result["step"] == 40
     assert not (job_dir / "checkpoints" / "ckpt-40_temp").exists()
+
+
+def test_a_run_resumed_from_an_older_checkpoint_draws_each_step_once_in_tensorboard(tmp_path):
+    # A worker killed past its latest checkpoint (the OOM killer): its next attempt trains
+    # those steps again. TensorBoard's Python loader, the service's (--load_fast false),
+    # drew them twice: every chart went back from where the dead worker got to.
+    spec = with_(
+        TINY,
+        towers=1,
+        eval={"every_steps": 10, "batches": 1},
+        summaries={
+            "scalars_every": 5,
+            "histograms_every": 10,
+            "images_every": 0,
+            "trace_steps": [],
+        },
+        checkpoint={"every_steps": 20, "every_seconds": 0, "keep": 3},
+    )
+    job_dir = tmp_path / "job"
+    code, _, log = run_worker(job_dir, spec)
+    assert code == 0, log
+    # As if killed at its last step, with its latest checkpoint at step 20.
+    for lost in [
+        *(job_dir / "checkpoints").glob("ckpt-40.*"),
+        job_dir / "checkpoints" / "checkpoint",
+    ]:
+        lost.unlink()
+    (job_dir / "result.json").unlink()
+    code, result, log = run_worker(job_dir)
+    assert code == 0 and "resumed from step 20" in log, log
+    for run, every in (("train", 5), ("eval", 10)):
+        loaded = plugin_event_accumulator.EventAccumulator(
+            str(job_dir / "tb" / run), size_guidance={plugin_event_accumulator.TENSORS: 0}
+        )
+        loaded.Reload()
+        # The graph each process writes (step 0) aside: the graphs plugin shows the last.
+        tags = [tag for tag in loaded.Tags()["tensors"] if tag != "__run_graph__"]
+        assert tags
+        for tag in tags:
+            steps = [event.step for event in loaded.Tensors(tag)]
+            due = every if not tag.startswith(("weights/", "gradients/")) else 10
+            assert steps == list(range(due, 41, due)), (run, tag, steps)

@@ -569,13 +569,18 @@ def test_run_job_given_gpus_that_tensorflow_cannot_see_fails_saying_so(tmp_path)
     ), result["message"]
 
 
-def test_run_job_says_which_trace_steps_lie_past_its_end(tmp_path):
+def test_run_job_says_which_trace_steps_lie_past_its_end_or_move_off_its_first(tmp_path):
     # Accepted (an epochs job's length is the worker's to find), but never taken: said.
-    spec = with_(TINY, summaries={"trace_steps": [2, 50_000, 60_000]})
+    spec = with_(TINY, summaries={"trace_steps": [1, 2, 50_000, 60_000]})
     code, _, log = run_worker(tmp_path / "job", spec)
     assert code == 0, log
     assert "summaries.trace_steps 50000, 60000: past this job's " in log
     assert " steps, so no trace of them" in log
+    # A process's first step traces the step function: its trace showed a step of a second
+    # and more (a resumed one's too). The steps that run on from it move one later.
+    assert "trace of step 1 moved to step 3: this process's first step traces" in log
+    runs = [p.name for p in (tmp_path / "job" / "tb" / "plugins" / "profile").iterdir()]
+    assert len(runs) == 1 and runs[0].endswith("_steps_2-3"), runs
 
 
 def test_run_job_says_when_its_batch_is_more_than_the_training_set(tmp_path):

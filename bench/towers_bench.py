@@ -371,7 +371,7 @@ def monitoring_costs(args: argparse.Namespace, devices: Devices) -> None:
         # the loop reads its loss, then writes its scalars.
         launched = trainer.train_step(x, y, with_scalars=True)
         float(launched["loss"])
-        controller._write_scalars(10, launched, step)
+        controller._write_scalars(10, launched, step, args.batch / step)
 
     scalars_step()
 

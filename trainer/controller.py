@@ -82,7 +82,7 @@ class _StepClock:
     def __init__(self) -> None:
         self.seconds, self.steps, self.examples = 0.0, 0, 0
 
-    def add(self, seconds: float, examples: int, steps: int = 1) -> None:
+    def add(self, seconds: float, examples: int, steps: int) -> None:
         """`seconds` of the loop that read `steps` steps' losses, of `examples` in all
         (none, for a launch whose loss is read in the next span)."""
         self.seconds += seconds
@@ -562,22 +562,18 @@ class Controller:
         step: int,
         out: dict[str, tf.Tensor],
         step_seconds: float | None,
-        examples_per_sec: float | None = None,
+        examples_per_sec: float | None,
     ) -> None:
-        """`step_seconds`: the mean time of the steps since the last write (None: none timed);
-        `examples_per_sec`: the examples those steps trained on a second (None: `batch_size`
-        examples a step)."""
+        """`step_seconds`: the mean time of the steps since the last write, and
+        `examples_per_sec`: the examples those steps trained on a second (both None: none
+        timed)."""
         # The step's scalars, packed by the step itself: one copy back (each copy from a
         # GPU is a sync of its own) and no eager op on the loop.
         read = out["scalars"].numpy()
         values: dict[str, float] = {k: float(v) for k, v in zip(SCALARS, read, strict=False)}
-        if step_seconds is not None:
+        if step_seconds is not None and examples_per_sec is not None:
             values["step_time_ms"] = step_seconds * 1000.0
-            values["examples_per_sec"] = (
-                examples_per_sec
-                if examples_per_sec is not None
-                else self.spec.batch_size / step_seconds
-            )
+            values["examples_per_sec"] = examples_per_sec
         # A tower whose shard was empty (a last batch smaller than the tower count) has no
         # loss this step; a 0 would plot as a perfect tower.
         # The example counts are made on the host: reading them costs no sync.

@@ -21,7 +21,7 @@ export const PRESETS = [
   },
   {
     id: "mnist-cnn",
-    label: "MNIST-style CNN on 2 towers",
+    label: "MNIST-style CNN on 2 towers (IDX files in a data root's mnist/)",
     spec: {
       name: "mnist-cnn-2towers",
       model: { name: "cnn", params: { dropout: 0.4 } },
@@ -43,7 +43,7 @@ export const PRESETS = [
   },
   {
     id: "mnist-mlp",
-    label: "MLP (784-500-10) on MNIST, 1 tower",
+    label: "MLP (784-500-10) on MNIST, 1 tower (IDX files in a data root's mnist/)",
     spec: {
       name: "mnist-mlp",
       model: { name: "mlp", params: { hidden: [500], dropout: 0.2 } },

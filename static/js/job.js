@@ -100,7 +100,7 @@ export function mountJob(view, jobId) {
     stat("Data", "data"));
   const chartGrid = h("div", { class: "charts" });
   const towers = h("div", { class: "towers", id: "towers" });
-  const checkpoints = h("div", { id: "checkpoints" }, h("p", { class: "muted" }, "Loading…"));
+  const checkpoints = h("div", { id: "checkpoints" });
   const logs = h("pre", { class: "log", id: "log", tabindex: "0", "aria-label": "Worker log" }, "");
   // Whether the log box follows its newest lines: until the reader scrolls up from its end,
   // and again once they scroll back down to it. Judged at each read from where the box
@@ -329,35 +329,92 @@ export function mountJob(view, jobId) {
     if (!stopped && job && !TERMINAL.has(job.state)) logTimer = setTimeout(loadLogs, LOG_POLL_MS);
   }
 
+  // The checkpoints table, made once and then updated in place, a row per step: rebuilt
+  // at each checkpoint, it took the keyboard's focus off a Download link (back to the
+  // page's top) within a second of a new checkpoint.
+  const checkpointRows = h("tbody");
+  const checkpointTable = h("div", { class: "scroll-x" }, h("table", { class: "plain" },
+    h("thead", {}, h("tr", {}, h("th", {}, "Step"), h("th", {}, "Saved"), h("th", {}, "Size"),
+      h("th", {}, h("span", { class: "visually-hidden" }, "Download")))),
+    checkpointRows));
+  // "Loading…", "No checkpoint yet.", or why the list could not be read; the table is put
+  // beside it once there is a row.
+  const checkpointNote = h("p", { class: "muted" }, "Loading…");
+  checkpoints.append(checkpointNote);
+  const rowsByStep = new Map(); // step -> its <tr>
+
+  function checkpointRow(c) {
+    return h("tr", { dataset: { step: String(c.step) } },
+      h("td", { dataset: { label: "Step" } }, String(c.step)),
+      h("td", { dataset: { label: "Saved", field: "time" } }),
+      h("td", { dataset: { label: "Size", field: "size" } }),
+      h("td", {}, h("a", {
+        href: new URL(c.url, location.href).pathname,
+        download: `${jobId}-ckpt-${c.step}.tar.gz`,
+        // Read aloud, every link would be the same "Download .tar.gz".
+        "aria-label": `Download .tar.gz of step ${c.step}`,
+        class: "download",
+        dataset: { step: String(c.step) },
+      }, "Download .tar.gz")));
+  }
+
+  /** Show `text` (or nothing) in the note above the table; untouched when it says it. */
+  function noteCheckpoints(text, isError = false) {
+    checkpointNote.classList.toggle("muted", !isError);
+    checkpointNote.classList.toggle("error", isError);
+    if (checkpointNote.textContent !== text) checkpointNote.textContent = text;
+    checkpointNote.hidden = !text;
+  }
+
+  /** The table's rows made those of `list`, newest first: a row kept is neither moved nor
+   *  rebuilt, only its cells' text changed where it differs (a step saved again after a
+   *  resume from an older one). A row whose checkpoint is gone (the retention's `keep`)
+   *  goes; if the keyboard was on it, it goes on from the row beside it. */
+  function showCheckpoints(list) {
+    const sorted = [...list].sort((a, b) => b.step - a.step);
+    const steps = new Set(sorted.map((c) => c.step));
+    for (const [step, tr] of rowsByStep) {
+      if (steps.has(step)) continue;
+      if (tr.contains(document.activeElement)) {
+        const beside = tr.nextElementSibling || tr.previousElementSibling;
+        const link = beside && beside.querySelector("a.download");
+        if (link) link.focus({ preventScroll: true });
+      }
+      tr.remove();
+      rowsByStep.delete(step);
+    }
+    sorted.forEach((c, i) => {
+      let tr = rowsByStep.get(c.step);
+      if (!tr) {
+        tr = checkpointRow(c);
+        rowsByStep.set(c.step, tr);
+      }
+      // Steps keep their order: only a new row is ever inserted, none moved.
+      const at = checkpointRows.children[i] || null;
+      if (at !== tr) checkpointRows.insertBefore(tr, at);
+      const set = (field, text) => {
+        const cell = tr.querySelector(`[data-field="${field}"]`);
+        if (cell.textContent !== text) cell.textContent = text;
+      };
+      set("time", localTime(c.time));
+      set("size", bytes(c.size_bytes));
+    });
+    if (sorted.length === 0) checkpointTable.remove(); // its header alone says nothing
+    else if (checkpointTable.parentNode !== checkpoints) checkpoints.append(checkpointTable);
+  }
+
   async function loadCheckpoints() {
     try {
       const list = await getJSON(`${base}/checkpoints`);
       if (stopped) return;
       // Where a resume trains on from: Train longer's hint and least step.
       resume.checkpoint(list.data.length ? Math.max(...list.data.map((c) => c.step)) : null);
-      if (list.data.length === 0) {
-        checkpoints.replaceChildren(h("p", { class: "muted" },
-          job && TERMINAL.has(job.state) ? "No checkpoint was saved." : "No checkpoint yet."));
-        return;
-      }
-      const rows = [...list.data].sort((a, b) => b.step - a.step).map((c) => h("tr", {},
-        h("td", { dataset: { label: "Step" } }, String(c.step)),
-        h("td", { dataset: { label: "Saved" } }, localTime(c.time)),
-        h("td", { dataset: { label: "Size" } }, bytes(c.size_bytes)),
-        h("td", {}, h("a", {
-          href: new URL(c.url, location.href).pathname,
-          download: `${jobId}-ckpt-${c.step}.tar.gz`,
-          // Read aloud, every link would be the same "Download .tar.gz".
-          "aria-label": `Download .tar.gz of step ${c.step}`,
-          class: "download",
-          dataset: { step: String(c.step) },
-        }, "Download .tar.gz"))));
-      checkpoints.replaceChildren(h("div", { class: "scroll-x" }, h("table", { class: "plain" },
-        h("thead", {}, h("tr", {}, h("th", {}, "Step"), h("th", {}, "Saved"), h("th", {}, "Size"),
-          h("th", {}, h("span", { class: "visually-hidden" }, "Download")))),
-        h("tbody", {}, rows))));
+      showCheckpoints(list.data);
+      noteCheckpoints(list.data.length ? ""
+        : job && TERMINAL.has(job.state) ? "No checkpoint was saved." : "No checkpoint yet.");
     } catch (error) {
-      if (!stopped) checkpoints.replaceChildren(h("p", { class: "error" }, error.message));
+      // The rows already read stay (the keyboard may be on one), the failure said above them.
+      if (!stopped) noteCheckpoints(error.message, true);
     }
   }
 

@@ -1,0 +1,113 @@
+"""A job's page as a keyboard or screen-reader user meets it, in headless Chromium against
+a real service whose worker is READER_WORKER below: the focus kept on a checkpoint's
+Download link as checkpoints come in. No model is trained here, so none of it is marked
+slow."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
+from tests.e2e.test_dashboard import TERMINAL, Session
+from tests.service.harness import Service, job_spec, stand_in_service
+
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
+
+# `python -m reader_worker run --job-dir DIR`, by its spec's name: "checkpoints" takes a
+# step every 0.1 s and checkpoints every 5 (the files a CheckpointManager writes, which the
+# service lists, and the progress line) until SIGTERM; "points" reports loss 1, 0.5, 0.25
+# at steps 1, 2, 4 and eval loss 0.75 at step 2, then succeeds; "quoted" fails with a
+# reason that quotes a name, as the trainer's data checks do.
+READER_WORKER = """\
+import json, signal, sys, time
+from pathlib import Path
+
+job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1])
+name = json.loads((job_dir / "spec.json").read_text())["name"]
+stopped = []
+signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
+
+
+def progress(**line):
+    with open(job_dir / "progress.jsonl", "a") as f:
+        f.write(json.dumps({"time": time.time(), "total": 1000, **line}) + "\\n")
+
+
+def end(outcome, code, message=name):
+    (job_dir / "result.json").write_text(json.dumps({"outcome": outcome, "message": message}))
+    sys.exit(code)
+
+
+progress(event="start", step=0, phase="starting")
+if name == "points":
+    for step, loss in ((1, 1.0), (2, 0.5), (4, 0.25)):
+        progress(event="progress", step=step, loss=loss)
+        if step == 2:
+            progress(event="eval", step=step, eval_loss=0.75)
+    end("succeeded", 0)
+if name == "quoted":
+    end("failed", 1, "The worker rejected the spec: data: Expected float pixels `x` in [0, 1]. "
+        "Received: 1 NaN.")
+checkpoints = job_dir / "checkpoints"
+checkpoints.mkdir(exist_ok=True)
+step = 0
+while not stopped:
+    time.sleep(0.1)
+    step += 1
+    progress(event="progress", step=step, loss=1 / step)
+    if step % 5 == 0:
+        (checkpoints / f"ckpt-{step}.data-00000-of-00001").write_bytes(b"weights")
+        (checkpoints / f"ckpt-{step}.index").write_bytes(b"index")
+        progress(event="checkpoint", step=step, checkpoint=str(checkpoints / f"ckpt-{step}"))
+end("cancelled", 3)
+"""
+
+# The newest checkpoint's step on the page (0 before any).
+NEWEST_STEP = """() => Math.max(0, ...[...document.querySelectorAll("#checkpoints a.download")]
+  .map((a) => Number(a.dataset.step)))"""
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    with stand_in_service(
+        tmp_path_factory.mktemp("reader"), ("reader_worker", READER_WORKER)
+    ) as svc:
+        yield svc
+
+
+def test_focus_stays_on_a_checkpoint_link_as_checkpoints_come(
+    session: Session, service: Service
+) -> None:
+    """The keyboard on a checkpoint's Download link stays there while new checkpoints come
+    in above it: the table was rebuilt at each one, and the focus went back to the page's
+    top (on <body>) within half a second. The same link node, still in the page."""
+    job = service.submit(job_spec(name="checkpoints"))
+    try:
+        page = session.page
+        page.goto(f"/#/jobs/{job['id']}")
+        expect(page.locator(".job-heading .state")).to_have_text("running")
+        link = page.locator("#checkpoints a.download").first
+        expect(link).to_be_visible()
+        step = link.get_attribute("data-step")
+        link.focus()
+        page.evaluate("() => { window.focusedLink = document.activeElement; }")
+        assert page.evaluate("() => window.focusedLink.dataset.step") == step
+        # Three newer checkpoints listed, each read from the service as it came.
+        page.wait_for_function(f"() => ({NEWEST_STEP})() >= {int(step or 0) + 15}")
+        kept = page.evaluate(
+            "() => [document.activeElement === window.focusedLink, window.focusedLink.isConnected]"
+        )
+        assert kept == [True, True], "the focus left the Download link"
+        expect(page.get_by_role("link", name=f"Download .tar.gz of step {step}")).to_be_focused()
+        # Newest first, each step once.
+        steps = page.eval_on_selector_all(
+            "#checkpoints a.download", "links => links.map((a) => Number(a.dataset.step))"
+        )
+        assert steps == sorted(set(steps), reverse=True), steps
+        assert session.errors == []
+    finally:
+        service.client.post(f"/api/v1/jobs/{job['id']}/cancel")
+        service.wait_state(job["id"], *TERMINAL)

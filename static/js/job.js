@@ -24,6 +24,11 @@ const CHART_POINTS = 2000;
 const LOG_POLL_MS = 3000;
 const LOAD_RETRY_MS = 3000; // a job page that got no answer asks again this often
 const CONFIRM_MS = 4000; // Cancel and Delete job wait this long for the second press
+// An ended job's worker may still be exiting (TensorFlow's teardown: a second or so, more
+// on a busy host), and until it has gone the service refuses a resume or a delete (409,
+// after waiting 5 s). No event says when it has gone: the devices list marks the devices
+// it still holds `exiting`, read this often until it does not (as the devices panel does).
+const EXITING_POLL_MS = 500;
 // The series the charts draw (the learning rate is a stat, not a chart).
 const SERIES = ["loss", "accuracy", "examples_per_sec", "eval_loss", "eval_accuracy"];
 
@@ -49,6 +54,9 @@ export function mountJob(view, jobId) {
   let logTimer = null;
   let checkpointTimer = null;
   let loadTimer = null;
+  let exitingTimer = null;
+  let exiting = false; // the job has ended and its worker is still exiting
+  let exitingAsk = 0; // the latest checkExiting(): an older answer is not acted on
   let ticker = null;
   let drawQueued = false;
   const series = Object.fromEntries(SERIES.map((key) => [key, []]));
@@ -90,7 +98,15 @@ export function mountJob(view, jobId) {
       if (focused && lost) actionStatus.focus({ preventScroll: true });
     },
     missing: () => showDeleted(),
+    refused: (error) => {
+      if (error.status === 409) checkExiting();
+    },
   });
+  // Said while the job's worker is still exiting, and named by the controls that wait for
+  // it (Resume, Train longer, Delete job: dimmed, not hidden, so the page does not jump).
+  const exitingHint = h("p", { class: "muted small exiting-hint", id: "exiting-hint",
+    hidden: true }, "The job has ended but its worker is still exiting… Resume, Train longer " +
+    "and Delete job wait until it has gone.");
   const meta = h("p", { class: "meta muted small" });
   const errorBox = h("div", { class: "job-error", role: "alert", hidden: true });
   const stats = h("div", { class: "stats" },
@@ -136,7 +152,7 @@ export function mountJob(view, jobId) {
       h("div", { class: "job-heading" }, title, badge),
       h("div", { class: "actions" }, modelLink, tensorBoard.button, cancelButton, ...resume.buttons,
         deleteButton)),
-    resume.form, actionStatus, tensorBoard.status, tensorBoard.notice, notice.el, meta, bar,
+    exitingHint, resume.form, actionStatus, tensorBoard.status, tensorBoard.notice, notice.el, meta, bar,
     barText, errorBox, stats,
     h("section", { class: "section" }, h("h2", {}, "Metrics"), chartGrid),
     h("section", { class: "section" },
@@ -497,6 +513,7 @@ export function mountJob(view, jobId) {
    *  the jobs list, which says so; refused (a 409 while the worker is still exiting, say),
    *  the service's reason is said here and nothing else changes. */
   async function remove() {
+    if (exiting) return; // dimmed (aria-disabled), it keeps the focus but does nothing
     if (deleteButton.dataset.armed !== "1") {
       deleteButton.dataset.armed = "1";
       deleteButton.textContent = "Confirm delete";
@@ -523,6 +540,9 @@ export function mountJob(view, jobId) {
       actionStatus.textContent = `Could not delete: ${error.message}`;
       // Already gone (deleted elsewhere meanwhile): the page says so, as the stream would.
       if (error.status === 404) showDeleted();
+      // Its worker still exiting (the devices read that would have said so failed, say):
+      // the button waits for it from now on.
+      if (error.status === 409) checkExiting();
       return;
     }
     if (stopped) return;
@@ -551,6 +571,49 @@ export function mountJob(view, jobId) {
         take(next);
       },
     });
+  }
+
+  /** Whether the ended job's worker is still exiting, as the devices list says: while it
+   *  is, Resume, Train longer and Delete job wait (dimmed, with the hint), and the list is
+   *  read again every EXITING_POLL_MS until it has gone. Run when the page sees the job
+   *  end, when it opens on an ended job, and when the service refuses a resume or delete. */
+  async function checkExiting() {
+    clearTimeout(exitingTimer);
+    const ask = ++exitingAsk;
+    if (stopped || !job || !TERMINAL.has(job.state)) {
+      setExiting(false);
+      return;
+    }
+    let devices;
+    try {
+      devices = await getJSON("/api/v1/devices");
+    } catch {
+      if (ask !== exitingAsk) return;
+      // Not known this time: a wait already shown is kept and asked after again; otherwise
+      // the controls stay usable, and the service's refusal says why if it refuses.
+      if (!stopped && exiting) exitingTimer = setTimeout(checkExiting, LOAD_RETRY_MS);
+      return;
+    }
+    if (stopped || ask !== exitingAsk) return;
+    const still = Boolean(job && TERMINAL.has(job.state) &&
+      devices.data.some((device) => device.job_id === jobId && device.exiting));
+    setExiting(still);
+    if (still) exitingTimer = setTimeout(checkExiting, EXITING_POLL_MS);
+  }
+
+  function setExiting(value) {
+    if (exiting === value) return;
+    exiting = value;
+    exitingHint.hidden = !value;
+    if (value) {
+      disarmDelete();
+      deleteButton.setAttribute("aria-disabled", "true");
+      deleteButton.setAttribute("aria-describedby", exitingHint.id);
+    } else {
+      deleteButton.removeAttribute("aria-disabled");
+      deleteButton.removeAttribute("aria-describedby");
+    }
+    resume.waitForExit(value ? exitingHint.id : null);
   }
 
   function unwatchEnded() {
@@ -596,8 +659,10 @@ export function mountJob(view, jobId) {
       loadLogs();
       loadCheckpoints();
       loadMetrics();
+      checkExiting();
     }
     if (resumed) {
+      checkExiting(); // not ended: nothing waits for an exit
       // Its own stream ended with the last attempt: a new one says this attempt's state
       // first, then its progress. The log is polled again while the job is live.
       closeStream();
@@ -697,6 +762,7 @@ export function mountJob(view, jobId) {
     // Only if the stream has said nothing newer meanwhile (it may have seen the job end).
     job = fresher(job, streamedAt, snapshot, asked);
     renderJob();
+    if (TERMINAL.has(job.state)) checkExiting(); // ended just now, its worker may be exiting
     await Promise.all([loadMetrics(), loadCheckpoints(), loadLogs()]);
   }
 
@@ -731,6 +797,7 @@ export function mountJob(view, jobId) {
     clearTimeout(logTimer);
     clearTimeout(checkpointTimer);
     clearTimeout(loadTimer);
+    clearTimeout(exitingTimer);
     clearTimeout(deleteTimer);
     clearInterval(ticker);
     logResized.disconnect();

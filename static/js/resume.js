@@ -4,6 +4,8 @@
 // checkpoint. Both are hidden while the job is queued or running.
 //
 // Nothing is lost by a resume, so neither asks for a second press (as Cancel and Delete do).
+// While the ended job's worker is still exiting (the service would refuse: 409), both are
+// dimmed and say why (waitForExit).
 
 import { TERMINAL, api } from "./api.js";
 import { h } from "./format.js";
@@ -20,9 +22,11 @@ function trainsOn(latest, to) {
  *  `say(action, text, isError)` writes the page's action status line; `resumed(job, asked,
  *  focused)` takes the service's answer (the job, queued again) to a request begun at
  *  mark() `asked`, pressed with the keyboard on these controls if `focused`; `missing()`
- *  runs when the job is no more (404). `render(job)` shows what fits the job's state;
- *  `checkpoint(step)` takes the latest checkpoint's step (null: none was saved). */
-export function resumeControl(jobId, { say, resumed, missing }) {
+ *  runs when the job is no more (404), `refused(error)` on any other refusal. `render(job)`
+ *  shows what fits the job's state; `checkpoint(step)` takes the latest checkpoint's step
+ *  (null: none was saved); `waitForExit(hintId)` dims the controls, described by the
+ *  element `hintId`, until it is called with null. */
+export function resumeControl(jobId, { say, resumed, missing, refused = () => {} }) {
   const base = `/api/v1/jobs/${encodeURIComponent(jobId)}`;
   const resumeButton = h("button", { type: "button", id: "resume-job", hidden: true,
     title: "Queue the job again: it trains on from its latest checkpoint", onclick: () => send() },
@@ -61,6 +65,7 @@ export function resumeControl(jobId, { say, resumed, missing }) {
   let job = null;
   let latest; // the latest checkpoint's step; null when none was saved, undefined until read
   let busy = false;
+  let waiting = null; // while the worker is still exiting: the id of the line that says so
   let gone = false;
 
   function showHint() {
@@ -111,23 +116,30 @@ export function resumeControl(jobId, { say, resumed, missing }) {
   }
 
   function toggle() {
-    if (busy) return;
+    if (busy || waiting) return;
     if (form.hidden) open();
     else close();
   }
 
-  /** While a resume is out, presses are ignored. aria-disabled, not disabled: a disabled
-   *  button loses the focus, and the keyboard would be back at the page's top. */
-  function setBusy(value) {
-    busy = value;
+  /** While a resume is out, or the worker is still exiting, presses are ignored.
+   *  aria-disabled, not disabled: a disabled button loses the focus, and the keyboard
+   *  would be back at the page's top. */
+  function dim() {
     for (const button of [resumeButton, longerButton, submit]) {
-      if (value) button.setAttribute("aria-disabled", "true");
+      if (busy || waiting) button.setAttribute("aria-disabled", "true");
       else button.removeAttribute("aria-disabled");
+      if (waiting) button.setAttribute("aria-describedby", waiting);
+      else button.removeAttribute("aria-describedby");
     }
   }
 
+  function setBusy(value) {
+    busy = value;
+    dim();
+  }
+
   async function trainLonger() {
-    if (busy) return;
+    if (busy || waiting) return;
     const text = input.value.trim();
     if (text === "") {
       // A letter typed into a number field reads as "" too.
@@ -140,7 +152,7 @@ export function resumeControl(jobId, { say, resumed, missing }) {
 
   /** POST /resume, with `body` ({steps}) or none (a cancelled or failed job, as it is). */
   async function send(body) {
-    if (busy) return;
+    if (busy || waiting) return;
     // Where the keyboard was: the stream may hide these controls before the answer comes.
     const focused = hasFocus();
     setBusy(true);
@@ -174,6 +186,7 @@ export function resumeControl(jobId, { say, resumed, missing }) {
       } else {
         say("resume", `Could not resume: ${error.detail || error.message}`, true);
       }
+      refused(error);
     } finally {
       if (!gone) setBusy(false);
     }
@@ -189,6 +202,10 @@ export function resumeControl(jobId, { say, resumed, missing }) {
       resumeButton.hidden = job.state !== "cancelled" && job.state !== "failed";
       longerButton.hidden = !ended;
       if (!ended && !form.hidden) close();
+    },
+    waitForExit(hintId) {
+      waiting = hintId;
+      dim();
     },
     checkpoint(step) {
       latest = step;

@@ -24,7 +24,7 @@ from playwright.sync_api import Browser, Page, expect
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import LAPTOP, PHONE, TERMINAL, Session, no_overflow, open_session
 from tests.e2e.test_dashboard_details import LOW_CONTRAST
-from tests.e2e.test_delete_job import STILL_EXITING, ended
+from tests.e2e.test_delete_job import EXITING, STILL_EXITING, ended
 from tests.service.harness import Service, job_spec, stand_in_service
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
@@ -306,25 +306,63 @@ def test_train_longer_cancelled_before_it_starts_is_taken_back(
         session.context.close()
 
 
-def test_refusals_are_said_and_change_nothing(session: Session, service: Service) -> None:
-    """A job whose worker is still exiting gets the service's 409 detail in the status line;
-    a job whose data file was removed since gets its field error there (it is no step's):
-    each red, the job as it was, and the controls still there to try again."""
+def test_train_longer_waits_while_the_worker_exits(session: Session, service: Service) -> None:
+    """While an ended job's worker is still exiting, Train longer is there but dimmed, named
+    by the line that says why, and a press opens nothing: it was offered, and the service
+    refused it (409) after a 5 s wait. It works as soon as the worker has gone, with no
+    reload: the page asks the devices list until it no longer marks the job `exiting`."""
     lingering = service.submit(job_spec(name="linger"))  # its worker stays until released
     service.wait_state(lingering["id"], "succeeded")
     page = session.page
     open_job(page, lingering["id"], "succeeded")
-    page.locator("#train-longer").click()
-    page.get_by_label("To step", exact=True).fill("40")
-    page.locator("#resume-submit").click()
-    line = page.locator("#action-status")
-    expect(line).to_have_text(f"Could not resume: Job '{lingering['id']}' {STILL_EXITING}")
-    expect(line).to_have_class(re.compile(r"\berror\b"))
-    expect(page.locator("#resume-steps-error")).to_be_hidden()
-    expect(page.locator("#resume-form")).to_be_visible()  # to try again in a few seconds
-    expect(page.locator("#resume-submit")).to_be_enabled()
-    expect(badge(page)).to_have_text("succeeded")
+    button, hint = page.locator("#train-longer"), page.locator("#exiting-hint")
+    expect(hint).to_have_text(EXITING)
+    expect(button).to_be_visible()
+    expect(button).to_be_disabled()
+    expect(button).to_have_accessible_description(EXITING)
+    button.focus()
+    page.keyboard.press("Enter")
+    expect(page.locator("#resume-form")).to_be_hidden()
+    expect(button).to_be_focused()
     low_contrast(page)
+    page.evaluate("() => { window.notReloaded = true; }")
+
+    service.release(lingering["id"])
+    service.wait_exited(lingering["id"])
+    expect(hint).to_be_hidden(timeout=5_000)  # asked every 0.5 s while it waits
+    expect(button).to_be_enabled()
+    expect(button).to_have_accessible_description("")
+    assert page.evaluate("() => window.notReloaded") is True
+    page.keyboard.press("Enter")
+    expect(page.get_by_label("To step", exact=True)).to_be_focused()
+    expect(page.locator("#resume-submit")).to_be_enabled()
+    assert session.errors == []
+
+
+def test_refusals_are_said_and_change_nothing(session: Session, service: Service) -> None:
+    """A job whose worker is still exiting, where the devices read that says so failed,
+    gets the service's 409 detail in the status line; a job whose data file was removed
+    since gets its field error there (it is no step's): each red, the job as it was, and
+    the controls still there to try again."""
+    lingering = service.submit(job_spec(name="linger"))  # its worker stays until released
+    service.wait_state(lingering["id"], "succeeded")
+    page = session.page
+    page.route("**/api/v1/devices", lambda route: route.abort())
+    try:
+        open_job(page, lingering["id"], "succeeded")
+        page.locator("#train-longer").click()
+        page.get_by_label("To step", exact=True).fill("40")
+        page.locator("#resume-submit").click()
+        line = page.locator("#action-status")
+        expect(line).to_have_text(f"Could not resume: Job '{lingering['id']}' {STILL_EXITING}")
+        expect(line).to_have_class(re.compile(r"\berror\b"))
+        expect(page.locator("#resume-steps-error")).to_be_hidden()
+        expect(page.locator("#resume-form")).to_be_visible()  # to try again in a few seconds
+        expect(page.locator("#resume-submit")).to_be_enabled()
+        expect(badge(page)).to_have_text("succeeded")
+        low_contrast(page)
+    finally:
+        page.unroute("**/api/v1/devices")
     service.release(lingering["id"])
 
     data = service.data_dir / "datasets" / "digits.npz"

@@ -199,7 +199,9 @@ export function dataText(progress) {
 
 /** A view's notice that its live updates (an event stream) are down: "reconnecting" while
  *  the browser retries, "stopped" with a Reload button once it has given up. `el` goes in
- *  the view; `reload` runs on the button. */
+ *  the view; `reload` runs on the button. It is a live region, written only when what it
+ *  says changes: each of the browser's retries (every 3 s or so while the service is down)
+ *  rewrote it, and a screen reader said it again each time. */
 export function liveNotice(reload) {
   const text = h("span", { class: "live-notice-text" });
   const button = h("button", { type: "button", class: "link live-reload" }, "Reload");
@@ -209,10 +211,10 @@ export function liveNotice(reload) {
     reload();
   });
   const show = (state, message) => {
-    el.dataset.live = state;
-    text.textContent = message;
-    button.hidden = state !== "stopped";
-    el.hidden = false;
+    if (el.dataset.live !== state) el.dataset.live = state;
+    if (text.textContent !== message) text.textContent = message;
+    if (button.hidden !== (state !== "stopped")) button.hidden = state !== "stopped";
+    if (el.hidden) el.hidden = false;
   };
   return {
     el,
@@ -225,7 +227,7 @@ export function liveNotice(reload) {
       }
     },
     clear() {
-      el.hidden = true;
+      if (!el.hidden) el.hidden = true;
     },
   };
 }

@@ -333,13 +333,16 @@ export function mountJob(view, jobId) {
       // Unchanged, it is left alone: rewriting it would drop a selection being copied.
       if (logs.textContent !== next) logs.textContent = next;
       if (followLog) logs.scrollTop = logs.scrollHeight;
-      logError.hidden = true;
+      if (!logError.hidden) logError.hidden = true;
     } catch (error) {
       if (!stopped) {
-        // No answer (a restart, say): what was read stays, for the user reading it.
-        logError.textContent = `Could not read the log: ${error.message}` +
+        // No answer (a restart, say): what was read stays, for the user reading it. The
+        // line (a live region) is written only when it changes: rewritten at each 3 s poll,
+        // a screen reader said it again and again while the service was down.
+        const text = `Could not read the log: ${error.message}` +
           (logs.textContent ? " The lines below are from the last read." : "");
-        logError.hidden = false;
+        if (logError.textContent !== text) logError.textContent = text;
+        if (logError.hidden) logError.hidden = false;
       }
     }
     if (!stopped && job && !TERMINAL.has(job.state)) logTimer = setTimeout(loadLogs, LOG_POLL_MS);

@@ -36,7 +36,16 @@ export function tensorBoardControl(jobId) {
   let timer = null;
   let gone = false;
 
+  let said = null; // what the line says now (its state and text), to leave it alone
+
+  /** Write the line, unless it says that already: it is a live region (role=status), and
+   *  rewritten at each 5 s poll with the same words, a screen reader read them out again
+   *  every 5 s for as long as TensorBoard ran. */
   function say(state, ...parts) {
+    const key = JSON.stringify([state, ...parts.map((part) =>
+      (part instanceof Node ? part.outerHTML : String(part)))]);
+    if (key === said) return;
+    said = key;
     status.dataset.state = state;
     status.classList.toggle("error", state === "failed");
     status.replaceChildren(...parts);

@@ -183,9 +183,23 @@ def test_ended_job_says_what_it_never_reported(session: Session, service: Servic
     assert session.errors == []
 
 
+# Counts, in window.writes[name], each change under the element `selector` from now on
+# (its text, children or attributes): a live region written again is read out again, even
+# with the same words.
+COUNT_WRITES = """([name, selector]) => {
+  window.writes = window.writes || {};
+  window.writes[name] = 0;
+  new MutationObserver((records) => { window.writes[name] += records.length; }).observe(
+    document.querySelector(selector),
+    { subtree: true, childList: true, characterData: true, attributes: true });
+}"""
+
+
 def test_log_stays_while_the_service_restarts(browser: Browser, tmp_path: Path) -> None:
     """A log read that gets no answer (the service restarting) keeps the lines already
-    shown and says the read failed beside them; it replaced the log with the error."""
+    shown and says the read failed beside them; it replaced the log with the error. The
+    failure and the "reconnecting" notice, both live regions, are written once: each was
+    rewritten at every failed poll and stream retry (every 3 s), and read out again."""
     restarting = Service(tmp_path / "data", fake_worker_env(tmp_path))
     restarting.start()
     session = open_session(browser, restarting, LAPTOP)
@@ -205,6 +219,20 @@ def test_log_stays_while_the_service_restarts(browser: Browser, tmp_path: Path) 
         expect(note).to_contain_text("Could not read the log: The service did not answer")
         expect(note).to_contain_text("The lines below are from the last read.")
         expect(log).to_contain_text(header)
+        notice = page.locator(".live-notice")
+        expect(notice).to_contain_text("Live updates interrupted; reconnecting…")
+        page.evaluate(COUNT_WRITES, ["log", "#log-error"])
+        page.evaluate(COUNT_WRITES, ["notice", ".live-notice"])
+        for _ in range(2):  # two more failed log reads, and two more of the stream's retries
+            with page.expect_event("requestfailed", lambda r: "/logs" in r.url):
+                page.clock.fast_forward(LOG_POLL_MS)
+        for _ in range(2):
+            page.wait_for_event(
+                "requestfailed", lambda r: r.url.endswith("/events"), timeout=15_000
+            )
+        assert page.evaluate("() => window.writes") == {"log": 0, "notice": 0}
+        expect(note).to_be_visible()
+        expect(notice).to_be_visible()
         restarting.start()
         page.clock.fast_forward(LOG_POLL_MS)
         expect(note).to_be_hidden(timeout=15_000)

@@ -18,6 +18,7 @@ from playwright.sync_api import Locator, Page, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import Session
+from tests.e2e.test_dashboard_details import COUNT_WRITES
 from tests.service.harness import Service, job_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
@@ -128,9 +129,13 @@ def test_chart_of_two_steps_spans_them(session: Session, service: Service) -> No
 
 
 def test_tensorboard_line_says_when_it_runs(session: Session, service: Service) -> None:
+    """The line says TensorBoard starts, then runs, with a link to it; then it is left
+    alone while that stays so. It is a live region, and was rewritten with the same words
+    at each 5 s look, which a screen reader read out each time."""
     service.client.delete("/api/v1/tensorboard")
     job_id = finished(service, "steps-300")
     page = session.page
+    page.clock.install()  # before the page loads: its polls are the clock's, moved on below
     open_job(page, job_id)
     status = tensorboard_line(page)
     click_open(session)
@@ -142,6 +147,13 @@ def test_tensorboard_line_says_when_it_runs(session: Session, service: Service) 
         "href", f"/tensorboard/?runFilter={job_id}#timeseries"
     )
     expect(page.locator("#tensorboard-notice")).to_be_hidden()
+    page.evaluate(COUNT_WRITES, ["tensorboard", "#tensorboard-status"])
+    for _ in range(3):  # the line's next three looks, now
+        with page.expect_response(lambda r: r.url.endswith("/api/v1/tensorboard")):
+            page.clock.fast_forward(RUNNING_POLL_MS)
+    page.wait_for_timeout(100)  # the last answer is taken (a task after its response)
+    assert page.evaluate("() => window.writes") == {"tensorboard": 0}
+    expect(status).to_have_text(RUNNING)
     assert session.errors == []
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Route, expect
+from playwright.sync_api import Browser, Page, Route, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import LAPTOP, LOG_POLL_MS, PHONE, Session, open_session
@@ -294,6 +294,86 @@ def test_text_contrast_meets_wcag_aa(session: Session, service: Service) -> None
     expect(page.locator("#badges .state")).to_have_count(5)
     low = page.evaluate(LOW_CONTRAST)
     assert low == [], "\n".join(low)
+    assert session.errors == []
+
+
+# The focused element's ring, judged as WCAG 2.2's focus appearance asks: a solid outline
+# 2px wide at least, set off from the control (so its own fill, the pressed chip's
+# near-black, cannot swallow it), at 3:1 at least against what is around it. Returns what
+# falls short ("" when nothing does), naming the element.
+FOCUS_RING_FAULT = """() => {
+  const el = document.activeElement;
+  const name = `${el.tagName.toLowerCase()}${el.id ? "#" + el.id : ""}` +
+    ` "${(el.getAttribute("aria-label") || el.textContent).trim().slice(0, 30)}"`;
+  if (!el.matches(":focus-visible")) return `${name}: not :focus-visible`;
+  const channel = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+  const luminance = (css) => {
+    const [r, g, b] = css.match(/[\\d.]+/g).map(Number);
+    return 0.2126 * channel(r) + 0.7152 * channel(g) + 0.0722 * channel(b);
+  };
+  const around = (node) => {
+    for (node = node.parentElement; node; node = node.parentElement) {
+      const css = getComputedStyle(node).backgroundColor;
+      if (css !== "rgba(0, 0, 0, 0)" && css !== "transparent") return css;
+    }
+    return "rgb(255, 255, 255)";
+  };
+  const style = getComputedStyle(el);
+  const width = parseFloat(style.outlineWidth);
+  const offset = parseFloat(style.outlineOffset);
+  const [a, b] = [luminance(style.outlineColor), luminance(around(el))];
+  const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+  const faults = [];
+  if (style.outlineStyle !== "solid") faults.push(`outline-style ${style.outlineStyle}`);
+  if (!(width >= 2)) faults.push(`outline-width ${style.outlineWidth}`);
+  if (!(offset >= 2)) faults.push(`outline-offset ${style.outlineOffset}`);
+  if (ratio < 3) faults.push(`${ratio.toFixed(2)}:1, ${style.outlineColor} on ${around(el)}`);
+  return faults.length ? `${name}: ${faults.join(", ")}` : "";
+}"""
+
+
+def tab_through(page: Page, stops: int) -> tuple[int, list[str]]:
+    """Press Tab up to `stops` times (or until the focus leaves the page's controls): how
+    many controls took the focus, and what each one's ring lacks."""
+    faults, seen = [], 0
+    for _ in range(stops):
+        page.keyboard.press("Tab")
+        if page.evaluate("() => document.activeElement === document.body"):
+            break
+        seen += 1
+        fault = page.evaluate(FOCUS_RING_FAULT)
+        if fault:
+            faults.append(fault)
+    return seen, faults
+
+
+def test_focus_ring_shows_on_every_control(session: Session, service: Service) -> None:
+    """Tabbing through the jobs list and a job's page, each control's focus ring is a solid
+    blue (light blue on the dark top bar) 2px outline, 2px off the control, at 3:1 at
+    least on what is around it. The pressed state chip's ring was the browser's own, dark
+    on its near-black fill: focused or not, it looked the same."""
+    job = service.submit(job_spec(name="quick"))
+    service.wait_state(job["id"], "succeeded", "failed")
+    page = session.page
+    page.goto("/#/")
+    pressed = page.locator('.chip[aria-pressed="true"]')
+    expect(pressed).to_have_text("all")
+    expect(page.locator(f'tr[data-job="{job["id"]}"]')).to_have_count(1)
+    page.locator("body").click(position={"x": 5, "y": 200})  # no control: Tab starts over
+    page.keyboard.press("Tab")
+    while not pressed.evaluate("el => el === document.activeElement"):
+        page.keyboard.press("Tab")
+    assert page.evaluate(FOCUS_RING_FAULT) == ""
+    # The ring is outside the chip: its own dark fill is no part of what it shows on.
+    assert pressed.evaluate("el => getComputedStyle(el).outlineColor") == "rgb(42, 102, 204)"
+    seen, faults = tab_through(page, 25)
+    assert faults == [] and seen >= 7, (seen, faults)  # the other chips, search, a row
+    page.goto(f"/#/jobs/{job['id']}")
+    expect(page.locator(".job-heading .state")).to_have_text("succeeded")
+    page.locator(".crumbs").click(position={"x": 200, "y": 5})  # beside the link, on none
+    seen, faults = tab_through(page, 40)
+    # The actions, the log and spec boxes, Edit & resubmit: every control to the page's end.
+    assert faults == [] and seen >= 6, (seen, faults)
     assert session.errors == []
 
 

@@ -1,4 +1,8 @@
 // Line charts of metric series over steps, drawn with the vendored uPlot (static/vendor/).
+//
+// To assistive technology a chart is a figure named by its caption, holding a line of text
+// that says each series' latest value (and its first): the canvas says nothing, and
+// uPlot's legend, a table of series names with no values, is hidden from it.
 
 import { h } from "./format.js";
 
@@ -64,6 +68,29 @@ export function align(keys, seriesMap) {
   return [xs, ...ys];
 }
 
+/** What a chart says in words: each series' latest value and its first, with their steps
+ *  ("train 0.0001 at step 2900 (first 1.23 at step 1); eval 0.0008 at step 2000"); a
+ *  series with no point is left out, and "" when none has one. `data` is aligned (align). */
+export function summarize(series, data, format) {
+  const steps = data[0];
+  const parts = [];
+  series.forEach((s, k) => {
+    const ys = data[k + 1];
+    let first = -1;
+    let last = -1;
+    for (let i = 0; i < ys.length; i++) {
+      if (ys[i] === null || ys[i] === undefined) continue;
+      if (first < 0) first = i;
+      last = i;
+    }
+    if (last < 0) return;
+    let text = `${s.label} ${format(ys[last])} at step ${steps[last]}`;
+    if (first !== last) text += ` (first ${format(ys[first])} at step ${steps[first]})`;
+    parts.push(text);
+  });
+  return parts.length ? `${parts.join("; ")}.` : "";
+}
+
 /** `data` (aligned) with at most about 2 × `buckets` points a series: the steps are cut
  *  into `buckets` equal spans, and in each a series keeps its lowest and its highest point
  *  (a spike stays, as a chart of every point would show it), and its first and last point
@@ -103,15 +130,24 @@ export function thin(data, buckets = THIN_BUCKETS) {
   return data.map((column) => kept.map((i) => column[i]));
 }
 
+/** A value as the legend and the summary say it: five significant digits. */
+function valueText(v) {
+  return v === null || v === undefined ? "—" : Number(v.toPrecision(5)).toString();
+}
+
 export class LineChart {
   /** `series`: [{key, label, stroke, dash?}] read from the map given to update(). */
   constructor(container, { title, series, yDigits = 4, yRange = null }) {
     this.series = series;
     this.plot = null;
     this.points = 0;
+    // Named by its caption (a figure is); the plot, canvas and legend, is for the eye only:
+    // the summary says it in words, changed only when a value it says changes (not a live
+    // region: a running job's charts change every report).
     this.root = h("figure", { class: "chart", dataset: { chart: title.toLowerCase(), points: "0" } },
       h("figcaption", {}, title),
-      (this.canvas = h("div", { class: "chart-plot" })),
+      (this.canvas = h("div", { class: "chart-plot", "aria-hidden": "true" })),
+      (this.summary = h("p", { class: "chart-summary visually-hidden" })),
       (this.empty = h("p", { class: "chart-empty muted" }, "No data yet")),
       (this.single = h("p", { class: "chart-note muted small", hidden: true })));
     container.append(this.root);
@@ -146,7 +182,7 @@ export class LineChart {
           dash: s.dash,
           spanGaps: true,
           points: { show: (u, si, i0, i1) => i1 - i0 < MAX_DOTS, size: 5 },
-          value: (u, v) => (v === null || v === undefined ? "—" : Number(v.toPrecision(5)).toString()),
+          value: (u, v) => valueText(v),
         })),
       ],
     };
@@ -179,6 +215,8 @@ export class LineChart {
     const steps = data[0];
     this.single.hidden = steps.length !== 1;
     this.single.textContent = steps.length === 1 ? `One report so far, at step ${steps[0]}.` : "";
+    const said = summarize(this.series, data, valueText);
+    if (this.summary.textContent !== said) this.summary.textContent = said;
     const drawn = thin(data);
     this.root.dataset.drawn = String(drawn.slice(1)
       .reduce((n, ys) => n + ys.filter((y) => y !== null).length, 0));

@@ -1,7 +1,7 @@
 """A job's page as a keyboard or screen-reader user meets it, in headless Chromium against
 a real service whose worker is READER_WORKER below: the focus kept on a checkpoint's
-Download link as checkpoints come in. No model is trained here, so none of it is marked
-slow."""
+Download link as checkpoints come in, and the charts said in words. No model is trained
+here, so none of it is marked slow."""
 
 from __future__ import annotations
 
@@ -111,3 +111,27 @@ def test_focus_stays_on_a_checkpoint_link_as_checkpoints_come(
     finally:
         service.client.post(f"/api/v1/jobs/{job['id']}/cancel")
         service.wait_state(job["id"], *TERMINAL)
+
+
+def test_charts_say_their_latest_values_in_words(session: Session, service: Service) -> None:
+    """Each chart is a figure named by its caption that says each series' latest value and
+    its first, with their steps. A screen reader got only the legend's table of series
+    names (no values); the legend and canvas are hidden from it now."""
+    job = service.submit(job_spec(name="points"))
+    assert service.wait_state(job["id"], *TERMINAL)["state"] == "succeeded"
+    page = session.page
+    page.goto(f"/#/jobs/{job['id']}")
+    loss = page.get_by_role("figure", name="Loss", exact=True)
+    expect(loss).to_have_attribute("data-points", "4")  # three train points and one eval
+    expect(loss.get_by_text("train 0.25 at step 4", exact=False)).to_have_text(
+        "train 0.25 at step 4 (first 1 at step 1); eval 0.75 at step 2."
+    )
+    # The legend (a table of names) and the plot are for the eye only.
+    expect(loss.locator(".u-legend")).to_be_visible()
+    expect(loss.get_by_role("table")).to_have_count(0)
+    expect(loss.get_by_role("columnheader")).to_have_count(0)
+    # A chart with no point says so, and no summary.
+    accuracy = page.get_by_role("figure", name="Accuracy", exact=True)
+    expect(accuracy.locator(".chart-summary")).to_have_text("")
+    expect(accuracy.locator(".chart-empty")).to_have_text("No data reported.")
+    assert session.errors == []

@@ -14,7 +14,7 @@ import { resumeControl } from "./resume.js";
 import { tensorBoardControl } from "./tensorboard.js";
 import {
   age, bytes, dataText, devicesText, duration, endReason, eta, h, liveNotice, localTime, num, percent,
-  phaseText, progressBar, rate, setProgress, stateBadge, stepText,
+  phaseText, progressBar, rate, setProgress, stateBadge, stepText, withCode,
 } from "./format.js";
 
 const LOG_LINES = 200;
@@ -316,7 +316,8 @@ export function mountJob(view, jobId) {
     errorBox.hidden = false;
     errorBox.replaceChildren(
       h("strong", {}, `${label}: `),
-      endReason(job),
+      // Its `quoted` names (a key, an array's name) as code, as the submit form shows them.
+      ...withCode(endReason(job)),
       job.error.exit_code !== null && job.error.exit_code !== undefined
         ? ` (exit code ${job.error.exit_code})` : "",
       tail);

@@ -542,7 +542,9 @@ def test_jobs_table_shows_long_names_and_why_jobs_failed(
     # cause is (TensorFlow's start-up lines come first).
     row.locator("a.job-name").click()
     error = page.locator(".job-error")
-    expect(error).to_contain_text(f"Failed: {reason} (exit code 2)")
+    # Its `quoted` names as code, as the submit form shows a refusal's: no backticks.
+    expect(error).to_contain_text(f"Failed: {reason.replace('`', '')} (exit code 2)")
+    expect(error.locator("code").first).to_have_text("y")
     assert no_overflow(page), "the reason's long path widens the page"
     tail = error.locator("pre.log")
     expect(tail).to_contain_text("Cannot load the data")

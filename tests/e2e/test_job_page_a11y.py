@@ -1,7 +1,7 @@
 """A job's page as a keyboard or screen-reader user meets it, in headless Chromium against
 a real service whose worker is READER_WORKER below: the focus kept on a checkpoint's
-Download link as checkpoints come in, and the charts said in words. No model is trained
-here, so none of it is marked slow."""
+Download link as checkpoints come in, the charts said in words, and a failure's `quoted`
+names shown as code. No model is trained here, so none of it is marked slow."""
 
 from __future__ import annotations
 
@@ -134,4 +134,23 @@ def test_charts_say_their_latest_values_in_words(session: Session, service: Serv
     accuracy = page.get_by_role("figure", name="Accuracy", exact=True)
     expect(accuracy.locator(".chart-summary")).to_have_text("")
     expect(accuracy.locator(".chart-empty")).to_have_text("No data reported.")
+    assert session.errors == []
+
+
+def test_failure_reason_shows_quoted_names_as_code(session: Session, service: Service) -> None:
+    """A failure's reason quotes names as Markdown does (`x`): the page shows them as code,
+    as the submit form does a refusal's, not with the backticks."""
+    job = service.submit(job_spec(name="quoted"))
+    ended = service.wait_state(job["id"], *TERMINAL)
+    assert ended["state"] == "failed", ended
+    assert "`x`" in ended["error"]["reason"], ended["error"]
+    page = session.page
+    page.goto(f"/#/jobs/{job['id']}")
+    box = page.locator(".job-error")
+    expect(box).to_contain_text(
+        "Failed: The worker rejected the spec: data: Expected float pixels x in [0, 1]. "
+        "Received: 1 NaN. (exit code 1)"
+    )
+    expect(box.locator("code")).to_have_text("x")
+    assert "`" not in box.inner_text()
     assert session.errors == []

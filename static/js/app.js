@@ -74,37 +74,97 @@ const devicesList = document.getElementById("devices");
 const devicesNote = document.getElementById("devices-note");
 let exitingTimer = null;
 
-/** Who holds a device: its job's link (with "exiting" once the job has ended), or "free". */
-function holder(device) {
-  if (!device.job_id) return h("span", { class: "muted" }, "free");
-  const link = h("a", { href: jobLink({ id: device.job_id }) }, device.job_id);
-  if (!device.exiting) return link;
-  return h("span", {
-    title: "The job has ended and its worker process is exiting; the device is given out once it is gone.",
-  }, link, " ", h("span", { class: "muted" }, "exiting"));
+const EXITING_TITLE =
+  "The job has ended and its worker process is exiting; the device is given out once it is gone.";
+const NOT_CONFIGURED_TITLE =
+  "Held by a job started before the service's settings named fewer devices; not given out again.";
+
+/** Show who holds a device in its `holder` span: its job's link (with "exiting" once the
+ *  job has ended), or "free". A link to the same job is kept, not made anew, so the
+ *  keyboard's focus on it stays through every poll. */
+function showHolder(holder, device) {
+  if (!device.job_id) {
+    holder.removeAttribute("title");
+    if (!holder.querySelector(".device-free")) {
+      holder.replaceChildren(h("span", { class: "muted device-free" }, "free"));
+    }
+    return;
+  }
+  let link = holder.querySelector("a");
+  if (!link) {
+    link = h("a");
+    holder.replaceChildren(link);
+  }
+  const href = jobLink({ id: device.job_id });
+  if (link.getAttribute("href") !== href) link.setAttribute("href", href);
+  if (link.textContent !== device.job_id) link.textContent = device.job_id;
+  const exiting = holder.querySelector(".device-exiting");
+  if (device.exiting && !exiting) {
+    holder.title = EXITING_TITLE;
+    holder.append(h("span", { class: "device-exiting" }, " ", h("span", { class: "muted" }, "exiting")));
+  } else if (!device.exiting && exiting) {
+    holder.removeAttribute("title");
+    exiting.remove();
+  }
+}
+
+/** The panel's item for `device`, updated in place (keyed by `data-device`): an item whose
+ *  device has not changed is left as it is, and none is taken out and put back. */
+function showDevice(item, device) {
+  const className = `device ${device.job_id ? "busy" : "free"}${device.exiting ? " exiting" : ""}`;
+  if (item.className !== className) item.className = className;
+  const holder = item.querySelector(".device-holder");
+  const note = item.querySelector(".device-unconfigured");
+  if (device.configured === false && !note) {
+    holder.before(h("span", { class: "muted device-unconfigured", title: NOT_CONFIGURED_TITLE },
+      "not configured"));
+  } else if (device.configured !== false && note) note.remove();
+  showHolder(holder, device);
+}
+
+function deviceItem(device) {
+  return h("li", { dataset: { device: device.id } },
+    h("span", { class: "device-id" }, device.id), h("span", { class: "device-holder" }));
+}
+
+/** The panel lists `devices` in their order, each item kept where it is when it may be. */
+function showDevices(devices) {
+  const items = new Map();
+  for (const item of [...devicesList.children]) {
+    if (item.dataset.device && devices.some((d) => d.id === item.dataset.device)) {
+      items.set(item.dataset.device, item);
+    } else item.remove(); // "Loading…", an earlier failure, a device no longer listed
+  }
+  let cursor = devicesList.firstElementChild;
+  for (const device of devices) {
+    const item = items.get(device.id) || deviceItem(device);
+    showDevice(item, device);
+    if (cursor === item) cursor = cursor.nextElementSibling;
+    else devicesList.insertBefore(item, cursor);
+  }
+}
+
+/** Say `text` in the panel instead of its devices (one muted line). */
+function devicesSay(text) {
+  const [only] = devicesList.children;
+  if (devicesList.children.length === 1 && !only.dataset.device && only.textContent === text) return;
+  devicesList.replaceChildren(h("li", { class: "muted" }, text));
 }
 
 async function refreshDevices() {
   clearTimeout(exitingTimer);
   try {
     const devices = await getJSON("/api/v1/devices");
-    devicesList.replaceChildren(...devices.data.map((device) => h("li", {
-      class: `device ${device.job_id ? "busy" : "free"}${device.exiting ? " exiting" : ""}`,
-      dataset: { device: device.id },
-    },
-    h("span", { class: "device-id" }, device.id),
-    device.configured === false
-      ? h("span", { class: "muted", title: "Held by a job started before the service's settings named fewer devices; not given out again." }, "not configured")
-      : null,
-    holder(device))));
+    showDevices(devices.data);
     if (devices.data.some((device) => device.exiting)) {
       clearTimeout(exitingTimer); // one set by a refresh that answered meanwhile
       exitingTimer = setTimeout(refreshDevices, EXITING_POLL_MS);
     }
     const kind = devices.data.some((d) => d.kind === "gpu") ? "GPU" : "CPU-only";
-    devicesNote.textContent = `${kind} host · up to ${devices.max_towers} towers a job`;
+    const note = `${kind} host · up to ${devices.max_towers} towers a job`;
+    if (devicesNote.textContent !== note) devicesNote.textContent = note;
   } catch (error) {
-    devicesList.replaceChildren(h("li", { class: "muted" }, `Unavailable: ${error.message}`));
+    devicesSay(`Unavailable: ${error.message}`);
     devicesNote.textContent = "";
   }
 }

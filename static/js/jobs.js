@@ -281,7 +281,7 @@ export function mountJobs(view, query) {
     why.textContent = reason;
     why.title = reason;
     why.hidden = !reason;
-    cells.state.replaceChildren(stateBadge(job.state));
+    if (cells.state.textContent !== job.state) cells.state.replaceChildren(stateBadge(job.state));
     setProgress(bar, job);
     cells.progress.lastChild.textContent = stepText(job);
     cells.loss.textContent = num(p.loss);
@@ -293,9 +293,44 @@ export function mountJobs(view, query) {
     return entry.tr;
   }
 
+  /** Put `trs` in the table in this order, in place: rows that stay are not taken out
+   *  and put back, and the row that holds the keyboard's focus is never moved (rows go
+   *  around it), so a keyboard or screen-reader user keeps their place through every
+   *  poll and update. Taken out, a focused node drops the focus to <body>. If the focused
+   *  row itself goes, the focus goes on from the row beside it (or the summary). */
+  function arrangeRows(trs) {
+    const wanted = new Set(trs);
+    const active = document.activeElement;
+    const gone = [...tbody.children].filter((tr) => !wanted.has(tr));
+    const lost = gone.find((tr) => tr.contains(active));
+    let heir = null; // where the keyboard goes on from when its row goes
+    if (lost) {
+      for (let tr = lost.nextElementSibling; tr && !heir; tr = tr.nextElementSibling) {
+        if (wanted.has(tr)) heir = tr;
+      }
+      for (let tr = lost.previousElementSibling; tr && !heir; tr = tr.previousElementSibling) {
+        if (wanted.has(tr)) heir = tr;
+      }
+    }
+    for (const tr of gone) tr.remove();
+    const held = trs.findIndex((tr) => tr.contains(active));
+    const arrange = (list, cursor) => {
+      for (const tr of list) {
+        if (cursor === tr) cursor = cursor.nextElementSibling;
+        else tbody.insertBefore(tr, cursor); // moves one that is elsewhere
+      }
+    };
+    if (held < 0) arrange(trs, tbody.firstElementChild);
+    else {
+      arrange(trs.slice(0, held), tbody.firstElementChild);
+      arrange(trs.slice(held + 1), trs[held].nextElementSibling);
+    }
+    if (lost) (heir ? heir.querySelector(".job-name") : summary).focus({ preventScroll: true });
+  }
+
   function render() {
     const order = [...jobs.values()];
-    tbody.replaceChildren(...order.map(row));
+    arrangeRows(order.map(row));
     for (const id of rows.keys()) if (!jobs.has(id)) rows.delete(id);
     empty.hidden = order.length > 0;
     table.hidden = order.length === 0;
@@ -377,14 +412,9 @@ export function mountJobs(view, query) {
       refreshSoon();
       return;
     }
-    const tr = rows.get(id)?.tr;
-    const focused = tr && tr.contains(document.activeElement);
-    const next = tr && (tr.nextElementSibling || tr.previousElementSibling);
     jobs.delete(id);
     count = Math.max(0, count - 1);
-    render();
-    // The keyboard was on the row that went: it goes on from a row beside it.
-    if (focused) (next ? next.querySelector(".job-name") : summary).focus({ preventScroll: true });
+    render(); // the keyboard, if it was on the row that went, goes on from a row beside it
     // Every row shown went, with more to show: read them rather than say "No jobs".
     if (jobs.size === 0 && nextCursor) refreshSoon();
   }

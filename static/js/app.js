@@ -15,6 +15,10 @@ const DEVICES_POLL_MS = 5000;
 // teardown), the panel asks again this soon: no event says when the process is gone, and
 // the 5 s poll left a device shown taken for that long after it was free.
 const EXITING_POLL_MS = 500;
+// A job's start or end reads the devices again, but a burst of them (a queue of quick jobs
+// draining: 9 reads a second, each tab) reads them once a DEVICES_GAP_MS at most: one read
+// at a time, and one more after it for whatever changed meanwhile.
+const DEVICES_GAP_MS = 1000;
 const view = document.getElementById("view");
 let unmount = () => {};
 
@@ -73,6 +77,10 @@ function route() {
 const devicesList = document.getElementById("devices");
 const devicesNote = document.getElementById("devices-note");
 let exitingTimer = null;
+let devicesReading = false; // a read is out
+let devicesAgain = false; // something changed while it was out: read once more after it
+let devicesReadAt = -Infinity; // Date.now() when the latest read began
+let devicesSoonTimer = null;
 
 const EXITING_TITLE =
   "The job has ended and its worker process is exiting; the device is given out once it is gone.";
@@ -151,7 +159,26 @@ function devicesSay(text) {
   devicesList.replaceChildren(h("li", { class: "muted" }, text));
 }
 
+/** Read the devices again soon: now if none was read within DEVICES_GAP_MS, else once
+ *  that long after the latest read, however many ask meanwhile. */
+function refreshDevicesSoon() {
+  if (devicesSoonTimer !== null) return;
+  const wait = Math.max(0, devicesReadAt + DEVICES_GAP_MS - Date.now());
+  devicesSoonTimer = setTimeout(() => {
+    devicesSoonTimer = null;
+    refreshDevices();
+  }, wait);
+}
+
 async function refreshDevices() {
+  if (devicesReading) {
+    devicesAgain = true;
+    return;
+  }
+  devicesReading = true;
+  devicesReadAt = Date.now();
+  clearTimeout(devicesSoonTimer); // this read answers for those who asked so far
+  devicesSoonTimer = null;
   clearTimeout(exitingTimer);
   try {
     const devices = await getJSON("/api/v1/devices");
@@ -166,6 +193,12 @@ async function refreshDevices() {
   } catch (error) {
     devicesSay(`Unavailable: ${error.message}`);
     devicesNote.textContent = "";
+  } finally {
+    devicesReading = false;
+    if (devicesAgain) {
+      devicesAgain = false;
+      refreshDevicesSoon();
+    }
   }
 }
 
@@ -244,5 +277,6 @@ window.addEventListener("hashchange", route);
 route();
 refreshDevices();
 setInterval(refreshDevices, DEVICES_POLL_MS);
-// A job started or ended: who holds which device has changed.
-window.addEventListener("towerboard:state", refreshDevices);
+// A job started or stopped holding devices (jobs.js fires this only then; a job's page at
+// each change of its job's state): who holds which device has changed.
+window.addEventListener("towerboard:state", refreshDevicesSoon);

@@ -3,8 +3,9 @@
 //
 // One Server-Sent-Events stream of every job's events keeps the rows live (progress as the
 // workers write it; new jobs and state changes as they happen). The list is re-read when
-// the stream (re)connects, when a job enters or leaves the filter, and every POLL_MS as a
-// safety net. "Show more" reads the next page from the API's next_cursor; a re-read reads
+// the stream (re)connects, when a job enters or leaves the filter where the rows shown
+// may change (a job below them changes nothing shown), and every POLL_MS as a safety net;
+// at most once a REREAD_MS for a burst of events. "Show more" reads the next page from the API's next_cursor; a re-read reads
 // as many rows as are shown, MAX_LIMIT at a time. A job deleted (here, elsewhere or from the
 // CLI: the stream's `deleted`) leaves the table at once, and no read still out brings it back.
 // The name search asks the API (`?name=`) and keeps the stream's new jobs to those whose
@@ -21,6 +22,7 @@ const PAGE = 50;
 const MAX_LIMIT = 200; // the API's largest page
 const MAX_NAME = 200; // the API's longest `name` filter
 const SEARCH_MS = 250; // typing pauses this long before the list is read again
+const REREAD_MS = 1000; // a burst of events re-reads the list at most this often
 
 const COLUMNS = [
   ["name", "Name"], ["state", "State"], ["progress", "Progress"], ["loss", "Loss"],
@@ -155,6 +157,10 @@ export function mountJobs(view, query) {
   const streamed = new Map(); // id -> mark() of the stream's last change to the job
   const arrived = new Map(); // id -> mark() when the stream added the job as a new row
   const deleted = new Set(); // ids the stream said were deleted (ids are never reused)
+  // Until the first read answers, where a job the stream names goes is not known: the
+  // stream's jobs wait here (id -> {job, at: mark()}) for it.
+  let loaded = false;
+  const early = new Map();
   // Back to this list (the browser's Back from a job, a reload): as many rows as were shown
   // and scrolled where it was, as its own history entry keeps them; it came back with the
   // first page at its top, the rows of Show more and the place among them gone. A list
@@ -352,10 +358,28 @@ export function mountJobs(view, query) {
     return (!filter || job.state === filter) && (!search || nameHolds(job.name, search));
   }
 
-  // Re-read the list soon, once for a burst of events (a queue of submissions, say).
+  // Re-read the list soon, once for a burst of events (a queue of submissions, say), and
+  // at most once a REREAD_MS however long the burst goes on.
   let soon = null;
+  let lastRead = -Infinity; // Date.now() when the latest re-read began
   function refreshSoon() {
-    if (soon === null) soon = setTimeout(() => { soon = null; refresh(); }, 250);
+    if (soon !== null) return;
+    const wait = Math.max(250, lastRead + REREAD_MS - Date.now());
+    soon = setTimeout(() => { soon = null; refresh(); }, wait);
+  }
+
+  /** Whether `job` came after `other` (the list is newest first). */
+  const newer = (job, other) => Date.parse(job.created_at) > Date.parse(other.created_at);
+
+  /** Whether a job's `state` event may change who holds a device: the job starts, or
+   *  stops, holding devices (the devices panel reads them again; a queued job's events,
+   *  most of a queue's, change nothing there). A job not shown was running if it has run. */
+  function movesDevices(known, job) {
+    if (job.state === "running") {
+      return known?.state !== "running" || String(known.devices) !== String(job.devices);
+    }
+    if (known) return known.state === "running";
+    return job.state !== "queued" && Boolean(job.started_at);
   }
 
   const follow = () => followAllJobs({
@@ -370,16 +394,25 @@ export function mountJobs(view, query) {
     },
     state: (job) => {
       const known = jobs.get(job.job_id);
-      if (known?.state !== job.state) window.dispatchEvent(new CustomEvent("towerboard:state"));
-      if (!known) {
-        if (!shows(job)) return;
-        // Newer than every row (just submitted): it goes on top, as the list would have it.
-        // Elsewhere (an older job entering the filter) the list says where it goes.
-        const first = jobs.values().next().value;
-        if (first && Date.parse(job.created_at) < Date.parse(first.created_at)) {
-          refreshSoon();
-          return;
-        }
+      if (movesDevices(known, job)) window.dispatchEvent(new CustomEvent("towerboard:state"));
+      if (known) {
+        jobs.set(job.job_id, job);
+        streamed.set(job.job_id, mark());
+        // Left the filter: a row from further down may take its place, as the list says.
+        if (filter && job.state !== filter) refreshSoon();
+        else row(job);
+        return;
+      }
+      // Not shown. One that is not in the list as filtered (its name never changes; its
+      // state is not the filter's) cannot be shown either.
+      if (deleted.has(job.job_id) || !shows(job)) return;
+      if (!loaded) {
+        early.set(job.job_id, { job, at: mark() });
+        return;
+      }
+      // Newer than every row (just submitted): it goes on top, as the list would have it.
+      const first = jobs.values().next().value;
+      if (!first || newer(job, first)) {
         jobs = new Map([[job.job_id, job], ...jobs]);
         streamed.set(job.job_id, mark());
         arrived.set(job.job_id, streamed.get(job.job_id));
@@ -387,10 +420,15 @@ export function mountJobs(view, query) {
         render();
         return;
       }
-      jobs.set(job.job_id, job);
-      streamed.set(job.job_id, mark());
-      if (filter && job.state !== filter) refreshSoon();
-      else row(job);
+      // Older than the top row and not shown: without a state filter it was in the list
+      // all along, below the rows shown, and nothing shown changes (a queue of hundreds
+      // draining re-read the whole list at each of its events). With one, it has entered
+      // the filter: where it goes the list says, unless it goes below the rows shown (its
+      // count then catches up at the next poll, as for one that leaves from down there).
+      if (!filter) return;
+      const last = [...jobs.values()].at(-1);
+      if (nextCursor && newer(last, job)) return;
+      refreshSoon();
     },
     deleted: (event) => forget(event.job_id),
     any: (name, event) => {
@@ -450,6 +488,9 @@ export function mountJobs(view, query) {
 
   async function refresh() {
     clearTimeout(timer);
+    clearTimeout(soon); // this read answers for the events that asked for one so far
+    soon = null;
+    lastRead = Date.now();
     const id = ++reads;
     try {
       const asked = mark();
@@ -458,10 +499,28 @@ export function mountJobs(view, query) {
       // A read that was out when a job was deleted may still list it.
       const { kept, dropped } = live(page.data);
       const next = new Map(merge(kept, asked));
-      // Rows the stream added while the list was read are not in it yet.
+      // What the stream said before the first read answered: its copy where it is newer,
+      // and one the read lacks goes on top (below), as one the stream adds meanwhile does.
+      const waiting = new Map(); // id -> job, of those the read lacks
+      for (const [job, { job: said, at }] of early) {
+        if (deleted.has(job)) continue;
+        if (next.has(job)) next.set(job, fresher(said, at, next.get(job), asked));
+        else if (shows(said)) {
+          waiting.set(job, said);
+          arrived.set(job, at);
+        } else continue;
+        streamed.set(job, at);
+      }
+      early.clear();
+      loaded = true;
+      // Rows the stream added while the list was read are not in it yet: those that came
+      // after its top row (it lists every job older than that down to its end).
+      const top = next.values().next().value;
+      const copy = (job) => jobs.get(job) || waiting.get(job);
       const added = [...arrived].filter(([job, at]) => at > asked && !next.has(job) &&
-        jobs.has(job) && shows(jobs.get(job)));
-      jobs = new Map([...added.map(([job]) => [job, jobs.get(job)]), ...next]);
+        copy(job) && shows(copy(job)) && (!top || newer(copy(job), top)))
+        .sort(([a], [b]) => Date.parse(copy(b).created_at) - Date.parse(copy(a).created_at));
+      jobs = new Map([...added.map(([job]) => [job, copy(job)]), ...next]);
       for (const job of streamed.keys()) if (!jobs.has(job)) streamed.delete(job);
       for (const [job, at] of arrived) if (at <= asked) arrived.delete(job);
       count = Math.max(0, page.count - dropped) + added.length;

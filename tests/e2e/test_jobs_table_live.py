@@ -1,17 +1,26 @@
 """The jobs table and the devices panel as they update live, in headless Chromium against
 a real service whose worker is the harness's stand-in (it runs until cancelled, or ends
 at once for a job named `quick`): a keyboard user keeps their place through every poll
-and update."""
+and update, and a queue's churn reads nothing that could not have changed."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Page, Request, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
-from tests.e2e.test_dashboard import DEVICES_POLL_MS, LAPTOP, Session, list_read_now, open_session
+from tests.e2e.test_dashboard import (
+    DEVICES_POLL_MS,
+    LAPTOP,
+    LIST_POLL_MS,
+    LIST_READ,
+    Session,
+    list_read_now,
+    open_session,
+)
 from tests.service.harness import Service, job_spec, stand_in_service
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
@@ -78,6 +87,111 @@ def test_keyboard_focus_stays_through_polls_and_updates(clocked: Session, servic
     devices_read_now(page)
     assert page.evaluate(SAME_FOCUS), "the devices poll took the focus"
     expect(device).to_be_focused()
-    service.client.post(f"/api/v1/jobs/{running['id']}/cancel").raise_for_status()
-    service.wait_state(running["id"], "cancelled")
+    for job in (newer, running):
+        service.client.post(f"/api/v1/jobs/{job['id']}/cancel").raise_for_status()
+        service.wait_state(job["id"], "cancelled")
+    assert clocked.errors == []
+
+
+DEVICES_GAP_MS = 1_000  # static/js/app.js's DEVICES_GAP_MS
+DEVICES_READ = re.compile(r"/api/v1/devices$")
+
+
+def pause_after_a_poll(page: Page) -> None:
+    """Stop the page's clock (its clock installed before it loaded) after its next list
+    read: from then on no timer of the page fires until the test moves the clock on, so
+    every request it makes meanwhile was made by an event."""
+    now = page.evaluate("Date.now()")
+    with page.expect_response(lambda r: LIST_READ.search(r.url) is not None):
+        page.clock.pause_at(now + LIST_POLL_MS + 1_000)
+    page.wait_for_timeout(300)
+
+
+def record(page: Page, pattern: re.Pattern[str]) -> list[str]:
+    urls: list[str] = []
+
+    def on_request(request: Request) -> None:
+        if pattern.search(request.url):
+            urls.append(request.url)
+
+    page.on("request", on_request)
+    return urls
+
+
+def cancel(service: Service, *jobs: dict[str, object]) -> None:
+    for job in jobs:
+        status = service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code
+        assert status in (200, 202, 409), status  # 409: it had ended
+    for job in jobs:
+        service.wait_state(str(job["id"]), "succeeded", "failed", "cancelled")
+
+
+def test_state_changes_below_the_rows_shown_read_nothing(
+    clocked: Session, service: Service
+) -> None:
+    """A job below the rows shown that starts, ends or is cancelled changes nothing shown,
+    nor the count, in the unfiltered list: no list read for it (each such event re-read
+    the whole list, 50 rows, while a queue drained). A job submitted elsewhere still comes
+    on top, and a filtered list still takes in an older job that enters its filter."""
+    jobs = [service.submit(job_spec(name=f"backlog-{i}")) for i in range(53)]  # one runs
+    service.wait_state(jobs[0]["id"], "running")
+    try:
+        page = clocked.page
+        page.goto("/#/")
+        rows = page.locator("#jobs-table tbody tr")
+        expect(rows).to_have_count(50)
+        below = page.locator(f'tr[data-job="{jobs[0]["id"]}"]')
+        expect(below).to_have_count(0)
+        pause_after_a_poll(page)
+        summary = page.locator("#jobs-summary").inner_text()
+        reads = record(page, LIST_READ)
+
+        # The running job below the rows ends and the next (also below) starts; a queued
+        # one below is cancelled.
+        cancel(service, jobs[0], jobs[2])
+        service.wait_state(jobs[1]["id"], "running")
+        newcomer = service.submit(job_spec(name="newcomer-on-top"))
+        # Events come in order: once the newcomer is shown, the others have been seen.
+        expect(rows.first).to_have_attribute("data-job", newcomer["id"])
+        page.clock.fast_forward(2 * DEVICES_GAP_MS)  # any re-read asked for is due
+        page.wait_for_timeout(500)
+        assert reads == [], f"state changes below the rows shown re-read the list: {reads}"
+        expect(rows).to_have_count(51)
+        total = int(re.sub(r"\D+", " ", summary).split()[1]) + 1
+        expect(page.locator("#jobs-summary")).to_have_text(f"51 of {total} jobs")
+
+        # Filtered: an older job that enters the filter is read into its place.
+        page.goto("/#/?state=cancelled")
+        expect(page.locator(f'tr[data-job="{jobs[0]["id"]}"]')).to_be_visible()
+        cancel(service, jobs[3])
+        page.clock.fast_forward(2 * DEVICES_GAP_MS)
+        expect(page.locator(f'tr[data-job="{jobs[3]["id"]}"]')).to_be_visible()
+        assert clocked.errors == []
+    finally:
+        cancel(service, *jobs, newcomer)
+
+
+def test_a_queue_draining_reads_the_devices_once_a_second(
+    clocked: Session, service: Service
+) -> None:
+    """Quick jobs starting and ending one after another read the devices once for the
+    burst, not once per state event (9 reads a second with 120 such jobs), and a queued
+    job's events none."""
+    page = clocked.page
+    page.goto("/#/")
+    expect(page.locator('.device[data-device="cpu:0"]')).to_contain_text("free")
+    pause_after_a_poll(page)
+    reads = record(page, DEVICES_READ)
+    quick = [service.submit(job_spec(name="quick")) for _ in range(8)]
+    for job in quick:
+        service.wait_state(job["id"], "succeeded")
+    for job in quick:
+        expect(page.locator(f'tr[data-job="{job["id"]}"] .state')).to_have_text("succeeded")
+    page.wait_for_timeout(300)
+    # Time stands still in the page: every read asked for waits in one timer.
+    assert reads == [], f"{len(reads)} devices reads for {len(quick)} jobs' starts and ends"
+    with page.expect_request(lambda r: DEVICES_READ.search(r.url) is not None):
+        page.clock.fast_forward(DEVICES_GAP_MS)
+    page.wait_for_timeout(500)
+    assert len(reads) == 1, reads
     assert clocked.errors == []

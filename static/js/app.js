@@ -191,7 +191,9 @@ async function refreshDevices() {
     const note = `${kind} host · up to ${devices.max_towers} towers a job`;
     if (devicesNote.textContent !== note) devicesNote.textContent = note;
   } catch (error) {
-    devicesSay(`Unavailable: ${error.message}`);
+    // Refused for want of a token, they are not unavailable: the token bar asks for it,
+    // and the jobs view says so.
+    devicesSay(error.status === 401 ? "—" : `Unavailable: ${error.message}`);
     devicesNote.textContent = "";
   } finally {
     devicesReading = false;

@@ -229,7 +229,9 @@ export function mountJobs(view, query) {
   // Focusable from script only: where the keyboard goes on when the last row it was on goes.
   const summary = h("p", { class: "muted small", id: "jobs-summary", tabindex: "-1" }, "Loading…");
   const tbody = h("tbody");
-  const table = h("table", { class: "jobs", id: "jobs-table" },
+  // Hidden until the first read answers: a bare header said nothing (and, refused for
+  // want of a token, looked like an empty list).
+  const table = h("table", { class: "jobs", id: "jobs-table", hidden: true },
     h("thead", {}, h("tr", {}, COLUMNS.map(([key, label]) => h("th", { class: `col-${key}` }, label)))),
     tbody);
   const emptyText = h("p");
@@ -382,15 +384,23 @@ export function mountJobs(view, query) {
     return job.state !== "queued" && Boolean(job.started_at);
   }
 
+  // The stream was refused or ended for good (EventSource gives no reason): the re-read
+  // that follows says whether for want of a token (then only the token is asked for: a
+  // Reload could not help) or not (then the notice says live updates stopped).
+  let streamEnded = false;
   const follow = () => followAllJobs({
     open: () => { // (re)connected: whatever happened meanwhile is in the list
+      streamEnded = false;
       notice.clear();
       refreshSoon();
     },
     error: (readyState) => {
-      notice.error(readyState);
-      // Given up: the re-read says why (a 401 asks for the token) and shows the latest.
-      if (readyState === EventSource.CLOSED) refresh();
+      if (readyState !== EventSource.CLOSED) {
+        notice.error(readyState);
+        return;
+      }
+      streamEnded = true;
+      refresh();
     },
     state: (job) => {
       const known = jobs.get(job.job_id);
@@ -526,6 +536,7 @@ export function mountJobs(view, query) {
       count = Math.max(0, page.count - dropped) + added.length;
       nextCursor = page.nextCursor;
       error.hidden = true;
+      if (streamEnded) notice.error(EventSource.CLOSED);
       render();
       if (scrollBack !== null) {
         window.scrollTo(0, scrollBack);
@@ -533,8 +544,15 @@ export function mountJobs(view, query) {
       }
     } catch (e) {
       if (stopped || id !== reads) return;
-      error.textContent = `Could not load jobs: ${e.message}`;
+      // Refused for want of a token (a first visit to a service that needs one, or one
+      // changed under the page): the token bar asks for it, and this says so once, with
+      // none of the refusal's wording. Once it is given, the view is mounted anew.
+      const unauthorized = e.status === 401;
+      error.textContent = unauthorized ? "Enter the service's token above to see its jobs."
+        : `Could not load jobs: ${e.message}`;
       error.hidden = false;
+      if (unauthorized) notice.clear();
+      else if (streamEnded) notice.error(EventSource.CLOSED);
       if (summary.textContent === "Loading…") summary.textContent = ""; // it is not loading
     } finally {
       clearTimeout(timer); // one poll pending, however many reads overlapped

@@ -14,7 +14,7 @@
 import { STATES, TERMINAL, followAllJobs, getJSON } from "./api.js";
 import {
   age, devicesText, endReason, eta, h, jobLink, liveNotice, num, percent, progressBar, rate,
-  setProgress, stateBadge, stepText,
+  setProgress, stateBadge, stepText, withCode,
 } from "./format.js";
 
 const POLL_MS = 15000;
@@ -285,10 +285,15 @@ export function mountJobs(view, query) {
     id.textContent = job.id;
     // Why it failed or was cancelled, so the table answers that without opening the job;
     // two lines at most here, the whole reason on hover and on the job's page.
+    // Its `quoted` names (keys, paths) as <code>, as the job's page and the submit form
+    // show them: they read with literal backticks here.
     const reason = endReason(job);
-    why.textContent = reason;
-    why.title = reason;
-    why.hidden = !reason;
+    if (entry.reason !== reason) {
+      entry.reason = reason;
+      why.replaceChildren(...withCode(reason));
+      why.title = why.textContent; // as it reads, backticks and all gone
+      why.hidden = !reason;
+    }
     if (cells.state.textContent !== job.state) cells.state.replaceChildren(stateBadge(job.state));
     setProgress(bar, job);
     cells.progress.lastChild.textContent = stepText(job);

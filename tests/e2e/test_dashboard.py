@@ -519,11 +519,13 @@ def test_jobs_table_shows_long_names_and_why_jobs_failed(
     page.goto("/#/")
     row = page.locator(f'tr[data-job="{failing["id"]}"]')
     expect(row.locator(".state")).to_have_text("failed")
-    # Why it failed, in the table: the reason (clamped to two lines; all of it on hover).
+    # Why it failed, in the table: the reason (clamped to two lines; all of it on hover),
+    # its `quoted` names as code.
     why = row.locator(".job-reason")
     expect(why).to_be_visible()
-    expect(why).to_have_text(reason)
-    expect(why).to_have_attribute("title", reason)
+    expect(why).to_have_text(reason.replace("`", ""))
+    expect(why.locator("code").first).to_have_text("y")
+    expect(why).to_have_attribute("title", reason.replace("`", ""))
     expect(page.locator(f'tr[data-job="{long_named["id"]}"] .job-reason')).to_be_hidden()
     # The long name wraps: every column stays in view, with no sideways scrolling.
     expect(page.locator(f'tr[data-job="{long_named["id"]}"] a.job-name')).to_have_text(long_name)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import Browser, Page, Request, expect
@@ -195,3 +196,37 @@ def test_a_queue_draining_reads_the_devices_once_a_second(
     page.wait_for_timeout(500)
     assert len(reads) == 1, reads
     assert clocked.errors == []
+
+
+# `python -m reason_worker run --job-dir DIR`: fails at once, saying why as the trainer
+# does, with `quoted` names.
+REASON = "Expected labels `y` >= 0. Received: a label of -1 in `data/train.npz`."
+REASON_WORKER = f"""\
+import json, sys
+from pathlib import Path
+
+job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1])
+result = {{"outcome": "failed", "message": {REASON!r}}}
+(job_dir / "result.json").write_text(json.dumps(result))
+sys.exit(1)
+"""
+
+
+def test_a_failure_reason_shows_its_names_as_code(browser: Browser, tmp_path: Path) -> None:
+    """The table's reason shows its `quoted` names as code, as the job's page and the
+    submit form do: it showed the backticks."""
+    with stand_in_service(tmp_path, ("reason_worker", REASON_WORKER)) as failing:
+        job = failing.submit(job_spec(name="bad-labels"))
+        assert failing.wait_state(job["id"], "failed")["error"]["reason"] == REASON
+        session = open_session(browser, failing, LAPTOP)
+        try:
+            page = session.page
+            page.goto("/#/")
+            why = page.locator(f'tr[data-job="{job["id"]}"] .job-reason')
+            plain = REASON.replace("`", "")
+            expect(why).to_have_text(plain)
+            expect(why.locator("code")).to_have_text(["y", "data/train.npz"])
+            expect(why).to_have_attribute("title", plain)
+            assert session.errors == []
+        finally:
+            session.context.close()

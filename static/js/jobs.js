@@ -272,6 +272,9 @@ export function mountJobs(view, query) {
       cells.name.append(h("a", { href: jobLink(job), class: "job-name" }), h("span", { class: "job-id" }),
         h("span", { class: "job-reason", hidden: true }));
       const bar = progressBar(job);
+      // Named by its job: a screen reader's list of the page's progress bars said
+      // "Progress" for every row. (A job's name never changes.)
+      bar.setAttribute("aria-label", `Progress of ${job.name}`);
       cells.progress.append(bar, h("span", { class: "step" }));
       const tr = h("tr", { dataset: { job: job.id } }, Object.values(cells));
       entry = { tr, cells, bar };

@@ -467,7 +467,7 @@ def test_what_axe_core_flagged(session: Session, service: Service) -> None:
     page = session.page
     page.goto("/#/")
     row = page.locator(f'tr[data-job="{job["id"]}"]')
-    expect(row.get_by_role("progressbar", name="Progress", exact=True)).to_have_attribute(
+    expect(row.get_by_role("progressbar", name="Progress of quick", exact=True)).to_have_attribute(
         "aria-valuetext", "0 / 10"
     )
     page.goto(f"/#/jobs/{job['id']}")

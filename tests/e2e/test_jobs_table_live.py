@@ -230,3 +230,21 @@ def test_a_failure_reason_shows_its_names_as_code(browser: Browser, tmp_path: Pa
             assert session.errors == []
         finally:
             session.context.close()
+
+
+def test_each_progress_bar_is_named_by_its_job(session: Session, service: Service) -> None:
+    """Every row's progress bar was named "Progress": a screen reader's list of them could
+    not tell the jobs apart."""
+    jobs = [service.submit(job_spec(name=name)) for name in ("first-bar", "second-bar")]
+    try:
+        page = session.page
+        page.goto("/#/")
+        for job in jobs:
+            bar = page.get_by_role("progressbar", name=f"Progress of {job['name']}", exact=True)
+            expect(bar).to_have_count(1)
+            expect(
+                page.locator(f'tr[data-job="{job["id"]}"] [role="progressbar"]')
+            ).to_have_attribute("aria-label", f"Progress of {job['name']}")
+        assert session.errors == []
+    finally:
+        cancel(service, *jobs)

@@ -756,8 +756,11 @@ export function mountJob(view, jobId) {
       // No answer (the service is restarting, say) or a server error: it may answer soon,
       // so the page tries again rather than stay blank until the user reloads it.
       const again = error.status === 0 || error.status >= 500;
+      // Refused for want of a token: the token bar asks for it, and this says so once (it
+      // showed the 401's own "Expected header 'Authorization: Bearer …'"), as the jobs do.
       showOnly(error.status === 404 ? `No job ${jobId}.`
-        : again ? `Could not load job ${jobId}: ${error.message} Trying again…` : error.message);
+        : error.status === 401 ? "Enter the service's token above to see this job."
+          : again ? `Could not load job ${jobId}: ${error.message} Trying again…` : error.message);
       if (again) loadTimer = setTimeout(load, LOAD_RETRY_MS);
       return;
     }

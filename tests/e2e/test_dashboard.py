@@ -804,6 +804,14 @@ def test_token_field_when_service_needs_one(browser: Browser, tmp_path: Path) ->
         stream_refused(page, responses)
         asks_only_for_the_token(page)
         notice = page.locator(".live-notice")
+        # A job's page says the same (it showed the 401's own "Expected header …").
+        page.goto("/#/jobs/nosuchjob")
+        expect(page.locator("#job-load-error")).to_have_text(
+            "Enter the service's token above to see this job."
+        )
+        expect(page.locator(".live-notice")).to_be_hidden()
+        page.goto("/#/")
+        asks_only_for_the_token(page)
 
         # The devices poll keeps answering 401 (every 5 s); the field does not take the
         # focus back from elsewhere, and a closed bar stays closed.

@@ -39,6 +39,7 @@ from trainer.datafiles import (
     read_npy_header,
     resolve_files,
     shape_problem,
+    tfrecord_compressed,
     tfrecord_hint,
 )
 from trainer.errors import op_reason
@@ -813,7 +814,7 @@ def _read_tfrecord(path: Path) -> _Chunk | None:
     This holds the whole file in memory, as every format here does: the pipeline then
     feeds by index, so its checkpoints hold positions instead of buffered records.
     """
-    compressed = path.name.endswith(".gz")
+    compressed = tfrecord_compressed(path)
     dataset = (
         tf.data.TFRecordDataset([str(path)], compression_type="GZIP" if compressed else "")
         # 256 records a parse: one at a time is 10x slower, and a batch's strings are held

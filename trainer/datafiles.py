@@ -310,13 +310,19 @@ def no_records(empty: list[Path]) -> str:
 TFRECORD_HEADER_BYTES = 12
 
 
+def tfrecord_compressed(path: Path) -> bool:
+    """Whether a TFRecord file is read as gzip'd: named `.gz`, in any case, as the folder
+    rule takes it (`_TFRECORD_NAME`)."""
+    return path.name.lower().endswith(".gz")
+
+
 def check_tfrecord_files(files: DataFiles) -> None:
     """Raises `DataFilesError` where a TFRecord file does not begin with a record's header
     (its length's checksum), or where every training file holds no record. Reads each
     file's first 12 bytes (a gzip'd one's first block)."""
     empty = []
     for path in [*files.train, *files.eval]:
-        compressed = path.name.lower().endswith(".gz")
+        compressed = tfrecord_compressed(path)
         try:
             with gzip.open(path, "rb") if compressed else path.open("rb") as stream:
                 head = stream.read(TFRECORD_HEADER_BYTES)

@@ -258,7 +258,7 @@ def _tfrecord(path: Path, records: int = 1) -> bytes:
     """A TFRecord file as TensorFlow writes it (gzip'd where named .gz); its bytes."""
     import tensorflow as tf  # the test's, to write real files: the service never imports it
 
-    options = "GZIP" if path.name.endswith(".gz") else None
+    options = "GZIP" if path.name.lower().endswith(".gz") else None
     with tf.io.TFRecordWriter(str(path), options=options) as writer:
         for _ in range(records):
             writer.write(b"a record")
@@ -296,6 +296,7 @@ def test_admit_refuses_tfrecord_files_that_begin_with_no_record_header(tmp_path:
     assert error["message"].startswith("Expected a readable gzip file. Received: "), error
     # Real files, plain and gzip'd, and a glob over them: admitted.
     _tfrecord(damaged / "train.tfrecord.gz", records=3)
+    _tfrecord(damaged / "more.tfrecord.GZ")  # `.GZ` as `.gz`, as the worker reads it
     _tfrecord(damaged / "eval.tfrecord")
     assert admit(spec, pool=POOL, data_roots=[tmp_path])[1] == []
 

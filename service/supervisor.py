@@ -23,7 +23,9 @@ guard that logs an error once (again only when it changes) and retries on the ne
 The in-memory progress tail moves on only after the store has taken the lines, so a
 failed write is retried from the same offset and no line is lost; a job whose worker has
 ended is settled only once its last lines are stored, so a failed read or write holds
-its end back to a later tick rather than ending it without them.
+its end back to a later tick rather than ending it without them; after
+SETTLE_WAIT_SECONDS of refusals it ends without them (logged), so that a line the store
+never takes cannot hold the job, its devices and the queue for good.
 
 progress.jsonl is read a bounded part at a time (`read_progress_chunk`), each part stored
 before the next is read: a file that grew by 50 MB while the service was down was read,
@@ -62,6 +64,10 @@ ERROR_LOG_LINES = 30
 # Parts of a gone worker's progress.jsonl read before the service answers (4 MiB, some
 # 16,000 lines: nine hours of reports, one every 2 s); the rest is read by the ticks.
 RECOVER_PARTS = 4
+# How long a job whose worker has ended waits for its last progress lines to be stored
+# before it ends without them: a store that refuses them this long (a line it never takes)
+# must not hold the job, its devices and the queue behind it for good.
+SETTLE_WAIT_SECONDS = 60.0
 
 
 @dataclass
@@ -102,6 +108,9 @@ class Supervisor:
         # Running jobs whose worker was gone at start: their progress is read on, then each
         # is ended or requeued (see `_settle_gone`).
         self._gone: set[str] = set()
+        # Jobs whose worker has ended and whose last lines the store refused: since when
+        # (`_stored_or_given_up`).
+        self._unstored: dict[str, float] = {}
         # The last error logged per guarded part ((job id, part) or ("", "schedule")), so a
         # failure that repeats every tick is logged once, not five times a second.
         self._errors: dict[tuple[str, str], str] = {}
@@ -242,12 +251,13 @@ class Supervisor:
             return
         for _ in range(parts):
             read = self._read_progress_guarded(job_id)
-            if read is None:
+            if read is None and not self._stored_or_given_up(job_id, stored=False):
                 return  # failed (a full disk, a locked store): settled once all of it is stored
             if not read:
                 break
         else:
             return  # more to read: the next tick goes on
+        self._stored_or_given_up(job_id, stored=True)
         run = self.run_dir(job_id)
         if inside(run.root, run.result) or job.cancel_requested_at is not None:
             self._ended(job, WorkerExit(), killed=False)
@@ -261,18 +271,22 @@ class Supervisor:
     def _watch(self, job: JobRecord, worker: Worker) -> None:
         # A progress file that cannot be read or stored does not stop the cancel: the
         # signals go out whatever its lines. The job ends only once its last lines are
-        # stored; until then the next tick reads them again (poll() keeps its exit).
+        # stored (or the store has refused them for SETTLE_WAIT_SECONDS); until then the
+        # next tick reads them again (poll() keeps its exit).
         self._read_progress_guarded(job.id)
-        self._enforce_cancel(job, worker)
         exit = worker.poll()
         if exit is not None:
             # The last lines, written just before the exit.
-            if self._read_all_progress(job.id):
+            if self._stored_or_given_up(job.id, stored=self._read_all_progress(job.id)):
                 self._ended(job, exit, killed=worker.killed)
             return
+        # A worker that is still running: one gone is never signalled (nor taken for one
+        # killed after the grace, while its last lines wait for the store).
+        self._enforce_cancel(job, worker)
         told = self._told_exit(job)
         if told is not None:
-            if not self._read_all_progress(job.id):  # the end line, written before result.json
+            # The end line, written before result.json.
+            if not self._stored_or_given_up(job.id, stored=self._read_all_progress(job.id)):
                 return
             self._exiting[job.id] = _Exiting(job.id, worker, list(job.devices), time.monotonic())
             self._ended(job, told, killed=False, exiting=worker)
@@ -324,6 +338,7 @@ class Supervisor:
         """Stop watching a job that is no longer running."""
         self._workers.pop(job_id, None)
         self._tails.pop(job_id, None)
+        self._unstored.pop(job_id, None)
         for key in [key for key in self._errors if key[0] == job_id]:
             del self._errors[key]
 
@@ -343,6 +358,24 @@ class Supervisor:
                 self._settings.cancel_grace_seconds,
             )
             worker.kill()
+
+    def _stored_or_given_up(self, job_id: str, *, stored: bool) -> bool:
+        """Whether a job whose worker has ended may be settled: its last lines are `stored`,
+        or the store has refused them for SETTLE_WAIT_SECONDS (then it ends without them,
+        logged: its end, its devices and the jobs queued behind it matter more)."""
+        if stored:
+            self._unstored.pop(job_id, None)
+            return True
+        since = self._unstored.setdefault(job_id, time.monotonic())
+        if time.monotonic() - since < SETTLE_WAIT_SECONDS:
+            return False
+        log.error(
+            "Job %s: its last progress lines could not be stored for %gs; it ends without them",
+            job_id,
+            SETTLE_WAIT_SECONDS,
+        )
+        self._unstored.pop(job_id, None)
+        return True
 
     def _read_progress_guarded(self, job_id: str) -> bool | None:
         """Read and store the next part of the job's progress.jsonl; True when that moved

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from service import supervisor as supervisor_module
 from service.devices import DevicePool
 from service.settings import Settings
 from service.store import JobRecord, JobState, JobStore
@@ -709,6 +710,26 @@ def test_gone_workers_job_ends_only_once_its_last_lines_are_stored(tmp_path: Pat
     progress = settings.runs_dir / job.id / "progress.jsonl"
     _make_storable(progress)
     _assert_every_line_stored(store, _settled(supervisor, store, job.id), progress)
+    store.close()
+
+
+def test_gone_workers_job_ends_without_lines_the_store_refuses_past_the_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A line the store never takes held the job running, its devices and the queue behind
+    # it, for good. Past SETTLE_WAIT_SECONDS (0 here, 60 s in the service) it ends without.
+    settings = Settings(data_dir=tmp_path / "data").resolved()
+    store = JobStore(settings.db_path)
+    job = _gone_worker_with_an_unstorable_line(settings, store)
+    supervisor = in_process(settings, store)
+    supervisor.recover()
+    supervisor.tick()
+    assert _running(store, job.id), "ended at once, the wait not given"
+    monkeypatch.setattr(supervisor_module, "SETTLE_WAIT_SECONDS", 0.0)
+    ended = _settled(supervisor, store, job.id)
+    assert (ended.state, ended.devices) == (JobState.SUCCEEDED, [])  # from its result.json
+    # The part of the file that holds the line is stored in one write: it is lost whole.
+    assert store.metrics(job.id, names=["loss"]) == []
     store.close()
 
 

@@ -305,7 +305,6 @@ class Controller:
             # job did (a 2050-step job with scalars every 100 ended its charts at 2000).
             last = step + 1 == self.total_steps
             scalars_due = _due(s.scalars_every, step + 1, last)
-            requests[:] = (self.stop.is_set(), self.checkpointer.due_by_time())
             images, quiet, read = self._step(loop, step + 1, scalars_due, requests)
             step += 1
             if step == loop.first_step:
@@ -380,10 +379,12 @@ class Controller:
         self, loop: _Loop, step: int, scalars_due: bool, requests: np.ndarray
     ) -> tuple[tf.Tensor, bool, list[_Launched]]:
         """Launch `step` and read the losses due: (its images, whether nothing but its
-        loss is due after it, the steps whose losses were read)."""
+        loss is due after it, the steps whose losses were read). `requests` are set here,
+        for the step to carry: a stop asked while the input was awaited goes with it."""
         in_cluster = self.cluster.is_multi_worker
         images, labels = next(self.train_batches)
         examples = int(images.shape[0])
+        requests[:] = (self.stop.is_set(), self.checkpointer.due_by_time())
         # A traced step is marked as one (`step_num`), as Keras's fit marks its steps:
         # the profile plugin's overview page and input-pipeline analyzer find steps by
         # this marker alone, and without it said "No step marker observed" and 0 ms. The

@@ -47,7 +47,8 @@ export function applyProgressEvent(job, event) {
     }
   }
   if (event.event === "start" && Number.isInteger(event.towers)) p.towers = event.towers;
-  // What it trains on, as the service folds it (its checks there: a whole summary or none).
+  // What it trains on: the service checks the whole summary before it stores one (a
+  // worker's line is trusted here as it is shown, and the next read replaces it).
   if (event.event === "start" && event.data && Array.isArray(event.data.image_shape)) {
     p.data = event.data;
   }
@@ -383,13 +384,14 @@ export function mountJobs(view, query) {
 
   /** Whether a job's `state` event may change who holds a device: the job starts, or
    *  stops, holding devices (the devices panel reads them again; a queued job's events,
-   *  most of a queue's, change nothing there). A job not shown was running if it has run. */
+   *  most of a queue's, change nothing there). A job not shown may have been running if it
+   *  has run: ended, or queued again after its worker was lost. */
   function movesDevices(known, job) {
     if (job.state === "running") {
       return known?.state !== "running" || String(known.devices) !== String(job.devices);
     }
     if (known) return known.state === "running";
-    return job.state !== "queued" && Boolean(job.started_at);
+    return Boolean(job.started_at);
   }
 
   // The stream was refused or ended for good (EventSource gives no reason): the re-read

@@ -160,8 +160,9 @@ def listens_on_loopback(host: str) -> bool:
 
 
 class BrowserGuard:
-    """The outermost middleware: security headers on every answer, cross-origin writes
-    refused, and with `check_host` only IP or localhost Hosts. The service checks Hosts
+    """The outermost middleware but for `HeadAsGet` (whose HEAD is a GET to it): security
+    headers on every answer, cross-origin writes refused, and with `check_host` only IP or
+    localhost Hosts. The service checks Hosts
     when it has no token and listens on loopback only: a service opened to the network
     without a token is anyone's by any name anyway, and refusing names would only break it."""
 

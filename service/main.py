@@ -206,7 +206,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.token is not None:  # added late, so it runs early: no body is read unauthenticated
         app.add_middleware(BearerAuth, token=settings.token.get_secret_value())
         document_bearer_auth(app)
-    # Outermost: its headers go on every answer, a 401 included.
+    # Outermost but for HeadAsGet: its headers go on every answer, a 401 included.
     check_host = settings.token is None and listens_on_loopback(settings.host)
     app.add_middleware(BrowserGuard, check_host=check_host)
     # Outside even that: a HEAD no route takes is a GET to all the rest, auth included,

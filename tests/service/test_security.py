@@ -212,7 +212,7 @@ import sys, uvicorn
 from service.main import create_app
 from service.settings import Settings
 settings = Settings(data_dir=sys.argv[1], token=sys.argv[3] or None)
-app = create_app(settings)  # BrowserGuard outermost, as `towerboard serve` runs it
+app = create_app(settings)  # its middleware in order, as `towerboard serve` runs it
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
 """
 

@@ -89,9 +89,12 @@ def test_focus_stays_on_a_checkpoint_link_as_checkpoints_come(
         page = session.page
         page.goto(f"/#/jobs/{job['id']}")
         expect(page.locator(".job-heading .state")).to_have_text("running")
-        link = page.locator("#checkpoints a.download").first
-        expect(link).to_be_visible()
-        step = link.get_attribute("data-step")
+        first = page.locator("#checkpoints a.download").first
+        expect(first).to_be_visible()
+        step = first.get_attribute("data-step")
+        # By its step: `.first` is looked up again at each use, and a newer row comes
+        # every half second.
+        link = page.locator(f'#checkpoints a.download[data-step="{step}"]')
         link.focus()
         page.evaluate("() => { window.focusedLink = document.activeElement; }")
         assert page.evaluate("() => window.focusedLink.dataset.step") == step

@@ -69,14 +69,16 @@ def test_head_answers_what_get_does_without_a_body(
     # It was a 405 (`allow: GET`) on every GET route but /healthz, /, /static and the
     # downloads: a monitor probing /metrics or a job with HEAD, or `curl -I`, got nothing.
     service, job_id = served
-    client = httpx.Client(base_url=service.base_url, timeout=10.0)
+    # A HEAD that went on to stream (an event stream, a whole metrics stream) would not end
+    # within this; the bound below is loose, for a loaded machine.
+    client = httpx.Client(base_url=service.base_url, timeout=30.0)
     for path in get_paths(job_id, tmp_path):
         with client.stream("GET", path) as got:  # an event stream is read no further
             streams = got.headers.get("content-type", "").startswith("text/event-stream")
             body = b"" if streams else got.read()
         started = time.monotonic()
         head = client.head(path)
-        assert time.monotonic() - started < 5, path
+        assert time.monotonic() - started < 20, path
         assert head.status_code == got.status_code, (path, head.status_code, head.text)
         assert head.content == b"", path
         assert _headers(head) == _headers(got), path
@@ -100,11 +102,11 @@ def test_head_of_an_event_stream_ends_at_once_without_streaming(
     service.wait_state(running, "running")
     try:
         for path in ("/api/v1/events", f"/api/v1/jobs/{running}/events"):
-            with socket.create_connection(("127.0.0.1", service.port), timeout=5) as sock:
+            with socket.create_connection(("127.0.0.1", service.port), timeout=15) as sock:
                 started = time.monotonic()
                 sock.sendall(f"HEAD {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
                 head = _read_head(sock)
-                assert time.monotonic() - started < 2, path
+                assert time.monotonic() - started < 10, path  # loose, for a loaded machine
                 assert head.startswith(b"HTTP/1.1 200 "), head
                 assert b"content-type: text/event-stream" in head.lower(), head
                 # Nothing follows the head (no event, no chunk), and the same connection

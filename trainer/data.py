@@ -781,12 +781,6 @@ _TFRECORD_FEATURES = {
 }
 
 
-def _tfrecord_hint(path: Path, compressed: bool) -> str:
-    """What an unreadable TFRecord file's first bytes say it is, when they say."""
-    with path.open("rb") as file:
-        return tfrecord_hint(file.read(4), compressed)
-
-
 # The first bytes of the encoded image files a TFRecord writer often stores instead.
 _ENCODED_IMAGES = {
     b"\x89PNG\r\n\x1a\n": "PNG",
@@ -861,7 +855,7 @@ def _read_tfrecord(path: Path) -> _Chunk | None:
     except tf.errors.DataLossError as error:
         raise DataError(
             "Expected readable TFRecord files. Received: a damaged, cut-short or non-TFRecord file: "
-            f"{_op_reason(error)}{_tfrecord_hint(path, compressed)} ({path})"
+            f"{_op_reason(error)}{tfrecord_hint(path, compressed)} ({path})"
         ) from None
     except tf.errors.OpError as error:
         raise DataError(

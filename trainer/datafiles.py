@@ -337,8 +337,7 @@ def check_tfrecord_files(files: DataFiles) -> None:
             continue
         length, checksum = head[:8], head[8:]
         if len(head) < TFRECORD_HEADER_BYTES or checksum != _masked_crc32c(length):
-            with path.open("rb") as file:  # the hint is of the file's own first bytes
-                hint = tfrecord_hint(file.read(4), compressed)
+            hint = tfrecord_hint(path, compressed)
             raise DataFilesError(
                 "Expected TFRecord files. Received: a file whose first bytes are no "
                 f"record's header, not a TFRecord file or one cut short{hint} ({path})"
@@ -347,8 +346,11 @@ def check_tfrecord_files(files: DataFiles) -> None:
         raise DataFilesError(no_records(files.train))
 
 
-def tfrecord_hint(head: bytes, compressed: bool) -> str:
-    """What a file's first 4 bytes say it is, where TFRecord's reader cannot read it."""
+def tfrecord_hint(path: Path, compressed: bool) -> str:
+    """What a file's own first bytes say it is, where TFRecord's reader cannot read it: the
+    worker's message and the service's alike."""
+    with path.open("rb") as file:
+        head = file.read(4)
     # The compression is told by the name, not these bytes: a record's length can begin
     # with them too, so they only explain a file that failed to read.
     if head[:2] == _GZIP_MAGIC and not compressed:

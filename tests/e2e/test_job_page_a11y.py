@@ -18,7 +18,8 @@ pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
 
 # `python -m reader_worker run --job-dir DIR`, by its spec's name: "checkpoints" takes a
 # step every 0.1 s and checkpoints every 5 (the files a CheckpointManager writes, which the
-# service lists, and the progress line) until SIGTERM; "points" reports loss 1, 0.5, 0.25
+# service lists, and the progress line) until SIGTERM, and once a `drop` file is in its
+# run directory deletes its two oldest checkpoints at once (retention); "points" reports loss 1, 0.5, 0.25
 # at steps 1, 2, 4 and eval loss 0.75 at step 2, then succeeds; "quoted" fails with a
 # reason that quotes a name, as the trainer's data checks do.
 READER_WORKER = """\
@@ -62,6 +63,12 @@ while not stopped:
         (checkpoints / f"ckpt-{step}.data-00000-of-00001").write_bytes(b"weights")
         (checkpoints / f"ckpt-{step}.index").write_bytes(b"index")
         progress(event="checkpoint", step=step, checkpoint=str(checkpoints / f"ckpt-{step}"))
+    if (job_dir / "drop").exists():
+        (job_dir / "drop").unlink()
+        kept = sorted(int(p.name[5:-6]) for p in checkpoints.glob("ckpt-*.index"))
+        for old in kept[:2]:
+            for part in checkpoints.glob(f"ckpt-{old}.*"):
+                part.unlink()
 end("cancelled", 3)
 """
 
@@ -110,6 +117,36 @@ def test_focus_stays_on_a_checkpoint_link_as_checkpoints_come(
             "#checkpoints a.download", "links => links.map((a) => Number(a.dataset.step))"
         )
         assert steps == sorted(set(steps), reverse=True), steps
+        assert session.errors == []
+    finally:
+        service.client.post(f"/api/v1/jobs/{job['id']}/cancel")
+        service.wait_state(job["id"], *TERMINAL)
+
+
+def test_focus_goes_to_the_nearest_row_that_stays_when_retention_drops_rows(
+    session: Session, service: Service
+) -> None:
+    """The keyboard on one of the two oldest checkpoints' links, and retention drops both
+    at once: the focus goes on from the nearest row that stays. It went to the row beside,
+    which was going too, and fell to the page's top (<body>). Both rows are tried: which
+    of the two the page lets go first depends on the order it listed them in."""
+    job = service.submit(job_spec(name="checkpoints"))
+    run = service.data_dir / "runs" / job["id"]
+    links = "#checkpoints a.download"
+    try:
+        page = session.page
+        page.goto(f"/#/jobs/{job['id']}")
+        expect(page.locator(".job-heading .state")).to_have_text("running")
+        page.wait_for_function(f"() => document.querySelectorAll('{links}').length >= 5")
+        for focused in (0, 1):  # the oldest, then the second oldest
+            steps = sorted(
+                page.eval_on_selector_all(links, "a => a.map((l) => Number(l.dataset.step))")
+            )
+            page.locator(f'{links}[data-step="{steps[focused]}"]').focus()
+            (run / "drop").write_text("")
+            for gone in steps[:2]:
+                expect(page.locator(f'{links}[data-step="{gone}"]')).to_have_count(0)
+            expect(page.locator(f'{links}[data-step="{steps[2]}"]')).to_be_focused()
         assert session.errors == []
     finally:
         service.client.post(f"/api/v1/jobs/{job['id']}/cancel")

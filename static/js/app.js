@@ -6,6 +6,7 @@
 
 import { getJSON, getToken, setToken } from "./api.js";
 import { h, jobLink } from "./format.js";
+import { arrangeInPlace } from "./inplace.js";
 import { mountJob } from "./job.js";
 import { mountJobs } from "./jobs.js";
 import { mountSubmit } from "./submit.js";
@@ -135,21 +136,18 @@ function deviceItem(device) {
     h("span", { class: "device-id" }, device.id), h("span", { class: "device-holder" }));
 }
 
-/** The panel lists `devices` in their order, each item kept where it is when it may be. */
+/** The panel lists `devices` in their order, each item kept where it is when it may be.
+ *  Any other item goes: "Loading…", an earlier failure, a device no longer listed. */
 function showDevices(devices) {
   const items = new Map();
-  for (const item of [...devicesList.children]) {
-    if (item.dataset.device && devices.some((d) => d.id === item.dataset.device)) {
-      items.set(item.dataset.device, item);
-    } else item.remove(); // "Loading…", an earlier failure, a device no longer listed
+  for (const item of devicesList.children) {
+    if (item.dataset.device) items.set(item.dataset.device, item);
   }
-  let cursor = devicesList.firstElementChild;
-  for (const device of devices) {
+  arrangeInPlace(devicesList, devices.map((device) => {
     const item = items.get(device.id) || deviceItem(device);
     showDevice(item, device);
-    if (cursor === item) cursor = cursor.nextElementSibling;
-    else devicesList.insertBefore(item, cursor);
-  }
+    return item;
+  }));
 }
 
 /** Say `text` in the panel instead of its devices (one muted line). */

@@ -16,6 +16,7 @@ import {
   age, bytes, dataText, devicesText, duration, endReason, eta, h, liveNotice, localTime, num, percent,
   phaseText, progressBar, rate, setProgress, stateBadge, stepText, withCode,
 } from "./format.js";
+import { arrangeInPlace } from "./inplace.js";
 
 const LOG_LINES = 200;
 // Points a series is read with (GET /metrics?points=): a chart draws about 1,200 at most
@@ -389,36 +390,26 @@ export function mountJob(view, jobId) {
   /** The table's rows made those of `list`, newest first: a row kept is neither moved nor
    *  rebuilt, only its cells' text changed where it differs (a step saved again after a
    *  resume from an older one). A row whose checkpoint is gone (the retention's `keep`)
-   *  goes; if the keyboard was on it, it goes on from the row beside it. */
+   *  goes; if the keyboard was on it, it goes on from the nearest row that stays. */
   function showCheckpoints(list) {
     const sorted = [...list].sort((a, b) => b.step - a.step);
-    const steps = new Set(sorted.map((c) => c.step));
-    for (const [step, tr] of rowsByStep) {
-      if (steps.has(step)) continue;
-      if (tr.contains(document.activeElement)) {
-        const beside = tr.nextElementSibling || tr.previousElementSibling;
-        const link = beside && beside.querySelector("a.download");
-        if (link) link.focus({ preventScroll: true });
-      }
-      tr.remove();
-      rowsByStep.delete(step);
-    }
-    sorted.forEach((c, i) => {
+    // Steps keep their order: only a new row is ever inserted, none moved.
+    arrangeInPlace(checkpointRows, sorted.map((c) => {
       let tr = rowsByStep.get(c.step);
       if (!tr) {
         tr = checkpointRow(c);
         rowsByStep.set(c.step, tr);
       }
-      // Steps keep their order: only a new row is ever inserted, none moved.
-      const at = checkpointRows.children[i] || null;
-      if (at !== tr) checkpointRows.insertBefore(tr, at);
       const set = (field, text) => {
         const cell = tr.querySelector(`[data-field="${field}"]`);
         if (cell.textContent !== text) cell.textContent = text;
       };
       set("time", localTime(c.time));
       set("size", bytes(c.size_bytes));
-    });
+      return tr;
+    }), { focusIn: (tr) => tr.querySelector("a.download") });
+    const steps = new Set(sorted.map((c) => c.step));
+    for (const step of rowsByStep.keys()) if (!steps.has(step)) rowsByStep.delete(step);
     if (sorted.length === 0) checkpointTable.remove(); // its header alone says nothing
     else if (checkpointTable.parentNode !== checkpoints) checkpoints.append(checkpointTable);
   }

@@ -16,6 +16,7 @@ import {
   age, devicesText, endReason, eta, h, jobLink, liveNotice, num, percent, progressBar, rate,
   setProgress, stateBadge, stepText, withCode,
 } from "./format.js";
+import { arrangeInPlace } from "./inplace.js";
 
 const POLL_MS = 15000;
 const PAGE = 50;
@@ -310,44 +311,12 @@ export function mountJobs(view, query) {
     return entry.tr;
   }
 
-  /** Put `trs` in the table in this order, in place: rows that stay are not taken out
-   *  and put back, and the row that holds the keyboard's focus is never moved (rows go
-   *  around it), so a keyboard or screen-reader user keeps their place through every
-   *  poll and update. Taken out, a focused node drops the focus to <body>. If the focused
-   *  row itself goes, the focus goes on from the row beside it (or the summary). */
-  function arrangeRows(trs) {
-    const wanted = new Set(trs);
-    const active = document.activeElement;
-    const gone = [...tbody.children].filter((tr) => !wanted.has(tr));
-    const lost = gone.find((tr) => tr.contains(active));
-    let heir = null; // where the keyboard goes on from when its row goes
-    if (lost) {
-      for (let tr = lost.nextElementSibling; tr && !heir; tr = tr.nextElementSibling) {
-        if (wanted.has(tr)) heir = tr;
-      }
-      for (let tr = lost.previousElementSibling; tr && !heir; tr = tr.previousElementSibling) {
-        if (wanted.has(tr)) heir = tr;
-      }
-    }
-    for (const tr of gone) tr.remove();
-    const held = trs.findIndex((tr) => tr.contains(active));
-    const arrange = (list, cursor) => {
-      for (const tr of list) {
-        if (cursor === tr) cursor = cursor.nextElementSibling;
-        else tbody.insertBefore(tr, cursor); // moves one that is elsewhere
-      }
-    };
-    if (held < 0) arrange(trs, tbody.firstElementChild);
-    else {
-      arrange(trs.slice(0, held), tbody.firstElementChild);
-      arrange(trs.slice(held + 1), trs[held].nextElementSibling);
-    }
-    if (lost) (heir ? heir.querySelector(".job-name") : summary).focus({ preventScroll: true });
-  }
-
   function render() {
     const order = [...jobs.values()];
-    arrangeRows(order.map(row));
+    // If the row the keyboard is on goes, the keyboard goes on from a row beside it (or
+    // the summary, when none stays).
+    arrangeInPlace(tbody, order.map(row),
+      { focusIn: (tr) => tr.querySelector(".job-name"), fallback: summary });
     for (const id of rows.keys()) if (!jobs.has(id)) rows.delete(id);
     empty.hidden = order.length > 0;
     table.hidden = order.length === 0;

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, Request, expect
+from playwright.sync_api import Browser, Page, Request, Route, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import (
@@ -47,11 +47,47 @@ def clocked(browser: Browser, service: Service) -> Iterator[Session]:
     session.context.close()
 
 
-def devices_read_now(page: Page) -> None:
-    """Have the devices panel's next poll now, and give the page a moment to show it."""
-    with page.expect_response(lambda r: r.url.endswith("/api/v1/devices")):
-        page.clock.fast_forward(DEVICES_POLL_MS)
-    page.wait_for_timeout(300)
+# The jobs list is drawn (its rows, then its summary line, "3 of 3 jobs") at each read's
+# answer, and the line is written then whether or not its words change: from now on,
+# window.listDraws counts those writes. A count that has gone up says that a read has been
+# shown, where a fixed wait passed as well when the page had not yet drawn it.
+WATCH_LIST_DRAWS = """() => {
+  window.listDraws = 0;
+  new MutationObserver(() => { window.listDraws += 1; }).observe(
+    document.getElementById("jobs-summary"), { childList: true, characterData: true });
+}"""
+LIST_DRAWN = "() => window.listDraws > 0"
+
+
+def list_read_now_and_shown(page: Page) -> None:
+    """Have the table's next poll now (list_read_now) and wait until its answer is shown."""
+    page.evaluate(WATCH_LIST_DRAWS)
+    list_read_now(page)
+    page.wait_for_function(LIST_DRAWN)
+
+
+DEVICES_READ = re.compile(r"/api/v1/devices$")
+
+
+def devices_read_now(page: Page, towers: int) -> None:
+    """Have the devices panel's next poll now, and wait until its answer is shown. A poll
+    whose devices have not changed changes nothing in the panel, by design; so its answer
+    is the service's own with `max_towers` made `towers`, and the panel's note saying
+    "up to `towers` towers a job" is the sign that it has been shown."""
+
+    def answer(route: Route) -> None:
+        response = route.fetch()
+        route.fulfill(response=response, json={**response.json(), "max_towers": towers})
+
+    page.route(DEVICES_READ, answer)
+    try:
+        with page.expect_response(lambda r: DEVICES_READ.search(r.url) is not None):
+            page.clock.fast_forward(DEVICES_POLL_MS)
+        expect(page.locator("#devices-note")).to_have_text(
+            re.compile(rf"\bup to {towers} towers a job$")
+        )
+    finally:
+        page.unroute(DEVICES_READ, answer)
 
 
 def test_keyboard_focus_stays_through_polls_and_updates(clocked: Session, service: Service) -> None:
@@ -69,8 +105,7 @@ def test_keyboard_focus_stays_through_polls_and_updates(clocked: Session, servic
     link.focus()
     page.evaluate(NOTE_FOCUS)
 
-    list_read_now(page)
-    page.wait_for_timeout(300)
+    list_read_now_and_shown(page)
     assert page.evaluate(SAME_FOCUS), "the table's poll took the focus"
     newer = service.submit(job_spec(name="newcomer"))
     expect(page.locator("#jobs-table tbody tr").first).to_have_attribute("data-job", newer["id"])
@@ -84,9 +119,9 @@ def test_keyboard_focus_stays_through_polls_and_updates(clocked: Session, servic
     expect(device).to_have_text(running["id"])
     device.focus()
     page.evaluate(NOTE_FOCUS)
-    devices_read_now(page)
-    devices_read_now(page)
-    assert page.evaluate(SAME_FOCUS), "the devices poll took the focus"
+    for towers in (97, 98):  # two polls, each answer shown
+        devices_read_now(page, towers)
+        assert page.evaluate(SAME_FOCUS), "the devices poll took the focus"
     expect(device).to_be_focused()
     for job in (newer, running):
         service.client.post(f"/api/v1/jobs/{job['id']}/cancel").raise_for_status()
@@ -95,17 +130,18 @@ def test_keyboard_focus_stays_through_polls_and_updates(clocked: Session, servic
 
 
 DEVICES_GAP_MS = 1_000  # static/js/app.js's DEVICES_GAP_MS
-DEVICES_READ = re.compile(r"/api/v1/devices$")
 
 
 def pause_after_a_poll(page: Page) -> None:
     """Stop the page's clock (its clock installed before it loaded) after its next list
     read: from then on no timer of the page fires until the test moves the clock on, so
-    every request it makes meanwhile was made by an event."""
+    every request it makes meanwhile was made by an event. Returns once the read's answer
+    is shown (the requests of the other timers that the jump fired have gone out before)."""
     now = page.evaluate("Date.now()")
+    page.evaluate(WATCH_LIST_DRAWS)
     with page.expect_response(lambda r: LIST_READ.search(r.url) is not None):
         page.clock.pause_at(now + LIST_POLL_MS + 1_000)
-    page.wait_for_timeout(300)
+    page.wait_for_function(LIST_DRAWN)
 
 
 def record(page: Page, pattern: re.Pattern[str]) -> list[str]:
@@ -186,9 +222,10 @@ def test_a_queue_draining_reads_the_devices_once_a_second(
     quick = [service.submit(job_spec(name="quick")) for _ in range(8)]
     for job in quick:
         service.wait_state(job["id"], "succeeded")
+    # Every row shows its job's end: the page has had, and handled, each start and end
+    # (each asks for a devices read then and there, in the handler that changes the row).
     for job in quick:
         expect(page.locator(f'tr[data-job="{job["id"]}"] .state')).to_have_text("succeeded")
-    page.wait_for_timeout(300)
     # Time stands still in the page: every read asked for waits in one timer.
     assert reads == [], f"{len(reads)} devices reads for {len(quick)} jobs' starts and ends"
     with page.expect_request(lambda r: DEVICES_READ.search(r.url) is not None):

@@ -3,8 +3,9 @@
 //
 // One Server-Sent-Events stream of every job's events keeps the rows live (progress as the
 // workers write it; new jobs and state changes as they happen). The list is re-read when
-// the stream (re)connects, when a job enters or leaves the filter where the rows shown
-// may change (a job below them changes nothing shown), and every POLL_MS as a safety net;
+// the stream (re)connects, when a job enters the filter (below the rows shown, it changes
+// their count) or leaves it where the rows shown may change, and every POLL_MS as a
+// safety net;
 // at most once a REREAD_MS for a burst of events. "Show more" reads the next page from the API's next_cursor; a re-read reads
 // as many rows as are shown, MAX_LIMIT at a time. A job deleted (here, elsewhere or from the
 // CLI: the stream's `deleted`) leaves the table at once, and no read still out brings it back.
@@ -412,12 +413,12 @@ export function mountJobs(view, query) {
       // Older than the top row and not shown: without a state filter it was in the list
       // all along, below the rows shown, and nothing shown changes (a queue of hundreds
       // draining re-read the whole list at each of its events). With one, it has entered
-      // the filter: where it goes the list says, unless it goes below the rows shown (its
-      // count then catches up at the next poll, as for one that leaves from down there).
-      if (!filter) return;
-      const last = [...jobs.values()].at(-1);
-      if (nextCursor && newer(last, job)) return;
-      refreshSoon();
+      // the filter (or, running, been asked to cancel): where it goes the list says, and
+      // so does the count, which said one too few until the next poll when it went below
+      // the rows shown. A burst of them reads once a REREAD_MS. (One that leaves the
+      // filter from down there is not known to have been in it: the count catches up at
+      // the next poll.)
+      if (filter) refreshSoon();
     },
     deleted: (event) => forget(event.job_id),
     any: (name, event) => {

@@ -208,6 +208,42 @@ def test_state_changes_below_the_rows_shown_read_nothing(
         cancel(service, *jobs, newcomer)
 
 
+def test_a_filtered_count_takes_in_a_job_entering_below_the_rows_shown(
+    clocked: Session, service: Service
+) -> None:
+    """A job that enters the filter below the rows shown is counted at once (the list is
+    read again, as for one entering among them): the count said one too few until the
+    next 15 s poll. The page's clock stands still but for the second or two a re-read
+    waits, so no poll comes meanwhile."""
+    holder = service.submit(job_spec(name="holds-the-device"))  # runs: the rest wait
+    service.wait_state(holder["id"], "running")
+    older = service.submit(job_spec(name="enters-below"))  # queued, below the rows to be
+    newer = [service.submit(job_spec(name=f"cancelled-{i}")) for i in range(51)]
+    cancel(service, *newer)  # queued, so cancelled at once
+    late: dict[str, object] = {}
+    try:
+        page = clocked.page
+        page.goto("/#/?state=cancelled")
+        rows = page.locator("#jobs-table tbody tr")
+        expect(rows).to_have_count(50)
+        expect(page.get_by_role("button", name="Show more")).to_be_visible()
+        pause_after_a_poll(page)
+        summary = page.locator("#jobs-summary")
+        before = int(re.sub(r"\D+", " ", summary.inner_text()).split()[1])
+
+        cancel(service, older)  # enters the filter, older than every row shown
+        late = service.submit(job_spec(name="comes-on-top"))
+        cancel(service, late)
+        # Events come in order: once the later job is on top, the older one's was had.
+        expect(rows.first).to_have_attribute("data-job", str(late["id"]))
+        page.clock.fast_forward(2 * DEVICES_GAP_MS)  # any re-read asked for is due
+        expect(summary).to_have_text(f"50 of {before + 2} jobs cancelled")
+        expect(page.locator(f'tr[data-job="{older["id"]}"]')).to_have_count(0)
+        assert clocked.errors == []
+    finally:
+        cancel(service, holder, older, *([late] if late else []))
+
+
 def test_a_queue_draining_reads_the_devices_once_a_second(
     clocked: Session, service: Service
 ) -> None:

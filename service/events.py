@@ -1,4 +1,5 @@
-"""Fan-out of job events (progress lines, state changes) to Server-Sent-Events listeners.
+"""Fan-out of job events (progress lines, state changes, a deletion, an ended job's worker
+gone) to Server-Sent-Events listeners.
 
 The supervisor and the routes publish; each listener is an asyncio queue on the
 service's event loop. A publish never blocks: it adds the event to a pending batch, and
@@ -54,7 +55,8 @@ _PING_SECONDS = 15
 @dataclass(frozen=True)
 class JobEvent:
     """`event` is a progress.jsonl event name (start, progress, eval, checkpoint, trace,
-    end) or `state` for a change of the job's state."""
+    end), `state` for a change of the job's state, `deleted` for a job deleted for good, or
+    `exited` once an ended job's worker, still exiting at its end, has gone."""
 
     job_id: str
     event: str
@@ -64,6 +66,15 @@ class JobEvent:
     def state(cls, job: JobRecord) -> JobEvent:
         """The `state` event of `job` as it is now: the job's public JSON."""
         return cls(job.id, "state", JobPublic.from_record(job).model_dump(mode="json"))
+
+    @classmethod
+    def exited(cls, job_id: str, devices: list[str]) -> JobEvent:
+        """The `exited` event: the ended job's worker process, which outlived the job's end
+        (TensorFlow's teardown), is gone, and `devices`, which the devices list marked
+        `exiting` until then, are free (a resume or delete of the job is taken from now).
+        Only after an end that left the worker exiting: one that had gone by then held
+        nothing past the `state` that ended its job."""
+        return cls(job_id, "exited", {"id": job_id, "devices": list(devices)})
 
     @functools.cached_property
     def all_jobs_sse(self) -> bytes:

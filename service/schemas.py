@@ -210,7 +210,7 @@ class DevicePublic(BaseModel):
         False,
         description="True while the job holding it has ended and its worker process is "
         "still exiting (TensorFlow's teardown: seconds): the device is given out once the "
-        "process is gone.",
+        "process is gone, which /api/v1/events says with the job's `exited` event.",
     )
     configured: bool = Field(
         True,

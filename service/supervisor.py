@@ -7,8 +7,8 @@ Every `poll_seconds` (or at once when woken by a submit or cancel) it
      as soon as a worker has written result.json, its last file: a worker's exit can
      take seconds more (TensorFlow's memory going back to the system, at a low CPU
      priority on a busy host; 30 s was seen), and the job is over. Its devices stay held
-     until the process is gone, and one that has not exited within the cancel grace
-     period is killed,
+     until the process is gone, then an `exited` event says they are free; one that has
+     not exited within the cancel grace period is killed,
   4. starts the queued jobs the scheduler places on free devices.
 
 On start it recovers from a previous service: a living worker is adopted, a job whose
@@ -210,7 +210,7 @@ class Supervisor:
                 pid=exiting.get("pid"),
                 started=exiting.get("pid_started"),
             )
-            if worker is None:
+            if worker is None:  # no `exited` event: nobody listens before the service answers
                 self._store.exited(job.id)
             else:  # its grace starts again: this service never saw it begin
                 devices = list(exiting.get("devices") or [])
@@ -312,6 +312,10 @@ class Supervisor:
             if exiting.worker.poll() is not None:
                 self._store.exited(job_id)
                 del self._exiting[job_id]
+                # Only now that the store (resume, delete) and the devices list
+                # (held_after_their_jobs) both have it gone: a client acting on the event
+                # is not refused, nor shown the devices still `exiting`.
+                self._publish(JobEvent.exited(job_id, exiting.devices))
             elif not exiting.worker.killed and time.monotonic() - exiting.since > grace:
                 log.warning(
                     "Job %s: its worker wrote its result %g s ago and has not exited; killing it",

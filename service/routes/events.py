@@ -28,7 +28,11 @@ _EVENTS_A_WRITE = 256
             "content": {"text/event-stream": {}},
             "description": "The events of /jobs/{id}/events for every job, from now on, each "
             "with its `job_id`: `state` (the job as JSON; also when a job is submitted) and "
-            "the workers' `start`, `progress`, `eval`, `checkpoint`, `trace`, `end`. It "
+            "the workers' `start`, `progress`, `eval`, `checkpoint`, `trace`, `end`; and two "
+            "that come after a job's own stream has ended: `deleted` (`id`: the job was "
+            "deleted for good) and `exited` (`id`, `devices`: a job ended while its worker "
+            "was still exiting, the one time /devices marks its devices `exiting`, and that "
+            "worker has now gone: the devices are free, a resume or delete is taken). It "
             "opens with a comment line once subscribed and stays open until the client "
             "closes it.",
         },

@@ -550,7 +550,8 @@ def profile_job(
             "content": {"text/event-stream": {}},
             "description": "`state` events (the job as JSON) and the worker's progress "
             "events (`start`, `progress`, `eval`, `checkpoint`, `trace`, `end`); the stream "
-            "ends after the job does.",
+            "ends after the job does (what comes later, `exited` as its worker is gone and "
+            "`deleted`, is on /api/v1/events).",
         },
     },
 )

@@ -1,7 +1,8 @@
 """Event streams (Server-Sent Events): as the service stops, each open stream is ended
 cleanly, and the stop logs no error for them; a burst of events reaches the listeners in
 one hand-over; a listener that falls too far behind has its stream ended, for its client
-to reconnect and read again, rather than skipping events without a word."""
+to reconnect and read again, rather than skipping events without a word; an ended job's
+worker that outlived its end says `exited` once it has gone."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import contextlib
 import json
 import os
 import socket
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,7 +25,8 @@ import httpx
 
 from service.events import LAGGED, EventBroker, JobEvent, next_event, ready_events
 from service.routes.events import stream_all_events
-from tests.service.harness import Service, fake_worker_env, job_spec
+from tests.service.harness import Service, fake_worker_env, job_spec, processes_under
+from tests.service.test_jobs import read_sse
 
 
 def test_stop_ends_open_streams_cleanly(
@@ -280,3 +283,63 @@ def test_a_client_that_does_not_read_a_burst_gets_its_stream_ended(
     metrics = service.client.get("/metrics").text  # what an operator sees
     assert "towerboard_event_streams_lagged_total 1\n" in metrics
     assert "towerboard_event_streams 0\n" in metrics
+
+
+def test_exited_comes_once_the_ended_jobs_worker_has_gone(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    """A job ends at its result.json, and its worker can take seconds more to exit
+    (TensorFlow's teardown), its device held and a resume or delete refused meanwhile: the
+    dashboard polled the devices list every 0.5 s to learn when it had gone. `exited` on
+    /api/v1/events says so: after the job's end, not while the process is still there,
+    and by the time it arrives the process is gone, the devices list no longer marks the
+    device `exiting` and the store no longer holds the job back from a resume or delete.
+    The stand-in "linger" worker stays after its result until the test releases it."""
+    service = make_service(env={"TOWERBOARD_CPU_JOBS": "1", **fake_worker_env(tmp_path)})
+    service.start()
+    job = service.submit(job_spec(name="linger"))
+    job_id = job["id"]
+    store = service.data_dir / "towerboard.db"
+    seen: dict[str, Any] = {}  # what held as the `exited` event arrived
+
+    def exited(event: dict[str, Any]) -> bool:
+        if event["event"] != "exited" or event["data"]["job_id"] != job_id:
+            return False
+        seen["workers"] = processes_under(service.data_dir / "runs" / job_id)
+        devices = httpx.get(f"{service.base_url}/api/v1/devices", timeout=30.0)
+        seen["devices"] = [(d["id"], d["job_id"], d["exiting"]) for d in devices.json()["data"]]
+        with contextlib.closing(sqlite3.connect(f"file:{store}?mode=ro", uri=True)) as db:
+            seen["exiting"] = db.execute(
+                "SELECT exiting FROM jobs WHERE id = ?", (job_id,)
+            ).fetchone()[0]
+        return True
+
+    events: list[dict[str, Any]] = []
+    subscribed = threading.Event()
+    reader = threading.Thread(
+        target=read_sse,
+        args=(service.client, "/api/v1/events", events),
+        kwargs={"subscribed": subscribed, "until": exited},
+        daemon=True,
+    )
+    reader.start()
+    assert subscribed.wait(30)
+
+    assert service.wait_state(job_id, "succeeded")["state"] == "succeeded"
+    workers = processes_under(service.data_dir / "runs" / job_id)
+    assert len(workers) == 1, workers  # ended, and its worker still there
+    devices = service.client.get("/api/v1/devices").json()["data"]
+    assert [(d["id"], d["job_id"], d["exiting"]) for d in devices] == [("cpu:0", job_id, True)]
+    time.sleep(1.0)  # ten of the supervisor's passes with the worker still there
+    assert [e["event"] for e in events if e["event"] == "exited"] == []
+    assert any(e["event"] == "state" and e["data"]["state"] == "succeeded" for e in events)
+
+    service.release(job_id)
+    reader.join(30)
+    assert not reader.is_alive(), "no `exited` event within 30 s of the worker's release"
+    assert events[-1]["event"] == "exited"
+    assert events[-1]["data"] == {"job_id": job_id, "id": job_id, "devices": ["cpu:0"]}
+    assert seen == {"workers": [], "devices": [("cpu:0", None, False)], "exiting": None}
+    ended = [e["data"]["state"] for e in events if e["event"] == "state"]
+    assert ended[-1] == "succeeded"  # the end came first, on the same stream
+    assert service.client.delete(f"/api/v1/jobs/{job_id}").status_code == 204

@@ -85,10 +85,13 @@ export async function getJSON(path, options) {
   return (await api(path, options)).data;
 }
 
-// `deleted` comes on the all-jobs stream only (a job's own stream has ended before its job
-// can be deleted): `{job_id, id}` of a job deleted for good.
+// `deleted` and `exited` come on the all-jobs stream only (a job's own stream has ended
+// before its job can be deleted, or its worker be gone after the end): `{job_id, id}` of a
+// job deleted for good; `{job_id, id, devices}` once the worker of a job that ended while
+// it was still exiting (the devices list marked its devices `exiting`) has gone.
 const EVENT_NAMES = [
   "state", "start", "progress", "eval", "checkpoint", "trace", "phase", "end", "deleted",
+  "exited",
 ];
 
 /** Open an EventSource on `path` and hand its events to `on` (see followJob). */
@@ -134,9 +137,9 @@ export function followJob(jobId, on) {
   return subscribe(`/api/v1/jobs/${encodeURIComponent(jobId)}/events`, on, { closeAtEnd: true });
 }
 
-/** Follow every job's events (each carries its `job_id`), `deleted` among them, until the
- *  returned function is called. The browser reconnects after a drop; `open` runs on every
- *  (re)connection, so a caller can re-read what it may have missed. */
+/** Follow every job's events (each carries its `job_id`), `deleted` and `exited` among
+ *  them, until the returned function is called. The browser reconnects after a drop;
+ *  `open` runs on every (re)connection, so a caller can re-read what it may have missed. */
 export function followAllJobs(on) {
   return subscribe("/api/v1/events", on, { closeAtEnd: false });
 }

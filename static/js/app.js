@@ -12,13 +12,13 @@ import { mountJobs } from "./jobs.js";
 import { mountSubmit } from "./submit.js";
 
 const DEVICES_POLL_MS = 5000;
-// While a device is held by an ended job's exiting worker (a second or so of TensorFlow's
-// teardown), the panel asks again this soon: no event says when the process is gone, and
-// the 5 s poll left a device shown taken for that long after it was free.
-const EXITING_POLL_MS = 500;
-// A job's start or end reads the devices again, but a burst of them (a queue of quick jobs
-// draining: 9 reads a second, each tab) reads them once a DEVICES_GAP_MS at most: one read
-// at a time, and one more after it for whatever changed meanwhile.
+// A job's start or end, or the exit of an ended job's worker (a device marked `exiting`
+// until then: TensorFlow's teardown, a second or so), reads the devices again, as the view's
+// event stream says so (`towerboard:devices`); a view that follows no stream of every job
+// (the submit form, a running job's page) leaves it to the 5 s poll. A burst of them (a
+// queue of quick jobs draining: 9 reads a second, each tab) reads them once a
+// DEVICES_GAP_MS at most: one read at a time, and one more after it for whatever changed
+// meanwhile.
 const DEVICES_GAP_MS = 1000;
 const view = document.getElementById("view");
 let unmount = () => {};
@@ -77,7 +77,6 @@ function route() {
 
 const devicesList = document.getElementById("devices");
 const devicesNote = document.getElementById("devices-note");
-let exitingTimer = null;
 let devicesReading = false; // a read is out
 let devicesAgain = false; // something changed while it was out: read once more after it
 let devicesReadAt = -Infinity; // Date.now() when the latest read began
@@ -177,14 +176,9 @@ async function refreshDevices() {
   devicesReadAt = Date.now();
   clearTimeout(devicesSoonTimer); // this read answers for those who asked so far
   devicesSoonTimer = null;
-  clearTimeout(exitingTimer);
   try {
     const devices = await getJSON("/api/v1/devices");
     showDevices(devices.data);
-    if (devices.data.some((device) => device.exiting)) {
-      clearTimeout(exitingTimer); // one set by a refresh that answered meanwhile
-      exitingTimer = setTimeout(refreshDevices, EXITING_POLL_MS);
-    }
     const kind = devices.data.some((d) => d.kind === "gpu") ? "GPU" : "CPU-only";
     const note = `${kind} host · up to ${devices.max_towers} towers a job`;
     if (devicesNote.textContent !== note) devicesNote.textContent = note;
@@ -277,6 +271,8 @@ window.addEventListener("hashchange", route);
 route();
 refreshDevices();
 setInterval(refreshDevices, DEVICES_POLL_MS);
-// A job started or stopped holding devices (jobs.js fires this only then; a job's page at
-// each change of its job's state): who holds which device has changed.
-window.addEventListener("towerboard:state", refreshDevicesSoon);
+// Who holds which device may have changed: a job started or stopped holding devices, or an
+// ended job's worker has exited (jobs.js fires this only then, and as its stream
+// (re)connects; a job's page at each change of its job's state, and while its job has
+// ended, at any job's `exited` and as its stream of every job (re)connects).
+window.addEventListener("towerboard:devices", refreshDevicesSoon);

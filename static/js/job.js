@@ -3,8 +3,10 @@
 // in TensorBoard" (tensorboard.js).
 //
 // A job's own event stream ends with the job, so an ended job's page follows the all-jobs
-// stream for this job's `deleted` (someone else deleted it) and `state` (someone resumed
-// it). A job resumed, here or elsewhere, is followed live again: its stream, log and charts.
+// stream for this job's `deleted` (someone else deleted it), `state` (someone resumed it)
+// and `exited` (its worker, still exiting at the end, has gone: Resume, Train longer and
+// Delete job wait for it). A job resumed, here or elsewhere, is followed live again: its
+// stream, log and charts.
 
 import { TERMINAL, api, followAllJobs, followJob, getJSON } from "./api.js";
 import { LineChart } from "./charts.js";
@@ -27,9 +29,10 @@ const LOAD_RETRY_MS = 3000; // a job page that got no answer asks again this oft
 const CONFIRM_MS = 4000; // Cancel and Delete job wait this long for the second press
 // An ended job's worker may still be exiting (TensorFlow's teardown: a second or so, more
 // on a busy host), and until it has gone the service refuses a resume or a delete (409,
-// after waiting 5 s). No event says when it has gone: the devices list marks the devices
-// it still holds `exiting`, read this often until it does not (as the devices panel does).
-const EXITING_POLL_MS = 500;
+// after waiting 5 s). The devices list marks the devices it still holds `exiting`, and the
+// all-jobs stream says `exited` once it has gone. The list is read again this often only
+// while that cannot come: a read of it failed, or the stream was given up for good.
+const EXITING_RECHECK_MS = 3000;
 // The series the charts draw (the learning rate is a stat, not a chart).
 const SERIES = ["loss", "accuracy", "examples_per_sec", "eval_loss", "eval_accuracy"];
 
@@ -57,7 +60,8 @@ export function mountJob(view, jobId) {
   let loadTimer = null;
   let exitingTimer = null;
   let exiting = false; // the job has ended and its worker is still exiting
-  let exitingAsk = 0; // the latest checkExiting(): an older answer is not acted on
+  let exitingAsk = 0; // the latest checkExiting(), or `exited`: an older answer is not acted on
+  let watchLost = false; // the all-jobs stream was given up for good: no `exited` will come
   let ticker = null;
   let drawQueued = false;
   const series = Object.fromEntries(SERIES.map((key) => [key, []]));
@@ -546,16 +550,37 @@ export function mountJob(view, jobId) {
     location.hash = jobsListHash();
   }
 
-  /** While the job has ended, follow the all-jobs stream for its `deleted` and for a
-   *  `state` that is not an end: resumed elsewhere (another user, `towerboard resume`)
-   *  (idempotent). Each (re)connection reads the job once: what happened while it was not
-   *  connected is then seen too. */
+  /** While the job has ended, follow the all-jobs stream for its `deleted`, its `exited`,
+   *  and a `state` that is not an end: resumed elsewhere (another user, `towerboard
+   *  resume`) (idempotent). Each (re)connection reads the job and the devices once: what
+   *  happened while it was not connected is then seen too. The service subscribes the
+   *  stream as it sends the answer's head, which is what fires `open`: a read made then
+   *  sees whatever the stream will not bring (an `exited` sent before it was subscribed). */
   function watchEnded() {
     if (closeWatch || stopped) return;
     closeWatch = followAllJobs({
-      open: () => { checkStillThere(); },
+      open: () => {
+        watchLost = false;
+        checkStillThere();
+        checkExiting();
+        window.dispatchEvent(new CustomEvent("towerboard:devices")); // an exit it missed
+      },
+      error: (readyState) => {
+        if (readyState !== EventSource.CLOSED) return; // reconnecting: `open` reads again
+        // Given up for good (an HTTP error): no `exited` will come, so a wait shown reads
+        // the devices again, every EXITING_RECHECK_MS, until it has ended.
+        watchLost = true;
+        if (exiting) checkExiting();
+      },
       deleted: (event) => {
         if (event.job_id === jobId && !deleting) showDeleted();
+      },
+      exited: (event) => {
+        window.dispatchEvent(new CustomEvent("towerboard:devices")); // any job's: the panel
+        if (event.job_id !== jobId || stopped) return;
+        exitingAsk += 1; // a devices read still out may have been answered before the exit
+        clearTimeout(exitingTimer);
+        setExiting(false);
       },
       state: (event) => {
         if (event.job_id !== jobId || stopped) return;
@@ -569,9 +594,10 @@ export function mountJob(view, jobId) {
   }
 
   /** Whether the ended job's worker is still exiting, as the devices list says: while it
-   *  is, Resume, Train longer and Delete job wait (dimmed, with the hint), and the list is
-   *  read again every EXITING_POLL_MS until it has gone. Run when the page sees the job
-   *  end, when it opens on an ended job, and when the service refuses a resume or delete. */
+   *  is, Resume, Train longer and Delete job wait (dimmed, with the hint) for the stream's
+   *  `exited` (watchEnded). Run when the page sees the job end, when it opens on an ended
+   *  job, when the all-jobs stream (re)connects, and when the service refuses a resume or
+   *  delete. */
   async function checkExiting() {
     clearTimeout(exitingTimer);
     const ask = ++exitingAsk;
@@ -584,16 +610,18 @@ export function mountJob(view, jobId) {
       devices = await getJSON("/api/v1/devices");
     } catch {
       if (ask !== exitingAsk) return;
-      // Not known this time: a wait already shown is kept and asked after again; otherwise
-      // the controls stay usable, and the service's refusal says why if it refuses.
-      if (!stopped && exiting) exitingTimer = setTimeout(checkExiting, LOAD_RETRY_MS);
+      // Not known this time: a wait already shown is kept and asked after again (this may
+      // have been the read after a reconnection, for an `exited` the stream missed);
+      // otherwise the controls stay usable, and the service's refusal says why if it refuses.
+      if (!stopped && exiting) exitingTimer = setTimeout(checkExiting, EXITING_RECHECK_MS);
       return;
     }
     if (stopped || ask !== exitingAsk) return;
     const still = Boolean(job && TERMINAL.has(job.state) &&
       devices.data.some((device) => device.job_id === jobId && device.exiting));
     setExiting(still);
-    if (still) exitingTimer = setTimeout(checkExiting, EXITING_POLL_MS);
+    // The stream's `exited` ends the wait; asked again only where no stream can say it.
+    if (still && watchLost) exitingTimer = setTimeout(checkExiting, EXITING_RECHECK_MS);
   }
 
   function setExiting(value) {
@@ -614,6 +642,7 @@ export function mountJob(view, jobId) {
   function unwatchEnded() {
     if (closeWatch) closeWatch();
     closeWatch = null;
+    watchLost = false;
   }
 
   async function checkStillThere() {
@@ -646,7 +675,7 @@ export function mountJob(view, jobId) {
   function take(next) {
     const ended = job && !TERMINAL.has(job.state) && TERMINAL.has(next.state);
     const resumed = job && TERMINAL.has(job.state) && !TERMINAL.has(next.state);
-    if (job && job.state !== next.state) window.dispatchEvent(new CustomEvent("towerboard:state"));
+    if (job && job.state !== next.state) window.dispatchEvent(new CustomEvent("towerboard:devices"));
     job = next;
     if (resumed) unwatchEnded(); // before renderJob(), which watches an ended job
     renderJob();
@@ -691,7 +720,7 @@ export function mountJob(view, jobId) {
         take(data);
       },
       any: (name, event) => {
-        if (name === "state" || name === "deleted" || !job) return;
+        if (name === "state" || name === "deleted" || name === "exited" || !job) return;
         job = applyProgressEvent(job, event);
         streamedAt = mark();
         if (name === "trace" && Number.isInteger(event.step)) traceStep = event.step;

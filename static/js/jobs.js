@@ -9,6 +9,8 @@
 // at most once a REREAD_MS for a burst of events. "Show more" reads the next page from the API's next_cursor; a re-read reads
 // as many rows as are shown, MAX_LIMIT at a time. A job deleted (here, elsewhere or from the
 // CLI: the stream's `deleted`) leaves the table at once, and no read still out brings it back.
+// Who holds a device changes at a job's start or end and, for an end that left its worker
+// exiting, at the stream's `exited`: the devices panel (app.js) is told each time.
 // The name search asks the API (`?name=`) and keeps the stream's new jobs to those whose
 // names hold the text as the API matches them (SQLite's LIKE: any case, ASCII only).
 
@@ -373,6 +375,7 @@ export function mountJobs(view, query) {
       streamEnded = false;
       notice.clear();
       refreshSoon();
+      window.dispatchEvent(new CustomEvent("towerboard:devices")); // and in the devices
     },
     error: (readyState) => {
       if (readyState !== EventSource.CLOSED) {
@@ -384,7 +387,7 @@ export function mountJobs(view, query) {
     },
     state: (job) => {
       const known = jobs.get(job.job_id);
-      if (movesDevices(known, job)) window.dispatchEvent(new CustomEvent("towerboard:state"));
+      if (movesDevices(known, job)) window.dispatchEvent(new CustomEvent("towerboard:devices"));
       if (known) {
         jobs.set(job.job_id, job);
         streamed.set(job.job_id, mark());
@@ -421,8 +424,12 @@ export function mountJobs(view, query) {
       if (filter) refreshSoon();
     },
     deleted: (event) => forget(event.job_id),
+    // An ended job's worker has gone: the devices it held are free (its row is as it was).
+    exited: () => window.dispatchEvent(new CustomEvent("towerboard:devices")),
     any: (name, event) => {
-      if (name === "state" || name === "deleted" || !jobs.has(event.job_id)) return;
+      if (name === "state" || name === "deleted" || name === "exited" || !jobs.has(event.job_id)) {
+        return;
+      }
       jobs.set(event.job_id, applyProgressEvent(jobs.get(event.job_id), event));
       streamed.set(event.job_id, mark());
       row(jobs.get(event.job_id));

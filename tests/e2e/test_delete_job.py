@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Page, Route, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import (
@@ -41,6 +41,18 @@ EXITING = (
     "The job has ended but its worker is still exiting… Resume, Train longer and Delete job "
     "wait until it has gone."
 )
+DEVICES = "**/api/v1/devices"
+# Run before the page's own scripts: its EventSources kept on `window.eventSources`, so a
+# test can wait until one is open (the service subscribes a stream as it opens it).
+TRACK_EVENT_SOURCES = """
+window.eventSources = [];
+window.EventSource = class extends window.EventSource {
+  constructor(...args) {
+    super(...args);
+    window.eventSources.push(this);
+  }
+};
+"""
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +92,31 @@ def summary(shown: int, count: int, state: str = "") -> str:
 def open_job(page: Page, job_id: str, state: str) -> None:
     page.goto(f"/#/jobs/{job_id}")
     expect(page.locator(".job-heading .state")).to_have_text(state)
+
+
+def open_exiting_job(page: Page, service: Service, job_id: str) -> list[str]:
+    """Open the page of a job that has ended while its worker is still exiting, and wait
+    until it shows the wait and follows the stream of every job (where `exited` comes).
+    From then on every read of the devices list gets the answer it had then, the job's
+    device still `exiting`, however often the page asks: only the stream's `exited` can
+    end the wait. Returns the URLs of those reads, as they come."""
+    page.add_init_script(TRACK_EVENT_SOURCES)
+    open_job(page, job_id, "succeeded")
+    expect(page.locator("#exiting-hint")).to_have_text(EXITING)
+    page.wait_for_function(
+        """() => window.eventSources.some((source) =>
+             source.url.endsWith("/api/v1/events") && source.readyState === EventSource.OPEN)"""
+    )
+    stale = service.client.get("/api/v1/devices")
+    assert [d["exiting"] for d in stale.json()["data"] if d["job_id"] == job_id] == [True]
+    reads: list[str] = []
+
+    def answer(route: Route) -> None:
+        reads.append(route.request.url)
+        route.fulfill(status=200, content_type="application/json", body=stale.text)
+
+    page.route(DEVICES, answer)
+    return reads
 
 
 def test_delete_from_the_job_page_by_keyboard(session: Session, service: Service) -> None:
@@ -143,11 +180,14 @@ def test_delete_waits_while_the_worker_exits(session: Session, service: Service)
     """A job that has ended while its worker is still exiting (the stand-in "linger"
     stays after its result until released): Delete job is there but dimmed, named by the
     line that says why, and a press does nothing (it was offered, and the service refused
-    it after a 5 s wait). Once the worker has gone it works, with no reload."""
+    it after a 5 s wait). Once the worker has gone it works, with no reload: the stream's
+    `exited` says so, where the page read the devices list every 0.5 s until it did. Here
+    every read of the list says the worker is still there, and the page reads it no more
+    while it waits."""
     job = service.submit(job_spec(name="linger"))
     service.wait_state(job["id"], "succeeded")
     page = session.page
-    open_job(page, job["id"], "succeeded")
+    reads = open_exiting_job(page, service, job["id"])
     button, line, hint = (
         page.locator("#delete-job"),
         page.locator("#action-status"),
@@ -165,18 +205,47 @@ def test_delete_waits_while_the_worker_exits(session: Session, service: Service)
     low = page.evaluate(LOW_CONTRAST)
     assert low == [], "\n".join(low)
     page.evaluate("() => { window.notReloaded = true; }")
+    page.wait_for_timeout(2_000)
+    # The panel's 5 s poll may read the list once in 2 s; the page's 0.5 s one read it 4 times.
+    assert len(reads) <= 1, reads
 
     service.release(job["id"])
     service.wait_exited(job["id"])
-    expect(hint).to_be_hidden(timeout=5_000)  # the page asks every 0.5 s while it waits
+    expect(hint).to_be_hidden(timeout=10_000)
     expect(button).to_be_enabled()
     expect(button).to_have_accessible_description("")
     assert page.evaluate("() => window.notReloaded") is True
+    page.unroute(DEVICES)
     page.keyboard.press("Enter")  # the keyboard is still on it
     expect(line).to_have_text(ARMED)
     page.keyboard.press("Enter")
     expect(page.locator("#jobs-notice")).to_have_text(f"Job linger ({job['id']}) deleted.")
     assert service.client.get(f"/api/v1/jobs/{job['id']}").status_code == 404
+    assert session.errors == []
+
+
+def test_delete_waits_for_the_exit_where_the_event_stream_is_refused(
+    session: Session, service: Service
+) -> None:
+    """Where the stream of every job is refused for good (a proxy's 502 while the service
+    restarts: EventSource gives up and reconnects no more), no `exited` can come: the page
+    then reads the devices list again every 3 s while it waits, and Delete job works once
+    the worker has gone, with no reload."""
+    job = service.submit(job_spec(name="linger"))
+    service.wait_state(job["id"], "succeeded")
+    page = session.page
+    page.route("**/api/v1/events", lambda route: route.fulfill(status=502, body="Bad gateway"))
+    open_job(page, job["id"], "succeeded")
+    button, hint = page.locator("#delete-job"), page.locator("#exiting-hint")
+    expect(hint).to_have_text(EXITING)
+    expect(button).to_be_disabled()
+    page.evaluate("() => { window.notReloaded = true; }")
+
+    service.release(job["id"])
+    service.wait_exited(job["id"])
+    expect(hint).to_be_hidden(timeout=10_000)
+    expect(button).to_be_enabled()
+    assert page.evaluate("() => window.notReloaded") is True
     assert session.errors == []
 
 

@@ -86,6 +86,15 @@ def _number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def _numbers(value: Any) -> list[float] | None:
+    """A list of finite numbers (`_number`), else None: a null or a string in it, stored,
+    failed every read of the job (its API JSON takes numbers alone)."""
+    if not isinstance(value, list):
+        return None
+    numbers = [number for item in value if (number := _number(item)) is not None]
+    return numbers if len(numbers) == len(value) else None
+
+
 def fold_progress(
     progress: dict[str, Any] | None,
     eval: dict[str, Any] | None,
@@ -138,7 +147,9 @@ def fold_progress(
                 )
         elif event == "eval":
             latest_eval = {
-                "step": step,
+                # Checked as the snapshot's step is: a hand-written `"step": "x"` stored as
+                # it was failed the job's every read (its API JSON, the list, the stream).
+                "step": step if isinstance(step, int) else None,
                 "loss": _number(line.get("eval_loss")),
                 "accuracy": _number(line.get("eval_accuracy")),
                 "examples": examples
@@ -166,8 +177,8 @@ def fold_progress(
                     snapshot[field] = value
                     if isinstance(step, int):
                         points.append(MetricPoint(_TRAIN_SERIES[field], step, when, value))
-        if isinstance(line.get("tower_ms"), list):
-            snapshot["tower_ms"] = line["tower_ms"]
+        if (tower_ms := _numbers(line.get("tower_ms"))) is not None:
+            snapshot["tower_ms"] = tower_ms
         if event == "trace" and isinstance(step, int):
             # Every later line repeats tower_ms; only the trace's own line says which trace
             # (the spec's trace_steps or one asked for later) the times are from.

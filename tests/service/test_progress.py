@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from service.progress import PROGRESS_READ_BYTES, fold_progress, read_progress_chunk
-from service.store import MetricPoint
+from service.schemas import JobPublic
+from service.store import JobStore, MetricPoint
 
 
 def test_fold_progress_lines() -> None:
@@ -185,6 +186,40 @@ def test_fold_progress_drops_non_finite_numbers_and_keeps_the_rest() -> None:
         ("accuracy", 0.5),
         ("eval_accuracy", 0.75),
     ]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        {"event": "eval", "step": "x", "eval_loss": 0.5},
+        {"event": "eval", "step": 2.5, "eval_loss": 0.5},
+        {"event": "progress", "step": 3, "tower_ms": [None]},
+        {"event": "progress", "step": 3, "tower_ms": [1.0, "fast"]},
+        {"event": "progress", "step": 3, "tower_ms": [[1.0], 2.0]},
+        {"event": "trace", "step": 3, "tower_ms": [1.0, float("nan")]},
+    ],
+    ids=str,
+)
+def test_fold_progress_keeps_a_hand_written_lines_odd_values_out_of_the_job(
+    tmp_path: Path, line: dict[str, object]
+) -> None:
+    """progress.jsonl may hold lines written by hand. An eval's step or a list of tower
+    times of another type, stored as it was, failed the job's API JSON: a 500 for
+    GET /jobs/{id}, the list of jobs that held it and the event stream. Folded, stored in a
+    real store and read back as the API reads a job, a value of another type is left out:
+    no step for the eval, the last good tower times for the snapshot."""
+    store = JobStore(tmp_path / "jobs.db")
+    job = store.create({"name": "hand-written", "priority": 0})
+    before = {"step": 2, "tower_ms": [1.0, 2.0]}
+    progress, eval, points = fold_progress(before, None, [{"time": 1.0, **line}])
+    store.record_progress(job.id, offset=1, progress=progress, eval=eval, points=points)
+    stored = store.get(job.id)
+    assert stored is not None
+    public = JobPublic.from_record(stored)
+    assert public.progress is not None and public.progress.tower_ms == [1.0, 2.0]
+    if line["event"] == "eval":
+        assert public.eval is not None
+        assert (public.eval.step, public.eval.loss) == (None, 0.5)
 
 
 def test_percent_rounds_a_half_up_as_the_dashboard_does() -> None:

@@ -46,12 +46,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from service.guarded_tensorboard import SECRET_ENV, SECRET_HEADER
 from service.processes import is_same_process, signal_name, start_time
 from service.settings import Settings
 from service.upstream import Upstream
 from service.workers import worker_pythonpath
+from trainer.rundir import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -436,10 +438,11 @@ class TensorBoardLauncher:
         self.last_error = None
         self._ready = asyncio.Event()
         self._ready_task = asyncio.create_task(self._await_ready(instance))
-        self._record.write_text(
-            json.dumps(
-                {"pid": instance.pid, "pid_started": instance.pid_started, "logdir": str(logdir)}
-            )
+        # Under a temporary name, then renamed: a record cut short (a full disk, a kill)
+        # could not be read, and the TensorBoard it named was never stopped.
+        write_json_atomic(
+            self._record,
+            {"pid": instance.pid, "pid_started": instance.pid_started, "logdir": str(logdir)},
         )
         log.info(
             "Started TensorBoard pid %d on 127.0.0.1:%d for %s%s",
@@ -508,9 +511,8 @@ class TensorBoardLauncher:
 
     def stop_orphan(self) -> None:
         """Stop a TensorBoard that a killed service left running (found by its record)."""
-        try:
-            record = json.loads(self._record.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+        record = self._read_record()
+        if record is None:
             return
         pid, started, logdir = record.get("pid"), record.get("pid_started"), record.get("logdir")
         if (
@@ -522,6 +524,22 @@ class TensorBoardLauncher:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGTERM)
         self._record.unlink(missing_ok=True)
+
+    def _read_record(self) -> dict[str, Any] | None:
+        """The record a previous service left, or None: none, or none that names a process
+        (not JSON, not an object, not readable). Read at start: what it holds must never
+        keep the service from starting."""
+        try:
+            record = json.loads(self._record.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as error:  # ValueError: not JSON, not UTF-8
+            log.warning("Ignoring %s, which cannot be read: %s", self._record, error)
+            return None
+        if not isinstance(record, dict):
+            log.warning("Ignoring %s, which holds no JSON object", self._record)
+            return None
+        return record
 
     async def watch(self) -> None:
         """Run forever: keep the view logdir current, and stop TensorBoard once it has gone

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import gzip
 import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -732,3 +735,124 @@ def test_restart_tensorboard_makes_its_view_off_the_event_loop(
     assert [entry.name for entry in logdir.iterdir()] == ["second"]
     assert (logdir / "second" / "train").resolve() == settings.runs_dir / "second" / "tb" / "train"
     assert sorted(entry.name for entry in logdir.parent.iterdir()) == ["logdir"]
+
+
+def _in_a_thread(coroutine: Any) -> Any:
+    """Run `coroutine` to its end on an event loop of its own: after the browser tests,
+    Playwright keeps one running in this thread, and asyncio.run() refuses another."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
+def _stand_in_settings(tmp_path: Path) -> Settings:
+    """Settings whose TensorBoard is a shell script that sleeps with TensorBoard's argv
+    (the logdir in it, as a previous service's is found by): for tests of the launcher's
+    own files, not of TensorBoard, which takes seconds to import TensorFlow."""
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\nsleep 600\n")
+    python.chmod(0o755)
+    settings = Settings(data_dir=tmp_path / "data", python=str(python)).resolved()
+    settings.runs_dir.mkdir(parents=True)
+    return settings
+
+
+def test_a_tensorboard_a_killed_service_left_is_stopped_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    settings = _stand_in_settings(tmp_path)
+
+    async def leave_one() -> TensorBoardInstance:
+        upstream = Upstream()
+        launcher = TensorBoardLauncher(settings=settings, upstream=upstream)
+        instance, _ = await launcher.start(None)
+        await upstream.aclose()
+        return instance  # and the service is killed: nothing stops it
+
+    left = _in_a_thread(leave_one())
+    assert _alive(left.pid)
+    record = settings.data_dir / "tensorboard" / "instance.json"
+    assert json.loads(record.read_text())["pid"] == left.pid
+    TensorBoardLauncher(settings=settings, upstream=Upstream()).stop_orphan()
+    _wait(lambda: not _alive(left.pid), 10, "the TensorBoard left behind stopped")
+    assert not record.exists()
+
+
+@pytest.mark.parametrize(
+    "record",
+    [b"[1, 2]", b'"text"', b"null", b'{"pid": 1', b"\xff\xfe{}", None],
+    ids=["a list", "a string", "null", "torn", "not UTF-8", "a folder"],
+)
+def test_a_tensorboard_record_that_names_no_process_is_passed_over(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, record: bytes | None
+) -> None:
+    """What a previous service recorded of its TensorBoard is read as the service starts:
+    a record that is JSON but no object failed there (`record.get`), and so did one that
+    is no UTF-8 text or cannot be read at all, so the service did not start."""
+    settings = _stand_in_settings(tmp_path)
+    path = settings.data_dir / "tensorboard" / "instance.json"
+    if record is None:
+        path.mkdir(parents=True)
+    else:
+        path.parent.mkdir(parents=True)
+        path.write_bytes(record)
+    TensorBoardLauncher(settings=settings, upstream=Upstream()).stop_orphan()
+    assert f"Ignoring {path}, which " in caplog.text
+
+
+def test_a_service_starts_over_a_tensorboard_record_of_another_shape(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    service = make_service(data_dir=tmp_path / "data")
+    record = service.data_dir / "tensorboard" / "instance.json"
+    record.parent.mkdir(parents=True)
+    record.write_text("[12345]")
+    service.start()  # it exited, naming AttributeError: 'list' object has no attribute 'get'
+    assert service.client.get("/api/v1/tensorboard").json()["state"] == "stopped"
+    assert f"Ignoring {record}, which holds no JSON object" in service.log.read_text()
+
+
+# Run by the test below in a process of its own: RLIMIT_FSIZE is the process's, and this
+# one's own files (pytest's captured output) would meet it too.
+_START_UNDER_A_FILE_SIZE_LIMIT = """\
+import asyncio, json, resource, signal, sys
+from pathlib import Path
+from service.settings import Settings
+from service.tensorboard import TensorBoardLauncher
+from service.upstream import Upstream
+
+settings = Settings(data_dir=Path(sys.argv[1]), python=sys.argv[2])
+home = settings.data_dir / "tensorboard"
+
+
+async def main():
+    upstream = Upstream()
+    launcher = TensorBoardLauncher(settings=settings, upstream=upstream)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails: EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20, 20))
+    try:
+        await launcher.start(None)
+    except OSError as error:
+        left = sorted(entry.name for entry in home.iterdir())
+        print(json.dumps({"errno": error.errno, "left": left}))
+    finally:
+        await launcher.stop()
+        await upstream.aclose()
+
+
+asyncio.run(main())
+"""
+
+
+def test_a_tensorboard_record_cut_short_is_none_rather_than_part_of_one(tmp_path: Path) -> None:
+    """The record of the running TensorBoard, written in place, was left cut short by a
+    write that failed part way (a full disk; here the file size limit): one the next
+    start could not read and passed over, its TensorBoard never stopped. Written to a
+    temporary name and renamed, there is a whole record or none, and nothing else."""
+    settings = _stand_in_settings(tmp_path)
+    ran = subprocess.run(
+        [sys.executable, "-c", _START_UNDER_A_FILE_SIZE_LIMIT, str(settings.data_dir),
+         settings.python],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout) == {"errno": errno.EFBIG, "left": ["logdir"]}

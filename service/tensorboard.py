@@ -48,6 +48,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from service.guard import Guard
 from service.guarded_tensorboard import SECRET_ENV, SECRET_HEADER
 from service.processes import is_same_process, signal_name, start_time
 from service.settings import Settings
@@ -198,6 +199,7 @@ class TensorBoardLauncher:
         self._last_used = time.time()
         self.last_error: str | None = None
         self._lock = asyncio.Lock()
+        self._guard = Guard(log)  # the watch loop's: an error is logged, the loop goes on
 
     # --- state -------------------------------------------------------------------------
 
@@ -543,29 +545,33 @@ class TensorBoardLauncher:
 
     async def watch(self) -> None:
         """Run forever: keep the view logdir current, and stop TensorBoard once it has gone
-        unused for the idle timeout."""
+        unused for the idle timeout. A pass that fails is logged (once while it fails
+        alike) and the next one goes on: nobody awaits this task, and an error that ended
+        it went unseen while TensorBoard was never again stopped for idleness."""
         while True:
             await asyncio.sleep(min(_MIRROR_SECONDS, max(0.5, self.idle_seconds / 4)))
-            instance = self.instance  # reaps one that exited on its own
-            if instance is None:
-                continue
-            if not self._ready.is_set():
-                continue  # still starting: _await_ready stops it if it never answers
-            if time.time() - self._last_used > self.idle_seconds:
-                log.info(
-                    "TensorBoard unused for %g minutes; stopping it", self._settings.tb_idle_minutes
+            with self._guard("watch", "Watching TensorBoard"):
+                await self._watch_once()
+
+    async def _watch_once(self) -> None:
+        instance = self.instance  # reaps one that exited on its own; asks the store
+        if instance is None:
+            return
+        if not self._ready.is_set():
+            return  # still starting: _await_ready stops it if it never answers
+        if time.time() - self._last_used > self.idle_seconds:
+            log.info(
+                "TensorBoard unused for %g minutes; stopping it", self._settings.tb_idle_minutes
+            )
+            await self.stop()
+            return
+        # Under the lock, as every change to the view is: a refresh still running as a
+        # start swapped the views would write the old selection's links into the new.
+        async with self._lock:
+            current = self._instance
+            if current is None or current.pid != instance.pid:
+                return  # stopped or replaced meanwhile
+            with self._guard("refresh", "Refreshing TensorBoard's view"):
+                await asyncio.to_thread(
+                    mirror_logdir, current.logdir, self._settings.runs_dir, current.job_ids
                 )
-                await self.stop()
-                continue
-            # Under the lock, as every change to the view is: a refresh still running as a
-            # start swapped the views would write the old selection's links into the new.
-            async with self._lock:
-                current = self._instance
-                if current is None or current.pid != instance.pid:
-                    continue  # stopped or replaced meanwhile
-                try:
-                    await asyncio.to_thread(
-                        mirror_logdir, current.logdir, self._settings.runs_dir, current.job_ids
-                    )
-                except OSError:
-                    log.exception("Could not refresh TensorBoard's logdir")

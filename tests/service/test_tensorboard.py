@@ -6,9 +6,11 @@ import asyncio
 import errno
 import gzip
 import json
+import logging
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -23,6 +25,7 @@ import httpx
 import pytest
 
 from service.settings import Settings
+from service.store import JobStore
 from service.tensorboard import (
     StartOutcome,
     TensorBoardInstance,
@@ -856,3 +859,52 @@ def test_a_tensorboard_record_cut_short_is_none_rather_than_part_of_one(tmp_path
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr
     assert json.loads(ran.stdout) == {"errno": errno.EFBIG, "left": ["logdir"]}
+
+
+def test_tensorboards_watch_loop_outlives_a_pass_that_fails(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An error in a pass of the watch loop (here the store's, asked whether a selected
+    job without a run directory is still there) ended the loop for good, unseen: nobody
+    awaits its task. TensorBoard was then never stopped for idleness. Now the error is
+    logged once while it repeats, and the loop goes on: TensorBoard, real, and the store, a
+    real SQLite file, with a fault injected in front of it, stops once idle."""
+    caplog.set_level(logging.INFO, logger="service.tensorboard")
+    settings = Settings(data_dir=tmp_path / "data", tb_idle_minutes=0.05).resolved()  # 3 s
+    settings.runs_dir.mkdir(parents=True)
+    store = JobStore(tmp_path / "jobs.db")
+    queued = store.create({"name": "queued", "priority": 0}).id  # no run directory yet
+    faults = [0]
+
+    def job_exists(job_id: str) -> bool:
+        if faults[0]:  # the injected fault: the store refuses a read, as a locked one does
+            faults[0] -= 1
+            raise sqlite3.OperationalError("database is locked")
+        return store.version(job_id) is not None
+
+    async def watched() -> tuple[str, bool]:
+        upstream = Upstream()
+        launcher = TensorBoardLauncher(settings=settings, upstream=upstream, job_exists=job_exists)
+        await launcher.start([queued])
+        faults[0] = 3  # the next three passes fail
+        watch = asyncio.create_task(launcher.watch())
+        try:
+            assert await launcher.wait_ready() is not None, launcher.last_error
+            deadline = time.monotonic() + 60
+            while launcher.state != "stopped" and time.monotonic() < deadline:
+                await asyncio.sleep(0.25)
+            return launcher.state, watch.done()
+        finally:
+            watch.cancel()
+            await launcher.stop()
+            await upstream.aclose()
+
+    state, ended = _in_a_thread(watched())
+    store.close()
+    assert (state, ended) == ("stopped", False)
+    assert faults == [0]
+    failed = "Watching TensorBoard failed; retrying each tick, logged again if it changes"
+    assert caplog.text.count(failed) == 1, caplog.text
+    assert "OperationalError: database is locked" in caplog.text
+    assert "Watching TensorBoard works again" in caplog.text
+    assert "TensorBoard unused for 0.05 minutes; stopping it" in caplog.text

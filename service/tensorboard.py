@@ -356,8 +356,13 @@ class TensorBoardLauncher:
         task, self._ready_task = self._ready_task, None
         if task is not None:
             task.cancel()
+        self._forget_instance()
+
+    def _forget_instance(self) -> None:
+        """No TensorBoard from now on (its process has ended): wake anyone waiting for
+        readiness, who finds no instance and gives up, and remove its record."""
         self._process, self._instance = None, None
-        self._ready.set()  # wake anyone waiting for readiness; they find no instance
+        self._ready.set()
         self._ready = asyncio.Event()
         self._record.unlink(missing_ok=True)
 
@@ -500,12 +505,7 @@ class TensorBoardLauncher:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 await asyncio.to_thread(process.wait)
-        # Only now "stopped": the process is gone. Wake anyone waiting for readiness;
-        # they find no instance and give up.
-        self._process, self._instance = None, None
-        self._ready.set()
-        self._ready = asyncio.Event()
-        self._record.unlink(missing_ok=True)
+        self._forget_instance()  # only now "stopped": the process is gone
         if instance is None:
             return False
         log.info("Stopped TensorBoard pid %d%s", instance.pid, f" ({error})" if error else "")

@@ -53,7 +53,7 @@ from service.guarded_tensorboard import SECRET_ENV, SECRET_HEADER
 from service.processes import is_same_process, signal_name, start_time
 from service.settings import Settings
 from service.upstream import Upstream
-from service.workers import worker_pythonpath
+from service.workers import child_environment
 from trainer.rundir import write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -414,14 +414,17 @@ class TensorBoardLauncher:
             # which the secret below cannot guard. The Python loader reads the same runs.
             "--load_fast", "false",
         ]  # fmt: skip
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # never hold GPU memory jobs need
-        env.pop("TOWERBOARD_TOKEN", None)  # TensorBoard, behind the proxy, never needs it
-        # Its main is this project's (`service.guarded_tensorboard`), found as a worker
-        # finds the trainer: an interpreter of another environment (TOWERBOARD_PYTHON) has
-        # the project on its path only so.
-        env["PYTHONPATH"] = os.pathsep.join(worker_pythonpath())
-        # In its environment, not its argv: only its own user can read that.
-        env[SECRET_ENV] = secret = secrets.token_urlsafe(32)
+        secret = secrets.token_urlsafe(32)
+        # Its main is this project's, found on PYTHONPATH as a worker finds the trainer.
+        # PYTHONSAFEPATH too, as a worker's (it was left out here, an oversight): its
+        # working directory is the service's, wherever that was started, and a module
+        # there of a name TensorBoard imports (a checkout's `tensorboard/`, a stray
+        # `numpy.py`) shadowed the real one; nothing it runs needs that folder.
+        env = child_environment(
+            CUDA_VISIBLE_DEVICES="",  # never hold GPU memory jobs need
+            # In its environment, not its argv: only its own user can read that.
+            **{SECRET_ENV: secret},
+        )
         with open(self._settings.data_dir / "tensorboard.log", "ab") as log_file:
             self._process = subprocess.Popen(
                 command,

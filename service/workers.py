@@ -101,6 +101,36 @@ def worker_pythonpath() -> list[str]:
     return [str(_PROJECT_ROOT), *filter(None, own)]
 
 
+def child_environment(**changes: str | None) -> dict[str, str]:
+    """The environment of a Python process the service starts (a worker, TensorBoard, the
+    check of TOWERBOARD_PYTHON): the service's own with `changes` (None unsets one),
+    less the service's API token, importing this project first and never from its
+    working directory."""
+    env = dict(os.environ)
+    # No child needs the token, and any could show it: a custom model's code runs in the
+    # worker, and whatever it prints (an environment dump on error) lands in worker.log,
+    # which the API serves and a failed job's error quotes; TensorBoard is behind the
+    # proxy, and anything it loads (a plugin) could read its environment.
+    env.pop("TOWERBOARD_TOKEN", None)
+    # The trainer, and TensorBoard's main (`service.guarded_tensorboard`), are found so:
+    # an interpreter of another environment (TOWERBOARD_PYTHON) has the project on its
+    # path only so.
+    env["PYTHONPATH"] = os.pathsep.join(worker_pythonpath())
+    # `python -m` (and `-c`) puts its working directory first on sys.path, where a module
+    # would shadow any of its name (numpy, the trainer itself, tensorboard): a worker's is
+    # its run directory, and a module there would pass admission's check unseen;
+    # TensorBoard's, and the check's, is the service's own, wherever it was started (a
+    # home folder, a checkout). Each imports from its PYTHONPATH and the installed
+    # packages alone (Python 3.11 on; an older TOWERBOARD_PYTHON ignores the variable).
+    env["PYTHONSAFEPATH"] = "1"
+    for name, value in changes.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
 # Run by TOWERBOARD_PYTHON at start: what it lacks to run workers and TensorBoard. A
 # module is found, not imported (a package's own __init__ is, to find its __main__).
 _PROBE = """\
@@ -125,7 +155,7 @@ def worker_command_problems(python: str, module: str) -> list[tuple[str, str]]:
     Checked at start: otherwise every job failed long after ("exited with code 1", a
     ModuleNotFoundError in its log) and every TensorBoard start with it. About 0.04 s.
     """
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(worker_pythonpath()), "PYTHONSAFEPATH": "1"}
+    env = child_environment()
 
     def not_python(why: str) -> list[tuple[str, str]]:
         return [
@@ -191,27 +221,18 @@ def spawn_worker(
     command = [python, "-m", module, "run", "--job-dir", str(run.root)]
     if nice > 0:
         command = ["nice", "-n", str(nice), *command]
-    env = dict(os.environ)
-    # A job the service runs trains on this host's devices alone. A TF_CONFIG left in the
-    # service's environment (a shell that also launched a multi-worker job) would make
-    # every worker wait for a cluster that is not coming (trainer/cluster.py).
-    env.pop("TF_CONFIG", None)
-    # The service's API token is no business of a job: a custom model's code runs in the
-    # worker, and whatever it prints (an environment dump on error) lands in worker.log,
-    # which the API serves and a failed job's error quotes.
-    env.pop("TOWERBOARD_TOKEN", None)
-    env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(worker_pythonpath())
-    # `python -m` puts its working directory, the run directory, first on sys.path, where
-    # a module would shadow any of its name (numpy, the trainer itself) and pass admission's
-    # check unseen: the worker imports from its PYTHONPATH and the installed packages alone
-    # (Python 3.11 on; an older TOWERBOARD_PYTHON ignores the variable).
-    env["PYTHONSAFEPATH"] = "1"
-    env["TOWERBOARD_JOB_ID"] = job_id
-    # Checked at submit, and by the worker again as it starts (trainer/datafiles.py): a
-    # link put in a data folder while the job was queued could lead out of them.
-    env[datafiles.ROOTS_ENV] = datafiles.roots_to_environ(data_roots)
+    env = child_environment(
+        # A job the service runs trains on this host's devices alone. A TF_CONFIG left in
+        # the service's environment (a shell that also launched a multi-worker job) would
+        # make every worker wait for a cluster that is not coming (trainer/cluster.py).
+        TF_CONFIG=None,
+        CUDA_VISIBLE_DEVICES=cuda_visible_devices,
+        PYTHONUNBUFFERED="1",
+        TOWERBOARD_JOB_ID=job_id,
+        # Checked at submit, and by the worker again as it starts (trainer/datafiles.py):
+        # a link put in a data folder while the job was queued could lead out of them.
+        **{datafiles.ROOTS_ENV: datafiles.roots_to_environ(data_roots)},
+    )
     with open(run.log, "ab") as log_file:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
         log_file.write(

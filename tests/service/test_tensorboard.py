@@ -908,3 +908,33 @@ def test_tensorboards_watch_loop_outlives_a_pass_that_fails(
     assert "OperationalError: database is locked" in caplog.text
     assert "Watching TensorBoard works again" in caplog.text
     assert "TensorBoard unused for 0.05 minutes; stopping it" in caplog.text
+
+
+def test_tensorboards_environment_is_a_workers_less_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TensorBoard finds its main on PYTHONPATH (this project first) and never imports
+    from its working directory, the service's, wherever that was started
+    (PYTHONSAFEPATH, which a worker had and it lacked): a module there named as one it
+    imports would shadow it. No service token, no GPU, its secret. Read from the
+    environment of a stand-in's process."""
+    monkeypatch.setenv("TOWERBOARD_TOKEN", "the-service-token")
+    settings = _stand_in_settings(tmp_path)
+
+    async def environment() -> dict[str, str]:
+        upstream = Upstream()
+        launcher = TensorBoardLauncher(settings=settings, upstream=upstream)
+        try:
+            instance, _ = await launcher.start(None)
+            environ = Path(f"/proc/{instance.pid}/environ").read_bytes().split(b"\0")
+        finally:
+            await launcher.stop()
+            await upstream.aclose()
+        return dict(item.decode().split("=", 1) for item in environ if item)
+
+    env = _in_a_thread(environment())
+    assert env["PYTHONSAFEPATH"] == "1"
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(Path(__file__).resolve().parents[2])
+    assert "TOWERBOARD_TOKEN" not in env
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+    assert len(env["TOWERBOARD_TB_SECRET"]) > 20

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -95,98 +97,140 @@ def _numbers(value: Any) -> list[float] | None:
     return numbers if len(numbers) == len(value) else None
 
 
+@dataclass
+class _Folded:
+    """What the lines folded so far made: the job's snapshot, its latest eval, and the
+    metric points to store."""
+
+    snapshot: dict[str, Any]
+    eval: dict[str, Any] | None
+    points: list[MetricPoint]
+
+
 def fold_progress(
     progress: dict[str, Any] | None,
     eval: dict[str, Any] | None,
     lines: list[dict[str, Any]],
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, list[MetricPoint]]:
     """Apply `lines` in order; returns the new (progress, eval, metric points)."""
-    snapshot = dict(progress) if progress else None
-    latest_eval = dict(eval) if eval else None
-    points: list[MetricPoint] = []
+    folded = _Folded(dict(progress) if progress else {}, dict(eval) if eval else None, [])
     for line in lines:
+        step, when = line.get("step"), _number(line.get("time")) or 0.0
+        _fold_any(folded.snapshot, line, step, when)
         event = line.get("event")
-        when = _number(line.get("time")) or 0.0
-        step = line.get("step")
-        if snapshot is None:
-            snapshot = {}
-        if isinstance(step, int):
-            snapshot["step"] = step
-        if isinstance(line.get("total"), int):
-            snapshot["total"] = line["total"]
-        if isinstance(line.get("phase"), str):
-            snapshot["phase"] = line["phase"]
-            # How far into the phase (eval batches, say), when the line says; a line that
-            # sets the phase without it clears it.
-            done, of = line.get("phase_done"), line.get("phase_total")
-            if isinstance(done, int) and isinstance(of, int):
-                snapshot["phase_done"], snapshot["phase_total"] = done, of
-            else:
-                snapshot.pop("phase_done", None)
-                snapshot.pop("phase_total", None)
-        snapshot["updated_at"] = when
-        if event == "start" and isinstance(step, int):
-            # A run starting at `step` (a resume): what an earlier run reported past it was
-            # lost with that run, and this one reports those steps again.
-            points = [point for point in points if point.step <= step]
-        if event == "start" and isinstance(line.get("towers"), int):
-            snapshot["towers"] = line["towers"]
-            per_epoch = line.get("steps_per_epoch")
-            if isinstance(per_epoch, int) and not isinstance(per_epoch, bool) and per_epoch > 0:
-                snapshot["steps_per_epoch"] = per_epoch
-            if (data := _data_summary(line.get("data"))) is not None:
-                snapshot["data"] = data
-        elif event == "progress":
-            for field in _SNAPSHOT_FIELDS:
-                snapshot[field] = _number(line.get(field))
+        if isinstance(event, str) and (fold := _FOLD_EVENT.get(event)) is not None:
+            fold(folded, line, step, when)
+    if not lines and not progress:
+        return None, folded.eval, folded.points
+    snapshot = folded.snapshot
+    snapshot["percent"] = percent_done(snapshot.get("step"), snapshot.get("total"))
+    return snapshot, folded.eval, folded.points
+
+
+def _fold_any(snapshot: dict[str, Any], line: dict[str, Any], step: Any, when: float) -> None:
+    """What a line of any event says: where the job is, and when."""
+    if isinstance(step, int):
+        snapshot["step"] = step
+    if isinstance(line.get("total"), int):
+        snapshot["total"] = line["total"]
+    if isinstance(line.get("phase"), str):
+        snapshot["phase"] = line["phase"]
+        # How far into the phase (eval batches, say), when the line says; a line that
+        # sets the phase without it clears it.
+        done, of = line.get("phase_done"), line.get("phase_total")
+        if isinstance(done, int) and isinstance(of, int):
+            snapshot["phase_done"], snapshot["phase_total"] = done, of
+        else:
+            snapshot.pop("phase_done", None)
+            snapshot.pop("phase_total", None)
+    snapshot["updated_at"] = when
+    if (tower_ms := _numbers(line.get("tower_ms"))) is not None:
+        snapshot["tower_ms"] = tower_ms
+
+
+def _fold_start(folded: _Folded, line: dict[str, Any], step: Any, when: float) -> None:
+    if isinstance(step, int):
+        # A run starting at `step` (a resume): what an earlier run reported past it was
+        # lost with that run, and this one reports those steps again.
+        folded.points = [point for point in folded.points if point.step <= step]
+    if not isinstance(line.get("towers"), int):
+        return
+    snapshot = folded.snapshot
+    snapshot["towers"] = line["towers"]
+    per_epoch = line.get("steps_per_epoch")
+    if isinstance(per_epoch, int) and not isinstance(per_epoch, bool) and per_epoch > 0:
+        snapshot["steps_per_epoch"] = per_epoch
+    if (data := _data_summary(line.get("data"))) is not None:
+        snapshot["data"] = data
+
+
+def _fold_report(folded: _Folded, line: dict[str, Any], step: Any, when: float) -> None:
+    """A `progress` line: the training numbers, in the snapshot and as points."""
+    for field in _SNAPSHOT_FIELDS:
+        folded.snapshot[field] = _number(line.get(field))
+    if isinstance(step, int):
+        folded.points.extend(
+            MetricPoint(series, step, when, value)
+            for field, series in _TRAIN_SERIES.items()
+            if (value := _number(line.get(field))) is not None
+        )
+
+
+def _fold_eval(folded: _Folded, line: dict[str, Any], step: Any, when: float) -> None:
+    examples = line.get("eval_examples")
+    folded.eval = {
+        # Checked as the snapshot's step is: a hand-written `"step": "x"` stored as it
+        # was failed the job's every read (its API JSON, the list, the stream).
+        "step": step if isinstance(step, int) else None,
+        "loss": _number(line.get("eval_loss")),
+        "accuracy": _number(line.get("eval_accuracy")),
+        "examples": examples if isinstance(examples, int) else None,
+        "time": when,
+    }
+    if isinstance(step, int):
+        folded.points.extend(
+            MetricPoint(series, step, when, value)
+            for field, series in _EVAL_SERIES.items()
+            if (value := _number(line.get(field))) is not None
+        )
+
+
+def _fold_checkpoint(folded: _Folded, line: dict[str, Any], step: Any, when: float) -> None:
+    if isinstance(line.get("checkpoint"), str):
+        folded.snapshot["checkpoint"] = line["checkpoint"]
+
+
+def _fold_end(folded: _Folded, line: dict[str, Any], step: Any, when: float) -> None:
+    snapshot = folded.snapshot
+    # Nothing is left to wait for, but a cancelled or failed job is not "done in 0 s": its
+    # last estimate would go on promising an end it will not reach.
+    snapshot["eta_seconds"] = 0.0 if line.get("outcome") == "succeeded" else None
+    # A cancelled run's end says the loss and accuracy of the step it stopped at, which
+    # its last report (up to 2 s before) was not: the job and its charts end with the
+    # numbers its result has.
+    for field in ("loss", "accuracy"):
+        if (value := _number(line.get(field))) is not None:
+            snapshot[field] = value
             if isinstance(step, int):
-                points.extend(
-                    MetricPoint(series, step, when, value)
-                    for field, series in _TRAIN_SERIES.items()
-                    if (value := _number(line.get(field))) is not None
-                )
-        elif event == "eval":
-            latest_eval = {
-                # Checked as the snapshot's step is: a hand-written `"step": "x"` stored as
-                # it was failed the job's every read (its API JSON, the list, the stream).
-                "step": step if isinstance(step, int) else None,
-                "loss": _number(line.get("eval_loss")),
-                "accuracy": _number(line.get("eval_accuracy")),
-                "examples": examples
-                if isinstance(examples := line.get("eval_examples"), int)
-                else None,
-                "time": when,
-            }
-            if isinstance(step, int):
-                points.extend(
-                    MetricPoint(series, step, when, value)
-                    for field, series in _EVAL_SERIES.items()
-                    if (value := _number(line.get(field))) is not None
-                )
-        elif event == "checkpoint" and isinstance(line.get("checkpoint"), str):
-            snapshot["checkpoint"] = line["checkpoint"]
-        elif event == "end":
-            # Nothing is left to wait for, but a cancelled or failed job is not "done in 0 s":
-            # its last estimate would go on promising an end it will not reach.
-            snapshot["eta_seconds"] = 0.0 if line.get("outcome") == "succeeded" else None
-            # A cancelled run's end says the loss and accuracy of the step it stopped at,
-            # which its last report (up to 2 s before) was not: the job and its charts end
-            # with the numbers its result has.
-            for field in ("loss", "accuracy"):
-                if (value := _number(line.get(field))) is not None:
-                    snapshot[field] = value
-                    if isinstance(step, int):
-                        points.append(MetricPoint(_TRAIN_SERIES[field], step, when, value))
-        if (tower_ms := _numbers(line.get("tower_ms"))) is not None:
-            snapshot["tower_ms"] = tower_ms
-        if event == "trace" and isinstance(step, int):
-            # Every later line repeats tower_ms; only the trace's own line says which trace
-            # (the spec's trace_steps or one asked for later) the times are from.
-            snapshot["trace_step"] = step
-    if snapshot is not None:
-        step, total = snapshot.get("step"), snapshot.get("total")
-        snapshot["percent"] = percent_done(step, total)
-    return snapshot, latest_eval, points
+                folded.points.append(MetricPoint(_TRAIN_SERIES[field], step, when, value))
+
+
+def _fold_trace(folded: _Folded, line: dict[str, Any], step: Any, when: float) -> None:
+    if isinstance(step, int):
+        # Every later line repeats tower_ms; only the trace's own line says which trace
+        # (the spec's trace_steps or one asked for later) the times are from.
+        folded.snapshot["trace_step"] = step
+
+
+# What each event adds to what every line says (`_fold_any`); others (`phase`) add nothing.
+_FOLD_EVENT: dict[str, Callable[[_Folded, dict[str, Any], Any, float], None]] = {
+    "start": _fold_start,
+    "progress": _fold_report,
+    "eval": _fold_eval,
+    "checkpoint": _fold_checkpoint,
+    "end": _fold_end,
+    "trace": _fold_trace,
+}
 
 
 def restarted_at(lines: list[dict[str, Any]]) -> int | None:

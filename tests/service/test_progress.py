@@ -168,6 +168,17 @@ def test_fold_progress_ignores_non_numbers() -> None:
     assert points == []
 
 
+@pytest.mark.parametrize("event", [["eval"], {"eval": 1}, None, 7, "news"], ids=str)
+def test_fold_progress_takes_a_line_of_an_unknown_event_for_where_the_job_is(
+    event: object,
+) -> None:
+    progress, eval, points = fold_progress(
+        None, None, [{"time": 1.0, "event": event, "step": 3, "eval_loss": 0.5, "loss": 1.0}]
+    )
+    assert progress == {"step": 3, "updated_at": 1.0, "percent": None}
+    assert (eval, points) == (None, [])
+
+
 def test_fold_progress_drops_non_finite_numbers_and_keeps_the_rest() -> None:
     # An older worker wrote NaN (json.loads reads it); an eval's loss can be infinite while
     # its accuracy means something. The job's JSON must stay writable, the accuracy kept.

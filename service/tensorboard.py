@@ -107,11 +107,11 @@ def _drop_deleted(logdir: Path, runs_dir: Path) -> None:
         shutil.rmtree(logdir / job_id)  # links and the plugins/ folder: never what they lead to
 
 
-def covers(shown: tuple[str, ...] | None, wanted: tuple[str, ...] | None) -> bool:
-    """Whether a TensorBoard over `shown` shows every job of `wanted` (None: every job)."""
-    if shown is None:
+def includes(selection: tuple[str, ...] | None, shown: tuple[str, ...] | None) -> bool:
+    """Whether `selection` holds every job of `shown` (None: every job, and jobs to come)."""
+    if selection is None:
         return True
-    return wanted is not None and set(wanted) <= set(shown)
+    return shown is not None and set(shown) <= set(selection)
 
 
 @dataclass(frozen=True)
@@ -272,7 +272,7 @@ class TensorBoardLauncher:
             current = self._instance if self._alive() else None
             if current is not None and merge:
                 selection = _union(current.job_ids, selection)
-            if current is not None and covers(selection, current.job_ids):
+            if current is not None and includes(selection, current.job_ids):
                 if selection == current.job_ids:
                     return current, StartOutcome.REUSED
                 added = replace(current, job_ids=selection)

@@ -163,6 +163,26 @@ def _entries(folder: Path) -> list[os.DirEntry[str]]:
         return []
 
 
+def _command(python: str, logdir: Path, port: int) -> list[str]:
+    """TensorBoard's command line: its guarded main over `logdir`, on loopback `port`."""
+    return [
+        python, "-m", "service.guarded_tensorboard",
+        "--logdir", str(logdir),
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--path_prefix", PATH_PREFIX,
+        "--reload_interval", str(_RELOAD_SECONDS),
+        # TensorBoard keeps a random 1,000 points of each scalar series a run: a
+        # 200,000-step job showed (and its CSV download held) 1,000 of 20,000. 5,000
+        # costs some 100 KB a series in the shared TensorBoard.
+        "--samples_per_plugin", "scalars=5000",
+        # Not the Rust data server (`auto` starts it where its package is installed):
+        # it serves the runs over gRPC on a loopback port of its own with no auth,
+        # which the service's secret cannot guard. The Python loader reads the same runs.
+        "--load_fast", "false",
+    ]  # fmt: skip
+
+
 class StartOutcome(Enum):
     """What a start did: the route answers 201 for STARTED, 200 for the others."""
 
@@ -275,37 +295,53 @@ class TensorBoardLauncher:
             if current is not None and includes(selection, current.job_ids):
                 if selection == current.job_ids:
                     return current, StartOutcome.REUSED
-                added = replace(current, job_ids=selection)
-                self._instance = added
-                # Now, not at the watch loop's next pass: TensorBoard's next reload finds them.
-                await asyncio.to_thread(
-                    mirror_logdir, added.logdir, self._settings.runs_dir, selection
-                )
-                log.info(
-                    "Added %s to TensorBoard pid %d",
-                    "every job" if selection is None else ", ".join(selection),
-                    added.pid,
-                )
-                return added, StartOutcome.ADDED
-            replaced = None
-            if current is not None:
-                replaced = ReplacedInstance(
-                    job_ids=current.job_ids,
-                    pid=current.pid,
-                    started_at=current.started_at,
-                    last_used_at=last_used,
-                )
-            # The file work in a thread (over 2,000 jobs, removing the old view and
-            # mirroring the new took 0.3-0.7 s, every request of the service stalled that
-            # long on the loop); the new view made beside the old one while the running
-            # TensorBoard goes on serving, so no status in between says "stopped" (a page
-            # told so stops following it, never told of the one that replaced it).
-            view = await asyncio.to_thread(self._make_view, selection)
-            await self._stop_locked()
-            logdir, old = self._swap_view(view)
-            instance = self._launch(logdir, selection, replaced)
-            await asyncio.to_thread(shutil.rmtree, old, ignore_errors=True)
+                return await self._add_locked(current, selection), StartOutcome.ADDED
+            instance = await self._restart_locked(current, selection, last_used)
             return instance, StartOutcome.STARTED
+
+    async def _add_locked(
+        self, current: TensorBoardInstance, selection: tuple[str, ...] | None
+    ) -> TensorBoardInstance:
+        """The running TensorBoard, showing `selection` (all it shows and more) from now:
+        mirrored into its view, no restart. Under the lock."""
+        added = replace(current, job_ids=selection)
+        self._instance = added
+        # Now, not at the watch loop's next pass: TensorBoard's next reload finds them.
+        await asyncio.to_thread(mirror_logdir, added.logdir, self._settings.runs_dir, selection)
+        log.info(
+            "Added %s to TensorBoard pid %d",
+            "every job" if selection is None else ", ".join(selection),
+            added.pid,
+        )
+        return added
+
+    async def _restart_locked(
+        self,
+        current: TensorBoardInstance | None,
+        selection: tuple[str, ...] | None,
+        last_used: float,
+    ) -> TensorBoardInstance:
+        """A new TensorBoard over `selection`, in place of `current` (if any, last used at
+        `last_used`), which it records as `replaced`. Under the lock."""
+        replaced = None
+        if current is not None:
+            replaced = ReplacedInstance(
+                job_ids=current.job_ids,
+                pid=current.pid,
+                started_at=current.started_at,
+                last_used_at=last_used,
+            )
+        # The file work in a thread (over 2,000 jobs, removing the old view and mirroring
+        # the new took 0.3-0.7 s, every request of the service stalled that long on the
+        # loop); the new view made beside the old one while the running TensorBoard goes
+        # on serving, so no status in between says "stopped" (a page told so stops
+        # following it, never told of the one that replaced it).
+        view = await asyncio.to_thread(self._make_view, selection)
+        await self._stop_locked()
+        logdir, old = self._swap_view(view)
+        instance = self._launch(logdir, selection, replaced)
+        await asyncio.to_thread(shutil.rmtree, old, ignore_errors=True)
+        return instance
 
     async def wait_runs_listed(self, instance: TensorBoardInstance, job_ids: list[str]) -> None:
         """Wait (a bounded time) until a running TensorBoard lists a run of each of
@@ -397,43 +433,8 @@ class TensorBoardLauncher:
         self, logdir: Path, selection: tuple[str, ...] | None, replaced: ReplacedInstance | None
     ) -> TensorBoardInstance:
         """Start TensorBoard over `logdir`, the view of `selection` (`_make_view`)."""
-        port = _free_port()
-        command = [
-            self._settings.python, "-m", "service.guarded_tensorboard",
-            "--logdir", str(logdir),
-            "--host", "127.0.0.1",
-            "--port", str(port),
-            "--path_prefix", PATH_PREFIX,
-            "--reload_interval", str(_RELOAD_SECONDS),
-            # TensorBoard keeps a random 1,000 points of each scalar series a run: a
-            # 200,000-step job showed (and its CSV download held) 1,000 of 20,000. 5,000
-            # costs some 100 KB a series in the shared TensorBoard.
-            "--samples_per_plugin", "scalars=5000",
-            # Not the Rust data server (`auto` starts it where its package is installed):
-            # it serves the runs over gRPC on a loopback port of its own with no auth,
-            # which the secret below cannot guard. The Python loader reads the same runs.
-            "--load_fast", "false",
-        ]  # fmt: skip
-        secret = secrets.token_urlsafe(32)
-        # Its main is this project's, found on PYTHONPATH as a worker finds the trainer.
-        # PYTHONSAFEPATH too, as a worker's (it was left out here, an oversight): its
-        # working directory is the service's, wherever that was started, and a module
-        # there of a name TensorBoard imports (a checkout's `tensorboard/`, a stray
-        # `numpy.py`) shadowed the real one; nothing it runs needs that folder.
-        env = child_environment(
-            CUDA_VISIBLE_DEVICES="",  # never hold GPU memory jobs need
-            # In its environment, not its argv: only its own user can read that.
-            **{SECRET_ENV: secret},
-        )
-        with open(self._settings.data_dir / "tensorboard.log", "ab") as log_file:
-            self._process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
+        port, secret = _free_port(), secrets.token_urlsafe(32)
+        self._process = self._spawn(_command(self._settings.python, logdir, port), secret)
         instance = TensorBoardInstance(
             pid=self._process.pid,
             pid_started=start_time(self._process.pid),
@@ -448,12 +449,7 @@ class TensorBoardLauncher:
         self.last_error = None
         self._ready = asyncio.Event()
         self._ready_task = asyncio.create_task(self._await_ready(instance))
-        # Under a temporary name, then renamed: a record cut short (a full disk, a kill)
-        # could not be read, and the TensorBoard it named was never stopped.
-        write_json_atomic(
-            self._record,
-            {"pid": instance.pid, "pid_started": instance.pid_started, "logdir": str(logdir)},
-        )
+        self._write_record(instance)
         log.info(
             "Started TensorBoard pid %d on 127.0.0.1:%d for %s%s",
             instance.pid,
@@ -462,6 +458,42 @@ class TensorBoardLauncher:
             "" if replaced is None else f", replacing pid {replaced.pid}",
         )
         return instance
+
+    def _spawn(self, command: list[str], secret: str) -> subprocess.Popen[bytes]:
+        """TensorBoard's process, in a session of its own, its output to tensorboard.log."""
+        # Its main is this project's, found on PYTHONPATH as a worker finds the trainer.
+        # PYTHONSAFEPATH too, as a worker's (it was left out here, an oversight): its
+        # working directory is the service's, wherever that was started, and a module
+        # there of a name TensorBoard imports (a checkout's `tensorboard/`, a stray
+        # `numpy.py`) shadowed the real one; nothing it runs needs that folder.
+        env = child_environment(
+            CUDA_VISIBLE_DEVICES="",  # never hold GPU memory jobs need
+            # In its environment, not its argv: only its own user can read that.
+            **{SECRET_ENV: secret},
+        )
+        with open(self._settings.data_dir / "tensorboard.log", "ab") as log_file:
+            return subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+
+    def _write_record(self, instance: TensorBoardInstance) -> None:
+        """What the next service needs to stop this TensorBoard if this one is killed
+        (`stop_orphan`): its pid, its start time and its logdir (in its argv)."""
+        # Under a temporary name, then renamed: a record cut short (a full disk, a kill)
+        # could not be read, and the TensorBoard it named was never stopped.
+        write_json_atomic(
+            self._record,
+            {
+                "pid": instance.pid,
+                "pid_started": instance.pid_started,
+                "logdir": str(instance.logdir),
+            },
+        )
 
     async def _await_ready(self, instance: TensorBoardInstance) -> None:
         deadline = time.monotonic() + _READY_TIMEOUT

@@ -589,6 +589,7 @@ class TensorBoardLauncher:
                 await self._watch_once()
 
     async def _watch_once(self) -> None:
+        """One pass of `watch`: reap, stop for idleness, or refresh the view."""
         instance = self.instance  # reaps one that exited on its own; asks the store
         if instance is None:
             return

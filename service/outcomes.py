@@ -3,7 +3,10 @@
 The exit code decides (0 succeeded, 1 failed, 2 invalid spec, 3 cancelled; a signal is a
 crash), `result.json` supplies the message and metrics, and a failure carries the last
 lines of worker.log. A worker adopted after a restart is not our child, so its exit code
-is unknown and `result.json` alone decides; without one it crashed.
+is unknown and `result.json` alone decides; without one it crashed. A result.json that is
+not a JSON object (the worker runs a custom model's code in its run directory, which may
+write anything there) counts as none, and the reason says which it was
+(`result_unreadable`).
 
 Exit 3 means "stopped by SIGTERM after a checkpoint", and the service sends SIGTERM only
 to cancel. A worker that stopped that way with no cancel requested was stopped by someone
@@ -42,12 +45,21 @@ class FinalState:
     error: dict[str, Any] | None
 
 
+def _no_result(unreadable: bool) -> str:
+    """How a worker ended without a result it could be judged by."""
+    if unreadable:
+        return "with a result.json that is not a JSON object"
+    return "without writing result.json"
+
+
 def _result_reason(result: dict[str, Any]) -> str:
     message = str(result.get("message") or "").strip()
-    errors = result.get("errors") or []
+    errors = result.get("errors")
+    if not isinstance(errors, list):  # not the trainer's: iterating it could raise
+        errors = []
     if result.get("outcome") == Outcome.INVALID_SPEC.value:
         details = "; ".join(
-            f"{e['field']}: {e['message']}" if isinstance(e, dict) and "field" in e else str(e)
+            f"{e['field']}: {e.get('message')}" if isinstance(e, dict) and "field" in e else str(e)
             for e in errors
         )
         details = details or message
@@ -98,18 +110,23 @@ def _oom_hint(signum: int) -> str:
 
 
 def crashed(
-    exit: WorkerExit, result: dict[str, Any] | None = None, *, cancel_requested: bool
+    exit: WorkerExit,
+    result: dict[str, Any] | None = None,
+    *,
+    cancel_requested: bool,
+    result_unreadable: bool = False,
 ) -> str | None:
     """Why a worker's job may run again from its checkpoint (it was killed by a signal
     that was not the service's cancel, or, adopted after a restart so that its exit status
     is unknown, it ended without writing result.json: the same kill seen from outside), or
-    None."""
+    None. `result_unreadable`: there is a result.json, but not a JSON object (`result` is
+    None)."""
     if cancel_requested:
         return None
     if exit.signal is None and exit.code is None and result is None:
         return (
             "its worker (adopted after a restart, so its exit status is unknown) ended "
-            "without writing result.json"
+            + _no_result(result_unreadable)
         )
     if exit.signal is None:
         return None
@@ -125,9 +142,11 @@ def final_state(
     grace_seconds: float,
     log_tail: list[str],
     restarts_after_kills: int = 0,
+    result_unreadable: bool = False,
 ) -> FinalState:
     """The terminal state, result and error for a worker that has ended (ask `interrupted`
-    first: a cancelled outcome without a cancel request is not terminal)."""
+    first: a cancelled outcome without a cancel request is not terminal).
+    `result_unreadable`: there is a result.json, but not a JSON object (`result` is None)."""
 
     def failed(reason: str) -> FinalState:
         return FinalState(
@@ -171,7 +190,7 @@ def final_state(
                 None,
                 {
                     "reason": "Cancelled: the worker ended while the service was not its "
-                    "parent, without writing result.json.",
+                    f"parent, {_no_result(result_unreadable)}.",
                     "exit_code": None,
                     "signal": None,
                     "log_tail": log_tail,
@@ -179,7 +198,7 @@ def final_state(
             )
         if result is None:
             return failed(
-                "The worker ended without writing result.json while the service was not "
+                f"The worker ended {_no_result(result_unreadable)} while the service was not "
                 "its parent, so its exit status is unknown; it most likely crashed."
                 + _restarts(restarts_after_kills)
             )
@@ -191,12 +210,14 @@ def final_state(
     if exit.code == ExitCode.SUCCEEDED:
         if result is not None and result.get("outcome") == Outcome.SUCCEEDED.value:
             return FinalState(JobState.SUCCEEDED, result, None)
-        return failed(
-            "The worker exited with code 0 but result.json "
-            + ("is missing." if result is None else f"says {result.get('outcome')!r}.")
-        )
+        if result is not None:
+            said = f"says {result.get('outcome')!r}."
+        else:
+            said = "is not a JSON object." if result_unreadable else "is missing."
+        return failed(f"The worker exited with code 0 but result.json {said}")
     if exit.code == ExitCode.CANCELLED:
         return FinalState(JobState.CANCELLED, result, None)
     if exit.code in (ExitCode.FAILED, ExitCode.INVALID_SPEC) and result is not None:
         return failed(_result_reason(result))
-    return failed(f"The worker exited with code {exit.code}.")
+    unreadable = " Its result.json is not a JSON object." if result_unreadable else ""
+    return failed(f"The worker exited with code {exit.code}.{unreadable}")

@@ -296,7 +296,7 @@ class Supervisor:
         stop that requeues it, whose next attempt must wait for this process to be gone)."""
         run = self.run_dir(job.id)
         result = run.read_result() if inside(run.root, run.result) else None
-        if not isinstance(result, dict):
+        if result is None:
             return None
         try:
             outcome = Outcome(str(result.get("outcome")))
@@ -428,7 +428,11 @@ class Supervisor:
         """The worker has ended (or, `exiting`, said so and is still exiting): requeue the
         job if it was only interrupted, else finish it."""
         run = self.run_dir(job.id)
-        result = run.read_result() if inside(run.root, run.result) else None
+        present = inside(run.root, run.result)
+        result = run.read_result() if present else None
+        # Judged as if there were none (a custom model's code may write anything there),
+        # and its reason says so.
+        unreadable = present and result is None
         cancel_requested = job.cancel_requested_at is not None
         why = interrupted(exit, result, cancel_requested=cancel_requested)
         if why is not None and self._stopping_workers.is_set():
@@ -438,7 +442,9 @@ class Supervisor:
         if why is not None:
             self._requeue(job, why)
             return
-        killed_by = crashed(exit, result, cancel_requested=cancel_requested)
+        killed_by = crashed(
+            exit, result, cancel_requested=cancel_requested, result_unreadable=unreadable
+        )
         if killed_by is not None and job.crashes < self._settings.crash_retries:
             self._requeue(job, killed_by, killed=True)
             return
@@ -451,6 +457,7 @@ class Supervisor:
             # Through the same confinement check as every file served from a run directory.
             log_tail=tail_lines(run.log, ERROR_LOG_LINES) if inside(run.root, run.log) else [],
             restarts_after_kills=job.crashes,
+            result_unreadable=unreadable,
         )
         self._store.finish(
             job.id,

@@ -111,10 +111,14 @@ class RunDir:
             taken.unlink(missing_ok=True)
 
     def read_result(self) -> dict[str, Any] | None:
+        """result.json's object, or None when there is none or it holds no JSON object
+        (not UTF-8, not JSON, or a list or a number: the worker runs a custom model's code
+        in this directory, which may write anything here)."""
         try:
-            return json.loads(self.result.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+            result = json.loads(self.result.read_text())
+        except (FileNotFoundError, ValueError):  # JSONDecodeError, UnicodeDecodeError
             return None
+        return result if isinstance(result, dict) else None
 
 
 def _finite(value: Any) -> Any:

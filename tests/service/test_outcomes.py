@@ -52,6 +52,51 @@ def test_final_state_invalid_spec_lists_errors() -> None:
     assert reason(final) == "The worker rejected the spec: model.name: No module named 'x'"
 
 
+def test_final_state_invalid_spec_with_errors_not_a_list_says_its_message() -> None:
+    # Not the trainer's result.json (a custom model's code may write one): iterating the
+    # number raised, every pass, and the job stayed running with its devices held.
+    result = {"outcome": "invalid_spec", "message": "Invalid job spec", "errors": 5}
+    final = _final(WorkerExit(code=2), result)
+    assert reason(final) == "The worker rejected the spec: Invalid job spec"
+    result = {"outcome": "invalid_spec", "errors": [{"field": "steps"}]}
+    assert reason(_final(WorkerExit(code=2), result)) == (
+        "The worker rejected the spec: steps: None"
+    )
+
+
+def test_final_state_result_that_is_no_json_object_is_said() -> None:
+    # A result.json that is not a JSON object is judged as none, and the reason says it
+    # was there, not that it was missing.
+    def unreadable(exit: WorkerExit, cancel: bool = False) -> FinalState:
+        return final_state(
+            exit, None, cancel_requested=cancel, killed_after_grace=False, grace_seconds=30,
+            log_tail=TAIL, result_unreadable=True,
+        )  # fmt: skip
+
+    assert reason(unreadable(WorkerExit(code=0))) == (
+        "The worker exited with code 0 but result.json is not a JSON object."
+    )
+    assert reason(unreadable(WorkerExit(code=1))) == (
+        "The worker exited with code 1. Its result.json is not a JSON object."
+    )
+    adopted = unreadable(WorkerExit())
+    assert adopted.state is JobState.FAILED
+    assert reason(adopted).startswith(
+        "The worker ended with a result.json that is not a JSON object while the service "
+        "was not its parent"
+    )
+    cancelled = unreadable(WorkerExit(), cancel=True)
+    assert cancelled.state is JobState.CANCELLED
+    assert reason(cancelled) == (
+        "Cancelled: the worker ended while the service was not its parent, with a "
+        "result.json that is not a JSON object."
+    )
+    assert crashed(WorkerExit(), None, cancel_requested=False, result_unreadable=True) == (
+        "its worker (adopted after a restart, so its exit status is unknown) ended with a "
+        "result.json that is not a JSON object"
+    )
+
+
 def test_final_state_cancelled_by_sigterm() -> None:
     final = _final(WorkerExit(code=3), {"outcome": "cancelled"}, cancel=True)
     assert final.state is JobState.CANCELLED and final.error is None

@@ -891,3 +891,85 @@ def test_stop_workers_on_exit_logs_what_it_does(
         r"latest checkpoint",
         log,
     ), log
+
+
+def _gone_worker(settings: Settings, store: JobStore, name: str, result: str) -> JobRecord:
+    """A running job whose worker ended while no service watched, leaving `result` as its
+    result.json."""
+    job = store.create(JobSpec.model_validate(job_spec(name=name)).model_dump(mode="json"))
+    assert store.mark_running(job.id, devices=["cpu:0"])  # its worker never recorded: gone
+    run = settings.runs_dir / job.id
+    run.mkdir(parents=True)
+    (run / "result.json").write_text(result)
+    return job
+
+
+def test_restart_after_a_gone_worker_left_a_result_json_that_is_no_object(
+    tmp_path: Path,
+) -> None:
+    # A custom model runs in its worker with the run directory as its working directory,
+    # so it can write result.json. A list there raised in `recover()` (`.get` on it), and
+    # the service failed to start, every time; the job after it was never settled.
+    settings = Settings(data_dir=tmp_path / "data", crash_retries=0).resolved()
+    store = JobStore(settings.db_path)
+    bad = _gone_worker(settings, store, "bad", "[]")
+    good = _gone_worker(settings, store, "good", _RESULT)
+    in_process(settings, store).recover()
+    ended = store.get(bad.id)
+    assert ended is not None
+    assert (ended.state, ended.devices, ended.result) == (JobState.FAILED, [], None)
+    assert ended.error is not None
+    assert ended.error["reason"] == (
+        "The worker ended with a result.json that is not a JSON object while the service "
+        "was not its parent, so its exit status is unknown; it most likely crashed."
+    )
+    other = store.get(good.id)
+    assert other is not None and other.state is JobState.SUCCEEDED
+    store.close()
+
+
+# A worker that writes a result.json that is valid JSON but no object, and exits 0.
+_LIST_RESULT_WORKER = """\
+import sys
+from pathlib import Path
+
+(Path(sys.argv[sys.argv.index("--job-dir") + 1]) / "result.json").write_text("[]")
+"""
+
+
+def _tick_until_ended(
+    supervisor: Supervisor, store: JobStore, job_id: str, timeout: float = 60.0
+) -> JobRecord:
+    """The job once the supervisor's ticks have ended it (its worker has `timeout` s)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        supervisor.tick()
+        job = store.get(job_id)
+        assert job is not None
+        if job.state.is_terminal:
+            return job
+        assert time.monotonic() < deadline, f"job {job_id} still {job.state} after {timeout} s"
+        time.sleep(0.05)
+
+
+def test_watched_worker_that_left_a_result_json_that_is_no_object_fails_saying_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same of a worker the service watches: its end raised every pass, and the job
+    # stayed running, its device held, for good.
+    for name, value in worker_env(tmp_path, "list_worker", _LIST_RESULT_WORKER).items():
+        monkeypatch.setenv(name, value)
+    settings = Settings(data_dir=tmp_path / "data").resolved()
+    store = JobStore(settings.db_path)
+    job = store.create(JobSpec.model_validate(job_spec(name="list")).model_dump(mode="json"))
+    supervisor = in_process(settings, store)
+    try:
+        ended = _tick_until_ended(supervisor, store, job.id)
+        assert (ended.state, ended.devices) == (JobState.FAILED, [])
+        assert ended.error is not None
+        assert ended.error["reason"] == (
+            "The worker exited with code 0 but result.json is not a JSON object."
+        )
+    finally:
+        kill_processes_under(settings.runs_dir / job.id)
+        store.close()

@@ -90,3 +90,24 @@ def test_a_profile_request_written_while_the_worker_takes_one_is_kept(tmp_path, 
     assert json.loads(run.take_profile_request() or "") == {"steps": 50}
     assert run.take_profile_request() is None
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"[]", b"3", b'"succeeded"', b"null", b"{not json", b'{"outcome": "\xff"}', b""],
+    ids=["list", "number", "string", "null", "not-json", "not-utf8", "empty"],
+)
+def test_read_result_that_is_no_json_object_is_none(tmp_path: Path, content: bytes) -> None:
+    # A custom model runs in the worker with the run directory as its working directory,
+    # so result.json may hold anything: a list or a number came back as the result (typed
+    # a dict, and `.get` on it raised in the service), and bytes that are no UTF-8 raised.
+    run = RunDir(tmp_path)
+    run.result.write_bytes(content)
+    assert run.read_result() is None
+
+
+def test_read_result_reads_an_object(tmp_path: Path) -> None:
+    run = RunDir(tmp_path)
+    assert run.read_result() is None  # none written
+    run.result.write_text(json.dumps({"outcome": "succeeded", "steps": 3}))
+    assert run.read_result() == {"outcome": "succeeded", "steps": 3}

@@ -307,22 +307,30 @@ class Supervisor:
         return WorkerExit(code=int(OUTCOME_EXIT_CODES[outcome]))
 
     def _reap_exiting(self) -> None:
-        grace = self._settings.cancel_grace_seconds
         for job_id, exiting in list(self._exiting.items()):
-            if exiting.worker.poll() is not None:
-                self._store.exited(job_id)
-                del self._exiting[job_id]
-                # Only now that the store (resume, delete) and the devices list
-                # (held_after_their_jobs) both have it gone: a client acting on the event
-                # is not refused, nor shown the devices still `exiting`.
-                self._publish(JobEvent.exited(job_id, exiting.devices))
-            elif not exiting.worker.killed and time.monotonic() - exiting.since > grace:
-                log.warning(
-                    "Job %s: its worker wrote its result %g s ago and has not exited; killing it",
-                    job_id,
-                    grace,
-                )
-                exiting.worker.kill()
+            # Each under its own guard: a store that refuses one `exited` (kept, and tried
+            # again next pass) stopped the whole pass, every pass, and its traceback was
+            # logged five times a second.
+            with self._guard((job_id, "exiting"), f"Job {job_id}: reaping its exiting worker"):
+                self._reap(exiting)
+
+    def _reap(self, exiting: _Exiting) -> None:
+        """Record an ended job's worker as exited once it is gone; kill it past the grace."""
+        grace = self._settings.cancel_grace_seconds
+        if exiting.worker.poll() is not None:
+            self._store.exited(exiting.job_id)
+            del self._exiting[exiting.job_id]
+            # Only now that the store (resume, delete) and the devices list
+            # (held_after_their_jobs) both have it gone: a client acting on the event
+            # is not refused, nor shown the devices still `exiting`.
+            self._publish(JobEvent.exited(exiting.job_id, exiting.devices))
+        elif not exiting.worker.killed and time.monotonic() - exiting.since > grace:
+            log.warning(
+                "Job %s: its worker wrote its result %g s ago and has not exited; killing it",
+                exiting.job_id,
+                grace,
+            )
+            exiting.worker.kill()
 
     @contextmanager
     def _guard(self, key: tuple[str, str], what: str) -> Iterator[None]:

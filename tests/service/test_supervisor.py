@@ -4,6 +4,7 @@ restarted, one job's bad output beside the others, and one service per data dir.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -33,6 +34,7 @@ from tests.service.harness import (
     long_job,
     processes_under,
     stepping_worker_env,
+    wait_catching_sigterm,
     worker_env,
 )
 from trainer.spec import JobSpec
@@ -972,4 +974,61 @@ def test_watched_worker_that_left_a_result_json_that_is_no_object_fails_saying_s
         )
     finally:
         kill_processes_under(settings.runs_dir / job.id)
+        store.close()
+
+
+def test_exiting_worker_whose_exit_the_store_refuses_holds_back_no_other_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Recording that an ended job's worker has exited ran first in each pass, outside any
+    # guard: one the store refused stopped the whole pass (no progress, cancels, ends or
+    # starts for any job), every pass, its traceback logged five times a second.
+    caplog.set_level(logging.INFO, logger="service.supervisor")
+    for name, value in fake_worker_env(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    settings = Settings(data_dir=tmp_path / "data", cpu_jobs=2).resolved()
+    store = JobStore(settings.db_path)
+
+    def create(name: str) -> JobRecord:
+        return store.create(JobSpec.model_validate(job_spec(name=name)).model_dump(mode="json"))
+
+    lingers, sleepy = create("linger"), create("sleepy")  # see FAKE_WORKER
+    supervisor = in_process(settings, store)
+    try:
+        ended = _tick_until_ended(supervisor, store, lingers.id)  # starts both
+        assert ended.state is JobState.SUCCEEDED and ended.exiting is not None
+        wait_catching_sigterm(lambda: processes_under(settings.runs_dir / sleepy.id))
+
+        # The fault is injected into the store (a full disk, say): its `exited` fails.
+        def refused(job_id: str) -> None:
+            raise sqlite3.OperationalError("disk I/O error")
+
+        exited = store.exited
+        monkeypatch.setattr(store, "exited", refused)
+        (settings.runs_dir / lingers.id / "release").touch()
+        pid = ended.exiting["pid"]
+        waited = os.WEXITED | os.WNOHANG | os.WNOWAIT  # left for the supervisor to reap
+        _wait_until(lambda: os.waitid(os.P_PID, pid, waited) is not None, "its exit")
+
+        assert store.request_cancel(sleepy.id)
+        cancelled = _tick_until_ended(supervisor, store, sleepy.id)
+        assert (cancelled.state, cancelled.devices) == (JobState.CANCELLED, [])
+        for _ in range(5):
+            supervisor.tick()
+        held = store.get(lingers.id)
+        assert held is not None and held.exiting is not None, "the store took it after all"
+        failed = f"Job {lingers.id}: reaping its exiting worker failed"
+        assert [r.getMessage() for r in caplog.records].count(
+            f"{failed}; retrying each tick, logged again if it changes"
+        ) == 1
+
+        monkeypatch.setattr(store, "exited", exited)
+        supervisor.tick()
+        gone = store.get(lingers.id)
+        assert gone is not None and gone.exiting is None
+        assert f"Job {lingers.id}: reaping its exiting worker works again" in caplog.messages
+    finally:
+        for job in (lingers, sleepy):
+            (settings.runs_dir / job.id / "release").touch()
+            kill_processes_under(settings.runs_dir / job.id)
         store.close()

@@ -84,7 +84,7 @@ class _Exiting:
     """A worker whose job is over (it wrote result.json) and whose process has not ended."""
 
     job_id: str
-    worker: Worker
+    worker: Worker | None  # None: gone already as this service started, not yet recorded
     devices: list[str]
     since: float
 
@@ -188,33 +188,53 @@ class Supervisor:
     # --- recovery ----------------------------------------------------------------------
 
     def recover(self) -> None:
+        """Take over from a previous service: adopt each running job's living worker or
+        settle its job, and wait for each ended job's exiting worker. Each job under its own
+        guard, as in a pass: one whose recovery fails (a result the store refuses to
+        record) is logged and left to the ticks, and never stops the service starting."""
         for job in self._store.running():
-            run = self.run_dir(job.id)
-            self._tails[job.id] = _Tail(job.progress_offset, job.progress, job.eval)
-            worker = adopt_worker(job_id=job.id, run=run, pid=job.pid, started=job.pid_started)
-            if worker is not None:
-                if job.pid is None:  # found by its argv: store what was never stored
-                    self._store.set_worker(job.id, pid=worker.pid, pid_started=worker.started)
-                self._workers[job.id] = worker
-                log.info("Job %s: adopted its running worker (pid %d)", job.id, worker.pid)
-                continue
-            log.info("Job %s: its worker ended while no service watched; settling it", job.id)
-            # What it wrote while nobody watched: tens of MB are read on by the ticks.
-            self._gone.add(job.id)
-            self._settle_gone(job.id, job, parts=RECOVER_PARTS)
+            with self._guard((job.id, "watch"), f"Job {job.id}: recovering it"):
+                self._recover(job, parts=RECOVER_PARTS)
         for job in self._store.exiting():
-            exiting = job.exiting or {}
-            worker = adopt_worker(
-                job_id=job.id,
-                run=self.run_dir(job.id),
-                pid=exiting.get("pid"),
-                started=exiting.get("pid_started"),
-            )
-            if worker is None:  # no `exited` event: nobody listens before the service answers
-                self._store.exited(job.id)
-            else:  # its grace starts again: this service never saw it begin
-                devices = list(exiting.get("devices") or [])
+            with self._guard((job.id, "exiting"), f"Job {job.id}: finding its exiting worker"):
+                exiting = job.exiting or {}
+                worker = adopt_worker(
+                    job_id=job.id,
+                    run=self.run_dir(job.id),
+                    pid=exiting.get("pid"),
+                    started=exiting.get("pid_started"),
+                )
+                # Its grace starts again (this service never saw it begin); one gone holds
+                # nothing, and is recorded so by the reaping below.
+                devices = list(exiting.get("devices") or []) if worker is not None else []
                 self._exiting[job.id] = _Exiting(job.id, worker, devices, time.monotonic())
+        self._reap_exiting()
+
+    def _recover(self, job: JobRecord, *, parts: int) -> None:
+        """Watch a running job that nothing watches: its worker adopted while it lives,
+        else the job settled from what it left (`_settle_gone`, `parts` parts read now)."""
+        run = self.run_dir(job.id)
+        self._tails[job.id] = _Tail(job.progress_offset, job.progress, job.eval)
+        worker = adopt_worker(job_id=job.id, run=run, pid=job.pid, started=job.pid_started)
+        if worker is not None:
+            self._workers[job.id] = worker
+            log.info("Job %s: adopted its running worker (pid %d)", job.id, worker.pid)
+            # Found by its argv: store what was never stored (a failure is tried again
+            # each pass, by `_watch`, the worker watched meanwhile).
+            self._record_worker(job, worker)
+            return
+        log.info("Job %s: its worker ended while no service watched; settling it", job.id)
+        # What it wrote while nobody watched: tens of MB are read on by the ticks.
+        self._gone.add(job.id)
+        self._settle_gone(job.id, job, parts=parts)
+
+    def _record_worker(self, job: JobRecord, worker: Worker) -> None:
+        """Store the pid of a watched worker where the store lacks it, so that a restarted
+        service adopts it by its pid; a failure is logged and left to the next pass."""
+        if job.pid == worker.pid:
+            return
+        with self._guard((job.id, "worker"), f"Job {job.id}: recording its worker's pid"):
+            self._store.set_worker(job.id, pid=worker.pid, pid_started=worker.started)
 
     # --- one pass ----------------------------------------------------------------------
 
@@ -273,6 +293,7 @@ class Supervisor:
         # signals go out whatever its lines. The job ends only once its last lines are
         # stored (or the store has refused them for SETTLE_WAIT_SECONDS); until then the
         # next tick reads them again (poll() keeps its exit).
+        self._record_worker(job, worker)  # where the store refused it so far
         self._read_progress_guarded(job.id)
         exit = worker.poll()
         if exit is not None:
@@ -317,7 +338,7 @@ class Supervisor:
     def _reap(self, exiting: _Exiting) -> None:
         """Record an ended job's worker as exited once it is gone; kill it past the grace."""
         grace = self._settings.cancel_grace_seconds
-        if exiting.worker.poll() is not None:
+        if exiting.worker is None or exiting.worker.poll() is not None:
             self._store.exited(exiting.job_id)
             del self._exiting[exiting.job_id]
             # Only now that the store (resume, delete) and the devices list

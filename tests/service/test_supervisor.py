@@ -1032,3 +1032,63 @@ def test_exiting_worker_whose_exit_the_store_refuses_holds_back_no_other_job(
             (settings.runs_dir / job.id / "release").touch()
             kill_processes_under(settings.runs_dir / job.id)
         store.close()
+
+
+def test_restart_goes_on_past_a_job_whose_end_the_store_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each job's recovery ran outside any guard: one the store refused to end (a full
+    # disk) raised out of `recover()`, and the service did not start, every time.
+    settings = Settings(data_dir=tmp_path / "data").resolved()
+    store = JobStore(settings.db_path)
+    refused, settled = (_gone_worker(settings, store, name, _RESULT) for name in "ab")
+    finish = store.finish
+
+    # The fault is injected into the store: its finish of the one job fails.
+    def full(job_id: str, *args: Any, **kwargs: Any) -> bool:
+        if job_id == refused.id:
+            raise sqlite3.OperationalError("database or disk is full")
+        return finish(job_id, *args, **kwargs)
+
+    monkeypatch.setattr(store, "finish", full)
+    supervisor = in_process(settings, store)
+    supervisor.recover()
+    assert _running(store, refused.id), "its end was recorded after all"
+    done = store.get(settled.id)
+    assert done is not None and done.state is JobState.SUCCEEDED
+
+    monkeypatch.setattr(store, "finish", finish)  # left to the ticks, which end it
+    ended = _settled(supervisor, store, refused.id)
+    assert (ended.state, ended.devices) == (JobState.SUCCEEDED, [])
+    store.close()
+
+
+def test_restart_goes_on_past_an_exited_worker_the_store_cannot_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same of an ended job's worker, exiting when the last service stopped and gone
+    # since: the store refusing to record that stopped the service starting.
+    settings = Settings(data_dir=tmp_path / "data").resolved()
+    store = JobStore(settings.db_path)
+    job = store.create(JobSpec.model_validate(job_spec(name="ended")).model_dump(mode="json"))
+    assert store.mark_running(job.id, devices=["cpu:0"])
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    exiting = {"pid": int(gone.stdout), "pid_started": 1, "devices": ["cpu:0"]}
+    assert store.finish(job.id, JobState.SUCCEEDED, result=None, error=None, exiting=exiting)
+    exited = store.exited
+
+    # The fault is injected into the store: its `exited` fails.
+    def refused(job_id: str) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(store, "exited", refused)
+    supervisor = in_process(settings, store)
+    supervisor.recover()
+    assert store.get(job.id).exiting == exiting  # type: ignore[union-attr]
+    assert supervisor.held_after_their_jobs() == {}, "a gone worker holds no device"
+
+    monkeypatch.setattr(store, "exited", exited)
+    supervisor.tick()
+    assert store.get(job.id).exiting is None  # type: ignore[union-attr]
+    store.close()

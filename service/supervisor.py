@@ -18,8 +18,13 @@ stopped on a SIGTERM nobody asked for (no cancel request: a service manager stop
 whole control group, say) is requeued the same way, whether it ends while watched or not;
 so is one killed by a signal (the OOM killer), up to `crash_retries` times a job.
 
-One job's trouble never stops the pass: each job, and the scheduling, runs under its own
-guard that logs an error once (again only when it changes) and retries on the next tick.
+One job's trouble never stops the pass: each job (its tail, cancel and reaping, and the
+exit of its worker once the job has ended), and the scheduling, runs under its own guard
+that logs an error once (again only when it changes) and retries on the next tick; so
+does each job's recovery at start, which never stops the service starting. A worker is
+watched from its spawn, before the store records it; a running job that nothing watches
+(the store failed between marking it running and starting its worker) is taken over by
+the next tick as at a start.
 The in-memory progress tail moves on only after the store has taken the lines, so a
 failed write is retried from the same offset and no line is lost; a job whose worker has
 ended is settled only once its last lines are stored, so a failed read or write holds
@@ -249,6 +254,18 @@ class Supervisor:
     def tick(self) -> None:
         self._reap_exiting()
         running = {job.id: job for job in self._store.running()}
+        # A running job that nothing watches (neither a worker nor gone) is taken over as
+        # at a start. `_start` watches a worker before any store write, but the store can
+        # fail after marking a job running and before its worker exists (reading it back,
+        # or recording a failed start): such a job sat running, its devices held, until a
+        # restart's `recover()` requeued it. First: the jobs this pass settles or starts are
+        # no longer, or not yet, in this look at the store.
+        for lost in running.values():
+            if lost.id in self._workers or lost.id in self._gone:
+                continue
+            with self._guard((lost.id, "watch"), f"Job {lost.id}: recovering it"):
+                log.warning("Job %s: running, and nothing watched it; taking it over", lost.id)
+                self._recover(lost, parts=1)
         for job_id in list(self._gone):
             with self._guard((job_id, "watch"), f"Job {job_id}: settling its gone worker"):
                 self._settle_gone(job_id, running.get(job_id), parts=1)
@@ -557,6 +574,8 @@ class Supervisor:
         run.profile_request.unlink(missing_ok=True)
         if not self._store.mark_running(job_id, devices=devices):
             return  # cancelled since the queue was read
+        # Running from here: should what follows raise before its worker is watched, the
+        # next pass finds a running job nothing watches and takes it over (`tick`).
         # Read now that it runs: nothing but a cancel request changes a running job, where
         # a resume could have given a queued one a new spec since the queue was read.
         job = self._store.get(job_id)
@@ -584,9 +603,14 @@ class Supervisor:
             )
             self._publish_state(job.id)
             return
-        self._store.set_worker(job.id, pid=worker.pid, pid_started=worker.started)
+        # Watched before any store write: a set_worker that raised (a store locked past
+        # its busy timeout, a full disk) left a live worker nothing watched, its progress
+        # never read, a cancel never sent, its end never recorded and its devices held
+        # until a restart. Kept, the child's exit status is read as for any other; its pid
+        # is stored by `_watch` once the store takes it.
         self._workers[job.id] = worker
         self._tails[job.id] = _Tail(job.progress_offset, job.progress, job.eval)
+        self._record_worker(job, worker)
         self._publish_state(job.id)
 
     def _publish_state(self, job_id: str) -> None:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -1092,3 +1092,100 @@ def test_restart_goes_on_past_an_exited_worker_the_store_cannot_record(
     supervisor.tick()
     assert store.get(job.id).exiting is None  # type: ignore[union-attr]
     store.close()
+
+
+def test_worker_whose_pid_the_store_refused_is_watched_and_cancelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its worker started, then the store refused its pid (locked past its busy timeout):
+    # the job was running in the store and nothing watched the process. Its progress was
+    # never read, a cancel never reached it and its end was never recorded: its device
+    # stayed held until the service restarted.
+    for name, value in fake_worker_env(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    settings = Settings(data_dir=tmp_path / "data").resolved()
+    store = JobStore(settings.db_path)
+    # The store waits 30 s for another connection's lock before it fails; here it fails at
+    # once. The lock and the error are SQLite's own, through the store's own code.
+    store._writer.execute("PRAGMA busy_timeout = 0")
+    job = store.create(JobSpec.model_validate(job_spec(name="sleepy")).model_dump(mode="json"))
+    run = settings.runs_dir / job.id
+    spawn = supervisor_module.spawn_worker
+    supervisor = in_process(settings, store)
+    try:
+        with ExitStack() as locked:
+
+            def spawn_then_lock(**kwargs: Any) -> Any:
+                """The worker started, and the store's file locked by another connection
+                (a backup tool, a sqlite3 shell) at once, before its pid is stored."""
+                worker = spawn(**kwargs)
+                locked.enter_context(_write_locked(settings.db_path))
+                return worker
+
+            monkeypatch.setattr(supervisor_module, "spawn_worker", spawn_then_lock)
+            supervisor.tick()  # starts its worker; the store refuses its pid
+            assert _running(store, job.id)
+            assert store.get(job.id).pid is None  # type: ignore[union-attr]
+            wait_catching_sigterm(lambda: processes_under(run))
+            (pid,) = processes_under(run)
+            progress = run / "progress.jsonl"
+            _wait_until(lambda: progress.exists() and progress.read_text().endswith("\n"),
+                        "its first line")  # fmt: skip
+            supervisor.tick()  # the store still refuses its pid, and its first line
+        supervisor.tick()
+        watched = store.get(job.id)
+        assert watched is not None
+        assert watched.pid == pid, "its pid was not stored once the store took it"
+        assert (watched.progress or {}).get("phase") == "starting", "its progress not read"
+
+        assert store.request_cancel(job.id)
+        ended = _tick_until_ended(supervisor, store, job.id)
+        assert (ended.state, ended.devices) == (JobState.CANCELLED, [])
+        assert processes_under(run) == []
+    finally:
+        kill_processes_under(run)
+        store.close()
+
+
+def test_job_marked_running_whose_worker_never_started_runs_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The store failed to read a job back after marking it running, before its worker
+    # started: the job sat running with no worker and nothing watching it, its device
+    # held, until the service restarted.
+    for name, value in fake_worker_env(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    settings = Settings(data_dir=tmp_path / "data").resolved()
+    store = JobStore(settings.db_path)
+    job = store.create(JobSpec.model_validate(job_spec(name="quick")).model_dump(mode="json"))
+    get, mark_running = store.get, store.mark_running
+    marked: list[str] = []
+
+    # The fault is injected into the store: its first read after a job is marked running
+    # fails, as on a disk I/O error.
+    def marks(job_id: str, **kwargs: Any) -> bool:
+        marked.append(job_id)
+        return mark_running(job_id, **kwargs)
+
+    def reads(job_id: str) -> JobRecord | None:
+        if marked:
+            marked.clear()
+            raise sqlite3.OperationalError("disk I/O error")
+        return get(job_id)
+
+    monkeypatch.setattr(store, "mark_running", marks)
+    monkeypatch.setattr(store, "get", reads)
+    supervisor = in_process(settings, store)
+    try:
+        supervisor.tick()  # marks it running; reading it back fails: no worker
+        assert _running(store, job.id)
+        assert processes_under(settings.runs_dir / job.id) == []
+        monkeypatch.setattr(store, "mark_running", mark_running)
+        supervisor.tick()  # nothing watches it: requeued as gone, and started again
+        again = store.get(job.id)
+        assert again is not None and again.attempts == 2 and again.pid is not None
+        ended = _tick_until_ended(supervisor, store, job.id)
+        assert (ended.state, ended.devices, ended.attempts) == (JobState.SUCCEEDED, [], 2)
+    finally:
+        kill_processes_under(settings.runs_dir / job.id)
+        store.close()

@@ -86,54 +86,63 @@ def lock_data_dir(data_dir: Path) -> int:
 
 @contextlib.asynccontextmanager
 async def _running(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
-    """The service's long-lived parts, from start to stop (the data dir lock is held)."""
+    """The service's long-lived parts, from start to stop (the data dir lock is held).
+
+    Each part is stopped by an exit stack, in the reverse of the order it started, whatever
+    the stops before it raised: a TensorBoard that failed to stop (or workers that failed
+    to be stopped) left the upstream client and the store open. A start cut short stops
+    what had started."""
     settings.runs_dir.mkdir(parents=True, exist_ok=True)
-    store = JobStore(settings.db_path)
-    # A job whose delete a stop cut short before it was recorded keeps its files; then
-    # what a stopped service left half-removed goes, in the background, as a delete
-    # removes, so a large leftover never delays the start (a daemon: a stop mid-way is
-    # swept again).
-    deletion.restore(settings.runs_dir, store)
-    threading.Thread(
-        target=deletion.sweep, args=(settings.runs_dir,), name="sweep", daemon=True
-    ).start()
-    # Points of jobs deleted before a stop, still to be removed; a chunk at a time, beside
-    # the service's own writes.
-    threading.Thread(target=deletion.purge, args=(store,), name="purge", daemon=True).start()
-    pool = DevicePool.from_settings(settings)
-    broker = EventBroker(asyncio.get_running_loop())
-    supervisor = Supervisor(settings=settings, store=store, pool=pool, publish=broker.publish)
-    upstream = Upstream()
-    launcher = TensorBoardLauncher(
-        settings=settings,
-        upstream=upstream,
-        job_exists=lambda job_id: store.version(job_id) is not None,
-    )
-    launcher.stop_orphan()
-    supervisor.start()
-    tensorboard_watch = asyncio.create_task(launcher.watch())
-    app.state.runtime = Runtime(
-        settings=settings,
-        store=store,
-        pool=pool,
-        broker=broker,
-        supervisor=supervisor,
-        launcher=launcher,
-        upstream=upstream,
-        job_json=JobJson(store),
-    )
-    log.info("Towerboard serving with data dir %s, %s", settings.data_dir, pool.describe())
-    try:
-        yield
-    finally:
-        supervisor.stop_starting()  # `towerboard serve` did at the signal; other servers now
+    async with contextlib.AsyncExitStack() as stack:
+        store = JobStore(settings.db_path)
+        stack.callback(store.close)
+        # A job whose delete a stop cut short before it was recorded keeps its files; then
+        # what a stopped service left half-removed goes, in the background, as a delete
+        # removes, so a large leftover never delays the start (a daemon: a stop mid-way is
+        # swept again).
+        deletion.restore(settings.runs_dir, store)
+        threading.Thread(
+            target=deletion.sweep, args=(settings.runs_dir,), name="sweep", daemon=True
+        ).start()
+        # Points of jobs deleted before a stop, still to be removed; a chunk at a time,
+        # beside the service's own writes.
+        threading.Thread(target=deletion.purge, args=(store,), name="purge", daemon=True).start()
+        pool = DevicePool.from_settings(settings)
+        broker = EventBroker(asyncio.get_running_loop())
+        supervisor = Supervisor(settings=settings, store=store, pool=pool, publish=broker.publish)
+        upstream = Upstream()
+        stack.push_async_callback(upstream.aclose)
+        launcher = TensorBoardLauncher(
+            settings=settings,
+            upstream=upstream,
+            job_exists=lambda job_id: store.version(job_id) is not None,
+        )
+        stack.push_async_callback(launcher.stop)
+        launcher.stop_orphan()
+        supervisor.start()
+        # Workers are left running: the next service adopts them. A thread join of up to
+        # 10 s (the supervisor's pass in progress), so not on the event loop.
+        stack.push_async_callback(asyncio.to_thread, supervisor.stop)
+        tensorboard_watch = asyncio.create_task(launcher.watch())
+        stack.callback(tensorboard_watch.cancel)
         if settings.stop_workers_on_exit:  # a container: its stop would kill them unsaved
-            await asyncio.to_thread(supervisor.stop_workers, settings.cancel_grace_seconds)
-        tensorboard_watch.cancel()
-        supervisor.stop()  # workers left running: the next service adopts them
-        await launcher.stop()
-        await upstream.aclose()
-        store.close()
+            stack.push_async_callback(
+                asyncio.to_thread, supervisor.stop_workers, settings.cancel_grace_seconds
+            )
+        # First of all: `towerboard serve` did at the signal; other servers now.
+        stack.callback(supervisor.stop_starting)
+        app.state.runtime = Runtime(
+            settings=settings,
+            store=store,
+            pool=pool,
+            broker=broker,
+            supervisor=supervisor,
+            launcher=launcher,
+            upstream=upstream,
+            job_json=JobJson(store),
+        )
+        log.info("Towerboard serving with data dir %s, %s", settings.data_dir, pool.describe())
+        yield
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

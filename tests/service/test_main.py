@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
+import sqlite3
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
+from service.deps import Runtime
+from service.main import create_app
+from service.settings import Settings
+from service.supervisor import Supervisor
+from service.tensorboard import TensorBoardLauncher
 from tests.service.harness import ROOT, Service
 
 
@@ -268,3 +278,73 @@ def _raw_get_status(port: int, target: str) -> int:
     version, status, _ = status_line.split(" ", 2)
     assert version == "HTTP/1.1", status_line
     return int(status)
+
+
+def _serve_then_stop(app: FastAPI) -> BaseException | None:
+    """Start the app's lifespan, with an upstream client made so there is one to close, and
+    stop it; what the stop raised."""
+
+    async def go() -> None:
+        async with app.router.lifespan_context(app):
+            assert app.state.runtime.upstream.client is not None  # made when first asked for
+
+    # In a thread of its own: after the browser tests, Playwright keeps an event loop
+    # running in this one, and asyncio.run() refuses to start another beside it.
+    with ThreadPoolExecutor(1) as pool:
+        try:
+            pool.submit(asyncio.run, go()).result()
+        except Exception as error:
+            return error
+    return None
+
+
+@pytest.mark.parametrize("fails", ["launcher.stop", "supervisor.stop_workers"])
+def test_stop_closes_the_store_whatever_a_part_before_it_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: str
+) -> None:
+    # The stop ran its parts one after another with nothing between them: a TensorBoard
+    # that failed to stop, or workers that did, left the upstream client and the store
+    # open (and the supervisor watching, in the second case). The failure is injected.
+    def failed(*_: Any) -> None:
+        raise RuntimeError(f"{fails} failed")
+
+    if fails == "launcher.stop":
+
+        async def failed_async(*_: Any) -> None:
+            failed()
+
+        monkeypatch.setattr(TensorBoardLauncher, "stop", failed_async)
+    else:
+        monkeypatch.setattr(Supervisor, "stop_workers", failed)
+    app = create_app(Settings(data_dir=tmp_path / "data", stop_workers_on_exit=True))
+    error = _serve_then_stop(app)
+    assert isinstance(error, RuntimeError) and str(error) == f"{fails} failed"
+    runtime: Runtime = app.state.runtime
+    with pytest.raises(sqlite3.ProgrammingError, match="closed database"):
+        runtime.store.exited("x")  # a write: the writer is closed
+    assert runtime.upstream._client is None, "the upstream client was not closed"
+    assert not runtime.supervisor._thread.is_alive()  # type: ignore[union-attr]
+
+
+def test_stop_joins_the_supervisor_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Stopping the supervisor joins its thread, for up to 10 s while a pass finishes: that
+    # ran on the event loop, which served nothing meanwhile.
+    on_the_loop: list[bool] = []
+    stop = Supervisor.stop
+
+    def stop_seen(self: Supervisor) -> None:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no loop runs in this thread
+            on_the_loop.append(False)
+        else:
+            on_the_loop.append(True)
+        stop(self)
+
+    monkeypatch.setattr(Supervisor, "stop", stop_seen)
+    app = create_app(Settings(data_dir=tmp_path / "data"))
+    assert _serve_then_stop(app) is None
+    assert on_the_loop == [False]
+    assert not app.state.runtime.supervisor._thread.is_alive()

@@ -306,11 +306,12 @@ class Supervisor:
         self._gone.discard(job_id)
 
     def _watch(self, job: JobRecord, worker: Worker) -> None:
+        # Its pid, where the store refused it so far; guarded, so a refusal stops nothing.
+        self._record_worker(job, worker)
         # A progress file that cannot be read or stored does not stop the cancel: the
         # signals go out whatever its lines. The job ends only once its last lines are
         # stored (or the store has refused them for SETTLE_WAIT_SECONDS); until then the
         # next tick reads them again (poll() keeps its exit).
-        self._record_worker(job, worker)  # where the store refused it so far
         self._read_progress_guarded(job.id)
         exit = worker.poll()
         if exit is not None:

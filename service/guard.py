@@ -4,14 +4,14 @@ parts is logged, not raised, and the next pass tries that part again.
 An error that repeats every pass is logged once, with its traceback, and again only when
 it changes; a part that works again after failing says so. TensorBoard's watch task
 (`service.tensorboard`) runs each pass under one: an error ended it for good, unseen, as
-nobody awaits it ("Task exception was never retrieved", at exit). The supervisor's
-`_guard` does the same for its ticks.
+nobody awaits it ("Task exception was never retrieved", at exit). The supervisor runs each
+job's part of a tick, and the scheduling, under one.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 
 
@@ -37,3 +37,9 @@ class Guard:
         else:
             if self._errors.pop(key, None) is not None:
                 self._log.info("%s works again", what)
+
+    def forget(self, matches: Callable[[Hashable], bool]) -> None:
+        """Drop the last errors of the parts whose keys `matches` (a job no longer watched):
+        a part of that name later logs its first error again."""
+        for key in [key for key in self._errors if matches(key)]:
+            del self._errors[key]

@@ -46,13 +46,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from service.devices import DevicePool
 from service.events import JobEvent
+from service.guard import Guard
 from service.outcomes import crashed, final_state, interrupted
 from service.progress import PROGRESS_READ_BYTES, fold_progress, read_progress_chunk, restarted_at
 from service.runfiles import inside, tail_lines
@@ -116,9 +116,10 @@ class Supervisor:
         # Jobs whose worker has ended and whose last lines the store refused: since when
         # (`_stored_or_given_up`).
         self._unstored: dict[str, float] = {}
-        # The last error logged per guarded part ((job id, part) or ("", "schedule")), so a
-        # failure that repeats every tick is logged once, not five times a second.
-        self._errors: dict[tuple[str, str], str] = {}
+        # Each job's part of a tick ((job id, part)) and the scheduling (("", "schedule"))
+        # run under it: an error is logged, once while it repeats (not five times a
+        # second), and the next tick tries again.
+        self._guard = Guard(log)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._starting = threading.Event()  # cleared: start no more workers (shutting down)
@@ -371,27 +372,12 @@ class Supervisor:
             )
             exiting.worker.kill()
 
-    @contextmanager
-    def _guard(self, key: tuple[str, str], what: str) -> Iterator[None]:
-        """Run one part of a pass; an error is logged (once while it repeats), not raised."""
-        try:
-            yield
-        except Exception as error:
-            message = f"{type(error).__name__}: {error}"
-            if self._errors.get(key) != message:
-                self._errors[key] = message
-                log.exception("%s failed; retrying each tick, logged again if it changes", what)
-        else:
-            if self._errors.pop(key, None) is not None:
-                log.info("%s works again", what)
-
     def _forget(self, job_id: str) -> None:
         """Stop watching a job that is no longer running."""
         self._workers.pop(job_id, None)
         self._tails.pop(job_id, None)
         self._unstored.pop(job_id, None)
-        for key in [key for key in self._errors if key[0] == job_id]:
-            del self._errors[key]
+        self._guard.forget(lambda key: isinstance(key, tuple) and key[0] == job_id)
 
     def _enforce_cancel(self, job: JobRecord, worker: Worker) -> None:
         if job.cancel_requested_at is None:

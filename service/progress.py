@@ -8,7 +8,6 @@ job reports some 300,000 lines) was read, parsed and folded whole, holding half 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from service.store import MetricPoint
+from trainer.rundir import progress_line
 
 # The most of progress.jsonl one read takes: some 4,000 lines, a few hundred bytes each.
 PROGRESS_READ_BYTES = 1024 * 1024
@@ -41,9 +41,10 @@ def read_progress_chunk(
     """The complete lines of progress.jsonl from byte `offset` on, at most `limit` bytes of
     them, as JSON objects; and the offset after them (`offset` itself when there are none).
 
-    A line still being written is left for the next read. A torn line (a killed worker's)
-    or one that is not a JSON object is skipped, and so is a line longer than `limit`,
-    once it has ended, so a reader always moves on. A missing file reads as empty.
+    A line still being written is left for the next read. A line that holds no JSON object
+    (`trainer.rundir.progress_line`: torn, or junk a crashed host left) is skipped, and so
+    is a line longer than `limit`, once it has ended, so a reader always moves on. A
+    missing file reads as empty.
     """
     try:
         with open(path, "rb") as f:
@@ -56,14 +57,9 @@ def read_progress_chunk(
         return [], offset
     if end < 0:
         return [], offset
-    lines = []
-    for raw in data[: end + 1].splitlines():
-        try:
-            line = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(line, dict):
-            lines.append(line)
+    lines = [
+        line for raw in data[: end + 1].splitlines() if (line := progress_line(raw)) is not None
+    ]
     return lines, offset + end + 1
 
 

@@ -186,27 +186,21 @@ class ProgressWriter:
         self._file.close()
 
 
-def read_progress(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
-    """Complete lines of progress.jsonl from byte `offset`; returns them and the new offset.
+def progress_line(raw: bytes) -> dict[str, Any] | None:
+    """One line of progress.jsonl as the JSON object it holds, or None where it holds none:
+    a torn line (a killed worker's), JSON that is no object, or junk a crashed host left at
+    the end of the file. Every reader of the file parses its lines here.
 
-    A line still being written (no newline yet) is left for the next read.
+    `json.loads` raises more than `JSONDecodeError` on such bytes: a run of NULs reads as
+    UTF-16 or UTF-32 and fails to decode (`UnicodeDecodeError`), an integer of thousands
+    of digits is refused (`ValueError`), and brackets nested thousands deep overflow the
+    parser (`RecursionError`).
     """
     try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read()
-    except FileNotFoundError:
-        return [], offset
-    end = data.rfind(b"\n")
-    if end < 0:
-        return [], offset
-    events = []
-    for raw in data[: end + 1].splitlines():
-        try:
-            events.append(json.loads(raw))
-        except json.JSONDecodeError:
-            continue  # a torn line from a killed worker: skip it, keep the rest
-    return events, offset + end + 1
+        line = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return line if isinstance(line, dict) else None
 
 
 def last_progress(path: Path, tail_bytes: int = 64 * 1024) -> dict[str, Any] | None:
@@ -220,11 +214,8 @@ def last_progress(path: Path, tail_bytes: int = 64 * 1024) -> dict[str, Any] | N
     except FileNotFoundError:
         return None
     for raw in reversed(data.splitlines()):
-        try:
-            line = json.loads(raw)
-        except json.JSONDecodeError:
-            continue  # torn, or cut by the seek
-        if isinstance(line, dict) and line.get("event") == "progress":
+        line = progress_line(raw)  # None: junk, torn, or cut by the seek
+        if line is not None and line.get("event") == "progress":
             return line
     return None
 
@@ -239,12 +230,9 @@ def evaluated_at(path: Path, step: int, through: int | None = None) -> bool:
             for raw in f:
                 if b'"eval"' not in raw:  # most lines are reports: skip them unparsed
                     continue
-                try:
-                    line = json.loads(raw)
-                except json.JSONDecodeError:
-                    continue
+                line = progress_line(raw)
                 if (
-                    isinstance(line, dict)
+                    line is not None
                     and line.get("event") == "eval"
                     and isinstance(at := line.get("step"), int | float)
                     and step <= at <= last

@@ -310,3 +310,13 @@ def test_progress_read_moves_on_past_a_line_longer_than_a_read(tmp_path: Path) -
     assert read_progress_chunk(path, 0, limit=1000) == ([], skipped)
     lines, end = read_progress_chunk(path, skipped, limit=1000)
     assert [line["step"] for line in lines] == [3] and end == path.stat().st_size
+
+
+def test_progress_read_skips_what_a_crashed_host_left(tmp_path: Path) -> None:
+    # Brackets nested past the JSON parser's depth raise RecursionError, which ended the
+    # read (and so the job's tail) at that line on every pass.
+    path = tmp_path / "progress.jsonl"
+    junk = [b"\x00" * 4093 + progress_line(9), b"[" * 10_000, b"1" + b"0" * 5000]
+    path.write_bytes(b"".join(line + b"\n" for line in [progress_line(1), *junk, progress_line(2)]))
+    lines, end = read_progress_chunk(path, 0)
+    assert [line["step"] for line in lines] == [1, 2] and end == path.stat().st_size

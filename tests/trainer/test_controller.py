@@ -20,12 +20,13 @@ import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
+from tests.trainer.progress_lines import progress_lines
 from trainer import controller as controller_module
 from trainer.checkpoints import Checkpointer
 from trainer.controller import UNREAD_STEPS_MAX, Controller, NonFiniteLoss
 from trainer.models import build_model
 from trainer.optim import make_optimizer
-from trainer.rundir import ProgressWriter, RunDir, read_progress
+from trainer.rundir import ProgressWriter, RunDir
 from trainer.spec import JobSpec, ModelSpec, OptimizerSpec
 from trainer.summaries import SummaryManager
 from trainer.towers import TowerTrainer
@@ -152,7 +153,7 @@ def test_steps_with_only_their_loss_due_are_read_with_the_next_that_has_more(tmp
         *logged("launch", 6, 7, 8, 9, 10), *logged("read", 6, 7, 8, 9, 10),
         *logged("launch", 11, 12), *logged("read", 11, 12),
     ]  # fmt: skip
-    lines, _ = read_progress(controller.rundir.progress)
+    lines = progress_lines(controller.rundir.progress)
     ends = [e for e in lines if e["event"] == "progress"]
     # The last report is of the last step, its loss to 6 significant digits.
     assert ends[-1]["step"] == 12
@@ -177,7 +178,7 @@ def test_with_nothing_else_due_the_loop_reads_every_so_many_steps(tmp_path) -> N
     assert read_after == [1, 1 + UNREAD_STEPS_MAX, 1 + 2 * UNREAD_STEPS_MAX, steps]
     assert [e for e in trainer.log if e.startswith("read")] == logged("read", *range(1, steps + 1))
     # Every step reported: the last report is of the last step.
-    lines, _ = read_progress(controller.rundir.progress)
+    lines = progress_lines(controller.rundir.progress)
     assert [e for e in lines if e["event"] == "progress"][-1]["step"] == steps
 
 
@@ -226,7 +227,7 @@ def test_a_step_a_report_is_due_at_is_read_at_once(tmp_path, monkeypatch) -> Non
     controller.run()
 
     assert trainer.log == [e for s in range(1, 6) for e in logged("launch", s) + logged("read", s)]
-    lines, _ = read_progress(controller.rundir.progress)
+    lines = progress_lines(controller.rundir.progress)
     assert [e["step"] for e in lines if e["event"] == "progress"] == [1, 2, 3, 4, 5]
 
 
@@ -301,7 +302,7 @@ def test_a_resumed_run_first_does_the_eval_a_stop_cut_short(
     summary = controller.run()
 
     assert summary.outcome.value == "succeeded" and summary.step == total
-    lines, _ = read_progress(controller.rundir.progress)
+    lines = progress_lines(controller.rundir.progress)
     assert [e["step"] for e in lines if e["event"] == "eval"] == [*evaluated, *evals]
     controller.summaries.close()
     acc = event_accumulator.EventAccumulator(str(controller.rundir.tensorboard / "eval"))

@@ -16,8 +16,8 @@ import pytest
 from tensorboard.backend.event_processing import plugin_event_accumulator
 
 from tests.trainer.beside import start_beside
+from tests.trainer.progress_lines import progress_lines
 from tests.trainer.test_run import TINY, run_worker, start_worker, with_
-from trainer.rundir import read_progress
 
 # Checkpoints at 10, 20 and 30, the last of them final.
 BASE = with_(
@@ -48,9 +48,7 @@ def resumable(finished: Path, to: Path) -> Path:
 
 
 def start_steps(job_dir: Path) -> list[int]:
-    return [
-        e["step"] for e in read_progress(job_dir / "progress.jsonl")[0] if e["event"] == "start"
-    ]
+    return [e["step"] for e in progress_lines(job_dir / "progress.jsonl") if e["event"] == "start"]
 
 
 @pytest.fixture
@@ -245,7 +243,7 @@ def test_every_checkpoint_damaged_fails_saying_so_and_moves_nothing(run):
     assert sorted(p.name for p in (job_dir / "checkpoints").iterdir()) == before
     # The job stays at the step it had reached: the failed run's end line has none (it had
     # read none), where a 0 showed the job at step 0 beside its latest checkpoint.
-    lines, _ = read_progress(job_dir / "progress.jsonl")
+    lines = progress_lines(job_dir / "progress.jsonl")
     assert lines[-1]["event"] == "end" and lines[-1]["outcome"] == "failed"
     assert "step" not in lines[-1], lines[-1]
     assert result["step"] is None

@@ -19,9 +19,9 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from tests.service.harness import wait_catching_sigterm
 from tests.trainer.beside import start_beside
+from tests.trainer.progress_lines import progress_lines
 from tests.trainer.test_data import write_tib_headers
 from trainer.profiling import tower_times_ms, trace_op_names
-from trainer.rundir import read_progress
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -137,7 +137,7 @@ def test_run_job_log_has_no_line_per_checkpoint_save(tiny_run):
 
 def test_run_job_reports_progress(tiny_run):
     job_dir, _, _ = tiny_run
-    events, _ = read_progress(job_dir / "progress.jsonl")
+    events = progress_lines(job_dir / "progress.jsonl")
     kinds = [e["event"] for e in events]
     assert kinds[0] == "start" and kinds[-1] == "end"
     assert {"progress", "eval", "checkpoint", "trace"} <= set(kinds)
@@ -186,7 +186,7 @@ def test_run_job_short_job_reports_enough_points_for_a_chart(tmp_path):
                  checkpoint={"every_steps": 0, "every_seconds": 0, "keep": 1})  # fmt: skip
     code, _, log = run_worker(tmp_path / "job", spec)
     assert code == 0, log
-    events, _ = read_progress(tmp_path / "job" / "progress.jsonl")
+    events = progress_lines(tmp_path / "job" / "progress.jsonl")
     reports = [e for e in events if e["event"] == "progress"]
     # At every 50th step (a hundredth of the job), at most 4 a second; another step only
     # for the report that is due every 2 s anyway (steps slowed down by a busy machine).
@@ -251,21 +251,26 @@ def test_run_job_traces_each_tower(tiny_run):
         n.startswith("tower_1/") for n in names
     )
     # The compute time the job reported is the one the trace holds (2 traced steps).
-    [line] = [e for e in read_progress(job_dir / "progress.jsonl")[0] if e["event"] == "trace"]
+    [line] = [e for e in progress_lines(job_dir / "progress.jsonl") if e["event"] == "trace"]
     reported = line["tower_ms"]
     assert "requested" not in line  # the spec's trace_steps: no request answered
     assert reported == tower_times_ms(traces[0], towers=2, steps=2)
     assert all(ms > 0 for ms in reported)
 
 
-def test_restart_at_the_final_checkpoint_keeps_the_train_metrics(tiny_run, tmp_path):
+@pytest.mark.parametrize("left", [b"", b"\x00" * 4096], ids=["clean", "nul-run"])
+def test_restart_at_the_final_checkpoint_keeps_the_train_metrics(tiny_run, tmp_path, left):
     # A worker that dies while exporting is restarted by the service: it restores the final
-    # checkpoint, trains no step, and must still report what the run trained to.
+    # checkpoint, trains no step, and must still report what the run trained to. Its host
+    # may have crashed with it, leaving a run of NULs at the end of progress.jsonl: the
+    # read of the last report failed on them (UnicodeDecodeError, exit 1).
     job_dir, _, first = tiny_run
     again = tmp_path / "again"
     shutil.copytree(job_dir, again)
     (again / "result.json").unlink()
     shutil.rmtree(again / "export")
+    with open(again / "progress.jsonl", "ab") as f:
+        f.write(left)
     code, result, log = run_worker(again)
     assert code == 0, log
     assert result["outcome"] == "succeeded" and result["step"] == 40
@@ -356,7 +361,7 @@ def test_resume_after_sigterm_equals_uninterrupted(tmp_path):
     assert stopped["checkpoint"] == f"checkpoints/ckpt-{stopped['step']}"
     # Its end line has the numbers of the step it stopped at, as its result has them (its
     # last report was of an earlier step).
-    end = read_progress(interrupted / "progress.jsonl")[0][-1]
+    end = progress_lines(interrupted / "progress.jsonl")[-1]
     assert end["event"] == "end" and end["step"] == stopped["step"]
     assert end["loss"] == stopped["metrics"]["loss"]
     assert end["accuracy"] == stopped["metrics"]["accuracy"]
@@ -472,7 +477,7 @@ def test_sigterm_during_a_long_eval_stops_without_finishing_it(tmp_path):
     def eval_reports() -> list[dict]:
         return [
             e
-            for e in read_progress(job_dir / "progress.jsonl")[0]
+            for e in progress_lines(job_dir / "progress.jsonl")
             if e["event"] == "phase" and e["phase"] == "eval"
         ]
 
@@ -484,7 +489,7 @@ def test_sigterm_during_a_long_eval_stops_without_finishing_it(tmp_path):
         time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
     log, _ = proc.communicate(timeout=120)
-    events, _ = read_progress(job_dir / "progress.jsonl")
+    events = progress_lines(job_dir / "progress.jsonl")
     assert proc.returncode == 3, log
     assert json.loads((job_dir / "result.json").read_text())["step"] == 5
     assert not [e for e in events if e["event"] == "eval"], "the eval ran to its end"
@@ -548,7 +553,7 @@ def test_run_job_takes_a_hand_written_profile_request_it_cannot_read_as_three_st
     (job_dir / "profile_request.json").write_text('{"steps": 1e400}')
     code, result, log = run_worker(job_dir, with_(TINY, steps=2000))
     assert code == 0, log
-    events, _ = read_progress(job_dir / "progress.jsonl")
+    events = progress_lines(job_dir / "progress.jsonl")
     (trace,) = [e for e in events if e["event"] == "trace" and e.get("requested")]
     assert trace["trace_dir"].endswith(f"_steps_{trace['step'] - 2}-{trace['step']}")
     assert not (job_dir / "profile_request.json").exists()
@@ -708,9 +713,7 @@ def test_epochs_train_partial_batches_and_scalars_count_their_examples(run):
     assert code == 0, log
     assert result["step"] == result["total"] == 4
     # The start line says how long an epoch is: the service checks an `epochs` resume by it.
-    starts = [
-        e for e in read_progress(folder / "job" / "progress.jsonl")[0] if e["event"] == "start"
-    ]
+    starts = [e for e in progress_lines(folder / "job" / "progress.jsonl") if e["event"] == "start"]
     assert [e["steps_per_epoch"] for e in starts] == [2]
     acc = event_accumulator.EventAccumulator(
         str(folder / "job" / "tb" / "train"), size_guidance={"tensors": 0}
@@ -729,7 +732,7 @@ def test_epochs_train_partial_batches_and_scalars_count_their_examples(run):
         assert loss[step] == pytest.approx((5 * tower_0[step] + 4 * tower_1[step]) / 9, rel=1e-5)
     assert loss[4] == pytest.approx(result["metrics"]["loss"], rel=1e-5)
     assert 0 <= series("accuracy")[4] <= 1 and series("grad_norm")[4] > 0
-    reports = [e for e in read_progress(folder / "job" / "progress.jsonl")[0] if "loss" in e]
+    reports = [e for e in progress_lines(folder / "job" / "progress.jsonl") if "loss" in e]
     assert series("learning_rate")[4] == pytest.approx(reports[-1]["learning_rate"], rel=1e-6)
     times, rates = series("step_time_ms"), series("examples_per_sec")
     assert sorted(times) == [2, 3, 4]
@@ -749,7 +752,7 @@ def test_run_job_of_one_step_has_no_speed_to_report(run):
     code, result, log, folder = run
     assert code == 0, log
     [report] = [
-        e for e in read_progress(folder / "job" / "progress.jsonl")[0] if e["event"] == "progress"
+        e for e in progress_lines(folder / "job" / "progress.jsonl") if e["event"] == "progress"
     ]
     assert report["step"] == 1 and report["examples_per_sec"] is None
     assert result["metrics"]["examples_per_sec"] is None and result["metrics"]["loss"] > 0
@@ -1135,5 +1138,5 @@ def test_run_job_whose_checkpoints_path_is_a_file_fails_at_the_start(tmp_path):
         "checkpoints: move it away, then run the job again"
     )
     assert result["step"] is None
-    lines, _ = read_progress(job_dir / "progress.jsonl")
+    lines = progress_lines(job_dir / "progress.jsonl")
     assert not [line for line in lines if line["event"] == "progress"]  # nothing trained

@@ -1,5 +1,6 @@
-"""The run directory's files are JSON any reader takes: no NaN or Infinity in them. A
-profile request the service writes while the worker takes the last one is kept."""
+"""The run directory's files are JSON any reader takes: no NaN or Infinity in them; and
+progress.jsonl is read past whatever a crashed host left in it. A profile request the
+service writes while the worker takes the last one is kept."""
 
 import json
 import math
@@ -8,8 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.trainer.progress_lines import progress_lines
 from tests.trainer.test_run import run_custom_model
-from trainer.rundir import ProgressWriter, RunDir, read_progress, write_json_atomic
+from trainer.rundir import (
+    ProgressWriter,
+    RunDir,
+    evaluated_at,
+    last_progress,
+    progress_line,
+    write_json_atomic,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,7 +50,39 @@ def test_progress_lines_write_non_finite_numbers_as_null(tmp_path: Path) -> None
 
     line = strict_loads((tmp_path / "progress.jsonl").read_text())
     assert (line["eval_loss"], line["eval_accuracy"]) == (None, 0.25)
-    assert read_progress(tmp_path / "progress.jsonl")[0][0]["eval_loss"] is None
+    assert progress_lines(tmp_path / "progress.jsonl")[0]["eval_loss"] is None
+
+
+# Lines that hold no JSON object, on which `json.loads` raises other than JSONDecodeError:
+# a crashed host's run of NULs (the worker's next line appended after it) reads as UTF-32,
+# a UTF-16 byte-order mark, brackets nested past the parser's depth, too many digits.
+JUNK = [
+    b"\x00" * 4093 + b'{"event": "eval", "step": 8}',
+    b"\xff\xfe{",
+    b'{"event": "eval", "step": ' + b"[" * 10_000,
+    b'{"event": "eval", "step": 1' + b"0" * 5000 + b"}",
+]
+
+
+@pytest.mark.parametrize("junk", JUNK, ids=["nul-run", "utf-16", "nested", "digits"])
+def test_progress_line_of_junk_is_none(junk: bytes) -> None:
+    assert progress_line(junk) is None
+    assert progress_line(b"[1, 2]") is None  # JSON, but no object
+    assert progress_line(b'{"event": "eval"}') == {"event": "eval"}
+
+
+def test_progress_readers_read_past_what_a_crashed_host_left(tmp_path: Path) -> None:
+    # A resume from the final checkpoint (its worker died while exporting) reads the last
+    # report for its result: it failed with UnicodeDecodeError (exit 1) on a run of NULs.
+    path = tmp_path / "progress.jsonl"
+    path.write_bytes(
+        b'{"event": "eval", "step": 4}\n{"event": "progress", "step": 5}\n'
+        + b"".join(junk + b"\n" for junk in JUNK)
+        + b"\x00" * 4093  # and a run of NULs the file ends with
+    )
+    assert last_progress(path) == {"event": "progress", "step": 5}
+    assert evaluated_at(path, 4)
+    assert not evaluated_at(path, 8)  # the line after the NULs is lost with them
 
 
 @pytest.mark.slow

@@ -85,7 +85,9 @@ def cluster_from_env(environ: Mapping[str, str] | None = None) -> Cluster:
         return Cluster()
     try:
         config = json.loads(raw)
-    except json.JSONDecodeError as e:
+    except (ValueError, RecursionError) as e:
+        # Not only JSONDecodeError: an integer of thousands of digits is a ValueError, and
+        # brackets nested thousands deep a RecursionError.
         raise _fail(f"expected JSON ({e})", raw) from e
     if not isinstance(config, dict):
         raise _fail("expected a JSON object with `cluster` and `task`", config)
@@ -110,7 +112,9 @@ def cluster_from_env(environ: Mapping[str, str] | None = None) -> Cluster:
     if not isinstance(task, dict):
         raise _fail("expected `task`, an object with `type` and `index`", task)
     task_type, task_index = task.get("type"), task.get("index", 0)
-    if task_type not in cluster:
+    # A string first: a list or an object is no key of `cluster` (unhashable, the lookup
+    # raised TypeError).
+    if not isinstance(task_type, str) or task_type not in cluster:
         raise _fail(f"expected `task.type` to be one of {sorted(cluster)}", task_type)
     addresses = (*cluster.get("chief", []), *cluster.get("worker", []))
     # A cluster of one trains as one process, and TensorFlow never reads its TF_CONFIG:
@@ -141,7 +145,7 @@ def cluster_from_env(environ: Mapping[str, str] | None = None) -> Cluster:
     return Cluster(
         workers=len(addresses),
         index=index,
-        task_type=str(task_type),
+        task_type=task_type,
         task_index=task_index,
         addresses=addresses,
     )
@@ -152,9 +156,20 @@ def _host_port(address: str) -> tuple[str, int]:
     # isascii: str.isdigit() holds for '²' too, which int() refuses.
     if not host or not (port.isascii() and port.isdigit()):
         raise _fail("expected every address to be host:port", address)
-    if not 0 < int(port) < 65536:
+    # Its length first: int() refuses more than 4,300 digits with a ValueError of its own.
+    if len(port) > 5 or not 0 < int(port) < 65536:
         raise _fail("expected every address's port to be in 1..65535", address)
-    return host.strip("[]"), int(port)
+    host = host.strip("[]")
+    try:
+        # What the socket module does with a host name before it looks it up: a label
+        # longer than 63 characters, an empty one or a character it cannot encode raised
+        # UnicodeError from the wait for the other tasks, not this exit 2.
+        host.encode("idna")
+    except UnicodeError as e:
+        raise _fail(
+            f"expected every address's host to be a host name or IP address ({e})", address
+        ) from e
+    return host, int(port)
 
 
 def _answers(address: str) -> bool:

@@ -71,6 +71,18 @@ def test_a_one_worker_cluster_is_not_multi_worker():
         (config({"worker": ["a:1", "b:99999"]}, {"type": "worker", "index": 0}), "1..65535"),
         (config({"worker": ["a:0", "b:1"]}, {"type": "worker", "index": 1}), "1..65535"),
         (config({"worker": ["a:1", "b"]}, {"type": "worker", "index": 0}), "host:port"),
+        # Each of these raised another error than ClusterError (a traceback, exit 1):
+        (config({"worker": ["a:1", "b:1"]}, {"type": ["worker"], "index": 0}), "`task.type`"),
+        (config({"worker": ["a:1", "b:1"]}, {"type": {"worker": 0}, "index": 0}), "`task.type`"),
+        ({"TF_CONFIG": "[" * 100_000}, "expected JSON"),
+        ({"TF_CONFIG": '{"task": {"index": 1' + "0" * 5000 + "}}"}, "expected JSON"),
+        (
+            config({"worker": ["a:1", "b:1" + "0" * 5000]}, {"type": "worker", "index": 0}),
+            "1..65535",
+        ),
+        (config({"worker": ["a:1", "x" * 64 + ":1"]}, {"type": "worker", "index": 0}), "host name"),
+        (config({"worker": ["a:1", "a..b:1"]}, {"type": "worker", "index": 0}), "host name"),
+        (config({"worker": ["a:1", "\udcff:1"]}, {"type": "worker", "index": 0}), "host name"),
     ],
 )
 def test_bad_tf_config_says_what_is_wrong(environ, message):
@@ -80,7 +92,21 @@ def test_bad_tf_config_says_what_is_wrong(environ, message):
     assert "Received:" in str(error.value)
 
 
-def test_a_worker_with_a_bad_tf_config_exits_2_before_importing_tensorflow(tmp_path):
+@pytest.mark.parametrize(
+    ("tf_config", "reason"),
+    [
+        ({"cluster": {"ps": ["a:1"]}, "task": {"type": "ps"}}, "'ps' is not used"),
+        # A list is no key of `cluster`: the lookup raised TypeError (exit 1, a traceback).
+        (
+            {"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": ["worker"], "index": 0}},
+            "expected `task.type` to be one of ['worker']. Received: ['worker']",
+        ),
+    ],
+    ids=["ps", "type-list"],
+)
+def test_a_worker_with_a_bad_tf_config_exits_2_before_importing_tensorflow(
+    tmp_path, tf_config, reason
+):
     # The check runs before TensorFlow is imported: the worker must not connect anywhere.
     code = (
         "import sys\nfrom pathlib import Path\nfrom trainer.run import run_job\n"
@@ -90,13 +116,13 @@ def test_a_worker_with_a_bad_tf_config_exits_2_before_importing_tensorflow(tmp_p
     proc = subprocess.run(
         [sys.executable, "-c", code],
         cwd=REPO,
-        env={"TF_CONFIG": '{"cluster": {"ps": ["a:1"]}, "task": {"type": "ps"}}', "PATH": ""},
+        env={"TF_CONFIG": json.dumps(tf_config), "PATH": ""},
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert proc.returncode == 2, proc.stderr
-    assert "'ps' is not used" in proc.stderr
+    assert reason in proc.stderr and "Traceback" not in proc.stderr
     # Nothing written: the job dir may be a running chief's (the same task started twice).
     assert list(tmp_path.iterdir()) == []
 

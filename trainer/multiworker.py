@@ -33,7 +33,7 @@ import tensorflow as tf
 
 from trainer.checkpoints import Checkpointer
 from trainer.cluster import ClusterMismatch
-from trainer.towers import TowerTrainer, tower_sizes
+from trainer.towers import TowerTrainer, stand_in_if_empty, tower_sizes
 from trainer.updates import Apply, make_apply
 
 if TYPE_CHECKING:
@@ -114,18 +114,14 @@ class ClusterTrainer(TowerTrainer):
         batch_f = tf.cast(batch, tf.float32)
         sizes = tower_sizes(batch, towers)
         start, size = tf.reduce_sum(sizes[:tower]), sizes[tower]
-        present = size > 0
-        # An empty shard trains example 0 at weight zero, as one machine's towers do.
-        shard_images = tf.cond(present, lambda: images[start : start + size], lambda: images[:1])
-        shard_labels = tf.cond(present, lambda: labels[start : start + size], lambda: labels[:1])
-        weight = tf.cast(present, tf.float32)
+        shard = stand_in_if_empty(
+            images, labels, images[start : start + size], labels[start : start + size], size
+        )
+        share = tf.cast(size, tf.float32) / batch_f
         with tf.name_scope(f"tower_{tower}"):
-            with tf.GradientTape() as tape:
-                logits = self.model(shard_images, training=True)
-                loss, correct = self._per_example(shard_labels, logits)
-                loss_sum = weight * tf.reduce_sum(loss)
-                scaled = self._objective(loss_sum, tf.cast(size, tf.float32) / batch_f, batch_f)
-            grads = self._gradients(tape, scaled, warn=tower == 0)
+            grads, loss_sum, correct_sum = self._tower_gradients(
+                *shard, share, batch_f, warn=tower == 0
+            )
 
         sum_ = tf.distribute.ReduceOp.SUM
         with tf.name_scope("average"):
@@ -134,7 +130,7 @@ class ClusterTrainer(TowerTrainer):
                 sum_,
                 tf.concat(
                     [
-                        tf.stack([loss_sum, weight * tf.reduce_sum(correct)]),
+                        tf.stack([loss_sum, correct_sum]),
                         tf.one_hot(tower, towers) * loss_sum,
                         tf.cast(requests, tf.float32),
                     ],
@@ -142,7 +138,6 @@ class ClusterTrainer(TowerTrainer):
                 ),
             )
             if self._bn_variables:
-                share = tf.cast(size, tf.float32) / batch_f
                 averages = context.all_reduce(
                     sum_, [share * tf.convert_to_tensor(v) for v in self._bn_variables]
                 )

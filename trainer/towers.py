@@ -54,21 +54,36 @@ def host_tower_sizes(batch: int, towers: int) -> list[int]:
     return [batch // towers + (i < batch % towers) for i in range(towers)]
 
 
+def stand_in_if_empty(
+    images: tf.Tensor,
+    labels: tf.Tensor,
+    shard_images: tf.Tensor,
+    shard_labels: tf.Tensor,
+    size: tf.Tensor,
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """A tower's (images, labels, weight) from its shard of the batch (`size` examples):
+    the shard at weight 1, or, when it is empty, example 0 of the batch at weight 0, since
+    layers such as batch norm cannot differentiate an empty batch."""
+    present = size > 0
+    return (
+        tf.cond(present, lambda: shard_images, lambda: images[:1]),
+        tf.cond(present, lambda: shard_labels, lambda: labels[:1]),
+        tf.cast(present, tf.float32),
+    )
+
+
 def _shards(
     images: tf.Tensor, labels: tf.Tensor, sizes: tf.Tensor, towers: int
 ) -> list[tuple[tf.Tensor, tf.Tensor, tf.Tensor]]:
-    """Each tower's (images, labels, weight); an empty shard becomes example 0 at weight 0."""
+    """Each tower's (images, labels, weight) (`stand_in_if_empty`)."""
     if towers == 1:  # the whole batch, with no split or guard to pay for
         return [(images, labels, tf.constant(1.0))]
     image_shards = tf.split(images, sizes, num=towers)
     label_shards = tf.split(labels, sizes, num=towers)
-    shards = []
-    for i in range(towers):
-        present = sizes[i] > 0
-        shard_images = tf.cond(present, lambda i=i: image_shards[i], lambda: images[:1])
-        shard_labels = tf.cond(present, lambda i=i: label_shards[i], lambda: labels[:1])
-        shards.append((shard_images, shard_labels, tf.cast(present, tf.float32)))
-    return shards
+    return [
+        stand_in_if_empty(images, labels, image_shards[i], label_shards[i], sizes[i])
+        for i in range(towers)
+    ]
 
 
 def _batch_norm_layers(model: keras.Model) -> list[keras.layers.BatchNormalization]:
@@ -246,6 +261,27 @@ class TowerTrainer:
             for v, g in zip(self._variables, grads, strict=True)
         ]
 
+    def _tower_gradients(
+        self,
+        images: tf.Tensor,
+        labels: tf.Tensor,
+        weight: tf.Tensor,
+        share: tf.Tensor,
+        batch_f: tf.Tensor,
+        warn: bool,
+    ) -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
+        """One tower's forward and backward on its shard (`stand_in_if_empty`'s images,
+        labels and weight; `share`, its part of the global batch of `batch_f` examples):
+        the gradients of its `_objective`, its loss sum and its count of correct
+        predictions (both weighted). Run inside the tower's name scope (and device)."""
+        with tf.GradientTape() as tape:
+            logits = self.model(images, training=True)
+            loss, correct = self._per_example(labels, logits)
+            loss_sum = weight * tf.reduce_sum(loss)
+            objective = self._objective(loss_sum, share, batch_f)
+        grads = self._gradients(tape, objective, warn=warn)
+        return grads, loss_sum, weight * tf.reduce_sum(correct)
+
     def _objective(self, loss_sum: tf.Tensor, share: tf.Tensor, batch_f: tf.Tensor) -> tf.Tensor:
         """What one tower differentiates: its part of the global mean loss, plus `share` (its
         part of the global batch) of the model's own losses, read inside the tape right
@@ -275,16 +311,13 @@ class TowerTrainer:
         tower_grads, loss_sums, correct_sums, bn_updates = [], [], [], []
         for i, device in enumerate(self.tower_devices):
             with tf.device(device), tf.name_scope(f"tower_{i}"):
-                shard_images, shard_labels, weight = shards[i]
-                with tf.GradientTape() as tape:
-                    logits = self.model(shard_images, training=True)
-                    loss, correct = self._per_example(shard_labels, logits)
-                    loss_sum = weight * tf.reduce_sum(loss)
-                    share = tf.cast(sizes[i], tf.float32) / batch_f
-                    scaled = self._objective(loss_sum, share, batch_f)
-                tower_grads.append(self._gradients(tape, scaled, warn=i == 0))
+                share = tf.cast(sizes[i], tf.float32) / batch_f
+                grads, loss_sum, correct_sum = self._tower_gradients(
+                    *shards[i], share, batch_f, warn=i == 0
+                )
+                tower_grads.append(grads)
                 loss_sums.append(loss_sum)
-                correct_sums.append(weight * tf.reduce_sum(correct))
+                correct_sums.append(correct_sum)
             if self._bn_variables:
                 # This tower's moving-statistics update, then put the old values back so the
                 # next tower updates from the same starting point.

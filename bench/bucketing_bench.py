@@ -67,7 +67,7 @@ def main() -> None:
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     rng = np.random.default_rng(0)
-    cnn = build_model(ModelSpec(name="cnn"), (28, 28, 1), 10)
+    cnn = build_model(ModelSpec(name="cnn"), (28, 28, 1), 10).model
     # A histogram call of the `cnn`: its weights and its gradients, as float32 on the host.
     tensors = [
         rng.standard_normal(var.shape).astype(np.float32)

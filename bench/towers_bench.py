@@ -161,7 +161,7 @@ def step_benchmarks(
 
     def model() -> keras.Model:
         keras.utils.set_random_seed(0)
-        return build_model(ModelSpec(name="cnn"), (28, 28, 1), 10)
+        return build_model(ModelSpec(name="cnn"), (28, 28, 1), 10).model
 
     def optimizer() -> keras.optimizers.Optimizer:
         return make_optimizer(OptimizerSpec(name=args.optimizer, learning_rate=0.001))
@@ -321,7 +321,7 @@ def monitoring_costs(args: argparse.Namespace, devices: Devices) -> None:
     y = tf.constant(rng.integers(0, 10, args.batch).astype(np.int32))
     with tf.device(devices.parameter):
         trainer = TowerTrainer(
-            model=build_model(ModelSpec(name="cnn"), (28, 28, 1), 10),
+            model=build_model(ModelSpec(name="cnn"), (28, 28, 1), 10).model,
             optimizer=make_optimizer(spec.optimizer if spec.optimizer else OptimizerSpec()),
             tower_devices=devices.towers[:2],
             parameter_device=devices.parameter,

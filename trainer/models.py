@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import keras
@@ -131,8 +132,7 @@ def _resnet(
 
 
 def _logistic(input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
-    if num_classes != 2:
-        raise ModelError(two_class_refusal(num_classes))
+    # Two classes only: `build_model` refuses others before it builds, naming the labels.
     inputs = keras.Input(input_shape, name="images")
     x = keras.layers.Flatten()(inputs)
     return keras.Model(inputs, keras.layers.Dense(1, name="logit")(x), name="logistic")
@@ -252,18 +252,27 @@ def two_class_refusal(num_classes: int, labels: tuple[int, int] | None = None) -
     return f"Model `logistic` needs two-class data. Received: {received}"
 
 
+@dataclass(frozen=True)
+class BuiltModel:
+    """A model `build_model` accepted, and how its logits are read."""
+
+    model: keras.Model
+    binary: bool  # one sigmoid logit (two classes), not one logit per class (softmax)
+
+
 def build_model(
     spec: ModelSpec,
     input_shape: tuple[int, ...],
     num_classes: int,
     labels: tuple[int, int] | None = None,
-) -> keras.Model:
+) -> BuiltModel:
     """Build the model of `spec` for images of `input_shape` (H, W, C) and `num_classes`.
 
     A custom model may be functional or subclassed: it is called once on a zero batch of
     one, which builds a subclassed model and checks that it runs and gives logits of shape
-    (batch, classes), before any training starts. `labels`, the data's smallest and
-    largest label, where known, are named when the class count is refused.
+    (batch, classes), before any training starts; that shape also says whether it gives
+    one sigmoid logit. `labels`, the data's smallest and largest label, where known, are
+    named when the class count is refused.
     """
     if spec.name == "logistic" and num_classes != 2:
         raise ModelError(two_class_refusal(num_classes, labels))
@@ -315,12 +324,5 @@ def build_model(
             f"Expected model {spec.name!r} to output logits of shape (batch, {expected})"
             f"{alternative}{note}. Received: output shape {output_shape}"
         )
-    return model
-
-
-def is_binary(spec: ModelSpec, model: keras.Model, input_shape: tuple[int, ...]) -> bool:
-    """Whether a model `build_model` accepted gives one sigmoid logit (two classes), not
-    one logit per class (softmax)."""
-    if not spec.is_custom:
-        return spec.name == "logistic"
-    return _output_shape(spec.name, model, input_shape)[-1] == 1
+    binary = output_shape[-1] == 1 if spec.is_custom else spec.name == "logistic"
+    return BuiltModel(model, binary)

@@ -249,7 +249,7 @@ class _Prepared:
     devices: Devices
     arrays: Arrays  # `_train` drops its images once the input pipelines hold them
     model: keras.Model
-    binary: bool  # one logit, for labels 0 and 1 (`trainer.models.is_binary`)
+    binary: bool  # one logit, for labels 0 and 1 (`trainer.models.BuiltModel.binary`)
     strategy: tf.distribute.Strategy | None  # a cluster's, else None
 
 
@@ -287,7 +287,7 @@ def _prepare(spec: JobSpec, cluster: Cluster, stop: threading.Event) -> _Prepare
     from trainer.data import DataError, load_arrays
     from trainer.hostarrays import copied_bytes
     from trainer.memory import available_bytes, check_room
-    from trainer.models import ModelError, build_model, is_binary
+    from trainer.models import ModelError, build_model
 
     try:
         arrays = load_arrays(spec.data, spec.seed)
@@ -327,13 +327,12 @@ def _prepare(spec: JobSpec, cluster: Cluster, stop: threading.Event) -> _Prepare
         tf.config.experimental.enable_op_determinism()
     try:
         with strategy.scope() if strategy else tf.device(devices.parameter):
-            model = build_model(
+            built = build_model(
                 spec.model, arrays.image_shape, arrays.num_classes, arrays.label_range
             )
-            binary = is_binary(spec.model, model, arrays.image_shape)
     except (ModelError, ValueError, TypeError) as e:
         raise InvalidJob(str(e), [{"field": "model", "message": str(e)}]) from e
-    return _Prepared(devices, arrays, model, binary, strategy)
+    return _Prepared(devices, arrays, built.model, built.binary, strategy)
 
 
 def _devices_and_strategy(

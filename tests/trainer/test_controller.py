@@ -103,7 +103,7 @@ def run_loop(
     keras.utils.set_random_seed(0)
     with tf.device("/CPU:0"):
         trainer = RecordingTrainer(
-            model=build_model(ModelSpec(name="mlp"), SHAPE, 4),
+            model=build_model(ModelSpec(name="mlp"), SHAPE, 4).model,
             optimizer=make_optimizer(OptimizerSpec(name="sgd", learning_rate=0.1)),
             tower_devices=["/CPU:0", "/CPU:1"],
             parameter_device="/CPU:0",

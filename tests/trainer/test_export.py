@@ -60,7 +60,7 @@ def test_export_of_a_binary_model_answers_sigmoid_and_a_class_per_example(tmp_pa
     keras.utils.set_random_seed(3)
     with tf.device("/CPU:0"):
         trainer = TowerTrainer(
-            model=build_model(ModelSpec(name="logistic"), SHAPE, 2),
+            model=build_model(ModelSpec(name="logistic"), SHAPE, 2).model,
             optimizer=make_optimizer(OptimizerSpec(name="sgd", learning_rate=0.5)),
             tower_devices=["/CPU:0", "/CPU:1"],
             parameter_device="/CPU:0",

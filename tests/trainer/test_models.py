@@ -22,13 +22,15 @@ REPO = Path(__file__).resolve().parents[2]
 def test_cnn_builds_and_runs_on_small_images(shape):
     # Two 2x2 pools took a 3x3 image to nothing: Keras refused to build it with a page of
     # message, while the contract says images of any height and width work.
-    model = build_model(ModelSpec(name="cnn", params={"filters": [4, 8], "dense": 8}), shape, 3)
+    model = build_model(
+        ModelSpec(name="cnn", params={"filters": [4, 8], "dense": 8}), shape, 3
+    ).model
     assert model(np.zeros((2, *shape), np.float32)).shape == (2, 3)
 
 
 def test_cnn_on_mnist_sized_images_is_the_classic_model():
     # The small-image change must not touch the model that checkpoints already exist for.
-    model = build_model(ModelSpec(name="cnn"), (28, 28, 1), 10)
+    model = build_model(ModelSpec(name="cnn"), (28, 28, 1), 10).model
     pools = [layer for layer in model.layers if "pooling" in layer.name]
     assert [layer.output.shape[1:3] for layer in pools] == [(14, 14), (7, 7)]
     assert model.count_params() == 1_630_090  # as before the change
@@ -51,7 +53,7 @@ def test_parameter_count_from_the_spec_is_what_keras_builds(name, params, shape)
     # The spec (no TensorFlow) refuses models by this count: it must be the real one.
     spec = ModelSpec(name=name, params=params)
     classes = 2 if name == "logistic" else 10
-    model = build_model(spec, shape, classes)
+    model = build_model(spec, shape, classes).model
     assert parameter_count(name, spec.params, shape, classes) == model.count_params()
 
 
@@ -129,6 +131,17 @@ def log_softmaxed(input_shape, num_classes):
     inputs = keras.Input(input_shape)
     x = keras.layers.Flatten()(inputs)
     return keras.Model(inputs, keras.layers.Dense(num_classes, activation="log_softmax")(x))
+
+class Subclassed(keras.Model):
+    def __init__(self, units):
+        super().__init__()
+        self.flatten, self.dense = keras.layers.Flatten(), keras.layers.Dense(units)
+
+    def call(self, x, training=False):
+        return self.dense(self.flatten(x))
+
+def subclassed(input_shape, num_classes, units=0):
+    return Subclassed(units or num_classes)
 """
 
 
@@ -218,8 +231,25 @@ def test_custom_model_that_outputs_probabilities_is_refused(custom):
 
 def test_custom_model_of_log_softmax_outputs_is_logits_enough(custom):
     # log-probabilities are logits (softmax gives back the same probabilities): accepted.
-    model = build_model(ModelSpec(name="qa_custom:log_softmaxed"), (4, 4, 1), 3)
+    model = build_model(ModelSpec(name="qa_custom:log_softmaxed"), (4, 4, 1), 3).model
     assert model.output_shape == (None, 3)
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "binary"),
+    [
+        ("logistic", {}, True),
+        ("mlp", {}, False),
+        # A custom model, of no output shape until it has run: its run on the zero batch
+        # that checks it says.
+        ("qa_custom:subclassed", {"units": 1}, True),  # one sigmoid logit
+        ("qa_custom:subclassed", {}, False),  # two logits, softmax
+        ("qa_custom:one_logit", {}, True),
+        ("qa_custom:flat", {}, False),
+    ],
+)
+def test_a_built_model_says_whether_it_gives_one_sigmoid_logit(custom, name, params, binary):
+    assert build_model(ModelSpec(name=name, params=params), (4, 4, 1), 2).binary is binary
 
 
 def build_refusal(name: str, classes: int) -> str:
@@ -316,7 +346,7 @@ import numpy as np, tensorflow as tf, keras
 from trainer.models import build_model
 from trainer.spec import ModelSpec
 spec = ModelSpec(name="resnet", params={"width": 8, "blocks_per_stage": [1, 1]})
-model = build_model(spec, (16, 16, 3), 5)
+model = build_model(spec, (16, 16, 3), 5).model
 x, y = tf.random.uniform((33, 16, 16, 3)), tf.constant(np.arange(33) % 5)
 for _ in range(2):
     with tf.GradientTape() as tape:

@@ -130,7 +130,7 @@ def test_tower_times_of_a_real_step_hold_forward_and_backward(tmp_path):
     # of a tower, forward (`tower_i/`) and backward (`gradient_tape/tower_i/`), counts.
     keras.utils.set_random_seed(0)
     with tf.device("/CPU:0"):
-        model = build_model(ModelSpec(name="cnn"), (8, 8, 1), 4)
+        model = build_model(ModelSpec(name="cnn"), (8, 8, 1), 4).model
         trainer = TowerTrainer(
             model=model,
             optimizer=make_optimizer(OptimizerSpec(name="sgd")),

@@ -20,7 +20,7 @@ def make_trainer(
 ):
     keras.utils.set_random_seed(7)  # same initial weights for every trainer
     with tf.device("/CPU:0"):
-        net = build_model(ModelSpec(name=model, params=params or {}), SHAPE, CLASSES)
+        net = build_model(ModelSpec(name=model, params=params or {}), SHAPE, CLASSES).model
         return TowerTrainer(
             model=net,
             optimizer=make_optimizer(OptimizerSpec(name=optimizer, learning_rate=lr)),
@@ -339,7 +339,7 @@ def test_the_batch_is_split_on_the_host_and_the_step_flags_live_there():
     keras.utils.set_random_seed(7)
     with tf.device("/CPU:1"):  # as run.py builds it, under the parameter device
         trainer = TowerTrainer(
-            model=build_model(ModelSpec(name="mlp"), SHAPE, CLASSES),
+            model=build_model(ModelSpec(name="mlp"), SHAPE, CLASSES).model,
             optimizer=make_optimizer(OptimizerSpec(name="sgd", learning_rate=0.01)),
             tower_devices=["/CPU:1", "/CPU:2"],
             parameter_device="/CPU:1",

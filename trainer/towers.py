@@ -438,8 +438,6 @@ class TowerTrainer:
         return self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext()
 
     def current_learning_rate(self) -> tf.Tensor:
-        """The rate the next update uses (the schedule at the optimizer's iteration count)."""
-        schedule = self.optimizer._learning_rate
-        if callable(schedule):
-            return tf.cast(schedule(self.optimizer.iterations), tf.float32)
-        return tf.cast(tf.convert_to_tensor(schedule), tf.float32)
+        """The rate the next update uses: the optimizer's `learning_rate` (its schedule at
+        its iteration count), which its own update reads too."""
+        return tf.cast(self.optimizer.learning_rate, tf.float32)

@@ -207,6 +207,30 @@ def test_learning_rate_schedule_config_round_trips():
         assert [float(copy(s)) for s in (0, 4, 20)] == [float(schedule(s)) for s in (0, 4, 20)]
 
 
+def test_each_step_reports_the_rate_its_update_used():
+    from trainer.optim import make_schedule
+
+    spec = OptimizerSpec(
+        name="adam",
+        learning_rate=0.1,
+        warmup_steps=2,
+        schedule={"name": "cosine", "decay_steps": 4},
+    )
+    keras.utils.set_random_seed(7)
+    with tf.device("/CPU:0"):
+        trainer = TowerTrainer(
+            model=build_model(ModelSpec(name="mlp"), SHAPE, CLASSES).model,
+            optimizer=make_optimizer(spec),
+            tower_devices=["/CPU:0", "/CPU:1"],
+            parameter_device="/CPU:0",
+        )
+    schedule = make_schedule(spec)
+    x, y = batch(8)
+    rates = [float(trainer.train_step(x, y)["learning_rate"]) for _ in range(7)]
+    assert rates == [float(schedule(step)) for step in range(7)]  # warm-up, decay, the end
+    assert rates[0] < rates[1] == rates[2] > rates[3] > rates[6]
+
+
 def test_grad_norm_and_packed_scalars_only_on_a_scalars_step():
     trainer = make_trainer(2)
     x, y = batch(32)

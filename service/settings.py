@@ -3,8 +3,19 @@
 Everything the service writes lives under one data directory:
 
     <data_dir>/towerboard.db      the SQLite job store (WAL)
+    <data_dir>/towerboard.lock    locked (flock) by the one service using the data dir,
+                                  holding its pid (service/main.py)
     <data_dir>/runs/<job_id>/     one run directory per job (see trainer/rundir.py)
-    <data_dir>/tensorboard.log    output of the TensorBoard the service launches
+    <data_dir>/runs/.deleted/     deleted jobs' run directories, moved aside until they
+                                  are removed (service/deletion.py)
+    <data_dir>/tensorboard/       the TensorBoard the service launches: logdir/, its view
+                                  of the shown jobs (links into runs/), and instance.json,
+                                  its pid (service/tensorboard.py)
+    <data_dir>/tensorboard.log    output of that TensorBoard
+
+and, when `data_roots` is empty, the data jobs may read, which the service never writes:
+
+    <data_dir>/datasets/          the one data root
 """
 
 from __future__ import annotations

@@ -268,9 +268,12 @@ def start_together(trainer: ClusterTrainer, checkpointer: Checkpointer) -> int |
     """Restore the same checkpoint on every worker (`same_job` has checked they run one
     job); returns its step, or None for a fresh start.
 
-    Each worker keeps its own checkpoints (no shared disk needed), so after a crash they
-    can differ by the save that was under way: all of them restore the newest step every
-    worker has.
+    Each worker keeps its own checkpoints (no shared disk needed), so after a crash their
+    newest can differ by the save that was under way: all of them restore the smallest of
+    the workers' newest steps (they save at the same steps, so each saved it). Raises
+    `ClusterMismatch` where a worker no longer keeps that step (`checkpoint.keep` let it
+    go), and where some worker has no checkpoint while another has: starting over from
+    step 0 would write over the others' checkpoints.
     """
     latest = checkpointer.latest_step()
     rows = trainer.gather([-1 if latest is None else latest])

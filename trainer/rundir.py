@@ -8,10 +8,17 @@
       tb/              TensorBoard logdir (train/, eval/, plugins/profile/<run>/)
       checkpoints/     tf.train.CheckpointManager directory; damaged/ holds checkpoints a
                        resume found unreadable and set aside (trainer/checkpoints.py)
-      export/          SavedModel written at the end of a successful job
+      export/          SavedModel written at the end of a successful job (as .export.tmp/,
+                       then renamed)
       profile_request.json   {"steps": N}: the service asks a running worker for a device
-                       trace of its next N steps; the worker takes it (renames, reads and
-                       deletes it: `RunDir.take_profile_request`)
+                       trace of its next N steps; the worker takes it
+                       (`RunDir.take_profile_request`): renames it to
+      profile_request.taken, then reads and deletes that
+      workers/<type>-<index>/   a multi-worker cluster's tasks other than the chief
+                       (trainer/cluster.py), one directory each: its own spec.json,
+                       progress.jsonl, result.json and checkpoints/ (no tb/ or export/:
+                       the chief writes those), so that tasks given one job dir on a
+                       shared disk never write the same file
 
 No TensorFlow here: the service reads these files with this module too.
 """

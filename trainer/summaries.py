@@ -368,7 +368,9 @@ class SummaryManager:
         try:
             self._collect()
         finally:
-            self._pending.clear()  # after a failure, whatever is left still runs, unwaited
+            # After a failure, the calls left still run (the shutdown waits for them, so
+            # the files close after their writes), but their own failures are dropped.
+            self._pending.clear()
             if self._background is not None:
                 self._background.shutdown(wait=True)
                 self._background = None

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from service.store import MetricPoint
-from trainer.rundir import progress_line
+from trainer.rundir import json_object
 
 # The most of progress.jsonl one read takes: some 4,000 lines, a few hundred bytes each.
 PROGRESS_READ_BYTES = 1024 * 1024
@@ -42,7 +42,7 @@ def read_progress_chunk(
     them, as JSON objects; and the offset after them (`offset` itself when there are none).
 
     A line still being written is left for the next read. A line that holds no JSON object
-    (`trainer.rundir.progress_line`: torn, or junk a crashed host left) is skipped, and so
+    (`trainer.rundir.json_object`: torn, or junk a crashed host left) is skipped, and so
     is a line longer than `limit`, once it has ended, so a reader always moves on. A
     missing file reads as empty.
     """
@@ -57,9 +57,7 @@ def read_progress_chunk(
         return [], offset
     if end < 0:
         return [], offset
-    lines = [
-        line for raw in data[: end + 1].splitlines() if (line := progress_line(raw)) is not None
-    ]
+    lines = [line for raw in data[: end + 1].splitlines() if (line := json_object(raw)) is not None]
     return lines, offset + end + 1
 
 

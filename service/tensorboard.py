@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import secrets
@@ -54,7 +53,7 @@ from service.processes import is_same_process, signal_name, start_time
 from service.settings import Settings
 from service.upstream import Upstream
 from service.workers import child_environment
-from trainer.rundir import write_json_atomic
+from trainer.rundir import json_object, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -567,15 +566,15 @@ class TensorBoardLauncher:
         (not JSON, not an object, not readable). Read at start: what it holds must never
         keep the service from starting."""
         try:
-            record = json.loads(self._record.read_bytes())
+            raw = self._record.read_bytes()
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as error:  # ValueError: not JSON, not UTF-8
+        except OSError as error:
             log.warning("Ignoring %s, which cannot be read: %s", self._record, error)
             return None
-        if not isinstance(record, dict):
+        record = json_object(raw)
+        if record is None:
             log.warning("Ignoring %s, which holds no JSON object", self._record)
-            return None
         return record
 
     async def watch(self) -> None:

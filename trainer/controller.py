@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
-import json
 import logging
 import math
 import threading
@@ -33,6 +32,7 @@ from trainer.rundir import (
     ProgressWriter,
     RunDir,
     evaluated_at,
+    json_object,
     last_progress,
 )
 from trainer.spec import JobSpec
@@ -647,9 +647,12 @@ class Controller:
             text = self.rundir.take_profile_request()
             if text is None:
                 return
-            steps = int(json.loads(text).get("steps", PROFILE_STEPS_DEFAULT))
+            request = json_object(text)
+            if request is None:
+                raise ValueError("no JSON object")
+            steps = int(request.get("steps", PROFILE_STEPS_DEFAULT))
         # A hand-written file is never fatal: `{"steps": 1e400}` is an OverflowError.
-        except (ValueError, TypeError, AttributeError, OverflowError, OSError):
+        except (ValueError, TypeError, OverflowError, OSError):
             steps = PROFILE_STEPS_DEFAULT
         steps = max(1, min(steps, PROFILE_STEPS_MAX))
         self._trace_steps.update(range(step + 1, step + 1 + steps))

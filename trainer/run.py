@@ -84,10 +84,12 @@ def load_spec(path: Path) -> JobSpec:
         raw = json.loads(path.read_text())
     except FileNotFoundError as e:
         raise InvalidJob(f"Spec file not found: {path}") from e
-    except json.JSONDecodeError as e:
-        raise InvalidJob(f"Spec file {path} is not valid JSON: {e}") from e
     except UnicodeDecodeError as e:  # JSON is UTF-8; a Latin-1 `é` is not
         raise InvalidJob(f"Spec file {path} is not UTF-8 text (JSON must be): {e}") from e
+    # Not only JSONDecodeError: an integer of thousands of digits is a ValueError, and
+    # brackets nested thousands deep a RecursionError.
+    except (ValueError, RecursionError) as e:
+        raise InvalidJob(f"Spec file {path} is not valid JSON: {e}") from e
     except OSError as e:  # a folder, no permission
         raise InvalidJob(f"Cannot read the spec file {path}: {e.strerror or e}") from e
     try:

@@ -122,10 +122,9 @@ class RunDir:
         (not UTF-8, not JSON, or a list or a number: the worker runs a custom model's code
         in this directory, which may write anything here)."""
         try:
-            result = json.loads(self.result.read_text())
-        except (FileNotFoundError, ValueError):  # JSONDecodeError, UnicodeDecodeError
+            return json_object(self.result.read_bytes())
+        except FileNotFoundError:
             return None
-        return result if isinstance(result, dict) else None
 
 
 def _finite(value: Any) -> Any:
@@ -193,10 +192,12 @@ class ProgressWriter:
         self._file.close()
 
 
-def progress_line(raw: bytes) -> dict[str, Any] | None:
-    """One line of progress.jsonl as the JSON object it holds, or None where it holds none:
-    a torn line (a killed worker's), JSON that is no object, or junk a crashed host left at
-    the end of the file. Every reader of the file parses its lines here.
+def json_object(raw: bytes | str) -> dict[str, Any] | None:
+    """The JSON object `raw` holds, or None where it holds none: a torn line of
+    progress.jsonl (a killed worker's), JSON that is no object, or junk (a crashed host's
+    at the end of a file, or a custom model's, which runs in the run directory). Every
+    reader of progress.jsonl parses its lines here, and so do the readers of result.json,
+    a profile request and TensorBoard's instance record.
 
     `json.loads` raises more than `JSONDecodeError` on such bytes: a run of NULs reads as
     UTF-16 or UTF-32 and fails to decode (`UnicodeDecodeError`), an integer of thousands
@@ -204,10 +205,10 @@ def progress_line(raw: bytes) -> dict[str, Any] | None:
     parser (`RecursionError`).
     """
     try:
-        line = json.loads(raw)
+        value = json.loads(raw)
     except (ValueError, RecursionError):
         return None
-    return line if isinstance(line, dict) else None
+    return value if isinstance(value, dict) else None
 
 
 def last_progress(path: Path, tail_bytes: int = 64 * 1024) -> dict[str, Any] | None:
@@ -221,7 +222,7 @@ def last_progress(path: Path, tail_bytes: int = 64 * 1024) -> dict[str, Any] | N
     except FileNotFoundError:
         return None
     for raw in reversed(data.splitlines()):
-        line = progress_line(raw)  # None: junk, torn, or cut by the seek
+        line = json_object(raw)  # None: junk, torn, or cut by the seek
         if line is not None and line.get("event") == "progress":
             return line
     return None
@@ -237,7 +238,7 @@ def evaluated_at(path: Path, step: int, through: int | None = None) -> bool:
             for raw in f:
                 if b'"eval"' not in raw:  # most lines are reports: skip them unparsed
                     continue
-                line = progress_line(raw)
+                line = json_object(raw)
                 if (
                     line is not None
                     and line.get("event") == "eval"

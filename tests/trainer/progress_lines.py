@@ -1,12 +1,12 @@
 """progress.jsonl as the tests read it, whole: parsed a line at a time as the trainer and
-the service parse it (`trainer.rundir.progress_line`)."""
+the service parse it (`trainer.rundir.json_object`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from trainer.rundir import progress_line
+from trainer.rundir import json_object
 
 
 def progress_lines(path: Path) -> list[dict[str, Any]]:
@@ -17,4 +17,4 @@ def progress_lines(path: Path) -> list[dict[str, Any]]:
     except FileNotFoundError:
         return []
     complete = data[: data.rfind(b"\n") + 1]
-    return [line for raw in complete.splitlines() if (line := progress_line(raw)) is not None]
+    return [line for raw in complete.splitlines() if (line := json_object(raw)) is not None]

@@ -503,6 +503,10 @@ def test_sigterm_during_a_long_eval_stops_without_finishing_it(tmp_path):
 
 BAD_SPECS: dict[str, tuple[str | bytes | None, str]] = {
     "not_json": ("{not json", "is not valid JSON"),
+    # Exit 1 with a traceback until JSON's other errors were caught: a RecursionError and
+    # a ValueError (Python's limit on the digits of an int).
+    "nested_too_deep": ("[" * 100_000, "is not valid JSON"),
+    "number_too_long": ('{"steps": ' + "1" * 5000 + "}", "is not valid JSON"),
     # Exit 1 ("failed") with a UnicodeDecodeError, or an IsADirectoryError, until these.
     "not_utf8": (b'{"name": "caf\xe9", "data": {"format": "synthetic"}}', "is not UTF-8 text"),
     "a_folder": (None, "Cannot read the spec file"),
@@ -545,12 +549,18 @@ def test_run_job_bad_spec_exits_2(tmp_path, case):
     assert sorted(p.name for p in job_dir.iterdir()) == ["result.json"]
 
 
-def test_run_job_takes_a_hand_written_profile_request_it_cannot_read_as_three_steps(tmp_path):
+@pytest.mark.parametrize(
+    "request_text", ['{"steps": 1e400}', '{"steps": ' + "[" * 100_000], ids=["inf", "nested"]
+)
+def test_run_job_takes_a_hand_written_profile_request_it_cannot_read_as_three_steps(
+    tmp_path, request_text
+):
     # The service writes `{"steps": N}` with N in 1..100; a hand-written 1e400 (infinity
-    # to Python's json) raised an OverflowError at the first report and failed the job.
+    # to Python's json) raised an OverflowError at the first report and failed the job,
+    # and brackets nested too deep a RecursionError.
     job_dir = tmp_path / "job"
     job_dir.mkdir()
-    (job_dir / "profile_request.json").write_text('{"steps": 1e400}')
+    (job_dir / "profile_request.json").write_text(request_text)
     code, result, log = run_worker(job_dir, with_(TINY, steps=2000))
     assert code == 0, log
     events = progress_lines(job_dir / "progress.jsonl")

@@ -15,8 +15,8 @@ from trainer.rundir import (
     ProgressWriter,
     RunDir,
     evaluated_at,
+    json_object,
     last_progress,
-    progress_line,
     write_json_atomic,
 )
 
@@ -65,10 +65,10 @@ JUNK = [
 
 
 @pytest.mark.parametrize("junk", JUNK, ids=["nul-run", "utf-16", "nested", "digits"])
-def test_progress_line_of_junk_is_none(junk: bytes) -> None:
-    assert progress_line(junk) is None
-    assert progress_line(b"[1, 2]") is None  # JSON, but no object
-    assert progress_line(b'{"event": "eval"}') == {"event": "eval"}
+def test_json_object_of_junk_is_none(junk: bytes) -> None:
+    assert json_object(junk) is None
+    assert json_object(b"[1, 2]") is None  # JSON, but no object
+    assert json_object(b'{"event": "eval"}') == {"event": "eval"}
 
 
 def test_progress_readers_read_past_what_a_crashed_host_left(tmp_path: Path) -> None:
@@ -135,8 +135,17 @@ def test_a_profile_request_written_while_the_worker_takes_one_is_kept(tmp_path, 
 
 @pytest.mark.parametrize(
     "content",
-    [b"[]", b"3", b'"succeeded"', b"null", b"{not json", b'{"outcome": "\xff"}', b""],
-    ids=["list", "number", "string", "null", "not-json", "not-utf8", "empty"],
+    [
+        b"[]",
+        b"3",
+        b'"succeeded"',
+        b"null",
+        b"{not json",
+        b'{"outcome": "\xff"}',
+        b"",
+        b"[" * 100_000,
+    ],
+    ids=["list", "number", "string", "null", "not-json", "not-utf8", "empty", "nested"],
 )
 def test_read_result_that_is_no_json_object_is_none(tmp_path: Path, content: bytes) -> None:
     # A custom model runs in the worker with the run directory as its working directory,

@@ -159,9 +159,33 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+# What `towerboard --help` ends with: what every client verb reads from the environment,
+# and the exit codes a script branches on (README's list, in short).
+_EPILOG = """\
+The client verbs talk to --url, else $TOWERBOARD_URL, else http://127.0.0.1:8000, and send
+$TOWERBOARD_TOKEN, when set, as their bearer token. `towerboard VERB --help` lists a verb's
+options.
+
+exit codes of the client verbs:
+  0    done
+  1    refused or failed, or the watched job did not succeed
+  2    usage error, or a spec the service rejected
+  3    the service could not be reached (nothing was sent), or a download was cut off
+       (the error says how to resume it)
+  4    a request was sent and no answer came (a timeout, a dropped connection): what it
+       asked may or may not have been done; the error says how to check before trying
+       again
+  130  interrupted (Ctrl-C)
+  141  the reader of standard output went away (`| head`)
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="towerboard", description="A monitoring-first TensorFlow training service."
+        prog="towerboard",
+        description="A monitoring-first TensorFlow training service.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     # Also before the verb (`towerboard --url URL status`, as the README's "--url" reads):
     # argparse otherwise took the URL for the verb and said it was no verb. Its own dest,

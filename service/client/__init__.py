@@ -17,9 +17,11 @@ Every verb takes `--url` (default `$TOWERBOARD_URL`, else http://127.0.0.1:8000)
 just the job id, so `id=$(towerboard submit spec.json)` works); progress and errors go to
 stderr, each error as one line. Exit codes: 0 done; 1 the service refused or failed the
 request, or a watched job did not succeed; 2 bad usage or a rejected spec; 3 the service
-could not be reached, or a download was cut off (run it again: it resumes); 130
-interrupted; 141 (as a shell reports SIGPIPE) the reader of stdout went away, as `| head`
-does, which ends the command quietly.
+could not be reached (nothing was sent), or a download was cut off (run it again: it
+resumes); 4 a request was sent and no answer came (a timeout, a dropped connection), so
+what it asked may or may not have been done (the error says how to check before trying
+again); 130 interrupted; 141 (as a shell reports SIGPIPE) the reader of stdout went away,
+as `| head` does, which ends the command quietly.
 
 Downloads (`checkpoints --download`, `export`) write `TARGET.part`, renamed to TARGET once
 complete; a part left by a download that was cut off or interrupted is resumed by the next

@@ -11,6 +11,7 @@ import httpx
 
 from service.client.common import (
     EXIT_FAILED,
+    EXIT_NO_ANSWER,
     EXIT_UNREACHABLE,
     EXIT_USAGE,
     RECONNECT_SECONDS,
@@ -18,6 +19,19 @@ from service.client.common import (
 )
 
 _T = TypeVar("_T")
+
+# What httpx raises before any byte of a request went out: the service never saw it, and
+# the same request is safe to send again. Any other transport error (a read timeout, a
+# connection closed without an answer) comes after the request was sent, and the service
+# may have acted on it: a submit retried on it made a second job.
+_NOT_SENT = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.ProxyError,
+    httpx.UnsupportedProtocol,
+    httpx.LocalProtocolError,
+)
 
 
 class ReusedConnectionRetry(httpx.HTTPTransport):
@@ -87,11 +101,30 @@ class Client:
     def close(self) -> None:
         self.http.close()
 
-    def unreachable(self, error: httpx.TransportError) -> ClientError:
+    def lost(
+        self, error: httpx.TransportError, method: str, path: str, check_with: str | None = None
+    ) -> ClientError:
+        """The error for a request that got no answer: one never sent (the service cannot
+        be reached: EXIT_UNREACHABLE), or one sent that no answer came to (EXIT_NO_ANSWER),
+        which the service may have acted on; `check_with` is the command that tells."""
+        cause = f"{error.__class__.__name__}: {error}"
+        if isinstance(error, _NOT_SENT):
+            return ClientError(
+                f"cannot reach the service at {self.url} ({cause}). "
+                "Is `towerboard serve` running? Set --url or TOWERBOARD_URL.",
+                EXIT_UNREACHABLE,
+            )
+        if method in ("GET", "HEAD"):  # it changes nothing: only the answer is missing
+            return ClientError(
+                f"the service at {self.url} did not answer {method} {path} ({cause}): it "
+                "took the request, but is busy or stuck, or the connection broke; try again",
+                EXIT_NO_ANSWER,
+            )
+        check = f"check with `{check_with}`" if check_with else "check"
         return ClientError(
-            f"cannot reach the service at {self.url} ({error.__class__.__name__}: {error}). "
-            "Is `towerboard serve` running? Set --url or TOWERBOARD_URL.",
-            EXIT_UNREACHABLE,
+            f"sent {method} {path} to the service at {self.url}, but no answer came "
+            f"({cause}): it may or may not have been done; {check} before trying again",
+            EXIT_NO_ANSWER,
         )
 
     def check(self, response: httpx.Response) -> httpx.Response:
@@ -109,17 +142,23 @@ class Client:
         code = EXIT_USAGE if response.status_code in (413, 422) else EXIT_FAILED
         raise ClientError(_error_message(response), code)
 
-    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def request(
+        self, method: str, path: str, *, check_with: str | None = None, **kwargs: Any
+    ) -> httpx.Response:
+        """The service's answer, checked (`check`). `check_with`: the command that tells
+        whether a change it asked for was made, said when no answer comes (see `lost`)."""
         try:
             response = self.http.request(method, path, **kwargs)
         except httpx.TransportError as error:
-            raise self.unreachable(error) from error
+            raise self.lost(error, method, path, check_with) from error
         return self.check(response)
 
-    def request_json(self, method: str, path: str, **kwargs: Any) -> tuple[httpx.Response, Any]:
+    def request_json(
+        self, method: str, path: str, *, check_with: str | None = None, **kwargs: Any
+    ) -> tuple[httpx.Response, Any]:
         """`request`, and its body as JSON: anything else is not the service answering (a
         wrong port, or a proxy's sign-in page)."""
-        response = self.request(method, path, **kwargs)
+        response = self.request(method, path, check_with=check_with, **kwargs)
         try:
             return response, response.json()
         except ValueError:
@@ -133,15 +172,16 @@ class Client:
         return self.request_json("GET", path, **kwargs)[1]
 
     def patiently(self, call: Callable[[], _T], note: Callable[[str], None]) -> _T:
-        """`call()`, tried again each second while the service cannot be reached, for up
-        to RECONNECT_SECONDS: a follower outlives a service restart, as the job does.
-        `note` is told when the service is first found gone, and when it is back."""
+        """`call()` (a read: it changes nothing), tried again each second while the service
+        cannot be reached or does not answer, for up to RECONNECT_SECONDS: a follower
+        outlives a service restart, as the job does. `note` is told when the service is
+        first found gone, and when it is back."""
         deadline = None
         while True:
             try:
                 answer = call()
             except ClientError as error:
-                if error.code != EXIT_UNREACHABLE:
+                if error.code not in (EXIT_UNREACHABLE, EXIT_NO_ANSWER):
                     raise
                 if deadline is None:
                     deadline = time.monotonic() + RECONNECT_SECONDS
@@ -164,8 +204,9 @@ class Client:
     def events(self, job_id: str) -> Iterator[tuple[str, dict[str, Any]]]:
         """A job's Server-Sent Events as (event, data) until the service ends the stream."""
         timeout = httpx.Timeout(60.0, connect=5.0)  # the service pings every 15 s
+        path = f"/api/v1/jobs/{job_id}/events"
         try:
-            with self.http.stream("GET", f"/api/v1/jobs/{job_id}/events", timeout=timeout) as r:
+            with self.http.stream("GET", path, timeout=timeout) as r:
                 if not r.is_success:
                     r.read()
                     self.check(r)
@@ -184,7 +225,7 @@ class Client:
                     elif field == "data":
                         data.append(value)
         except httpx.TransportError as error:
-            raise self.unreachable(error) from error
+            raise self.lost(error, "GET", path) from error
 
 
 # --- formatting ----------------------------------------------------------------------

@@ -9,7 +9,8 @@ STATES = ("queued", "running", *TERMINAL)
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-EXIT_UNREACHABLE = 3
+EXIT_UNREACHABLE = 3  # nothing was sent: the service could not be reached
+EXIT_NO_ANSWER = 4  # sent, and no answer came: whether the service acted on it is unknown
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 

@@ -8,7 +8,7 @@ import unicodedata
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
-from service.client.common import EXIT_UNREACHABLE, TERMINAL, ClientError
+from service.client.common import EXIT_NO_ANSWER, EXIT_UNREACHABLE, TERMINAL, ClientError
 from service.progress import percent_done
 
 if TYPE_CHECKING:
@@ -286,9 +286,10 @@ def watch(client: Client, job_id: str, out: TextIO) -> dict[str, Any]:
                     if job["state"] in TERMINAL:
                         break
             except ClientError as error:
-                if error.code != EXIT_UNREACHABLE:
+                if error.code not in (EXIT_UNREACHABLE, EXIT_NO_ANSWER):
                     raise
-                time.sleep(1.0)  # the service restarted or a proxy cut the stream: follow on
+                # The service restarted, or went quiet, or a proxy cut the stream: follow on.
+                time.sleep(1.0)
             if job["state"] not in TERMINAL:
                 job = client.patiently(lambda: client.job(job_id), line.note)
                 line.update(job)

@@ -54,7 +54,7 @@ def _head(client: Client, path: str) -> httpx.Response | None:
     try:
         response = client.http.head(path)
     except httpx.TransportError as error:
-        raise client.unreachable(error) from error
+        raise client.lost(error, "HEAD", path) from error
     return response if response.is_success else None
 
 
@@ -162,7 +162,7 @@ def download(
         raise ClientError(str(error)) from error
     except httpx.TransportError as error:
         if part is None or part.finished:  # no answer came
-            raise client.unreachable(error) from error
+            raise client.lost(error, "GET", path) from error
         raise ClientError(
             f"the download of {name} was cut off at {show.data_size(part.held())} of {show.data_size(total)} "
             f"({error.__class__.__name__}: {error}){_kept(part)}",
@@ -203,7 +203,7 @@ def download_to_stdout(client: Client, path: str, name: str) -> int:
                 progress.done()
     except httpx.TransportError as error:
         if not written:
-            raise client.unreachable(error) from error
+            raise client.lost(error, "GET", path) from error
         raise ClientError(
             f"the download of {name} was cut off at {show.data_size(written)} of "
             f"{show.data_size(total)} ({error.__class__.__name__}: {error}); what was "

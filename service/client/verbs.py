@@ -25,6 +25,7 @@ from service.client.common import (
     EXIT_BROKEN_PIPE,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
+    EXIT_NO_ANSWER,
     EXIT_OK,
     EXIT_UNREACHABLE,
     EXIT_USAGE,
@@ -78,12 +79,17 @@ def _read_spec(path: str) -> str:
 
 def submit(client: Client, args: argparse.Namespace) -> int:
     spec = _read_spec(args.spec)
+    name = json.loads(spec).get("name")
     try:
         job = client.request_json(
             "POST",
             "/api/v1/jobs",
             content=spec.encode("utf-8"),
             headers={"Content-Type": "application/json"},
+            # A job made of a submit whose answer never came is found by its name (the
+            # newest jobs come first); submitted again, it would run twice.
+            check_with="towerboard status"
+            + (f" --name {shlex.quote(name)}" if isinstance(name, str) else ""),
         )[1]
     except ClientError as error:
         if error.code == EXIT_USAGE:
@@ -249,9 +255,11 @@ def logs(client: Client, args: argparse.Namespace) -> int:
 
 def cancel(client: Client, args: argparse.Namespace) -> int:
     try:
-        response, job = client.request_json("POST", f"/api/v1/jobs/{args.id}/cancel")
+        response, job = client.request_json(
+            "POST", f"/api/v1/jobs/{args.id}/cancel", check_with=f"towerboard status {args.id}"
+        )
     except ClientError as refused:
-        if not args.wait:
+        if not args.wait or refused.code in (EXIT_UNREACHABLE, EXIT_NO_ANSWER):
             raise
         # `--wait` asks for a stopped job: one that ended already (cancelled by someone
         # else, or finished meanwhile) is that, and a script waiting on it goes on.
@@ -279,7 +287,12 @@ def cancel(client: Client, args: argparse.Namespace) -> int:
 def resume(client: Client, args: argparse.Namespace) -> int:
     body = {key: value for key, value in (("steps", args.steps), ("epochs", args.epochs)) if value}
     try:
-        job = client.request_json("POST", f"/api/v1/jobs/{args.id}/resume", json=body)[1]
+        job = client.request_json(
+            "POST",
+            f"/api/v1/jobs/{args.id}/resume",
+            json=body,
+            check_with=f"towerboard status {args.id}",
+        )[1]
     except ClientError as error:
         # The service's hints name the API's body ({"steps": N}); here they are options.
         message = error.message
@@ -303,11 +316,17 @@ def resume(client: Client, args: argparse.Namespace) -> int:
 def delete(client: Client, args: argparse.Namespace) -> int:
     """Each job in turn; one that cannot be deleted is said and skipped (exit 1 at the end)."""
     refused = False
-    for job_id in dict.fromkeys(args.ids):  # each once, in the order given
+    ids = list(dict.fromkeys(args.ids))  # each once, in the order given
+    for index, job_id in enumerate(ids):
         try:
-            client.request("DELETE", f"/api/v1/jobs/{job_id}")
+            client.request(
+                "DELETE", f"/api/v1/jobs/{job_id}", check_with=f"towerboard status {job_id}"
+            )
         except ClientError as error:
-            if error.code == EXIT_UNREACHABLE:
+            if error.code in (EXIT_UNREACHABLE, EXIT_NO_ANSWER):
+                # The rest would meet the same service: they are left, and said to be.
+                if rest := ids[index + 1 :]:
+                    error.message += f" (not tried: {' '.join(rest)})"
                 raise
             # The service's hint names the API's route; here it is a verb.
             message = error.message.replace(

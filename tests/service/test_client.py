@@ -620,6 +620,47 @@ def test_errors_are_one_line_with_exit_codes(service: Service, tmp_path: Path) -
     )
 
 
+def test_submit_to_a_stopped_service_says_the_job_may_exist(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # `kill -STOP` the service, submit, `kill -CONT`: the service made the job from the
+    # request waiting in its socket, while the client said "cannot reach the service ...
+    # Is `towerboard serve` running?" (exit 3), so a script retrying on 3 ran it twice.
+    import argparse
+    import signal
+
+    from service.client import verbs
+    from service.client.api import Client
+    from service.client.common import EXIT_NO_ANSWER, ClientError
+
+    service = make_service(env=fake_worker_env(tmp_path))
+    service.start()
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(job_spec(name="stopped-service")))
+    assert service.process is not None
+    client = Client(service.base_url, None, timeout=1.0)  # the CLI's 30 s, shortened
+    os.kill(service.process.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(ClientError) as no_answer:
+            verbs.submit(client, argparse.Namespace(spec=str(spec), watch=False))
+    finally:
+        os.kill(service.process.pid, signal.SIGCONT)
+        client.close()
+    assert no_answer.value.code == EXIT_NO_ANSWER
+    assert no_answer.value.message == (
+        f"sent POST /api/v1/jobs to the service at {service.base_url}, but no answer came "
+        "(ReadTimeout: timed out): it may or may not have been done; check with "
+        "`towerboard status --name stopped-service` before trying again"
+    )
+    # What it says to run finds the job the service made.
+    deadline = time.monotonic() + 30
+    while "stopped-service" not in (found := towerboard(
+        "status", "--name", "stopped-service", url=service.base_url
+    )).stdout:  # fmt: skip
+        assert time.monotonic() < deadline, found
+        time.sleep(0.2)
+
+
 def test_submit_spec_the_client_cannot_re_encode_is_judged_by_the_service(
     service: Service, tmp_path: Path
 ) -> None:

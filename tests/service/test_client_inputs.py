@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from service.cli import main
+from service.client import common
 
 NOWHERE = "http://127.0.0.1:9"  # nothing listens: a request would exit 3
 
@@ -47,3 +49,15 @@ def test_tensorboard_stop_with_a_selection_is_a_usage_error(
     assert capsys.readouterr().err == (
         "towerboard: error: --stop stops the shared TensorBoard; it takes no --jobs, --open\n"
     )
+
+
+def test_help_lists_the_exit_codes_and_the_variables(capsys: pytest.CaptureFixture[str]) -> None:
+    # A script's author learnt what exit 3 or 4 meant only from the README.
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    listed = {int(code) for code in re.findall(r"^  (\d+) ", out, re.M)}
+    assert listed == {value for name, value in vars(common).items() if name.startswith("EXIT_")}
+    assert re.search(r"^  4    a request was sent and no answer came", out, re.M), out
+    assert "$TOWERBOARD_URL" in out and "$TOWERBOARD_TOKEN" in out

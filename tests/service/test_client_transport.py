@@ -1,16 +1,24 @@
 """The CLI's transport against a server that closes a kept-alive connection as a request
-arrives on it: the race every keep-alive client meets with an idle timeout."""
+arrives on it (the race every keep-alive client meets with an idle timeout), and against
+servers that take a request and never answer it."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from service.client.api import ReusedConnectionRetry
+from service.client.api import Client, ReusedConnectionRetry
+from service.client.common import EXIT_NO_ANSWER, EXIT_UNREACHABLE, ClientError
+from tests.service.harness import ROOT, job_spec
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 8\r\n\r\n"
 
@@ -89,3 +97,140 @@ def test_a_post_is_not_sent_twice(closes_on_second_request) -> None:
         with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
             client.post("/jobs", json={})
     assert seen == ["GET /a HTTP/1.1", "POST /jobs HTTP/1.1"]
+
+
+# --- a request sent that no answer came to --------------------------------------------
+
+
+@contextlib.contextmanager
+def never_answers() -> Iterator[str]:
+    """A port that takes connections and never answers on them, as a service stopped with
+    SIGSTOP (or stuck) does: the kernel completes the connection from its listen backlog,
+    the request goes out, and nothing comes back. Yields its URL."""
+    with socket.create_server(("127.0.0.1", 0), backlog=16) as server:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+
+
+@contextlib.contextmanager
+def hangs_up() -> Iterator[tuple[str, list[str]]]:
+    """A server that reads each request whole and closes the connection without a word, as
+    a service killed while it handled one. Yields its URL and the request lines it read."""
+    server = socket.create_server(("127.0.0.1", 0))
+    seen: list[str] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                head = _read_head(conn)
+                if not head:
+                    continue
+                top, _, body = head.partition(b"\r\n\r\n")
+                length = next(
+                    (int(line.split(b":")[1]) for line in top.split(b"\r\n")
+                     if line.lower().startswith(b"content-length:")),
+                    0,
+                )  # fmt: skip
+                while len(body) < length and (chunk := conn.recv(65536)):
+                    body += chunk
+                seen.append(top.split(b"\r\n")[0].decode())
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}", seen
+    finally:
+        server.shutdown(socket.SHUT_RDWR)
+        server.close()
+        thread.join(timeout=5)
+
+
+def test_a_change_sent_that_no_answer_came_to_is_not_said_unreachable() -> None:
+    # It said "cannot reach the service ... Is `towerboard serve` running?" (exit 3), and a
+    # script that retries on 3 submitted the job twice: the service had made it.
+    with never_answers() as url:
+        client = Client(url, None, timeout=0.5)
+        try:
+            with pytest.raises(ClientError) as sent:
+                client.request(
+                    "POST", "/api/v1/jobs/abc/cancel", check_with="towerboard status abc"
+                )
+            with pytest.raises(ClientError) as read:
+                client.request("GET", "/api/v1/jobs")
+        finally:
+            client.close()
+    assert sent.value.code == EXIT_NO_ANSWER
+    assert sent.value.message == (
+        f"sent POST /api/v1/jobs/abc/cancel to the service at {url}, but no answer came "
+        "(ReadTimeout: timed out): it may or may not have been done; check with "
+        "`towerboard status abc` before trying again"
+    )
+    # A read changes nothing; the service is there (it took the connection), but slow.
+    assert read.value.code == EXIT_NO_ANSWER
+    assert read.value.message == (
+        f"the service at {url} did not answer GET /api/v1/jobs (ReadTimeout: timed out): it "
+        "took the request, but is busy or stuck, or the connection broke; try again"
+    )
+
+
+def test_a_request_that_could_not_be_sent_is_unreachable() -> None:
+    with socket.socket() as closed:  # bound, never listening: the connection is refused
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        client = Client(url, None, timeout=0.5)
+        try:
+            with pytest.raises(ClientError) as refused:
+                client.request("POST", "/api/v1/jobs", check_with="towerboard status")
+        finally:
+            client.close()
+    assert refused.value.code == EXIT_UNREACHABLE
+    assert refused.value.message.startswith(f"cannot reach the service at {url} (ConnectError: ")
+    assert refused.value.message.endswith(
+        "Is `towerboard serve` running? Set --url or TOWERBOARD_URL."
+    )
+
+
+def _towerboard(*args: str, url: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("TOWERBOARD_TOKEN", "TOWERBOARD_URL")}
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args, "--url", url],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_cli_says_how_to_check_a_change_that_no_answer_came_to(tmp_path) -> None:
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(job_spec(name="my run")))
+    with hangs_up() as (url, seen):
+        submitted = _towerboard("submit", str(spec), url=url)
+        deleted = _towerboard("delete", "aaa", "bbb", "ccc", url=url)
+        listed = _towerboard("status", url=url)
+    assert submitted.returncode == EXIT_NO_ANSWER, submitted.stderr
+    assert submitted.stdout == ""
+    assert submitted.stderr == (
+        f"towerboard: error: sent POST /api/v1/jobs to the service at {url}, but no answer "
+        "came (RemoteProtocolError: Server disconnected without sending a response.): it may "
+        "or may not have been done; check with `towerboard status --name 'my run'` before "
+        "trying again\n"
+    )
+    # A batch stops at the first such answer, and says which were not tried.
+    assert deleted.returncode == EXIT_NO_ANSWER, deleted.stderr
+    assert deleted.stderr.startswith(
+        f"towerboard: error: sent DELETE /api/v1/jobs/aaa to the service at {url}, but no "
+    ), deleted.stderr
+    assert deleted.stderr.endswith(
+        "check with `towerboard status aaa` before trying again (not tried: bbb ccc)\n"
+    ), deleted.stderr
+    assert listed.returncode == EXIT_NO_ANSWER, listed.stderr
+    assert "did not answer GET /api/v1/jobs" in listed.stderr
+    assert "towerboard serve" not in listed.stderr
+    # Each change once (never sent again), and the read twice (it is safe to).
+    assert seen == [
+        "POST /api/v1/jobs HTTP/1.1",
+        "DELETE /api/v1/jobs/aaa HTTP/1.1",
+        "GET /api/v1/jobs?limit=50 HTTP/1.1",
+        "GET /api/v1/jobs?limit=50 HTTP/1.1",
+    ]

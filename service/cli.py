@@ -176,7 +176,8 @@ exit codes of the client verbs:
        asked may or may not have been done; the error says how to check before trying
        again
   130  interrupted (Ctrl-C)
-  141  the reader of standard output went away (`| head`)
+  141  the reader of standard output went away (`| head`); a verb that changes things
+       still makes all its changes, and says them on stderr
 """
 
 

@@ -21,7 +21,9 @@ could not be reached (nothing was sent), or a download was cut off (run it again
 resumes); 4 a request was sent and no answer came (a timeout, a dropped connection), so
 what it asked may or may not have been done (the error says how to check before trying
 again); 130 interrupted; 141 (as a shell reports SIGPIPE) the reader of stdout went away,
-as `| head` does, which ends the command quietly.
+as `| head` does, which ends a verb that reads quietly; a verb that changes things makes
+all its changes, and says on stderr what stdout would have said. Standard output failing
+otherwise (a full disk) is an error of one line, exit 1.
 
 Downloads (`checkpoints --download`, `export`) write `TARGET.part`, renamed to TARGET once
 complete; a part left by a download that was cut off or interrupted is resumed by the next

@@ -27,3 +27,14 @@ class ClientError(Exception):
         super().__init__(message)
         self.message = message
         self.code = code
+
+
+class OutputLost(Exception):
+    """A write to standard output failed: its reader went away (`error` is a
+    BrokenPipeError), or what it goes to took no more (a full disk: another OSError).
+    `message`: what to say of it, where more is to say than that it failed."""
+
+    def __init__(self, error: OSError, message: str | None = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.message = message

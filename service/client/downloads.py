@@ -11,7 +11,7 @@ import httpx
 
 from service.client import display as show
 from service.client.api import Client
-from service.client.common import EXIT_UNREACHABLE, ClientError
+from service.client.common import EXIT_UNREACHABLE, ClientError, OutputLost
 from service.partfile import PartFile, PartInUse, part_paths, resumable_bytes, saved_etag
 
 # A download waits up to this long between bytes: resuming near the end of a large
@@ -201,6 +201,12 @@ def download_to_stdout(client: Client, path: str, name: str) -> int:
             out.flush()
             if progress is not None:
                 progress.done()
+    except OSError as error:  # of standard output: its reader gone, or its disk full
+        raise OutputLost(
+            error,
+            f"cannot write the download of {name} to standard output "
+            f"({error.strerror or error}); what was written is incomplete",
+        ) from error
     except httpx.TransportError as error:
         if not written:
             raise client.lost(error, "GET", path) from error

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import logging
 import os
@@ -32,12 +33,58 @@ from service.client.common import (
     LOG_OFFSET_HEADER,
     TERMINAL,
     ClientError,
+    OutputLost,
 )
 from service.client.display import watch
 from service.client.downloads import download, download_to_stdout
 
 _TENSORBOARD_READY_SECONDS = 180.0  # it imports TensorFlow: slow on a busy host
 _LOG_POLL_SECONDS = 1.0
+
+
+def _out(text: str) -> None:
+    """`text` onto standard output, where results go (progress and errors go to stderr),
+    at once; a write that fails there is raised as OutputLost, for `run` to end the verb
+    on (quietly when its reader went away, as `| head` does)."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as error:
+        raise OutputLost(error) from error
+
+
+def _table(rows: list[list[str]]) -> None:
+    text = io.StringIO()
+    show.table(rows, text)
+    _out(text.getvalue())
+
+
+# Where `_result` keeps a failure of standard output under a verb that changes things; `run`
+# ends with it once the verb is done.
+_lost_output: list[OutputLost] = []
+
+
+def _result(text: str, *, echo: bool = True) -> None:
+    """The result of a change made (a job's id, "ID deleted") onto standard output. Where
+    that fails, the verb goes on: its change was made, and the rest of a batch is still to
+    be made; the result goes to stderr instead (`echo`; not when stderr says it anyway),
+    and `run` ends with the failure (exit 141 for a reader gone, else 1 saying why)."""
+    if not _lost_output:
+        try:
+            _out(text)
+            return
+        except OutputLost as lost:
+            _lost_output.append(lost)
+            _drop_stdout()
+    if echo:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+
+def _drop_stdout() -> None:
+    """Point standard output at /dev/null, so that what is left in its buffer, and Python's
+    flush of it at exit, fail no more."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _read_spec(path: str) -> str:
@@ -96,8 +143,7 @@ def submit(client: Client, args: argparse.Namespace) -> int:
             source = "the spec from stdin" if args.spec == "-" else args.spec
             error.message = f"the service rejected {source}: {error.message}"
         raise
-    sys.stdout.write(f"{job['id']}\n")
-    sys.stdout.flush()
+    _result(f"{job['id']}\n", echo=False)  # the next line says it
     sys.stderr.write(f"submitted {job['name']!r} as job {job['id']} ({job['state']})\n")
     return _watch_if_asked(client, job, args.watch)
 
@@ -145,7 +191,7 @@ def _status_of_job(client: Client, args: argparse.Namespace) -> int:
     """A job's details, a row each (with an error's log tail where it failed)."""
     job = client.job(args.id)
     if args.json:
-        sys.stdout.write(json.dumps(job, indent=2) + "\n")
+        _out(json.dumps(job, indent=2) + "\n")
         return EXIT_OK
     p, evaluation = job.get("progress") or {}, job.get("eval") or {}
     rows = [
@@ -178,12 +224,11 @@ def _status_of_job(client: Client, args: argparse.Namespace) -> int:
         if error.get("exit_code") is not None:
             rows.append(["exit code", str(error["exit_code"])])
     width = max(len(key) for key, _ in rows)
-    for key, value in rows:
-        sys.stdout.write(f"{key.ljust(width)}  {value}\n")
+    lines = [f"{key.ljust(width)}  {value}\n" for key, value in rows]
     if job.get("error") and job["error"].get("log_tail"):
-        sys.stdout.write("log tail:\n")
-        for log_line in job["error"]["log_tail"]:
-            sys.stdout.write(f"  {log_line}\n")
+        lines.append("log tail:\n")
+        lines += [f"  {log_line}\n" for log_line in job["error"]["log_tail"]]
+    _out("".join(lines))
     return EXIT_OK
 
 
@@ -191,13 +236,11 @@ def _status_table(client: Client, args: argparse.Namespace) -> int:
     """The jobs, newest first, a row each (`--limit`, `--state`, `--name`)."""
     page = _jobs(client, args.limit, args.state or [], args.name)
     if args.json:
-        sys.stdout.write(json.dumps(page, indent=2) + "\n")
+        _out(json.dumps(page, indent=2) + "\n")
         return EXIT_OK
     if not page["data"]:
         named = f" named like {args.name!r}" if args.name else ""
-        sys.stdout.write(
-            "no jobs" + (f" {'/'.join(args.state)}" if args.state else "") + named + "\n"
-        )
+        _out("no jobs" + (f" {'/'.join(args.state)}" if args.state else "") + named + "\n")
         return EXIT_OK
     rows = [
         ["ID", "NAME", "STATE", "PROGRESS", "STEP", "LOSS", "ACC", "EX/S", "ETA", "DEVICES", "AGE"]
@@ -211,9 +254,9 @@ def _status_table(client: Client, args: argparse.Namespace) -> int:
             show.step_or_phase(job), show.number(p.get("loss")), show.percent(p.get("accuracy")),
             show.rate(p.get("examples_per_sec")), show.eta(job), show.devices(job), show.age(job["created_at"]),
         ])  # fmt: skip
-    show.table(rows, sys.stdout)
+    _table(rows)
     if page.get("next_cursor"):
-        sys.stdout.write(f"... {page['count'] - len(page['data'])} more (use --limit)\n")
+        _out(f"... {page['count'] - len(page['data'])} more (use --limit)\n")
     return EXIT_OK
 
 
@@ -225,8 +268,7 @@ def _note(text: str) -> None:
 def logs(client: Client, args: argparse.Namespace) -> int:
     path = f"/api/v1/jobs/{args.id}/logs"
     response = client.request("GET", path, params={"tail": args.tail})
-    sys.stdout.write(response.text)
-    sys.stdout.flush()
+    _out(response.text)
     if not args.follow:
         return EXIT_OK
     # Read on from where the last read ended (the service says where), so every line
@@ -240,8 +282,7 @@ def logs(client: Client, args: argparse.Namespace) -> int:
                 response = client.patiently(
                     partial(client.request, "GET", path, params={"offset": offset}), _note
                 )
-                sys.stdout.write(response.text)
-                sys.stdout.flush()
+                _out(response.text)
                 next_offset = int(response.headers[LOG_OFFSET_HEADER])
                 if next_offset == offset:
                     break
@@ -267,7 +308,7 @@ def cancel(client: Client, args: argparse.Namespace) -> int:
         if job["state"] not in TERMINAL:
             raise refused from None
         sys.stderr.write(f"job {job['id']} had already ended ({job['state']})\n")
-        sys.stdout.write(f"{job['id']} {job['state']}\n")
+        _result(f"{job['id']} {job['state']}\n", echo=False)  # the line above says it
         return EXIT_OK
     if response.status_code == 202:
         sys.stderr.write(f"cancel requested: job {job['id']} checkpoints and stops\n")
@@ -280,7 +321,7 @@ def cancel(client: Client, args: argparse.Namespace) -> int:
         while job["state"] not in TERMINAL:
             time.sleep(0.5)
             job = client.patiently(lambda: client.job(args.id), _note)
-    sys.stdout.write(f"{job['id']} {job['state']}\n")
+    _result(f"{job['id']} {job['state']}\n")
     return EXIT_OK
 
 
@@ -299,8 +340,7 @@ def resume(client: Client, args: argparse.Namespace) -> int:
         for key in ("steps", "epochs"):
             message = message.replace(f'{{"{key}": N}}', f"--{key} N")
         raise ClientError(message, error.code) from error
-    sys.stdout.write(f"{job['id']}\n")
-    sys.stdout.flush()
+    _result(f"{job['id']}\n", echo=False)  # the lines below say it
     where = (
         "from its latest checkpoint"
         if (job.get("progress") or {}).get("checkpoint")
@@ -335,8 +375,7 @@ def delete(client: Client, args: argparse.Namespace) -> int:
             sys.stderr.write(f"towerboard: error: {message}\n")
             refused = True
             continue
-        sys.stdout.write(f"{job_id} deleted\n")
-        sys.stdout.flush()
+        _result(f"{job_id} deleted\n")
     return EXIT_FAILED if refused else EXIT_OK
 
 
@@ -376,7 +415,7 @@ def _save_archive(
     path = download(client, route, name, args.output, force=args.force)
     size = show.data_size(path.stat().st_size)
     sys.stderr.write(f"saved {saved or what} to {path} ({size}){then}\n")
-    sys.stdout.write(f"{path}\n")
+    _result(f"{path}\n", echo=False)  # the line above says it
     return EXIT_OK
 
 
@@ -412,16 +451,16 @@ def checkpoints(client: Client, args: argparse.Namespace) -> int:
             raise hinted from error
     answer = client.get(f"/api/v1/jobs/{args.id}/checkpoints")
     if args.json:  # the API's JSON, as --help says and `status --json` gives: not its list
-        sys.stdout.write(json.dumps(answer, indent=2) + "\n")
+        _out(json.dumps(answer, indent=2) + "\n")
         return EXIT_OK
     listing = answer["data"]
     if not listing:
-        sys.stdout.write(f"job {args.id} has no checkpoint yet\n")
+        _out(f"job {args.id} has no checkpoint yet\n")
         return EXIT_OK
     rows = [["STEP", "SAVED", "SIZE", "URL"]]
     for c in sorted(listing, key=lambda c: c["step"]):
         rows.append([str(c["step"]), c["time"], show.data_size(c["size_bytes"]), c["url"]])
-    show.table(rows, sys.stdout)
+    _table(rows)
     return EXIT_OK
 
 
@@ -446,9 +485,7 @@ def tensorboard(client: Client, args: argparse.Namespace) -> int:
     if args.stop:
         was = client.get("/api/v1/tensorboard")["state"]
         client.request("DELETE", "/api/v1/tensorboard")
-        sys.stdout.write(
-            "tensorboard stopped\n" if was != "stopped" else "tensorboard was not running\n"
-        )
+        _result("tensorboard stopped\n" if was != "stopped" else "tensorboard was not running\n")
         return EXIT_OK
     body: dict[str, Any] = {"job_ids": args.jobs} if args.jobs else {}
     if args.merge:
@@ -476,7 +513,7 @@ def tensorboard(client: Client, args: argparse.Namespace) -> int:
             f"this replaced the shared TensorBoard over {gone}, which others may have had "
             "open (--merge adds jobs to what it shows instead)\n"
         )
-    sys.stdout.write(f"{board['url']}\n")
+    _result(f"{board['url']}\n")
     if client.has_token:
         sys.stderr.write(
             "a browser needs the token too: enter it once on the dashboard, which keeps it "
@@ -499,7 +536,7 @@ def metrics(client: Client, args: argparse.Namespace) -> int:
         params["after_step"] = args.after_step
     answer = client.get(f"/api/v1/jobs/{args.id}/metrics", params=params)
     if args.json:
-        sys.stdout.write(json.dumps(answer, indent=2) + "\n")
+        _out(json.dumps(answer, indent=2) + "\n")
         return EXIT_OK
     # The columns: those asked for, in order, each kept with no points (so reads with
     # --after-step and --no-header append to one CSV); else the series that have points.
@@ -516,11 +553,13 @@ def metrics(client: Client, args: argparse.Namespace) -> int:
         after = " yet" if args.after_step is None else f" after step {args.after_step}"
         sys.stderr.write(f"job {args.id} has no metrics{after}\n")
         return EXIT_OK
-    out = csv.writer(sys.stdout, lineterminator="\n")
+    text = io.StringIO()
+    out = csv.writer(text, lineterminator="\n")
     if not args.no_header:
         out.writerow(["step", *series])
     for step in sorted(rows):
         out.writerow([step, *(repr(rows[step][n]) if n in rows[step] else "" for n in series)])
+    _out(text.getvalue())
     return EXIT_OK
 
 
@@ -528,7 +567,7 @@ def profile(client: Client, args: argparse.Namespace) -> int:
     answer = client.request_json(
         "POST", f"/api/v1/jobs/{args.id}/profile", json={"steps": args.steps}
     )[1]
-    sys.stdout.write(f"{answer['job_id']} {answer['steps']}\n")
+    _result(f"{answer['job_id']} {answer['steps']}\n", echo=False)  # the line below says it
     sys.stderr.write(
         f"asked job {answer['job_id']} for a device trace of its next {answer['steps']} steps: "
         "its worker takes it within a few seconds, and it then shows in TensorBoard's profile "
@@ -540,7 +579,7 @@ def profile(client: Client, args: argparse.Namespace) -> int:
 def devices(client: Client, args: argparse.Namespace) -> int:
     answer = client.get("/api/v1/devices")
     if args.json:
-        sys.stdout.write(json.dumps(answer, indent=2) + "\n")
+        _out(json.dumps(answer, indent=2) + "\n")
         return EXIT_OK
     rows = [["DEVICE", "JOB"]]
     for device in answer["data"]:
@@ -550,7 +589,7 @@ def devices(client: Client, args: argparse.Namespace) -> int:
         if not device.get("configured", True):
             held += " (not configured: not given out again)"
         rows.append([device["id"], held])
-    show.table(rows, sys.stdout)
+    _table(rows)
     sys.stderr.write(f"up to {answer['max_towers']} towers a job\n")
     return EXIT_OK
 
@@ -586,27 +625,55 @@ def run(name: str, args: argparse.Namespace) -> int:
     try:
         token = _token_from_env()
         url = args.url or _url_from_env()
+        if sys.stdout is None:  # started with it closed (`>&-`): Python has none
+            # Refused before anything is done: a submit made the job, then lost its id.
+            raise ClientError(
+                "standard output is closed, and the results go there; give the command one "
+                "(> /dev/null to drop them)",
+                EXIT_USAGE,
+            )
     except ClientError as error:
         sys.stderr.write(f"towerboard: error: {error.message}\n")
         return error.code
+    _lost_output.clear()
     client = Client(url, token)
     try:
         code = VERBS[name](client, args)
-        sys.stdout.flush()  # here, where a closed pipe can still be handled
-        return code
+        _out("")  # the flush, here, where a failure can still be handled
+        return _output_lost(_lost_output[0], code, changed=True) if _lost_output else code
     except ClientError as error:
         sys.stderr.write(f"towerboard: error: {error.message}\n")
         return error.code
+    except OutputLost as lost:
+        return _output_lost(lost, EXIT_OK)
     except KeyboardInterrupt:
         sys.stderr.write("\n")
         return EXIT_INTERRUPTED
     except BrokenPipeError:
-        # The reader of stdout has gone (`towerboard status | head`): stop quietly, like
-        # any filter, and keep Python's flush at exit from failing on it again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        # Stderr's reader went away (`2>&1 | head`): nothing can be said.
+        _drop_stdout()
         return EXIT_BROKEN_PIPE
     finally:
         client.close()
+
+
+def _output_lost(lost: OutputLost, code: int, *, changed: bool = False) -> int:
+    """The end of a verb whose standard output failed (`code`: what it would have exited
+    with; `changed`: it made a change, and said so on stderr). Its reader gone (`towerboard
+    status | head`): quietly, like any filter, with 141. Anything else (a full disk): said
+    in one line, exit 1. A verb that failed keeps its own code."""
+    _drop_stdout()
+    if isinstance(lost.error, BrokenPipeError):
+        return code or EXIT_BROKEN_PIPE
+    why = lost.error.strerror or lost.error
+    if lost.message:
+        said = lost.message
+    elif changed:
+        said = f"cannot write the results to standard output ({why}): what was done is said above"
+    else:
+        said = f"cannot write to standard output: {why}"
+    sys.stderr.write(f"towerboard: error: {said}\n")
+    return code or EXIT_FAILED
 
 
 VERBS: dict[str, Callable[[Client, argparse.Namespace], int]] = {

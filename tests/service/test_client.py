@@ -790,6 +790,110 @@ def test_output_cut_short_by_its_reader_ends_quietly(
     assert result.returncode == 141
 
 
+def towerboard_with_stdout(
+    stdout: int | None, *args: str, url: str, close_stdout: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """`towerboard ARGS` with its standard output on the file descriptor `stdout`, or
+    closed (`>&-`)."""
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args],
+        cwd=ROOT, env=cli_env(url), stdout=stdout, stderr=subprocess.PIPE, text=True,
+        timeout=120, preexec_fn=(lambda: os.close(1)) if close_stdout else None,
+    )  # fmt: skip
+
+
+def closed_pipe() -> int:
+    """The writing end of a pipe whose reader has gone, as `| head` leaves it."""
+    read, write = os.pipe()
+    os.close(read)
+    return write
+
+
+def test_stdout_that_takes_nothing_more_is_one_line(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # `towerboard status > /dev/full` and the like: an OSError traceback (only a broken
+    # pipe was handled), against "errors are one line on stderr".
+    service = make_service(env=fake_worker_env(tmp_path))
+    service.start()
+    job = service.submit(job_spec(name="chatty"))  # 200 lines of log, then runs on
+    service.wait_for(
+        job["id"],
+        lambda _: "line 199" in service.client.get(f"/api/v1/jobs/{job['id']}/logs").text,
+        what="its log",
+    )
+    with open("/dev/full", "w") as full:
+        for args in (("status",), ("status", job["id"]), ("logs", job["id"]), ("devices",)):
+            result = towerboard_with_stdout(full.fileno(), *args, url=service.base_url)
+            assert result.returncode == 1, (args, result.stderr)
+            assert result.stderr == (
+                "towerboard: error: cannot write to standard output: No space left on device\n"
+            ), args
+
+
+def test_a_change_made_is_said_whatever_becomes_of_stdout(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # `towerboard submit spec.json | true` ended with 141 and nothing said, the job made
+    # and its id lost; `delete A B | true` deleted A alone; `submit spec.json >&-` made the
+    # job, then failed with an AttributeError traceback.
+    service = make_service(env=fake_worker_env(tmp_path))
+    service.start()
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(job_spec(name="quick")))
+
+    def jobs() -> list[dict[str, Any]]:
+        listed: list[dict[str, Any]] = service.client.get("/api/v1/jobs").json()["data"]
+        return listed
+
+    # No standard output at all: refused before anything is sent.
+    closed = towerboard_with_stdout(None, "submit", str(spec), url=service.base_url,
+                                    close_stdout=True)  # fmt: skip
+    assert closed.returncode == 2, closed.stderr
+    assert closed.stderr == (
+        "towerboard: error: standard output is closed, and the results go there; give the "
+        "command one (> /dev/null to drop them)\n"
+    )
+    assert jobs() == []
+
+    # Its reader gone: the job is made, and stderr says which; 141, as for any verb.
+    pipe = closed_pipe()
+    try:
+        gone = towerboard_with_stdout(pipe, "submit", str(spec), url=service.base_url)
+    finally:
+        os.close(pipe)
+    assert gone.returncode == 141, gone.stderr
+    (made,) = jobs()
+    assert gone.stderr == f"submitted 'quick' as job {made['id']} (queued)\n"
+
+    # A full disk: the same, and the failure in one line.
+    with open("/dev/full", "w") as full:
+        failed = towerboard_with_stdout(full.fileno(), "submit", str(spec), url=service.base_url)
+    assert failed.returncode == 1, failed.stderr
+    second = jobs()[0]
+    assert second["id"] != made["id"]
+    assert failed.stderr == (
+        f"submitted 'quick' as job {second['id']} (queued)\n"
+        "towerboard: error: cannot write the results to standard output (No space left on "
+        "device): what was done is said above\n"
+    )
+
+    # A batch goes on to its end, saying on stderr what stdout would have said.
+    for job in (made, second):
+        service.wait_state(job["id"], "succeeded")
+        service.wait_exited(job["id"])
+    pipe = closed_pipe()
+    try:
+        deleted = towerboard_with_stdout(
+            pipe, "delete", made["id"], second["id"], url=service.base_url
+        )
+    finally:
+        os.close(pipe)
+    assert deleted.returncode == 141, deleted.stderr
+    assert deleted.stderr == f"{made['id']} deleted\n{second['id']} deleted\n"
+    assert jobs() == []
+
+
 def test_token_from_environment(make_service: Callable[..., Service]) -> None:
     secured = make_service(env={"TOWERBOARD_TOKEN": "cli-token"})
     secured.start()

@@ -495,6 +495,28 @@ def test_cli_writes_a_download_to_stdout(shared: tuple[Service, str, Path], tmp_
         assert any(name.endswith(".index") for name in archive.getnames())
 
 
+def test_cli_download_to_a_stdout_that_takes_nothing_more_is_one_line(
+    shared: tuple[Service, str, Path],
+) -> None:
+    # `export ID -o - > /dev/full`: an OSError traceback.
+    service, job_id, _ = shared
+    env = {k: v for k, v in os.environ.items() if k not in ("TOWERBOARD_TOKEN", "TOWERBOARD_URL")}
+    for args, name in (
+        (["export", job_id], f"{job_id}-export.tar.gz"),
+        (["checkpoints", job_id, "--download", "20"], f"{job_id}-ckpt-20.tar.gz"),
+    ):
+        with open("/dev/full", "wb") as full:
+            result = subprocess.run(
+                [sys.executable, "-m", "service.cli", *args, "-o", "-", "--url", service.base_url],
+                cwd=ROOT, env=env, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120,
+            )  # fmt: skip
+        assert result.returncode == 1, result.stderr
+        assert result.stderr == (
+            f"towerboard: error: cannot write the download of {name} to standard output (No "
+            "space left on device); what was written is incomplete\n"
+        )
+
+
 def test_cli_names_a_file_given_as_the_folder_to_save_into(
     shared: tuple[Service, str, Path], tmp_path: Path
 ) -> None:

@@ -71,6 +71,11 @@ class PartFile:
     def held(self) -> int:
         """Bytes in the part."""
         self.file.flush()
+        return self.on_disk()
+
+    def on_disk(self) -> int:
+        """Bytes in the part's file, without those still in its buffer (which a full disk
+        keeps from it)."""
         return os.fstat(self.file.fileno()).st_size
 
     def restart(self, etag: str | None) -> None:
@@ -78,9 +83,12 @@ class PartFile:
         self.file.truncate(0)
         if etag is None:
             self.tag_path.unlink(missing_ok=True)
-        else:
+            return
+        try:
             # Written before any byte: a part never holds bytes of another ETag than its own.
             self.tag_path.write_text(etag + "\n", encoding="utf-8")
+        except OSError as error:  # a write's error names no file: this one is the tag's
+            raise OSError(error.errno, error.strerror, str(self.tag_path)) from error
 
     def write(self, data: bytes) -> None:
         self.file.write(data)
@@ -94,10 +102,13 @@ class PartFile:
         return self.target
 
     def close(self) -> None:
-        """Let go of the part; an empty one is removed (there is nothing to resume)."""
+        """Let go of the part; an empty one is removed, with its tag (there is nothing to
+        resume)."""
+        with contextlib.suppress(OSError):  # the disk that failed the last write fails it again
+            self.file.flush()
         try:
-            empty = not self.finished and self.held() == 0
-        except OSError:  # the disk that failed the last write fails the flush again
+            empty = not self.finished and self.on_disk() == 0
+        except OSError:
             empty = False
         with contextlib.suppress(OSError):
             self.file.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -20,6 +21,12 @@ _DOWNLOAD_TIMEOUT = httpx.Timeout(300.0, connect=5.0)
 
 
 _SEPARATORS = tuple(sep for sep in ("/", os.sep, os.altsep) if sep)
+
+
+def run_again(name: str) -> str:
+    """How to resume a stopped download of the archive `name`, as the end of a sentence:
+    the command that was run resumes it when it fetches the same archive again."""
+    return "run the same command again to resume"
 
 
 def _attachment_name(response: httpx.Response, fallback: str) -> str:
@@ -78,13 +85,22 @@ def _check_free(target: Path, force: bool) -> None:
 
 
 def download(
-    client: Client, path: str, fallback_name: str, output: str | None, *, force: bool = False
+    client: Client,
+    path: str,
+    fallback_name: str,
+    output: str | None,
+    *,
+    force: bool = False,
+    resume: Callable[[str], str] = run_again,
 ) -> Path:
     """GET `path` into a file: `output`, or into the folder `output` names (made if need
     be), or ./ under the name the service gives. The bytes go to `TARGET.part`, renamed to
     TARGET once all have come; a part left by a download that stopped is resumed (a
     `Range` for the rest, with `If-Range` its ETag, kept in `TARGET.part.etag`). A TARGET
-    already there is refused unless `force`. Progress on stderr when it is a terminal."""
+    already there is refused unless `force`. Progress on stderr when it is a terminal.
+
+    A download that stops (cut off, interrupted, its disk full) says what it kept, and
+    `resume(NAME)` how to resume it, NAME being the archive's as the service named it."""
     head = _head(client, path)
     name = _attachment_name(head, fallback_name) if head is not None else fallback_name
     target = _target(output, name)
@@ -155,7 +171,7 @@ def download(
         if total is not None and part.held() != total:
             raise ClientError(
                 f"the download of {name} ended at {show.data_size(part.held())} of {show.data_size(total)}"
-                f"{_kept(part)}"
+                f"{_kept(part, resume(name))}"
             )
         return part.finish()
     except PartInUse as error:
@@ -165,15 +181,15 @@ def download(
             raise client.lost(error, "GET", path) from error
         raise ClientError(
             f"the download of {name} was cut off at {show.data_size(part.held())} of {show.data_size(total)} "
-            f"({error.__class__.__name__}: {error}){_kept(part)}",
+            f"({error.__class__.__name__}: {error}){_kept(part, resume(name))}",
             EXIT_UNREACHABLE,
         ) from error
     except KeyboardInterrupt:
-        if note := _kept(part):
+        if note := _kept(part, resume(name)):
             sys.stderr.write(f"\ninterrupted{note}\n")
         raise
-    except OSError as error:
-        raise ClientError(f"cannot write {target}: {error.strerror or error}") from error
+    except OSError as error:  # of the disk: full, read-only, not ours to write
+        raise ClientError(f"{_cannot(error, part, target)}{_kept(part, resume(name))}") from error
     finally:
         if part is not None:
             part.close()
@@ -238,17 +254,30 @@ def _with_stale_part(error: ClientError, response: httpx.Response, target: Path)
     )
 
 
-def _kept(part: PartFile | None) -> str:
-    """What a stopped download leaves to resume from, as the end of a sentence."""
+def _cannot(error: OSError, part: PartFile | None, target: Path) -> str:
+    """What a download could not do on its disk, naming the file it could not write: the
+    part (or its tag) as often as not, which the final name alone left unsaid."""
+    why = error.strerror or str(error)
+    if error.filename2 is not None:
+        return f"cannot rename {error.filename} to {error.filename2}: {why}"
+    where = error.filename if error.filename is not None else part.path if part else target
+    if Path(where) in target.parents:
+        return f"cannot make the folder {where}: {why}"
+    return f"cannot write {where}: {why}"
+
+
+def _kept(part: PartFile | None, how: str) -> str:
+    """What a stopped download leaves to resume from, and `how` to, as the end of a
+    sentence."""
     if part is None or part.finished or not part.tag_path.exists():
         return ""
     try:
         held = part.held()
-    except OSError:
-        return ""
+    except OSError:  # the disk that failed a write fails the flush: what reached it
+        held = part.on_disk()
     if not held:
         return ""
-    return f"; {show.data_size(held)} kept in {part.path}: run the same command again to resume"
+    return f"; {show.data_size(held)} kept in {part.path}: {how}"
 
 
 class _DownloadProgress:

@@ -36,7 +36,7 @@ from service.client.common import (
     OutputLost,
 )
 from service.client.display import watch
-from service.client.downloads import download, download_to_stdout
+from service.client.downloads import download, download_to_stdout, run_again
 
 _TENSORBOARD_READY_SECONDS = 180.0  # it imports TensorFlow: slow on a busy host
 _LOG_POLL_SECONDS = 1.0
@@ -379,19 +379,21 @@ def delete(client: Client, args: argparse.Namespace) -> int:
     return EXIT_FAILED if refused else EXIT_OK
 
 
-def _resume_by_step(error: ClientError, args: argparse.Namespace) -> ClientError:
-    """A cut-off `--download latest` resumes only by its step: run again, `latest` may be
-    a newer checkpoint by then, which would come whole and leave the part behind."""
-    again = ": run the same command again to resume"
-    step = re.search(r"the download of \S+-ckpt-(\d+)\.tar\.gz ", error.message)
-    if step is None or not error.message.endswith(again):
-        return error
-    command = f"towerboard checkpoints {args.id} --download {step[1]}"
-    if args.output:
-        command += f" -o {shlex.quote(args.output)}"
-    return ClientError(
-        f"{error.message.removesuffix(again)}: resume it with `{command}`", error.code
-    )
+def _resume_by_step(args: argparse.Namespace) -> Callable[[str], str]:
+    """How a stopped `--download latest` of the archive NAME resumes: by its step. Run
+    again, `latest` may be a newer checkpoint by then, which would come whole and leave
+    the part behind."""
+
+    def resume(name: str) -> str:
+        step = re.fullmatch(r"\S+-ckpt-(\d+)\.tar\.gz", name)
+        if step is None:
+            return run_again(name)
+        command = f"towerboard checkpoints {args.id} --download {step[1]}"
+        if args.output:
+            command += f" -o {shlex.quote(args.output)}"
+        return f"resume it with `{command}`"
+
+    return resume
 
 
 def _save_archive(
@@ -403,16 +405,17 @@ def _save_archive(
     *,
     saved: str | None = None,
     then: str = "",
+    resume: Callable[[str], str] = run_again,
 ) -> int:
     """Download the archive at `route`: with `-o -` to stdout, else to a file (`-o`'s path,
     or `name`) whose path goes to stdout. Stderr says where it went and its size: "wrote
     `what` to stdout (SIZE)", or "saved `saved` (default: `what`) to PATH (SIZE)" and
-    `then`."""
+    `then`. `resume`: how a download that stopped resumes (see `download`)."""
     if args.output == "-":
         written = download_to_stdout(client, route, name)
         sys.stderr.write(f"wrote {what} to stdout ({show.data_size(written)})\n")
         return EXIT_OK
-    path = download(client, route, name, args.output, force=args.force)
+    path = download(client, route, name, args.output, force=args.force, resume=resume)
     size = show.data_size(path.stat().st_size)
     sys.stderr.write(f"saved {saved or what} to {path} ({size}){then}\n")
     _result(f"{path}\n", echo=False)  # the line above says it
@@ -441,14 +444,15 @@ def checkpoints(client: Client, args: argparse.Namespace) -> int:
             f"/api/v1/jobs/{args.id}/checkpoints/{which}",
             f"{args.id}-ckpt-{which}.tar.gz",
         )
-        try:
-            return _save_archive(client, route, name, args, "the checkpoint", saved="checkpoint")
-        except ClientError as error:
-            # Only a file's cut-off download says how to resume; stdout keeps nothing.
-            hinted = _resume_by_step(error, args) if which == "latest" else error
-            if hinted is error:
-                raise
-            raise hinted from error
+        return _save_archive(
+            client,
+            route,
+            name,
+            args,
+            "the checkpoint",
+            saved="checkpoint",
+            resume=_resume_by_step(args) if which == "latest" else run_again,
+        )
     answer = client.get(f"/api/v1/jobs/{args.id}/checkpoints")
     if args.json:  # the API's JSON, as --help says and `status --json` gives: not its list
         _out(json.dumps(answer, indent=2) + "\n")

@@ -12,10 +12,14 @@ import fcntl
 import http.server
 import io
 import os
+import re
+import resource
+import signal
 import subprocess
 import sys
 import tarfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -351,10 +355,12 @@ def test_cli_download_never_replaces_a_file_silently(
 
 class CuttingProxy(http.server.ThreadingHTTPServer):
     """A proxy to the service that drops the connection after `cut` bytes of a GET's body,
-    as a network that fails mid-download does."""
+    as a network that fails mid-download does; with `stall`, it first waits for `go_on`
+    to be set (or 60 s), as a download that crawls."""
 
-    def __init__(self, service: Service, cut: int) -> None:
-        self.service, self.cut = service, cut
+    def __init__(self, service: Service, cut: int, *, stall: bool = False) -> None:
+        self.service, self.cut, self.stall = service, cut, stall
+        self.go_on = threading.Event()
         super().__init__(("127.0.0.1", 0), _CuttingHandler)
 
     @property
@@ -381,6 +387,9 @@ class _CuttingHandler(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             if body:
                 self.wfile.write(answer.read()[: self.server.cut])
+                self.wfile.flush()
+                if self.server.stall:
+                    self.server.go_on.wait(timeout=60)
         self.close_connection = True  # and short of its Content-Length: the client sees a cut
 
     def log_message(self, format: str, *args: object) -> None:
@@ -471,6 +480,100 @@ def test_cli_cut_short_download_of_latest_says_how_to_resume_it_by_its_step(
     resumed = towerboard(service, *command.split()[1:])
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming " in resumed.stderr and out.read_bytes() == whole
+
+
+def test_cli_interrupted_download_of_latest_says_how_to_resume_it_by_its_step(
+    shared: tuple[Service, str, Path], tmp_path: Path
+) -> None:
+    # Ctrl-C said "run the same command again to resume", which fetched whatever was
+    # latest by then, whole, leaving the interrupted part and its tag behind for good (a
+    # cut connection already named the step).
+    service, job_id, _ = shared
+    whole = service.client.get(f"/api/v1/jobs/{job_id}/checkpoints/40").content
+    cut = len(whole) // 2
+    proxy = CuttingProxy(service, cut=cut, stall=True)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    part = tmp_path / f"{job_id}-ckpt-40.tar.gz.part"
+    env = {k: v for k, v in os.environ.items() if k not in ("TOWERBOARD_TOKEN", "TOWERBOARD_URL")}
+    try:
+        running = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "checkpoints", job_id, "--download", "latest",
+             "-o", f"{tmp_path}/", "--url", proxy.url],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        # All it was sent is in, but what its file's buffer holds (8 KiB at most).
+        while not part.exists() or part.stat().st_size < cut - 8192:
+            assert running.poll() is None and time.monotonic() < deadline, running.communicate()
+            time.sleep(0.05)
+        running.send_signal(signal.SIGINT)  # Ctrl-C
+        out, err = running.communicate(timeout=60)
+    finally:
+        proxy.go_on.set()
+        proxy.shutdown()
+        proxy.server_close()
+    assert running.returncode == 130, err
+    command = f"towerboard checkpoints {job_id} --download 40 -o {tmp_path}/"
+    assert re.search(
+        rf"^interrupted; [\d.]+ KiB kept in {re.escape(str(part))}: resume it with "
+        rf"`{re.escape(command)}`$",
+        err,
+        re.M,
+    ), err
+    assert out == ""
+    assert part.stat().st_size == cut
+
+    resumed = towerboard(service, *command.split()[1:])
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming " in resumed.stderr
+    assert (tmp_path / f"{job_id}-ckpt-40.tar.gz").read_bytes() == whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{job_id}-ckpt-40.tar.gz"]
+
+
+def _limit_file_size(most: int) -> Callable[[], None]:
+    """A `preexec_fn` that limits the size of any file the process writes to `most` bytes
+    (RLIMIT_FSIZE): a write past it fails with EFBIG, as one on a full disk fails."""
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (most, most))
+
+
+def test_cli_download_its_disk_took_no_more_of_says_what_it_kept(
+    shared: tuple[Service, str, Path], tmp_path: Path
+) -> None:
+    # It said "cannot write TARGET: ..." of the file it had not got to, and left a .part
+    # and its .part.etag unsaid, which the next run resumes from.
+    service, job_id, _ = shared
+    whole = service.client.get(urls(job_id)[2]).content
+    out = tmp_path / "model.tar.gz"
+    part, saved_tag = Path(f"{out}.part"), Path(f"{out}.part.etag")
+    env = {k: v for k, v in os.environ.items() if k not in ("TOWERBOARD_TOKEN", "TOWERBOARD_URL")}
+
+    def export(most: int) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "service.cli", "export", job_id, "-o", str(out), "--url",
+             service.base_url],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+            preexec_fn=_limit_file_size(most),
+        )  # fmt: skip
+
+    full = export(300_000)
+    assert full.returncode == 1, full.stderr
+    assert full.stderr == (
+        f"towerboard: error: cannot write {part}: File too large; 293.0 KiB kept in {part}: "
+        "run the same command again to resume\n"
+    )
+    assert part.read_bytes() == whole[:300_000] and saved_tag.exists() and not out.exists()
+
+    resumed = towerboard(service, "export", job_id, "-o", str(out))
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming {job_id}-export.tar.gz at 293.0 KiB of 924.6 KiB" in resumed.stderr
+    assert out.read_bytes() == whole
+
+    # Not even the tag could be written: it names the tag, and leaves nothing behind.
+    out.unlink()
+    none = export(0)
+    assert none.returncode == 1, none.stderr
+    assert none.stderr == f"towerboard: error: cannot write {saved_tag}: File too large\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_cli_writes_a_download_to_stdout(shared: tuple[Service, str, Path], tmp_path: Path) -> None:

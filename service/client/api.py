@@ -54,14 +54,20 @@ class ReusedConnectionRetry(httpx.HTTPTransport):
             return super().handle_request(request)
 
 
-def _error_message(response: httpx.Response) -> str:
+def _service_error(response: httpx.Response) -> dict[str, Any] | None:
+    """The service's error, `{"detail": "...", "errors": [...]}` (every error it answers
+    has that shape); None for any other answer: another server's page, or a proxy's."""
     try:
         body = response.json()
     except ValueError:
-        body = None
-    if not isinstance(body, dict):
-        text = response.text.strip().splitlines()
-        return f"HTTP {response.status_code}" + (f": {text[0][:200]}" if text else "")
+        return None
+    if isinstance(body, dict) and isinstance(body.get("errors"), list) and "detail" in body:
+        return body
+    return None
+
+
+def _error_message(response: httpx.Response, body: dict[str, Any]) -> str:
+    """The service's error `body` in one line."""
     detail = str(body.get("detail") or f"HTTP {response.status_code}")
     errors = body.get("errors") or []
     if errors:
@@ -130,17 +136,37 @@ class Client:
     def check(self, response: httpx.Response) -> httpx.Response:
         if response.is_success:
             return response
+        body = _service_error(response)
+        if body is None:
+            raise ClientError(self._not_the_service(response))
         if response.status_code == 401:
             hint = (
                 "the token in TOWERBOARD_TOKEN was refused"
                 if self.has_token
                 else "the service needs a token: set TOWERBOARD_TOKEN"
             )
-            raise ClientError(f"{hint} ({_error_message(response)})")
+            raise ClientError(f"{hint} ({_error_message(response, body)})")
         # A request the service refused as it stands (a spec too large, or invalid) is
         # the person's to change: exit 2, as the docs say of a rejected spec.
         code = EXIT_USAGE if response.status_code in (413, 422) else EXIT_FAILED
-        raise ClientError(_error_message(response), code)
+        raise ClientError(_error_message(response, body), code)
+
+    def _not_the_service(self, response: httpx.Response) -> str:
+        """An error answer in another shape than the service's: another server at --url
+        (`python -m http.server`'s 404 page), or a proxy; or the service itself failing
+        in a way it did not foresee (a 500 of plain text, its log saying why)."""
+        kind = response.headers.get("content-type", "").partition(";")[0] or "no content type"
+        said = (
+            f"{self.url} answered {response.request.url.path} with HTTP "
+            f"{response.status_code} {response.reason_phrase} ({kind}), not the service's "
+            "JSON error"
+        )
+        if response.status_code in (500, 502, 503, 504):
+            return (
+                f"{said}: the service, or a proxy before it, failed unexpectedly (its log "
+                "says why), or --url (or TOWERBOARD_URL) is not a Towerboard service"
+            )
+        return f"{said}: is --url (or TOWERBOARD_URL) a Towerboard service?"
 
     def request(
         self, method: str, path: str, *, check_with: str | None = None, **kwargs: Any

@@ -759,6 +759,46 @@ def test_url_of_something_else_than_the_service_is_one_line(tmp_path: Path) -> N
         server.shutdown()
 
 
+def test_error_from_a_url_that_is_no_service_says_so(tmp_path: Path) -> None:
+    # `--url` at `python -m http.server`: "HTTP 404: <!DOCTYPE HTML>", with no word of
+    # what was wrong (the hint came only for a success that was not JSON).
+    import http.server
+    from functools import partial
+
+    class Files(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    (site := tmp_path / "site").mkdir()
+    handler = partial(Files, directory=str(site))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(job_spec()))
+    try:
+        listed = towerboard("status", url=url)
+        one = towerboard("status", "abc", url=url)
+        submitted = towerboard("submit", str(spec), url=url)
+    finally:
+        server.shutdown()
+        server.server_close()
+    for result, path in ((listed, "/api/v1/jobs"), (one, "/api/v1/jobs/abc")):
+        assert result.returncode == 1, result.stderr
+        assert one_error_line(result) == (
+            f"towerboard: error: {url} answered {path} with HTTP 404 File not found "
+            "(text/html), not the service's JSON error: is --url (or TOWERBOARD_URL) a "
+            "Towerboard service?"
+        )
+    assert submitted.returncode == 1, submitted.stderr  # not 2: no spec was judged
+    assert one_error_line(submitted) == (
+        f"towerboard: error: {url} answered /api/v1/jobs with HTTP 501 Unsupported method "
+        "('POST') (text/html), not the service's JSON error: is --url (or TOWERBOARD_URL) a "
+        "Towerboard service?"
+    )
+
+
 def test_bad_url_from_the_environment_names_the_variable() -> None:
     # It said "argument --url: ..." to someone who never gave --url.
     result = towerboard("status", url="localhost:8000")

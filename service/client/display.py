@@ -201,7 +201,11 @@ def fold_event(job: dict[str, Any], name: str, data: dict[str, Any]) -> dict[str
 class ProgressLine:
     """A one-line progress bar on a terminal; on anything else a line now and then."""
 
-    WIDTH = 24
+    WIDTH = 24  # the bar's, where the terminal has room
+    NARROWEST = 10  # a narrower bar is dropped: the percent beside it says more
+    # The parts of a line in the order a narrow terminal drops them, the first first: the
+    # figures that tell how far the job is and how long it has to go stay longest.
+    _DROPPED_FIRST = ("ex/s", "acc", "eval acc", "bar", "loss", "phase", "step", "eta", "state")
 
     def __init__(self, out: TextIO) -> None:
         self.out = out
@@ -211,38 +215,66 @@ class ProgressLine:
         self.last_state: Any = None
         self.phases_seen: set[Any] = set()
 
-    def text(self, job: dict[str, Any]) -> str:
-        p = job.get("progress") or {}
-        done = 100.0 if job.get("state") == "succeeded" else p.get("percent")
-        filled = round(self.WIDTH * (done or 0) / 100)
-        bar = "#" * filled + "-" * (self.WIDTH - filled)
-        parts = [f"[{bar}]", f"{done:5.1f}%" if isinstance(done, int | float) else "  -  "]
-        # State first: a narrow terminal cuts the end of the line.
+    @staticmethod
+    def _done(job: dict[str, Any]) -> Any:
+        return (
+            100.0 if job.get("state") == "succeeded" else (job.get("progress") or {}).get("percent")
+        )
+
+    def _bar(self, job: dict[str, Any], width: int) -> str:
+        filled = round(width * (self._done(job) or 0) / 100)
+        return "[" + "#" * filled + "-" * (width - filled) + "]"
+
+    def parts(self, job: dict[str, Any]) -> list[tuple[str, str]]:
+        """The line's parts but the bar, as (kind, text), in the order shown."""
+        p, done = job.get("progress") or {}, self._done(job)
+        parts = [("percent", f"{done:5.1f}%" if isinstance(done, int | float) else "  -  ")]
         doing, state = phase(p), job.get("state", "?")
-        parts.append(f"{state}" + (f" ({doing})" if doing and state == "running" else ""))
-        parts.append(f"step {steps(job)}")
+        parts.append(("state", state))
+        if doing and state == "running":
+            parts.append(("phase", f"({doing})"))
+        parts.append(("step", f"step {steps(job)}"))
         if p.get("loss") is not None:
-            parts.append(f"loss {number(p.get('loss'))}")
+            parts.append(("loss", f"loss {number(p.get('loss'))}"))
         if p.get("accuracy") is not None:
-            parts.append(f"acc {percent(p.get('accuracy'))}")
+            parts.append(("acc", f"acc {percent(p.get('accuracy'))}"))
         evaluation = job.get("eval") or {}
         if evaluation.get("accuracy") is not None:
-            parts.append(f"eval acc {percent(evaluation['accuracy'])}")
+            parts.append(("eval acc", f"eval acc {percent(evaluation['accuracy'])}"))
         if p.get("examples_per_sec"):
-            parts.append(f"{rate(p['examples_per_sec'])} ex/s")
+            parts.append(("ex/s", f"{rate(p['examples_per_sec'])} ex/s"))
         if state == "running" and p.get("eta_seconds") is not None:
-            parts.append(f"ETA {eta(job)}")
-        return " ".join(parts)
+            parts.append(("eta", f"ETA {eta(job)}"))
+        return parts
+
+    def text(self, job: dict[str, Any], columns: int | None = None) -> str:
+        """The bar and the parts; within `columns`, the bar narrower (down to NARROWEST)
+        and whole parts dropped (`_DROPPED_FIRST`) until it fits. Cut at the edge, it
+        ended mid-word, and the loss and ETA at the end never showed."""
+        parts = self.parts(job)
+        if columns is None:
+            return " ".join([self._bar(job, self.WIDTH), *(text for _, text in parts)])
+        dropped: set[str | None] = set()
+        for kind in (None, *self._DROPPED_FIRST):
+            dropped.add(kind)
+            rest = " ".join(text for name, text in parts if name not in dropped)
+            if "bar" not in dropped:
+                room = columns - width(rest) - 3  # the brackets, and a space
+                if room >= self.NARROWEST:
+                    return f"{self._bar(job, min(room, self.WIDTH))} {rest}"
+            elif width(rest.lstrip()) <= columns:
+                return rest.lstrip()
+        return rest.lstrip()[:columns]  # the percent alone is too wide: a few columns
 
     def update(self, job: dict[str, Any]) -> None:
-        text = self.text(job)
         if self.tty:
             # Never wider than the terminal: a wrapped line cannot be redrawn with \r.
-            text = text[: shutil.get_terminal_size().columns - 1]
+            text = self.text(job, shutil.get_terminal_size().columns - 1)
             self.out.write("\r" + text + " " * max(0, len(self.shown) - len(text)))
             self.out.flush()
             self.shown = text
             return
+        text = self.text(job)
         # A log file gets a line per state change and per phase first seen, else one per
         # 10 s: a job that checkpoints often goes from training to checkpoint and back
         # a few times a second, and a line for each would bury the rest.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import httpx
@@ -66,28 +66,32 @@ def _service_error(response: httpx.Response) -> dict[str, Any] | None:
     return None
 
 
-def _error_message(response: httpx.Response, body: dict[str, Any]) -> str:
-    """The service's error `body` in one line."""
+def _error_message(
+    response: httpx.Response, body: dict[str, Any], options: Mapping[str, str]
+) -> str:
+    """The service's error `body` in one line (`options`: see `_as_option`)."""
     detail = str(body.get("detail") or f"HTTP {response.status_code}")
     errors = body.get("errors") or []
     if errors:
         # One line: each error's own full stop would end up before a semicolon.
         fields = "; ".join(
-            f"{_as_option(str(e.get('field')))}: {str(e.get('message')).rstrip('.')}"
+            f"{_as_option(str(e.get('field')), options)}: {str(e.get('message')).rstrip('.')}"
             for e in errors
         )
         return f"{detail.removesuffix(' see `errors`.').rstrip(';')}: {fields}"
     return detail
 
 
-def _as_option(field: str) -> str:
-    """A query parameter's error as the option that sent it: `query.name.0` is `--name`,
-    `query.after_step` is `--after-step` (the API's names read as internals to a CLI user).
-    Other fields (a spec's, a body's) are said as they are."""
-    if not field.startswith("query."):
-        return field
-    name = field.removeprefix("query.").split(".")[0]
-    return f"--{name.replace('_', '-')}"
+def _as_option(field: str, options: Mapping[str, str]) -> str:
+    """A field's error as the option that sent it (the API's names read as internals to a
+    CLI user): a query parameter's by its name, `query.name.0` is `--name` and
+    `query.after_step` is `--after-step`; a body's by `options`, which maps a body field
+    to its option (`{"job_ids": "--jobs"}`: `job_ids.0` is `--jobs`). Other fields (a
+    spec's) are said as they are."""
+    if field.startswith("query."):
+        name = field.removeprefix("query.").split(".")[0]
+        return f"--{name.replace('_', '-')}"
+    return options.get(field.split(".")[0], field)
 
 
 class Client:
@@ -133,23 +137,30 @@ class Client:
             EXIT_NO_ANSWER,
         )
 
-    def check(self, response: httpx.Response) -> httpx.Response:
+    def check(
+        self, response: httpx.Response, options: Mapping[str, str] | None = None
+    ) -> httpx.Response:
+        """`response` if it is a success, else its error raised as a ClientError (with the
+        status and field errors of one the service answered). `options`: the options that
+        set the request body's fields, to name in its field errors (see `_as_option`)."""
         if response.is_success:
             return response
         body = _service_error(response)
         if body is None:
             raise ClientError(self._not_the_service(response))
-        if response.status_code == 401:
+        said = _error_message(response, body, options or {})
+        status, errors = response.status_code, body["errors"]
+        if status == 401:
             hint = (
                 "the token in TOWERBOARD_TOKEN was refused"
                 if self.has_token
                 else "the service needs a token: set TOWERBOARD_TOKEN"
             )
-            raise ClientError(f"{hint} ({_error_message(response, body)})")
+            raise ClientError(f"{hint} ({said})", status=status, errors=errors)
         # A request the service refused as it stands (a spec too large, or invalid) is
         # the person's to change: exit 2, as the docs say of a rejected spec.
-        code = EXIT_USAGE if response.status_code in (413, 422) else EXIT_FAILED
-        raise ClientError(_error_message(response, body), code)
+        code = EXIT_USAGE if status in (413, 422) else EXIT_FAILED
+        raise ClientError(said, code, status=status, errors=errors)
 
     def _not_the_service(self, response: httpx.Response) -> str:
         """An error answer in another shape than the service's: another server at --url
@@ -169,22 +180,35 @@ class Client:
         return f"{said}: is --url (or TOWERBOARD_URL) a Towerboard service?"
 
     def request(
-        self, method: str, path: str, *, check_with: str | None = None, **kwargs: Any
+        self,
+        method: str,
+        path: str,
+        *,
+        check_with: str | None = None,
+        options: Mapping[str, str] | None = None,
+        **kwargs: Any,
     ) -> httpx.Response:
-        """The service's answer, checked (`check`). `check_with`: the command that tells
-        whether a change it asked for was made, said when no answer comes (see `lost`)."""
+        """The service's answer, checked (`check`, with `options`). `check_with`: the
+        command that tells whether a change it asked for was made, said when no answer
+        comes (see `lost`)."""
         try:
             response = self.http.request(method, path, **kwargs)
         except httpx.TransportError as error:
             raise self.lost(error, method, path, check_with) from error
-        return self.check(response)
+        return self.check(response, options)
 
     def request_json(
-        self, method: str, path: str, *, check_with: str | None = None, **kwargs: Any
+        self,
+        method: str,
+        path: str,
+        *,
+        check_with: str | None = None,
+        options: Mapping[str, str] | None = None,
+        **kwargs: Any,
     ) -> tuple[httpx.Response, Any]:
         """`request`, and its body as JSON: anything else is not the service answering (a
         wrong port, or a proxy's sign-in page)."""
-        response = self.request(method, path, check_with=check_with, **kwargs)
+        response = self.request(method, path, check_with=check_with, options=options, **kwargs)
         try:
             return response, response.json()
         except ValueError:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 DEFAULT_URL = "http://127.0.0.1:8000"
 TERMINAL = ("succeeded", "failed", "cancelled")
 STATES = ("queued", "running", *TERMINAL)
@@ -21,12 +23,22 @@ LOG_OFFSET_HEADER = "X-Log-Offset"  # the logs route's "read on from here" (HTTP
 
 
 class ClientError(Exception):
-    """A failure to report as one line, with the exit code it ends the command with."""
+    """A failure to report as one line, with the exit code it ends the command with; for
+    an error the service answered, its HTTP `status` and field `errors` too."""
 
-    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+    def __init__(
+        self,
+        message: str,
+        code: int = EXIT_FAILED,
+        *,
+        status: int | None = None,
+        errors: list[dict[str, Any]] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
+        self.status = status
+        self.errors = errors or []
 
 
 class OutputLost(Exception):

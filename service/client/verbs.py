@@ -333,13 +333,13 @@ def resume(client: Client, args: argparse.Namespace) -> int:
             f"/api/v1/jobs/{args.id}/resume",
             json=body,
             check_with=f"towerboard status {args.id}",
+            options={"steps": "--steps", "epochs": "--epochs"},
         )[1]
     except ClientError as error:
         # The service's hints name the API's body ({"steps": N}); here they are options.
-        message = error.message
         for key in ("steps", "epochs"):
-            message = message.replace(f'{{"{key}": N}}', f"--{key} N")
-        raise ClientError(message, error.code) from error
+            error.message = error.message.replace(f'{{"{key}": N}}', f"--{key} N")
+        raise
     _result(f"{job['id']}\n", echo=False)  # the lines below say it
     where = (
         "from its latest checkpoint"
@@ -494,7 +494,15 @@ def tensorboard(client: Client, args: argparse.Namespace) -> int:
     body: dict[str, Any] = {"job_ids": args.jobs} if args.jobs else {}
     if args.merge:
         body["merge"] = True
-    started, board = client.request_json("POST", "/api/v1/tensorboard", json=body)
+    try:
+        started, board = client.request_json(
+            "POST",
+            "/api/v1/tensorboard",
+            json=body,
+            options={"job_ids": "--jobs", "merge": "--merge"},
+        )
+    except ClientError as error:
+        raise _unknown_jobs(error, args.jobs or []) or error from None
     # `replaced` stays in the status for the instance's life; this start did it only when
     # it started a new one (201).
     replaced = board.get("replaced") if started.status_code == 201 else None
@@ -530,6 +538,25 @@ def tensorboard(client: Client, args: argparse.Namespace) -> int:
             "could not open a web browser here (no display?); open the URL above in one\n"
         )
     return EXIT_OK
+
+
+def _unknown_jobs(error: ClientError, ids: list[str]) -> ClientError | None:
+    """The refusal of a selection naming jobs the service has not got, said as every other
+    verb says of a job id it does not know (exit 1); None for any other error. The
+    service's 422 named the body's field: `job_ids.0: Unknown job. Received: 'x'`."""
+    fields = [
+        re.fullmatch(r"job_ids\.(\d+)", str(e.get("field")))
+        if str(e.get("message")).startswith("Unknown job")
+        else None
+        for e in error.errors
+    ]
+    if error.status != 422 or not fields or not all(fields):
+        return None
+    unknown = [ids[int(field[1])] for field in fields if field and int(field[1]) < len(ids)]
+    if len(unknown) != len(fields):
+        return None
+    named = ", ".join(repr(job_id) for job_id in unknown)
+    return ClientError(f"Job{'s' if len(unknown) > 1 else ''} {named} not found.", EXIT_FAILED)
 
 
 def metrics(client: Client, args: argparse.Namespace) -> int:
@@ -569,7 +596,10 @@ def metrics(client: Client, args: argparse.Namespace) -> int:
 
 def profile(client: Client, args: argparse.Namespace) -> int:
     answer = client.request_json(
-        "POST", f"/api/v1/jobs/{args.id}/profile", json={"steps": args.steps}
+        "POST",
+        f"/api/v1/jobs/{args.id}/profile",
+        json={"steps": args.steps},
+        options={"steps": "--steps"},
     )[1]
     _result(f"{answer['job_id']} {answer['steps']}\n", echo=False)  # the line below says it
     sys.stderr.write(

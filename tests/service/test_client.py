@@ -661,6 +661,28 @@ def test_submit_to_a_stopped_service_says_the_job_may_exist(
         time.sleep(0.2)
 
 
+def test_errors_of_a_body_name_the_options_that_sent_it(
+    service: Service, watched: dict[str, Any]
+) -> None:
+    # `tensorboard --jobs nosuchjob` said "Invalid request: 1 error: job_ids.0: Unknown
+    # job. Received: 'nosuchjob'" (exit 2) where every other verb says the job is not
+    # found (exit 1); `resume ID --steps 10` named `steps`, the API's field.
+    unknown = towerboard("tensorboard", "--jobs", "nosuchjob", url=service.base_url)
+    assert unknown.returncode == 1, unknown.stderr
+    assert one_error_line(unknown) == "towerboard: error: Job 'nosuchjob' not found."
+    some = towerboard("tensorboard", "--jobs", watched["id"], "nosuch1", "nosuch2",
+                      url=service.base_url)  # fmt: skip
+    assert some.returncode == 1, some.stderr
+    assert one_error_line(some) == "towerboard: error: Jobs 'nosuch1', 'nosuch2' not found."
+
+    shorter = towerboard("resume", watched["id"], "--steps", "10", url=service.base_url)
+    assert shorter.returncode == 2, shorter.stderr
+    assert one_error_line(shorter) == (
+        "towerboard: error: Invalid request: 1 error: --steps: Expected more than 40, the "
+        "step of the job's latest checkpoint, where it resumes. Received: 10"
+    )
+
+
 def test_submit_spec_the_client_cannot_re_encode_is_judged_by_the_service(
     service: Service, tmp_path: Path
 ) -> None:

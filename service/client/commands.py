@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from service.client.common import DEFAULT_URL, STATES
+from service.client.common import DEFAULT_LIMIT, DEFAULT_URL, STATES
 
 
 def _handler(name: str) -> Callable[[argparse.Namespace], int]:
@@ -98,10 +98,9 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
     )
     p.add_argument(
         "--limit",
-        type=_count(100_000),
-        default=50,
+        type=_count(100_000),  # None when not given: `status ID` refuses it, as it lists none
         metavar="N",
-        help="most jobs to list, newest first (default 50)",
+        help=f"most jobs to list, newest first (default {DEFAULT_LIMIT})",
     )
     p.add_argument(
         "--name", metavar="TEXT", help="only jobs whose name contains TEXT, in any case of A-Z"

@@ -7,6 +7,7 @@ from typing import Any
 DEFAULT_URL = "http://127.0.0.1:8000"
 TERMINAL = ("succeeded", "failed", "cancelled")
 STATES = ("queued", "running", *TERMINAL)
+DEFAULT_LIMIT = 50  # the jobs `status` lists without --limit
 
 EXIT_OK = 0
 EXIT_FAILED = 1

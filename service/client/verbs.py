@@ -22,6 +22,7 @@ from service.client import display as show
 from service.client.api import Client
 from service.client.commands import parse_url
 from service.client.common import (
+    DEFAULT_LIMIT,
     DEFAULT_URL,
     EXIT_BROKEN_PIPE,
     EXIT_FAILED,
@@ -182,9 +183,26 @@ def _jobs(client: Client, limit: int, states: list[str], name: str | None) -> di
             return {**page, "data": data}
 
 
+def _refuse(given: list[str], why: str) -> None:
+    """Options given to a command that would not use them, refused (exit 2) before any
+    request, rather than left to look as if they had done something: `why` says what
+    they go with, after the options named."""
+    if given:
+        raise ClientError(
+            f"{', '.join(given)} {'goes' if len(given) == 1 else 'go'} with {why}", EXIT_USAGE
+        )
+
+
 def status(client: Client, args: argparse.Namespace) -> int:
     """One job's details with an ID, else the table of jobs."""
-    return _status_of_job(client, args) if args.id else _status_table(client, args)
+    if args.id:
+        unused = (("--state", args.state), ("--limit", args.limit), ("--name", args.name))
+        _refuse(
+            [option for option, value in unused if value is not None],
+            f"the list of jobs (status without an ID); status {args.id} shows that one job",
+        )
+        return _status_of_job(client, args)
+    return _status_table(client, args)
 
 
 def _status_of_job(client: Client, args: argparse.Namespace) -> int:
@@ -234,7 +252,7 @@ def _status_of_job(client: Client, args: argparse.Namespace) -> int:
 
 def _status_table(client: Client, args: argparse.Namespace) -> int:
     """The jobs, newest first, a row each (`--limit`, `--state`, `--name`)."""
-    page = _jobs(client, args.limit, args.state or [], args.name)
+    page = _jobs(client, args.limit or DEFAULT_LIMIT, args.state or [], args.name)
     if args.json:
         _out(json.dumps(page, indent=2) + "\n")
         return EXIT_OK
@@ -433,6 +451,10 @@ def checkpoints(client: Client, args: argparse.Namespace) -> int:
             EXIT_USAGE,
         )
     if args.download is not None:
+        _refuse(
+            ["--json"] if args.json else [],
+            "the list of checkpoints (without --download); a download is the archive itself",
+        )
         which = args.download
         if which != "latest" and not (which.isascii() and which.isdigit()):
             raise ClientError(
@@ -562,6 +584,7 @@ def _unknown_jobs(error: ClientError, ids: list[str]) -> ClientError | None:
 def metrics(client: Client, args: argparse.Namespace) -> int:
     """CSV on stdout, a row per step and a column per series (empty where a series has no
     point at that step: eval runs less often), or the API's JSON."""
+    _refuse(["--no-header"] if args.json and args.no_header else [], "the CSV; --json has none")
     params: dict[str, Any] = {"name": args.name or []}
     if args.after_step is not None:
         params["after_step"] = args.after_step

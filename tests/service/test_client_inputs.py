@@ -61,3 +61,25 @@ def test_help_lists_the_exit_codes_and_the_variables(capsys: pytest.CaptureFixtu
     assert listed == {value for name, value in vars(common).items() if name.startswith("EXIT_")}
     assert re.search(r"^  4    a request was sent and no answer came", out, re.M), out
     assert "$TOWERBOARD_URL" in out and "$TOWERBOARD_TOKEN" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["status", "abc", "--state", "failed", "--limit", "5"], "--state, --limit go with the "
+         "list of jobs (status without an ID); status abc shows that one job"),
+        (["status", "abc", "--name", "x"], "--name goes with the list of jobs (status without "
+         "an ID); status abc shows that one job"),
+        (["checkpoints", "abc", "--download", "latest", "--json"], "--json goes with the list "
+         "of checkpoints (without --download); a download is the archive itself"),
+        (["metrics", "abc", "--json", "--no-header"], "--no-header goes with the CSV; --json "
+         "has none"),
+    ],
+)  # fmt: skip
+def test_options_the_command_would_not_use_are_usage_errors(
+    args: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Each was ignored without a word: `status ID --state failed` showed the job whatever
+    # its state. Refused before anything is sent (the service here is nowhere).
+    assert main([*args, "--url", NOWHERE]) == 2
+    assert capsys.readouterr().err == f"towerboard: error: {said}\n"

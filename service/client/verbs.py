@@ -429,6 +429,13 @@ def _save_archive(
     or `name`) whose path goes to stdout. Stderr says where it went and its size: "wrote
     `what` to stdout (SIZE)", or "saved `saved` (default: `what`) to PATH (SIZE)" and
     `then`. `resume`: how a download that stopped resumes (see `download`)."""
+    if args.output == "-" and sys.stdout.isatty():
+        # Its bytes would fill the screen with gzip, and leave the terminal in a mess.
+        raise ClientError(
+            "-o - writes the archive's bytes to standard output, which is a terminal here: "
+            "pipe it (| tar xz) or redirect it (> FILE), or give -o a path",
+            EXIT_USAGE,
+        )
     if args.output == "-":
         written = download_to_stdout(client, route, name)
         sys.stderr.write(f"wrote {what} to stdout ({show.data_size(written)})\n")

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import pty
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from service.cli import main
 from service.client import common
+from tests.service.harness import ROOT
 
 NOWHERE = "http://127.0.0.1:9"  # nothing listens: a request would exit 3
 
@@ -83,3 +88,22 @@ def test_options_the_command_would_not_use_are_usage_errors(
     # its state. Refused before anything is sent (the service here is nowhere).
     assert main([*args, "--url", NOWHERE]) == 2
     assert capsys.readouterr().err == f"towerboard: error: {said}\n"
+
+
+@pytest.mark.parametrize("verb", [["export", "abc"], ["checkpoints", "abc", "--download", "40"]])
+def test_an_archive_to_a_terminal_is_refused(verb: list[str]) -> None:
+    # `export ID -o -` on a terminal filled it with gzip's bytes.
+    controller, terminal = pty.openpty()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "service.cli", *verb, "-o", "-", "--url", NOWHERE],
+            cwd=ROOT, stdout=terminal, stderr=subprocess.PIPE, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        os.close(terminal)
+        os.close(controller)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        "towerboard: error: -o - writes the archive's bytes to standard output, which is a "
+        "terminal here: pipe it (| tar xz) or redirect it (> FILE), or give -o a path\n"
+    )

@@ -181,6 +181,24 @@ exit codes of the client verbs:
 """
 
 
+class _Version(argparse.Action):
+    """`--version`: the installed package's version, looked up only when asked for (the
+    metadata lookup would otherwise slow every start, `serve`'s included)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            number = version("towerboard")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            number = "unknown (not installed)"
+        sys.stdout.write(f"towerboard {number}\n")  # as argparse's own version action
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="towerboard",
@@ -191,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Also before the verb (`towerboard --url URL status`, as the README's "--url" reads):
     # argparse otherwise took the URL for the verb and said it was no verb. Its own dest,
     # since a verb's `--url` default (None) would overwrite one set here.
+    parser.add_argument("--version", action=_Version)
     parser.add_argument(
         "--url",
         dest="top_url",

@@ -107,3 +107,12 @@ def test_an_archive_to_a_terminal_is_refused(verb: list[str]) -> None:
         "towerboard: error: -o - writes the archive's bytes to standard output, which is a "
         "terminal here: pipe it (| tar xz) or redirect it (> FILE), or give -o a path\n"
     )
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"towerboard {version('towerboard')}\n"

@@ -287,6 +287,12 @@ def logs(client: Client, args: argparse.Namespace) -> int:
     path = f"/api/v1/jobs/{args.id}/logs"
     response = client.request("GET", path, params={"tail": args.tail})
     _out(response.text)
+    if not response.text and client.job(args.id)["state"] == "queued":
+        # Nothing printed, and nothing said: it read as a worker that had logged nothing.
+        following = "; following it from when it starts" if args.follow else ""
+        sys.stderr.write(
+            f"job {args.id} is queued: it has not started, so it has no log yet{following}\n"
+        )
     if not args.follow:
         return EXIT_OK
     # Read on from where the last read ended (the service says where), so every line

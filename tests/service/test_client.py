@@ -407,6 +407,13 @@ def test_cancel_queued_and_running_jobs(
     waiting = towerboard("status", queued["id"], url=service.base_url)
     assert waiting.returncode == 0, waiting.stderr
     assert re.search(r"^devices\s{2,}none yet \(1 tower\)$", waiting.stdout, re.M), waiting.stdout
+    # Its log is empty, and said to be for a reason (it printed nothing, and said nothing).
+    no_log = towerboard("logs", queued["id"], url=service.base_url)
+    assert no_log.returncode == 0, no_log.stderr
+    assert no_log.stdout == ""
+    assert no_log.stderr == (
+        f"job {queued['id']} is queued: it has not started, so it has no log yet\n"
+    )
     cancelled = towerboard("cancel", queued["id"], url=service.base_url)
     assert cancelled.returncode == 0, cancelled.stderr
     assert cancelled.stdout == f"{queued['id']} cancelled\n"

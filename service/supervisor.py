@@ -181,10 +181,11 @@ class Supervisor:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
+            # Never let one bad tick stop supervision. What a tick does outside its parts'
+            # guards is read the store's running jobs: a store that fails them all fails
+            # each tick alike, logged once (not five times a second) while it does.
+            with self._guard(("", "tick"), "A supervisor tick"):
                 self.tick()
-            except Exception:  # never let one bad tick stop supervision
-                log.exception("Supervisor tick failed; retrying")
             self._wake.wait(self._settings.poll_seconds)
             self._wake.clear()
 

@@ -1189,3 +1189,35 @@ def test_job_marked_running_whose_worker_never_started_runs_again(
     finally:
         kill_processes_under(settings.runs_dir / job.id)
         store.close()
+
+
+def test_a_store_that_fails_every_tick_is_logged_once_until_it_works_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A tick reads the store's running jobs outside its parts' guards. A store that
+    # refused that read (a locked or failing database) logged a full traceback each tick,
+    # five times a second, for as long as it did.
+    caplog.set_level(logging.INFO, logger="service.supervisor")
+    settings = Settings(data_dir=tmp_path / "data", poll_seconds=0.02).resolved()
+    store = JobStore(settings.db_path)
+    ticks = 0
+    running = store.running
+
+    # The fault is injected into the store: its read of the running jobs fails.
+    def refused() -> list[JobRecord]:
+        nonlocal ticks
+        ticks += 1
+        raise sqlite3.OperationalError("disk I/O error")
+
+    supervisor = in_process(settings, store)
+    try:
+        supervisor.start()  # its recovery reads the store before the fault is injected
+        monkeypatch.setattr(store, "running", refused)
+        _wait_until(lambda: ticks >= 10, "ten ticks")
+        failed = "A supervisor tick failed; retrying each tick, logged again if it changes"
+        assert caplog.messages.count(failed) == 1
+        monkeypatch.setattr(store, "running", running)
+        _wait_until(lambda: "A supervisor tick works again" in caplog.messages, "a good tick")
+    finally:
+        supervisor.stop()
+        store.close()

@@ -86,10 +86,14 @@ class _Tail:
 
 @dataclass
 class _Exiting:
-    """A worker whose job is over (it wrote result.json) and whose process has not ended."""
+    """A worker whose job is over (it wrote result.json, and the store took the job's end)
+    and whose exit the store has not yet recorded: until it has, `devices` are listed as
+    held (`held_after_their_jobs`) and a resume or delete of the job waits."""
 
     job_id: str
-    worker: Worker | None  # None: gone already as this service started, not yet recorded
+    # None: gone already as this service started, its exit not yet recorded (the store
+    # refused it): its devices stay listed as held until it is, as the store says.
+    worker: Worker | None
     devices: list[str]
     since: float
 
@@ -211,9 +215,10 @@ class Supervisor:
                     pid=exiting.get("pid"),
                     started=exiting.get("pid_started"),
                 )
-                # Its grace starts again (this service never saw it begin); one gone holds
-                # nothing, and is recorded so by the reaping below.
-                devices = list(exiting.get("devices") or []) if worker is not None else []
+                # Its grace starts again (this service never saw it begin). One gone is
+                # recorded so by the reaping below; its devices are listed as held until
+                # the store has it (a resume or delete waits until then), as it says.
+                devices = list(exiting.get("devices") or [])
                 self._exiting[job.id] = _Exiting(job.id, worker, devices, time.monotonic())
         self._reap_exiting()
 
@@ -329,8 +334,17 @@ class Supervisor:
             # The end line, written before result.json.
             if not self._stored_or_given_up(job.id, stored=self._read_all_progress(job.id)):
                 return
+            # Listed as held before its end is published, so no client sees them free while
+            # the process holds them.
             self._exiting[job.id] = _Exiting(job.id, worker, list(job.devices), time.monotonic())
-            self._ended(job, told, killed=False, exiting=worker)
+            try:
+                self._ended(job, told, killed=False, exiting=worker)
+            except Exception:
+                # Its job is not over (the store refused its end): `_watch` tries again next
+                # pass. Left here, the reaping took its exit for an ended job's, and sent
+                # `exited` while the job was still running.
+                del self._exiting[job.id]
+                raise
 
     def _told_exit(self, job: JobRecord) -> WorkerExit | None:
         """The exit a running worker's result.json announces, when that ends its job (not a

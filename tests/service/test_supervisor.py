@@ -21,6 +21,7 @@ import pytest
 
 from service import supervisor as supervisor_module
 from service.devices import DevicePool
+from service.events import JobEvent
 from service.settings import Settings
 from service.store import JobRecord, JobState, JobStore
 from service.supervisor import Supervisor
@@ -1083,15 +1084,74 @@ def test_restart_goes_on_past_an_exited_worker_the_store_cannot_record(
         raise sqlite3.OperationalError("database or disk is full")
 
     monkeypatch.setattr(store, "exited", refused)
-    supervisor = in_process(settings, store)
+    events: list[JobEvent] = []
+    supervisor = Supervisor(
+        settings=settings, store=store, pool=DevicePool.from_settings(settings),
+        publish=events.append,
+    )  # fmt: skip
     supervisor.recover()
     assert store.get(job.id).exiting == exiting  # type: ignore[union-attr]
-    assert supervisor.held_after_their_jobs() == {}, "a gone worker holds no device"
+    # Held, as the store says, until it has the exit: a devices list that showed the
+    # device free had a resume or delete of the job wait, then refused.
+    assert supervisor.held_after_their_jobs() == {"cpu:0": job.id}
+    assert events == []
 
     monkeypatch.setattr(store, "exited", exited)
     supervisor.tick()
     assert store.get(job.id).exiting is None  # type: ignore[union-attr]
+    assert supervisor.held_after_their_jobs() == {}
+    assert [(e.event, e.data) for e in events] == [("exited", {"id": job.id, "devices": ["cpu:0"]})]
     store.close()
+
+
+def test_a_job_whose_end_the_store_refuses_sends_no_exited_while_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A worker that wrote its result and lingers, its job's end refused by the store: its
+    # exit was taken for an ended job's, and `exited` went out (on the job's own stream
+    # too) while the job was still running, before its `succeeded`.
+    for name, value in fake_worker_env(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    settings = Settings(data_dir=tmp_path / "data").resolved()
+    store = JobStore(settings.db_path)
+    job = store.create(JobSpec.model_validate(job_spec(name="linger")).model_dump(mode="json"))
+    run = settings.runs_dir / job.id
+    events: list[JobEvent] = []
+    supervisor = Supervisor(
+        settings=settings, store=store, pool=DevicePool.from_settings(settings),
+        publish=events.append,
+    )  # fmt: skip
+    finish = store.finish
+
+    # The fault is injected into the store: its `finish` fails.
+    def refused(*args: Any, **kwargs: Any) -> bool:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    try:
+        monkeypatch.setattr(store, "finish", refused)
+
+        def ticked_to_a_result() -> bool:
+            supervisor.tick()
+            return (run / "result.json").exists()
+
+        _wait_until(ticked_to_a_result, "a result")
+        supervisor.tick()  # its end, refused
+        assert supervisor.held_after_their_jobs() == {}, "a running job's devices, held over"
+        (run / "release").touch()
+        _wait_until(lambda: not processes_under(run), "its exit")
+        supervisor.tick()
+        assert [e.event for e in events if e.event == "exited"] == []
+
+        monkeypatch.setattr(store, "finish", finish)
+        supervisor.tick()
+        ended = store.get(job.id)
+        assert ended is not None and ended.state is JobState.SUCCEEDED
+        states = [e.data["state"] for e in events if e.event == "state"]
+        assert states[-1] == "succeeded" and "exited" not in [e.event for e in events]
+    finally:
+        (run / "release").touch()
+        kill_processes_under(run)
+        store.close()
 
 
 def test_worker_whose_pid_the_store_refused_is_watched_and_cancelled(

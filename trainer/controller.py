@@ -647,10 +647,7 @@ class Controller:
             text = self.rundir.take_profile_request()
             if text is None:
                 return
-            request = json_object(text)
-            if request is None:
-                raise ValueError("no JSON object")
-            steps = int(request.get("steps", PROFILE_STEPS_DEFAULT))
+            steps = int((json_object(text) or {}).get("steps", PROFILE_STEPS_DEFAULT))
         # A hand-written file is never fatal: `{"steps": 1e400}` is an OverflowError.
         except (ValueError, TypeError, OverflowError, OSError):
             steps = PROFILE_STEPS_DEFAULT

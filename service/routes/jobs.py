@@ -64,7 +64,7 @@ from service.series import Row
 from service.settings import Settings
 from service.store import ATTEMPT_FIELDS, JobRecord, JobState
 from service.workers import worker_pythonpath
-from trainer.rundir import RunDir, write_json_atomic
+from trainer.rundir import RunDir, json_object, write_json_atomic
 from trainer.spec import field_errors, options_not_read, without_unread
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -487,9 +487,10 @@ def _pending_trace_steps(run: RunDir) -> int | None:
     if not inside(run.root, run.profile_request):
         return None
     try:
-        steps = json.loads(run.profile_request.read_text()).get("steps")
-    except (OSError, ValueError, AttributeError):
+        request = json_object(run.profile_request.read_bytes()) or {}
+    except OSError:
         return None
+    steps = request.get("steps")
     return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
 
 

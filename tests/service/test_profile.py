@@ -109,6 +109,11 @@ def test_profile_twice_before_worker_takes_it_traces_the_larger(
     third = service.client.post(path, json={"steps": 80})
     assert third.json()["steps"] == 80
     assert json.loads(request.read_text()) == {"steps": 80}
+    # One the service did not write (a custom model's code runs in the run directory):
+    # brackets nested thousands deep raised a RecursionError, a 500.
+    request.write_text('{"steps": ' + "[" * 100_000)
+    fourth = service.client.post(path, json={"steps": 3})
+    assert fourth.status_code == 202 and fourth.json()["steps"] == 3
 
 
 def test_profile_job_stopping_409(make_service: Callable[..., Service], tmp_path: Path) -> None:

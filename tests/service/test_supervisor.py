@@ -1201,7 +1201,8 @@ def test_worker_whose_pid_the_store_refused_is_watched_and_cancelled(
         assert store.request_cancel(job.id)
         ended = _tick_until_ended(supervisor, store, job.id)
         assert (ended.state, ended.devices) == (JobState.CANCELLED, [])
-        assert processes_under(run) == []
+        # Ended at its result.json: the process may still be exiting for a moment.
+        _wait_until(lambda: processes_under(run) == [], "its exit")
     finally:
         kill_processes_under(run)
         store.close()

@@ -568,12 +568,30 @@ def test_restart_finds_a_worker_whose_pid_was_never_stored(
     assert worker_pids(service, job_id) == []
 
 
-def in_process(settings: Settings, store: JobStore) -> Supervisor:
+def in_process(
+    settings: Settings, store: JobStore, publish: Callable[[JobEvent], None] = lambda _: None
+) -> Supervisor:
     """A supervisor in this process over a real store, as a service would make it."""
     return Supervisor(
         settings=settings, store=store, pool=DevicePool.from_settings(settings),
-        publish=lambda _: None,
+        publish=publish,
     )  # fmt: skip
+
+
+def with_fake_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **settings: Any
+) -> tuple[Settings, JobStore]:
+    """Settings and a real store under `tmp_path`, whose workers are the harness's fake
+    ones (FAKE_WORKER: a job's name says what its worker does)."""
+    for name, value in fake_worker_env(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    resolved = Settings(data_dir=tmp_path / "data", **settings).resolved()
+    return resolved, JobStore(resolved.db_path)
+
+
+def created(store: JobStore, name: str) -> JobRecord:
+    """A queued job named `name` (for a fake worker, what it does)."""
+    return store.create(JobSpec.model_validate(job_spec(name=name)).model_dump(mode="json"))
 
 
 def test_stop_signal_stops_starting_workers(
@@ -985,15 +1003,8 @@ def test_exiting_worker_whose_exit_the_store_refuses_holds_back_no_other_job(
     # guard: one the store refused stopped the whole pass (no progress, cancels, ends or
     # starts for any job), every pass, its traceback logged five times a second.
     caplog.set_level(logging.INFO, logger="service.supervisor")
-    for name, value in fake_worker_env(tmp_path).items():
-        monkeypatch.setenv(name, value)
-    settings = Settings(data_dir=tmp_path / "data", cpu_jobs=2).resolved()
-    store = JobStore(settings.db_path)
-
-    def create(name: str) -> JobRecord:
-        return store.create(JobSpec.model_validate(job_spec(name=name)).model_dump(mode="json"))
-
-    lingers, sleepy = create("linger"), create("sleepy")  # see FAKE_WORKER
+    settings, store = with_fake_workers(tmp_path, monkeypatch, cpu_jobs=2)
+    lingers, sleepy = created(store, "linger"), created(store, "sleepy")  # see FAKE_WORKER
     supervisor = in_process(settings, store)
     try:
         ended = _tick_until_ended(supervisor, store, lingers.id)  # starts both
@@ -1085,10 +1096,7 @@ def test_restart_goes_on_past_an_exited_worker_the_store_cannot_record(
 
     monkeypatch.setattr(store, "exited", refused)
     events: list[JobEvent] = []
-    supervisor = Supervisor(
-        settings=settings, store=store, pool=DevicePool.from_settings(settings),
-        publish=events.append,
-    )  # fmt: skip
+    supervisor = in_process(settings, store, events.append)
     supervisor.recover()
     assert store.get(job.id).exiting == exiting  # type: ignore[union-attr]
     # Held, as the store says, until it has the exit: a devices list that showed the
@@ -1110,17 +1118,11 @@ def test_a_job_whose_end_the_store_refuses_sends_no_exited_while_it_runs(
     # A worker that wrote its result and lingers, its job's end refused by the store: its
     # exit was taken for an ended job's, and `exited` went out (on the job's own stream
     # too) while the job was still running, before its `succeeded`.
-    for name, value in fake_worker_env(tmp_path).items():
-        monkeypatch.setenv(name, value)
-    settings = Settings(data_dir=tmp_path / "data").resolved()
-    store = JobStore(settings.db_path)
-    job = store.create(JobSpec.model_validate(job_spec(name="linger")).model_dump(mode="json"))
+    settings, store = with_fake_workers(tmp_path, monkeypatch)
+    job = created(store, "linger")
     run = settings.runs_dir / job.id
     events: list[JobEvent] = []
-    supervisor = Supervisor(
-        settings=settings, store=store, pool=DevicePool.from_settings(settings),
-        publish=events.append,
-    )  # fmt: skip
+    supervisor = in_process(settings, store, events.append)
     finish = store.finish
 
     # The fault is injected into the store: its `finish` fails.
@@ -1161,14 +1163,11 @@ def test_worker_whose_pid_the_store_refused_is_watched_and_cancelled(
     # the job was running in the store and nothing watched the process. Its progress was
     # never read, a cancel never reached it and its end was never recorded: its device
     # stayed held until the service restarted.
-    for name, value in fake_worker_env(tmp_path).items():
-        monkeypatch.setenv(name, value)
-    settings = Settings(data_dir=tmp_path / "data").resolved()
-    store = JobStore(settings.db_path)
+    settings, store = with_fake_workers(tmp_path, monkeypatch)
     # The store waits 30 s for another connection's lock before it fails; here it fails at
     # once. The lock and the error are SQLite's own, through the store's own code.
     store._writer.execute("PRAGMA busy_timeout = 0")
-    job = store.create(JobSpec.model_validate(job_spec(name="sleepy")).model_dump(mode="json"))
+    job = created(store, "sleepy")
     run = settings.runs_dir / job.id
     spawn = supervisor_module.spawn_worker
     supervisor = in_process(settings, store)
@@ -1214,11 +1213,8 @@ def test_job_marked_running_whose_worker_never_started_runs_again(
     # The store failed to read a job back after marking it running, before its worker
     # started: the job sat running with no worker and nothing watching it, its device
     # held, until the service restarted.
-    for name, value in fake_worker_env(tmp_path).items():
-        monkeypatch.setenv(name, value)
-    settings = Settings(data_dir=tmp_path / "data").resolved()
-    store = JobStore(settings.db_path)
-    job = store.create(JobSpec.model_validate(job_spec(name="quick")).model_dump(mode="json"))
+    settings, store = with_fake_workers(tmp_path, monkeypatch)
+    job = created(store, "quick")
     get, mark_running = store.get, store.mark_running
     marked: list[str] = []
 

@@ -88,10 +88,11 @@ def _drop_stdout() -> None:
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def _read_spec(path: str) -> str:
-    """The spec's JSON text, checked to be a JSON object; sent as it is, so the service
-    judges each value (a number past float's range, an escape that is half a character)
-    and names its field, where re-encoding what Python parsed failed with a traceback."""
+def _read_spec(path: str) -> tuple[str, dict[str, Any]]:
+    """The spec's JSON text, and the object it holds (checked to be one). The text is what
+    is sent, as it is, so the service judges each value (a number past float's range, an
+    escape that is half a character) and names its field, where re-encoding what Python
+    parsed failed with a traceback."""
     name = "stdin" if path == "-" else path
     try:
         data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
@@ -120,14 +121,26 @@ def _read_spec(path: str) -> str:
             f"{name} is not valid JSON: {error.msg} at line {error.lineno} column {error.colno}",
             EXIT_USAGE,
         ) from error
+    # Not only JSONDecodeError (as trainer/run.load_spec): an integer of thousands of
+    # digits is a ValueError, and brackets nested thousands deep a RecursionError.
+    except ValueError as error:
+        raise ClientError(
+            f"cannot read the spec {name}: {str(error).partition(';')[0]}", EXIT_USAGE
+        ) from error
+    except RecursionError as error:
+        raise ClientError(
+            f"cannot read the spec {name}: its brackets nest too deep (a job spec nests a "
+            "few levels)",
+            EXIT_USAGE,
+        ) from error
     if not isinstance(spec, dict):
         raise ClientError(f"{name} must hold a JSON object (the job spec).", EXIT_USAGE)
-    return text
+    return text, spec
 
 
 def submit(client: Client, args: argparse.Namespace) -> int:
-    spec = _read_spec(args.spec)
-    name = json.loads(spec).get("name")
+    spec, fields = _read_spec(args.spec)
+    name = fields.get("name")
     try:
         job = client.request_json(
             "POST",

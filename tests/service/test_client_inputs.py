@@ -29,6 +29,26 @@ def test_submit_spec_with_nan_is_one_line_exit_2(
     assert err == f"towerboard: error: {spec} is not valid JSON: {constant} is not a JSON number\n"
 
 
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "its brackets nest too deep (a job spec nests a few "
+         "levels)"),
+        ('{"steps": ' + "1" * 5000 + "}", "Exceeds the limit (4300 digits) for integer string "
+         "conversion: value has 5000 digits"),
+    ],
+)  # fmt: skip
+def test_submit_spec_python_cannot_read_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, said: str
+) -> None:
+    # Valid JSON that json.loads refuses with other than JSONDecodeError: a RecursionError
+    # and a ValueError traceback, exit 1. Read before any request (the service is nowhere).
+    spec = tmp_path / "deep.json"
+    spec.write_text(text)
+    assert main(["submit", str(spec), "--url", NOWHERE]) == 2
+    assert capsys.readouterr().err == f"towerboard: error: cannot read the spec {spec}: {said}\n"
+
+
 @pytest.mark.parametrize("bad", ["abc#x", "abc?x", "a%2e", "a b", "../x"])
 def test_job_ids_that_a_url_path_cannot_carry_are_usage_errors(
     bad: str, capsys: pytest.CaptureFixture[str]

@@ -138,9 +138,21 @@ def _read_spec(path: str) -> tuple[str, dict[str, Any]]:
     return text, spec
 
 
+def _command(args: argparse.Namespace, *words: str) -> str:
+    """`towerboard WORDS` for the person to run next, quoted for a shell, with this
+    command's `--url URL` when it was given one. Not when the URL came from TOWERBOARD_URL
+    or is the default: the hint is run in the shell that ran this command, where the
+    variable (or its absence) picks the same service again, and naming it would only
+    lengthen every hint; a URL given by --url is the one that shell would not send again
+    by itself (without it, the command checks another service)."""
+    url = ["--url", args.url] if args.url else []
+    return shlex.join(["towerboard", *words, *url])
+
+
 def submit(client: Client, args: argparse.Namespace) -> int:
     spec, fields = _read_spec(args.spec)
     name = fields.get("name")
+    by_name = ["--name", name] if isinstance(name, str) else []
     try:
         job = client.request_json(
             "POST",
@@ -149,8 +161,7 @@ def submit(client: Client, args: argparse.Namespace) -> int:
             headers={"Content-Type": "application/json"},
             # A job made of a submit whose answer never came is found by its name (the
             # newest jobs come first); submitted again, it would run twice.
-            check_with="towerboard status"
-            + (f" --name {shlex.quote(name)}" if isinstance(name, str) else ""),
+            check_with=_command(args, "status", *by_name),
         )[1]
     except ClientError as error:
         if error.code == EXIT_USAGE:
@@ -159,19 +170,18 @@ def submit(client: Client, args: argparse.Namespace) -> int:
         raise
     _result(f"{job['id']}\n", echo=False)  # the next line says it
     sys.stderr.write(f"submitted {job['name']!r} as job {job['id']} ({job['state']})\n")
-    return _watch_if_asked(client, job, args.watch)
+    return _watch_if_asked(client, job, args)
 
 
-def _watch_if_asked(client: Client, job: dict[str, Any], asked: bool) -> int:
+def _watch_if_asked(client: Client, job: dict[str, Any], args: argparse.Namespace) -> int:
     """`--watch`: follow the job to its end; exit 0 only if it succeeded."""
-    if not asked:
+    if not args.watch:
         return EXIT_OK
     try:
         job = watch(client, job["id"], sys.stderr)
     except KeyboardInterrupt:
-        sys.stderr.write(
-            f"\nstopped watching; job {job['id']} goes on (towerboard cancel {job['id']})\n"
-        )
+        cancel = _command(args, "cancel", job["id"])
+        sys.stderr.write(f"\nstopped watching; job {job['id']} goes on ({cancel})\n")
         return EXIT_INTERRUPTED
     sys.stderr.write(show.summary(job) + "\n")
     return EXIT_OK if job["state"] == "succeeded" else EXIT_FAILED
@@ -334,7 +344,9 @@ def logs(client: Client, args: argparse.Namespace) -> int:
 def cancel(client: Client, args: argparse.Namespace) -> int:
     try:
         response, job = client.request_json(
-            "POST", f"/api/v1/jobs/{args.id}/cancel", check_with=f"towerboard status {args.id}"
+            "POST",
+            f"/api/v1/jobs/{args.id}/cancel",
+            check_with=_command(args, "status", args.id),
         )
     except ClientError as refused:
         if not args.wait or refused.code in (EXIT_UNREACHABLE, EXIT_NO_ANSWER):
@@ -369,7 +381,7 @@ def resume(client: Client, args: argparse.Namespace) -> int:
             "POST",
             f"/api/v1/jobs/{args.id}/resume",
             json=body,
-            check_with=f"towerboard status {args.id}",
+            check_with=_command(args, "status", args.id),
             options={"steps": "--steps", "epochs": "--epochs"},
         )[1]
     except ClientError as error:
@@ -387,7 +399,7 @@ def resume(client: Client, args: argparse.Namespace) -> int:
         f"resumed job {job['id']} as attempt {job['attempts']} ({job['state']}): it trains "
         f"on {where}\n"
     )
-    return _watch_if_asked(client, job, args.watch)
+    return _watch_if_asked(client, job, args)
 
 
 def delete(client: Client, args: argparse.Namespace) -> int:
@@ -397,7 +409,7 @@ def delete(client: Client, args: argparse.Namespace) -> int:
     for index, job_id in enumerate(ids):
         try:
             client.request(
-                "DELETE", f"/api/v1/jobs/{job_id}", check_with=f"towerboard status {job_id}"
+                "DELETE", f"/api/v1/jobs/{job_id}", check_with=_command(args, "status", job_id)
             )
         except ClientError as error:
             if error.code in (EXIT_UNREACHABLE, EXIT_NO_ANSWER):
@@ -407,7 +419,8 @@ def delete(client: Client, args: argparse.Namespace) -> int:
                 raise
             # The service's hint names the API's route; here it is a verb.
             message = error.message.replace(
-                f"(POST /api/v1/jobs/{job_id}/cancel)", f"(towerboard cancel {job_id} --wait)"
+                f"(POST /api/v1/jobs/{job_id}/cancel)",
+                f"({_command(args, 'cancel', job_id, '--wait')})",
             )
             sys.stderr.write(f"towerboard: error: {message}\n")
             refused = True
@@ -425,9 +438,8 @@ def _resume_by_step(args: argparse.Namespace) -> Callable[[str], str]:
         step = re.fullmatch(r"\S+-ckpt-(\d+)\.tar\.gz", name)
         if step is None:
             return run_again(name)
-        command = f"towerboard checkpoints {args.id} --download {step[1]}"
-        if args.output:
-            command += f" -o {shlex.quote(args.output)}"
+        output = ["-o", args.output] if args.output else []
+        command = _command(args, "checkpoints", args.id, "--download", step[1], *output)
         return f"resume it with `{command}`"
 
     return resume
@@ -654,7 +666,7 @@ def profile(client: Client, args: argparse.Namespace) -> int:
     sys.stderr.write(
         f"asked job {answer['job_id']} for a device trace of its next {answer['steps']} steps: "
         "its worker takes it within a few seconds, and it then shows in TensorBoard's profile "
-        f"tab (towerboard tensorboard --jobs {answer['job_id']} --merge)\n"
+        f"tab ({_command(args, 'tensorboard', '--jobs', answer['job_id'], '--merge')})\n"
     )
     return EXIT_OK
 

@@ -649,7 +649,7 @@ def test_submit_to_a_stopped_service_says_the_job_may_exist(
     os.kill(service.process.pid, signal.SIGSTOP)
     try:
         with pytest.raises(ClientError) as no_answer:
-            verbs.submit(client, argparse.Namespace(spec=str(spec), watch=False))
+            verbs.submit(client, argparse.Namespace(spec=str(spec), watch=False, url=None))
     finally:
         os.kill(service.process.pid, signal.SIGCONT)
         client.close()

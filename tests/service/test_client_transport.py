@@ -193,10 +193,13 @@ def test_a_request_that_could_not_be_sent_is_unreachable() -> None:
     )
 
 
-def _towerboard(*args: str, url: str) -> subprocess.CompletedProcess[str]:
+def _towerboard(*args: str, url: str, from_env: bool = False) -> subprocess.CompletedProcess[str]:
+    """`towerboard ARGS --url URL`, or with TOWERBOARD_URL=URL (`from_env`); no token."""
     env = {k: v for k, v in os.environ.items() if k not in ("TOWERBOARD_TOKEN", "TOWERBOARD_URL")}
+    if from_env:
+        env["TOWERBOARD_URL"] = url
     return subprocess.run(
-        [sys.executable, "-m", "service.cli", *args, "--url", url],
+        [sys.executable, "-m", "service.cli", *args, *([] if from_env else ["--url", url])],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 
@@ -213,8 +216,8 @@ def test_cli_says_how_to_check_a_change_that_no_answer_came_to(tmp_path) -> None
     assert submitted.stderr == (
         f"towerboard: error: sent POST /api/v1/jobs to the service at {url}, but no answer "
         "came (RemoteProtocolError: Server disconnected without sending a response.): it may "
-        "or may not have been done; check with `towerboard status --name 'my run'` before "
-        "trying again\n"
+        "or may not have been done; check with `towerboard status --name 'my run' --url "
+        f"{url}` before trying again\n"
     )
     # A batch stops at the first such answer, and says which were not tried.
     assert deleted.returncode == EXIT_NO_ANSWER, deleted.stderr
@@ -222,7 +225,7 @@ def test_cli_says_how_to_check_a_change_that_no_answer_came_to(tmp_path) -> None
         f"towerboard: error: sent DELETE /api/v1/jobs/aaa to the service at {url}, but no "
     ), deleted.stderr
     assert deleted.stderr.endswith(
-        "check with `towerboard status aaa` before trying again (not tried: bbb ccc)\n"
+        f"check with `towerboard status aaa --url {url}` before trying again (not tried: bbb ccc)\n"
     ), deleted.stderr
     assert listed.returncode == EXIT_NO_ANSWER, listed.stderr
     assert "did not answer GET /api/v1/jobs" in listed.stderr
@@ -234,3 +237,24 @@ def test_cli_says_how_to_check_a_change_that_no_answer_came_to(tmp_path) -> None
         "GET /api/v1/jobs?limit=50 HTTP/1.1",
         "GET /api/v1/jobs?limit=50 HTTP/1.1",
     ]
+
+
+def test_the_command_to_check_with_names_the_url_only_when_given_by_url() -> None:
+    # With --url, "check with `towerboard status abc`", run as given, asked the service at
+    # TOWERBOARD_URL (or the default), not the one the request went to. A URL from the
+    # variable needs no --url: the shell the hint is run in picks the same service again.
+    with hangs_up() as (url, _):
+        given = _towerboard("cancel", "abc", url=url)
+        from_env = _towerboard("cancel", "abc", url=url, from_env=True)
+    assert given.returncode == from_env.returncode == EXIT_NO_ANSWER
+    assert given.stderr.endswith(
+        f"check with `towerboard status abc --url {url}` before trying again\n"
+    ), given.stderr
+    assert from_env.stderr.endswith("check with `towerboard status abc` before trying again\n"), (
+        from_env.stderr
+    )
+    # Quoted for the shell where it needs it (a URL's path is the service's base, as given).
+    with hangs_up() as (url, _):
+        spaced = _towerboard("cancel", "abc", "--url", f"{url}/x y", url=url, from_env=True)
+    assert spaced.returncode == EXIT_NO_ANSWER, spaced.stderr
+    assert f"check with `towerboard status abc --url '{url}/x y'` before" in spaced.stderr

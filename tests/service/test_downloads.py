@@ -474,10 +474,11 @@ def test_cli_cut_short_download_of_latest_says_how_to_resume_it_by_its_step(
         proxy.shutdown()
         proxy.server_close()
     assert cut.returncode == 3, cut.stderr
-    command = f"towerboard checkpoints {job_id} --download 40 -o {out}"
+    # With the --url it was given: run as said, without it, it went to another service.
+    command = f"towerboard checkpoints {job_id} --download 40 -o {out} --url {proxy.url}"
     assert cut.stderr.endswith(f"kept in {out}.part: resume it with `{command}`\n"), cut.stderr
 
-    resumed = towerboard(service, *command.split()[1:])
+    resumed = towerboard(service, *command.split()[1:])  # the service's --url, added, wins
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming " in resumed.stderr and out.read_bytes() == whole
 
@@ -513,7 +514,7 @@ def test_cli_interrupted_download_of_latest_says_how_to_resume_it_by_its_step(
         proxy.shutdown()
         proxy.server_close()
     assert running.returncode == 130, err
-    command = f"towerboard checkpoints {job_id} --download 40 -o {tmp_path}/"
+    command = f"towerboard checkpoints {job_id} --download 40 -o {tmp_path}/ --url {proxy.url}"
     assert re.search(
         rf"^interrupted; [\d.]+ KiB kept in {re.escape(str(part))}: resume it with "
         rf"`{re.escape(command)}`$",
@@ -523,7 +524,7 @@ def test_cli_interrupted_download_of_latest_says_how_to_resume_it_by_its_step(
     assert out == ""
     assert part.stat().st_size == cut
 
-    resumed = towerboard(service, *command.split()[1:])
+    resumed = towerboard(service, *command.split()[1:])  # the service's --url, added, wins
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming " in resumed.stderr
     assert (tmp_path / f"{job_id}-ckpt-40.tar.gz").read_bytes() == whole

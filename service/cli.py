@@ -169,12 +169,12 @@ options.
 exit codes of the client verbs:
   0    done
   1    refused or failed, or the watched job did not succeed
-  2    usage error, or a spec the service rejected
+  2    usage error, or a spec the service (or a proxy in front of it) rejected
   3    the service could not be reached (nothing was sent), or a download was cut off
        (the error says how to resume it)
-  4    a request was sent and no answer came (a timeout, a dropped connection): what it
-       asked may or may not have been done; the error says how to check before trying
-       again
+  4    a request was sent and no answer came (a timeout, a dropped connection, a
+       proxy's 502-504): what it asked may or may not have been done; the error says
+       how to check before trying again
   130  interrupted (Ctrl-C)
   141  the reader of standard output went away (`| head`); a verb that changes things
        still makes all its changes, and says them on stderr

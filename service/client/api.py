@@ -94,6 +94,19 @@ def _as_option(field: str, options: Mapping[str, str]) -> str:
     return options.get(field.split(".")[0], field)
 
 
+def _exit_code(status: int) -> int:
+    """The exit code of an error answer, by its status whatever its body: a request refused
+    as it stands (too large, or invalid: a proxy's 413 as much as the service's) is the
+    person's to change, exit 2, as the docs say of a rejected spec; any other, 1."""
+    return EXIT_USAGE if status in (413, 422) else EXIT_FAILED
+
+
+def _unsure(check_with: str | None) -> str:
+    """The end of the error for a change sent that no answer came to (see `Client.lost`)."""
+    check = f"check with `{check_with}`" if check_with else "check"
+    return f"it may or may not have been done; {check} before trying again"
+
+
 class Client:
     """The service's API over httpx, raising ClientError with a one-line message."""
 
@@ -130,24 +143,27 @@ class Client:
                 "took the request, but is busy or stuck, or the connection broke; try again",
                 EXIT_NO_ANSWER,
             )
-        check = f"check with `{check_with}`" if check_with else "check"
         return ClientError(
             f"sent {method} {path} to the service at {self.url}, but no answer came "
-            f"({cause}): it may or may not have been done; {check} before trying again",
+            f"({cause}): {_unsure(check_with)}",
             EXIT_NO_ANSWER,
         )
 
     def check(
-        self, response: httpx.Response, options: Mapping[str, str] | None = None
+        self,
+        response: httpx.Response,
+        options: Mapping[str, str] | None = None,
+        check_with: str | None = None,
     ) -> httpx.Response:
         """`response` if it is a success, else its error raised as a ClientError (with the
         status and field errors of one the service answered). `options`: the options that
-        set the request body's fields, to name in its field errors (see `_as_option`)."""
+        set the request body's fields, to name in its field errors (see `_as_option`);
+        `check_with`: as for `lost`, said of a proxy's gateway error."""
         if response.is_success:
             return response
         body = _service_error(response)
         if body is None:
-            raise ClientError(self._not_the_service(response))
+            raise self._not_the_service(response, check_with)
         said = _error_message(response, body, options or {})
         status, errors = response.status_code, body["errors"]
         if status == 401:
@@ -157,27 +173,53 @@ class Client:
                 else "the service needs a token: set TOWERBOARD_TOKEN"
             )
             raise ClientError(f"{hint} ({said})", status=status, errors=errors)
-        # A request the service refused as it stands (a spec too large, or invalid) is
-        # the person's to change: exit 2, as the docs say of a rejected spec.
-        code = EXIT_USAGE if status in (413, 422) else EXIT_FAILED
-        raise ClientError(said, code, status=status, errors=errors)
+        raise ClientError(said, _exit_code(status), status=status, errors=errors)
 
-    def _not_the_service(self, response: httpx.Response) -> str:
-        """An error answer in another shape than the service's: another server at --url
-        (`python -m http.server`'s 404 page), or a proxy; or the service itself failing
-        in a way it did not foresee (a 500 of plain text, its log saying why)."""
+    def _not_the_service(
+        self, response: httpx.Response, check_with: str | None = None
+    ) -> ClientError:
+        """The error for an answer that is not the service's JSON (an error not in its
+        shape, or a success that is no JSON): another server at --url (`python -m
+        http.server`'s 404 page), or a proxy in front of the service (its sign-in page,
+        nginx's 413 of a body past its client_max_body_size, a 502 while the service is
+        down); or the service itself failing in a way it did not foresee (a 500 of plain
+        text, its log saying why). Its exit code is the status's, whatever the shape.
+
+        A gateway's 502, 503 or 504 says the service behind the proxy gave no answer: for
+        a change, one that may have reached it (EXIT_NO_ANSWER, with `check_with`, as
+        `lost`); for a read, one to try again (EXIT_NO_ANSWER too, which the
+        followers ride out as they ride out a service restart without a proxy)."""
+        status, method = response.status_code, response.request.method
+        path = response.request.url.path
         kind = response.headers.get("content-type", "").partition(";")[0] or "no content type"
-        said = (
-            f"{self.url} answered {response.request.url.path} with HTTP "
-            f"{response.status_code} {response.reason_phrase} ({kind}), not the service's "
-            "JSON error"
-        )
-        if response.status_code in (500, 502, 503, 504):
-            return (
-                f"{said}: the service, or a proxy before it, failed unexpectedly (its log "
-                "says why), or --url (or TOWERBOARD_URL) is not a Towerboard service"
+        answer = f"HTTP {status} {response.reason_phrase} ({kind})"
+        if status in (502, 503, 504):
+            if method in ("GET", "HEAD"):
+                return ClientError(
+                    f"{self.url} answered {method} {path} with {answer}, not the service's "
+                    "JSON: a proxy in front of the service had no answer from it (it is down, "
+                    "restarting or stuck); try again",
+                    EXIT_NO_ANSWER,
+                )
+            return ClientError(
+                f"sent {method} {path} to the service at {self.url}, but a proxy in front "
+                f"of it answered {answer}, not the service: {_unsure(check_with)}",
+                EXIT_NO_ANSWER,
             )
-        return f"{said}: is --url (or TOWERBOARD_URL) a Towerboard service?"
+        said = f"{self.url} answered {path} with {answer}, not the service's JSON"
+        if status == 500:
+            why = (
+                "the service, or a proxy in front of it, failed unexpectedly (its log says "
+                "why), or --url (or TOWERBOARD_URL) is not a Towerboard service"
+            )
+        elif 400 <= status < 500:
+            why = (
+                "the service, or a proxy in front of it, refused the request; is --url (or "
+                "TOWERBOARD_URL) a Towerboard service?"
+            )
+        else:
+            why = "is --url (or TOWERBOARD_URL) a Towerboard service?"
+        return ClientError(f"{said}: {why}", _exit_code(status))
 
     def request(
         self,
@@ -195,7 +237,7 @@ class Client:
             response = self.http.request(method, path, **kwargs)
         except httpx.TransportError as error:
             raise self.lost(error, method, path, check_with) from error
-        return self.check(response, options)
+        return self.check(response, options, check_with)
 
     def request_json(
         self,
@@ -212,11 +254,7 @@ class Client:
         try:
             return response, response.json()
         except ValueError:
-            kind = response.headers.get("content-type", "no content type").partition(";")[0]
-            raise ClientError(
-                f"{self.url} answered {path} with {kind or 'no content type'}, not the "
-                "service's JSON: is --url (or TOWERBOARD_URL) a Towerboard service?"
-            ) from None
+            raise self._not_the_service(response) from None
 
     def get(self, path: str, **kwargs: Any) -> Any:
         return self.request_json("GET", path, **kwargs)[1]

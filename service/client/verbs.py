@@ -166,7 +166,10 @@ def submit(client: Client, args: argparse.Namespace) -> int:
     except ClientError as error:
         if error.code == EXIT_USAGE:
             source = "the spec from stdin" if args.spec == "-" else args.spec
-            error.message = f"the service rejected {source}: {error.message}"
+            # A refusal not in the service's shape (no status: a proxy's 413) is no
+            # judgement of the spec's by the service.
+            said = "the service rejected" if error.status is not None else "cannot submit"
+            error.message = f"{said} {source}: {error.message}"
         raise
     _result(f"{job['id']}\n", echo=False)  # the next line says it
     sys.stderr.write(f"submitted {job['name']!r} as job {job['id']} ({job['state']})\n")

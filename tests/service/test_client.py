@@ -781,8 +781,8 @@ def test_url_of_something_else_than_the_service_is_one_line(tmp_path: Path) -> N
             path = "/api/v1/jobs" + ("/abc" if "abc" in args else "")
             path += "/cancel" if args[0] == "cancel" else ""
             assert one_error_line(result) == (
-                f"towerboard: error: {url} answered {path} with text/html, not the "
-                "service's JSON: is --url (or TOWERBOARD_URL) a Towerboard service?"
+                f"towerboard: error: {url} answered {path} with HTTP 200 OK (text/html), not "
+                "the service's JSON: is --url (or TOWERBOARD_URL) a Towerboard service?"
             ), args
     finally:
         server.shutdown()
@@ -817,13 +817,13 @@ def test_error_from_a_url_that_is_no_service_says_so(tmp_path: Path) -> None:
         assert result.returncode == 1, result.stderr
         assert one_error_line(result) == (
             f"towerboard: error: {url} answered {path} with HTTP 404 File not found "
-            "(text/html), not the service's JSON error: is --url (or TOWERBOARD_URL) a "
-            "Towerboard service?"
+            "(text/html), not the service's JSON: the service, or a proxy in front of it, "
+            "refused the request; is --url (or TOWERBOARD_URL) a Towerboard service?"
         )
     assert submitted.returncode == 1, submitted.stderr  # not 2: no spec was judged
     assert one_error_line(submitted) == (
         f"towerboard: error: {url} answered /api/v1/jobs with HTTP 501 Unsupported method "
-        "('POST') (text/html), not the service's JSON error: is --url (or TOWERBOARD_URL) a "
+        "('POST') (text/html), not the service's JSON: is --url (or TOWERBOARD_URL) a "
         "Towerboard service?"
     )
 

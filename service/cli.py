@@ -174,7 +174,7 @@ exit codes of the client verbs:
        (the error says how to resume it)
   4    a request was sent and no answer came (a timeout, a dropped connection, a
        proxy's 502-504): what it asked may or may not have been done; the error says
-       how to check before trying again
+       how to check before trying again, or what running it again does
   130  interrupted (Ctrl-C)
   141  the reader of standard output went away (`| head`); a verb that changes things
        still makes all its changes, and says them on stderr

@@ -20,7 +20,7 @@ request, or a watched job did not succeed; 2 bad usage or a rejected spec; 3 the
 could not be reached (nothing was sent), or a download was cut off (run it again: it
 resumes); 4 a request was sent and no answer came (a timeout, a dropped connection, a
 proxy's 502-504), so what it asked may or may not have been done (the error says how to
-check before trying again); 130 interrupted; 141 (as a shell reports SIGPIPE) the reader of stdout went away,
+check before trying again, or what running it again does); 130 interrupted; 141 (as a shell reports SIGPIPE) the reader of stdout went away,
 as `| head` does, which ends a verb that reads quietly; a verb that changes things makes
 all its changes, and says on stderr what stdout would have said. Standard output failing
 otherwise (a full disk) is an error of one line, exit 1.

@@ -101,10 +101,13 @@ def _exit_code(status: int) -> int:
     return EXIT_USAGE if status in (413, 422) else EXIT_FAILED
 
 
-def _unsure(check_with: str | None) -> str:
+def _unsure(check_with: str | None, again: str | None) -> str:
     """The end of the error for a change sent that no answer came to (see `Client.lost`)."""
-    check = f"check with `{check_with}`" if check_with else "check"
-    return f"it may or may not have been done; {check} before trying again"
+    if check_with:
+        return f"it may or may not have been done; check with `{check_with}` before trying again"
+    if again:
+        return f"it may or may not have been done; {again}"
+    return "it may or may not have been done; check before trying again"
 
 
 class Client:
@@ -125,11 +128,17 @@ class Client:
         self.http.close()
 
     def lost(
-        self, error: httpx.TransportError, method: str, path: str, check_with: str | None = None
+        self,
+        error: httpx.TransportError,
+        method: str,
+        path: str,
+        check_with: str | None = None,
+        again: str | None = None,
     ) -> ClientError:
         """The error for a request that got no answer: one never sent (the service cannot
         be reached: EXIT_UNREACHABLE), or one sent that no answer came to (EXIT_NO_ANSWER),
-        which the service may have acted on; `check_with` is the command that tells."""
+        which the service may have acted on; `check_with` is the command that tells, or
+        where none can, `again` says what running the same command again does."""
         cause = f"{error.__class__.__name__}: {error}"
         if isinstance(error, _NOT_SENT):
             return ClientError(
@@ -145,7 +154,7 @@ class Client:
             )
         return ClientError(
             f"sent {method} {path} to the service at {self.url}, but no answer came "
-            f"({cause}): {_unsure(check_with)}",
+            f"({cause}): {_unsure(check_with, again)}",
             EXIT_NO_ANSWER,
         )
 
@@ -154,16 +163,17 @@ class Client:
         response: httpx.Response,
         options: Mapping[str, str] | None = None,
         check_with: str | None = None,
+        again: str | None = None,
     ) -> httpx.Response:
         """`response` if it is a success, else its error raised as a ClientError (with the
         status and field errors of one the service answered). `options`: the options that
         set the request body's fields, to name in its field errors (see `_as_option`);
-        `check_with`: as for `lost`, said of a proxy's gateway error."""
+        `check_with` and `again`: as for `lost`, said of a proxy's gateway error."""
         if response.is_success:
             return response
         body = _service_error(response)
         if body is None:
-            raise self._not_the_service(response, check_with)
+            raise self._not_the_service(response, check_with, again)
         said = _error_message(response, body, options or {})
         status, errors = response.status_code, body["errors"]
         if status == 401:
@@ -176,7 +186,7 @@ class Client:
         raise ClientError(said, _exit_code(status), status=status, errors=errors)
 
     def _not_the_service(
-        self, response: httpx.Response, check_with: str | None = None
+        self, response: httpx.Response, check_with: str | None = None, again: str | None = None
     ) -> ClientError:
         """The error for an answer that is not the service's JSON (an error not in its
         shape, or a success that is no JSON): another server at --url (`python -m
@@ -186,8 +196,8 @@ class Client:
         text, its log saying why). Its exit code is the status's, whatever the shape.
 
         A gateway's 502, 503 or 504 says the service behind the proxy gave no answer: for
-        a change, one that may have reached it (EXIT_NO_ANSWER, with `check_with`, as
-        `lost`); for a read, one to try again (EXIT_NO_ANSWER too, which the
+        a change, one that may have reached it (EXIT_NO_ANSWER, with `check_with` or
+        `again`, as `lost`); for a read, one to try again (EXIT_NO_ANSWER too, which the
         followers ride out as they ride out a service restart without a proxy)."""
         status, method = response.status_code, response.request.method
         path = response.request.url.path
@@ -203,7 +213,7 @@ class Client:
                 )
             return ClientError(
                 f"sent {method} {path} to the service at {self.url}, but a proxy in front "
-                f"of it answered {answer}, not the service: {_unsure(check_with)}",
+                f"of it answered {answer}, not the service: {_unsure(check_with, again)}",
                 EXIT_NO_ANSWER,
             )
         said = f"{self.url} answered {path} with {answer}, not the service's JSON"
@@ -227,17 +237,18 @@ class Client:
         path: str,
         *,
         check_with: str | None = None,
+        again: str | None = None,
         options: Mapping[str, str] | None = None,
         **kwargs: Any,
     ) -> httpx.Response:
         """The service's answer, checked (`check`, with `options`). `check_with`: the
-        command that tells whether a change it asked for was made, said when no answer
-        comes (see `lost`)."""
+        command that tells whether a change it asked for was made, or where none can,
+        `again`: what running it again does; said when no answer comes (see `lost`)."""
         try:
             response = self.http.request(method, path, **kwargs)
         except httpx.TransportError as error:
-            raise self.lost(error, method, path, check_with) from error
-        return self.check(response, options, check_with)
+            raise self.lost(error, method, path, check_with, again) from error
+        return self.check(response, options, check_with, again)
 
     def request_json(
         self,
@@ -245,12 +256,15 @@ class Client:
         path: str,
         *,
         check_with: str | None = None,
+        again: str | None = None,
         options: Mapping[str, str] | None = None,
         **kwargs: Any,
     ) -> tuple[httpx.Response, Any]:
         """`request`, and its body as JSON: anything else is not the service answering (a
         wrong port, or a proxy's sign-in page)."""
-        response = self.request(method, path, check_with=check_with, options=options, **kwargs)
+        response = self.request(
+            method, path, check_with=check_with, again=again, options=options, **kwargs
+        )
         try:
             return response, response.json()
         except ValueError:

@@ -551,7 +551,8 @@ def tensorboard(client: Client, args: argparse.Namespace) -> int:
         )
     if args.stop:
         was = client.get("/api/v1/tensorboard")["state"]
-        client.request("DELETE", "/api/v1/tensorboard")
+        # No command tells whether it stopped but this one, which stops it if it did not.
+        client.request("DELETE", "/api/v1/tensorboard", again="running it again is safe")
         _result("tensorboard stopped\n" if was != "stopped" else "tensorboard was not running\n")
         return EXIT_OK
     body: dict[str, Any] = {"job_ids": args.jobs} if args.jobs else {}
@@ -563,6 +564,10 @@ def tensorboard(client: Client, args: argparse.Namespace) -> int:
             "/api/v1/tensorboard",
             json=body,
             options={"job_ids": "--jobs", "merge": "--merge"},
+            # No command tells what TensorBoard shows; a start that did reach it made
+            # this one's selection what it shows, so the same start again reuses it.
+            again="running it again is safe: a TensorBoard that already shows these jobs "
+            "is reused, not restarted",
         )
     except ClientError as error:
         raise _unknown_jobs(error, args.jobs or []) or error from None
@@ -664,6 +669,10 @@ def profile(client: Client, args: argparse.Namespace) -> int:
         f"/api/v1/jobs/{args.id}/profile",
         json={"steps": args.steps},
         options={"steps": "--steps"},
+        # No command tells whether a trace was asked for; the service joins a request its
+        # worker has not taken yet to the one waiting.
+        again="run it again at once to be sure: a request its worker has not taken yet "
+        "(it takes one within a few seconds) is joined, not traced twice",
     )[1]
     _result(f"{answer['job_id']} {answer['steps']}\n", echo=False)  # the line below says it
     sys.stderr.write(

@@ -164,6 +164,13 @@ def test_a_proxys_gateway_error_on_a_change_says_how_to_check(
     ), deleted.stderr
     assert service.client.get(f"/api/v1/jobs/{job['id']}").status_code == 404  # it was done
 
+    stopped = towerboard("tensorboard", "--stop", url=proxy.url)
+    assert stopped.returncode == EXIT_NO_ANSWER, stopped.stderr
+    assert stopped.stderr.endswith(
+        "HTTP 504 Gateway Time-out (text/html), not the service: it may or may not have "
+        "been done; running it again is safe\n"
+    ), stopped.stderr
+
 
 def test_a_proxys_502_on_a_read_is_no_answer_and_followers_ride_it_out(
     proxy: StandInProxy,

@@ -258,3 +258,22 @@ def test_the_command_to_check_with_names_the_url_only_when_given_by_url() -> Non
         spaced = _towerboard("cancel", "abc", "--url", f"{url}/x y", url=url, from_env=True)
     assert spaced.returncode == EXIT_NO_ANSWER, spaced.stderr
     assert f"check with `towerboard status abc --url '{url}/x y'` before" in spaced.stderr
+
+
+def test_tensorboard_and_profile_say_what_running_them_again_does() -> None:
+    # No command tells what TensorBoard shows, or whether a trace was asked for: the error
+    # said "check before trying again", with nothing to check with.
+    with hangs_up() as (url, _):
+        board = _towerboard("tensorboard", "--jobs", "abc", url=url)
+        profile = _towerboard("profile", "abc", url=url)
+    assert board.returncode == EXIT_NO_ANSWER, board.stderr
+    assert board.stderr.endswith(
+        "it may or may not have been done; running it again is safe: a TensorBoard that "
+        "already shows these jobs is reused, not restarted\n"
+    ), board.stderr
+    assert profile.returncode == EXIT_NO_ANSWER, profile.stderr
+    assert profile.stderr.endswith(
+        "it may or may not have been done; run it again at once to be sure: a request its "
+        "worker has not taken yet (it takes one within a few seconds) is joined, not traced "
+        "twice\n"
+    ), profile.stderr

@@ -23,10 +23,9 @@ _DOWNLOAD_TIMEOUT = httpx.Timeout(300.0, connect=5.0)
 _SEPARATORS = tuple(sep for sep in ("/", os.sep, os.altsep) if sep)
 
 
-def run_again(name: str) -> str:
-    """How to resume a stopped download of the archive `name`, as the end of a sentence:
-    the command that was run resumes it when it fetches the same archive again."""
-    return "run the same command again to resume"
+# How a stopped download resumes, as the end of a sentence, unless told otherwise: the
+# command that was run resumes it when it fetches the same archive again.
+RUN_AGAIN = "run the same command again to resume"
 
 
 def _attachment_name(response: httpx.Response, fallback: str) -> str:
@@ -91,7 +90,7 @@ def download(
     output: str | None,
     *,
     force: bool = False,
-    resume: Callable[[str], str] = run_again,
+    resume: Callable[[str], str] | None = None,
 ) -> Path:
     """GET `path` into a file: `output`, or into the folder `output` names (made if need
     be), or ./ under the name the service gives. The bytes go to `TARGET.part`, renamed to
@@ -100,7 +99,12 @@ def download(
     already there is refused unless `force`. Progress on stderr when it is a terminal.
 
     A download that stops (cut off, interrupted, its disk full) says what it kept, and
-    `resume(NAME)` how to resume it, NAME being the archive's as the service named it."""
+    `resume(NAME)` how to resume it, NAME being the archive's as the service named it
+    (without `resume`: RUN_AGAIN)."""
+
+    def how(name: str) -> str:
+        return resume(name) if resume is not None else RUN_AGAIN
+
     head = _head(client, path)
     name = _attachment_name(head, fallback_name) if head is not None else fallback_name
     target = _target(output, name)
@@ -171,7 +175,7 @@ def download(
         if total is not None and part.held() != total:
             raise ClientError(
                 f"the download of {name} ended at {show.data_size(part.held())} of {show.data_size(total)}"
-                f"{_kept(part, resume(name))}"
+                f"{_kept(part, how(name))}"
             )
         return part.finish()
     except PartInUse as error:
@@ -181,15 +185,15 @@ def download(
             raise client.lost(error, "GET", path) from error
         raise ClientError(
             f"the download of {name} was cut off at {show.data_size(part.held())} of {show.data_size(total)} "
-            f"({error.__class__.__name__}: {error}){_kept(part, resume(name))}",
+            f"({error.__class__.__name__}: {error}){_kept(part, how(name))}",
             EXIT_UNREACHABLE,
         ) from error
     except KeyboardInterrupt:
-        if note := _kept(part, resume(name)):
+        if note := _kept(part, how(name)):
             sys.stderr.write(f"\ninterrupted{note}\n")
         raise
     except OSError as error:  # of the disk: full, read-only, not ours to write
-        raise ClientError(f"{_cannot(error, part, target)}{_kept(part, resume(name))}") from error
+        raise ClientError(f"{_cannot(error, part, target)}{_kept(part, how(name))}") from error
     finally:
         if part is not None:
             part.close()

@@ -37,7 +37,7 @@ from service.client.common import (
     OutputLost,
 )
 from service.client.display import watch
-from service.client.downloads import download, download_to_stdout, run_again
+from service.client.downloads import RUN_AGAIN, download, download_to_stdout
 
 _TENSORBOARD_READY_SECONDS = 180.0  # it imports TensorFlow: slow on a busy host
 _LOG_POLL_SECONDS = 1.0
@@ -440,7 +440,7 @@ def _resume_by_step(args: argparse.Namespace) -> Callable[[str], str]:
     def resume(name: str) -> str:
         step = re.fullmatch(r"\S+-ckpt-(\d+)\.tar\.gz", name)
         if step is None:
-            return run_again(name)
+            return RUN_AGAIN
         output = ["-o", args.output] if args.output else []
         command = _command(args, "checkpoints", args.id, "--download", step[1], *output)
         return f"resume it with `{command}`"
@@ -457,7 +457,7 @@ def _save_archive(
     *,
     saved: str | None = None,
     then: str = "",
-    resume: Callable[[str], str] = run_again,
+    resume: Callable[[str], str] | None = None,
 ) -> int:
     """Download the archive at `route`: with `-o -` to stdout, else to a file (`-o`'s path,
     or `name`) whose path goes to stdout. Stderr says where it went and its size: "wrote
@@ -514,7 +514,7 @@ def checkpoints(client: Client, args: argparse.Namespace) -> int:
             args,
             "the checkpoint",
             saved="checkpoint",
-            resume=_resume_by_step(args) if which == "latest" else run_again,
+            resume=_resume_by_step(args) if which == "latest" else None,
         )
     answer = client.get(f"/api/v1/jobs/{args.id}/checkpoints")
     if args.json:  # the API's JSON, as --help says and `status --json` gives: not its list

@@ -570,7 +570,7 @@ def tensorboard(client: Client, args: argparse.Namespace) -> int:
             "is reused, not restarted",
         )
     except ClientError as error:
-        raise _unknown_jobs(error, args.jobs or []) or error from None
+        raise _unknown_jobs(client, error, args.jobs or []) or error from None
     # `replaced` stays in the status for the instance's life; this start did it only when
     # it started a new one (201).
     replaced = board.get("replaced") if started.status_code == 201 else None
@@ -608,21 +608,27 @@ def tensorboard(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _unknown_jobs(error: ClientError, ids: list[str]) -> ClientError | None:
+def _unknown_jobs(client: Client, error: ClientError, ids: list[str]) -> ClientError | None:
     """The refusal of a selection naming jobs the service has not got, said as every other
     verb says of a job id it does not know (exit 1); None for any other error. The
-    service's 422 named the body's field: `job_ids.0: Unknown job. Received: 'x'`."""
-    fields = [
-        re.fullmatch(r"job_ids\.(\d+)", str(e.get("field")))
-        if str(e.get("message")).startswith("Unknown job")
-        else None
-        for e in error.errors
-    ]
-    if error.status != 422 or not fields or not all(fields):
+    service's 422 names each id it refused by its place in the body (`job_ids.0`); each is
+    then looked up, and only when none is found is the refusal said to be of unknown jobs:
+    the message's words are the service's to change, the lookup's 404 is not."""
+    if error.status != 422 or not error.errors:
         return None
-    unknown = [ids[int(field[1])] for field in fields if field and int(field[1]) < len(ids)]
-    if len(unknown) != len(fields):
-        return None
+    unknown = []
+    for field in (str(e.get("field")) for e in error.errors):
+        place = re.fullmatch(r"job_ids\.(\d+)", field)
+        if place is None or int(place[1]) >= len(ids):
+            return None
+        unknown.append(ids[int(place[1])])
+    for job_id in unknown:  # the error path only: a selection is a few jobs
+        try:
+            client.job(job_id)
+        except ClientError as lookup:
+            if lookup.status == 404:
+                continue
+        return None  # there, or not known to be gone: the refusal is said as it is
     named = ", ".join(repr(job_id) for job_id in unknown)
     return ClientError(f"Job{'s' if len(unknown) > 1 else ''} {named} not found.", EXIT_FAILED)
 

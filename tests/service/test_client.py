@@ -681,6 +681,26 @@ def test_errors_of_a_body_name_the_options_that_sent_it(
                       url=service.base_url)  # fmt: skip
     assert some.returncode == 1, some.stderr
     assert one_error_line(some) == "towerboard: error: Jobs 'nosuch1', 'nosuch2' not found."
+    # What of the service's refusal that reads: each unknown id's place in the body, not
+    # its words (it checked that they began "Unknown job"). Each is then looked up, and a
+    # refusal of a job that is there is said as the service said it.
+    from service.client import verbs
+    from service.client.api import Client
+    from service.client.common import ClientError
+
+    raw = httpx.post(
+        f"{service.base_url}/api/v1/tensorboard", json={"job_ids": [watched["id"], "nosuch1"]}
+    )
+    assert raw.status_code == 422, raw.text
+    assert [e["field"] for e in raw.json()["errors"]] == ["job_ids.1"]
+    other = ClientError("x", 2, status=422, errors=[{"field": "job_ids.0", "message": "No."}])
+    client = Client(service.base_url, None)
+    try:
+        assert verbs._unknown_jobs(client, other, [watched["id"]]) is None
+        gone = verbs._unknown_jobs(client, other, ["nosuch1"])
+    finally:
+        client.close()
+    assert gone is not None and gone.message == "Job 'nosuch1' not found."
 
     shorter = towerboard("resume", watched["id"], "--steps", "10", url=service.base_url)
     assert shorter.returncode == 2, shorter.stderr

@@ -51,3 +51,12 @@ class OutputLost(Exception):
         super().__init__(str(error))
         self.error = error
         self.message = message
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with what to say of it (an interrupted download: what it kept, and how to
+    resume it), for `run` to say once it has ended the terminal's line."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message

@@ -12,7 +12,7 @@ import httpx
 
 from service.client import display as show
 from service.client.api import Client
-from service.client.common import EXIT_UNREACHABLE, ClientError, OutputLost
+from service.client.common import EXIT_UNREACHABLE, ClientError, Interrupted, OutputLost
 from service.partfile import PartFile, PartInUse, part_paths, resumable_bytes, saved_etag
 
 # A download waits up to this long between bytes: resuming near the end of a large
@@ -188,9 +188,9 @@ def download(
             f"({error.__class__.__name__}: {error}){_kept(part, how(name))}",
             EXIT_UNREACHABLE,
         ) from error
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         if note := _kept(part, how(name)):
-            sys.stderr.write(f"\ninterrupted{note}\n")
+            raise Interrupted(f"interrupted{note}") from interrupt
         raise
     except OSError as error:  # of the disk: full, read-only, not ours to write
         raise ClientError(f"{_cannot(error, part, target)}{_kept(part, how(name))}") from error

@@ -34,6 +34,7 @@ from service.client.common import (
     LOG_OFFSET_HEADER,
     TERMINAL,
     ClientError,
+    Interrupted,
     OutputLost,
 )
 from service.client.display import watch
@@ -759,8 +760,10 @@ def run(name: str, args: argparse.Namespace) -> int:
         return error.code
     except OutputLost as lost:
         return _output_lost(lost, EXIT_OK)
-    except KeyboardInterrupt:
-        sys.stderr.write("\n")
+    except KeyboardInterrupt as interrupt:
+        # A new line after the terminal's ^C, then what the verb has to say of it, if any.
+        said = f"{interrupt.message}\n" if isinstance(interrupt, Interrupted) else ""
+        sys.stderr.write(f"\n{said}")
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         # Stderr's reader went away (`2>&1 | head`): nothing can be said.

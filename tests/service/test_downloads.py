@@ -515,11 +515,12 @@ def test_cli_interrupted_download_of_latest_says_how_to_resume_it_by_its_step(
         proxy.server_close()
     assert running.returncode == 130, err
     command = f"towerboard checkpoints {job_id} --download 40 -o {tmp_path}/ --url {proxy.url}"
-    assert re.search(
-        rf"^interrupted; [\d.]+ KiB kept in {re.escape(str(part))}: resume it with "
-        rf"`{re.escape(command)}`$",
+    # One line after the terminal's ^C, and no blank one after it (both the download and
+    # the command's end wrote a new line).
+    assert re.fullmatch(
+        rf"\ninterrupted; [\d.]+ KiB kept in {re.escape(str(part))}: resume it with "
+        rf"`{re.escape(command)}`\n",
         err,
-        re.M,
     ), err
     assert out == ""
     assert part.stat().st_size == cut

@@ -342,6 +342,8 @@ def logs(client: Client, args: argparse.Namespace) -> int:
                 return EXIT_OK
             time.sleep(_LOG_POLL_SECONDS)
     except KeyboardInterrupt:
+        # After the terminal's ^C, on a line of its own, as `--watch` says it stopped.
+        sys.stderr.write(f"\nstopped following the log of job {args.id}\n")
         return EXIT_INTERRUPTED
 
 

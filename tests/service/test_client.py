@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tarfile
@@ -502,6 +503,28 @@ def test_followers_outlive_a_service_restart(
     assert f"--- towerboard: attempt 1 of job {job_id} starting" in first + logs_out
 
 
+def test_ctrl_c_stops_following_a_log_saying_so(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # It ended with nothing said, the shell's prompt after the terminal's ^C on its line.
+    service = make_service(env=stepping_worker_env(tmp_path))
+    service.start()
+    job = service.submit(long_job(name="followed"))
+    service.wait_checkpoint(job["id"])
+    follower = towerboard_in_background("logs", job["id"], "--follow", url=service.base_url)
+    try:
+        assert follower.stdout is not None
+        first = follower.stdout.readline()  # following: the log so far is out
+        assert first.startswith(f"--- towerboard: attempt 1 of job {job['id']} "), first
+        follower.send_signal(signal.SIGINT)
+        _, err = follower.communicate(timeout=30)
+    finally:
+        follower.kill()
+        service.client.post(f"/api/v1/jobs/{job['id']}/cancel")
+    assert follower.returncode == 130, err
+    assert err == f"\nstopped following the log of job {job['id']}\n"
+
+
 def test_tensorboard_open_says_when_no_browser_opens(
     service: Service, watched: dict[str, Any]
 ) -> None:
@@ -634,7 +657,6 @@ def test_submit_to_a_stopped_service_says_the_job_may_exist(
     # request waiting in its socket, while the client said "cannot reach the service ...
     # Is `towerboard serve` running?" (exit 3), so a script retrying on 3 ran it twice.
     import argparse
-    import signal
 
     from service.client import verbs
     from service.client.api import Client

@@ -222,14 +222,29 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="run the API, the job queue and its workers",
         description="Serve the API on HOST:PORT with the job store and runs under DATA_DIR.",
+        # The settings a new user looks for here, and found nothing of: the README's table
+        # lists each (devices, tokens, data roots, limits).
+        epilog="Every setting is also read from a TOWERBOARD_* variable (the README's "
+        "Settings table): TOWERBOARD_HOST, TOWERBOARD_PORT and TOWERBOARD_DATA_DIR for the "
+        "three options above, which win over them, and TOWERBOARD_TOKEN, TOWERBOARD_GPUS, "
+        "TOWERBOARD_DATA_ROOTS and the rest for what has no option.",
     )
-    serve.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port to listen on (default 8000)")
     serve.add_argument(
-        "--data-dir", type=Path, help="job store and runs directory (default ./data)"
+        "--host", help="interface to listen on (default TOWERBOARD_HOST, else 127.0.0.1)"
     )
     serve.add_argument(
-        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+        "--port", type=int, help="port to listen on (default TOWERBOARD_PORT, else 8000)"
+    )
+    serve.add_argument(
+        "--data-dir",
+        type=Path,
+        help="job store and runs directory (default TOWERBOARD_DATA_DIR, else ./data)",
+    )
+    serve.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="the least severe messages logged (default info)",
     )
     serve.add_argument(
         "--no-access-log", dest="access_log", action="store_false", help="do not log each request"

@@ -477,7 +477,7 @@ def test_readme_metric_series_are_the_services() -> None:
 
 def test_readme_tensorboard_fields_are_the_apis() -> None:
     text = " ".join(_text(README).split())
-    replaced = re.search(r"`replaced`: the (.*?) of the TensorBoard it stopped", text)
+    replaced = re.search(r"`replaced`: the (.*?) of the TensorBoard that restart stopped", text)
     assert replaced is not None
     assert set(_spans(replaced.group(1))) == set(schemas.TensorBoardReplaced.model_fields)
     assert {"job_ids", "merge"} <= set(schemas.TensorBoardCreate.model_fields)

@@ -311,6 +311,17 @@ def _note(text: str) -> None:
 
 
 def logs(client: Client, args: argparse.Namespace) -> int:
+    try:
+        return _logs(client, args)
+    except KeyboardInterrupt as interrupt:
+        if not args.follow:
+            raise
+        # From its first read on, which may still be printing as the ^C comes: said after
+        # the terminal's ^C, on a line of its own, as `--watch` says it stopped.
+        raise Interrupted(f"stopped following the log of job {args.id}") from interrupt
+
+
+def _logs(client: Client, args: argparse.Namespace) -> int:
     path = f"/api/v1/jobs/{args.id}/logs"
     response = client.request("GET", path, params={"tail": args.tail})
     _out(response.text)
@@ -325,26 +336,21 @@ def logs(client: Client, args: argparse.Namespace) -> int:
     # Read on from where the last read ended (the service says where), so every line
     # shows once however fast the log grows.
     offset = int(response.headers.get(LOG_OFFSET_HEADER, "0"))
-    try:
-        while True:
-            job = client.patiently(lambda: client.job(args.id), _note)
-            ended = job["state"] in TERMINAL
-            while True:  # drain: a fast log can hold more than one read's worth
-                response = client.patiently(
-                    partial(client.request, "GET", path, params={"offset": offset}), _note
-                )
-                _out(response.text)
-                next_offset = int(response.headers[LOG_OFFSET_HEADER])
-                if next_offset == offset:
-                    break
-                offset = next_offset
-            if ended:  # read once more after the end, so the last lines are in
-                return EXIT_OK
-            time.sleep(_LOG_POLL_SECONDS)
-    except KeyboardInterrupt:
-        # After the terminal's ^C, on a line of its own, as `--watch` says it stopped.
-        sys.stderr.write(f"\nstopped following the log of job {args.id}\n")
-        return EXIT_INTERRUPTED
+    while True:
+        job = client.patiently(lambda: client.job(args.id), _note)
+        ended = job["state"] in TERMINAL
+        while True:  # drain: a fast log can hold more than one read's worth
+            response = client.patiently(
+                partial(client.request, "GET", path, params={"offset": offset}), _note
+            )
+            _out(response.text)
+            next_offset = int(response.headers[LOG_OFFSET_HEADER])
+            if next_offset == offset:
+                break
+            offset = next_offset
+        if ended:  # read once more after the end, so the last lines are in
+            return EXIT_OK
+        time.sleep(_LOG_POLL_SECONDS)
 
 
 def cancel(client: Client, args: argparse.Namespace) -> int:

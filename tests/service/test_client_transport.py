@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -33,14 +33,12 @@ def _read_head(conn: socket.socket) -> bytes:
     return data
 
 
-@pytest.fixture(params=["read", "unread"])
-def closes_on_second_request(request) -> Iterator[tuple[str, list[str]]]:
-    """A server on a free loopback port: on each connection it answers the first request
-    (kept alive) and closes without a word when the second one's head is in: having read
-    it (the client sees a disconnect), or with it unread (a reset). Yields its URL and the
-    request lines it saw, in order."""
+@contextlib.contextmanager
+def stand_in(handle: Callable[[socket.socket, bytes], None]) -> Iterator[str]:
+    """A server on a free loopback port that reads each connection's first request head
+    and hands the connection and that head to `handle` (a connection closed with no
+    request is passed over). Yields its URL; stops its thread on the way out."""
     server = socket.create_server(("127.0.0.1", 0))
-    seen: list[str] = []
 
     def serve() -> None:
         while True:
@@ -50,26 +48,40 @@ def closes_on_second_request(request) -> Iterator[tuple[str, list[str]]]:
                 return
             with conn:
                 head = _read_head(conn)
-                if not head:
-                    continue
-                seen.append(head.split(b"\r\n")[0].decode())
-                conn.sendall(ANSWER + b'{"n": 1}')
-                if request.param == "read":
-                    head = _read_head(conn)
-                else:  # wait for it to arrive, and leave it in the socket
-                    head = conn.recv(4096, socket.MSG_PEEK)
-                # Nothing: the client closed the connection (its last one, as it closed)
-                # without sending a second request, which is no request to record.
                 if head:
-                    seen.append(head.split(b"\r\n")[0].decode())
+                    handle(conn, head)
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.getsockname()[1]}", seen
-    server.shutdown(socket.SHUT_RDWR)  # wakes the accept(): close() alone does not
-    server.close()
-    thread.join(timeout=5)
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        server.shutdown(socket.SHUT_RDWR)  # wakes the accept(): close() alone does not
+        server.close()
+        thread.join(timeout=5)
     assert not thread.is_alive()
+
+
+@pytest.fixture(params=["read", "unread"])
+def closes_on_second_request(request) -> Iterator[tuple[str, list[str]]]:
+    """A server on a free loopback port: on each connection it answers the first request
+    (kept alive) and closes without a word when the second one's head is in: having read
+    it (the client sees a disconnect), or with it unread (a reset). Yields its URL and the
+    request lines it saw, in order."""
+    seen: list[str] = []
+
+    def handle(conn: socket.socket, head: bytes) -> None:
+        seen.append(head.split(b"\r\n")[0].decode())
+        conn.sendall(ANSWER + b'{"n": 1}')
+        # "unread": wait for it to arrive, and leave it in the socket.
+        second = _read_head(conn) if request.param == "read" else conn.recv(4096, socket.MSG_PEEK)
+        # Nothing: the client closed the connection (its last one, as it closed)
+        # without sending a second request, which is no request to record.
+        if second:
+            seen.append(second.split(b"\r\n")[0].decode())
+
+    with stand_in(handle) as url:
+        yield url, seen
 
 
 def test_a_get_sent_as_the_connection_closes_is_sent_again(closes_on_second_request) -> None:
@@ -115,37 +127,21 @@ def never_answers() -> Iterator[str]:
 def hangs_up() -> Iterator[tuple[str, list[str]]]:
     """A server that reads each request whole and closes the connection without a word, as
     a service killed while it handled one. Yields its URL and the request lines it read."""
-    server = socket.create_server(("127.0.0.1", 0))
     seen: list[str] = []
 
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            with conn:
-                head = _read_head(conn)
-                if not head:
-                    continue
-                top, _, body = head.partition(b"\r\n\r\n")
-                length = next(
-                    (int(line.split(b":")[1]) for line in top.split(b"\r\n")
-                     if line.lower().startswith(b"content-length:")),
-                    0,
-                )  # fmt: skip
-                while len(body) < length and (chunk := conn.recv(65536)):
-                    body += chunk
-                seen.append(top.split(b"\r\n")[0].decode())
+    def handle(conn: socket.socket, head: bytes) -> None:
+        top, _, body = head.partition(b"\r\n\r\n")
+        length = next(
+            (int(line.split(b":")[1]) for line in top.split(b"\r\n")
+             if line.lower().startswith(b"content-length:")),
+            0,
+        )  # fmt: skip
+        while len(body) < length and (chunk := conn.recv(65536)):
+            body += chunk
+        seen.append(top.split(b"\r\n")[0].decode())
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.getsockname()[1]}", seen
-    finally:
-        server.shutdown(socket.SHUT_RDWR)
-        server.close()
-        thread.join(timeout=5)
+    with stand_in(handle) as url:
+        yield url, seen
 
 
 def test_a_change_sent_that_no_answer_came_to_is_not_said_unreachable() -> None:

@@ -32,7 +32,9 @@ class WeightEMA(tf.Module):
         step = tf.cast(step, tf.float32)
         decay = tf.minimum(self.decay, (1.0 + step) / (10.0 + step))
         for shadow, var in zip(self.shadows, self._variables, strict=True):
-            shadow.assign(decay * shadow + (1.0 - decay) * tf.convert_to_tensor(var))
+            # In the shadow's type: a custom model's float64 weights met a float32 decay.
+            d = tf.cast(decay, shadow.dtype)
+            shadow.assign(d * shadow + (1.0 - d) * tf.convert_to_tensor(var))
 
     @contextlib.contextmanager
     def swapped_in(self) -> Iterator[None]:

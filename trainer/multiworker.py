@@ -139,7 +139,8 @@ class ClusterTrainer(TowerTrainer):
             )
             if self._bn_variables:
                 averages = context.all_reduce(
-                    sum_, [share * tf.convert_to_tensor(v) for v in self._bn_variables]
+                    sum_,
+                    [tf.cast(share, v.dtype) * tf.convert_to_tensor(v) for v in self._bn_variables],
                 )
                 for var, average in zip(self._bn_variables, averages, strict=True):
                     var.assign(average)  # this tower's copy; every tower assigns the same

@@ -94,6 +94,13 @@ def _batch_norm_layers(model: keras.Model) -> list[keras.layers.BatchNormalizati
     ]
 
 
+def _global_norm(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
+    """The global norm of `tensors`, in float32 as the step's other scalars: a custom model's
+    float64 weights have float64 gradients, which `tf.linalg.global_norm` cannot stack
+    with float32 ones (nor its result with the loss). A cast to the same type is no op."""
+    return tf.linalg.global_norm([tf.cast(t, tf.float32) for t in tensors])
+
+
 def _is_weight_decayed(var: keras.Variable) -> bool:
     # L2 on kernels only: decaying biases and batch-norm scales/offsets hurts more than it helps.
     return len(var.shape) > 1
@@ -338,7 +345,12 @@ class TowerTrainer:
                 for k, var in enumerate(self._bn_variables):
                     # A stand-in shard has share zero, so it does not move the statistics.
                     var.assign(
-                        tf.add_n([shares[i] * bn_updates[i][k] for i in range(self.num_towers)])
+                        tf.add_n(
+                            [
+                                tf.cast(shares[i], var.dtype) * bn_updates[i][k]
+                                for i in range(self.num_towers)
+                            ]
+                        )
                     )
             self.step.assign_add(1)
             if self.ema is not None:
@@ -378,7 +390,7 @@ class TowerTrainer:
         averaged = grads
         if self.clip_norm is None:
             return grads, averaged, None
-        norm = tf.linalg.global_norm(grads)
+        norm = _global_norm(grads)
         grads, _ = tf.clip_by_global_norm(grads, self.clip_norm, use_norm=norm)
         return grads, averaged, norm
 
@@ -399,7 +411,7 @@ class TowerTrainer:
         steps: zeros, and no pass over the gradients (a clipping norm still comes out)."""
 
         def asked() -> tuple[tf.Tensor, tf.Tensor]:
-            norm = clipping_norm if clipping_norm is not None else tf.linalg.global_norm(averaged)
+            norm = clipping_norm if clipping_norm is not None else _global_norm(averaged)
             named = {
                 "loss": loss,
                 "accuracy": accuracy,

@@ -102,16 +102,21 @@ def make_apply(
     ) -> None:
         """Update variable `var` (slot index `k`). Its handles are read here, where it
         runs: under a strategy, that is the copy on this device."""
+        # The kernels take their scalars in the variable's type: a custom model's float64
+        # weights failed at step 1 with a TypeError. A cast to the same type is no op.
+        dtype = grad.dtype
+        lr = tf.cast(lr, dtype)
         if adam:
+            beta_1_, beta_2_, epsilon_ = (tf.cast(c, dtype) for c in (beta_1, beta_2, epsilon))
             tf.raw_ops.ResourceApplyAdam(
                 var=_handle(var), m=_handle(optimizer._momentums[k]), v=_handle(optimizer._velocities[k]),
-                beta1_power=powers[0], beta2_power=powers[1], lr=lr,
-                beta1=beta_1, beta2=beta_2, epsilon=epsilon, grad=grad,
+                beta1_power=tf.cast(powers[0], dtype), beta2_power=tf.cast(powers[1], dtype), lr=lr,
+                beta1=beta_1_, beta2=beta_2_, epsilon=epsilon_, grad=grad,
             )  # fmt: skip
         elif optimizer.momentum:
             tf.raw_ops.ResourceApplyKerasMomentum(
                 var=_handle(var), accum=_handle(optimizer.momentums[k]), lr=lr, grad=grad,
-                momentum=momentum, use_nesterov=optimizer.nesterov,
+                momentum=tf.cast(momentum, dtype), use_nesterov=optimizer.nesterov,
             )  # fmt: skip
         else:
             tf.raw_ops.ResourceApplyGradientDescent(var=_handle(var), alpha=lr, delta=grad)

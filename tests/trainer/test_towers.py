@@ -383,3 +383,73 @@ def test_the_batch_is_split_on_the_host_and_the_step_flags_live_there():
         assert equals and {op.inputs[0].dtype for op in equals} == {tf.int64}
     x, y = batch(9)
     assert np.isfinite(float(trainer.train_step(x, y)["loss"]))
+
+
+def float64_model(batch_norm: bool = False) -> keras.Model:
+    """A custom model whose weights are float64 (as `keras.config.set_floatx("float64")`
+    gives; set per layer here, so other tests keep float32)."""
+    keras.utils.set_random_seed(7)
+    inputs = keras.Input(SHAPE, dtype="float64")
+    x = keras.layers.Flatten(dtype="float64")(inputs)
+    x = keras.layers.Dense(8, activation="relu", dtype="float64")(x)
+    if batch_norm:
+        x = keras.layers.BatchNormalization(momentum=0.5, dtype="float64")(x)
+    return keras.Model(inputs, keras.layers.Dense(CLASSES, dtype="float64")(x))
+
+
+def test_a_float64_model_trains_as_keras_trains_it():
+    # The fused kernels took float32 scalars, the global norm stacked float32 with float64,
+    # and the EMA and batch-norm averaging multiplied float32 by float64: step 1 failed
+    # with a TypeError for a model that Keras's own optimizer trains.
+    wd, clip, lr = 0.01, 0.5, 0.05
+    with tf.device("/CPU:0"):
+        trainer = TowerTrainer(
+            model=float64_model(),
+            optimizer=make_optimizer(OptimizerSpec(name="adam", learning_rate=lr)),
+            tower_devices=["/CPU:0", "/CPU:1"],
+            parameter_device="/CPU:0",
+            weight_decay=wd,
+            clip_norm=clip,
+            ema_decay=0.5,
+        )
+        reference = float64_model()
+        optimizer = keras.optimizers.Adam(learning_rate=lr)
+    x, y = batch(30)
+    for _ in range(3):
+        out = trainer.train_step(x, y, with_scalars=True)
+        with tf.GradientTape() as tape:
+            logits = tf.cast(reference(x, training=True), tf.float32)  # as the step does
+            loss = tf.reduce_mean(
+                tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
+            )
+            kernels = [v for v in reference.trainable_variables if len(v.shape) > 1]
+            loss = tf.cast(loss, tf.float64) + 0.5 * wd * tf.add_n(
+                [tf.reduce_sum(k**2) for k in kernels]
+            )
+        grads = tape.gradient(loss, reference.trainable_variables)
+        grads, norm = tf.clip_by_global_norm(grads, clip)
+        optimizer.apply_gradients(zip(grads, reference.trainable_variables, strict=True))
+        assert out["grad_norm"].dtype == tf.float32
+        assert float(out["grad_norm"]) == pytest.approx(float(norm), rel=1e-5)
+    assert float(norm) > clip  # the clip scaled the update
+    for mine, theirs in zip(
+        trainer.model.trainable_variables, reference.trainable_variables, strict=True
+    ):
+        assert mine.dtype == "float64"
+        np.testing.assert_allclose(mine.numpy(), theirs.numpy(), atol=1e-5)  # Adam, as above
+    assert trainer.ema is not None and trainer.ema.shadows[0].dtype == tf.float64
+
+
+def test_a_float64_model_with_batch_norm_trains_on_towers():
+    with tf.device("/CPU:0"):
+        trainer = TowerTrainer(
+            model=float64_model(batch_norm=True),
+            optimizer=make_optimizer(OptimizerSpec(name="momentum", learning_rate=0.1)),
+            tower_devices=["/CPU:0", "/CPU:1", "/CPU:2"],
+            parameter_device="/CPU:0",
+        )
+    bn = next(v for v in trainer.model.non_trainable_variables if "moving_mean" in v.path)
+    x, y = batch(10)  # shards of 4, 3, 3
+    out = trainer.train_step(x, y)
+    assert np.isfinite(float(out["loss"]))
+    assert np.abs(bn.numpy()).max() > 1e-3  # the share-weighted update moved it

@@ -134,8 +134,19 @@ def test_weight_decay_shrinks_kernels_only():
     plain, decayed = make_trainer(1, lr=0.1), make_trainer(1, lr=0.1, weight_decay=0.5)
     x, y = batch(32)
     before = [v.numpy().copy() for v in decayed.model.trainable_variables]
-    plain.train_step(x, y)
-    decayed.train_step(x, y)
+    plain_out = plain.train_step(x, y, with_scalars=True)
+    out = decayed.train_step(x, y, with_scalars=True)
+    # As the README says: the loss reported leaves the L2 term out, and `grad_norm` (as
+    # the `gradients/` histograms) is of the gradient with it.
+    assert float(out["loss"]) == float(plain_out["loss"])
+    with_decay = [
+        g.numpy() + (0.5 * w if w.ndim > 1 else 0.0)
+        for g, w in zip(plain_out["grads"], before, strict=True)
+    ]
+    for mine, expected in zip(out["grads"], with_decay, strict=True):
+        np.testing.assert_allclose(mine.numpy(), expected, atol=1e-6)
+    norm = np.sqrt(sum(float((g**2).sum()) for g in with_decay))
+    assert float(out["grad_norm"]) == pytest.approx(norm, rel=1e-5)
     for p, d, w in zip(
         plain.model.trainable_variables, decayed.model.trainable_variables, before, strict=True
     ):

@@ -172,6 +172,44 @@ def test_ema_tracks_weights_and_swaps_in():
         np.testing.assert_array_equal(v.numpy(), t)
 
 
+def test_ema_is_the_readme_average_and_a_checkpoint_resumes_it_exactly(tmp_path):
+    from trainer.checkpoints import Checkpointer
+    from trainer.spec import CheckpointSpec
+
+    def trainer() -> TowerTrainer:
+        return make_trainer(2, optimizer="adam", lr=0.05, ema_decay=0.95)
+
+    whole = trainer()
+    expected = [v.numpy().copy() for v in whole.model.trainable_variables]
+    for step in range(1, 7):
+        whole.train_step(*batch(16, seed=step))
+        # README: each step's decay min(ema_decay, (1 + step) / (10 + step)), steps from 1.
+        decay = np.float32(min(0.95, (1 + step) / (10 + step)))
+        expected = [
+            decay * e + (1 - decay) * v.numpy()
+            for e, v in zip(expected, whole.model.trainable_variables, strict=True)
+        ]
+        assert whole.ema is not None
+        for shadow, e in zip(whole.ema.shadows, expected, strict=True):
+            np.testing.assert_allclose(shadow.numpy(), e, atol=1e-7)
+
+    def checkpointer(t: TowerTrainer) -> Checkpointer:
+        data = iter(tf.data.Dataset.range(1))
+        return Checkpointer(tmp_path, t, data, CheckpointSpec(every_steps=1, keep=1))
+
+    first = trainer()
+    for step in range(1, 4):
+        first.train_step(*batch(16, seed=step))
+    checkpointer(first).save(3)
+    resumed = trainer()
+    assert checkpointer(resumed).restore_latest() == 3
+    for step in range(4, 7):
+        resumed.train_step(*batch(16, seed=step))
+    assert resumed.ema is not None and whole.ema is not None
+    for a, b in zip(resumed.ema.shadows, whole.ema.shadows, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
 def test_learning_rate_warmup_then_schedule():
     from trainer.optim import make_schedule
 

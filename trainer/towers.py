@@ -383,8 +383,12 @@ class TowerTrainer:
         (weight decay added, clipped), the same before clipping (for histograms), and
         their global norm before clipping when clipping computed it (None otherwise)."""
         if self.weight_decay:
+            # `g + wd * w`, written as `g - (-wd) * w` (the same bits): Grappler merges an Add
+            # of the towers' sum into one AddN, with the decay first, `(wd * w + g0) + g1`,
+            # where a cluster's all-reduce leaves `(g0 + g1) + wd * w`, so one machine's two
+            # towers and two workers parted in the last bits. A Sub is no sum to merge.
             grads = [
-                g + self.weight_decay * tf.convert_to_tensor(v) if _is_weight_decayed(v) else g
+                g - (-self.weight_decay) * tf.convert_to_tensor(v) if _is_weight_decayed(v) else g
                 for g, v in zip(grads, self._variables, strict=True)
             ]
         averaged = grads

@@ -39,6 +39,10 @@ SPEC = {
     "towers": 1,
     "batch_size": 30,
     "steps": 160,
+    # Each worker adds the decay to the all-reduced sum and keeps its own EMA: both must
+    # still agree bit for bit with one machine's two towers.
+    "weight_decay": 0.001,
+    "ema_decay": 0.9,
     "deterministic": True,
     "eval": {"every_steps": 100, "batches": 2},
     "summaries": {
@@ -125,12 +129,12 @@ def results(job_dir: Path, workers: int) -> list[dict]:
 
 
 def variables(checkpoint: Path) -> dict[str, np.ndarray]:
-    """The model's weights and batch-norm statistics, and the optimizer's slots."""
+    """The model's weights and batch-norm statistics, the optimizer's slots, the EMA's."""
     reader = tf.train.load_checkpoint(str(checkpoint))
     return {
         name: reader.get_tensor(name)
         for name in reader.get_variable_to_shape_map()
-        if name.startswith(("model/", "optimizer/", "step/"))
+        if name.startswith(("model/", "optimizer/", "step/", "ema/"))
     }
 
 
@@ -156,6 +160,7 @@ def test_two_workers_train_as_two_towers_of_one_machine(cluster_run, tmp_path):
         )
         assert any("moving_variance" in name for name in one)
         assert any("optimizer/" in name for name in one)
+        assert any(name.startswith("ema/shadows/") for name in one)
         assert one.keys() == chief.keys() == worker.keys()
         for name in one:
             np.testing.assert_array_equal(chief[name], worker[name], err_msg=f"{name}, {step}")

@@ -172,6 +172,31 @@ def test_ema_tracks_weights_and_swaps_in():
         np.testing.assert_array_equal(v.numpy(), t)
 
 
+def test_weight_decay_is_added_to_the_towers_sum_as_a_cluster_adds_it():
+    # A cluster's all-reduce gives the towers' sum, then the decay is added: (g0 + g1) + wd * w.
+    # One machine's `add_n(towers) + wd * w` was merged by Grappler into one AddN with the
+    # decay first, (wd * w + g0) + g1: the two parted in the last bits, where the docs say
+    # two workers end a run bit for bit as one machine's two towers.
+    trainer = make_trainer(2, lr=0.1, weight_decay=0.01)
+    x, y = batch(30)
+    before = [v.numpy().copy() for v in trainer.model.trainable_variables]
+    towers = []
+    for shard in (slice(0, 15), slice(15, 30)):  # the step's split, and its objective
+        with tf.GradientTape() as tape:
+            logits = trainer.model(x[shard], training=True)
+            loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y[shard], logits=logits)
+            objective = 1.0 * tf.reduce_sum(loss) / 30.0
+        towers.append(
+            [g.numpy() for g in tape.gradient(objective, trainer.model.trainable_variables)]
+        )
+    trainer.train_step(x, y)
+    lr, wd = np.float32(0.1), np.float32(0.01)
+    for k, (var, w) in enumerate(zip(trainer.model.trainable_variables, before, strict=True)):
+        summed = towers[0][k] + towers[1][k]
+        expected = w - lr * (summed + wd * w if w.ndim > 1 else summed)
+        np.testing.assert_array_equal(var.numpy(), expected, err_msg=var.path)
+
+
 def test_ema_is_the_readme_average_and_a_checkpoint_resumes_it_exactly(tmp_path):
     from trainer.checkpoints import Checkpointer
     from trainer.spec import CheckpointSpec

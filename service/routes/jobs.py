@@ -607,7 +607,7 @@ _LOG_READ_BYTES = 1024 * 1024
 )
 def read_job_logs(
     job: JobDep,
-    settings: SettingsDep,
+    runtime: RuntimeDep,
     tail: Annotated[int, Query(ge=1, le=100_000, description="How many last lines")] = 200,
     offset: Annotated[
         int | None,
@@ -625,22 +625,38 @@ def read_job_logs(
     """The job's worker.log (empty before its worker starts): the last `tail` lines, or
     whole lines from byte `offset` on. Either way the `X-Log-Offset` header says where to
     read on from, so a follower sees every line once."""
-    run = _run(settings, job)
-    readable = inside(run.root, run.log)
-    if offset is None:
-        lines, end = tail_with_end(run.log, tail) if readable else ([], 0)
-        text = "".join(f"{line}\n" for line in lines)
-    else:
-        try:
-            if not readable:  # no log yet (or one that is not a plain file in the run dir)
-                if offset:
-                    raise OffsetPastEnd(offset, 0)
-                text, end = "", 0
-            else:
-                text, end = read_lines_from(run.log, offset, limit)
-        except OffsetPastEnd as e:
-            raise HTTPException(416, f"Cannot read the log of job {job.id}: {e}.") from e
+    run = _run(runtime.settings, job)
+    read = _read_log(run, tail, offset, limit)
+    if not isinstance(read, tuple):
+        # No log, or none that far: a delete may have just moved the run directory aside,
+        # which it does before it deletes the job's record (a record it cannot delete
+        # keeps its files). A follower's read between the two answered 416 for a job
+        # that was going. Once the delete's lock is free, it has either deleted the job
+        # (404) or put its files back, and the log reads as it is.
+        with _ENDED_JOB_LOCK:
+            if runtime.store.get(job.id) is None:
+                raise HTTPException(404, job_not_found(job.id))
+            read = _read_log(run, tail, offset, limit)
+    if isinstance(read, OffsetPastEnd):
+        raise HTTPException(416, f"Cannot read the log of job {job.id}: {read}.") from read
+    text, end = read if read is not None else ("", 0)
     return PlainTextResponse(text, headers={LOG_OFFSET_HEADER: str(end)})
+
+
+def _read_log(
+    run: RunDir, tail: int, offset: int | None, limit: int
+) -> tuple[str, int] | OffsetPastEnd | None:
+    """The text and the offset to read on from; None when there is no log (not yet, or
+    not a plain file of the run directory); OffsetPastEnd when it ends before `offset`."""
+    if not inside(run.root, run.log):
+        return OffsetPastEnd(offset, 0) if offset else None
+    if offset is None:
+        lines, end = tail_with_end(run.log, tail)
+        return "".join(f"{line}\n" for line in lines), end
+    try:
+        return read_lines_from(run.log, offset, limit)
+    except OffsetPastEnd as e:
+        return e
 
 
 class _MetricPoint(TypedDict):

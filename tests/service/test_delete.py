@@ -16,6 +16,7 @@ from service.tensorboard import mirror_logdir
 from tests.service.harness import Service, fake_worker_env, job_spec
 from tests.service.test_client import one_error_line, towerboard
 from tests.service.test_jobs import read_sse
+from tests.service.test_supervisor import write_locked
 
 
 @pytest.fixture
@@ -104,6 +105,44 @@ def test_two_deletes_of_one_job_at_once_delete_it_once(service: Service) -> None
     runs = service.data_dir / "runs"
     assert not (runs / job["id"]).exists()  # never put back by a losing delete
     assert _until(lambda: not any((runs / ".deleted").iterdir()))
+
+
+def test_reading_the_log_of_a_job_being_deleted_answers_404_not_416(service: Service) -> None:
+    # A delete moves the run directory aside before it deletes the job's record (a record
+    # it cannot delete keeps its files). A follower's read in between found no log and
+    # answered 416, "offset past the end", for a job that was going: the CLI's `logs
+    # --follow` said the service had refused its offset. The window is held open here by
+    # the store's file, locked by another connection, which the record's delete waits on.
+    job = service.submit(job_spec(name="quick"))
+    _exited(service, job)
+    path = f"/api/v1/jobs/{job['id']}/logs"
+    read = service.client.get(path)
+    offset = int(read.headers["X-Log-Offset"])
+    assert read.status_code == 200 and offset > 0  # the attempt's first line, at least
+    answers: dict[str, Any] = {}
+
+    def ask(name: str, method: str, url: str, **kwargs: Any) -> threading.Thread:
+        def send() -> None:
+            answers[name] = service.client.request(method, url, **kwargs)
+
+        thread = threading.Thread(target=send, daemon=True)
+        thread.start()
+        return thread
+
+    with write_locked(service.data_dir / "towerboard.db"):
+        deleting = ask("delete", "DELETE", f"/api/v1/jobs/{job['id']}")
+        assert _until(lambda: not (service.data_dir / "runs" / job["id"]).exists())
+        readers = [
+            ask("follow", "GET", path, params={"offset": offset}),
+            ask("tail", "GET", path),
+        ]
+        time.sleep(0.5)  # each read answered at once before
+    for thread in (deleting, *readers):
+        thread.join(timeout=30)
+    assert answers["delete"].status_code == 204, answers["delete"].text
+    for name in ("follow", "tail"):
+        assert answers[name].status_code == 404, (name, answers[name].text)
+        assert answers[name].json()["detail"] == f"Job {job['id']!r} not found."
 
 
 def test_delete_refuses_a_job_that_has_not_ended(service: Service) -> None:

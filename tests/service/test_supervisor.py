@@ -755,7 +755,7 @@ def test_gone_workers_job_ends_without_lines_the_store_refuses_past_the_wait(
 
 
 @contextmanager
-def _write_locked(db_path: Path) -> Iterator[None]:
+def write_locked(db_path: Path) -> Iterator[None]:
     """The store's file held in a write transaction by another connection (a backup tool,
     a sqlite3 shell): every write of the store fails with "database is locked"; its reads
     go on."""
@@ -787,7 +787,7 @@ def test_gone_workers_job_settles_after_the_store_failed_to_end_it(tmp_path: Pat
         assert _running(store, job.id)
         if store.get(job.id).progress_offset == progress.stat().st_size:  # type: ignore[union-attr]
             break
-    with _write_locked(settings.db_path):
+    with write_locked(settings.db_path):
         for _ in range(3):
             supervisor.tick()  # nothing left to read: each tick tries to end it, and fails
     assert _running(store, job.id)
@@ -1178,7 +1178,7 @@ def test_worker_whose_pid_the_store_refused_is_watched_and_cancelled(
                 """The worker started, and the store's file locked by another connection
                 (a backup tool, a sqlite3 shell) at once, before its pid is stored."""
                 worker = spawn(**kwargs)
-                locked.enter_context(_write_locked(settings.db_path))
+                locked.enter_context(write_locked(settings.db_path))
                 return worker
 
             monkeypatch.setattr(supervisor_module, "spawn_worker", spawn_then_lock)

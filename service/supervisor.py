@@ -4,9 +4,11 @@ Every `poll_seconds` (or at once when woken by a submit or cancel) it
   1. tails each running job's progress.jsonl into the store and out to event listeners,
   2. sends SIGTERM to workers whose job was cancelled, SIGKILL after the grace period,
   3. reaps workers that ended and records the final state (see `service.outcomes`),
-     as soon as a worker has written result.json, its last file: a worker's exit can
-     take seconds more (TensorFlow's memory going back to the system, at a low CPU
-     priority on a busy host; 30 s was seen), and the job is over. Its devices stay held
+     as soon as a worker has written its `end` progress line and then result.json, its
+     last file (a result.json alone may be a custom model's, whose code runs in the run
+     directory, while the job trains on): a worker's exit can take seconds more
+     (TensorFlow's memory going back to the system, at a low CPU priority on a busy
+     host; 30 s was seen), and the job is over. Its devices stay held
      until the process is gone, then an `exited` event says they are free; one that has
      not exited within the cancel grace period is killed,
   4. starts the queued jobs the scheduler places on free devices.
@@ -348,7 +350,17 @@ class Supervisor:
 
     def _told_exit(self, job: JobRecord) -> WorkerExit | None:
         """The exit a running worker's result.json announces, when that ends its job (not a
-        stop that requeues it, whose next attempt must wait for this process to be gone)."""
+        stop that requeues it, whose next attempt must wait for this process to be gone).
+
+        Only once the attempt's `end` line is stored (its phase is `done`): a custom
+        model's code runs in the run directory and may write a result.json while the job
+        trains, which ended the job there, with that file as its result, and killed the
+        worker after the grace. The trainer writes its end line once none of the job's
+        code runs any more, removing any result.json first, then its own; a worker that
+        writes none is ended by its exit, its result.json read then."""
+        tail = self._tails.get(job.id)
+        if tail is None or (tail.progress or {}).get("phase") != "done":
+            return None
         run = self.run_dir(job.id)
         result = run.read_result() if inside(run.root, run.result) else None
         if result is None:

@@ -496,8 +496,9 @@ def _train(
         if summary.outcome is Outcome.CANCELLED:
             # With the numbers of the step it stopped at, as result.json has them: its last
             # report, up to 2 s before, was of an earlier step, and the job showed those.
-            progress.write(
-                "end",
+            _write_end(
+                progress,
+                rundir,
                 step=step,
                 total=total,
                 outcome="cancelled",
@@ -515,7 +516,7 @@ def _train(
             progress.write("phase", step=step, total=total, phase="exporting")
             export_model(trainer, arrays.image_shape, rundir.export)
             fields["export"] = "export"
-        progress.write("end", step=step, total=total, outcome="succeeded", phase="done")
+        _write_end(progress, rundir, step=step, total=total, outcome="succeeded", phase="done")
         message = f"Trained {step} steps."
         if not cluster.is_chief:
             # Its `eval` and `export` are null: whose they are, and whose result is the job's.
@@ -523,11 +524,11 @@ def _train(
         return _write_result(rundir, Outcome.SUCCEEDED, message, **fields)
     except NonFiniteLoss as e:
         log.error("%s", e)
-        _end_failed(progress, e.step, total)
+        _end_failed(progress, rundir, e.step, total)
         return _write_result(rundir, Outcome.FAILED, str(e), step=e.step, total=total)
     except PastTheEnd as e:
         log.error("%s", e)
-        _end_failed(progress, step, total)
+        _end_failed(progress, rundir, step, total)
         return _write_result(rundir, Outcome.FAILED, str(e), step=step, total=total)
     except Exception as e:  # noqa: BLE001 - any crash becomes a failed result, not a stuck job
         log.error("training failed:\n%s", traceback.format_exc())
@@ -538,7 +539,7 @@ def _train(
             from trainer.multiworker import lost_worker
 
             message = lost_worker(e, step) or message
-        _end_failed(progress, step, total)
+        _end_failed(progress, rundir, step, total)
         return _write_result(rundir, Outcome.FAILED, message, step=step, total=total)
     finally:
         _quietly("close the TensorBoard writers", summaries.close)
@@ -559,14 +560,29 @@ class PastTheEnd(RuntimeError):
         )
 
 
-def _end_failed(progress: ProgressWriter | None, step: int | None, total: int) -> None:
+def _write_end(progress: ProgressWriter, rundir: RunDir, **fields: Any) -> None:
+    """The run's end line, with no result.json left beside it. A custom model's code runs
+    in the run directory and may have written one; the service ends a running job at the
+    result.json it finds once this line is in, and that must be the one `_write_result`
+    writes next, not the model's (found between the two, it ended the job with it)."""
+    try:
+        rundir.result.unlink(missing_ok=True)
+    except OSError as e:  # a folder of that name: `_write_result` says why it cannot write
+        log.warning("could not remove the result.json the job's code left: %s", e)
+    progress.write("end", **fields)
+
+
+def _end_failed(
+    progress: ProgressWriter | None, rundir: RunDir, step: int | None, total: int
+) -> None:
     """The failed run's end line; without a step when it failed before it had one."""
     if progress is not None:
         at = {} if step is None else {"step": step}
         _quietly(
             "write progress.jsonl",
-            progress.write,
-            "end",
+            _write_end,
+            progress,
+            rundir,
             **at,
             total=total,
             outcome="failed",

@@ -248,6 +248,32 @@ def test_job_ends_at_its_result_and_its_device_waits_for_the_worker_to_exit(
     assert service.job(first["id"])["state"] == "succeeded"
 
 
+def test_a_result_json_a_custom_models_code_writes_does_not_end_its_job(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # A custom model's code runs in the worker, in the run directory. A result.json it
+    # wrote (notes of its own, with an `outcome`) ended the job at once, in `preparing`,
+    # with that file as its result; the worker trained on unseen, to be killed after the
+    # grace. The real trainer, on a model whose `build` writes one.
+    (tmp_path / "notes_model.py").write_text(
+        "import json, keras\n"
+        "def build(input_shape, num_classes):\n"
+        "    with open('result.json', 'w') as f:  # the working directory: the run's\n"
+        "        json.dump({'outcome': 'succeeded', 'message': 'the model built'}, f)\n"
+        "    inputs = keras.Input(input_shape)\n"
+        "    x = keras.layers.Dense(num_classes)(keras.layers.Flatten()(inputs))\n"
+        "    return keras.Model(inputs, x)\n"
+    )
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    service = make_service(env={"PYTHONPATH": path})
+    service.start()
+    job = service.submit(job_spec(name="notes", model={"name": "notes_model:build"}))
+    ended = service.wait_state(job["id"], "succeeded", "failed", "cancelled")
+    assert ended["state"] == "succeeded", ended
+    assert ended["result"]["message"] == "Trained 40 steps.", ended["result"]
+    assert (ended["progress"]["step"], ended["progress"]["phase"]) == (40, "done")
+
+
 def test_restarted_service_keeps_an_ended_jobs_devices_until_its_worker_exits(
     make_service: Callable[..., Service], tmp_path: Path
 ) -> None:

@@ -926,6 +926,43 @@ def test_run_job_custom_model_with_one_logit_for_four_classes_exits_2(run):
     )
 
 
+@beside_run("test_run_job_leaves_no_result_json_of_its_models_code_beside_its_end_line")
+def _notes_model(folder: Path) -> Run:
+    # A model whose code writes a result.json of its own (the run directory is its working
+    # directory), and looks at what a reader of the run directory finds as the end line is
+    # written: the trainer's progress writer, wrapped by the model's module.
+    return custom_model_in(
+        folder,
+        "notes",
+        "import json, os, sys, keras\n"
+        "from trainer import rundir\n"
+        "os.chdir(sys.argv[sys.argv.index('--job-dir') + 1])  # as the service starts it\n"
+        "write = rundir.ProgressWriter.write\n"
+        "def looked(self, event, **fields):\n"
+        "    write(self, event, **fields)\n"
+        "    if event == 'end':\n"
+        "        with open('seen_at_end.txt', 'w') as f:\n"
+        "            f.write(open('result.json').read() if os.path.exists('result.json') else '')\n"
+        "rundir.ProgressWriter.write = looked\n"
+        "def build(input_shape, num_classes):\n"
+        "    with open('result.json', 'w') as f:\n"
+        "        json.dump({'outcome': 'failed', 'message': 'the model built'}, f)\n"
+        "    inputs = keras.Input(input_shape)\n"
+        "    return keras.Model(inputs, keras.layers.Dense(num_classes)(keras.layers.Flatten()(inputs)))\n",
+        towers=1,
+    )
+
+
+def test_run_job_leaves_no_result_json_of_its_models_code_beside_its_end_line(run):
+    # The service ends a running job at the result.json it finds once the end line is in.
+    # The model's own was still there until the trainer's replaced it (after an fsync), and
+    # a service that looked then ended the job with it: failed, "the model built".
+    code, result, log, folder = run
+    assert code == 0, log
+    assert result["message"] == "Trained 40 steps."
+    assert (folder / "job" / "seen_at_end.txt").read_text() == ""
+
+
 MIXED_PRECISION = (
     "import keras\n"
     "def build(input_shape, num_classes):\n"

@@ -581,11 +581,22 @@ class Supervisor:
         # as its worker starts: a service killed between the two left it beside a running
         # job with no worker, and the next start ended the job with that old outcome.
         run = self.run_dir(job_id)
-        run.result.unlink(missing_ok=True)
-        # So does a profile request that attempt never took (the job ended first, which
-        # the route said leaves it untraced): the next attempt traced it, saying "asked
-        # for". Only a running job is asked, so one asked of this attempt comes later.
-        run.profile_request.unlink(missing_ok=True)
+        try:
+            run.result.unlink(missing_ok=True)
+            # So does a profile request that attempt never took (the job ended first, which
+            # the route said leaves it untraced): the next attempt traced it, saying "asked
+            # for". Only a running job is asked, so one asked of this attempt comes later.
+            run.profile_request.unlink(missing_ok=True)
+        except OSError as error:
+            # A folder of that name (a custom model's code runs in the run directory), a
+            # run directory it made read-only: raised out of the pass, this left the job
+            # queued for good, at the head of a strict queue, and no job behind it started.
+            log.exception("Job %s: could not start its worker", job_id)
+            if self._store.fail_queued(
+                job_id, error={"reason": f"Could not start the worker: {error}"}
+            ):
+                self._publish_state(job_id)
+            return
         if not self._store.mark_running(job_id, devices=devices):
             return  # cancelled since the queue was read
         # Running from here: should what follows raise before its worker is watched, the

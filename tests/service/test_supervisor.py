@@ -1274,6 +1274,31 @@ def test_job_marked_running_whose_worker_never_started_runs_again(
         store.close()
 
 
+def test_a_job_whose_old_result_cannot_be_removed_fails_and_holds_back_no_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A start removes the attempt before's result.json before it marks the job running.
+    # A job's code runs in its run directory and can leave a folder of that name: the
+    # removal raised out of the pass, and the job stayed queued for good, at the head of a
+    # strict queue, so no job behind it ever started.
+    settings, store = with_fake_workers(tmp_path, monkeypatch)
+    stuck, behind = created(store, "quick"), created(store, "quick")
+    (settings.runs_dir / stuck.id / "result.json").mkdir(parents=True)
+    supervisor = in_process(settings, store)
+    try:
+        ended = _tick_until_ended(supervisor, store, behind.id)
+        assert (ended.state, ended.devices) == (JobState.SUCCEEDED, [])
+        failed = store.get(stuck.id)
+        assert failed is not None and (failed.state, failed.devices) == (JobState.FAILED, [])
+        assert failed.error == {
+            "reason": "Could not start the worker: [Errno 21] Is a directory: "
+            f"'{settings.runs_dir / stuck.id / 'result.json'}'"
+        }
+    finally:
+        kill_processes_under(settings.runs_dir)
+        store.close()
+
+
 def test_a_store_that_fails_every_tick_is_logged_once_until_it_works_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

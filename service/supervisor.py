@@ -618,13 +618,18 @@ class Supervisor:
                 attempt=job.attempts,
                 data_roots=self._settings.allowed_data_roots,
             )
-        except OSError as error:
+        except Exception as error:
+            # Ended here, whatever the error: one that left the pass (anything but an
+            # OSError did) left the job running with no worker, and the next pass requeued
+            # it as one whose worker was gone, started it again, and so on every pass. A
+            # store that refuses this end raises, and that next pass takes the job over.
             log.exception("Job %s: could not start its worker", job.id)
+            said = str(error) if isinstance(error, OSError) else f"{type(error).__name__}: {error}"
             self._store.finish(
                 job.id,
                 JobState.FAILED,
                 result=None,
-                error={"reason": f"Could not start the worker: {error}"},
+                error={"reason": f"Could not start the worker: {said}"},
             )
             self._publish_state(job.id)
             return

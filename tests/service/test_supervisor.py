@@ -1299,6 +1299,40 @@ def test_a_job_whose_old_result_cannot_be_removed_fails_and_holds_back_no_other(
         store.close()
 
 
+def test_a_worker_start_that_raises_anything_fails_the_job_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only an OSError of the worker's start failed its job. Anything else left the job
+    # running with no worker; the next pass requeued it as one whose worker was gone and
+    # started it again, every pass, its attempts counting up, and the job behind it (one
+    # slot) never started. Nothing known raises anything else there (the start's inputs
+    # are all checked before it): the fault is injected, standing in for what a later
+    # change or another platform may raise; the store and the job behind are real.
+    settings, store = with_fake_workers(tmp_path, monkeypatch)
+    broken, behind = created(store, "quick"), created(store, "quick")
+    spawn = supervisor_module.spawn_worker
+
+    def refused(**kwargs: Any) -> Any:
+        if kwargs["job_id"] == broken.id:
+            raise ValueError("embedded null byte")
+        return spawn(**kwargs)
+
+    monkeypatch.setattr(supervisor_module, "spawn_worker", refused)
+    supervisor = in_process(settings, store)
+    try:
+        ended = _tick_until_ended(supervisor, store, behind.id)
+        assert ended.state is JobState.SUCCEEDED
+        failed = store.get(broken.id)
+        assert failed is not None
+        assert (failed.state, failed.devices, failed.attempts) == (JobState.FAILED, [], 1)
+        assert failed.error == {
+            "reason": "Could not start the worker: ValueError: embedded null byte"
+        }
+    finally:
+        kill_processes_under(settings.runs_dir)
+        store.close()
+
+
 def test_a_store_that_fails_every_tick_is_logged_once_until_it_works_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -96,8 +96,9 @@ class Settings(BaseSettings):
         20.0,
         gt=0,
         le=3600,
-        description="Close a connection whose request head is not whole this long after it "
-        "opened, or after its last response (uvicorn sets no such deadline).",
+        description="Close a connection whose request head, and the body it declares, are not "
+        "whole this long after it opened, or after its last response (uvicorn sets no such "
+        "deadline).",
     )
     poll_seconds: float = Field(
         0.2, gt=0, le=1.0, description="How often progress files and workers are checked."

@@ -1,8 +1,9 @@
-"""A real `towerboard serve` closes a connection whose request head does not come whole in
-time (TOWERBOARD_HEAD_TIMEOUT_SECONDS, 2 s here): uvicorn held one open for ever if it sent
-nothing, or a header line now and then (slowloris), until the service ran out of
-connections. Requests that come whole, kept-alive connections between them, and a long
-response (an event stream) are not touched."""
+"""A real `towerboard serve` closes a connection whose request head, or the body it
+declares, does not come whole in time (TOWERBOARD_HEAD_TIMEOUT_SECONDS, 2 s here): uvicorn
+held one open for ever if it sent nothing, or a header line (or a body byte) now and then
+(slowloris), until the service ran out of connections. Requests that come whole,
+kept-alive connections between them, and a long response (an event stream) are not
+touched."""
 
 from __future__ import annotations
 
@@ -94,3 +95,65 @@ def test_kept_alive_requests_and_a_long_stream_are_not_touched(service: Service)
         stream.settimeout(TIMEOUT * 3)
         with pytest.raises(TimeoutError):  # still open, nothing to say: not closed
             stream.recv(4096)
+
+
+def post(path: str, body_length: int, port: int) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {body_length}\r\n\r\n"
+    ).encode()
+
+
+def test_a_body_that_never_comes_is_closed_at_the_deadline(service: Service) -> None:
+    # Every POST's body is read whole before a route runs (`service.bodylimit`): a head
+    # that declared one and then nothing held the connection for ever, so a client went
+    # round the head's deadline by sending its head whole.
+    with connect(service) as client:
+        client.sendall(post("/api/v1/jobs", 100, service.port) + b'{"name"')
+        assert closed_after(client) < TIMEOUT + 5
+
+
+def test_a_body_sent_a_byte_at_a_time_is_closed_at_its_deadline(service: Service) -> None:
+    body = b'{"name": "' + b"x" * 200 + b'"}'
+    with connect(service) as client:
+        client.sendall(post("/api/v1/jobs/nosuch/cancel", len(body), service.port))
+        start, closed = time.monotonic(), False
+        for byte in body:  # a byte every 0.2 s: 40 s in all
+            try:
+                client.sendall(bytes([byte]))
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            readable, _, _ = select.select([client], [], [], 0.2)
+            if readable and client.recv(4096) == b"":
+                closed = True
+                break
+        assert closed
+        assert time.monotonic() - start < TIMEOUT + 5
+
+
+def test_a_pipelined_request_whose_body_never_comes_is_closed(service: Service) -> None:
+    # Its head comes in with the answered request before it: the deadline is the next
+    # request's, and its body is part of it.
+    with connect(service) as client:
+        client.sendall(request(service, "/healthz") + post("/api/v1/jobs", 100, service.port))
+        answer = b""
+        while not answer.endswith(b'{"status":"ok"}'):
+            chunk = client.recv(4096)
+            assert chunk, f"closed before the first answer, after {answer!r}"
+            answer += chunk
+        assert closed_after(client) < TIMEOUT + 5
+
+
+def test_a_body_that_comes_in_time_is_answered(service: Service) -> None:
+    body = b"{}"
+    with connect(service) as client:
+        client.sendall(post("/api/v1/jobs/nosuch/resume", len(body), service.port))
+        time.sleep(TIMEOUT / 4)
+        client.sendall(body)
+        answer = b""
+        while b"not found" not in answer:
+            chunk = client.recv(4096)
+            assert chunk, f"closed before the answer, after {answer!r}"
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 404 ")

@@ -246,7 +246,9 @@ _ENDED_JOB_LOCK = threading.Lock()
 # resume asked for then waits up to this long for the exit: answered at once with a 409,
 # a script's `cancel --wait` (or `submit --watch`) and then `delete` failed one time in
 # three. A worker still there after it (a busy host, a hang the supervisor kills after
-# its grace) gets the 409 still, so a request never hangs for long.
+# its grace) gets the 409 still, so a request never hangs for long. The wait is on the
+# event loop, not a thread: dozens of them on the 40 threads every plain route runs on
+# held up every other request (logs, downloads, submits) for as long.
 EXIT_WAIT_SECONDS = 5.0
 
 
@@ -262,22 +264,26 @@ EXIT_WAIT_SECONDS = 5.0
         500: {"model": ErrorPublic, "description": "Its run directory could not be moved"},
     },
 )  # fmt: skip
-def delete_job(job: JobDep, runtime: RuntimeDep) -> Response:
+async def delete_job(job: JobDep, runtime: RuntimeDep) -> Response:
     """Delete an ended job for good: its record, metrics, logs, checkpoints and export.
     Its files leave the API and TensorBoard at once; the disk space is freed just after."""
-    _wait_for_its_exit(job.id, runtime)
+    await _wait_for_its_exit(job.id, runtime)
+    return await anyio.to_thread.run_sync(_delete_alone, job.id, runtime)
+
+
+def _delete_alone(job_id: str, runtime: Runtime) -> Response:
     with _ENDED_JOB_LOCK:  # a second delete of the same job finds it gone: 404
-        return _delete(job.id, runtime)
+        return _delete(job_id, runtime)
 
 
-def _wait_for_its_exit(job_id: str, runtime: Runtime) -> None:
+async def _wait_for_its_exit(job_id: str, runtime: Runtime) -> None:
     """Return once the job's worker has exited after its end, or it has none, or after
-    `EXIT_WAIT_SECONDS`. On the route's worker thread, not the event loop."""
+    `EXIT_WAIT_SECONDS`. Each look is a primary-key read, as `get_job`'s on the loop."""
     deadline = time.monotonic() + EXIT_WAIT_SECONDS
     while (job := runtime.store.get(job_id)) is not None and job.exiting is not None:
         if time.monotonic() >= deadline:
             return
-        time.sleep(0.1)  # the supervisor's poll is 0.2 s
+        await anyio.sleep(0.1)  # the supervisor's poll is 0.2 s
 
 
 def _ended_job(job_id: str, runtime: Runtime, verb: str, then: str = "") -> JobRecord:
@@ -353,15 +359,21 @@ def _delete(job_id: str, runtime: Runtime) -> Response:
         **NOT_JSON,
     },
 )  # fmt: skip
-def resume_job(job: JobDep, runtime: RuntimeDep, resume_in: ResumeCreate | None = None) -> Response:
+async def resume_job(
+    job: JobDep, runtime: RuntimeDep, resume_in: ResumeCreate | None = None
+) -> Response:
     """Put an ended job back in the queue, behind the jobs already waiting at its priority.
     Its next worker restores its latest checkpoint and trains on from there (from step 0
     when it has none). A cancelled or failed job resumes as it is; a succeeded one needs
     a new `steps` or `epochs` to train longer. Its spec is admitted again, as at submission
     (the data must still be there, the towers still fit)."""
-    _wait_for_its_exit(job.id, runtime)
+    await _wait_for_its_exit(job.id, runtime)
+    return await anyio.to_thread.run_sync(_resume_alone, job.id, resume_in, runtime)
+
+
+def _resume_alone(job_id: str, resume_in: ResumeCreate | None, runtime: Runtime) -> Response:
     with _ENDED_JOB_LOCK:  # not while a delete of the job moves its files
-        return _resume(job.id, resume_in or ResumeCreate(), runtime)
+        return _resume(job_id, resume_in or ResumeCreate(), runtime)
 
 
 def _is_in(state: JobState) -> str:

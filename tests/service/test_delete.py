@@ -6,6 +6,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -291,3 +292,35 @@ def test_tensorboard_view_drops_a_deleted_job(tmp_path: Path) -> None:
     assert [p.name for p in logdir.iterdir()] == ["keptjob123"]
     assert (logdir / "keptjob123" / "train").resolve() == (runs / "keptjob123" / "tb" / "train")
     assert (tmp_path / "aside" / "tb" / "train").is_dir()  # never what the links lead to
+
+
+def test_deletes_waiting_for_an_exit_hold_up_no_other_request(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # Each delete (and resume) waited for the exit on one of the service's 40 threads,
+    # which every plain route runs on: dozens asked at once (a script's parallel loop, an
+    # impatient client) held up every log, checkpoint list, download and submit of every
+    # job for up to 5 s a wave.
+    service = make_service(env={"TOWERBOARD_CPU_JOBS": "2", **fake_worker_env(tmp_path)})
+    service.start()
+    other = service.submit(job_spec(name="quick"))
+    service.wait_state(other["id"], "succeeded")
+    job = service.submit(job_spec(name="linger"))  # exits once released
+    assert service.wait_state(job["id"], "succeeded")["state"] == "succeeded"
+    deletes = 60  # past the 40 threads
+    with ThreadPoolExecutor(deletes) as pool:
+        answers = [
+            pool.submit(service.client.delete, f"/api/v1/jobs/{job['id']}") for _ in range(deletes)
+        ]
+        time.sleep(1.0)  # all asked, and waiting for the worker's exit
+        began = time.monotonic()
+        logs = service.client.get(f"/api/v1/jobs/{other['id']}/logs")
+        took = time.monotonic() - began
+        service.release(job["id"])
+        statuses = sorted(answer.result().status_code for answer in answers)
+    assert logs.status_code == 200
+    assert took < 2.0, f"a log read waited {took:.1f} s behind the waiting deletes"
+    # Once the worker had gone, one delete went through; the rest found the job gone (or,
+    # on a slow host, gave up first, saying the worker was still exiting).
+    assert statuses.count(204) == 1, statuses
+    assert set(statuses) <= {204, 404, 409}, statuses

@@ -35,6 +35,15 @@ class JobJson:
             return None
         return self.put(job)
 
+    def of(self, job: JobRecord) -> bytes:
+        """`job`'s JSON, as kept if that is of this version, else rendered now and not
+        kept: a page of jobs read (up to 200 at a time) would fill the cache with jobs
+        no one reads apart."""
+        hit = self._rendered.get(job.id)
+        if hit is not None and hit[0] == job.version:
+            return hit[1]
+        return render_job(job)
+
     def forget(self, job_id: str) -> None:
         """Drop a deleted job's JSON."""
         self._rendered.pop(job_id, None)

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from service.schemas import MetricsPublic
+from service.store import JobStore
 from tests.service.harness import ROOT, Service, fake_worker_env, job_spec, long_job
 
 pytestmark = pytest.mark.slow
@@ -1085,3 +1086,37 @@ def test_read_job_logs_symlink_outside_empty(
     finally:
         log.unlink(missing_ok=True)
         aside.rename(log)
+
+
+def test_listing_jobs_of_large_specs_holds_up_no_other_request(
+    make_service: Callable[..., Service],
+) -> None:
+    # A page of jobs carries each job's spec, and a custom model's `params` may fill the
+    # 1 MiB a body may be: a page of 200 such jobs was 200 MB, read and rendered on the
+    # event loop, which answered nothing else meanwhile (3 s a page; /healthz timed out).
+    service = make_service()
+    store = JobStore(service.data_dir / "towerboard.db")
+    for _ in range(40):
+        spec = job_spec(
+            priority=0, model={"name": "builtins:print", "params": {"words": "w" * 1_000_000}}
+        )
+        store.cancel_queued(store.create(spec).id)  # nothing to run
+    store.close()
+    service.start()
+    pages: list[httpx.Response] = []
+
+    def list_all() -> None:
+        with httpx.Client(base_url=service.base_url, timeout=60) as client:
+            pages.append(client.get("/api/v1/jobs", params={"limit": 200}))
+
+    listers = [threading.Thread(target=list_all) for _ in range(3)]
+    for lister in listers:
+        lister.start()
+    time.sleep(0.2)  # the listings are under way
+    began = time.monotonic()
+    assert httpx.get(f"{service.base_url}/healthz", timeout=30).status_code == 200
+    took = time.monotonic() - began
+    for lister in listers:
+        lister.join()
+    assert [len(page.json()["data"]) for page in pages] == [40, 40, 40]
+    assert took < 0.5, f"/healthz waited {took:.1f} s behind three listings"

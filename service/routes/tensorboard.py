@@ -75,10 +75,12 @@ async def start_tensorboard(
             ]
         )
     if job_ids is not None:
+        # Its version, one indexed lookup, not the job (on the event loop: a job read whole
+        # is its spec too, which a custom model's `params` can make a MiB).
         errors = [
             {"field": f"job_ids.{index}", "message": f"Unknown job. Received: {job_id!r}"}
             for index, job_id in enumerate(job_ids)
-            if runtime.store.get(job_id) is None
+            if runtime.store.version(job_id) is None
         ]
         if errors:
             raise FieldErrors(errors)

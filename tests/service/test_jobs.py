@@ -1088,35 +1088,49 @@ def test_read_job_logs_symlink_outside_empty(
         aside.rename(log)
 
 
-def test_listing_jobs_of_large_specs_holds_up_no_other_request(
-    make_service: Callable[..., Service],
+@pytest.mark.parametrize("ask", ["list", "tensorboard"])
+def test_jobs_of_large_specs_hold_up_no_other_request(
+    make_service: Callable[..., Service], ask: str
 ) -> None:
     # A page of jobs carries each job's spec, and a custom model's `params` may fill the
     # 1 MiB a body may be: a page of 200 such jobs was 200 MB, read and rendered on the
     # event loop, which answered nothing else meanwhile (3 s a page; /healthz timed out).
+    # A TensorBoard start read each job it named whole there too, to see that it exists.
     service = make_service()
     store = JobStore(service.data_dir / "towerboard.db")
+    ids = []
     for _ in range(40):
         spec = job_spec(
             priority=0, model={"name": "builtins:print", "params": {"words": "w" * 1_000_000}}
         )
-        store.cancel_queued(store.create(spec).id)  # nothing to run
+        ids.append(store.create(spec).id)
+        store.cancel_queued(ids[-1])  # nothing to run
     store.close()
     service.start()
-    pages: list[httpx.Response] = []
+    answers: list[httpx.Response] = []
 
-    def list_all() -> None:
+    def asking() -> None:
         with httpx.Client(base_url=service.base_url, timeout=60) as client:
-            pages.append(client.get("/api/v1/jobs", params={"limit": 200}))
+            if ask == "list":
+                answers.append(client.get("/api/v1/jobs", params={"limit": 200}))
+            else:  # refused for the one it does not know, once it has looked at the rest
+                named = [*ids * 4, "x"]  # each named again and again, to look at them longer
+                answers.append(client.post("/api/v1/tensorboard", json={"job_ids": named}))
 
-    listers = [threading.Thread(target=list_all) for _ in range(3)]
-    for lister in listers:
-        lister.start()
-    time.sleep(0.2)  # the listings are under way
+    askers = [threading.Thread(target=asking) for _ in range(3)]
+    for asker in askers:
+        asker.start()
+    time.sleep(0.2)  # under way
     began = time.monotonic()
     assert httpx.get(f"{service.base_url}/healthz", timeout=30).status_code == 200
     took = time.monotonic() - began
-    for lister in listers:
-        lister.join()
-    assert [len(page.json()["data"]) for page in pages] == [40, 40, 40]
-    assert took < 0.5, f"/healthz waited {took:.1f} s behind three listings"
+    for asker in askers:
+        asker.join()
+    if ask == "list":
+        assert [len(page.json()["data"]) for page in answers] == [40, 40, 40]
+    else:
+        assert [answer.status_code for answer in answers] == [422] * 3
+        assert answers[0].json()["errors"] == [
+            {"field": "job_ids.160", "message": "Unknown job. Received: 'x'"}
+        ]
+    assert took < 0.5, f"/healthz waited {took:.1f} s behind them"

@@ -18,7 +18,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -464,7 +464,7 @@ class JobStore:
 
     def stream_metrics(
         self, job_id: str, *, names: Sequence[str] = (), after_step: int | None = None
-    ) -> Iterator[Row]:
+    ) -> Generator[Row, None, None]:
         """`metrics` without `most`, as (series, step, time, value) rows read as they are
         sent: a long job's millions of points, held whole, took GBs of the service's
         memory (2.5 GB for 4 million). On a connection of its own, closed when the rows

@@ -18,7 +18,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import TypeAdapter, ValidationError
 from sse_starlette import EventSourceResponse, ServerSentEvent
-from starlette.background import BackgroundTasks
+from starlette.background import BackgroundTask, BackgroundTasks
 from typing_extensions import TypedDict  # pydantic needs it, not typing's, before 3.12
 
 from service import deletion
@@ -771,7 +771,12 @@ def read_job_metrics(
     # than the event loop every other request needs.
     if points is None:  # every point: sent as read, never held whole
         rows = runtime.store.stream_metrics(job.id, names=name, after_step=after_step)
-        return StreamingResponse(_metrics_json(job.id, rows), media_type=_JSON)
+        # Closed once the answer is over, however it ended: Starlette leaves a body unclosed
+        # when its client goes away mid-stream, and its open read of the store kept SQLite
+        # from checkpointing the WAL (which grew with every write) until a cycle collection.
+        return StreamingResponse(
+            _metrics_json(job.id, rows), media_type=_JSON, background=BackgroundTask(rows.close)
+        )
     read = runtime.store.metrics(job.id, names=name, after_step=after_step, most=points)
     thinned = ((p.name, p.step, p.time, p.value) for p in read)
     return Response(b"".join(_metrics_json(job.id, thinned)), media_type=_JSON)

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -202,3 +205,38 @@ def test_every_metric_point_is_sent_without_holding_them_all(
     assert series["loss"][0]["step"] == 1 and series["loss"][-1]["step"] == reports
     assert [p["step"] for p in series["accuracy"]] == list(range(1, reports + 1))
     assert grown < 60, f"the service grew by {grown:.0f} MB to send {5 * reports} points"
+
+
+def test_a_metrics_stream_its_client_leaves_stalled_lets_go_of_the_store(
+    make_service: Callable[..., Service],
+) -> None:
+    """A client that stops reading every point of a long job, then goes away (a chart
+    left mid-load, a pipe into a pager quit): Starlette cancels the answer and leaves its
+    body unclosed, so the stream's read of the store stayed open until Python's cycle
+    collector came by, which a quiet service may not do for hours. Meanwhile SQLite
+    could not checkpoint its WAL past that read, and the WAL grew with every write."""
+    service = make_service()
+    store = JobStore(service.data_dir / "towerboard.db")
+    job = store.create(JobSpec.model_validate(job_spec(name="long")).model_dump(mode="json"))
+    points = [MetricPoint("loss", k, float(k), 1.0 / k) for k in range(1, 300_001)]
+    store.record_progress(job.id, offset=0, progress=None, eval=None, points=points)
+    store.cancel_queued(job.id)
+    store.close()
+    service.start()
+    with socket.socket() as client:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.connect(("127.0.0.1", service.port))
+        client.sendall(
+            f"GET /api/v1/jobs/{job.id}/metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
+        )
+        assert client.recv(4096).startswith(b"HTTP/1.1 200 ")
+        time.sleep(1.0)  # the service fills the socket's buffers and waits for the client
+    # A write after the stream's read began, which a checkpoint must get past.
+    assert service.client.post(f"/api/v1/jobs/{job.id}/resume").status_code == 200
+    deadline = time.monotonic() + 10
+    with sqlite3.connect(service.data_dir / "towerboard.db", timeout=1) as db:
+        while (busy := db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]) != 0:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    assert busy == 0, "a read of the store stayed open after its client had gone"

@@ -53,7 +53,8 @@ class Archive(ArchiveHead):
         return _stream_tar_gz(self._members, self._tar_size, start, stop)
 
     def close(self) -> None:
-        """Close the files without streaming them (a 416, say)."""
+        """Close the files: without streaming them (a 416, say), or after an answer that
+        may have ended before its stream did (its client went away)."""
         for _, handle in self._members:
             handle.close()
 

@@ -18,6 +18,7 @@ import re
 
 from fastapi import HTTPException, Request, Response
 from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 
 from service.archives import Archive, ArchiveHead
 
@@ -93,13 +94,20 @@ def archive_response(request: Request, archive: ArchiveHead, filename: str) -> R
             # Not an attachment: the body is the error, as JSON.
             headers={**tagged, "Content-Range": f"bytes */{archive.size}"},
         ) from None
+    # Its files closed once the answer is over, however it ended: Starlette leaves a body
+    # unclosed when its client goes away mid-stream, and the open files (a deleted job's
+    # disk space among them) stayed open until a cycle collection.
+    closing = BackgroundTask(archive.close)
     if span is None:
-        return StreamingResponse(archive.stream(), media_type=MEDIA_TYPE, headers=whole)
+        return StreamingResponse(
+            archive.stream(), media_type=MEDIA_TYPE, headers=whole, background=closing
+        )
     start, stop = span
     return StreamingResponse(
         archive.stream(start, stop),
         status_code=206,
         media_type=MEDIA_TYPE,
+        background=closing,
         headers={
             **headers,
             "Content-Length": str(stop - start),

@@ -15,6 +15,7 @@ import os
 import re
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -634,3 +635,33 @@ def test_cli_names_a_file_given_as_the_folder_to_save_into(
         "a file, not a folder"
     )
     assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_a_download_its_client_leaves_stalled_lets_go_of_its_files(
+    served: tuple[Service, str, Path],
+) -> None:
+    # A client that stops reading, then goes away: Starlette cancels the answer and leaves
+    # its body unclosed, so the files it read stayed open until Python's cycle collector
+    # came by, which a quiet service may not do for hours: a deleted job's disk space was
+    # not freed meanwhile.
+    service, job_id, run = served
+    write_checkpoint(run, 60, size=20_000_000)  # more than the sockets' buffers hold
+    data = run / "checkpoints" / "ckpt-60.data-00000-of-00001"
+    assert service.process is not None
+    fds = Path(f"/proc/{service.process.pid}/fd")
+
+    def holds_it() -> bool:
+        return any(os.path.realpath(fd) == str(data) for fd in fds.iterdir())
+
+    with socket.socket() as client:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.connect(("127.0.0.1", service.port))
+        ask = f"GET /api/v1/jobs/{job_id}/checkpoints/60 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        client.sendall(ask.encode())
+        assert client.recv(4096).startswith(b"HTTP/1.1 200 ")
+        time.sleep(1.0)  # the service fills the socket's buffers and waits for the client
+        assert holds_it()
+    deadline = time.monotonic() + 10
+    while holds_it() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not holds_it(), "the checkpoint stayed open after its client had gone"

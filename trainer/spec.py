@@ -228,6 +228,25 @@ _MODEL_PARAMS: dict[str, type[_Strict]] = {
 }
 
 
+MAX_PARAMS_NESTING = 32
+
+
+def _nesting(value: Any) -> int:
+    """How many levels of lists and dicts `value` holds, counted up to one past
+    MAX_PARAMS_NESTING (deeper is refused alike), with no recursion: a body may nest as
+    deep as Python's JSON reader goes."""
+    depth, level = 0, [value]
+    while level and depth <= MAX_PARAMS_NESTING:
+        depth += 1
+        level = [
+            inner
+            for outer in level
+            for inner in (outer.values() if isinstance(outer, dict) else outer)
+            if isinstance(inner, dict | list)
+        ]
+    return depth
+
+
 class ModelSpec(_Strict):
     """Which model to build and the parameters its builder takes."""
 
@@ -252,6 +271,15 @@ class ModelSpec(_Strict):
             self.params = _validate_nested(
                 params_model, self.params, ("model", "params")
             ).model_dump()
+        elif _nesting(self.params) > MAX_PARAMS_NESTING:
+            # Stored and sent back as JSON, which pydantic will not write past 255 levels:
+            # a job nested deeper was checked, then failed the submit with a 500.
+            raise _error_at(
+                "params",
+                f"Expected `params` nested at most {MAX_PARAMS_NESTING} levels deep (the "
+                f"keyword arguments of a builder). Received: more than {MAX_PARAMS_NESTING}",
+                self.params,
+            )
         elif given := sorted(set(self.params) & {"input_shape", "num_classes"}):
             # The worker passes these from the data: given twice, the call would fail.
             raise ValueError(

@@ -876,6 +876,32 @@ def test_create_job_nested_too_deep(service: Service) -> None:
     )
 
 
+def test_create_job_custom_params_nested_too_deep(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # JSON that Python reads and the module's function takes, but too deep for pydantic to
+    # write back: the submit was a 500 (300 levels) or a reset connection (900).
+    service = make_service(env=fake_worker_env(tmp_path))
+    (tmp_path / "team_models.py").write_text(
+        "def build(input_shape, num_classes, **params):\n    ...\n"
+    )
+    service.start()
+    for levels in (300, 900):
+        params = "[" * levels + "]" * levels
+        body = (
+            '{"data": {"format": "synthetic"}, '
+            f'"model": {{"name": "team_models:build", "params": {{"a": {params}}}}}}}'
+        )
+        response = service.client.post(
+            "/api/v1/jobs", content=body.encode(), headers={"content-type": "application/json"}
+        )
+        assert response.status_code == 422, (levels, response.text)
+        [error] = response.json()["errors"]
+        assert error["field"] == "model.params"
+        assert error["message"].startswith("Expected `params` nested at most 32 levels deep")
+    assert service.client.get("/api/v1/jobs").json()["count"] == 0
+
+
 @pytest.mark.parametrize(
     ("chunked", "layers"),
     [(False, 400_000), (True, 400_000), (False, 2_700_000), (True, 2_700_000)],

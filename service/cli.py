@@ -154,6 +154,10 @@ def _serve(args: argparse.Namespace) -> int:
         access_log=args.access_log,
         timeout_graceful_shutdown=5,
         http=head_timeout_protocol(settings.head_timeout_seconds),
+        # No route takes a WebSocket, and the token guard checks HTTP requests only: an
+        # upgrade is answered as the plain request it is, even if a WebSocket library
+        # comes to be installed beside uvicorn.
+        ws="none",
     )
     Server(config).run(sockets=[sock])
     return 0

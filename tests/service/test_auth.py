@@ -66,6 +66,20 @@ def test_read_with_wrong_token_401(secured: Service, method: str, path: str) -> 
     assert response.json() == INVALID
 
 
+def test_websocket_upgrade_without_token_401(secured: Service) -> None:
+    # Answered as the HTTP request it is, so the token guard sees it: no WebSocket is
+    # served, whatever library is installed beside uvicorn.
+    upgrade = {
+        "Connection": "Upgrade",
+        "Upgrade": "websocket",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+        "Sec-WebSocket-Version": "13",
+    }
+    response = httpx.get(f"{secured.base_url}/api/v1/jobs", headers=upgrade)
+    assert response.status_code == 401
+    assert response.json() == MISSING
+
+
 def test_read_with_token(secured: Service) -> None:
     headers = {"Authorization": f"Bearer {TOKEN}"}
     assert httpx.get(f"{secured.base_url}/api/v1/jobs", headers=headers).status_code == 200

@@ -527,7 +527,7 @@ def _pending_trace_steps(run: RunDir) -> int | None:
     },
 )
 def profile_job(
-    job: JobDep, settings: SettingsDep, profile_in: ProfileCreate | None = None
+    job: JobDep, runtime: RuntimeDep, profile_in: ProfileCreate | None = None
 ) -> ProfilePublic:
     """Capture a device trace of the next N steps of a running job. The worker takes the
     request at its next progress report (within a few seconds); a `trace` event on the
@@ -543,8 +543,13 @@ def profile_job(
         raise HTTPException(
             409, f"Job {job.id!r} is stopping (cancel requested); only a running job can be traced."
         )
-    run = _run(settings, job)
-    with _PROFILE_LOCK:
+    run = _run(runtime.settings, job)
+    # Not while a delete moves the job's files: the job read above as running may have
+    # ended and be going, and the request's write (which makes its folder) would leave a
+    # run directory behind it. Under the lock, a job still in the store is not going.
+    with _ENDED_JOB_LOCK, _PROFILE_LOCK:
+        if runtime.store.get(job.id) is None:
+            raise HTTPException(404, job_not_found(job.id))
         pending = _pending_trace_steps(run)
         traced = max(steps, pending or 0)
         write_json_atomic(run.profile_request, {"steps": traced})

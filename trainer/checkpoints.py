@@ -1,9 +1,9 @@
 """Checkpoints: what goes in one, when to save, and restoring the latest on start.
 
 A checkpoint holds the model, the optimizer (slots and iteration count), the step, the
-EMA shadows, the Keras seed-generator states (dropout masks; `tf.train.Checkpoint` does
-not reach them through the model) and the data iterator, so a resumed run continues
-exactly where it stopped. Files are `checkpoints/ckpt-<step>.*`, kept by
+EMA shadows, a float16 model's loss scale (`trainer.lossscale`), the Keras seed-generator
+states (dropout masks; `tf.train.Checkpoint` does not reach them through the model) and
+the data iterator, so a resumed run continues exactly where it stopped. Files are `checkpoints/ckpt-<step>.*`, kept by
 `tf.train.CheckpointManager`, which lists them in its `checkpoints/checkpoint` state file.
 
 Resuming survives damage a crash, a full disk or a hand can leave: a state file that is
@@ -152,6 +152,8 @@ class Checkpointer:
         }
         if trainer.ema is not None:
             items["ema"] = trainer.ema
+        if trainer.loss_scale is not None:
+            items["loss_scale"] = trainer.loss_scale
         self.checkpoint = tf.train.Checkpoint(**items)
         self.directory = directory
         self.spec = spec

@@ -37,7 +37,7 @@ from trainer.rundir import (
 )
 from trainer.spec import JobSpec
 from trainer.summaries import SummaryManager, variable_tag
-from trainer.towers import REQUESTS, SCALARS, TowerTrainer, host_tower_sizes
+from trainer.towers import REQUESTS, TowerTrainer, host_tower_sizes
 
 log = logging.getLogger(__name__)
 
@@ -571,7 +571,8 @@ class Controller:
         # The step's scalars, packed by the step itself: one copy back (each copy from a
         # GPU is a sync of its own) and no eager op on the loop.
         read = out["scalars"].numpy()
-        values: dict[str, float] = {k: float(v) for k, v in zip(SCALARS, read, strict=False)}
+        names = self.trainer.scalar_names
+        values: dict[str, float] = {k: float(v) for k, v in zip(names, read, strict=False)}
         if step_seconds is not None and examples_per_sec is not None:
             values["step_time_ms"] = step_seconds * 1000.0
             values["examples_per_sec"] = examples_per_sec
@@ -579,7 +580,7 @@ class Controller:
         # loss this step; a 0 would plot as a perfect tower.
         # The example counts are made on the host: reading them costs no sync.
         for i, (tower_loss, count) in enumerate(
-            zip(read[len(SCALARS) :], out["tower_examples"].numpy(), strict=True)
+            zip(read[len(names) :], out["tower_examples"].numpy(), strict=True)
         ):
             if count > 0:
                 values[f"tower_{i}/loss"] = float(tower_loss)

@@ -22,6 +22,11 @@ _TABLE: list[tuple[str, str, str]] = [
     ("train", r"grad_norm",
      "Global L2 norm of this step's gradient, averaged over the towers, weight decay "
      "included, before clipping."),
+    ("train", r"loss_scale",
+     "Loss scale this step multiplied the loss by (a model computing in float16 only: "
+     "dynamic loss scaling, as Keras's LossScaleOptimizer does it). Halved after a step "
+     "whose scaled gradients overflowed (that step's update was skipped), doubled after "
+     "2000 finite steps in a row."),
     ("train", r"examples_per_sec",
      "Examples trained per second over the steps since the previous point, timing the "
      "steps alone (input, the step, reading its loss): summaries, evals and checkpoints "

@@ -82,8 +82,12 @@ class ClusterTrainer(TowerTrainer):
         self, images: tf.Tensor, labels: tf.Tensor, with_scalars: tf.Tensor, requests: tf.Tensor
     ) -> dict[str, tf.Tensor]:
         out = self.strategy.run(self._tower_step, args=(images, labels, with_scalars, requests))
-        # Each tower's copy of the summed gradients goes to its copy of the variables.
-        self._apply(out["grads"], out["learning_rate"])
+        # Each tower's copy of the summed gradients goes to its copy of the variables. A
+        # loss-scaled step's decision is taken here, in cross-replica context (a `tf.cond`
+        # in replica context cannot hold the strategy's `update`); every tower holds the
+        # same all-reduced sum, so this worker's first tower's says what every tower's does.
+        finite = self._first_local(out["finite"]) if "finite" in out else None
+        self._apply_unless_skipped(finite, out["grads"], out["learning_rate"])
         self.step.assign_add(1)
         if self.ema is not None:
             self.ema.update(self.step)
@@ -118,14 +122,16 @@ class ClusterTrainer(TowerTrainer):
             images, labels, images[start : start + size], labels[start : start + size], size
         )
         share = tf.cast(size, tf.float32) / batch_f
+        scale = self._current_scale()  # this tower's copy; every copy holds the same
         with tf.name_scope(f"tower_{tower}"):
             grads, loss_sum, correct_sum = self._tower_gradients(
-                *shard, share, batch_f, warn=tower == 0
+                *shard, share, batch_f, scale, warn=tower == 0
             )
 
         sum_ = tf.distribute.ReduceOp.SUM
         with tf.name_scope("average"):
             grads = context.all_reduce(sum_, grads)
+            grads, finite = self._unscaled(grads, scale)
             numbers = context.all_reduce(
                 sum_,
                 tf.concat(
@@ -149,9 +155,10 @@ class ClusterTrainer(TowerTrainer):
             loss, accuracy = numbers[0] / batch_f, numbers[1] / batch_f
             tower_loss = numbers[2 : 2 + towers] / tf.maximum(tf.cast(sizes, tf.float32), 1.0)
             grad_norm, scalars = self._step_scalars(
-                with_scalars, averaged, norm, loss, accuracy, learning_rate, tower_loss
+                with_scalars, averaged, norm, loss, accuracy, learning_rate, tower_loss, scale
             )
         return {
+            **({} if finite is None else {"finite": finite}),
             "grads": grads,
             "averaged": averaged,
             "loss": loss,

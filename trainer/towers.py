@@ -30,6 +30,7 @@ import keras
 import tensorflow as tf
 
 from trainer.ema import WeightEMA
+from trainer.lossscale import LossScale, all_finite, computes_in_float16, unscaled
 from trainer.updates import Apply, make_apply
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,8 @@ log = logging.getLogger(__name__)
 # (`TowerTrainer.train_step`'s `requests`): stop after this step; checkpoint after it
 # (a time-based cadence, whose clock differs per worker).
 REQUESTS = ("stop", "checkpoint")
-# What a scalars step packs into its `scalars` output, in this order, each tower's loss after.
+# What a scalars step packs into its `scalars` output, in this order, each tower's loss after
+# (`TowerTrainer.scalar_names`: a model that computes in float16 adds its `loss_scale`).
 SCALARS = ("loss", "accuracy", "learning_rate", "grad_norm")
 
 
@@ -115,9 +117,12 @@ class TowerTrainer:
     grad_norm (global norm of the averaged gradient before clipping; computed only on a
     scalars step or when clipping needs it, since it is a pass over every gradient, 3% of
     a `cnn` step on a CPU; 0 otherwise), learning_rate (the rate this step used),
-    scalars (on a scalars step, the `SCALARS` then each tower's loss in one tensor, which
-    the controller reads back in one copy; zeros otherwise), grads (the averaged
+    scalars (on a scalars step, the `scalar_names` then each tower's loss in one tensor,
+    which the controller reads back in one copy; zeros otherwise), grads (the averaged
     gradients, before clipping), requests (see `train_step`).
+
+    A model that computes in float16 trains with dynamic loss scaling (`trainer.lossscale`,
+    `loss_scale`): a step whose scaled gradients overflow is skipped, and still counted.
 
     The update goes through TensorFlow's fused training kernels when the optimizer allows
     (`trainer.updates`); `fused_updates=False` applies it through Keras instead.
@@ -171,6 +176,8 @@ class TowerTrainer:
             optimizer.build(self._variables)
             self._apply = self._make_apply(fused_updates)
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+            # Only for a float16 model: any other's step stays as it was, op for op.
+            self.loss_scale = LossScale(parameter_device) if computes_in_float16(model) else None
         self.ema = WeightEMA(self._variables, ema_decay, parameter_device) if ema_decay else None
 
         # A subclassed model has no `input_shape`; the caller then says what it takes.
@@ -224,6 +231,11 @@ class TowerTrainer:
         return len(self.tower_devices)
 
     @property
+    def scalar_names(self) -> tuple[str, ...]:
+        """What a scalars step's `scalars` holds before each tower's loss, in order."""
+        return SCALARS if self.loss_scale is None else (*SCALARS, "loss_scale")
+
+    @property
     def local_towers(self) -> int:
         """Towers this process runs: `tower_0` to `tower_<local_towers - 1>` in its traces."""
         return len(self.tower_devices)
@@ -275,17 +287,21 @@ class TowerTrainer:
         weight: tf.Tensor,
         share: tf.Tensor,
         batch_f: tf.Tensor,
+        scale: tf.Tensor | None,
         warn: bool,
     ) -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
         """One tower's forward and backward on its shard (`stand_in_if_empty`'s images,
         labels and weight; `share`, its part of the global batch of `batch_f` examples):
-        the gradients of its `_objective`, its loss sum and its count of correct
-        predictions (both weighted). Run inside the tower's name scope (and device)."""
+        the gradients of its `_objective` (times the loss `scale`, when the model computes
+        in float16), its loss sum and its count of correct predictions (both weighted).
+        Run inside the tower's name scope (and device)."""
         with tf.GradientTape() as tape:
             logits = self.model(images, training=True)
             loss, correct = self._per_example(labels, logits)
             loss_sum = weight * tf.reduce_sum(loss)
             objective = self._objective(loss_sum, share, batch_f)
+            if scale is not None:
+                objective *= scale
         grads = self._gradients(tape, objective, warn=warn)
         return grads, loss_sum, weight * tf.reduce_sum(correct)
 
@@ -313,6 +329,8 @@ class TowerTrainer:
         with tf.device("/CPU:0"):
             sizes = tower_sizes(batch, self.num_towers)
             shards = _shards(images, labels, sizes, self.num_towers)
+        with tf.device(self.parameter_device):
+            scale = self._current_scale()
 
         bn_before = [tf.identity(v) for v in self._bn_variables]
         tower_grads, loss_sums, correct_sums, bn_updates = [], [], [], []
@@ -320,7 +338,7 @@ class TowerTrainer:
             with tf.device(device), tf.name_scope(f"tower_{i}"):
                 share = tf.cast(sizes[i], tf.float32) / batch_f
                 grads, loss_sum, correct_sum = self._tower_gradients(
-                    *shards[i], share, batch_f, warn=i == 0
+                    *shards[i], share, batch_f, scale, warn=i == 0
                 )
                 tower_grads.append(grads)
                 loss_sums.append(loss_sum)
@@ -337,9 +355,10 @@ class TowerTrainer:
                 tf.add_n([tf.convert_to_tensor(g[k]) for g in tower_grads])
                 for k in range(len(self._variables))
             ]
+            grads, finite = self._unscaled(grads, scale)
             grads, averaged, norm = self._finish_gradients(grads)
             learning_rate = self.current_learning_rate()
-            self._apply(grads, learning_rate)
+            self._apply_unless_skipped(finite, grads, learning_rate)
             if self._bn_variables:
                 shares = tf.cast(sizes, tf.float32) / batch_f
                 for k, var in enumerate(self._bn_variables):
@@ -360,7 +379,7 @@ class TowerTrainer:
             accuracy = tf.add_n(correct_sums) / batch_f
             tower_loss = tf.stack(loss_sums) / tower_counts
             grad_norm, scalars = self._step_scalars(
-                with_scalars, averaged, norm, loss, accuracy, learning_rate, tower_loss
+                with_scalars, averaged, norm, loss, accuracy, learning_rate, tower_loss, scale
             )
             return {
                 "loss": loss,
@@ -375,6 +394,46 @@ class TowerTrainer:
                 # One process: what it asked for is what is agreed (trainer.multiworker).
                 "requests": requests,
             }
+
+    def _current_scale(self) -> tf.Tensor | None:
+        """The loss scale this step multiplies each tower's objective by; None for a model
+        that does not compute in float16."""
+        return None if self.loss_scale is None else tf.convert_to_tensor(self.loss_scale.scale)
+
+    def _unscaled(
+        self, grads: list[tf.Tensor], scale: tf.Tensor | None
+    ) -> tuple[list[tf.Tensor], tf.Tensor | None]:
+        """The towers' summed gradients divided by the loss `scale`, and whether all are
+        finite (None, and `grads` as they are, without a scale).
+
+        Checked on the sum: a tower's inf or NaN makes the sum inf or NaN, so one pass
+        covers every tower, and a cluster's all-reduce gives every worker the same sum,
+        so every worker takes the same decision with no collective of its own. Divided
+        after the sum, not per tower: the scale is a power of two, so the two are the
+        same bits, and this is one division a variable, not one a tower."""
+        if scale is None:
+            return grads, None
+        finite = all_finite(grads)  # before the division, as Keras checks
+        return [unscaled(g, scale) for g in grads], finite
+
+    def _apply_unless_skipped(
+        self, finite: tf.Tensor | None, grads: list[tf.Tensor], learning_rate: tf.Tensor
+    ) -> None:
+        """Apply `grads`, unless the loss-scaled step's gradients were not `finite`: then
+        nothing is applied (the optimizer's slots and iteration count stay, as Keras's
+        `LossScaleOptimizer` skips its inner optimizer) and the scale is halved. The scale
+        is updated either way (`LossScale.update`)."""
+        if finite is None:
+            self._apply(grads, learning_rate)
+            return
+        assert self.loss_scale is not None
+
+        def apply() -> tf.Tensor:
+            self._apply(grads, learning_rate)
+            return tf.constant(True)
+
+        tf.cond(finite, apply, lambda: tf.constant(False))
+        self.loss_scale.update(finite)
 
     def _finish_gradients(
         self, grads: list[tf.Tensor]
@@ -407,12 +466,14 @@ class TowerTrainer:
         accuracy: tf.Tensor,
         learning_rate: tf.Tensor,
         tower_loss: tf.Tensor,
+        scale: tf.Tensor | None,
     ) -> tuple[tf.Tensor, tf.Tensor]:
         """(grad_norm, scalars). On a scalars step: the averaged gradient's global norm
-        (`clipping_norm`, when clipping computed it) and the `SCALARS` and each tower's loss
-        in one tensor, packed here so that the loop reads them back in one copy with no
-        eager op of its own (it ran two, each a launch on a GPU's tensors). On other
-        steps: zeros, and no pass over the gradients (a clipping norm still comes out)."""
+        (`clipping_norm`, when clipping computed it) and the `scalar_names` (the loss
+        `scale` this step used, when there is one) and each tower's loss in one tensor,
+        packed here so that the loop reads them back in one copy with no eager op of its
+        own (it ran two, each a launch on a GPU's tensors). On other steps: zeros, and no
+        pass over the gradients (a clipping norm still comes out)."""
 
         def asked() -> tuple[tf.Tensor, tf.Tensor]:
             norm = clipping_norm if clipping_norm is not None else _global_norm(averaged)
@@ -422,11 +483,14 @@ class TowerTrainer:
                 "learning_rate": learning_rate,
                 "grad_norm": norm,
             }
-            return norm, tf.concat([tf.stack([named[k] for k in SCALARS]), tower_loss], 0)
+            if scale is not None:
+                named["loss_scale"] = scale
+            packed = tf.stack([named[k] for k in self.scalar_names])
+            return norm, tf.concat([packed, tower_loss], 0)
 
         def not_asked() -> tuple[tf.Tensor, tf.Tensor]:
             norm = clipping_norm if clipping_norm is not None else tf.constant(0.0)
-            return norm, tf.zeros([len(SCALARS) + self.num_towers])
+            return norm, tf.zeros([len(self.scalar_names) + self.num_towers])
 
         return tf.cond(with_scalars, asked, not_asked)
 

@@ -201,6 +201,7 @@ def test_describe_knows_the_tags_a_job_writes():
         ("train", "accuracy"),
         ("train", "learning_rate"),
         ("train", "grad_norm"),
+        ("train", "loss_scale"),
         ("train", "examples_per_sec"),
         ("train", "step_time_ms"),
         ("train", "tower_12/loss"),

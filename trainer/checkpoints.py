@@ -25,6 +25,7 @@ import keras
 import tensorflow as tf
 
 from trainer.errors import op_reason
+from trainer.lossscale import INITIAL_SCALE
 from trainer.rundir import write_text_atomic
 from trainer.spec import CheckpointSpec
 from trainer.towers import TowerTrainer
@@ -155,6 +156,13 @@ class Checkpointer:
         if trainer.loss_scale is not None:
             items["loss_scale"] = trainer.loss_scale
         self.checkpoint = tf.train.Checkpoint(**items)
+        # For a float16 model's checkpoint written before its step had a loss scale: the
+        # rest restores, and the scale starts afresh (it finds its level in a few steps).
+        self._without_loss_scale = (
+            tf.train.Checkpoint(**{k: v for k, v in items.items() if k != "loss_scale"})
+            if "loss_scale" in items
+            else None
+        )
         self.directory = directory
         self.spec = spec
         if directory.exists() and not directory.is_dir():
@@ -221,7 +229,7 @@ class Checkpointer:
         path = self._kept()[step]
         name = f"{Path(path).parent.name}/{Path(path).name}"
         try:
-            self.checkpoint.restore(path).assert_existing_objects_matched()
+            self._restorer(path, name).restore(path).assert_existing_objects_matched()
         except Exception as e:
             damage = _damage(path)
             if damage is not None:
@@ -239,6 +247,22 @@ class Checkpointer:
         self._last_step = int(self._trainer.step.numpy())
         self._last_time = time.monotonic()
         return self._last_step
+
+    def _restorer(self, path: str, name: str) -> tf.train.Checkpoint:
+        """What restores the checkpoint at `path`: the whole checkpoint, or, for one of a
+        float16 model written before the step had a loss scale, all of it but the scale."""
+        if self._without_loss_scale is None or any(
+            key.startswith("loss_scale/")
+            for key in tf.train.load_checkpoint(path).get_variable_to_shape_map()
+        ):
+            return self.checkpoint
+        log.info(
+            "%s holds no loss scale (written before float16 models had one): the scale "
+            "starts at %g",
+            name,
+            INITIAL_SCALE,
+        )
+        return self._without_loss_scale
 
     def _set_aside(self, steps: list[int]) -> None:
         """Move the damaged checkpoints of `steps` into `checkpoints/damaged/` (kept for a

@@ -1,6 +1,7 @@
 """Dynamic loss scaling of a model that computes in float16, against Keras's own
 `LossScaleOptimizer`, on real logical CPU devices."""
 
+import logging
 from pathlib import Path
 
 import keras
@@ -338,3 +339,33 @@ def test_two_workers_take_the_same_loss_scale_decisions_as_two_towers(two_towers
             np.testing.assert_array_equal(chief[name], worker[name], err_msg=f"{name}, {step}")
             np.testing.assert_array_equal(chief[name], one[name], err_msg=f"{name}, {step}")
     assert scale_in(one) < INITIAL_SCALE
+
+
+def test_a_float16_checkpoint_from_before_loss_scaling_resumes_with_a_fresh_scale(tmp_path, caplog):
+    # A job checkpointed by a worker without loss scaling, resumed by one with it: it
+    # failed as a checkpoint "that does not fit this job's model or optimizer".
+    def checkpointer(t: TowerTrainer) -> Checkpointer:
+        data = iter(tf.data.Dataset.range(1))
+        return Checkpointer(tmp_path, t, data, CheckpointSpec(every_steps=1, keep=1))
+
+    caplog.set_level(logging.INFO, logger="trainer.checkpoints")
+    old = trainer(2)
+    old.train_step(*batch(16))
+    old.loss_scale = None  # what the checkpoint held before
+    checkpointer(old).save(1)
+    assert not any(k.startswith("loss_scale/") for k, _ in tf.train.list_variables(str(tmp_path)))
+
+    resumed = trainer(2)
+    assert resumed.loss_scale is not None
+    resumed.loss_scale.scale.assign(2.0**5)  # so that the restore is seen to leave it
+    assert checkpointer(resumed).restore_latest() == 1
+    for a, b in zip(resumed.model.variables, old.model.variables, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert scale_of(resumed) == (2.0**5, 0)
+    assert "holds no loss scale (written before float16 models had one)" in caplog.text
+    # Saved again, it holds one, and restores it.
+    resumed.train_step(*batch(16, seed=1))
+    checkpointer(resumed).save(2)
+    again = trainer(2)
+    assert checkpointer(again).restore_latest() == 2
+    assert scale_of(again) == scale_of(resumed) == (2.0**5, 1)

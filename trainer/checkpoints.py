@@ -3,8 +3,9 @@
 A checkpoint holds the model, the optimizer (slots and iteration count), the step, the
 EMA shadows, a float16 model's loss scale (`trainer.lossscale`), the Keras seed-generator
 states (dropout masks; `tf.train.Checkpoint` does not reach them through the model) and
-the data iterator, so a resumed run continues exactly where it stopped. Files are `checkpoints/ckpt-<step>.*`, kept by
-`tf.train.CheckpointManager`, which lists them in its `checkpoints/checkpoint` state file.
+the data iterator, so a resumed run continues exactly where it stopped. Files are
+`checkpoints/ckpt-<step>.*`, kept by `tf.train.CheckpointManager`, which lists them in
+its `checkpoints/checkpoint` state file.
 
 Resuming survives damage a crash, a full disk or a hand can leave: a state file that is
 lost or unreadable is rebuilt from the `ckpt-<step>.index` files there, and a newest

@@ -409,8 +409,9 @@ class TowerTrainer:
         Checked on the sum: a tower's inf or NaN makes the sum inf or NaN, so one pass
         covers every tower, and a cluster's all-reduce gives every worker the same sum,
         so every worker takes the same decision with no collective of its own. Divided
-        after the sum, not per tower: the scale is a power of two, so the two are the
-        same bits, and this is one division a variable, not one a tower."""
+        after the sum, not per tower: the scale is a power of two, so the two give the
+        same bits (short of float32's subnormals), and this is one division a variable,
+        not one a tower."""
         if scale is None:
             return grads, None
         finite = all_finite(grads)  # before the division, as Keras checks

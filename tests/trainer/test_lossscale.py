@@ -369,3 +369,15 @@ def test_a_float16_checkpoint_from_before_loss_scaling_resumes_with_a_fresh_scal
     again = trainer(2)
     assert checkpointer(again).restore_latest() == 2
     assert scale_of(again) == scale_of(resumed) == (2.0**5, 1)
+
+
+def test_a_float16_job_whose_loss_is_infinite_still_fails_naming_the_step(tmp_path):
+    # Its logits overflow float16 in the forward pass: the loss itself is infinite, which
+    # no loss scale makes finite. The step is skipped as any overflow is, and the job
+    # fails as a non-finite loss, as before.
+    (tmp_path / "infinite.py").write_text(OVERFLOWING.replace("Rescaling(64.0)", "Rescaling(1e6)"))
+    spec = with_(JOB, model={"name": "infinite:build"})
+    code, result, log = run_worker(tmp_path / "job", spec, env={"PYTHONPATH": f"{tmp_path}:{REPO}"})
+    assert code == 1, log
+    assert result["message"].startswith("Loss became non-finite ("), result
+    assert result["message"].endswith(" at step 1."), result

@@ -77,6 +77,11 @@ RECOVER_PARTS = 4
 SETTLE_WAIT_SECONDS = 60.0
 
 
+def _done(progress: dict[str, Any] | None) -> bool:
+    """Whether a job's stored progress is its attempt's end (`mark_running` resets it)."""
+    return (progress or {}).get("phase") == "done"
+
+
 @dataclass
 class _Tail:
     """Where the supervisor is in one job's progress.jsonl, and what it folded so far."""
@@ -84,6 +89,9 @@ class _Tail:
     offset: int
     progress: dict[str, Any] | None
     eval: dict[str, Any] | None
+    # Whether the attempt's `end` line has been read (stored, or refused by the store): a
+    # result.json counts only after it (`Supervisor._run_ended`).
+    ended: bool = False
 
 
 @dataclass
@@ -228,7 +236,9 @@ class Supervisor:
         """Watch a running job that nothing watches: its worker adopted while it lives,
         else the job settled from what it left (`_settle_gone`, `parts` parts read now)."""
         run = self.run_dir(job.id)
-        self._tails[job.id] = _Tail(job.progress_offset, job.progress, job.eval)
+        self._tails[job.id] = _Tail(
+            job.progress_offset, job.progress, job.eval, _done(job.progress)
+        )
         worker = adopt_worker(job_id=job.id, run=run, pid=job.pid, started=job.pid_started)
         if worker is not None:
             self._workers[job.id] = worker
@@ -305,7 +315,8 @@ class Supervisor:
             return  # more to read: the next tick goes on
         self._stored_or_given_up(job_id, stored=True)
         run = self.run_dir(job_id)
-        if inside(run.root, run.result) or job.cancel_requested_at is not None:
+        ended = inside(run.root, run.result) and self._run_ended(job_id)
+        if ended or job.cancel_requested_at is not None:
             self._ended(job, WorkerExit(), killed=False)
         else:
             self._requeue(job, "its worker is gone")
@@ -352,14 +363,14 @@ class Supervisor:
         """The exit a running worker's result.json announces, when that ends its job (not a
         stop that requeues it, whose next attempt must wait for this process to be gone).
 
-        Only once the attempt's `end` line is stored (its phase is `done`): a custom
-        model's code runs in the run directory and may write a result.json while the job
-        trains, which ended the job there, with that file as its result, and killed the
-        worker after the grace. The trainer writes its end line once none of the job's
-        code runs any more, removing any result.json first, then its own; a worker that
-        writes none is ended by its exit, its result.json read then."""
-        tail = self._tails.get(job.id)
-        if tail is None or (tail.progress or {}).get("phase") != "done":
+        Only once the attempt's `end` line has been read (`_run_ended`): a custom model's
+        code runs in the run directory and may write a result.json while the job trains,
+        which ended the job there, with that file as its result, and killed the worker
+        after the grace. The trainer writes its end line once none of the job's code runs
+        any more, removing any result.json first, then its own; a worker that writes none
+        is ended by its exit, its result.json read then (or, its exit status unknown, by
+        none: `_ended`)."""
+        if not self._run_ended(job.id):
             return None
         run = self.run_dir(job.id)
         result = run.read_result() if inside(run.root, run.result) else None
@@ -372,6 +383,12 @@ class Supervisor:
         if outcome is Outcome.CANCELLED and job.cancel_requested_at is None:
             return None
         return WorkerExit(code=int(OUTCOME_EXIT_CODES[outcome]))
+
+    def _run_ended(self, job_id: str) -> bool:
+        """Whether the attempt's `end` line has been read: a result.json only counts after
+        it, as the trainer writes it once the job's code is done."""
+        tail = self._tails.get(job_id)
+        return tail is not None and tail.ended
 
     def _reap_exiting(self) -> None:
         for job_id, exiting in list(self._exiting.items()):
@@ -467,6 +484,9 @@ class Supervisor:
         if offset - tail.offset > PROGRESS_READ_BYTES // 2:
             self._wake.set()  # a whole part: read on at the next pass, without waiting
         progress, eval, points = fold_progress(tail.progress, tail.eval, lines)
+        # Before the store is asked: lines it refuses for good are given up on, and the
+        # job still ends at the result.json its end line announced.
+        tail.ended = tail.ended or any(line.get("event") == "end" for line in lines)
         self._store.record_progress(
             job_id,
             offset=offset,
@@ -489,6 +509,13 @@ class Supervisor:
         job if it was only interrupted, else finish it."""
         run = self.run_dir(job.id)
         present = inside(run.root, run.result)
+        if present and exit.code is None and exit.signal is None and not self._run_ended(job.id):
+            # Its exit status unknown (adopted, or gone while no service ran), only
+            # result.json can tell, and one with no end line before it is not the
+            # trainer's (a custom model's code runs in the run directory): a worker killed
+            # as it trained ended its job with the model's file as its result.
+            log.warning("Job %s: a result.json with no end line before it; judged as none", job.id)
+            present = False
         result = run.read_result() if present else None
         # Judged as if there were none (a custom model's code may write anything there),
         # and its reason says so.
@@ -639,7 +666,9 @@ class Supervisor:
         # until a restart. Kept, the child's exit status is read as for any other; its pid
         # is stored by `_watch` once the store takes it.
         self._workers[job.id] = worker
-        self._tails[job.id] = _Tail(job.progress_offset, job.progress, job.eval)
+        self._tails[job.id] = _Tail(
+            job.progress_offset, job.progress, job.eval, _done(job.progress)
+        )
         self._record_worker(job, worker)
         self._publish_state(job.id)
 

@@ -940,15 +940,65 @@ def test_stop_workers_on_exit_logs_what_it_does(
     ), log
 
 
-def _gone_worker(settings: Settings, store: JobStore, name: str, result: str) -> JobRecord:
+def _gone_worker(
+    settings: Settings, store: JobStore, name: str, result: str, *, end_line: bool = True
+) -> JobRecord:
     """A running job whose worker ended while no service watched, leaving `result` as its
-    result.json."""
+    result.json, after its `end` progress line as the trainer writes them (`end_line`)."""
     job = store.create(JobSpec.model_validate(job_spec(name=name)).model_dump(mode="json"))
     assert store.mark_running(job.id, devices=["cpu:0"])  # its worker never recorded: gone
     run = settings.runs_dir / job.id
     run.mkdir(parents=True)
+    if end_line:
+        end = {"event": "end", "time": time.time(), "step": 5, "total": 5, "phase": "done"}
+        (run / "progress.jsonl").write_text(json.dumps(end) + "\n")
     (run / "result.json").write_text(result)
     return job
+
+
+def test_a_gone_workers_result_json_with_no_end_line_is_not_its_result(tmp_path: Path) -> None:
+    # A custom model's code runs in the run directory and may write a result.json as it
+    # trains; a worker killed then, while no service ran, ended its job with that file.
+    settings = Settings(data_dir=tmp_path / "data").resolved()
+    store = JobStore(settings.db_path)
+    job = _gone_worker(settings, store, "notes", _RESULT, end_line=False)
+    in_process(settings, store).recover()
+    requeued = store.get(job.id)
+    assert requeued is not None
+    assert (requeued.state, requeued.result, requeued.attempts) == (JobState.QUEUED, None, 2)
+    store.close()
+
+
+def test_an_adopted_worker_killed_after_its_model_wrote_a_result_json_is_requeued(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same file, found as an adopted worker (its exit status unknown) dies: the OOM
+    # killer, say, as it trained. The job ended `succeeded` with the model's file.
+    settings, store = with_fake_workers(tmp_path, monkeypatch)
+    job = created(store, "waits")  # runs until stopped
+    first = in_process(settings, store)
+    try:
+        deadline = time.monotonic() + 60
+        while (store.get(job.id) or job).pid is None:
+            first.tick()
+            assert time.monotonic() < deadline, "the worker never started"
+            time.sleep(0.05)
+        run = settings.runs_dir / job.id
+        (run / "result.json").write_text(_RESULT)
+        second = in_process(settings, store)  # the service restarted: it adopts the worker
+        second.recover()
+        pid = (store.get(job.id) or job).pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        while (now := store.get(job.id)) is not None and now.attempts == 1:
+            second.tick()
+            assert time.monotonic() < deadline, "the killed worker's job was never settled"
+            time.sleep(0.05)
+        assert now is not None
+        assert (now.result, now.crashes, now.attempts) == (None, 1, 2), now
+    finally:
+        kill_processes_under(settings.data_dir)
+        store.close()
 
 
 def test_restart_after_a_gone_worker_left_a_result_json_that_is_no_object(

@@ -17,6 +17,11 @@ A worker killed by a signal nobody sent on purpose (the OOM killer's SIGKILL, a
 segfault) lost only the steps since its last checkpoint: `crashed` says so, and the
 supervisor restarts the job from there a bounded number of times (the same kill again
 and again would otherwise loop forever) before `final_state` fails it.
+
+A worker that failed without result.json on a disk with next to no space left
+(`free_bytes`, measured as it ended) most likely failed for that: its result.json and its
+log's last lines (the trainer's one line naming the full disk) are on that disk too, so
+its error would otherwise say only "exited with code 1", over a log cut off mid-line.
 """
 
 from __future__ import annotations
@@ -29,6 +34,11 @@ from service.processes import signal_name
 from service.store import JobState
 from service.workers import WorkerExit
 from trainer.rundir import ExitCode, Outcome
+
+# Free space under which a disk is said to be the likely cause of a failure without a
+# result: a save that found no room leaves its part-written files behind, so the disk stays
+# about this full; a checkpoint is tens of MB and more.
+LOW_DISK_BYTES = 64 * 2**20
 
 _OUTCOME_STATES = {
     Outcome.SUCCEEDED.value: JobState.SUCCEEDED,
@@ -98,6 +108,19 @@ def _restarts(restarts_after_kills: int) -> str:
     )
 
 
+def _disk_hint(free_bytes: int | None) -> str:
+    """What a failure without a result adds when its run directory's disk was (about)
+    full as the worker ended ("" otherwise, or when unknown)."""
+    if free_bytes is None or free_bytes >= LOW_DISK_BYTES:
+        return ""
+    free = f"{free_bytes} bytes" if free_bytes < 2**20 else f"{free_bytes / 2**20:.1f} MiB"
+    return (
+        f" The disk of its run directory had {free} free when its end was seen: a full "
+        "disk fails a checkpoint, worker.log and result.json alike. Free space on it, then "
+        "resume the job from its last checkpoint."
+    )
+
+
 def _oom_hint(signum: int) -> str:
     """A SIGKILL nobody sent (not the service's cancel) most often comes from the kernel's
     out-of-memory killer, which says so only in the kernel's log."""
@@ -143,10 +166,12 @@ def final_state(
     log_tail: list[str],
     restarts_after_kills: int = 0,
     result_unreadable: bool = False,
+    free_bytes: int | None = None,
 ) -> FinalState:
     """The terminal state, result and error for a worker that has ended (ask `interrupted`
     first: a cancelled outcome without a cancel request is not terminal).
-    `result_unreadable`: there is a result.json, but not a JSON object (`result` is None)."""
+    `result_unreadable`: there is a result.json, but not a JSON object (`result` is None).
+    `free_bytes`: the space left on its run directory's disk as it ended, if known."""
 
     def failed(reason: str) -> FinalState:
         return FinalState(
@@ -201,6 +226,7 @@ def final_state(
                 f"The worker ended {_no_result(result_unreadable)} while the service was not "
                 "its parent, so its exit status is unknown; it most likely crashed."
                 + _restarts(restarts_after_kills)
+                + _disk_hint(free_bytes)
             )
         state = _OUTCOME_STATES.get(str(result.get("outcome")), JobState.FAILED)
         if state is JobState.FAILED:
@@ -214,10 +240,12 @@ def final_state(
             said = f"says {result.get('outcome')!r}."
         else:
             said = "is not a JSON object." if result_unreadable else "is missing."
-        return failed(f"The worker exited with code 0 but result.json {said}")
+        hint = _disk_hint(free_bytes) if result is None else ""
+        return failed(f"The worker exited with code 0 but result.json {said}{hint}")
     if exit.code == ExitCode.CANCELLED:
         return FinalState(JobState.CANCELLED, result, None)
     if exit.code in (ExitCode.FAILED, ExitCode.INVALID_SPEC) and result is not None:
         return failed(_result_reason(result))
     unreadable = " Its result.json is not a JSON object." if result_unreadable else ""
-    return failed(f"The worker exited with code {exit.code}.{unreadable}")
+    hint = _disk_hint(free_bytes) if result is None else ""
+    return failed(f"The worker exited with code {exit.code}.{unreadable}{hint}")

@@ -46,6 +46,7 @@ the next at once.
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -130,6 +131,11 @@ class Supervisor:
         # Jobs whose worker has ended and whose last lines the store refused: since when
         # (`_stored_or_given_up`).
         self._unstored: dict[str, float] = {}
+        # Jobs whose worker has ended: the space left on the disk of its run directory when
+        # that was first seen (None: unknown), for a failure without a result to name a full
+        # disk. Measured then: a store on that disk records the end only once there is
+        # space again.
+        self._free_at_end: dict[str, int | None] = {}
         # Each job's part of a tick ((job id, part)) and the scheduling (("", "schedule"))
         # run under it: an error is logged, once while it repeats (not five times a
         # second), and the next tick tries again.
@@ -305,6 +311,7 @@ class Supervisor:
             self._gone.discard(job_id)
             self._forget(job_id)
             return
+        self._note_free_space(job_id)
         for _ in range(parts):
             read = self._read_progress_guarded(job_id)
             if read is None and not self._stored_or_given_up(job_id, stored=False):
@@ -335,6 +342,7 @@ class Supervisor:
         self._read_progress_guarded(job.id)
         exit = worker.poll()
         if exit is not None:
+            self._note_free_space(job.id)
             # The last lines, written just before the exit.
             if self._stored_or_given_up(job.id, stored=self._read_all_progress(job.id)):
                 self._ended(job, exit, killed=worker.killed)
@@ -421,6 +429,7 @@ class Supervisor:
         self._workers.pop(job_id, None)
         self._tails.pop(job_id, None)
         self._unstored.pop(job_id, None)
+        self._free_at_end.pop(job_id, None)
         self._guard.forget(lambda key: isinstance(key, tuple) and key[0] == job_id)
 
     def _enforce_cancel(self, job: JobRecord, worker: Worker) -> None:
@@ -439,6 +448,15 @@ class Supervisor:
                 self._settings.cancel_grace_seconds,
             )
             worker.kill()
+
+    def _note_free_space(self, job_id: str) -> None:
+        """Keep the space left on the job's disk now that its worker has ended (the first
+        time it is seen ended)."""
+        if job_id not in self._free_at_end:
+            try:
+                self._free_at_end[job_id] = shutil.disk_usage(self.run_dir(job_id).root).free
+            except OSError:  # no run directory (it never started), or none to look at
+                self._free_at_end[job_id] = None
 
     def _stored_or_given_up(self, job_id: str, *, stored: bool) -> bool:
         """Whether a job whose worker has ended may be settled: its last lines are `stored`,
@@ -545,6 +563,7 @@ class Supervisor:
             log_tail=tail_lines(run.log, ERROR_LOG_LINES) if inside(run.root, run.log) else [],
             restarts_after_kills=job.crashes,
             result_unreadable=unreadable,
+            free_bytes=self._free_at_end.get(job.id),
         )
         self._store.finish(
             job.id,

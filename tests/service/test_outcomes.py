@@ -211,3 +211,33 @@ def test_final_state_signal_after_restarts_says_so() -> None:
         "three times over as it starts. The job had already been restarted from its "
         "checkpoint 2 times after its worker was killed, the most TOWERBOARD_CRASH_RETRIES allows."
     )
+
+
+def test_final_state_without_a_result_on_a_full_disk_says_so() -> None:
+    # Its result.json and its log's last lines (the trainer's line naming the full disk)
+    # are on that disk too: the error said "exited with code 1" over a log cut mid-line.
+    def failed(exit: WorkerExit, result: dict[str, Any] | None, free: int) -> str:
+        return reason(
+            final_state(
+                exit,
+                result,
+                cancel_requested=False,
+                killed_after_grace=False,
+                grace_seconds=30,
+                log_tail=TAIL,
+                free_bytes=free,
+            )  # fmt: skip
+        )
+
+    said = "The disk of its run directory had 4096 bytes free when its end was seen"
+    assert failed(WorkerExit(code=1), None, 4096).startswith(
+        f"The worker exited with code 1. {said}: a full disk fails a checkpoint"
+    )
+    assert "then resume the job" in failed(WorkerExit(code=1), None, 4096)
+    assert said in failed(WorkerExit(code=0), None, 4096)
+    assert said in failed(WorkerExit(), None, 4096)  # adopted
+    assert "3.0 MiB free" in failed(WorkerExit(code=1), None, 3 * 2**20)
+    # Room enough, or the worker said why in its result: no word of the disk.
+    assert "disk" not in failed(WorkerExit(code=1), None, 2**30)
+    assert "disk" not in failed(WorkerExit(code=1), {"outcome": "failed", "message": "m"}, 0)
+    assert "disk" not in failed(WorkerExit(signal=9), None, 0)

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import sqlite3
+import subprocess
+import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -13,6 +17,7 @@ import pytest
 from fastapi import FastAPI
 
 from service.errors import install_error_handlers
+from tests.service.harness import Service, job_spec, worker_env
 
 
 def _app(error: Exception) -> FastAPI:
@@ -84,3 +89,70 @@ def test_store_locked_by_another_process_is_said(tmp_path: Path) -> None:
     detail = response.json()["detail"]
     assert "locked by another process" in detail
     assert "nothing was changed: try again" in detail
+
+
+# Fills the disk of its run directory, as a checkpoint that found no room does, and exits
+# 1 without result.json: the trainer's own line naming the full disk goes to worker.log,
+# on that disk too, and is lost with it.
+_FILLING_WORKER = """\
+import sys
+from pathlib import Path
+
+job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1])
+try:
+    with open(job_dir / "filler", "wb", buffering=0) as filler:
+        while True:
+            filler.write(b"x" * 65536)
+except OSError:
+    pass
+sys.exit(1)
+"""
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A folder on its own 4 MiB tmpfs, to fill."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs to fill")
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_job_failed_by_a_full_disk_says_so_once_it_is_recorded(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    # Its error said "The worker exited with code 1." over a log cut off mid-line. The store
+    # is on that disk too, so the end is recorded only once space is freed: the space is
+    # the one seen as the worker ended, not the one freed by then.
+    env = worker_env(tmp_path, "filling_worker", _FILLING_WORKER)
+    service = Service(small_disk, env)  # its log beside the disk, not on it
+    service.start()
+    try:
+        job = service.submit(job_spec())
+        filler = small_disk / "runs" / job["id"] / "filler"
+        # Until the service has seen the worker end: its store refusing the end, or taking
+        # it (a WAL with room left).
+        deadline = time.monotonic() + 60
+        while f"Job {job['id']}: watching its worker failed" not in service.log.read_text():
+            if service.job(job["id"])["state"] == "failed":
+                break
+            assert time.monotonic() < deadline, service.log.read_text()[-3000:]
+            time.sleep(0.05)
+        filler.unlink()
+        failed = service.wait_state(job["id"], "failed", timeout=60)
+    finally:
+        service.close()
+    reason = failed["error"]["reason"]
+    assert reason.startswith("The worker exited with code 1. The disk of its run directory had ")
+    assert "free when its end was seen: a full disk fails a checkpoint" in reason, reason

@@ -164,6 +164,15 @@ def write_json_atomic(path: Path, payload: Any) -> None:
     write_text_atomic(path, text + "\n")
 
 
+def _ends_a_line(path: Path) -> bool:
+    """Whether the file is empty or ends with a newline."""
+    with open(path, "rb") as f:
+        if f.seek(0, os.SEEK_END) == 0:
+            return True
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
 class ProgressWriter:
     """Appends one JSON object a line to progress.jsonl and flushes it at once.
 
@@ -178,11 +187,20 @@ class ProgressWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._file = open(path, "a", buffering=1)  # noqa: SIM115 - held for the run
+        # A line the run before cut short (a disk that filled mid-line, a crashed host's
+        # NULs) is ended first, so it stays a line of its own that readers skip: appended
+        # to, it swallowed this run's `start` line, and the service never saw the restart
+        # (the lost run's points past it were kept, the phase and total stayed the old).
+        if not _ends_a_line(path):
+            self._append("\n")
 
     def write(self, event: str, **fields: Any) -> None:
         line = _finite({"time": round(time.time(), 3), "event": event, **fields})
+        self._append(json.dumps(line, sort_keys=True, allow_nan=False) + "\n")
+
+    def _append(self, text: str) -> None:
         try:
-            self._file.write(json.dumps(line, sort_keys=True, allow_nan=False) + "\n")
+            self._file.write(text)
             self._file.flush()
         except OSError as e:
             # A full disk's error names no file; the job's message should.

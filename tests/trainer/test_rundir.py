@@ -53,6 +53,37 @@ def test_progress_lines_write_non_finite_numbers_as_null(tmp_path: Path) -> None
     assert progress_lines(tmp_path / "progress.jsonl")[0]["eval_loss"] is None
 
 
+@pytest.mark.parametrize(
+    "cut",
+    [
+        b'{"event": "progress", "loss": 0.5, "st',  # a disk that filled mid-line
+        b"\x00" * 4096,  # a crashed host's NULs
+    ],
+)
+def test_a_run_after_a_line_cut_short_has_its_own_lines_read(tmp_path: Path, cut: bytes) -> None:
+    # Appended to the cut line, the next run's `start` line was part of it and was
+    # skipped with it: the service never saw the job restart from its checkpoint.
+    path = tmp_path / "progress.jsonl"
+    path.write_bytes(b'{"event": "start", "step": 0, "time": 1}\n' + cut)
+    writer = ProgressWriter(path)
+    writer.write("start", step=5, total=20)
+    writer.write("progress", step=6, total=20)
+    writer.close()
+
+    lines = progress_lines(path)
+    assert [(line["event"], line["step"]) for line in lines] == [
+        ("start", 0),
+        ("start", 5),
+        ("progress", 6),
+    ]
+    # A file that ends a line, or is empty, is appended to as it is.
+    before = path.read_bytes()
+    ProgressWriter(path).close()
+    ProgressWriter(tmp_path / "new.jsonl").close()
+    assert path.read_bytes() == before
+    assert (tmp_path / "new.jsonl").read_bytes() == b""
+
+
 # Lines that hold no JSON object, on which `json.loads` raises other than JSONDecodeError:
 # a crashed host's run of NULs (the worker's next line appended after it) reads as UTF-32,
 # a UTF-16 byte-order mark, brackets nested past the parser's depth, too many digits.

@@ -319,6 +319,16 @@ class JobStore:
         row = self._reader().execute("SELECT version FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return None if row is None else int(row[0])
 
+    def is_exiting(self, job_id: str) -> bool:
+        """Whether the job's worker is still exiting after its end (see `exiting`): one
+        indexed lookup, with no record parsed (a spec may be a MiB)."""
+        row = (
+            self._reader()
+            .execute("SELECT exiting IS NOT NULL FROM jobs WHERE id = ?", (job_id,))
+            .fetchone()
+        )
+        return row is not None and bool(row[0])
+
     def page(
         self,
         *,

@@ -251,6 +251,11 @@ def cancel_job(job: JobDep, runtime: RuntimeDep) -> Response:
 # back the directory of a job the first one has deleted, nor a resume queue a job whose
 # directory a delete has moved aside.
 _ENDED_JOB_LOCK = threading.Lock()
+# The jobs a delete is moving aside and deleting now, under that lock: a read that finds
+# a job's files gone waits on that job's delete alone, not on every delete and resume
+# (which hold the lock across a store write, up to SQLite's 30 s busy wait).
+_DELETING: set[str] = set()
+_DELETE_ENDED = threading.Condition()
 
 # A worker outlives its result.json by TensorFlow's teardown, about a second. A delete or
 # resume asked for then waits up to this long for the exit: answered at once with a 409,
@@ -283,14 +288,31 @@ async def delete_job(job: JobDep, runtime: RuntimeDep) -> Response:
 
 def _delete_alone(job_id: str, runtime: Runtime) -> Response:
     with _ENDED_JOB_LOCK:  # a second delete of the same job finds it gone: 404
-        return _delete(job_id, runtime)
+        with _DELETE_ENDED:
+            _DELETING.add(job_id)
+        try:
+            return _delete(job_id, runtime)
+        finally:
+            with _DELETE_ENDED:
+                _DELETING.discard(job_id)
+                _DELETE_ENDED.notify_all()
+
+
+def _gone_or_back(job_id: str, runtime: Runtime) -> bool:
+    """Whether the job is gone, once a delete of it under way (if any) has ended: deleted,
+    or its files put back (a record the store would not delete keeps them)."""
+    with _DELETE_ENDED:
+        _DELETE_ENDED.wait_for(lambda: job_id not in _DELETING)
+    return runtime.store.version(job_id) is None
 
 
 async def _wait_for_its_exit(job_id: str, runtime: Runtime) -> None:
     """Return once the job's worker has exited after its end, or it has none, or after
-    `EXIT_WAIT_SECONDS`. Each look is a primary-key read, as `get_job`'s on the loop."""
+    `EXIT_WAIT_SECONDS`. Each look is one column of a primary-key read: on the loop, 50
+    looks of a record whole (a spec may be a MiB, 8 ms to read) for each of dozens of
+    waiting requests would hold it up."""
     deadline = time.monotonic() + EXIT_WAIT_SECONDS
-    while (job := runtime.store.get(job_id)) is not None and job.exiting is not None:
+    while runtime.store.is_exiting(job_id):
         if time.monotonic() >= deadline:
             return
         await anyio.sleep(0.1)  # the supervisor's poll is 0.2 s
@@ -548,7 +570,7 @@ def profile_job(
     # ended and be going, and the request's write (which makes its folder) would leave a
     # run directory behind it. Under the lock, a job still in the store is not going.
     with _ENDED_JOB_LOCK, _PROFILE_LOCK:
-        if runtime.store.get(job.id) is None:
+        if runtime.store.version(job.id) is None:
             raise HTTPException(404, job_not_found(job.id))
         pending = _pending_trace_steps(run)
         traced = max(steps, pending or 0)
@@ -658,12 +680,11 @@ def read_job_logs(
         # No log, or none that far: a delete may have just moved the run directory aside,
         # which it does before it deletes the job's record (a record it cannot delete
         # keeps its files). A follower's read between the two answered 416 for a job
-        # that was going. Once the delete's lock is free, it has either deleted the job
-        # (404) or put its files back, and the log reads as it is.
-        with _ENDED_JOB_LOCK:
-            if runtime.store.get(job.id) is None:
-                raise HTTPException(404, job_not_found(job.id))
-            read = _read_log(run, tail, offset, limit)
+        # that was going. Once that delete has ended, it has either deleted the job (404)
+        # or put its files back, and the log reads as it is.
+        if _gone_or_back(job.id, runtime):
+            raise HTTPException(404, job_not_found(job.id))
+        read = _read_log(run, tail, offset, limit)
     if isinstance(read, OffsetPastEnd):
         raise HTTPException(416, f"Cannot read the log of job {job.id}: {read}.") from read
     text, end = read if read is not None else ("", 0)

@@ -114,8 +114,9 @@ def test_reading_the_log_of_a_job_being_deleted_answers_404_not_416(service: Ser
     # answered 416, "offset past the end", for a job that was going: the CLI's `logs
     # --follow` said the service had refused its offset. The window is held open here by
     # the store's file, locked by another connection, which the record's delete waits on.
-    job = service.submit(job_spec(name="quick"))
+    job, other = (service.submit(job_spec(name="quick")) for _ in range(2))
     _exited(service, job)
+    _exited(service, other)
     path = f"/api/v1/jobs/{job['id']}/logs"
     read = service.client.get(path)
     offset = int(read.headers["X-Log-Offset"])
@@ -137,6 +138,12 @@ def test_reading_the_log_of_a_job_being_deleted_answers_404_not_416(service: Ser
             ask("follow", "GET", path, params={"offset": offset}),
             ask("tail", "GET", path),
         ]
+        # Another job's read that finds no log that far waits on no delete but its own
+        # (it waited on every one, and on every resume, for up to SQLite's 30 s).
+        past = {"offset": 10**9}
+        ask("other", "GET", f"/api/v1/jobs/{other['id']}/logs", params=past).join(timeout=10)
+        assert "other" in answers, "another job's log read waited on this delete"
+        assert answers["other"].status_code == 416, answers["other"].text
         time.sleep(0.5)  # each read answered at once before
     for thread in (deleting, *readers):
         thread.join(timeout=30)

@@ -137,11 +137,14 @@ def test_exiting_worker_kept_until_it_has_exited(store: JobStore) -> None:
     job = store.create(SPEC)
     store.mark_running(job.id, devices=["cpu:0"])
     exiting = {"pid": 1234, "pid_started": 99, "devices": ["cpu:0"]}
+    assert not store.is_exiting(job.id)
     store.finish(job.id, JobState.SUCCEEDED, result=None, error=None, exiting=exiting)
     ended = store.get(job.id)
     assert ended is not None and ended.devices == [] and ended.exiting == exiting
     assert [record.id for record in store.exiting()] == [job.id]
+    assert store.is_exiting(job.id) and not store.is_exiting("no-such-job")
     store.exited(job.id)
+    assert not store.is_exiting(job.id)
     assert store.exiting() == [] and store.get(job.id).version == ended.version  # type: ignore[union-attr]
 
 

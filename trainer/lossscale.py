@@ -4,7 +4,7 @@ Under Keras's `mixed_float16` policy a model's layers compute in float16, whose 
 normal number is 6e-5: the backward pass flushes small gradients to zero or rounds them
 coarsely. Keras's `fit` wraps such a model's optimizer in `LossScaleOptimizer`; the tower
 step does the same arithmetic itself (trainer/towers.py). Wrapped, the optimizer would
-lose the fused update kernels (trainer/updates.py fuses plain SGD and Adam only), and its
+lose the fused update kernels (trainer/updates.py fuses SGD, momentum and Adam), and its
 `apply` refuses the cross-replica context a cluster applies its update in.
 
 - each tower differentiates its objective times the scale, so the float16 backward pass

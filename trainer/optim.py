@@ -67,7 +67,8 @@ def make_schedule(spec: OptimizerSpec) -> WarmupSchedule:
 
 
 def make_optimizer(spec: OptimizerSpec) -> keras.optimizers.Optimizer:
-    """A Keras optimizer driven by the spec's schedule. Its `iterations` is the step."""
+    """A Keras optimizer driven by the spec's schedule. Its `iterations` counts the updates
+    applied: the step, less a float16 model's skipped steps (`trainer.lossscale`)."""
     schedule = make_schedule(spec)
     if spec.name == "sgd":
         return keras.optimizers.SGD(learning_rate=schedule)

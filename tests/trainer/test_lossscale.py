@@ -186,12 +186,20 @@ def test_an_overflowing_step_is_skipped_counted_and_halves_the_scale():
     t.train_step(x, y)  # a finite step, so that the slots are not zeros
     assert scale_of(t) == (INITIAL_SCALE, 1)
     before = [v.numpy().copy() for v in t.model.trainable_variables + t.optimizer.variables]
+    assert t.ema is not None
+    shadows = [s.numpy().copy() for s in t.ema.shadows]
     t.loss_scale.scale.assign(2.0**40)
     out = t.train_step(x, y, with_scalars=True)
     after = [v.numpy() for v in t.model.trainable_variables + t.optimizer.variables]
     for a, b in zip(before, after, strict=True):
         np.testing.assert_array_equal(a, b)  # weights, slots and iteration count
     assert int(t.step.numpy()) == 2
+    # The EMA moves on as on any step, towards weights that did not: its decay at step 2
+    # is min(0.9, 3 / 12).
+    for shadow, old, var in zip(t.ema.shadows, shadows, before, strict=False):
+        np.testing.assert_allclose(shadow.numpy(), 0.25 * old + 0.75 * var, rtol=1e-6)
+    moved = zip(t.ema.shadows, shadows, strict=True)
+    assert any(not np.array_equal(shadow.numpy(), old) for shadow, old in moved)
     assert scale_of(t) == (2.0**39, 0)
     assert not all(np.isfinite(g.numpy()).all() for g in out["grads"])
     # Its loss is the real one (the weights did not move, so it is the step before's too).
@@ -204,7 +212,7 @@ def test_an_overflowing_step_is_skipped_counted_and_halves_the_scale():
     assert packed[len(SCALARS)] == 2.0**40 and len(packed) == len(SCALARS) + 1 + 2
     assert packed[0] == pytest.approx(float(out["loss"]))
 
-    # The next step, at half the scale, is finite and trains.
+    # The next step, at a scale it does not overflow at, is finite and trains.
     t.loss_scale.scale.assign(INITIAL_SCALE)
     t.train_step(x, y)
     assert scale_of(t) == (INITIAL_SCALE, 1)

@@ -392,21 +392,22 @@ def test_parse_spec_custom_model_params_that_the_worker_gives():
 
 def test_parse_spec_custom_model_params_nested_too_deep():
     def nested(levels: int) -> dict:
-        params: dict = {"width": 8}
-        for _ in range(levels - 1):
-            params = {"inner": [params]}
-        return params
+        """`params` of `levels` levels: itself, then lists and dicts in turn."""
+        inner: object = 8
+        for level in range(levels - 1, 0, -1):
+            inner = [inner] if level % 2 else {"inner": inner}
+        return {"width": inner}
 
-    model = {"name": "mine:build", "params": nested(32)}  # lists count as levels too
+    model = {"name": "mine:build", "params": nested(33)}
     assert errors_of({"data": SYNTHETIC, "model": model}) == {
         "model.params": "Expected `params` nested at most 32 levels deep (the keyword "
         "arguments of a builder). Received: more than 32"
     }
-    # 16 dicts and 15 lists: 31 levels; a spec that passes writes back as JSON.
+    # At the limit it passes, and a spec that passes writes back as JSON.
     kept = JobSpec.model_validate(
-        {"data": SYNTHETIC, "model": {"name": "m:b", "params": nested(16)}}
+        {"data": SYNTHETIC, "model": {"name": "m:b", "params": nested(32)}}
     )
-    assert json.loads(kept.model_dump_json())["model"]["params"] == nested(16)
+    assert json.loads(kept.model_dump_json())["model"]["params"] == nested(32)
 
 
 def test_parse_spec_unknown_model_name():

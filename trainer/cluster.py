@@ -229,6 +229,11 @@ def wait_for_peers(
     """
     own = cluster.addresses[cluster.index]
     listener = socket.socket()
+    # The last run's TensorFlow server leaves its connections in TIME_WAIT on this port for
+    # a minute after it exits: without this, every worker started again at once (to resume
+    # after a stop) was refused as if the port were taken. A port another process listens
+    # on is still refused (SO_REUSEADDR lets no two sockets listen on one port).
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         listener.bind(("", _host_port(own)[1]))
         listener.listen()

@@ -4,11 +4,12 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
-from trainer.cluster import Cluster, ClusterError, cluster_from_env
+from trainer.cluster import Cluster, ClusterError, cluster_from_env, wait_for_peers
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -160,3 +161,43 @@ def test_another_worker_started_without_spec_reads_its_own_copy(tmp_path):
     result = json.loads((own / "result.json").read_text())
     assert "while waiting for the other tasks" in result["message"], result
     assert not (tmp_path / "spec.json").exists()
+
+
+def _two_tasks(own: int, other: int) -> Cluster:
+    return Cluster(workers=2, index=0, addresses=(f"127.0.0.1:{own}", f"127.0.0.1:{other}"))
+
+
+def test_a_port_the_last_run_left_in_time_wait_is_listened_on_again():
+    # Workers started again at once to resume: the last run's TensorFlow server (which,
+    # as gRPC does, set SO_REUSEADDR) left connections in TIME_WAIT on the task's port for
+    # a minute, and the wait refused the port as "another process using" it (exit 2).
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        server = socket.socket()
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = server.accept()
+        accepted.close()  # the server's side closes first: it is the one in TIME_WAIT
+        server.close()
+        client.recv(1)
+        client.close()
+        assert wait_for_peers(_two_tasks(port, other.getsockname()[1]), threading.Event())
+
+
+def test_a_port_another_process_listens_on_is_refused_even_one_that_shares_it():
+    # TensorFlow's gRPC server listens with SO_REUSEADDR and SO_REUSEPORT: a second copy
+    # of a running worker must still be refused.
+    with socket.socket() as running, socket.socket() as other:
+        running.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        running.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        running.bind(("0.0.0.0", 0))
+        running.listen()
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        cluster = _two_tasks(running.getsockname()[1], other.getsockname()[1])
+        with pytest.raises(ClusterError, match="cannot listen on this task's address"):
+            wait_for_peers(cluster, threading.Event())

@@ -47,6 +47,11 @@ class ClusterMismatch(RuntimeError):
     TensorFlow)."""
 
 
+class ClusterNotFormed(ClusterMismatch):
+    """Every task answered, but TensorFlow did not form the cluster in time (raised by
+    trainer/multiworker.py)."""
+
+
 @dataclass(frozen=True)
 class Cluster:
     """This process's place in the cluster: `workers` training tasks, this one at `index`."""

@@ -32,7 +32,8 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.checkpoints import Checkpointer
-from trainer.cluster import ClusterMismatch
+from trainer.cluster import ClusterMismatch, ClusterNotFormed
+from trainer.errors import op_reason
 from trainer.towers import TowerTrainer, stand_in_if_empty, tower_sizes
 from trainer.updates import Apply, make_apply
 
@@ -43,16 +44,73 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# How long TensorFlow may take to form the cluster once every task's port has answered
+# (`trainer.cluster.wait_for_peers`). Every task has imported TensorFlow and chosen its
+# devices by then; what is left is each starting its server and devices (seconds, tens
+# on a host of many GPUs). Unbounded, a task gone just after it answered, another program
+# answering on a task's port, or TF_CONFIGs that list the tasks differently left the
+# others waiting for ever, deaf to SIGTERM (TensorFlow's wait holds the interpreter).
+FORM_SECONDS = 300.0
+
+
 def make_strategy() -> tf.distribute.MultiWorkerMirroredStrategy:
     """The strategy for `TF_CONFIG`'s cluster. Must be made before TensorFlow runs any op
-    (it starts this worker's server), and waits until every worker has started."""
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    (it starts this worker's server), and waits until every worker has started; raises
+    `ClusterNotFormed` when they have not within `FORM_SECONDS`."""
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    _bound_forming(resolver, FORM_SECONDS)
+    log.info(
+        "forming the cluster in TensorFlow (for at most %g s; a SIGTERM meanwhile is acted "
+        "on once it has formed)",
+        FORM_SECONDS,
+    )
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+    except tf.errors.OpError as e:
+        log.error("forming the cluster failed: %s", e.message)  # TensorFlow's whole page
+        # Its first sentence: the rest says to read the logs, which this message says too.
+        reason = op_reason(e.message).split(". ", 1)[0].strip()
+        raise ClusterNotFormed(
+            f"The cluster did not form within {FORM_SECONDS:g} s of every task answering "
+            f"({type(e).__name__}: {reason}). A task stopped after it answered, another "
+            "program answers on a task's port, or the tasks were given different TF_CONFIGs "
+            "(each must list the same addresses in the same order). Check every worker's "
+            "log, then start every worker again."
+        ) from e
     log.info(
         "multi-worker: %d towers in sync, %s here",
         strategy.num_replicas_in_sync,
         ", ".join(strategy.extended.worker_devices),
     )
     return strategy
+
+
+def _bound_forming(
+    resolver: tf.distribute.cluster_resolver.ClusterResolver, seconds: float
+) -> None:
+    """The coordination service the strategy would configure, with registration as a
+    barrier every task must reach within `seconds`.
+
+    The strategy configures none when one is configured already. Its own registers each
+    task with no deadline, and then waits for all of them without one: a task that never
+    registers held the others there for ever. TensorFlow has no public setting for it.
+    """
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.distribute import multi_worker_util
+    from tensorflow.python.eager import context
+
+    spec = multi_worker_util.normalize_cluster_spec(resolver.cluster_spec())
+    context.context().configure_coordination_service(
+        service_type="standalone",
+        service_leader=multi_worker_util.coordination_leader(spec),
+        coordinated_jobs=[
+            coordination_config_pb2.CoordinatedJob(name=job, num_tasks=spec.num_tasks(job))
+            for job in ("chief", "worker")
+            if job in spec.jobs
+        ],
+        cluster_register_timeout_in_ms=int(seconds * 1000),
+    )
+    context.context().coordination_service.cluster_register_with_barrier = True
 
 
 def _replica_index(context: tf.distribute.ReplicaContext) -> int:

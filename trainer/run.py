@@ -369,7 +369,8 @@ def _devices_and_strategy(
         # Before any other op (it starts this worker's server); waits for the others. A
         # SIGTERM meanwhile is held (`signals_held`), not lost to TensorFlow's handler;
         # but TensorFlow's wait holds the interpreter, so one is acted on only once every
-        # task has joined (a task gone just after `wait_for_peers` saw it is waited for).
+        # task has joined (a task gone just after `wait_for_peers` saw it is waited for
+        # up to `FORM_SECONDS`, then this one fails: ClusterNotFormed).
         strategy = make_strategy()
     return devices, strategy
 

@@ -531,3 +531,44 @@ def test_a_sigterm_while_the_cluster_forms_stops_every_worker(tmp_path):
     for result in results(job_dir, 2):
         assert result["outcome"] == "cancelled", result
         assert result["step"] < 40, result
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["chief", "other-worker"])
+def test_a_cluster_that_does_not_form_fails_in_bounded_time_saying_why(tmp_path, index):
+    # Another program answers on the other task's port (or the task there died just after
+    # it answered): this worker passes its wait for the others, then TensorFlow's wait
+    # for the cluster held it for ever, deaf to SIGTERM. The chief hosts TensorFlow's
+    # coordination service and the other worker registers with it: two ways to wait.
+    ports = free_ports(2)
+    addresses = [f"127.0.0.1:{port}" for port in ports]
+    tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(with_(SPEC, steps=4)))
+    job_dir = tmp_path / "job"
+    code = (
+        "import sys\nimport trainer.multiworker\ntrainer.multiworker.FORM_SECONDS = 3\n"
+        "from trainer.__main__ import main\nsys.exit(main(sys.argv[1:]))\n"
+    )
+    with socket.socket() as stand_in:
+        stand_in.bind(("127.0.0.1", ports[1 - index]))
+        stand_in.listen()
+        started = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "-c", code, "run", "--job-dir", str(job_dir)]
+            + ["--spec", str(spec_file)],
+            cwd=REPO,
+            env={**os.environ, "TF_CONFIG": json.dumps(tf_config)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert proc.returncode == 1, proc.stderr
+    assert time.monotonic() - started < 60
+    own = job_dir if index == 0 else job_dir / "workers" / "worker-1"
+    result = json.loads((own / "result.json").read_text())
+    assert result["outcome"] == "failed"
+    assert result["message"].startswith("The cluster did not form within 3 s"), result
+    assert "DeadlineExceededError" in result["message"]
+    assert "start every worker again" in result["message"]
+    assert "forming the cluster in TensorFlow (for at most 3 s" in proc.stderr
+    assert not (own / "checkpoints").exists()

@@ -177,12 +177,34 @@ def _host_port(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _answers(address: str) -> bool:
+def _answers(address: str, listener: socket.socket, name: str) -> bool:
+    """Whether another task answers at `address`; a `ClusterError` where this task's own
+    `listener` does (`name`: this task's)."""
     try:
-        socket.create_connection(_host_port(address), timeout=1).close()
+        probe = socket.create_connection(_host_port(address), timeout=1)
     except OSError:
         return False
-    return True
+    with probe:
+        mine = probe.getsockname()
+        # Connected means queued on the listener it reached: if that is this task's own,
+        # the probe is among its connections. Those of the other tasks' probes are taken
+        # and closed with them.
+        while True:
+            try:
+                accepted, peer = listener.accept()
+            except OSError:  # none left (the listener does not block)
+                return True
+            accepted.close()
+            if peer == mine:
+                # TF_CONFIGs that give two tasks one address, or this task another's index
+                # (host-a given index 1 with the same port on every host): TensorFlow then
+                # waits for a task that is not coming.
+                raise _fail(
+                    f"another task's address is this task's own ({name}): every task "
+                    "must have a host:port of its own, and `task.index` must be this "
+                    "host's place in the list",
+                    address,
+                )
 
 
 _STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
@@ -242,6 +264,7 @@ def wait_for_peers(
     try:
         listener.bind(("", _host_port(own)[1]))
         listener.listen()
+        listener.setblocking(False)
     except OSError as e:
         listener.close()
         raise _fail(
@@ -253,7 +276,7 @@ def wait_for_peers(
     log.info("waiting for the other tasks of the cluster to start: %s", ", ".join(others))
     started = said = time.monotonic()
     try:
-        while others := [a for a in others if not _answers(a)]:
+        while others := [a for a in others if not _answers(a, listener, cluster.name)]:
             if _stopped(stop, 0.5):
                 return False
             if time.monotonic() - said >= log_every:

@@ -201,3 +201,23 @@ def test_a_port_another_process_listens_on_is_refused_even_one_that_shares_it():
         cluster = _two_tasks(running.getsockname()[1], other.getsockname()[1])
         with pytest.raises(ClusterError, match="cannot listen on this task's address"):
             wait_for_peers(cluster, threading.Event())
+
+
+@pytest.mark.parametrize(
+    "hosts",
+    [
+        # Another task's index (host-a given 1): every host has the same port, so the
+        # chief's address, host-a's own, answered from this task's listener.
+        ("127.0.0.1", "127.0.0.2"),
+        ("127.0.0.1", "127.0.0.1"),  # one address given to two tasks
+    ],
+    ids=["index-of-another-host", "one-address-twice"],
+)
+def test_another_tasks_address_that_is_this_tasks_own_is_refused(hosts):
+    # It passed the wait at once, and TensorFlow then waited for a task that never came.
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    cluster = Cluster(workers=2, index=1, addresses=tuple(f"{h}:{port}" for h in hosts))
+    with pytest.raises(ClusterError, match=r"another task's address is this task's own"):
+        wait_for_peers(cluster, threading.Event())

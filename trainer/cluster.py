@@ -177,12 +177,14 @@ def _host_port(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _answers(address: str, listener: socket.socket, name: str) -> bool:
-    """Whether another task answers at `address`; a `ClusterError` where this task's own
-    `listener` does (`name`: this task's)."""
+def _answers(address: str, listener: socket.socket, name: str, why: dict[str, str]) -> bool:
+    """Whether another task answers at `address` (if not, `why[address]` says why, for the
+    log); a `ClusterError` where this task's own `listener` does (`name`: this task's)."""
     try:
         probe = socket.create_connection(_host_port(address), timeout=1)
-    except OSError:
+    except OSError as e:
+        # A host name with a typo and a host not up yet read alike without it.
+        why[address] = e.strerror or str(e) or type(e).__name__
         return False
     with probe:
         mine = probe.getsockname()
@@ -275,17 +277,18 @@ def wait_for_peers(
     others = [a for i, a in enumerate(cluster.addresses) if i != cluster.index]
     log.info("waiting for the other tasks of the cluster to start: %s", ", ".join(others))
     started = said = time.monotonic()
+    why: dict[str, str] = {}
     try:
-        while others := [a for a in others if not _answers(a, listener, cluster.name)]:
+        while others := [a for a in others if not _answers(a, listener, cluster.name, why)]:
             if _stopped(stop, 0.5):
                 return False
             if time.monotonic() - said >= log_every:
                 said = time.monotonic()
                 log.info(
-                    "still waiting, after %d s, for the tasks at %s (not started yet, or "
-                    "not reachable at that address)",
+                    "still waiting, after %d s, for the tasks at %s: not started yet, or "
+                    "not reachable at that address",
                     said - started,
-                    ", ".join(others),
+                    ", ".join(f"{a} ({why.get(a, 'no answer')})" for a in others),
                 )
     finally:
         listener.close()

@@ -221,3 +221,21 @@ def test_another_tasks_address_that_is_this_tasks_own_is_refused(hosts):
     cluster = Cluster(workers=2, index=1, addresses=tuple(f"{h}:{port}" for h in hosts))
     with pytest.raises(ClusterError, match=r"another task's address is this task's own"):
         wait_for_peers(cluster, threading.Event())
+
+
+def test_the_wait_logs_why_each_task_does_not_answer(caplog):
+    # Why: a host name with a typo ("Name or service not known") waited logged as a host
+    # not started yet. Here a port nothing listens on (no name lookup: this runs offline).
+    with socket.socket() as free, socket.socket() as other:
+        free.bind(("127.0.0.1", 0))
+        other.bind(("127.0.0.1", 0))  # bound, not listening: refused
+        own, closed = free.getsockname()[1], other.getsockname()[1]
+        free.close()
+        cluster = _two_tasks(own, closed)
+        stop = threading.Event()
+        threading.Timer(1.2, stop.set).start()
+        with caplog.at_level("INFO", logger="trainer.cluster"):
+            assert not wait_for_peers(cluster, stop, log_every=0.5)
+    still = [r.getMessage() for r in caplog.records if "still waiting" in r.getMessage()]
+    assert still, caplog.text
+    assert f"127.0.0.1:{closed} (Connection refused): not started yet" in still[-1]

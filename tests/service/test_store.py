@@ -118,8 +118,11 @@ def test_store_from_before_added_columns_gains_them(tmp_path: Path) -> None:
     job = store.create(SPEC)
     store.close()
     conn = sqlite3.connect(path)
+    conn.execute("DROP INDEX jobs_queue")  # it names queued_at
+    conn.execute("CREATE INDEX jobs_by_state ON jobs (state, priority DESC, seq)")
     conn.execute("ALTER TABLE jobs DROP COLUMN crashes")
     conn.execute("ALTER TABLE jobs DROP COLUMN exiting")
+    conn.execute("ALTER TABLE jobs DROP COLUMN queued_at")
     conn.execute("ALTER TABLE jobs DROP COLUMN resumed_from")
     conn.commit()
     conn.close()
@@ -127,7 +130,11 @@ def test_store_from_before_added_columns_gains_them(tmp_path: Path) -> None:
     reopened = JobStore(path)
     old = reopened.get(job.id)
     assert old is not None and old.crashes == 0 and old.exiting is None and old.spec == SPEC
-    assert old.resumed_from is None
+    assert old.resumed_from is None and old.queued_at is None
+    # The queue's index, made once the column it names is there, in place of the old one.
+    indexes = {row[0] for row in sqlite3.connect(path).execute("SELECT name FROM sqlite_master")}
+    assert "jobs_queue" in indexes and "jobs_by_state" not in indexes
+    assert [queued.id for queued in reopened.queue()] == [job.id]
     reopened.mark_running(job.id, devices=["cpu:0"])
     assert reopened.requeue(job.id, crashed=True)
     assert reopened.get(job.id).crashes == 1  # type: ignore[union-attr]

@@ -240,3 +240,26 @@ def test_a_metrics_stream_its_client_leaves_stalled_lets_go_of_the_store(
                 break
             time.sleep(0.2)
     assert busy == 0, "a read of the store stayed open after its client had gone"
+
+
+def test_the_queue_a_pass_reads_comes_from_one_index_in_its_order(tmp_path: Path) -> None:
+    """The supervisor reads the queue every pass (five a second). Read from the table, it
+    sorted every queued job and parsed each one's spec for its towers: 87 ms a pass for 500
+    queued jobs whose specs held 50 kB of a custom model's params. The read must walk an
+    index in run order and take the towers from it, calling no function on any row."""
+    store = JobStore(tmp_path / "towerboard.db")
+    spec = JobSpec.model_validate(job_spec(name="waits")).model_dump(mode="json")
+    later = store.create({**spec, "priority": 0})
+    first = store.create({**spec, "priority": 5, "towers": 2})
+    statements: list[str] = []
+    reader = store._reader()  # noqa: SLF001 - the connection the queue is read on
+    reader.set_trace_callback(statements.append)
+    queued = store.queue()
+    reader.set_trace_callback(None)
+    assert [(job.id, job.towers) for job in queued] == [(first.id, 2), (later.id, 1)]
+    (sql,) = statements
+    plan = [row[3] for row in reader.execute(f"EXPLAIN QUERY PLAN {sql}")]
+    assert not any("TEMP B-TREE" in step for step in plan), plan
+    opcodes = {row[1] for row in reader.execute(f"EXPLAIN {sql}")}
+    assert not opcodes & {"Function", "PureFunc"}, sorted(opcodes)
+    store.close()

@@ -40,6 +40,12 @@ class DevicePool:
         """How many devices a job with `towers` towers holds."""
         return towers if self.gpu else 1
 
+    @property
+    def most_towers(self) -> int | None:
+        """The most towers a job can have and ever start here; None: any (a CPU job holds
+        one slot, whatever its towers)."""
+        return len(self.devices) if self.gpu else None
+
     def free(self, held: Iterable[str]) -> list[str]:
         taken = set(held)
         return [device for device in self.devices if device not in taken]

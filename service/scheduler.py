@@ -38,4 +38,5 @@ def next_placements(queued: list[QueuedJob], pool: DevicePool, held: list[str]) 
 def never_fit(queued: list[QueuedJob], pool: DevicePool) -> list[QueuedJob]:
     """Queued jobs that need more devices than this host has (its settings changed since
     they were accepted); they would hold the queue forever."""
-    return [job for job in queued if pool.needed(job.towers) > len(pool.devices)]
+    most = pool.most_towers
+    return [] if most is None else [job for job in queued if job.towers > most]

@@ -168,7 +168,7 @@ _QUEUE_INDEX = f"""
 CREATE INDEX IF NOT EXISTS jobs_queue ON jobs (state, {_QUEUE_ORDER}, {_TOWERS});
 DROP INDEX IF EXISTS jobs_by_state;
 """
-_QUEUE = f"SELECT id, {_TOWERS} FROM jobs WHERE state = 'queued' ORDER BY {_QUEUE_ORDER}"
+_QUEUE = f"SELECT id, {_TOWERS} FROM jobs WHERE state = 'queued'"
 
 # Columns added since the first schema, for stores made before them.
 _ADDED_COLUMNS = {
@@ -383,13 +383,21 @@ class JobStore:
         """The jobs a SELECT * query returns, decoded, read on this thread's connection."""
         return [_row_to_record(row) for row in self._reader().execute(sql, params or []).fetchall()]
 
-    def queue(self) -> list[QueuedJob]:
+    def queue(self, *, most: int | None = None, towers_over: int | None = None) -> list[QueuedJob]:
         """The queued jobs' ids and towers, in the order they should run: highest priority,
-        then oldest (a resumed job by when it was resumed). All the scheduler needs, read
-        without decoding each job's row: the supervisor reads it every pass, and decoding
-        3,000 queued jobs took 0.6 s each time, a CPU kept busy by an idle queue. Read from
-        one index (`jobs_queue`), in its order, the towers in it: no spec is parsed."""
-        rows = self._reader().execute(_QUEUE)
+        then oldest (a resumed job by when it was resumed); the first `most` of them when
+        given; with `towers_over`, only those with more towers than that. All the scheduler
+        needs, read without decoding each job's row: the supervisor reads it every pass, and
+        decoding 3,000 queued jobs took 0.6 s each time, a CPU kept busy by an idle queue.
+        Read from one index (`jobs_queue`), in its order, the towers in it: no spec is
+        parsed, and `most` rows are all that is read."""
+        sql, args = _QUEUE, []
+        if towers_over is not None:
+            sql += f" AND {_TOWERS} > ?"
+            args.append(towers_over)
+        sql += f" ORDER BY {_QUEUE_ORDER} LIMIT ?"
+        args.append(-1 if most is None else most)
+        rows = self._reader().execute(sql, args)
         return [QueuedJob(job_id, int(towers)) for job_id, towers in rows]
 
     def running(self) -> list[JobRecord]:

@@ -59,7 +59,7 @@ from service.guard import Guard
 from service.outcomes import crashed, final_state, interrupted
 from service.progress import PROGRESS_READ_BYTES, fold_progress, read_progress_chunk, restarted_at
 from service.runfiles import inside, tail_lines
-from service.scheduler import never_fit, next_placements
+from service.scheduler import next_placements
 from service.settings import Settings
 from service.store import JobRecord, JobState, JobStore
 from service.workers import Worker, WorkerExit, adopt_worker, spawn_worker
@@ -605,20 +605,24 @@ class Supervisor:
     def _schedule(self) -> None:
         if not self._starting.is_set():
             return
-        queued = self._store.queue()
-        if not queued:
-            return
-        unfit = never_fit(queued, self._pool)
-        for job in unfit:
+        # Read no more of the queue than can start: each pass read all of it for its first
+        # jobs, 16 ms a pass (five a second) for 5,000 queued jobs with no device free.
+        # Those that never fit are found in the queue's index, none of it read in Python.
+        most = self._pool.most_towers
+        for job in [] if most is None else self._store.queue(towers_over=most):
             reason = (
                 f"The job needs {self._pool.needed(job.towers)} devices but this "
                 f"service has {len(self._pool.devices)}: {self._pool.describe()}."
             )
             if self._store.fail_queued(job.id, error={"reason": reason}):
                 self._publish_state(job.id)
-        queued = [job for job in queued if job not in unfit]
         held = [device for job in self._store.running() for device in job.devices]
         held += list(self.held_after_their_jobs())  # the devices, its keys
+        free = len(self._pool.free(held))
+        if not free:
+            return
+        # In strict order a job takes one device at least: no more than `free` can start.
+        queued = self._store.queue(most=free)
         for placement in next_placements(queued, self._pool, held):
             self._start(placement.job.id, placement.devices)
 

@@ -8,11 +8,20 @@ import sqlite3
 import time
 from pathlib import Path
 
+import pytest
+
 from service.devices import DevicePool
 from service.scheduler import never_fit, next_placements
 from service.settings import Settings
-from service.store import JobStore, QueuedJob
-from tests.service.harness import Service, job_spec, stepping_worker_env
+from service.store import JobState, JobStore, QueuedJob
+from service.supervisor import Supervisor
+from tests.service.harness import (
+    Service,
+    fake_worker_env,
+    job_spec,
+    kill_processes_under,
+    stepping_worker_env,
+)
 from trainer.spec import JobSpec
 
 
@@ -92,3 +101,35 @@ def test_long_queue_leaves_an_idle_service_idle(tmp_path: Path) -> None:
         assert used < 1.0, f"the idle service used {used:.2f} s of CPU in 4 s"
     finally:
         service.close()
+
+
+def test_a_queued_job_that_can_never_fit_fails_and_the_next_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Queued when the host had more GPUs (its settings changed since): at the head of a
+    # strict queue it would hold back every job behind it for good.
+    for name, value in fake_worker_env(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    settings = Settings(data_dir=tmp_path / "data", gpus=[0, 1]).resolved()
+    store = JobStore(settings.db_path)
+    spec = JobSpec.model_validate(job_spec(name="waits")).model_dump(mode="json")
+    too_big = store.create({**spec, "towers": 3, "priority": 5})
+    fits = store.create({**spec, "towers": 2})
+    supervisor = Supervisor(
+        settings=settings, store=store, pool=DevicePool.from_settings(settings),
+        publish=lambda _: None,
+    )  # fmt: skip
+    try:
+        supervisor.tick()
+        failed = store.get(too_big.id)
+        assert failed is not None and failed.state is JobState.FAILED
+        assert failed.error == {
+            "reason": "The job needs 3 devices but this service has 2: 2 GPUs "
+            "(TOWERBOARD_GPUS=0,1)."
+        }
+        started = store.get(fits.id)
+        assert started is not None and started.state is JobState.RUNNING
+        assert started.devices == ["gpu:0", "gpu:1"]
+    finally:
+        kill_processes_under(settings.data_dir)
+        store.close()

@@ -13,12 +13,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from service.devices import DevicePool
 from service.progress import PROGRESS_READ_BYTES
 from service.settings import Settings
 from service.store import JobState, JobStore, MetricPoint
 from service.supervisor import Supervisor
-from tests.service.harness import Service, job_spec
+from tests.service.harness import Service, fake_worker_env, job_spec, kill_processes_under
 from trainer.spec import JobSpec
 
 # `python -m volume_worker run --job-dir DIR`: what its spec's name says, then exits 1.
@@ -263,3 +265,41 @@ def test_the_queue_a_pass_reads_comes_from_one_index_in_its_order(tmp_path: Path
     opcodes = {row[1] for row in reader.execute(f"EXPLAIN {sql}")}
     assert not opcodes & {"Function", "PureFunc"}, sorted(opcodes)
     store.close()
+
+
+def test_a_pass_reads_no_more_of_the_queue_than_can_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each pass read the whole queue to start its first jobs, five times a second: 16 ms
+    a pass for 5,000 queued jobs with no device free. A pass must read at most as many
+    queued jobs as it has free devices, and none with no device free."""
+    for name, value in fake_worker_env(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    settings = Settings(data_dir=tmp_path / "data", cpu_jobs=2).resolved()
+    store = JobStore(settings.db_path)
+    spec = JobSpec.model_validate(job_spec(name="waits")).model_dump(mode="json")
+    for _ in range(30):
+        store.create(spec)
+    supervisor = Supervisor(
+        settings=settings, store=store, pool=DevicePool.from_settings(settings),
+        publish=lambda _: None,
+    )  # fmt: skip
+    reader = store._reader()  # noqa: SLF001 - the connection a pass reads on
+
+    def queue_reads_in_a_pass() -> list[int]:
+        """Rows each read of the queue in one pass returned (read again after it)."""
+        statements: list[str] = []
+        reader.set_trace_callback(statements.append)
+        supervisor.tick()
+        reader.set_trace_callback(None)
+        reads = [sql for sql in statements if "state = 'queued'" in sql]
+        return [len(reader.execute(sql).fetchall()) for sql in reads]
+
+    try:
+        assert max(queue_reads_in_a_pass()) <= 2  # two slots free: two start
+        assert store.count_by_state()[JobState.RUNNING] == 2
+        assert queue_reads_in_a_pass() == []  # none free: the queue is not read
+        assert store.count_by_state()[JobState.QUEUED] == 28
+    finally:
+        kill_processes_under(settings.data_dir)
+        store.close()

@@ -67,18 +67,49 @@ ON CONFLICT (job_id, name, width, bucket) DO UPDATE SET
     high_value = MAX(excluded.high_value, high_value)
 """
 
+
+def _series_of(table: str) -> str:
+    """A `WITH` clause naming `series` the job's (`:job`) series in `table` (keyed by
+    job_id, name, ...), each found by one seek of the key. A condition on steps alone
+    walks every point of the job, the key's next column being the name: a resumed long
+    job's first batch took 4 s (4.2M points), every other write of the service waiting
+    behind it. `name IN (SELECT name FROM series)` seeks each series' steps instead."""
+    return f"""WITH RECURSIVE series(name) AS (
+    SELECT MIN(name) FROM {table} WHERE job_id = :job
+    UNION ALL
+    SELECT (SELECT MIN(name) FROM {table} WHERE job_id = :job AND name > series.name)
+    FROM series WHERE series.name IS NOT NULL
+)
+"""
+
+
+_SERIES_IN = "name IN (SELECT name FROM series WHERE name IS NOT NULL)"
+
 # One bucket of every series of a job, read again from its points. SQLite gives a query
 # with a single MIN (or MAX) the other columns of the row that holds it.
-_REBUILD = """
+_REBUILD = f"""{_series_of("metrics")}
 INSERT OR REPLACE INTO metric_rollups
 SELECT low.job_id, low.name, :width, :bucket, low.n, low.step, low.time, low.value,
        high.step, high.time, high.value
 FROM (SELECT job_id, name, COUNT(*) AS n, step, time, MIN(value) AS value FROM metrics
-      WHERE job_id = :job AND step BETWEEN :first AND :last GROUP BY name) AS low
+      WHERE job_id = :job AND {_SERIES_IN} AND step BETWEEN :first AND :last
+      GROUP BY name) AS low
 JOIN (SELECT name, step, time, MAX(value) AS value FROM metrics
-      WHERE job_id = :job AND step BETWEEN :first AND :last GROUP BY name) AS high
+      WHERE job_id = :job AND {_SERIES_IN} AND step BETWEEN :first AND :last
+      GROUP BY name) AS high
 USING (name)
 """
+# A job's points past a step (a run resumed from it), and its buckets that held any:
+# their series named from the buckets, as a series whose points all lay past the step
+# has none left once they are gone, and its buckets must go too.
+FORGET_POINTS = (
+    f"{_series_of('metrics')} DELETE FROM metrics WHERE job_id = :job AND {_SERIES_IN}"
+    " AND step > :step"
+)
+_FORGET_BUCKETS = (
+    f"{_series_of('metric_rollups')} DELETE FROM metric_rollups WHERE job_id = :job"
+    f" AND {_SERIES_IN} AND width = :width AND bucket >= :bucket"
+)
 
 
 def start(conn: sqlite3.Connection, job_id: str) -> None:
@@ -151,10 +182,7 @@ def forget_after(conn: sqlite3.Connection, job_id: str, step: int) -> None:
     """The job's points past `step` are gone (a run resumed from it): drop every bucket
     that held any. Call before the new run's points are added; `rebuild` afterwards."""
     for width in WIDTHS:
-        conn.execute(
-            "DELETE FROM metric_rollups WHERE job_id = ? AND width = ? AND bucket >= ?",
-            (job_id, width, step // width),
-        )
+        conn.execute(_FORGET_BUCKETS, {"job": job_id, "width": width, "bucket": step // width})
 
 
 def rebuild(conn: sqlite3.Connection, job_id: str, steps: Iterable[int]) -> None:

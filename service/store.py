@@ -778,9 +778,7 @@ class JobStore:
             )
             rolled = rollups.kept(conn, job_id)
             if forget_after is not None:
-                conn.execute(
-                    "DELETE FROM metrics WHERE job_id = ? AND step > ?", (job_id, forget_after)
-                )
+                conn.execute(rollups.FORGET_POINTS, {"job": job_id, "step": forget_after})
                 if rolled:
                     rollups.forget_after(conn, job_id, forget_after)
             # Buckets whose points change other than by being added are read again after.

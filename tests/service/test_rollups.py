@@ -56,7 +56,9 @@ def test_rollups_hold_exactly_what_the_points_make(store: JobStore, tmp_path: Pa
     for first in range(0, 90_000, 3_000):  # batches as the supervisor stores them
         store.record_progress(
             job.id, offset=first, progress=None, eval=None,
-            points=batch(rng, range(first, first + 3_000, 5), names),
+            points=batch(rng, range(first, first + 3_000, 5), names)
+            # and a series that began past the restart below: its points and buckets go
+            + batch(rng, range(max(first, 80_000), first + 3_000, 5), ("late",)),
         )  # fmt: skip
     # A run resumed from step 70,003 (inside buckets of every width) reports again from there.
     store.record_progress(

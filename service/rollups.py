@@ -84,6 +84,13 @@ def _series_of(table: str) -> str:
 
 
 _SERIES_IN = "name IN (SELECT name FROM series WHERE name IS NOT NULL)"
+_SERIES_NAMES = f"{_series_of('metrics')} SELECT name FROM series WHERE name IS NOT NULL"
+
+
+def series_names(conn: sqlite3.Connection, job_id: str) -> list[str]:
+    """The names of the job's series that have points, a seek each (see `_series_of`)."""
+    return [name for (name,) in conn.execute(_SERIES_NAMES, {"job": job_id})]
+
 
 # One bucket of every series of a job, read again from its points. SQLite gives a query
 # with a single MIN (or MAX) the other columns of the row that holds it.

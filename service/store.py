@@ -219,11 +219,16 @@ def _row_to_record(row: sqlite3.Row) -> JobRecord:
 
 
 def _metrics_where(
-    job_id: str, names: Sequence[str], after_step: int | None
+    conn: sqlite3.Connection, job_id: str, names: Sequence[str], after_step: int | None
 ) -> tuple[str, list[Any]]:
-    """The WHERE clause, and its arguments, of a read of the job's metric points."""
+    """The WHERE clause, and its arguments, of a read of the job's metric points (read on
+    `conn` in the transaction that reads the points, so the series named are all there).
+    Steps after `after_step` are read a series at a time, every series named: `step > ?`
+    alone walked every point of the job, 0.3 s to read on a long job's last 100 steps."""
     where = " WHERE job_id = ?"
     args: list[Any] = [job_id]
+    if after_step is not None and not names:
+        names = rollups.series_names(conn, job_id)
     if names:
         where += f" AND name IN ({', '.join('?' * len(names))})"
         args += names
@@ -433,7 +438,7 @@ class JobStore:
         try:
             if most is not None and after_step is None and rollups.kept(conn, job_id):
                 return [MetricPoint(*row) for row in self._thinned(conn, job_id, names, most)]
-            where, args = _metrics_where(job_id, names, after_step)
+            where, args = _metrics_where(conn, job_id, names, after_step)
             spans: dict[str, Span] = {}
             if most is not None:
                 spans = {
@@ -500,9 +505,10 @@ class JobStore:
         memory (2.5 GB for 4 million). On a connection of its own, closed when the rows
         run out or the iterator is closed, as no other read of this thread can share it
         while it is open."""
-        where, args = _metrics_where(job_id, names, after_step)
         conn = self._connect()
         try:
+            conn.execute("BEGIN")  # the series named and their points: one snapshot
+            where, args = _metrics_where(conn, job_id, names, after_step)
             yield from conn.execute(
                 f"SELECT name, step, time, value FROM metrics{where} ORDER BY name, step", args
             )

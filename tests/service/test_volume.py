@@ -344,3 +344,38 @@ def test_a_resumed_jobs_first_batch_does_not_walk_every_point_of_the_job(
 
     few, many = work(2_048), work(20_480)
     assert many < 1.5 * few, (few, many)
+
+
+def test_reading_on_after_a_step_does_not_walk_every_point_of_the_job(
+    tmp_path: Path,
+) -> None:
+    """`GET /metrics?after_step=N` (a client reading on, `towerboard metrics
+    --after-step`) walked every point of the job to find the few after N: 0.3 s for the
+    last 100 steps of a job of 4.2M points, 0.6 s with `points`. The work must not grow
+    with the points before N (measured in SQLite's steps)."""
+
+    def work(reports: int) -> int:
+        store = JobStore(tmp_path / f"{reports}.db")
+        job = store.create(JobSpec.model_validate(job_spec()).model_dump(mode="json"))
+        names = ("loss", "accuracy")
+        for first in range(0, reports, 1000):
+            points = [
+                MetricPoint(name, step, float(step), 1.0 / (step + 1))
+                for step in range(first, first + 1000)
+                for name in names
+            ]
+            store.record_progress(job.id, offset=first, progress=None, eval=None, points=points)
+        ticks: list[int] = []
+        reader = store._reader()  # noqa: SLF001 - the connection metrics are read on
+        reader.set_progress_handler(lambda: ticks.append(1), 100)  # None: go on
+        read = [store.metrics(job.id, after_step=reports - 6, most=most) for most in (None, 50)]
+        reader.set_progress_handler(None, 100)
+        store.close()
+        for points in read:
+            assert [(p.name, p.step) for p in points] == [
+                (name, step) for name in sorted(names) for step in range(reports - 5, reports)
+            ]
+        return len(ticks)
+
+    few, many = work(2_000), work(40_000)
+    assert many < 1.5 * few, (few, many)

@@ -222,3 +222,12 @@ def test_gpu_pack_keeps_only_the_machine_code_of_the_architecture_asked_for(
     )
     before = plain.read_bytes()
     assert pack.keep_only_arch(plain, 90) == 0 and plain.read_bytes() == before
+
+
+def test_scale_bench_runs_and_reports_every_figure() -> None:
+    out = run_bench(
+        "bench/scale_bench.py", "--jobs", "60", "--queued", "10", "--steps", "4000"
+    )  # fmt: skip
+    for row in ("| newest 50 |", "| name=nomatch |", "| supervisor pass |",
+                "| read on after its last 100 steps |", "| first batch of a run resumed"):  # fmt: skip
+        assert row in out, out

@@ -51,26 +51,6 @@ def start_steps(job_dir: Path) -> list[int]:
     return [e["step"] for e in progress_lines(job_dir / "progress.jsonl") if e["event"] == "start"]
 
 
-@pytest.fixture
-def small_disk(tmp_path) -> Iterator[Path]:
-    """A folder on its own 4 MiB tmpfs, to fill."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a small tmpfs to fill")
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)],
-        capture_output=True,
-        text=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
-
-
 def test_a_full_disk_fails_the_job_in_one_line_naming_the_file(small_disk):
     # The disk fills mid-run: the worker died on a chain of tracebacks (the failed step's
     # error, then progress.jsonl's and result.json's own), its log ending on TensorFlow's

@@ -15,7 +15,8 @@ Every `poll_seconds` (or at once when woken by a submit or cancel) it
 
 On start it recovers from a previous service: a living worker is adopted, a job whose
 worker is gone is requeued (it resumes from its latest checkpoint), or finished from its
-result.json when the worker ended while nobody watched. A worker that checkpointed and
+result.json when the worker ended while nobody watched (not one between the attempt's
+start and end lines, where the trainer writes none: `_not_the_trainers`). A worker that checkpointed and
 stopped on a SIGTERM nobody asked for (no cancel request: a service manager stopping the
 whole control group, say) is requeued the same way, whether it ends while watched or not;
 so is one killed by a signal (the OOM killer), up to `crash_retries` times a job.
@@ -61,7 +62,7 @@ from service.progress import PROGRESS_READ_BYTES, fold_progress, read_progress_c
 from service.runfiles import inside, tail_lines
 from service.scheduler import next_placements
 from service.settings import Settings
-from service.store import JobRecord, JobState, JobStore
+from service.store import PREPARING, JobRecord, JobState, JobStore
 from service.workers import Worker, WorkerExit, adopt_worker, spawn_worker
 from trainer.rundir import OUTCOME_EXIT_CODES, Outcome, RunDir
 
@@ -78,11 +79,6 @@ RECOVER_PARTS = 4
 SETTLE_WAIT_SECONDS = 60.0
 
 
-def _done(progress: dict[str, Any] | None) -> bool:
-    """Whether a job's stored progress is its attempt's end (`mark_running` resets it)."""
-    return (progress or {}).get("phase") == "done"
-
-
 @dataclass
 class _Tail:
     """Where the supervisor is in one job's progress.jsonl, and what it folded so far."""
@@ -90,9 +86,23 @@ class _Tail:
     offset: int
     progress: dict[str, Any] | None
     eval: dict[str, Any] | None
-    # Whether the attempt's `end` line has been read (stored, or refused by the store): a
-    # result.json counts only after it (`Supervisor._run_ended`).
+    # Whether the attempt's `start` and `end` lines have been read (stored, or refused by
+    # the store): between the two the trainer writes no result.json (`_not_the_trainers`).
+    started: bool = False
     ended: bool = False
+
+    @classmethod
+    def of(cls, job: JobRecord) -> _Tail:
+        """Where the store left the job's tail: its attempt's phase says which of its
+        `start` and `end` lines are in (`mark_running` sets `preparing`)."""
+        phase = (job.progress or {}).get("phase")
+        return cls(
+            job.progress_offset,
+            job.progress,
+            job.eval,
+            started=phase not in (None, PREPARING),
+            ended=phase == "done",
+        )
 
 
 @dataclass
@@ -242,9 +252,7 @@ class Supervisor:
         """Watch a running job that nothing watches: its worker adopted while it lives,
         else the job settled from what it left (`_settle_gone`, `parts` parts read now)."""
         run = self.run_dir(job.id)
-        self._tails[job.id] = _Tail(
-            job.progress_offset, job.progress, job.eval, _done(job.progress)
-        )
+        self._tails[job.id] = _Tail.of(job)
         worker = adopt_worker(job_id=job.id, run=run, pid=job.pid, started=job.pid_started)
         if worker is not None:
             self._workers[job.id] = worker
@@ -322,7 +330,7 @@ class Supervisor:
             return  # more to read: the next tick goes on
         self._stored_or_given_up(job_id, stored=True)
         run = self.run_dir(job_id)
-        ended = inside(run.root, run.result) and self._run_ended(job_id)
+        ended = inside(run.root, run.result) and not self._not_the_trainers(job_id)
         if ended or job.cancel_requested_at is not None:
             self._ended(job, WorkerExit(), killed=False)
         else:
@@ -397,6 +405,14 @@ class Supervisor:
         it, as the trainer writes it once the job's code is done."""
         tail = self._tails.get(job_id)
         return tail is not None and tail.ended
+
+    def _not_the_trainers(self, job_id: str) -> bool:
+        """Whether a result.json there now cannot be the trainer's: the attempt's `start`
+        line is in and its `end` line is not. The trainer writes one before its start line
+        (a spec or set-up it refuses, whose reason is the job's) and after its end line,
+        never between; a custom model's code, which runs in the run directory, may."""
+        tail = self._tails.get(job_id)
+        return tail is not None and tail.started and not tail.ended
 
     def _reap_exiting(self) -> None:
         for job_id, exiting in list(self._exiting.items()):
@@ -504,7 +520,9 @@ class Supervisor:
         progress, eval, points = fold_progress(tail.progress, tail.eval, lines)
         # Before the store is asked: lines it refuses for good are given up on, and the
         # job still ends at the result.json its end line announced.
-        tail.ended = tail.ended or any(line.get("event") == "end" for line in lines)
+        events = {line.get("event") for line in lines}
+        tail.started = tail.started or "start" in events
+        tail.ended = tail.ended or "end" in events
         self._store.record_progress(
             job_id,
             offset=offset,
@@ -527,12 +545,15 @@ class Supervisor:
         job if it was only interrupted, else finish it."""
         run = self.run_dir(job.id)
         present = inside(run.root, run.result)
-        if present and exit.code is None and exit.signal is None and not self._run_ended(job.id):
+        if present and exit.code is None and exit.signal is None and self._not_the_trainers(job.id):
             # Its exit status unknown (adopted, or gone while no service ran), only
-            # result.json can tell, and one with no end line before it is not the
-            # trainer's (a custom model's code runs in the run directory): a worker killed
-            # as it trained ended its job with the model's file as its result.
-            log.warning("Job %s: a result.json with no end line before it; judged as none", job.id)
+            # result.json can tell, and this one is not the trainer's: a worker killed as
+            # it trained ended its job with a custom model's file as its result.
+            log.warning(
+                "Job %s: a result.json between its start and end lines is not the trainer's; "
+                "judged as none",
+                job.id,
+            )
             present = False
         result = run.read_result() if present else None
         # Judged as if there were none (a custom model's code may write anything there),
@@ -689,9 +710,7 @@ class Supervisor:
         # until a restart. Kept, the child's exit status is read as for any other; its pid
         # is stored by `_watch` once the store takes it.
         self._workers[job.id] = worker
-        self._tails[job.id] = _Tail(
-            job.progress_offset, job.progress, job.eval, _done(job.progress)
-        )
+        self._tails[job.id] = _Tail.of(job)
         self._record_worker(job, worker)
         self._publish_state(job.id)
 

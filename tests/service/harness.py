@@ -83,6 +83,9 @@ def build(input_shape, num_classes):  # what a job's custom model may name: the 
 
 
 def end(outcome, code):
+    # As the trainer ends: its end line, then result.json; none before its start line.
+    if behaviour != "preparing":
+        progress(event="end", outcome=outcome, phase="done")
     (job_dir / "result.json").write_text(json.dumps({"outcome": outcome, "message": behaviour}))
     sys.exit(code)
 

@@ -940,32 +940,48 @@ def test_stop_workers_on_exit_logs_what_it_does(
     ), log
 
 
+_START = {"event": "start", "step": 0, "total": 5, "phase": "starting"}
+_END = {"event": "end", "step": 5, "total": 5, "outcome": "succeeded", "phase": "done"}
+
+
 def _gone_worker(
-    settings: Settings, store: JobStore, name: str, result: str, *, end_line: bool = True
+    settings: Settings,
+    store: JobStore,
+    name: str,
+    result: str,
+    lines: tuple[dict[str, Any], ...] = (_START, _END),
 ) -> JobRecord:
     """A running job whose worker ended while no service watched, leaving `result` as its
-    result.json, after its `end` progress line as the trainer writes them (`end_line`)."""
+    result.json, after its progress `lines` (the trainer's start and end lines)."""
     job = store.create(JobSpec.model_validate(job_spec(name=name)).model_dump(mode="json"))
     assert store.mark_running(job.id, devices=["cpu:0"])  # its worker never recorded: gone
     run = settings.runs_dir / job.id
     run.mkdir(parents=True)
-    if end_line:
-        end = {"event": "end", "time": time.time(), "step": 5, "total": 5, "phase": "done"}
-        (run / "progress.jsonl").write_text(json.dumps(end) + "\n")
+    written = "".join(json.dumps({**line, "time": time.time()}) + "\n" for line in lines)
+    (run / "progress.jsonl").write_text(written)
     (run / "result.json").write_text(result)
     return job
 
 
-def test_a_gone_workers_result_json_with_no_end_line_is_not_its_result(tmp_path: Path) -> None:
+def test_a_gone_workers_result_json_between_its_start_and_end_is_not_its_result(
+    tmp_path: Path,
+) -> None:
     # A custom model's code runs in the run directory and may write a result.json as it
     # trains; a worker killed then, while no service ran, ended its job with that file.
+    # One written before the start line is the trainer's: a set-up it refused.
     settings = Settings(data_dir=tmp_path / "data").resolved()
     store = JobStore(settings.db_path)
-    job = _gone_worker(settings, store, "notes", _RESULT, end_line=False)
+    trained = _gone_worker(settings, store, "notes", _RESULT, lines=(_START,))
+    refused = json.dumps({"outcome": "invalid_spec", "message": "No such data.", "errors": []})
+    unstarted = _gone_worker(settings, store, "refused", refused, lines=())
     in_process(settings, store).recover()
-    requeued = store.get(job.id)
+    requeued = store.get(trained.id)
     assert requeued is not None
     assert (requeued.state, requeued.result, requeued.attempts) == (JobState.QUEUED, None, 2)
+    failed = store.get(unstarted.id)
+    assert failed is not None and failed.state is JobState.FAILED
+    assert failed.error is not None
+    assert failed.error["reason"] == "The worker rejected the spec: No such data."
     store.close()
 
 
@@ -979,9 +995,9 @@ def test_an_adopted_worker_killed_after_its_model_wrote_a_result_json_is_requeue
     first = in_process(settings, store)
     try:
         deadline = time.monotonic() + 60
-        while (store.get(job.id) or job).pid is None:
+        while ((store.get(job.id) or job).progress or {}).get("phase") != "starting":
             first.tick()
-            assert time.monotonic() < deadline, "the worker never started"
+            assert time.monotonic() < deadline, "the worker's start line never came"
             time.sleep(0.05)
         run = settings.runs_dir / job.id
         (run / "result.json").write_text(_RESULT)

@@ -187,7 +187,10 @@ def _answers(address: str, listener: socket.socket, name: str, why: dict[str, st
         why[address] = e.strerror or str(e) or type(e).__name__
         return False
     with probe:
-        mine = probe.getsockname()
+        # Both ends: Linux gives one local port to live connections to different places,
+        # so another task's probe of this one may come from the very address this probe
+        # left from; only this probe also arrived where it was sent.
+        mine = (probe.getsockname(), probe.getpeername())
         # Connected means queued on the listener it reached: if that is this task's own,
         # the probe is among its connections. Those of the other tasks' probes are taken
         # and closed with them.
@@ -196,8 +199,9 @@ def _answers(address: str, listener: socket.socket, name: str, why: dict[str, st
                 accepted, peer = listener.accept()
             except OSError:  # none left (the listener does not block)
                 return True
-            accepted.close()
-            if peer == mine:
+            with accepted:
+                arrived = accepted.getsockname()
+            if (peer, arrived) == mine:
                 # TF_CONFIGs that give two tasks one address, or this task another's index
                 # (host-a given index 1 with the same port on every host): TensorFlow then
                 # waits for a task that is not coming.

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import trainer.cluster as cluster_module
 from trainer.cluster import Cluster, ClusterError, cluster_from_env, wait_for_peers
 
 REPO = Path(__file__).resolve().parents[2]
@@ -221,6 +222,40 @@ def test_another_tasks_address_that_is_this_tasks_own_is_refused(hosts):
     cluster = Cluster(workers=2, index=1, addresses=tuple(f"{h}:{port}" for h in hosts))
     with pytest.raises(ClusterError, match=r"another task's address is this task's own"):
         wait_for_peers(cluster, threading.Event())
+
+
+def test_another_tasks_probe_from_this_probes_local_port_is_not_taken_for_its_own(
+    monkeypatch,
+):
+    # Linux gives one local port to live connections to different places: another task's
+    # probe of this one, queued on this task's listener, may come from the very address
+    # this task's probe of it left from. It was taken for this task's own probe, and a
+    # healthy task exited 2 saying another's address was its own.
+    with (
+        socket.socket() as ours,
+        socket.socket() as theirs,
+        socket.socket() as their_probe,
+    ):
+        for listener in (ours, theirs):
+            listener.bind(("127.0.0.1", 0))
+            listener.listen()
+        ours.setblocking(False)
+        their_probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        their_probe.bind(("127.0.0.1", 0))
+        shared = their_probe.getsockname()
+        their_probe.connect(ours.getsockname())
+
+        def from_the_same_port(address, timeout=None):
+            probe = socket.socket()
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(shared)
+            probe.settimeout(timeout)
+            probe.connect(address)
+            return probe
+
+        monkeypatch.setattr(cluster_module.socket, "create_connection", from_the_same_port)
+        address = f"127.0.0.1:{theirs.getsockname()[1]}"
+        assert cluster_module._answers(address, ours, "worker-0", {})
 
 
 def test_the_wait_logs_why_each_task_does_not_answer(caplog):

@@ -161,11 +161,18 @@ CREATE TABLE IF NOT EXISTS purges (job_id TEXT PRIMARY KEY) WITHOUT ROWID;
 # every queued job and parsed each one's spec for its towers, 87 ms a pass for 500 queued
 # jobs whose specs held 50 kB of a custom model's params (44% of a core, the queue idle).
 # Made after the added columns, which it names; it replaces `jobs_by_state`, which served
-# only the queue and still sorted it. `_QUEUE` must name its expressions as it does.
+# only the queue and still sorted it. `_QUEUE` must name its expressions and its state as
+# it does. Of queued jobs alone: over every job, each change of any job's state parsed its
+# spec twice (a MiB, 4.5 ms each) in the write transaction, and a store from before it
+# parsed every job's spec to build it as the service started; now only a job entering or
+# leaving the queue has its spec read for it. It keeps `state` first all the same: without
+# it, SQLite (no statistics) took `jobs_by_state_seq` for the queue and sorted it.
 _QUEUE_ORDER = "priority DESC, COALESCE(queued_at, created_at), seq"
 _TOWERS = "json_extract(spec, '$.towers')"
 _QUEUE_INDEX = f"""
-CREATE INDEX IF NOT EXISTS jobs_queue ON jobs (state, {_QUEUE_ORDER}, {_TOWERS});
+CREATE INDEX IF NOT EXISTS jobs_queued ON jobs (state, {_QUEUE_ORDER}, {_TOWERS})
+    WHERE state = 'queued';
+DROP INDEX IF EXISTS jobs_queue;
 DROP INDEX IF EXISTS jobs_by_state;
 """
 _QUEUE = f"SELECT id, {_TOWERS} FROM jobs WHERE state = 'queued'"
@@ -383,7 +390,8 @@ class JobStore:
         if len(state_values) > 1:
             # No one index holds several states in the page's order: they are sorted, and
             # only their seqs, from an index. Sorted whole, each row with its spec, a page
-            # of 3,900 failed or cancelled jobs of 20,000 took 7 to 17 ms (1 ms so).
+            # of 200 of 3,900 failed or cancelled jobs took 7 to 18 ms (6 ms so, in
+            # docs/benchmarks.md's "The service at scale", the machine busy).
             select = (
                 f"SELECT * FROM jobs WHERE seq IN (SELECT seq FROM jobs {page_sql}"
                 " ORDER BY seq DESC LIMIT ?) ORDER BY seq DESC"
@@ -401,7 +409,7 @@ class JobStore:
         given; with `towers_over`, only those with more towers than that. All the scheduler
         needs, read without decoding each job's row: the supervisor reads it every pass, and
         decoding 3,000 queued jobs took 0.6 s each time, a CPU kept busy by an idle queue.
-        Read from one index (`jobs_queue`), in its order, the towers in it: no spec is
+        Read from one index (`jobs_queued`), in its order, the towers in it: no spec is
         parsed, and `most` rows are all that is read."""
         sql, args = _QUEUE, []
         if towers_over is not None:

@@ -637,6 +637,8 @@ class Supervisor:
             )
             if self._store.fail_queued(job.id, error={"reason": reason}):
                 self._publish_state(job.id)
+        if not self._store.queue(most=1):
+            return  # an idle queue reads no running job (each with its spec) every pass
         held = [device for job in self._store.running() for device in job.devices]
         held += list(self.held_after_their_jobs())  # the devices, its keys
         free = len(self._pool.free(held))

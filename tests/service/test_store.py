@@ -118,7 +118,7 @@ def test_store_from_before_added_columns_gains_them(tmp_path: Path) -> None:
     job = store.create(SPEC)
     store.close()
     conn = sqlite3.connect(path)
-    conn.execute("DROP INDEX jobs_queue")  # it names queued_at
+    conn.execute("DROP INDEX jobs_queued")  # it names queued_at
     conn.execute("CREATE INDEX jobs_by_state ON jobs (state, priority DESC, seq)")
     conn.execute("ALTER TABLE jobs DROP COLUMN crashes")
     conn.execute("ALTER TABLE jobs DROP COLUMN exiting")
@@ -133,7 +133,7 @@ def test_store_from_before_added_columns_gains_them(tmp_path: Path) -> None:
     assert old.resumed_from is None and old.queued_at is None
     # The queue's index, made once the column it names is there, in place of the old one.
     indexes = {row[0] for row in sqlite3.connect(path).execute("SELECT name FROM sqlite_master")}
-    assert "jobs_queue" in indexes and "jobs_by_state" not in indexes
+    assert "jobs_queued" in indexes and "jobs_by_state" not in indexes
     assert [queued.id for queued in reopened.queue()] == [job.id]
     reopened.mark_running(job.id, devices=["cpu:0"])
     assert reopened.requeue(job.id, crashed=True)

@@ -298,6 +298,11 @@ def _delete_alone(job_id: str, runtime: Runtime) -> Response:
                 _DELETE_ENDED.notify_all()
 
 
+def _being_deleted(job_id: str) -> bool:
+    with _DELETE_ENDED:
+        return job_id in _DELETING
+
+
 def _gone_or_back(job_id: str, runtime: Runtime) -> bool:
     """Whether the job is gone, once a delete of it under way (if any) has ended: deleted,
     or its files put back (a record the store would not delete keeps them)."""
@@ -681,10 +686,14 @@ def read_job_logs(
         # which it does before it deletes the job's record (a record it cannot delete
         # keeps its files). A follower's read between the two answered 416 for a job
         # that was going. Once that delete has ended, it has either deleted the job (404)
-        # or put its files back, and the log reads as it is.
-        if _gone_or_back(job.id, runtime):
-            raise HTTPException(404, job_not_found(job.id))
-        read = _read_log(run, tail, offset, limit)
+        # or put its files back, and the log reads as it is; unless a delete of it began
+        # meanwhile, which is waited on the same way.
+        while True:
+            if _gone_or_back(job.id, runtime):
+                raise HTTPException(404, job_not_found(job.id))
+            read = _read_log(run, tail, offset, limit)
+            if isinstance(read, tuple) or not _being_deleted(job.id):
+                break
     if isinstance(read, OffsetPastEnd):
         raise HTTPException(416, f"Cannot read the log of job {job.id}: {read}.") from read
     text, end = read if read is not None else ("", 0)

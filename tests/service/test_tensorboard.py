@@ -985,8 +985,13 @@ def test_a_refresh_links_only_jobs_whose_folders_changed(tmp_path: Path) -> None
     assert (logdir / "job0000003" / "eval").resolve() == runs / "job0000003" / "tb" / "eval"
     custom = logdir / "job0000007" / "plugins" / "custom"
     assert custom.resolve() == runs / "job0000007" / "tb" / "plugins" / "custom"
-    # A view made again at the same path is linked whole.
+    # A view made again at the same path (made beside it, then moved there: another
+    # folder) is linked whole, even where it has each job's folder but no link yet.
+    remade = tmp_path / "view.next"
+    for n in range(20):
+        (remade / f"job{n:07d}").mkdir(parents=True)
     shutil.rmtree(logdir)
-    logdir.mkdir()
+    remade.rename(logdir)
     mirror_logdir(logdir, runs, None)
-    assert len(list(logdir.iterdir())) == 20
+    assert (logdir / "job0000011" / "train").resolve() == runs / "job0000011" / "tb" / "train"
+    assert len(list(logdir.glob("*/train"))) == 20

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -64,14 +65,23 @@ def make_strategy() -> tf.distribute.MultiWorkerMirroredStrategy:
         "on once it has formed)",
         FORM_SECONDS,
     )
+    began = time.monotonic()
     try:
         strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
     except tf.errors.OpError as e:
         log.error("forming the cluster failed: %s", e.message)  # TensorFlow's whole page
         # Its first sentence: the rest says to read the logs, which this message says too.
         reason = op_reason(e.message).split(". ", 1)[0].strip()
+        timed_out = isinstance(e, tf.errors.DeadlineExceededError) or (
+            time.monotonic() - began >= FORM_SECONDS
+        )
+        what = (
+            f"did not form within {FORM_SECONDS:g} s of every task answering"
+            if timed_out
+            else f"failed to form {time.monotonic() - began:.0f} s after every task answered"
+        )
         raise ClusterNotFormed(
-            f"The cluster did not form within {FORM_SECONDS:g} s of every task answering "
+            f"The cluster {what} "
             f"({type(e).__name__}: {reason}). A task stopped after it answered, another "
             "program answers on a task's port, or the tasks were given different TF_CONFIGs "
             "(each must list the same addresses in the same order). Check every worker's "

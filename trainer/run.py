@@ -33,6 +33,7 @@ from trainer.cluster import (
     Cluster,
     ClusterError,
     ClusterMismatch,
+    ClusterNotFormed,
     cluster_from_env,
     signals_held,
     wait_for_peers,
@@ -162,6 +163,14 @@ def run_job(
         return _write_result(rundir, Outcome.INVALID_SPEC, str(e), errors=e.errors)
     except ClusterMismatch as e:
         log.error("%s", e)
+        if isinstance(e, ClusterNotFormed) and stop.is_set():
+            # A SIGTERM held while TensorFlow waited (it cannot be acted on there): the
+            # stop asked for, not a failure, though the wait ended first.
+            return _write_result(
+                rundir,
+                Outcome.CANCELLED,
+                "Stopped by SIGTERM while the cluster formed (it did not); nothing was trained.",
+            )
         return _write_result(rundir, Outcome.FAILED, str(e))
     except NotEnoughMemory as e:  # not the spec's: the job may start where there is room
         log.error("%s", e)

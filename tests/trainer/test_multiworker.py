@@ -572,3 +572,41 @@ def test_a_cluster_that_does_not_form_fails_in_bounded_time_saying_why(tmp_path,
     assert "start every worker again" in result["message"]
     assert "forming the cluster in TensorFlow (for at most 3 s" in proc.stderr
     assert not (own / "checkpoints").exists()
+
+
+def test_a_sigterm_while_the_cluster_forms_ends_the_job_cancelled(tmp_path):
+    # Held while TensorFlow waits (it cannot be acted on there): once the wait ends, the
+    # job is what was asked for, cancelled (exit 3), not failed as a cluster that did not form.
+    ports = free_ports(2)
+    addresses = [f"127.0.0.1:{port}" for port in ports]
+    tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": 0}}
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(with_(SPEC, steps=4)))
+    job_dir = tmp_path / "job"
+    code = (
+        "import sys\nimport trainer.multiworker\ntrainer.multiworker.FORM_SECONDS = 3\n"
+        "from trainer.__main__ import main\nsys.exit(main(sys.argv[1:]))\n"
+    )
+    with socket.socket() as stand_in:
+        stand_in.bind(("127.0.0.1", ports[1]))
+        stand_in.listen()
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, "run", "--job-dir", str(job_dir)]
+            + ["--spec", str(spec_file)],
+            cwd=REPO,
+            env={**os.environ, "TF_CONFIG": json.dumps(tf_config)},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stderr is not None
+        seen = []
+        for line in proc.stderr:
+            seen.append(line)
+            if "forming the cluster in TensorFlow" in line:
+                proc.send_signal(signal.SIGTERM)
+                break
+        rest = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 3, "".join(seen) + rest
+    result = json.loads((job_dir / "result.json").read_text())
+    assert result["outcome"] == "cancelled", result
+    assert result["message"].startswith("Stopped by SIGTERM while the cluster formed"), result

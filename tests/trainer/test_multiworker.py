@@ -5,6 +5,7 @@ MultiWorkerMirroredStrategy between them (gRPC over 127.0.0.1). On this CPU-only
 each worker trains one tower, the CPU.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -533,37 +535,39 @@ def test_a_sigterm_while_the_cluster_forms_stops_every_worker(tmp_path):
         assert result["step"] < 40, result
 
 
+@contextlib.contextmanager
+def _beside_a_stand_in(tmp_path: Path, index: int) -> Iterator[tuple[list[str], dict[str, str]]]:
+    """The command and environment of task `index` of a 2-task cluster whose other task's
+    port a stand-in program answers (for as long as this is entered), TensorFlow's bound on
+    forming the cluster at 3 s; the job dir is `tmp_path / "job"`."""
+    ports = free_ports(2)
+    addresses = [f"127.0.0.1:{port}" for port in ports]
+    tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(with_(SPEC, steps=4)))
+    code = (
+        "import sys\nimport trainer.multiworker\ntrainer.multiworker.FORM_SECONDS = 3\n"
+        "from trainer.__main__ import main\nsys.exit(main(sys.argv[1:]))\n"
+    )
+    args = [sys.executable, "-c", code, "run", "--job-dir", str(tmp_path / "job")]
+    with socket.socket() as stand_in:
+        stand_in.bind(("127.0.0.1", ports[1 - index]))
+        stand_in.listen()
+        yield args + ["--spec", str(spec_file)], {**os.environ, "TF_CONFIG": json.dumps(tf_config)}
+
+
 @pytest.mark.parametrize("index", [0, 1], ids=["chief", "other-worker"])
 def test_a_cluster_that_does_not_form_fails_in_bounded_time_saying_why(tmp_path, index):
     # Another program answers on the other task's port (or the task there died just after
     # it answered): this worker passes its wait for the others, then TensorFlow's wait
     # for the cluster held it for ever, deaf to SIGTERM. The chief hosts TensorFlow's
     # coordination service and the other worker registers with it: two ways to wait.
-    ports = free_ports(2)
-    addresses = [f"127.0.0.1:{port}" for port in ports]
-    tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
-    spec_file = tmp_path / "spec.json"
-    spec_file.write_text(json.dumps(with_(SPEC, steps=4)))
-    job_dir = tmp_path / "job"
-    code = (
-        "import sys\nimport trainer.multiworker\ntrainer.multiworker.FORM_SECONDS = 3\n"
-        "from trainer.__main__ import main\nsys.exit(main(sys.argv[1:]))\n"
-    )
-    with socket.socket() as stand_in:
-        stand_in.bind(("127.0.0.1", ports[1 - index]))
-        stand_in.listen()
+    with _beside_a_stand_in(tmp_path, index) as (args, env):
         started = time.monotonic()
-        proc = subprocess.run(
-            [sys.executable, "-c", code, "run", "--job-dir", str(job_dir)]
-            + ["--spec", str(spec_file)],
-            cwd=REPO,
-            env={**os.environ, "TF_CONFIG": json.dumps(tf_config)},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stderr
     assert time.monotonic() - started < 60
+    job_dir = tmp_path / "job"
     own = job_dir if index == 0 else job_dir / "workers" / "worker-1"
     result = json.loads((own / "result.json").read_text())
     assert result["outcome"] == "failed"
@@ -577,27 +581,8 @@ def test_a_cluster_that_does_not_form_fails_in_bounded_time_saying_why(tmp_path,
 def test_a_sigterm_while_the_cluster_forms_ends_the_job_cancelled(tmp_path):
     # Held while TensorFlow waits (it cannot be acted on there): once the wait ends, the
     # job is what was asked for, cancelled (exit 3), not failed as a cluster that did not form.
-    ports = free_ports(2)
-    addresses = [f"127.0.0.1:{port}" for port in ports]
-    tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": 0}}
-    spec_file = tmp_path / "spec.json"
-    spec_file.write_text(json.dumps(with_(SPEC, steps=4)))
-    job_dir = tmp_path / "job"
-    code = (
-        "import sys\nimport trainer.multiworker\ntrainer.multiworker.FORM_SECONDS = 3\n"
-        "from trainer.__main__ import main\nsys.exit(main(sys.argv[1:]))\n"
-    )
-    with socket.socket() as stand_in:
-        stand_in.bind(("127.0.0.1", ports[1]))
-        stand_in.listen()
-        proc = subprocess.Popen(
-            [sys.executable, "-c", code, "run", "--job-dir", str(job_dir)]
-            + ["--spec", str(spec_file)],
-            cwd=REPO,
-            env={**os.environ, "TF_CONFIG": json.dumps(tf_config)},
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+    with _beside_a_stand_in(tmp_path, 0) as (args, env):
+        proc = subprocess.Popen(args, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
         assert proc.stderr is not None
         seen = []
         for line in proc.stderr:
@@ -607,6 +592,6 @@ def test_a_sigterm_while_the_cluster_forms_ends_the_job_cancelled(tmp_path):
                 break
         rest = proc.communicate(timeout=120)[1]
     assert proc.returncode == 3, "".join(seen) + rest
-    result = json.loads((job_dir / "result.json").read_text())
+    result = json.loads((tmp_path / "job" / "result.json").read_text())
     assert result["outcome"] == "cancelled", result
     assert result["message"].startswith("Stopped by SIGTERM while the cluster formed"), result

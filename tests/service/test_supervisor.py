@@ -609,7 +609,15 @@ def with_fake_workers(
 ) -> tuple[Settings, JobStore]:
     """Settings and a real store under `tmp_path`, whose workers are the harness's fake
     ones (FAKE_WORKER: a job's name says what its worker does)."""
-    for name, value in fake_worker_env(tmp_path).items():
+    return with_workers(tmp_path, monkeypatch, fake_worker_env(tmp_path), **settings)
+
+
+def with_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], **settings: Any
+) -> tuple[Settings, JobStore]:
+    """Settings and a real store under `tmp_path`, whose workers the worker settings `env`
+    name (`worker_env`'s)."""
+    for name, value in env.items():
         monkeypatch.setenv(name, value)
     resolved = Settings(data_dir=tmp_path / "data", **settings).resolved()
     return resolved, JobStore(resolved.db_path)
@@ -848,11 +856,9 @@ def test_watched_workers_job_ends_only_once_its_last_lines_are_stored(
 ) -> None:
     # The same of a worker the service watches: one that has said its result, or exited,
     # ended its job with its last lines unstored when their read or write failed.
-    for name, value in worker_env(tmp_path, "unstorable_worker", _UNSTORABLE_WORKER).items():
-        monkeypatch.setenv(name, value)
-    settings = Settings(data_dir=tmp_path / "data").resolved()
-    store = JobStore(settings.db_path)
-    job = store.create(JobSpec.model_validate(job_spec(name="told")).model_dump(mode="json"))
+    env = worker_env(tmp_path, "unstorable_worker", _UNSTORABLE_WORKER)
+    settings, store = with_workers(tmp_path, monkeypatch, env)
+    job = created(store, "told")
     run = settings.runs_dir / job.id
     supervisor = in_process(settings, store)
     try:
@@ -1070,11 +1076,9 @@ def test_watched_worker_that_left_a_result_json_that_is_no_object_fails_saying_s
 ) -> None:
     # The same of a worker the service watches: its end raised every pass, and the job
     # stayed running, its device held, for good.
-    for name, value in worker_env(tmp_path, "list_worker", _LIST_RESULT_WORKER).items():
-        monkeypatch.setenv(name, value)
-    settings = Settings(data_dir=tmp_path / "data").resolved()
-    store = JobStore(settings.db_path)
-    job = store.create(JobSpec.model_validate(job_spec(name="list")).model_dump(mode="json"))
+    env = worker_env(tmp_path, "list_worker", _LIST_RESULT_WORKER)
+    settings, store = with_workers(tmp_path, monkeypatch, env)
+    job = created(store, "list")
     supervisor = in_process(settings, store)
     try:
         ended = _tick_until_ended(supervisor, store, job.id)

@@ -72,6 +72,12 @@ def _significant(value: float) -> float:
     return float(f"{value:.6g}")
 
 
+def _float32_digits(value: float) -> float:
+    """A float32 `value` (the optimizer's learning rate) as the shortest decimal that is
+    that float32: 0.001, not the float64 reading of its bits, 0.0010000000474974513."""
+    return float(str(np.float32(value)))
+
+
 def _rounded(examples_per_sec: float | None) -> float | None:
     return None if examples_per_sec is None else round(examples_per_sec, 2)
 
@@ -551,7 +557,7 @@ class Controller:
             "accuracy": round(metrics["accuracy"], 6),
             "examples_per_sec": _rounded(examples_per_sec),
             "eta_seconds": round(remaining * wall_per_step, 1) if wall_per_step else None,
-            "learning_rate": learning_rate,
+            "learning_rate": _float32_digits(learning_rate),
             "phase": "training",
         }
         if self._tower_ms is not None:

@@ -744,6 +744,9 @@ def test_epochs_train_partial_batches_and_scalars_count_their_examples(run):
     assert 0 <= series("accuracy")[4] <= 1 and series("grad_norm")[4] > 0
     reports = [e for e in progress_lines(folder / "job" / "progress.jsonl") if "loss" in e]
     assert series("learning_rate")[4] == pytest.approx(reports[-1]["learning_rate"], rel=1e-6)
+    # The default rate as written in the spec, not its float32's bits read as a float64
+    # (0.0010000000474974513).
+    assert reports[-1]["learning_rate"] == 0.001
     times, rates = series("step_time_ms"), series("examples_per_sec")
     assert sorted(times) == [2, 3, 4]
     for step, examples in ((2, 1), (3, 9), (4, 1)):

@@ -723,7 +723,10 @@ class JobStore:
     def requeue(self, job_id: str, *, crashed: bool = False) -> bool:
         """Running -> queued for another attempt (its worker is gone); attempts += 1, and
         crashes += 1 when its worker was killed. Its progress keeps the step it reached
-        and drops the dead attempt's phase, ETA and speed."""
+        and drops the dead attempt's phase, ETA and speed. False when the job is no longer
+        running, or a cancel has been asked for: a cancel that came after the caller read
+        the job was lost here (the next attempt's start clears the request), and the job
+        trained on after a 202 that said it would end."""
         with self._transaction() as conn:
             return (
                 conn.execute(
@@ -731,7 +734,7 @@ class JobStore:
                     " pid_started = NULL, attempts = attempts + 1, crashes = crashes + ?,"
                     f" progress = json_remove(progress, {_ATTEMPT_PATHS}),"
                     " updated_at = ?, version = version + 1"
-                    " WHERE id = ? AND state = 'running'",
+                    " WHERE id = ? AND state = 'running' AND cancel_requested_at IS NULL",
                     (int(crashed), time.time(), job_id),
                 ).rowcount
                 == 1

@@ -333,8 +333,8 @@ class Supervisor:
         ended = inside(run.root, run.result) and not self._not_the_trainers(job_id)
         if ended or job.cancel_requested_at is not None:
             self._ended(job, WorkerExit(), killed=False)
-        else:
-            self._requeue(job, "its worker is gone")
+        elif (cancelled := self._requeue(job, "its worker is gone")) is not None:
+            self._ended(cancelled, WorkerExit(), killed=False)
         # Only once settled: a store that cannot finish or requeue the job raises above,
         # and the job stays here for the next tick. Dropped before, nothing looked at it
         # again, and it stayed running, its devices held, until the service restarted.
@@ -561,18 +561,21 @@ class Supervisor:
         unreadable = present and result is None
         cancel_requested = job.cancel_requested_at is not None
         why = interrupted(exit, result, cancel_requested=cancel_requested)
-        if why is not None and self._stopping_workers.is_set():
+        stopping = why is not None and self._stopping_workers.is_set()
+        if stopping:
             why = "its worker stopped after a checkpoint as the service shut down"
-            self._requeue(job, why, expected=True)
-            return
+        crash = False
+        if why is None:
+            why = crashed(
+                exit, result, cancel_requested=cancel_requested, result_unreadable=unreadable
+            )
+            crash = why is not None
+            if crash and job.crashes >= self._settings.crash_retries:
+                why = None  # past the retries: it fails, below
         if why is not None:
-            self._requeue(job, why)
-            return
-        killed_by = crashed(
-            exit, result, cancel_requested=cancel_requested, result_unreadable=unreadable
-        )
-        if killed_by is not None and job.crashes < self._settings.crash_retries:
-            self._requeue(job, killed_by, killed=True)
+            # A cancel asked for since `job` was read: the end judged again, as a cancel's.
+            if (cancelled := self._requeue(job, why, killed=crash, expected=stopping)) is not None:
+                self._ended(cancelled, exit, killed=killed, exiting=exiting)
             return
         final = final_state(
             exit,
@@ -606,12 +609,20 @@ class Supervisor:
 
     def _requeue(
         self, job: JobRecord, why: str, *, killed: bool = False, expected: bool = False
-    ) -> None:
+    ) -> JobRecord | None:
         """Running -> queued with attempts + 1 (and crashes + 1 if its worker was killed);
         the next attempt resumes from the latest checkpoint. `expected`: the service's own
-        doing, logged as information rather than a warning."""
-        # False: no longer running (finished since)
+        doing, logged as information rather than a warning.
+
+        The job as it is now, still watched, when a cancel was asked for since `job` was
+        read (the store then refuses the requeue): for the caller to end it as cancelled.
+        Requeued, it started again with the request cleared and trained on."""
+        # False: no longer running (finished since), or a cancel asked for meanwhile
         requeued = self._store.requeue(job.id, crashed=killed)
+        if not requeued:
+            now = self._store.get(job.id)
+            if now and now.state is JobState.RUNNING and now.cancel_requested_at is not None:
+                return now
         self._forget(job.id)
         if requeued:
             log.log(
@@ -622,6 +633,7 @@ class Supervisor:
                 job.attempts + 1,
             )
             self._publish_state(job.id)
+        return None
 
     def _schedule(self) -> None:
         if not self._starting.is_set():

@@ -111,6 +111,17 @@ def test_requeue_increments_attempts_and_frees_devices(store: JobStore) -> None:
     assert again is not None and again.attempts == 3 and again.crashes == 1
 
 
+def test_requeue_refused_once_a_cancel_is_asked_for(store: JobStore) -> None:
+    # Queued again, a job asked to cancel had its request cleared as its next attempt
+    # started, and trained on: the supervisor ends it instead (test_supervisor.py).
+    job = store.create(SPEC)
+    store.mark_running(job.id, devices=["cpu:0"])
+    assert store.request_cancel(job.id)
+    assert not store.requeue(job.id, crashed=True)
+    kept = store.get(job.id)
+    assert kept is not None and (kept.state, kept.attempts) == (JobState.RUNNING, 1)
+
+
 def test_store_from_before_added_columns_gains_them(tmp_path: Path) -> None:
     # A jobs table as the first version wrote it, with a job in it.
     path = tmp_path / "jobs.db"

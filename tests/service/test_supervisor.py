@@ -1433,3 +1433,49 @@ def test_a_store_that_fails_every_tick_is_logged_once_until_it_works_again(
     finally:
         supervisor.stop()
         store.close()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["stopped", "killed"])
+def test_a_cancel_asked_for_as_the_supervisor_requeues_the_job_ends_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: signal.Signals
+) -> None:
+    # A worker stopped by a SIGTERM nobody sent through the API, or killed (the OOM
+    # killer), is requeued, judged by the job as the pass read it: no cancel asked for. A
+    # cancel that came between that read and the requeue (answered 202, "the job ends
+    # soon") was lost: the job went back in the queue, its cancel request cleared as it
+    # started again, and trained on. The cancel is injected at that point (a window of
+    # milliseconds, often the moment a user cancels a job that keeps dying); the store,
+    # the supervisor and the worker are real.
+    settings, store = with_fake_workers(tmp_path, monkeypatch)
+    job = created(store, "sleepy")  # see FAKE_WORKER: runs until SIGTERM, then exits 3
+    supervisor = in_process(settings, store)
+    requeue = store.requeue
+
+    def cancelled_meanwhile(job_id: str, **kwargs: Any) -> bool:
+        assert store.request_cancel(job_id)  # the cancel route, on another thread
+        return requeue(job_id, **kwargs)
+
+    try:
+        supervisor.tick()  # starts it
+        wait_catching_sigterm(lambda: processes_under(settings.runs_dir / job.id))
+        pid = worker_pid_of(settings, job.id)
+        os.kill(pid, signum)
+        waited = os.WEXITED | os.WNOHANG | os.WNOWAIT  # left for the supervisor to reap
+        _wait_until(lambda: os.waitid(os.P_PID, pid, waited) is not None, "its exit")
+        monkeypatch.setattr(store, "requeue", cancelled_meanwhile)
+        supervisor.tick()
+        monkeypatch.setattr(store, "requeue", requeue)
+        supervisor.tick()  # a requeued job would start again here
+        ended = store.get(job.id)
+        assert ended is not None
+        assert (ended.state, ended.attempts) == (JobState.CANCELLED, 1), ended
+        assert processes_under(settings.runs_dir / job.id) == []
+    finally:
+        kill_processes_under(settings.runs_dir / job.id)
+        store.close()
+
+
+def worker_pid_of(settings: Settings, job_id: str) -> int:
+    pids = processes_under(settings.runs_dir / job_id)
+    assert len(pids) == 1, f"expected one worker process for job {job_id}, found {pids}"
+    return pids[0]

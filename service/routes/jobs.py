@@ -227,11 +227,17 @@ def cancel_job(job: JobDep, runtime: RuntimeDep) -> Response:
     not started goes back to how it was when it was resumed (200, its earlier state: a
     succeeded job's "train longer" taken back is succeeded again)."""
     store = runtime.store
-    if store.cancel_queued(job.id):
-        status = 200
-    elif store.request_cancel(job.id):
-        status = 202
-        runtime.supervisor.wake()
+    # Looked at again while the job moves between queued and running: one requeued between
+    # the two looks (its worker had just died) was answered 409, "is queued; only queued or
+    # running jobs can be cancelled". Three looks: each move takes a worker's start or end.
+    for _ in range(3):
+        if store.cancel_queued(job.id):
+            status = 200
+            break
+        if store.request_cancel(job.id):
+            status = 202
+            runtime.supervisor.wake()
+            break
     else:
         current = store.get(job.id)
         state = current.state if current else job.state

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -12,6 +13,7 @@ import tarfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +21,12 @@ import httpx
 import numpy as np
 import pytest
 
+from service.main import create_app
 from service.schemas import MetricsPublic
+from service.settings import Settings
 from service.store import JobStore
 from tests.service.harness import ROOT, Service, fake_worker_env, job_spec, long_job
+from trainer.spec import JobSpec
 
 pytestmark = pytest.mark.slow
 
@@ -1160,3 +1165,41 @@ def test_jobs_of_large_specs_hold_up_no_other_request(
             {"field": "job_ids.160", "message": "Unknown job. Received: 'x'"}
         ]
     assert took < 0.5, f"/healthz waited {took:.1f} s behind them"
+
+
+def test_cancel_of_a_job_requeued_between_its_two_looks_cancels_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The route cancels a queued job, else asks a running one to stop. A running job whose
+    # worker died just then was requeued between those two looks, and the answer was a
+    # 409 saying it "is queued; only queued or running jobs can be cancelled". The
+    # supervisor's start and requeue are injected at that point (a window of
+    # milliseconds); the app, its store and the request are real.
+    app = create_app(Settings(data_dir=tmp_path / "data"))
+
+    async def go() -> tuple[httpx.Response, str]:
+        async with app.router.lifespan_context(app):
+            runtime = app.state.runtime
+            await asyncio.to_thread(runtime.supervisor.stop)  # nothing else moves the job
+            store = runtime.store
+            job = store.create(JobSpec.model_validate(job_spec(name="requeued")).model_dump())
+            cancel_queued = store.cancel_queued
+
+            def requeued_meanwhile(job_id: str) -> bool:
+                assert store.mark_running(job_id, devices=["cpu:0"])  # started before...
+                refused = cancel_queued(job_id)
+                assert store.requeue(job_id, crashed=True)  # ...and its worker killed
+                monkeypatch.setattr(store, "cancel_queued", cancel_queued)
+                return refused
+
+            monkeypatch.setattr(store, "cancel_queued", requeued_meanwhile)
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+                response = await c.post(f"/api/v1/jobs/{job.id}/cancel")
+            after = store.get(job.id)
+            return response, after.state.value
+
+    with ThreadPoolExecutor(1) as pool:  # Playwright may hold an event loop in this thread
+        response, state = pool.submit(asyncio.run, go()).result()
+    assert response.status_code == 200, response.text
+    assert response.json()["state"] == state == "cancelled"

@@ -62,10 +62,6 @@ def list_checkpoints(run: RunDir) -> list[Checkpoint]:
     return checkpoints
 
 
-def find_checkpoint(run: RunDir, step: int) -> Checkpoint | None:
-    return next((c for c in list_checkpoints(run) if c.step == step), None)
-
-
 def _state_file(step: int) -> bytes:
     return (
         f'model_checkpoint_path: "ckpt-{step}"\nall_model_checkpoint_paths: "ckpt-{step}"\n'

@@ -33,10 +33,3 @@ def next_placements(queued: list[QueuedJob], pool: DevicePool, held: list[str]) 
         placements.append(Placement(job, free[:needed]))
         free = free[needed:]
     return placements
-
-
-def never_fit(queued: list[QueuedJob], pool: DevicePool) -> list[QueuedJob]:
-    """Queued jobs that need more devices than this host has (its settings changed since
-    they were accepted); they would hold the queue forever."""
-    most = pool.most_towers
-    return [] if most is None else [job for job in queued if job.towers > most]

@@ -14,13 +14,18 @@ import pytest
 
 from service.archives import Archive
 from service.checkpoints import (
+    Checkpoint,
     describe_archive,
-    find_checkpoint,
     list_checkpoints,
     open_archive,
 )
 from service.exports import describe_export, open_export
 from trainer.rundir import RunDir
+
+
+def find_checkpoint(run: RunDir, step: int) -> Checkpoint | None:
+    """The retained checkpoint of `step`, as the download route picks it."""
+    return next((c for c in list_checkpoints(run) if c.step == step), None)
 
 
 def _checkpoint(run: RunDir, step: int, shards: int = 1, size: int = 1000) -> None:

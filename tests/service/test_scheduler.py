@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from service.devices import DevicePool
-from service.scheduler import never_fit, next_placements
+from service.scheduler import next_placements
 from service.settings import Settings
 from service.store import JobState, JobStore, QueuedJob
 from service.supervisor import Supervisor
@@ -59,9 +59,13 @@ def test_place_cpu_jobs_one_slot_each(tmp_path: Path) -> None:
 
 
 def test_never_fit_more_towers_than_gpus(tmp_path: Path) -> None:
+    # What the supervisor fails as never able to start: read from the queue's index.
     pool = DevicePool.from_settings(Settings(gpus=[0, 1]))
-    fits, too_big = _jobs(tmp_path, [2, 3])
-    assert never_fit([fits, too_big], pool) == [too_big]
+    store = JobStore(tmp_path / "jobs.db")
+    for n in (2, 3, 1, 4):
+        store.create({"name": "j", "priority": 0, "towers": n})
+    assert pool.most_towers == 2
+    assert [job.towers for job in store.queue(towers_over=pool.most_towers)] == [3, 4]
 
 
 def _cpu_seconds(pid: int) -> float:

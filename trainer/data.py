@@ -509,9 +509,10 @@ def _read_files(fmt: str, files: DataFiles) -> tuple[list[_Chunk], list[_Chunk]]
             evals.append(record_chunk)
     if files.eval and not evals:
         # Eval files that hold no records: no eval, as with empty `x_eval` arrays (not a
-        # hold-out of the training examples, which the user did not ask for).
+        # hold-out of the training examples, which the user did not ask for). Copies of
+        # no examples: a view would keep the first training file alive beside the join.
         sources = ", ".join(str(path) for path in files.eval)
-        evals.append(_Chunk(train[0].x[:0], train[0].y[:0], sources))
+        evals.append(_Chunk(train[0].x[:0].copy(), train[0].y[:0].copy(), sources))
     return train, evals
 
 

@@ -781,6 +781,28 @@ def test_load_arrays_tfrecord_skips_empty_shards(tmp_path: Path, caplog) -> None
     )
 
 
+def _bytes_behind(x: np.ndarray) -> int:
+    """The bytes of the memory `x` keeps alive: its own, or those of what it is a view of."""
+    base: object = x
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return memoryview(base).nbytes  # type: ignore[arg-type]
+
+
+def test_load_arrays_empty_eval_files_keep_no_training_file_alive(tmp_path: Path) -> None:
+    # The empty eval set was cut from the first training file's images: a view of no
+    # examples that kept that whole file alive beside the joined set.
+    write_tfrecord(tmp_path / "train-0.tfrecord", images(300, (8, 8, 1)), [0, 1, 2] * 100)
+    write_tfrecord(tmp_path / "train-1.tfrecord", images(300, (8, 8, 1), seed=1), [0, 1, 2] * 100)
+    (tmp_path / "eval.tfrecord").write_bytes(b"")
+
+    arrays = load_arrays(spec("tfrecord", tmp_path), seed=0)
+
+    assert (arrays.num_train, arrays.num_eval) == (600, 0)
+    assert arrays.x_eval.shape == (0, 8, 8, 1) and arrays.x_eval.dtype == np.uint8
+    assert _bytes_behind(arrays.x_eval) == 0
+
+
 def test_load_arrays_tfrecord_all_empty_or_not_a_record(tmp_path: Path) -> None:
     (tmp_path / "a.tfrecord").write_bytes(b"")
     with pytest.raises(DataError) as error:

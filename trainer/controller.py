@@ -258,6 +258,7 @@ class Controller:
         # that trace's line says `requested`, so a page that asked knows its answer from
         # the spec's own traces.
         self._requested_steps: set[int] = set()
+        self._request_refused = False  # a request could not be taken: said once
         self._tower_ms: list[float] | None = None
         self._towers_on_gpus = any(
             tf.DeviceSpec.from_string(d).device_type == "GPU" for d in trainer.tower_devices
@@ -652,11 +653,22 @@ class Controller:
             return
         try:
             text = self.rundir.take_profile_request()
-            if text is None:
-                return
+        except UnicodeDecodeError:  # taken, and no text: junk, read below as the default
+            text = ""
+        except OSError as e:
+            # Not taken (a folder of its name, or of the name it is taken by): no trace.
+            # Taken for one of the default steps, it was there again at every report, and
+            # the traces ran on into one of the whole job.
+            if not self._request_refused:
+                self._request_refused = True
+                log.warning("could not take the profile request (no trace taken): %s", e)
+            return
+        if text is None:
+            return
+        try:
             steps = int((json_object(text) or {}).get("steps", PROFILE_STEPS_DEFAULT))
         # A hand-written file is never fatal: `{"steps": 1e400}` is an OverflowError.
-        except (ValueError, TypeError, OverflowError, OSError):
+        except (ValueError, TypeError, OverflowError):
             steps = PROFILE_STEPS_DEFAULT
         steps = max(1, min(steps, PROFILE_STEPS_MAX))
         self._trace_steps.update(range(step + 1, step + 1 + steps))

@@ -308,3 +308,44 @@ def test_a_resumed_run_first_does_the_eval_a_stop_cut_short(
     acc = event_accumulator.EventAccumulator(str(controller.rundir.tensorboard / "eval"))
     acc.Reload()
     assert [event.step for event in acc.Tensors("loss")] == evals
+
+
+def test_a_profile_request_it_cannot_take_traces_nothing(tmp_path, monkeypatch, caplog) -> None:
+    # A folder named as the request once taken (the job's code runs in the run directory)
+    # leaves every request where it is. Read as a request of the default steps, it was
+    # taken again at every report: one trace of the whole job from its first report on.
+    monkeypatch.setattr(controller_module, "PROGRESS_EVERY_SECONDS", 0.0)
+    (tmp_path / "profile_request.taken").mkdir()
+    (tmp_path / "profile_request.taken" / "kept").write_text("")
+    (tmp_path / "profile_request.json").write_text('{"steps": 1}')
+    off = {"scalars_every": 0, "histograms_every": 0, "images_every": 0}
+    controller, _ = run_loop(
+        tmp_path, 6, batches(), summaries={**off, "trace_steps": [], "graph": False}
+    )
+
+    with caplog.at_level("WARNING", logger="trainer.controller"):
+        controller.run()
+
+    lines = progress_lines(controller.rundir.progress)
+    assert [e["step"] for e in lines if e["event"] == "progress"] == [1, 2, 3, 4, 5, 6]
+    assert [e for e in lines if e["event"] == "trace"] == []
+    assert not (tmp_path / "tb" / "plugins").exists()
+    # Said once, not at every report.
+    [warning] = [r.getMessage() for r in caplog.records if "profile request" in r.getMessage()]
+    assert warning.startswith("could not take the profile request ")
+
+
+def test_a_profile_request_that_is_no_text_traces_the_default_steps(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(controller_module, "PROGRESS_EVERY_SECONDS", 0.0)
+    (tmp_path / "profile_request.json").write_bytes(b'{"steps": \xff}')
+    off = {"scalars_every": 0, "histograms_every": 0, "images_every": 0}
+    controller, _ = run_loop(
+        tmp_path, 8, batches(), summaries={**off, "trace_steps": [], "graph": False}
+    )
+
+    controller.run()
+
+    lines = progress_lines(controller.rundir.progress)
+    # Taken at the first report, as one of PROFILE_STEPS_DEFAULT (3) steps: 2 to 4.
+    assert [(e["step"], e["requested"]) for e in lines if e["event"] == "trace"] == [(4, True)]
+    assert not (tmp_path / "profile_request.json").exists()

@@ -246,7 +246,8 @@ def cancel_job(job: JobDep, runtime: RuntimeDep) -> Response:
             f"Job {job.id!r} {_is_in(state)}; only queued or running jobs can be cancelled.",
         )
     updated = store.get(job.id)
-    assert updated is not None
+    if updated is None:  # cancelled, then deleted by another client before this read
+        raise HTTPException(404, job_not_found(job.id))
     # Either way the job changed (cancelled, or running with `cancel_requested`): followers
     # see it now, not only when the worker has ended after its grace period.
     runtime.broker.publish(JobEvent.state(updated))
@@ -623,7 +624,9 @@ async def stream_job_events(job: JobDep, runtime: RuntimeDep) -> EventSourceResp
         with runtime.broker.listen(job.id) as queue:
             # Read after subscribing, so no change falls between the two.
             current = runtime.store.get(job.id)
-            assert current is not None
+            if current is None:  # deleted since the route found it: as its followers saw
+                yield ServerSentEvent(event="deleted", data=json.dumps({"id": job.id}))
+                return
             yield ServerSentEvent(event="state", data=render_job(current).decode())
             if current.state.is_terminal:
                 return

@@ -1167,6 +1167,24 @@ def test_jobs_of_large_specs_hold_up_no_other_request(
     assert took < 0.5, f"/healthz waited {took:.1f} s behind them"
 
 
+def _in_the_app(tmp_path: Path, scenario: Callable[[Any, httpx.AsyncClient], Any]) -> Any:
+    """What `scenario(runtime, client)` returns, run in a real app (its store, its routes)
+    whose supervisor is stopped, so nothing but the scenario moves a job; a request goes
+    through `client`, in process."""
+    app = create_app(Settings(data_dir=tmp_path / "data"))
+
+    async def go() -> Any:
+        async with app.router.lifespan_context(app):
+            runtime = app.state.runtime
+            await asyncio.to_thread(runtime.supervisor.stop)
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+                return await scenario(runtime, c)
+
+    with ThreadPoolExecutor(1) as pool:  # Playwright may hold an event loop in this thread
+        return pool.submit(asyncio.run, go()).result()
+
+
 def test_cancel_of_a_job_requeued_between_its_two_looks_cancels_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1175,31 +1193,75 @@ def test_cancel_of_a_job_requeued_between_its_two_looks_cancels_it(
     # 409 saying it "is queued; only queued or running jobs can be cancelled". The
     # supervisor's start and requeue are injected at that point (a window of
     # milliseconds); the app, its store and the request are real.
-    app = create_app(Settings(data_dir=tmp_path / "data"))
 
-    async def go() -> tuple[httpx.Response, str]:
-        async with app.router.lifespan_context(app):
-            runtime = app.state.runtime
-            await asyncio.to_thread(runtime.supervisor.stop)  # nothing else moves the job
-            store = runtime.store
-            job = store.create(JobSpec.model_validate(job_spec(name="requeued")).model_dump())
-            cancel_queued = store.cancel_queued
+    async def scenario(runtime: Any, client: httpx.AsyncClient) -> tuple[httpx.Response, str]:
+        store = runtime.store
+        job = store.create(JobSpec.model_validate(job_spec(name="requeued")).model_dump())
+        cancel_queued = store.cancel_queued
 
-            def requeued_meanwhile(job_id: str) -> bool:
-                assert store.mark_running(job_id, devices=["cpu:0"])  # started before...
-                refused = cancel_queued(job_id)
-                assert store.requeue(job_id, crashed=True)  # ...and its worker killed
-                monkeypatch.setattr(store, "cancel_queued", cancel_queued)
-                return refused
+        def requeued_meanwhile(job_id: str) -> bool:
+            assert store.mark_running(job_id, devices=["cpu:0"])  # started before...
+            refused = cancel_queued(job_id)
+            assert store.requeue(job_id, crashed=True)  # ...and its worker killed
+            monkeypatch.setattr(store, "cancel_queued", cancel_queued)
+            return refused
 
-            monkeypatch.setattr(store, "cancel_queued", requeued_meanwhile)
-            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
-                response = await c.post(f"/api/v1/jobs/{job.id}/cancel")
-            after = store.get(job.id)
-            return response, after.state.value
+        monkeypatch.setattr(store, "cancel_queued", requeued_meanwhile)
+        response = await client.post(f"/api/v1/jobs/{job.id}/cancel")
+        return response, store.get(job.id).state.value
 
-    with ThreadPoolExecutor(1) as pool:  # Playwright may hold an event loop in this thread
-        response, state = pool.submit(asyncio.run, go()).result()
+    response, state = _in_the_app(tmp_path, scenario)
     assert response.status_code == 200, response.text
     assert response.json()["state"] == state == "cancelled"
+
+
+def test_cancel_of_a_job_deleted_as_it_is_cancelled_is_404(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Cancelled, a queued job has ended, and another client may delete it before the
+    # route reads it back: that was an AssertionError, a 500.
+
+    async def scenario(runtime: Any, client: httpx.AsyncClient) -> httpx.Response:
+        store = runtime.store
+        job = store.create(JobSpec.model_validate(job_spec(name="gone")).model_dump())
+        cancel_queued = store.cancel_queued
+
+        def deleted_meanwhile(job_id: str) -> bool:
+            assert cancel_queued(job_id) and store.delete(job_id)
+            return True
+
+        monkeypatch.setattr(store, "cancel_queued", deleted_meanwhile)
+        return await client.post(f"/api/v1/jobs/{job.id}/cancel")
+
+    response = _in_the_app(tmp_path, scenario)
+    assert response.status_code == 404, response.text
+    assert response.json()["detail"].endswith("not found.")
+
+
+def test_events_of_a_job_deleted_as_its_stream_opens_say_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The route finds the job, then the stream reads it again once it listens: a delete
+    # between the two ended the stream with an AssertionError, not a word of why.
+
+    async def scenario(runtime: Any, client: httpx.AsyncClient) -> tuple[str, httpx.Response]:
+        store = runtime.store
+        job = store.create(JobSpec.model_validate(job_spec(name="gone")).model_dump())
+        assert store.cancel_queued(job.id)
+        get = store.get
+
+        def deleted_after_the_first_read(job_id: str) -> Any:
+            found = get(job_id)
+            assert store.delete(job_id)
+            monkeypatch.setattr(store, "get", get)
+            return found
+
+        monkeypatch.setattr(store, "get", deleted_after_the_first_read)
+        return job.id, await client.get(f"/api/v1/jobs/{job.id}/events")
+
+    job_id, response = _in_the_app(tmp_path, scenario)
+    assert response.status_code == 200
+    assert response.text.replace("\r\n", "\n").split("\n")[:2] == [
+        "event: deleted",
+        f"data: {json.dumps({'id': job_id})}",
+    ]

@@ -328,7 +328,9 @@ class Controller:
             stop_asked, checkpoint_asked = (bool(r) for r in agreed)
             self._write_summaries(loop, step, images, scalars_due, last)
             self._report_if_due(loop, step, step)
-            if in_cluster and stop_asked:
+            # A stop carried by the last step ends the job as one process's does: trained
+            # (its final checkpoint and export), not cancelled at N of N with neither.
+            if in_cluster and stop_asked and step < self.total_steps:
                 return self._finish_cancelled(step, _metrics(loop.loss, loop.out))
             e = self.spec.eval
             if _due(e.every_steps, step) and step < self.total_steps and not self.stop.is_set():

@@ -23,6 +23,7 @@ from tensorboard.backend.event_processing import event_accumulator
 from tests.trainer.progress_lines import progress_lines
 from trainer import controller as controller_module
 from trainer.checkpoints import Checkpointer
+from trainer.cluster import Cluster
 from trainer.controller import UNREAD_STEPS_MAX, Controller, NonFiniteLoss
 from trainer.models import build_model
 from trainer.optim import make_optimizer
@@ -349,3 +350,33 @@ def test_a_profile_request_that_is_no_text_traces_the_default_steps(tmp_path, mo
     # Taken at the first report, as one of PROFILE_STEPS_DEFAULT (3) steps: 2 to 4.
     assert [(e["step"], e["requested"]) for e in lines if e["event"] == "trace"] == [(4, True)]
     assert not (tmp_path / "profile_request.json").exists()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize(("stopped_in", "outcome"), [(3, "cancelled"), (4, "succeeded")])
+def test_a_stop_during_the_last_step_ends_a_cluster_as_it_ends_one_process(
+    tmp_path, workers: int, stopped_in: int, outcome: str
+) -> None:
+    # A cluster's workers stop after the step whose requests carried the stop; one process
+    # before its next step, so a stop during its last ends it trained. A cluster's ended
+    # "cancelled" at step 4 of 4, with no final checkpoint and no export. Two workers are
+    # a one-process stand-in marked as a cluster's chief: the requests go through the
+    # step as a cluster's do, agreed by one.
+    off = {"scalars_every": 0, "histograms_every": 0, "images_every": 0}
+    controller, _ = run_loop(
+        tmp_path, 4, iter(()), summaries={**off, "trace_steps": [], "graph": False}
+    )
+    controller.cluster = Cluster(workers=workers)
+
+    def stopped_while_drawn() -> Iterator[tuple[tf.Tensor, tf.Tensor]]:
+        for drawn, batch in enumerate(batches(), start=1):
+            if drawn == stopped_in:  # a SIGTERM as the step's input is awaited
+                controller.stop.set()
+            yield batch
+
+    controller.train_batches = stopped_while_drawn()
+
+    summary = controller.run()
+
+    assert (summary.outcome.value, summary.step) == (outcome, stopped_in)
+    assert controller.checkpointer.manager.latest_checkpoint.endswith(f"ckpt-{stopped_in}")

@@ -71,10 +71,14 @@ def archive(files: list[tuple[str, Path]], extras: list[tuple[str, bytes]]) -> A
     try:
         for name, path in files:
             opened.append((name, open(path, "rb")))  # noqa: SIM115 - closed by the stream
-    except FileNotFoundError:
+    except BaseException as e:
+        # Any failure (a file unreadable to the service, too many open files) closes those
+        # already open, rather than leaving them to the garbage collector.
         for _, handle in opened:
             handle.close()
-        return None
+        if isinstance(e, FileNotFoundError):
+            return None
+        raise
     stats = [(name, os.fstat(handle.fileno())) for name, handle in opened]
     infos, tar_size, head = _layout(stats, extras)
     handles = [handle for _, handle in opened] + [io.BytesIO(data) for _, data in extras]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from service import archives
 from service.archives import Archive
 from service.checkpoints import (
     Checkpoint,
@@ -223,3 +224,19 @@ def test_export_result_json_link_is_left_out(tmp_path: Path) -> None:
     assert archive is not None
     with tarfile.open(fileobj=io.BytesIO(b"".join(archive.stream())), mode="r:gz") as tar:
         assert tar.getnames() == ["saved_model.pb", "spec.json"]
+
+
+def test_an_archive_a_file_of_fails_to_open_closes_those_it_opened(tmp_path: Path) -> None:
+    # A file gone is None (a 404); any other failure is raised, and the files opened
+    # before it were left to the garbage collector: open for as long as anything held the
+    # error's traceback (a handler logging it, a 500 being rendered).
+    (tmp_path / "a").write_bytes(b"a")
+    (tmp_path / "b").mkdir()  # opened for reading: IsADirectoryError, not a file gone
+    fds_before = len(os.listdir("/proc/self/fd"))
+
+    with pytest.raises(IsADirectoryError) as raised:
+        archives.archive([("a", tmp_path / "a"), ("b", tmp_path / "b")], [])
+    assert raised.tb is not None
+    assert len(os.listdir("/proc/self/fd")) == fds_before
+    assert archives.archive([("a", tmp_path / "a"), ("c", tmp_path / "c")], []) is None
+    assert len(os.listdir("/proc/self/fd")) == fds_before

@@ -1,6 +1,6 @@
 """The `towerboard` command. Verbs are subcommands; `serve` runs the service.
 
-    towerboard serve [--host H] [--port P] [--data-dir D]
+    towerboard serve [--host H] [--port P] [--data-dir D] [--log-level L] [--no-access-log]
 
 Everything else comes from `TOWERBOARD_*` environment variables (see service/settings.py).
 `serve` exits 2 on an invalid setting and 1 when it cannot start (its port is taken, or

@@ -1,6 +1,6 @@
 """The supervisor: one background thread that keeps the store true to the worker processes.
 
-Every `poll_seconds` (or at once when woken by a submit or cancel) it
+Every `poll_seconds` (or at once when woken by a submit, cancel or resume) it
   1. tails each running job's progress.jsonl into the store and out to event listeners,
   2. sends SIGTERM to workers whose job was cancelled, SIGKILL after the grace period,
   3. reaps workers that ended and records the final state (see `service.outcomes`),

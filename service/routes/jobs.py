@@ -528,7 +528,8 @@ def _resume(job_id: str, resume_in: ResumeCreate, runtime: Runtime) -> Response:
         state = current.state.value if current else "deleted"
         raise HTTPException(409, f"Job {job.id!r} is {state} now and cannot be resumed.")
     resumed = runtime.store.get(job.id)
-    assert resumed is not None
+    if resumed is None:  # resumed, then cancelled and deleted by others before this read
+        raise HTTPException(404, job_not_found(job.id))
     runtime.broker.publish(JobEvent.state(resumed))
     runtime.supervisor.wake()
     return Response(render_job(resumed), media_type=_JSON)

@@ -1265,3 +1265,28 @@ def test_events_of_a_job_deleted_as_its_stream_opens_say_deleted(
         "event: deleted",
         f"data: {json.dumps({'id': job_id})}",
     ]
+
+
+def test_resume_of_a_job_cancelled_and_deleted_as_it_is_resumed_is_404(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Resumed, the job is queued again, and others may cancel and delete it before the
+    # route reads it back: that was an AssertionError, a 500.
+
+    async def scenario(runtime: Any, client: httpx.AsyncClient) -> httpx.Response:
+        store = runtime.store
+        job = store.create(JobSpec.model_validate(job_spec(name="gone")).model_dump())
+        assert store.cancel_queued(job.id)
+        resume = store.resume
+
+        def deleted_meanwhile(job_id: str, **kwargs: Any) -> bool:
+            assert resume(job_id, **kwargs)
+            assert store.cancel_queued(job_id) and store.delete(job_id)
+            return True
+
+        monkeypatch.setattr(store, "resume", deleted_meanwhile)
+        return await client.post(f"/api/v1/jobs/{job.id}/resume", json={})
+
+    response = _in_the_app(tmp_path, scenario)
+    assert response.status_code == 404, response.text
+    assert response.json()["detail"].endswith("not found.")

@@ -51,6 +51,18 @@ def _body_model(request: Request) -> Any:
     return body.field_info.annotation if body is not None else None
 
 
+def _json_place(document: Any, loc: tuple[Any, ...]) -> str:
+    """Where the JSON stopped parsing, as the CLI says it for a spec file (" at line L column
+    C"), from the character offset FastAPI gives (`loc[1]`) and the text (`exc.body`):
+    without it a body of forty lines says what is wrong but not where. "" if either lacks."""
+    position = loc[1] if len(loc) > 1 else None
+    if not isinstance(document, str) or not isinstance(position, int):
+        return ""
+    line = document.count("\n", 0, position) + 1
+    column = position - document.rfind("\n", 0, position)
+    return f" at line {line} column {column}"
+
+
 def _request_field_errors(
     exc: RequestValidationError, *, spec: bool, model: Any = None
 ) -> list[dict[str, str]]:
@@ -63,9 +75,8 @@ def _request_field_errors(
         loc = tuple(item.get("loc", ()))
         if item.get("type") == "json_invalid":
             item["loc"] = ("(body)",)
-            item["msg"] = (
-                f"Expected a JSON body. {item.get('ctx', {}).get('error', 'Invalid JSON')}"
-            )
+            reason = item.get("ctx", {}).get("error", "Invalid JSON")
+            item["msg"] = f"Expected a JSON body. {reason}{_json_place(exc.body, loc)}"
             item.pop("input", None)
         elif loc == ("body",) and not spec:
             item["loc"] = ("(body)",)

@@ -865,6 +865,21 @@ def test_create_job_not_json(service: Service) -> None:
     assert error["message"].startswith("Expected a JSON body.")
 
 
+def test_create_job_not_json_says_where(service: Service) -> None:
+    # A spec of many lines: what is wrong is only half of it without the line and column.
+    body = b'{\n  "data": {"format": "synthetic"},\n  "steps": 10,,\n  "towers": 1\n}'
+    response = service.client.post(
+        "/api/v1/jobs", content=body, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422
+    [error] = response.json()["errors"]
+    assert error == {
+        "field": "(body)",
+        "message": "Expected a JSON body. Expecting property name enclosed in double quotes "
+        "at line 3 column 15",
+    }
+
+
 def test_create_job_nested_too_deep(service: Service) -> None:
     # Valid JSON that Python's parser cannot read (past its recursion limit).
     response = service.client.post(

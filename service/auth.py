@@ -72,11 +72,16 @@ class BearerAuth:
                 return
             await self._app(scope, receive, send)
             return
-        detail = (
-            "Missing bearer token. Expected header 'Authorization: Bearer <TOWERBOARD_TOKEN>'."
-            if presented is None
-            else "Invalid bearer token. Expected the token in TOWERBOARD_TOKEN."
-        )
+        if presented is not None:
+            detail = "Invalid bearer token. Expected the token in TOWERBOARD_TOKEN."
+        else:
+            detail = (
+                "Missing bearer token. Expected header 'Authorization: Bearer <TOWERBOARD_TOKEN>'."
+            )
+            if any(name == b"authorization" for name, _ in scope["headers"]):
+                # `Authorization: TOKEN` or `Token TOKEN` was "missing" to its sender, who
+                # did send one; the value itself is not echoed (it may be the token).
+                detail += " Received: an Authorization header not of the form 'Bearer <token>'."
         await send_error(send, 401, detail, ((b"www-authenticate", b'Bearer realm="towerboard"'),))
 
 

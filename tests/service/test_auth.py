@@ -66,6 +66,20 @@ def test_read_with_wrong_token_401(secured: Service, method: str, path: str) -> 
     assert response.json() == INVALID
 
 
+@pytest.mark.parametrize("value", [TOKEN, f"Token {TOKEN}", "Bearer", "Basic dXNlcjpwdw=="])
+def test_read_with_an_authorization_header_not_bearer_401(secured: Service, value: str) -> None:
+    # The token without its scheme was answered "Missing bearer token" alone, which its
+    # sender, who did send a header, could not make sense of.
+    response = httpx.get(f"{secured.base_url}/api/v1/jobs", headers={"Authorization": value})
+    assert response.status_code == 401
+    assert response.json() == {
+        "detail": "Missing bearer token. Expected header 'Authorization: Bearer "
+        "<TOWERBOARD_TOKEN>'. Received: an Authorization header not of the form 'Bearer <token>'.",
+        "errors": [],
+    }
+    assert TOKEN not in response.text
+
+
 def test_websocket_upgrade_without_token_401(secured: Service) -> None:
     # Answered as the HTTP request it is, so the token guard sees it: no WebSocket is
     # served, whatever library is installed beside uvicorn.

@@ -23,7 +23,10 @@
    b. examples/sec of whole workers (`python -m trainer run`, 1000 steps) with the default
       summaries against all summaries off, interleaved, median of the runs (noisy: on
       2 shared cores, 2-second windows of one run vary by +-15%); with `--attribute`, also
-      the defaults less one kind each, to say what each costs a whole worker.
+      the defaults less one kind each, to say what each costs a whole worker. Beside each,
+      the CPU time its training loop's thread spent a step (`loop_cpu_worker.py`), and
+      what the summaries add to it: steadier than the rates, and what they cost a host
+      whose loop bounds it (a short step on a GPU).
 
 On a CPU host the towers run on logical CPU devices split from the one CPU; with a GPU,
 `--split-gpu-mb M` splits the first GPU into N logical GPUs of M MiB each.
@@ -486,12 +489,13 @@ def job_seconds(cost: dict[str, float], s: SummariesSpec, job_steps: int) -> flo
     )
 
 
-def worker_examples_per_sec(spec: dict, job_dir: Path, env: dict[str, str]) -> float:
-    """Examples/sec of a whole worker run, from its first progress report to its last step."""
+def whole_worker(spec: dict, job_dir: Path, env: dict[str, str]) -> tuple[float, float]:
+    """A whole worker run: its examples/sec from its first progress report to its last
+    step, and its loop thread's CPU time a step in µs (`loop_cpu_worker.py`)."""
     job_dir.mkdir(parents=True)
     (job_dir / "spec.json").write_text(json.dumps(spec))
     subprocess.run(
-        [sys.executable, "-m", "trainer", "run", "--job-dir", str(job_dir)],
+        [sys.executable, str(REPO / "bench" / "loop_cpu_worker.py"), "--job-dir", str(job_dir)],
         cwd=REPO,
         check=True,
         capture_output=True,
@@ -500,7 +504,9 @@ def worker_examples_per_sec(spec: dict, job_dir: Path, env: dict[str, str]) -> f
     events = [json.loads(line) for line in (job_dir / "progress.jsonl").read_text().splitlines()]
     progress = [e for e in events if e["event"] == "progress"]
     first, last = progress[0], progress[-1]
-    return (last["step"] - first["step"]) * spec["batch_size"] / (last["time"] - first["time"])
+    rate = (last["step"] - first["step"]) * spec["batch_size"] / (last["time"] - first["time"])
+    loop = json.loads((job_dir / "loop_cpu.json").read_text())
+    return rate, loop["seconds"] / loop["steps"] * 1e6
 
 
 # The defaults less one kind each (`--attribute`): what a whole worker gains without it
@@ -545,14 +551,15 @@ def worker_specs(args: argparse.Namespace) -> dict[str, dict]:
     return specs
 
 
-def monitoring_benchmark(args: argparse.Namespace) -> dict[str, list[float]]:
+def monitoring_benchmark(args: argparse.Namespace) -> dict[str, list[tuple[float, float]]]:
+    """Per configuration, each run's (examples/sec, loop CPU µs a step)."""
     specs = worker_specs(args)
     names = list(specs)
     print(
         f"\nwhole workers, cnn on 2 towers, {args.worker_steps} steps, {args.worker_repeats} "
         f"runs of each of {len(specs)} configurations, in rotating order"
     )
-    samples: dict[str, list[float]] = {name: [] for name in specs}
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in specs}
     env = dict(os.environ)
     if args.split_gpu_mb:  # the workers' towers on logical GPUs of the one card, as above
         from trainer.run import SPLIT_GPU_ENV
@@ -562,11 +569,59 @@ def monitoring_benchmark(args: argparse.Namespace) -> dict[str, list[float]]:
         for r in range(args.worker_repeats):
             # Rotate which runs first, so a drift of the machine favours none.
             for name in names[r % len(names) :] + names[: r % len(names)]:
-                rate = worker_examples_per_sec(specs[name], Path(tmp) / f"{name}-{r}", env)
-                samples[name].append(rate)
+                rate, loop_us = whole_worker(specs[name], Path(tmp) / f"{name}-{r}", env)
+                samples[name].append((rate, loop_us))
                 # Each run as it ends: a bench cut off by a time limit keeps what it measured.
-                print(f"  whole worker, {name}, run {r + 1}: {rate:.0f} examples/sec")
+                print(
+                    f"  whole worker, {name}, run {r + 1}: {rate:.0f} examples/sec, "
+                    f"loop CPU {loop_us:.1f} µs a step"
+                )
     return samples
+
+
+def print_whole_workers(samples: dict[str, list[tuple[float, float]]], batch: int) -> None:
+    """Each configuration's median examples/sec and loop CPU a step; each one's ratio to no
+    summaries, per repeat; and what it adds to the loop's CPU a step, as a share of a step
+    with none (what it costs a host whose loop is what bounds it)."""
+    none = samples["no summaries"]
+    none_step_us = statistics.median(batch / rate * 1e6 for rate, _ in none)
+    for name, runs in samples.items():
+        rates = [rate for rate, _ in runs]
+        print(
+            f"{name:<41}{statistics.median(rates):>10.1f} examples/sec (median; runs {', '.join(f'{r:.0f}' for r in rates)})"
+        )
+    for name, runs in samples.items():
+        loops = [loop for _, loop in runs]
+        print(
+            f"{name:<41}{statistics.median(loops):>10.1f} µs of loop CPU a step (median; runs {', '.join(f'{u:.0f}' for u in loops)})"
+        )
+    for name, runs in samples.items():
+        if name == "no summaries":
+            continue
+        label = "default" if name == "default summaries" else name
+        # Each repeat ran every configuration once: its ratio to that repeat's none.
+        pairs = [d / n for (d, _), (n, _) in zip(runs, none, strict=True)]
+        median, low, high = median_interval(pairs)
+        interval = (
+            f"95% CI {low:.3f}-{high:.3f}"
+            if low is not None
+            else "too few repeats for a 95% interval"
+        )
+        target = "; target >= 0.97" if name == "default summaries" else ""
+        print(
+            f"{label + ' / none':<41}= {median:.3f}   (median of per-repeat ratios, {interval}{target})"
+        )
+        added = [d - n for (_, d), (_, n) in zip(runs, none, strict=True)]
+        median, low, high = median_interval(added)
+        interval = (
+            f"95% CI {low:.1f}-{high:.1f}"
+            if low is not None
+            else "too few repeats for a 95% interval"
+        )
+        print(
+            f"{label + ' adds to the loop':<41}= {median:.1f} µs a step, {median / none_step_us:.1%} "
+            f"of a step with none   (median of per-repeat differences, {interval})"
+        )
 
 
 def main() -> None:
@@ -589,27 +644,7 @@ def main() -> None:
         print()
         print_step_benchmarks(*step_benchmarks(args, devices))
     if args.worker_steps:
-        samples = monitoring_benchmark(args)
-        for name, rates in samples.items():
-            print(
-                f"{name:<41}{statistics.median(rates):>10.1f} examples/sec (median; runs {', '.join(f'{r:.0f}' for r in rates)})"
-            )
-        for name in samples:
-            if name == "no summaries":
-                continue
-            # Each repeat ran every configuration once: its ratio to that repeat's none.
-            pairs = [d / n for d, n in zip(samples[name], samples["no summaries"], strict=True)]
-            median, low, high = median_interval(pairs)
-            interval = (
-                f"95% CI {low:.3f}-{high:.3f}"
-                if low is not None
-                else "too few repeats for a 95% interval"
-            )
-            label = "default" if name == "default summaries" else name
-            target = "; target >= 0.97" if name == "default summaries" else ""
-            print(
-                f"{label + ' / none':<41}= {median:.3f}   (median of per-repeat ratios, {interval}{target})"
-            )
+        print_whole_workers(monitoring_benchmark(args), args.batch)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ silently is found only when someone needs its numbers)."""
 
 import argparse
 import importlib.util
+import json
 import re
 import shutil
 import struct
@@ -132,6 +133,42 @@ def test_towers_bench_runs_and_reports_every_ratio() -> None:
     for which, share in zip((1, 0), shares, strict=True):  # all of the work, then the loop's
         expected = sum(table[name][which] * n for name, n in calls.items())
         assert share == pytest.approx(expected, abs=0.0012), out
+
+
+def test_loop_cpu_worker_trains_the_job_and_times_its_loop(tmp_path: Path) -> None:
+    spec = {
+        "model": {"name": "mlp", "params": {"hidden": [8]}},
+        "data": {"format": "synthetic", "params": {"shape": [4, 4], "classes": 2, "size": 64}},
+        "towers": 2,
+        "batch_size": 8,
+        "steps": 12,
+        "eval": {"every_steps": 0},
+        "summaries": {"trace_steps": [], "histograms_every": 0, "images_every": 0},
+    }
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    run_bench("bench/loop_cpu_worker.py", "--job-dir", str(tmp_path))
+    assert json.loads((tmp_path / "result.json").read_text())["outcome"] == "succeeded"
+    loop = json.loads((tmp_path / "loop_cpu.json").read_text())
+    # From this process's second step to its last: the first traces the step function.
+    assert loop["steps"] == 11 and 0 < loop["seconds"] < 10, loop
+
+
+def test_whole_workers_report_what_the_summaries_add_to_the_loop(capsys) -> None:
+    # (examples/sec, loop CPU µs a step) per run: a batch of 100 at 1000 examples/sec is a
+    # step of 100 ms with none; the defaults add 10 µs in both repeats.
+    load("towers_bench").print_whole_workers(
+        {
+            "default summaries": [(900.0, 110.0), (1000.0, 130.0)],
+            "no summaries": [(1000.0, 100.0), (1000.0, 120.0)],
+        },
+        batch=100,
+    )
+    out = capsys.readouterr().out
+    assert re.search(r"^default / none +?= 0\.950 ", out, re.M), out
+    assert re.search(
+        r"^default adds to the loop +?= 10\.0 µs a step, 0\.0% of a step", out, re.M
+    ), out
+    assert re.search(r"^no summaries +110\.0 µs of loop CPU a step", out, re.M), out
 
 
 def test_start_bench_runs_and_reports_the_ratio() -> None:

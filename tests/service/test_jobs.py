@@ -1230,29 +1230,6 @@ def test_cancel_of_a_job_requeued_between_its_two_looks_cancels_it(
     assert response.json()["state"] == state == "cancelled"
 
 
-def test_cancel_of_a_job_deleted_as_it_is_cancelled_is_404(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Cancelled, a queued job has ended, and another client may delete it before the
-    # route reads it back: that was an AssertionError, a 500.
-
-    async def scenario(runtime: Any, client: httpx.AsyncClient) -> httpx.Response:
-        store = runtime.store
-        job = store.create(JobSpec.model_validate(job_spec(name="gone")).model_dump())
-        cancel_queued = store.cancel_queued
-
-        def deleted_meanwhile(job_id: str) -> bool:
-            assert cancel_queued(job_id) and store.delete(job_id)
-            return True
-
-        monkeypatch.setattr(store, "cancel_queued", deleted_meanwhile)
-        return await client.post(f"/api/v1/jobs/{job.id}/cancel")
-
-    response = _in_the_app(tmp_path, scenario)
-    assert response.status_code == 404, response.text
-    assert response.json()["detail"].endswith("not found.")
-
-
 def test_events_of_a_job_deleted_as_its_stream_opens_say_deleted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1282,25 +1259,30 @@ def test_events_of_a_job_deleted_as_its_stream_opens_say_deleted(
     ]
 
 
-def test_resume_of_a_job_cancelled_and_deleted_as_it_is_resumed_is_404(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("verb", ["cancel", "resume"])
+def test_a_cancel_or_resume_of_a_job_deleted_as_it_acts_is_404(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, verb: str
 ) -> None:
-    # Resumed, the job is queued again, and others may cancel and delete it before the
-    # route reads it back: that was an AssertionError, a 500.
+    # Cancelled, a queued job has ended; resumed, an ended one is queued, and may be
+    # cancelled again. Either way another client may delete it before the route reads it
+    # back: that was an AssertionError, a 500.
+    acting = {"cancel": "cancel_queued", "resume": "resume"}[verb]
 
     async def scenario(runtime: Any, client: httpx.AsyncClient) -> httpx.Response:
         store = runtime.store
         job = store.create(JobSpec.model_validate(job_spec(name="gone")).model_dump())
-        assert store.cancel_queued(job.id)
-        resume = store.resume
+        if verb == "resume":
+            assert store.cancel_queued(job.id)
+        acts = getattr(store, acting)
 
         def deleted_meanwhile(job_id: str, **kwargs: Any) -> bool:
-            assert resume(job_id, **kwargs)
-            assert store.cancel_queued(job_id) and store.delete(job_id)
+            assert acts(job_id, **kwargs)
+            assert store.get(job_id).state.is_terminal or store.cancel_queued(job_id)
+            assert store.delete(job_id)
             return True
 
-        monkeypatch.setattr(store, "resume", deleted_meanwhile)
-        return await client.post(f"/api/v1/jobs/{job.id}/resume", json={})
+        monkeypatch.setattr(store, acting, deleted_meanwhile)
+        return await client.post(f"/api/v1/jobs/{job.id}/{verb}", json={})
 
     response = _in_the_app(tmp_path, scenario)
     assert response.status_code == 404, response.text

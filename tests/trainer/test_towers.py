@@ -266,6 +266,35 @@ def test_learning_rate_warmup_then_schedule():
     assert float(poly(5)) == pytest.approx(0.06)
 
 
+def test_the_optimizer_and_schedule_take_every_option_the_spec_gives():
+    # Each option away from its default, so one dropped on the way to Keras (Keras's own
+    # default then) is seen: the other tests train with the defaults alone.
+    from trainer.optim import make_schedule
+
+    momentum = make_optimizer(OptimizerSpec(name="momentum", momentum=0.5))
+    assert float(momentum.momentum) == 0.5
+    adam = make_optimizer(OptimizerSpec(name="adam", beta_1=0.8, beta_2=0.99, epsilon=1e-3))
+    assert (adam.beta_1, adam.beta_2, adam.epsilon) == (0.8, 0.99, 1e-3)
+    cosine = make_schedule(
+        OptimizerSpec(
+            learning_rate=0.1, schedule={"name": "cosine", "decay_steps": 10, "alpha": 0.2}
+        )
+    )
+    assert float(cosine(10)) == pytest.approx(0.1 * 0.2)  # ends at alpha of the rate
+    poly = make_schedule(
+        OptimizerSpec(
+            learning_rate=0.1,
+            schedule={
+                "name": "polynomial",
+                "decay_steps": 10,
+                "end_learning_rate": 0.02,
+                "power": 2.0,
+            },
+        )
+    )
+    assert float(poly(5)) == pytest.approx((0.1 - 0.02) * 0.5**2 + 0.02)
+
+
 def test_learning_rate_schedule_config_round_trips():
     from trainer.optim import WarmupSchedule, make_schedule
 

@@ -30,7 +30,10 @@ def test_a_long_series_is_thinned_to_its_extremes_and_ends() -> None:
     kept_loss = [row for row in kept if row[0] == "loss"]
     kept_evals = [row for row in kept if row[0] == "eval_loss"]
     assert kept_evals == evals  # 400 points: all of them
-    assert len(kept_loss) <= 2002
+    # Every span keeps its lowest and highest point: about 2,000 of them, not a few that
+    # happen to hold the ends and the extremes (one span for the whole series passed all
+    # but this).
+    assert 2000 <= len(kept_loss) <= 2002
     assert kept_loss[0] == loss[0] and kept_loss[-1] == loss[-1]
     assert loss[54_321] in kept_loss and dip in kept_loss
     assert [row[1] for row in kept_loss] == sorted({row[1] for row in kept_loss})  # in order, once

@@ -248,16 +248,17 @@ def test_percent_rounds_a_half_up_as_the_dashboard_does() -> None:
 
 def test_a_resumed_run_drops_the_points_a_lost_run_reported_past_its_start() -> None:
     # A run killed at about step 270 reported 244 and 264; resumed from its checkpoint at
-    # 200 it reports 236 and 272, and the series mixed both runs' points.
+    # 200 it reports 236 and 272, and the series mixed both runs' points. The point at the
+    # checkpoint's own step is the resumed run's too: it reports on from there.
     from service.progress import restarted_at
 
-    lost = [{"event": "progress", "step": step, "loss": 1.0} for step in (180, 244, 264)]
+    lost = [{"event": "progress", "step": step, "loss": 1.0} for step in (180, 200, 244, 264)]
     resumed = [
         {"event": "start", "step": 200, "total": 300},
         {"event": "progress", "step": 236, "loss": 0.5},
     ]
     _, _, points = fold_progress(None, None, lost + resumed)
-    assert [(p.name, p.step) for p in points] == [("loss", 180), ("loss", 236)]
+    assert [(p.name, p.step) for p in points] == [("loss", 180), ("loss", 200), ("loss", 236)]
     assert restarted_at(lost + resumed) == 200
     assert restarted_at(lost) is None
 

@@ -101,6 +101,16 @@ def test_read_with_token(secured: Service) -> None:
     assert httpx.get(f"{secured.base_url}/docs", headers=headers).status_code == 200
 
 
+def test_the_token_counts_only_as_a_bearer_token(secured: Service) -> None:
+    # The scheme is read, in any case; the token under another (a proxy's Basic
+    # credentials, say) is not taken for it.
+    url = f"{secured.base_url}/api/v1/jobs"
+    assert httpx.get(url, headers={"Authorization": f"bearer {TOKEN}"}).status_code == 200
+    for scheme in ("Basic ", "Token ", ""):
+        response = httpx.get(url, headers={"Authorization": f"{scheme}{TOKEN}"})
+        assert (response.status_code, response.json()) == (401, MISSING), scheme
+
+
 def test_read_with_token_cookie(secured: Service) -> None:
     cookies = {"towerboard_token": TOKEN}
     response = httpx.get(f"{secured.base_url}/api/v1/jobs", cookies=cookies)

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -612,16 +613,18 @@ def test_stop_tensorboard_after_idle_timeout(make_service: Callable[..., Service
     """The idle clock starts when TensorBoard is ready: one whose start takes longer than
     the idle timeout (held here with SIGSTOP, as a busy host can) is not stopped while
     starting, and is stopped once it has then gone unused for the timeout."""
-    service = make_service(env={"TOWERBOARD_TB_IDLE_MINUTES": "0.1"})  # 6 s
+    # 3 s, looked at every 0.75 s (a quarter of it): the idle wait and the hold past it
+    # are most of this test's time.
+    service = make_service(env={"TOWERBOARD_TB_IDLE_MINUTES": "0.05"})
     service.start()
     started = service.client.post("/api/v1/tensorboard").json()
     os.kill(started["pid"], signal.SIGSTOP)
     try:
-        time.sleep(9)  # the idle timeout and a watch tick past it
+        time.sleep(5)  # the idle timeout and two watch ticks past it
         assert service.client.get("/api/v1/tensorboard").json()["state"] == "starting"
     finally:
         os.kill(started["pid"], signal.SIGCONT)
-    # Not a look for "running" between: on a busy host the 6 s can pass between two looks.
+    # Not a look for "running" between: on a busy host the 3 s can pass between two looks.
     _wait(
         lambda: service.client.get("/api/v1/tensorboard").json()["state"] == "stopped",
         180,
@@ -631,7 +634,16 @@ def test_stop_tensorboard_after_idle_timeout(make_service: Callable[..., Service
     log = service.log.read_text()
     ready = f"TensorBoard pid {started['pid']} is ready"
     assert ready in log, log  # it ran: the start held past the timeout did not stop it
-    assert "TensorBoard unused for 0.1 minutes; stopping it" in log.split(ready, 1)[1], log
+    assert "TensorBoard unused for 0.05 minutes; stopping it" in log.split(ready, 1)[1], log
+    # Stopped a whole idle timeout after it was ready, not at the first look once ready
+    # (the clock counted from the start would have run out by then).
+    ready_at, stopped_at = (
+        datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+        for said in (ready, "TensorBoard unused for")
+        for line in log.splitlines()
+        if said in line
+    )
+    assert (stopped_at - ready_at).total_seconds() >= 3.0, log
 
 
 def test_a_deleted_job_leaves_the_tensorboard_selection(

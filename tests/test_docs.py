@@ -107,8 +107,12 @@ def _settings_table() -> dict[str, str]:
         names = [span for span in _spans(variable) if span.startswith(ENV_PREFIX)]
         defaults = _spans(default.split("(")[0]) if default.startswith("`") else None
         for i, name in enumerate(names):
-            # `A`, `B` | `a`, `b`: each variable its own default; otherwise the cell as said.
-            documented[name] = defaults[i] if defaults and len(defaults) == len(names) else default
+            # `A`, `B` | `a`, `b`: each variable its own default, still a literal (its
+            # backticks kept: without them `./data`, `127.0.0.1` read as prose, unchecked);
+            # otherwise the cell as said.
+            documented[name] = (
+                f"`{defaults[i]}`" if defaults and len(defaults) == len(names) else default
+            )
     return documented
 
 
@@ -125,7 +129,7 @@ def _as_default(text: str) -> object:
     text = text.strip()
     if text.startswith("`"):
         return text.strip("`")
-    word = text.split(" ")[0]
+    word = text.split(" ")[0].rstrip(":,;")  # "unset: any (...)" is unset
     words: dict[str, object] = {"true": True, "false": False, "empty": [], "unset": None}
     if word in words:
         return words[word]

@@ -66,10 +66,13 @@ def test_read_with_wrong_token_401(secured: Service, method: str, path: str) -> 
     assert response.json() == INVALID
 
 
-@pytest.mark.parametrize("value", [TOKEN, f"Token {TOKEN}", "Bearer", "Basic dXNlcjpwdw=="])
+@pytest.mark.parametrize(
+    "value", [TOKEN, f"Token {TOKEN}", f"Basic {TOKEN}", "Bearer", "Basic dXNlcjpwdw=="]
+)
 def test_read_with_an_authorization_header_not_bearer_401(secured: Service, value: str) -> None:
-    # The token without its scheme was answered "Missing bearer token" alone, which its
-    # sender, who did send a header, could not make sense of.
+    # The token under another scheme (a proxy's Basic credentials, say) or none is not
+    # taken for it. Without its scheme it was answered "Missing bearer token" alone, which
+    # its sender, who did send a header, could not make sense of.
     response = httpx.get(f"{secured.base_url}/api/v1/jobs", headers={"Authorization": value})
     assert response.status_code == 401
     assert response.json() == {
@@ -101,14 +104,10 @@ def test_read_with_token(secured: Service) -> None:
     assert httpx.get(f"{secured.base_url}/docs", headers=headers).status_code == 200
 
 
-def test_the_token_counts_only_as_a_bearer_token(secured: Service) -> None:
-    # The scheme is read, in any case; the token under another (a proxy's Basic
-    # credentials, say) is not taken for it.
+def test_the_bearer_scheme_is_read_in_any_case(secured: Service) -> None:
+    # (Under any other scheme the token is not taken: see the test below.)
     url = f"{secured.base_url}/api/v1/jobs"
     assert httpx.get(url, headers={"Authorization": f"bearer {TOKEN}"}).status_code == 200
-    for scheme in ("Basic ", "Token ", ""):
-        response = httpx.get(url, headers={"Authorization": f"{scheme}{TOKEN}"})
-        assert (response.status_code, response.json()) == (401, MISSING), scheme
 
 
 def test_read_with_token_cookie(secured: Service) -> None:

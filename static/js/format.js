@@ -117,6 +117,12 @@ export function stepText(job) {
   return isNum(p.total) ? `${p.step} / ${p.total}` : String(p.step);
 }
 
+/** Make `el` say `text`, unless it says that already: written anew, its text is a new
+ *  node, and a selection in it (a job's id, being copied) goes. */
+export function setText(el, text) {
+  if (el.textContent !== text) el.textContent = text;
+}
+
 /** document.createElement with attributes and children; strings become text nodes. */
 export function h(tag, attrs = {}, ...children) {
   const el = document.createElement(tag);

@@ -16,7 +16,7 @@ import { resumeControl } from "./resume.js";
 import { tensorBoardControl } from "./tensorboard.js";
 import {
   age, bytes, dataText, devicesText, duration, endReason, eta, h, liveNotice, localTime, num, percent,
-  phaseText, progressBar, rate, setProgress, stateBadge, stepText, withCode,
+  phaseText, progressBar, rate, setProgress, setText, stateBadge, stepText, withCode,
 } from "./format.js";
 import { arrangeInPlace } from "./inplace.js";
 
@@ -112,7 +112,11 @@ export function mountJob(view, jobId) {
   const exitingHint = h("p", { class: "muted small exiting-hint", id: "exiting-hint",
     hidden: true }, "The job has ended but its worker is still exiting… Resume, Train longer " +
     "and Delete job wait until it has gone.");
-  const meta = h("p", { class: "meta muted small" });
+  // The job's id, then what ticks (its age): the id is a node of its own, which the 1 s
+  // tick leaves alone, so it can be selected to copy (`towerboard status ID`).
+  const metaId = h("span");
+  const metaRest = h("span");
+  const meta = h("p", { class: "meta muted small" }, metaId, metaRest);
   const errorBox = h("div", { class: "job-error", role: "alert", hidden: true });
   const stats = h("div", { class: "stats" },
     stat("Loss", "loss"), stat("Accuracy", "accuracy"), stat("Eval loss", "eval_loss"),
@@ -228,18 +232,22 @@ export function mountJob(view, jobId) {
     const p = job.progress || {};
     const e = job.eval || {};
     const ended = TERMINAL.has(job.state);
-    title.textContent = job.name;
-    const fresh = stateBadge(job.state);
-    badge.replaceWith(fresh);
-    badge = fresh;
+    // Each part is written only where its text changes (here at every report): the job's
+    // name or a number, selected to copy, lost its selection.
+    setText(title, job.name);
+    if (badge.textContent !== job.state) {
+      const fresh = stateBadge(job.state);
+      badge.replaceWith(fresh);
+      badge = fresh;
+    }
     document.title = `${job.name} · ${job.state} · Towerboard`;
     setProgress(bar, job);
     const parts = [stepText(job)];
     if (typeof p.percent === "number") parts.push(`${p.percent.toFixed(1)}%`);
     // Without a step, stepText is the phase already.
     if (p.phase && Number.isInteger(p.step) && !TERMINAL.has(job.state)) parts.push(phaseText(p));
-    barText.textContent = parts.join(" · ");
-    const set = (key, text) => { stats.querySelector(`[data-stat="${key}"]`).textContent = text; };
+    setText(barText, parts.join(" · "));
+    const set = (key, text) => setText(stats.querySelector(`[data-stat="${key}"]`), text);
     set("loss", num(p.loss));
     set("accuracy", percent(p.accuracy));
     set("eval_loss", num(e.loss));
@@ -277,7 +285,8 @@ export function mountJob(view, jobId) {
       ? ` · started ${localTime(job.started_at)}` : "";
     const ran = job.started_at && job.finished_at
       ? ` · ran ${duration((Date.parse(job.finished_at) - Date.parse(job.started_at)) / 1000)}` : "";
-    meta.textContent = `${job.id} · submitted ${age(job.created_at)} ago${started}${ran}` +
+    setText(metaId, job.id);
+    metaRest.textContent = ` · submitted ${age(job.created_at)} ago${started}${ran}` +
       ` · priority ${job.priority} · attempt ${job.attempts}` +
       (job.cancel_requested && !TERMINAL.has(job.state) ? " · cancel requested" : "");
   }
@@ -289,8 +298,8 @@ export function mountJob(view, jobId) {
     if (actionStatus.dataset.action !== "cancel" || !TERMINAL.has(job.state)) return;
     const step = job.progress && Number.isInteger(job.progress.step)
       ? ` at step ${job.progress.step}` : "";
-    actionStatus.textContent = job.state === "cancelled"
-      ? `Cancelled${step}.` : `The job ${job.state}${step} before the cancel took effect.`;
+    setText(actionStatus, job.state === "cancelled"
+      ? `Cancelled${step}.` : `The job ${job.state}${step} before the cancel took effect.`);
   }
 
   /** A resume asked for on this page, once that attempt has ended: the line said it
@@ -300,7 +309,7 @@ export function mountJob(view, jobId) {
     if (String(job.attempts) !== actionStatus.dataset.attempt) return; // a refusal's line
     const step = job.progress && Number.isInteger(job.progress.step)
       ? ` at step ${job.progress.step}` : "";
-    actionStatus.textContent = `Attempt ${job.attempts} ${job.state}${step}.`;
+    setText(actionStatus, `Attempt ${job.attempts} ${job.state}${step}.`);
   }
 
   let shownError = null; // the job.error the box shows, as JSON
@@ -812,7 +821,7 @@ export function mountJob(view, jobId) {
     if (!job) return;
     renderMeta(); // "submitted 3m 05s ago" counts on
     if (job.state === "running") {
-      stats.querySelector('[data-stat="eta"]').textContent = eta(job);
+      setText(stats.querySelector('[data-stat="eta"]'), eta(job));
     }
   }, 1000);
 

@@ -17,7 +17,7 @@
 import { STATES, TERMINAL, followAllJobs, getJSON } from "./api.js";
 import {
   age, devicesText, endReason, eta, h, jobLink, liveNotice, num, percent, progressBar, rate,
-  setProgress, stateBadge, stepText, withCode,
+  setProgress, setText, stateBadge, stepText, withCode,
 } from "./format.js";
 import { arrangeInPlace } from "./inplace.js";
 
@@ -289,8 +289,10 @@ export function mountJobs(view, query) {
     const p = job.progress || {};
     entry.tr.dataset.state = job.state;
     const [name, id, why] = cells.name.children;
-    name.textContent = job.name;
-    id.textContent = job.id;
+    // Each cell is written only where its text changes: at every report of the job, a
+    // name or id being selected to copy lost its selection.
+    setText(name, job.name);
+    setText(id, job.id);
     // Why it failed or was cancelled, so the table answers that without opening the job;
     // two lines at most here, the whole reason on hover and on the job's page.
     // Its `quoted` names (keys, paths) as <code>, as the job's page and the submit form
@@ -304,13 +306,13 @@ export function mountJobs(view, query) {
     }
     if (cells.state.textContent !== job.state) cells.state.replaceChildren(stateBadge(job.state));
     setProgress(bar, job);
-    cells.progress.lastChild.textContent = stepText(job);
-    cells.loss.textContent = num(p.loss);
-    cells.accuracy.textContent = percent(p.accuracy);
-    cells.speed.textContent = rate(p.examples_per_sec);
-    cells.eta.textContent = eta(job);
-    cells.devices.textContent = devicesText(job);
-    cells.age.textContent = age(job.created_at);
+    setText(cells.progress.lastChild, stepText(job));
+    setText(cells.loss, num(p.loss));
+    setText(cells.accuracy, percent(p.accuracy));
+    setText(cells.speed, rate(p.examples_per_sec));
+    setText(cells.eta, eta(job));
+    setText(cells.devices, devicesText(job));
+    setText(cells.age, age(job.created_at));
     return entry.tr;
   }
 
@@ -577,8 +579,8 @@ export function mountJobs(view, query) {
     for (const job of jobs.values()) {
       const entry = rows.get(job.id);
       if (!entry) continue;
-      entry.cells.age.textContent = age(job.created_at);
-      entry.cells.eta.textContent = eta(job);
+      setText(entry.cells.age, age(job.created_at));
+      setText(entry.cells.eta, eta(job));
     }
   }, 1000);
 

@@ -67,7 +67,11 @@ export function applyProgressEvent(job, event) {
       if (typeof event[key] === "number") p[key] = event[key];
     }
   }
-  if (Array.isArray(event.tower_ms)) p.tower_ms = event.tower_ms;
+  // A list of numbers alone, as the service keeps it: a null in one (from a worker other
+  // than the trainer) made every later event throw as the job's page drew its towers.
+  if (Array.isArray(event.tower_ms) && event.tower_ms.every((ms) => typeof ms === "number")) {
+    p.tower_ms = event.tower_ms;
+  }
   if (event.event === "trace" && Number.isInteger(event.step)) p.trace_step = event.step;
   if (typeof event.time === "number") p.updated_at = new Date(event.time * 1000).toISOString();
   p.percent = Number.isInteger(p.step) && p.total ? Math.round((1000 * p.step) / p.total) / 10 : null;

@@ -131,3 +131,22 @@ def test_a_selected_id_or_name_stays_selected_while_the_job_reports(
         assert page.evaluate(SELECTED) == text, f"the page's {part} lost its selection"
     stop(service, job)
     assert session.errors == []
+
+
+def test_a_worker_line_with_a_null_tower_time_stops_no_update(
+    session: Session, service: Service
+) -> None:
+    """A trace line whose tower times hold a null is not taken, as the service does not
+    take it: taken, every later event threw as the page drew the towers, and its charts
+    and checkpoints stopped there."""
+    job = live_job(service, "bad-tower")
+    page = session.page
+    page.goto(f"/#/jobs/{job['id']}")
+    loss = page.locator('figure[data-chart="loss"]')
+    page.wait_for_function(
+        "() => Number(document.querySelector('figure[data-chart=\"loss\"]').dataset.points) >= 20"
+    )
+    expect(loss).to_be_visible()
+    expect(page.locator("#towers")).not_to_contain_text("tower 1")
+    stop(service, job)
+    assert session.errors == []

@@ -16,6 +16,24 @@ const MAX_DOTS = 300;
 // Steps are whole numbers: the step axis never ticks between them.
 const STEP_INCRS = [1, 2, 5].flatMap((m) => Array.from({ length: 10 }, (_, e) => m * 10 ** e))
   .sort((a, b) => a - b);
+// The axes' labels are measured, so they fit however long they grow. At uPlot's fixed sizes
+// a job in the millions of steps drew "9,200,000" over "9,300,000" and cut its last label
+// at the right edge, and a loss near 1e-5 drew "0.000005" as "000005".
+const STEP_LABEL = new Intl.NumberFormat().format; // as uPlot writes numbers
+const LABEL_GAP = 12; // px, at least, between two step labels
+const VALUE_AXIS_MIN = 56; // px: the value axes of most charts line up
+const RIGHT_PAD_MIN = 25; // px: uPlot's own, past the plot's right edge
+
+/** How wide `text` is drawn in axis `axisIdx`'s font, in CSS pixels. */
+function labelWidth(u, axisIdx, text) {
+  u.ctx.font = u.axes[axisIdx].font[0]; // scaled by the pixel ratio, as uPlot draws it
+  return u.ctx.measureText(text).width / uPlot.pxRatio; // eslint-disable-line no-undef
+}
+
+/** The step axis's widest label between `min` and `max` (steps are not negative). */
+function widestStep(u, min, max) {
+  return Math.max(...[min, max].map((v) => (Number.isFinite(v) ? labelWidth(u, 0, STEP_LABEL(v)) : 0)));
+}
 
 /** The step axis's span. With every point at one step (a job's first report), uPlot
  *  spans 0 to twice the step (0–600 for step 300), which says nothing, and it hands that
@@ -159,11 +177,27 @@ export class LineChart {
       scales: yRange
         ? { x: { time: false, range: stepRange }, y: { range: yRange } }
         : { x: { time: false, range: stepRange } },
+      // Half the last step label goes past the plot's right edge.
+      padding: [null, (u) => Math.max(RIGHT_PAD_MIN,
+        Math.ceil(widestStep(u, u.scales.x.min, u.scales.x.max) / 2) + 2), null, null],
       axes: [
-        { stroke: "#667", grid: { stroke: "#e7e9ee" }, ticks: { stroke: "#d7dae0" }, incrs: STEP_INCRS },
         {
           stroke: "#667",
-          size: 56,
+          grid: { stroke: "#e7e9ee" },
+          ticks: { stroke: "#d7dae0" },
+          incrs: STEP_INCRS,
+          values: (u, ticks) => ticks.map(STEP_LABEL),
+          space: (u, axisIdx, min, max) => widestStep(u, min, max) + LABEL_GAP,
+        },
+        {
+          stroke: "#667",
+          // As wide as its widest label (uPlot sizes its axes again until they settle).
+          size: (u, values, axisIdx, cycle) => {
+            const axis = u.axes[axisIdx];
+            if (cycle > 1) return axis._size;
+            const widest = Math.max(0, ...(values || []).map((v) => labelWidth(u, axisIdx, v)));
+            return Math.max(VALUE_AXIS_MIN, Math.ceil(axis.ticks.size + axis.gap + widest + 2));
+          },
           grid: { stroke: "#e7e9ee" },
           ticks: { stroke: "#d7dae0" },
           values: (u, ticks) => ticks.map((v) => Number(v.toPrecision(yDigits)).toString()),

@@ -5,6 +5,7 @@ updates, and the charts' axis labels fit at millions of steps and a loss near 1e
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -59,6 +60,22 @@ while not stopped:
 end("cancelled", 3)
 """
 
+# Every text the charts draw on their canvases, from now on: window.drawnText, each
+# {chart, text, x, width, align, canvasWidth} in CSS pixels (the page's pixel ratio is 1).
+RECORD_CHART_TEXT = """
+window.drawnText = [];
+const fillText = CanvasRenderingContext2D.prototype.fillText;
+CanvasRenderingContext2D.prototype.fillText = function (text, x, y, ...rest) {
+  const figure = this.canvas.closest("figure");
+  if (figure) {
+    window.drawnText.push({ chart: figure.dataset.chart, text: String(text), x,
+      width: this.measureText(String(text)).width, align: this.textAlign,
+      canvasWidth: this.canvas.width });
+  }
+  return fillText.call(this, text, x, y, ...rest);
+};
+"""
+
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
@@ -96,6 +113,7 @@ SELECT = """([selector, text]) => {
   return null;
 }"""
 SELECTED = "() => getSelection().toString()"
+CHARTS = ("loss", "accuracy", "examples/sec")
 
 
 def steps_on(page: Page, selector: str, steps: int) -> None:
@@ -149,4 +167,50 @@ def test_a_worker_line_with_a_null_tower_time_stops_no_update(
     expect(loss).to_be_visible()
     expect(page.locator("#towers")).not_to_contain_text("tower 1")
     stop(service, job)
+    assert session.errors == []
+
+
+def test_axis_labels_fit_at_millions_of_steps(session: Session, service: Service) -> None:
+    """No step label runs into the next or off the chart's right edge, and no value label
+    off its left edge, for a job at 9 million steps, a loss of 1e-5 and a million
+    examples a second. At uPlot's fixed sizes "9,200,000" ran over "9,300,000" and "0.000005"
+    read "000005"."""
+    job = service.submit(job_spec(name="millions"))
+    service.wait_state(job["id"], "succeeded")
+    page = session.context.new_page()  # its own: the script below records from its start
+    page.add_init_script(RECORD_CHART_TEXT)
+    page.set_viewport_size({"width": 1300, "height": 860})
+    page.goto(f"/#/jobs/{job['id']}")
+    for chart in CHARTS:
+        expect(page.locator(f'figure[data-chart="{chart}"]')).to_have_attribute("data-points", "9")
+    for width in (1280, 900):  # three charts a row, then two
+        page.wait_for_timeout(300)  # the last drawing at the width before
+        page.evaluate("window.drawnText = []")
+        page.set_viewport_size({"width": width, "height": 860})  # each chart is drawn again
+        page.wait_for_function("new Set(window.drawnText.map((t) => t.chart)).size === 3")
+        page.wait_for_timeout(300)
+        drawn: list[dict[str, Any]] = page.evaluate("window.drawnText")
+        for chart in CHARTS:
+            texts = [t for t in drawn if t["chart"] == chart]
+            steps = [t for t in texts if t["align"] == "center"]
+            values = [t for t in texts if t["align"] == "right"]
+            assert steps and values, (chart, texts)
+            last = {t["text"]: t for t in steps}  # a redraw at one width writes the same
+            labels = sorted(last.values(), key=lambda t: t["x"])
+            # Two at least, each a step in the millions ("9,400,000"), written whole.
+            assert len(labels) >= 2, (chart, labels)
+            assert all(re.fullmatch(r"9,\d00,000", t["text"]) for t in labels), (chart, labels)
+            for left, right in zip(labels, labels[1:], strict=False):
+                assert left["x"] + left["width"] / 2 <= right["x"] - right["width"] / 2, (
+                    f"{chart} at {width}px: {left['text']} runs into {right['text']}"
+                )
+            edge = labels[-1]
+            assert edge["x"] + edge["width"] / 2 <= edge["canvasWidth"], (
+                f"{chart} at {width}px: {edge['text']} is cut at the right edge"
+            )
+            for value in {t["text"]: t for t in values}.values():
+                assert value["x"] - value["width"] >= 0, (
+                    f"{chart} at {width}px: {value['text']} is cut at the left edge"
+                )
+    page.close()
     assert session.errors == []

@@ -123,6 +123,19 @@ export function setText(el, text) {
   if (el.textContent !== text) el.textContent = text;
 }
 
+/** Dim `button` while what it asked the service for is out (`on`), or undo that.
+ *  aria-disabled, not disabled: a disabled button drops the keyboard's focus to <body>,
+ *  and a keyboard or screen-reader user is back at the page's top; a dimmed one keeps it,
+ *  and its handler ignores presses meanwhile (`dimmed`). */
+export function dim(button, on) {
+  if (on) button.setAttribute("aria-disabled", "true");
+  else button.removeAttribute("aria-disabled");
+}
+
+export function dimmed(button) {
+  return button.getAttribute("aria-disabled") === "true";
+}
+
 /** document.createElement with attributes and children; strings become text nodes. */
 export function h(tag, attrs = {}, ...children) {
   const el = document.createElement(tag);

@@ -15,8 +15,8 @@ import { profileControl } from "./profile.js";
 import { resumeControl } from "./resume.js";
 import { tensorBoardControl } from "./tensorboard.js";
 import {
-  age, bytes, dataText, devicesText, duration, endReason, eta, h, liveNotice, localTime, num, percent,
-  phaseText, progressBar, rate, setProgress, setText, stateBadge, stepText, withCode,
+  age, bytes, dataText, devicesText, dim, dimmed, duration, endReason, eta, h, liveNotice, localTime,
+  num, percent, phaseText, progressBar, rate, setProgress, setText, stateBadge, stepText, withCode,
 } from "./format.js";
 import { arrangeInPlace } from "./inplace.js";
 
@@ -260,15 +260,21 @@ export function mountJob(view, jobId) {
     set("devices", devicesText(job));
     set("data", dataText(p));
     renderMeta();
-    cancelButton.hidden = TERMINAL.has(job.state);
+    // Hidden once the job has ended: the keyboard, if it was on it, goes on from the line
+    // that says how the job ended (or from Delete job, which takes its place).
+    const cancelFocused = document.activeElement === cancelButton;
+    cancelButton.hidden = ended;
     deleteButton.hidden = !ended;
     resume.render(job);
     if (ended) watchEnded();
     modelLink.hidden = job.state !== "succeeded";
     if (TERMINAL.has(job.state)) notice.clear(); // no more live updates to miss
-    cancelButton.disabled = job.cancel_requested;
+    dim(cancelButton, cancelling || Boolean(job.cancel_requested));
     renderError();
     renderCancelled();
+    if (cancelFocused && ended) {
+      (actionStatus.textContent ? actionStatus : deleteButton).focus({ preventScroll: true });
+    }
     renderResumed();
     profile.render(job);
     // Ended, a job reports nothing more: "yet" would promise what will not come.
@@ -467,7 +473,10 @@ export function mountJob(view, jobId) {
   // (role=status), not a button's new label.
   const ARMED = "Press Confirm cancel within 4 s to stop this job.";
 
+  let cancelling = false; // this page's cancel is out
+
   async function cancel() {
+    if (dimmed(cancelButton)) return; // asked for already
     if (cancelButton.dataset.armed !== "1") {
       cancelButton.dataset.armed = "1";
       cancelButton.textContent = "Confirm cancel";
@@ -479,7 +488,8 @@ export function mountJob(view, jobId) {
       }, CONFIRM_MS);
       return;
     }
-    cancelButton.disabled = true;
+    cancelling = true;
+    dim(cancelButton, true);
     try {
       const asked = mark();
       const { status, data } = await api(`${base}/cancel`, { method: "POST" });
@@ -502,7 +512,9 @@ export function mountJob(view, jobId) {
       take(next);
     } catch (error) {
       actionStatus.textContent = `Could not cancel: ${error.message}`;
-      cancelButton.disabled = false;
+      dim(cancelButton, false);
+    } finally {
+      cancelling = false;
     }
   }
 
@@ -521,7 +533,7 @@ export function mountJob(view, jobId) {
    *  the jobs list, which says so; refused (a 409 while the worker is still exiting, say),
    *  the service's reason is said here and nothing else changes. */
   async function remove() {
-    if (exiting) return; // dimmed (aria-disabled), it keeps the focus but does nothing
+    if (exiting || deleting) return; // dimmed (aria-disabled), it keeps the focus but does nothing
     if (deleteButton.dataset.armed !== "1") {
       deleteButton.dataset.armed = "1";
       deleteButton.textContent = "Confirm delete";
@@ -535,7 +547,7 @@ export function mountJob(view, jobId) {
       return;
     }
     disarmDelete();
-    deleteButton.disabled = true;
+    dim(deleteButton, true);
     actionStatus.textContent = "Deleting…";
     deleting = true;
     try {
@@ -543,7 +555,7 @@ export function mountJob(view, jobId) {
     } catch (error) {
       deleting = false;
       if (stopped) return;
-      deleteButton.disabled = false;
+      dim(deleteButton, exiting);
       actionStatus.classList.add("error");
       actionStatus.textContent = `Could not delete: ${error.message}`;
       // Already gone (deleted elsewhere meanwhile): the page says so, as the stream would.
@@ -637,12 +649,11 @@ export function mountJob(view, jobId) {
     if (exiting === value) return;
     exiting = value;
     exitingHint.hidden = !value;
+    dim(deleteButton, value || deleting);
     if (value) {
       disarmDelete();
-      deleteButton.setAttribute("aria-disabled", "true");
       deleteButton.setAttribute("aria-describedby", exitingHint.id);
     } else {
-      deleteButton.removeAttribute("aria-disabled");
       deleteButton.removeAttribute("aria-describedby");
     }
     resume.waitForExit(value ? exitingHint.id : null);

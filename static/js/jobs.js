@@ -16,8 +16,8 @@
 
 import { STATES, TERMINAL, followAllJobs, getJSON } from "./api.js";
 import {
-  age, devicesText, endReason, eta, h, jobLink, liveNotice, num, percent, progressBar, rate,
-  setProgress, setText, stateBadge, stepText, withCode,
+  age, devicesText, dim, dimmed, endReason, eta, h, jobLink, liveNotice, num, percent,
+  progressBar, rate, setProgress, setText, stateBadge, stepText, withCode,
 } from "./format.js";
 import { arrangeInPlace } from "./inplace.js";
 
@@ -554,10 +554,10 @@ export function mountJobs(view, query) {
   }
 
   async function showMore() {
-    if (!nextCursor) return;
+    if (!nextCursor || dimmed(more)) return;
     wanted = jobs.size + PAGE; // a re-read meanwhile reads these rows too
     const id = ++reads;
-    more.disabled = true;
+    dim(more, true);
     try {
       const asked = mark();
       const page = await read(id, PAGE, nextCursor);
@@ -567,14 +567,21 @@ export function mountJobs(view, query) {
       count = Math.max(0, page.count - dropped);
       nextCursor = page.nextCursor;
       error.hidden = true;
+      const focused = document.activeElement === more;
       render();
+      // The last page read, the button hides: the keyboard goes on from the first row it
+      // brought (or the summary, if it brought none).
+      if (focused && more.hidden) {
+        const first = kept.length ? rows.get(kept[0].id) : null;
+        (first ? first.tr.querySelector(".job-name") : summary).focus({ preventScroll: true });
+      }
       keepPlace();
     } catch (e) {
       if (stopped || id !== reads) return;
       error.textContent = `Could not load more jobs: ${e.message}`;
       error.hidden = false;
     } finally {
-      more.disabled = false;
+      dim(more, false);
     }
   }
 

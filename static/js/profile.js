@@ -3,7 +3,7 @@
 // that the job ended first. The per-tower times beside it come from that trace.
 
 import { TERMINAL, api } from "./api.js";
-import { h } from "./format.js";
+import { dim, dimmed, h } from "./format.js";
 
 export const PROFILE_STEPS = 5;
 
@@ -25,7 +25,8 @@ export function profileControl(jobId) {
   }
 
   async function ask() {
-    button.disabled = true;
+    if (dimmed(button)) return; // asked already, and not answered yet
+    dim(button, true);
     say("asking", "Asking the worker for a trace…");
     try {
       const { data } = await api(`${base}/profile`, { method: "POST", body: { steps: PROFILE_STEPS } });
@@ -36,7 +37,7 @@ export function profileControl(jobId) {
     } catch (error) {
       if (!gone) say("failed", `Could not ask for a trace: ${error.message}`);
     } finally {
-      button.disabled = false;
+      dim(button, false);
     }
   }
 

@@ -5,7 +5,7 @@
 // editing never throws the edit away; picking "Draft" brings it back.
 
 import { api, getJSON } from "./api.js";
-import { h, jobLink, withCode } from "./format.js";
+import { dim, dimmed, h, jobLink, withCode } from "./format.js";
 import { PRESETS } from "./presets.js";
 
 const DRAFT_KEY = "towerboard.draft"; // what the editor holds
@@ -140,6 +140,7 @@ export function mountSubmit(view, query) {
 
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
+    if (dimmed(submit)) return; // submitted, and not answered yet
     clearErrors();
     let body;
     try {
@@ -155,7 +156,7 @@ export function mountSubmit(view, query) {
       }
       return;
     }
-    submit.disabled = true;
+    dim(submit, true);
     submit.textContent = "Submitting…";
     try {
       const { data: job } = await api("/api/v1/jobs", { method: "POST", body });
@@ -166,7 +167,7 @@ export function mountSubmit(view, query) {
       showErrors(error.status === 422 ? "The service rejected this spec:" : error.detail,
         error.errors || []);
     } finally {
-      submit.disabled = false;
+      dim(submit, false);
       submit.textContent = "Submit job";
     }
   });

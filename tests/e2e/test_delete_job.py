@@ -267,6 +267,8 @@ def test_refused_delete_says_why_and_changes_nothing(session: Session, service: 
         page.unroute("**/api/v1/devices")
     expect(line).to_have_class(re.compile(r"\berror\b"))
     expect(button).to_have_text("Delete job")
+    # Dimmed while the request was out, not disabled: the keyboard stays on it.
+    expect(button).to_be_focused()
     assert page.url.endswith(f"#/jobs/{job['id']}")
     expect(page.locator(".job-heading .state")).to_have_text("succeeded")
     expect(page.locator("#spec")).to_be_visible()

@@ -1,0 +1,95 @@
+"""Where the keyboard is after a button that waits for the service is pressed, in headless
+Chromium against a real service whose worker is test_live_values's LIVE_WORKER (no model is
+trained here): Show more, Cancel, Trace next 5 steps and Submit job each keep the focus,
+or hand it on to what replaced them. Each was `disabled` while its request was out, which
+dropped the focus to <body>: a keyboard or screen-reader user was sent back to the page's
+top."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
+from tests.e2e.test_dashboard import Session
+from tests.e2e.test_live_values import LIVE_WORKER, live_job, stop
+from tests.service.harness import Service, job_spec, stand_in_service
+
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
+
+PAGE = 50  # static/js/jobs.js's PAGE: rows a read shows before Show more
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    with stand_in_service(
+        tmp_path_factory.mktemp("keys"), ("live_worker", LIVE_WORKER), TOWERBOARD_CPU_JOBS="4"
+    ) as svc:
+        yield svc
+
+
+def press(page: Page, selector: str) -> None:
+    """Press the control with the keyboard, as a keyboard user does."""
+    page.focus(selector)
+    page.keyboard.press("Enter")
+
+
+def test_show_more_hands_the_keyboard_to_the_rows_it_brought(
+    session: Session, service: Service
+) -> None:
+    for i in range(PAGE + 1):
+        job = service.submit(job_spec(name=f"row-{i}"))
+        service.client.post(f"/api/v1/jobs/{job['id']}/cancel").raise_for_status()
+    page = session.page
+    page.goto("/#/")
+    more = page.locator("button.more")
+    expect(more).to_be_visible()
+    press(page, "button.more")
+    expect(page.locator("#jobs-table tbody tr")).to_have_count(PAGE + 1)
+    expect(more).to_be_hidden()  # every job is shown
+    # The one row it brought (the oldest job): the keyboard goes on from there.
+    expect(page.locator("#jobs-table tbody tr").last.locator("a.job-name")).to_be_focused()
+    assert session.errors == []
+
+
+def test_cancel_keeps_the_keyboard_until_the_line_says_where_the_job_stopped(
+    session: Session, service: Service
+) -> None:
+    job = live_job(service, "cancelled-by-keyboard")
+    page = session.page
+    page.goto(f"/#/jobs/{job['id']}")
+    cancel = page.locator("#cancel-job")
+    press(page, "#cancel-job")
+    expect(cancel).to_have_text("Confirm cancel")
+    page.keyboard.press("Enter")
+    expect(page.locator("#action-status")).to_contain_text("Cancel requested")
+    expect(cancel).to_be_focused()
+    expect(cancel).to_be_disabled()  # aria-disabled: a third press sends nothing
+    # Ended, the button is hidden: the keyboard goes on from the line that says so.
+    expect(page.locator("#action-status")).to_contain_text("Cancelled at step", timeout=30_000)
+    expect(page.locator("#action-status")).to_be_focused()
+    assert session.errors == []
+
+
+def test_trace_keeps_the_keyboard(session: Session, service: Service) -> None:
+    job = live_job(service, "traced-by-keyboard")
+    page = session.page
+    page.goto(f"/#/jobs/{job['id']}")
+    press(page, "#profile-job")
+    expect(page.locator("#profile-status")).to_contain_text("Tracing the next 5 steps")
+    expect(page.locator("#profile-job")).to_be_focused()
+    stop(service, job)
+    assert session.errors == []
+
+
+def test_a_refused_submit_keeps_the_keyboard(session: Session) -> None:
+    page = session.page
+    page.goto("/#/submit")
+    page.fill("#spec", '{"name": "no-model"}')
+    press(page, "#submit-job")
+    expect(page.locator("#form-errors")).to_contain_text("The service rejected this spec")
+    expect(page.locator("#submit-job")).to_be_focused()
+    expect(page.locator("#submit-job")).to_have_text("Submit job")
+    assert session.errors == []

@@ -21,7 +21,11 @@ pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
 # service lists, and the progress line) until SIGTERM, and once a `drop` file is in its
 # run directory deletes its two oldest checkpoints at once (retention); "points" reports loss 1, 0.5, 0.25
 # at steps 1, 2, 4 and eval loss 0.75 at step 2, then succeeds; "quoted" fails with a
-# reason that quotes a name, as the trainer's data checks do.
+# reason that quotes a name, as the trainer's data checks do. For test_live_values:
+# "millions" reports steps 9,000,000 to 9,800,000 with a loss falling from 1e-5 and a
+# million examples a second, then succeeds; "bad-tower" runs as "checkpoints" does and at
+# step 3 writes a trace line whose tower times hold a null (the trainer never does; the
+# service keeps no such list).
 READER_WORKER = """\
 import json, signal, sys, time
 from pathlib import Path
@@ -52,6 +56,11 @@ if name == "points":
 if name == "quoted":
     end("failed", 1, "The worker rejected the spec: data: Expected float pixels `x` in [0, 1]. "
         "Received: 1 NaN.")
+if name == "millions":
+    for k in range(9):
+        progress(event="progress", step=9_000_000 + 100_000 * k, total=10_000_000,
+                 loss=1e-5 / (k + 1), accuracy=0.5, examples_per_sec=1234567.0)
+    end("succeeded", 0)
 checkpoints = job_dir / "checkpoints"
 checkpoints.mkdir(exist_ok=True)
 step = 0
@@ -59,6 +68,8 @@ while not stopped:
     time.sleep(0.1)
     step += 1
     progress(event="progress", step=step, loss=1 / step)
+    if name == "bad-tower" and step == 3:
+        progress(event="trace", step=step, tower_ms=[1.5, None])
     if step % 5 == 0:
         (checkpoints / f"ckpt-{step}.data-00000-of-00001").write_bytes(b"weights")
         (checkpoints / f"ckpt-{step}.index").write_bytes(b"index")

@@ -1,5 +1,5 @@
 """Where the keyboard is after a button that waits for the service is pressed, in headless
-Chromium against a real service whose worker is test_live_values's LIVE_WORKER (no model is
+Chromium against a real service whose worker is test_job_page_a11y's READER_WORKER (no model is
 trained here): Show more, Cancel, Trace next 5 steps and Submit job each keep the focus,
 or hand it on to what replaced them. Each was `disabled` while its request was out, which
 dropped the focus to <body>: a keyboard or screen-reader user was sent back to the page's
@@ -14,8 +14,8 @@ from playwright.sync_api import Page, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import Session
-from tests.e2e.test_live_values import LIVE_WORKER, live_job, stop
-from tests.service.harness import Service, job_spec, stand_in_service
+from tests.e2e.test_live_values import live_job, reader_service, stop
+from tests.service.harness import Service, job_spec
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
 
@@ -24,9 +24,7 @@ PAGE = 50  # static/js/jobs.js's PAGE: rows a read shows before Show more
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    with stand_in_service(
-        tmp_path_factory.mktemp("keys"), ("live_worker", LIVE_WORKER), TOWERBOARD_CPU_JOBS="4"
-    ) as svc:
+    with reader_service(tmp_path_factory) as svc:
         yield svc
 
 

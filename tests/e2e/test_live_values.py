@@ -1,10 +1,11 @@
 """What a job's numbers look like as they come, in headless Chromium against a real service
-whose worker is LIVE_WORKER below (no model is trained here): a job id selected to copy
+whose worker is test_job_page_a11y's READER_WORKER (no model is trained here): a job id selected to copy
 stays selected while the job reports, a worker's odd line stops none of the page's
 updates, and the charts' axis labels fit at millions of steps and a loss near 1e-5."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -14,51 +15,10 @@ from playwright.sync_api import Page, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import Session
+from tests.e2e.test_job_page_a11y import READER_WORKER
 from tests.service.harness import Service, job_spec, stand_in_service
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
-
-# `python -m live_worker run --job-dir DIR`, by its spec's name: "millions" reports steps
-# 9,000,000 to 9,800,000 with a loss falling from 1e-5 and a million examples a second,
-# then succeeds; any other takes a step every 0.1 s (loss 1/step) until SIGTERM, and
-# "bad-tower" at step 3 writes a trace line whose tower times hold a null (the trainer
-# never does; the service keeps no such list).
-LIVE_WORKER = """\
-import json, signal, sys, time
-from pathlib import Path
-
-job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1])
-name = json.loads((job_dir / "spec.json").read_text())["name"]
-stopped = []
-signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
-
-
-def progress(**line):
-    with open(job_dir / "progress.jsonl", "a") as f:
-        f.write(json.dumps({"time": time.time(), **line}) + "\\n")
-
-
-def end(outcome, code):
-    (job_dir / "result.json").write_text(json.dumps({"outcome": outcome, "message": name}))
-    sys.exit(code)
-
-
-if name == "millions":
-    progress(event="start", step=9_000_000, total=10_000_000, phase="starting")
-    for k in range(9):
-        progress(event="progress", step=9_000_000 + 100_000 * k, total=10_000_000,
-                 loss=1e-5 / (k + 1), accuracy=0.5, examples_per_sec=1234567.0)
-    end("succeeded", 0)
-progress(event="start", step=0, total=1000, phase="starting")
-step = 0
-while not stopped:
-    time.sleep(0.1)
-    step += 1
-    progress(event="progress", step=step, total=1000, phase="training", loss=1 / step)
-    if name == "bad-tower" and step == 3:
-        progress(event="trace", step=step, total=1000, tower_ms=[1.5, None])
-end("cancelled", 3)
-"""
 
 # Every text the charts draw on their canvases, from now on: window.drawnText, each
 # {chart, text, x, width, align, canvasWidth} in CSS pixels (the page's pixel ratio is 1).
@@ -77,11 +37,16 @@ CanvasRenderingContext2D.prototype.fillText = function (text, x, y, ...rest) {
 """
 
 
+def reader_service(factory: pytest.TempPathFactory) -> contextlib.AbstractContextManager[Service]:
+    """A service whose workers are READER_WORKER, four jobs at a time."""
+    return stand_in_service(
+        factory.mktemp("reader"), ("reader_worker", READER_WORKER), TOWERBOARD_CPU_JOBS="4"
+    )
+
+
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    with stand_in_service(
-        tmp_path_factory.mktemp("live"), ("live_worker", LIVE_WORKER), TOWERBOARD_CPU_JOBS="4"
-    ) as svc:
+    with reader_service(tmp_path_factory) as svc:
         yield svc
 
 

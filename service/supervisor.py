@@ -58,7 +58,13 @@ from service.devices import DevicePool
 from service.events import JobEvent
 from service.guard import Guard
 from service.outcomes import crashed, final_state, interrupted
-from service.progress import PROGRESS_READ_BYTES, fold_progress, read_progress_chunk, restarted_at
+from service.progress import (
+    PROGRESS_READ_BYTES,
+    finite_json,
+    fold_progress,
+    read_progress_chunk,
+    restarted_at,
+)
 from service.runfiles import inside, tail_lines
 from service.scheduler import next_placements
 from service.settings import Settings
@@ -535,7 +541,7 @@ class Supervisor:
         # the next tick reads the same lines again.
         tail.offset, tail.progress, tail.eval = offset, progress, eval
         for line in lines:
-            self._publish(JobEvent(job_id, str(line.get("event", "progress")), line))
+            self._publish(JobEvent(job_id, str(line.get("event", "progress")), finite_json(line)))
         return True
 
     def _ended(

@@ -25,7 +25,13 @@ import httpx
 
 from service.events import LAGGED, EventBroker, JobEvent, next_event, ready_events
 from service.routes.events import stream_all_events
-from tests.service.harness import Service, fake_worker_env, job_spec, processes_under
+from tests.service.harness import (
+    Service,
+    fake_worker_env,
+    job_spec,
+    processes_under,
+    stand_in_service,
+)
 from tests.service.test_jobs import read_sse
 
 
@@ -343,3 +349,43 @@ def test_exited_comes_once_the_ended_jobs_worker_has_gone(
     ended = [e["data"]["state"] for e in events if e["event"] == "state"]
     assert ended[-1] == "succeeded"  # the end came first, on the same stream
     assert service.client.delete(f"/api/v1/jobs/{job_id}").status_code == 204
+
+
+# A worker that writes NaN and infinities, as Python's json does by default (the trainer
+# writes null), in a progress line, then succeeds.
+NON_FINITE_WORKER = """\
+import json, sys, time
+from pathlib import Path
+
+job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1])
+with open(job_dir / "progress.jsonl", "a") as f:
+    for line in (
+        {"event": "start", "step": 0},
+        {"event": "progress", "step": 1, "loss": float("nan"), "accuracy": 0.5,
+         "tower_ms": [1.0, float("inf")], "extra": {"low": -float("inf")}},
+        {"event": "end", "step": 1, "outcome": "succeeded", "phase": "done"},
+    ):
+        f.write(json.dumps({"time": time.time(), "total": 1, **line}) + "\\n")
+(job_dir / "result.json").write_text(json.dumps({"outcome": "succeeded", "message": "done"}))
+"""
+
+
+def test_a_worker_lines_nan_and_infinities_go_out_as_null(tmp_path: Path) -> None:
+    # Sent as Python's json writes them (NaN, Infinity), a browser's JSON.parse refused
+    # the event, and the dashboard dropped it whole: its accuracy and step with it.
+    with stand_in_service(tmp_path, ("non_finite_worker", NON_FINITE_WORKER)) as service:
+        events: list[dict[str, Any]] = []
+        subscribed = threading.Event()
+        reader = threading.Thread(
+            target=read_sse,
+            args=(service.client, "/api/v1/events", events),
+            kwargs={"subscribed": subscribed, "until": lambda e: e["event"] == "end"},
+            daemon=True,
+        )
+        reader.start()
+        assert subscribed.wait(30)
+        service.submit(job_spec(name="odd"))
+        reader.join(60)
+    [line] = [e["data"] for e in events if e["event"] == "progress"]
+    assert (line["step"], line["loss"], line["accuracy"]) == (1, None, 0.5), line
+    assert (line["tower_ms"], line["extra"]) == ([1.0, None], {"low": None}), line

@@ -198,9 +198,7 @@ sys.exit(3)
 
 def stepping_worker_env(directory: Path) -> dict[str, str]:
     """Service settings that run STEPPING_WORKER (written into `directory`) as the worker."""
-    (directory / "stepping_worker.py").write_text(STEPPING_WORKER)
-    path = os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")]))
-    return {"TOWERBOARD_WORKER_MODULE": "stepping_worker", "PYTHONPATH": path}
+    return worker_env(directory, "stepping_worker", STEPPING_WORKER)
 
 
 def free_port() -> int:

@@ -18,6 +18,7 @@ same worker started twice).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -177,9 +178,10 @@ def _host_port(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _answers(address: str, listener: socket.socket, name: str, why: dict[str, str]) -> bool:
+def _answers(address: str, listeners: list[socket.socket], name: str, why: dict[str, str]) -> bool:
     """Whether another task answers at `address` (if not, `why[address]` says why, for the
-    log); a `ClusterError` where this task's own `listener` does (`name`: this task's)."""
+    log); a `ClusterError` where one of this task's own `listeners` does (`name`: this
+    task's)."""
     try:
         probe = socket.create_connection(_host_port(address), timeout=1)
     except OSError as e:
@@ -194,14 +196,16 @@ def _answers(address: str, listener: socket.socket, name: str, why: dict[str, st
         # Connected means queued on the listener it reached: if that is this task's own,
         # the probe is among its connections. Those of the other tasks' probes are taken
         # and closed with them.
-        while True:
-            try:
-                accepted, peer = listener.accept()
-            except OSError:  # none left (the listener does not block)
-                return True
-            with accepted:
-                arrived = accepted.getsockname()
-            if (peer, arrived) == mine:
+        for listener in listeners:
+            while True:
+                try:
+                    accepted, peer = listener.accept()
+                except OSError:  # none left (the listener does not block)
+                    break
+                with accepted:
+                    arrived = accepted.getsockname()
+                if (peer, arrived) != mine:
+                    continue
                 # TF_CONFIGs that give two tasks one address, or this task another's index
                 # (host-a given index 1 with the same port on every host): TensorFlow then
                 # waits for a task that is not coming.
@@ -211,6 +215,48 @@ def _answers(address: str, listener: socket.socket, name: str, why: dict[str, st
                     "host's place in the list",
                     address,
                 )
+    return True
+
+
+def _listen(port: int, own: str, name: str) -> list[socket.socket]:
+    """Non-blocking sockets listening on `port` of every IPv4 address and, where the host
+    has IPv6, of every IPv6 address (`own`, `name`: this task's address and name, for the
+    error). Both, as TensorFlow's server listens on both: with IPv4 alone, tasks whose
+    addresses are IPv6 (`[fd00::2]:2222`, or a name that resolves to one) found nothing
+    at each other's ports, and waited for ever."""
+    listeners: list[socket.socket] = []
+    for family, host in ((socket.AF_INET, ""), (socket.AF_INET6, "::")):
+        try:
+            listener = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # a kernel without IPv6 (IPv4 is never missing)
+            continue
+        listeners.append(listener)
+        # The last run's TensorFlow server leaves its connections in TIME_WAIT on this port
+        # for a minute after it exits: without this, every worker started again at once (to
+        # resume after a stop) was refused as if the port were taken. A port another process
+        # listens on is still refused (SO_REUSEADDR lets no two sockets listen on one port).
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            if family == socket.AF_INET6:
+                # IPv6 alone: the IPv4 socket takes IPv4, and each probe's addresses then
+                # read the same at both ends (not as IPv4-mapped IPv6 ones).
+                listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            listener.bind((host, port))
+            listener.listen()
+            listener.setblocking(False)
+        except OSError as e:
+            listener.close()
+            listeners.pop()
+            if family == socket.AF_INET6 and e.errno != errno.EADDRINUSE:
+                continue  # IPv6 present but with no address to listen on: IPv4 alone
+            for other in listeners:
+                other.close()
+            raise _fail(
+                f"cannot listen on this task's address ({name}): {e.strerror} "
+                "(is another process using that port?)",
+                own,
+            ) from e
+    return listeners
 
 
 _STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
@@ -261,29 +307,13 @@ def wait_for_peers(
     its TensorFlow server starts, and a port already taken is said plainly.
     """
     own = cluster.addresses[cluster.index]
-    listener = socket.socket()
-    # The last run's TensorFlow server leaves its connections in TIME_WAIT on this port for
-    # a minute after it exits: without this, every worker started again at once (to resume
-    # after a stop) was refused as if the port were taken. A port another process listens
-    # on is still refused (SO_REUSEADDR lets no two sockets listen on one port).
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        listener.bind(("", _host_port(own)[1]))
-        listener.listen()
-        listener.setblocking(False)
-    except OSError as e:
-        listener.close()
-        raise _fail(
-            f"cannot listen on this task's address ({cluster.name}): {e.strerror} "
-            "(is another process using that port?)",
-            own,
-        ) from e
+    listeners = _listen(_host_port(own)[1], own, cluster.name)
     others = [a for i, a in enumerate(cluster.addresses) if i != cluster.index]
     log.info("waiting for the other tasks of the cluster to start: %s", ", ".join(others))
     started = said = time.monotonic()
     why: dict[str, str] = {}
     try:
-        while others := [a for a in others if not _answers(a, listener, cluster.name, why)]:
+        while others := [a for a in others if not _answers(a, listeners, cluster.name, why)]:
             if _stopped(stop, 0.5):
                 return False
             if time.monotonic() - said >= log_every:
@@ -295,6 +325,7 @@ def wait_for_peers(
                     ", ".join(f"{a} ({why.get(a, 'no answer')})" for a in others),
                 )
     finally:
-        listener.close()
+        for listener in listeners:
+            listener.close()
     log.info("every task of the cluster answered after %.1f s", time.monotonic() - started)
     return True

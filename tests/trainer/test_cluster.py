@@ -204,6 +204,20 @@ def test_a_port_another_process_listens_on_is_refused_even_one_that_shares_it():
             wait_for_peers(cluster, threading.Event())
 
 
+def test_a_port_another_process_listens_on_over_ipv6_alone_is_refused():
+    # The task listens on IPv6 too (as TensorFlow's server does): a port taken there alone
+    # would answer another task's probe of this one from the other process.
+    with socket.socket(socket.AF_INET6) as running, socket.socket() as other:
+        running.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        running.bind(("::", 0))
+        running.listen()
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        cluster = _two_tasks(running.getsockname()[1], other.getsockname()[1])
+        with pytest.raises(ClusterError, match="cannot listen on this task's address"):
+            wait_for_peers(cluster, threading.Event())
+
+
 @pytest.mark.parametrize(
     "hosts",
     [
@@ -211,8 +225,9 @@ def test_a_port_another_process_listens_on_is_refused_even_one_that_shares_it():
         # chief's address, host-a's own, answered from this task's listener.
         ("127.0.0.1", "127.0.0.2"),
         ("127.0.0.1", "127.0.0.1"),  # one address given to two tasks
+        ("[::1]", "[::1]"),  # the same, on IPv6: its own listener answers there
     ],
-    ids=["index-of-another-host", "one-address-twice"],
+    ids=["index-of-another-host", "one-address-twice", "one-ipv6-address-twice"],
 )
 def test_another_tasks_address_that_is_this_tasks_own_is_refused(hosts):
     # It passed the wait at once, and TensorFlow then waited for a task that never came.
@@ -255,7 +270,7 @@ def test_another_tasks_probe_from_this_probes_local_port_is_not_taken_for_its_ow
 
         monkeypatch.setattr(cluster_module.socket, "create_connection", from_the_same_port)
         address = f"127.0.0.1:{theirs.getsockname()[1]}"
-        assert cluster_module._answers(address, ours, "worker-0", {})
+        assert cluster_module._answers(address, [ours], "worker-0", {})
 
 
 def test_the_wait_logs_why_each_task_does_not_answer(caplog):

@@ -74,12 +74,14 @@ class Worker:
     log: Path
 
 
-def start_cluster(job_dir: Path, specs: list[dict], cwds: list[Path] | None = None) -> list[Worker]:
+def start_cluster(
+    job_dir: Path, specs: list[dict], cwds: list[Path] | None = None, host: str = "127.0.0.1"
+) -> list[Worker]:
     """One worker process per spec, all given `job_dir` (a shared disk); worker 0 is chief.
     `cwds`: each worker's working directory, as on hosts of their own (the repo's root by
-    default)."""
+    default); `host`: every task's host in `TF_CONFIG` (a port free on 127.0.0.1 each)."""
     job_dir.mkdir(parents=True, exist_ok=True)
-    addresses = [f"127.0.0.1:{port}" for port in free_ports(len(specs))]
+    addresses = [f"{host}:{port}" for port in free_ports(len(specs))]
     return [
         start_worker(job_dir, addresses, i, spec, cwds[i] if cwds else REPO)
         for i, spec in enumerate(specs)
@@ -346,6 +348,26 @@ def test_workers_given_the_same_training_under_other_names_train_together(tmp_pa
     other = with_(spec, name="cluster, as host-b calls it", priority=5)
     job_dir = tmp_path / "job"
     for code, log in finish(start_cluster(job_dir, [spec, other])):
+        assert code == 0, log
+    assert [r["step"] for r in results(job_dir, 2)] == [4, 4]
+
+
+def test_workers_at_ipv6_addresses_train_together(tmp_path):
+    # Each waited for the others on an IPv4 listener alone, where their probes of
+    # `[::1]:port` (or of a host name that resolves to an IPv6 address) found nothing: all
+    # of them waited for ever, though TensorFlow's own server listens on IPv6 too.
+    spec = with_(
+        SPEC,
+        model={"name": "mlp", "params": {"hidden": [8]}},
+        steps=4,
+        eval={"every_steps": 0},
+        summaries={"scalars_every": 2},
+    )
+    job_dir = tmp_path / "job"
+    workers = start_cluster(job_dir, [spec, spec], host="[::1]")
+    for worker in workers:
+        wait_for_line(worker, "every task of the cluster answered", seconds=60)
+    for code, log in finish(workers):
         assert code == 0, log
     assert [r["step"] for r in results(job_dir, 2)] == [4, 4]
 

@@ -348,8 +348,9 @@ def start_together(trainer: ClusterTrainer, checkpointer: Checkpointer) -> int |
     newest can differ by the save that was under way: all of them restore the smallest of
     the workers' newest steps (they save at the same steps, so each saved it). Raises
     `ClusterMismatch` where a worker no longer keeps that step (`checkpoint.keep` let it
-    go), and where some worker has no checkpoint while another has: starting over from
-    step 0 would write over the others' checkpoints.
+    go; every worker raises it then, saying whose), and where some worker has no
+    checkpoint while another has: starting over from step 0 would write over the others'
+    checkpoints.
     """
     latest = checkpointer.latest_step()
     rows = trainer.gather([-1 if latest is None else latest])
@@ -367,11 +368,20 @@ def start_together(trainer: ClusterTrainer, checkpointer: Checkpointer) -> int |
                 "directories to train from step 0."
             )
         return None
-    if common not in checkpointer.steps():
+    # Gathered, not judged by each worker alone: a worker that restored while another
+    # failed here failed at its first step as "lost another worker", whose advice (start
+    # every worker again) fails the same way, and the chief's result is the job's.
+    kept = checkpointer.steps()
+    if trainer.gather([int(common not in kept)]).any():
+        whose = (
+            f"this worker no longer keeps it (it has {kept})"
+            if common not in kept
+            else f"another worker no longer keeps step {common} (its log says which steps it has)"
+        )
         raise ClusterMismatch(
-            f"Cannot resume together: another worker's newest checkpoint is step {common}, "
-            f"which this worker no longer keeps (it has {checkpointer.steps()}). "
-            "Keep more checkpoints (checkpoint.keep), or start the job in new directories."
+            f"Cannot resume together: the newest checkpoint every worker has is step {common}, "
+            f"and {whose}. Keep more checkpoints (checkpoint.keep), or start the job in new "
+            "directories."
         )
     return checkpointer.restore(common)
 

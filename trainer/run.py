@@ -536,7 +536,7 @@ def _train(
         log.error("%s", e)
         _end_failed(progress, rundir, e.step, total)
         return _write_result(rundir, Outcome.FAILED, str(e), step=e.step, total=total)
-    except PastTheEnd as e:
+    except (PastTheEnd, ClusterMismatch) as e:  # said in full: no traceback, no type name
         log.error("%s", e)
         _end_failed(progress, rundir, step, total)
         return _write_result(rundir, Outcome.FAILED, str(e), step=step, total=total)

@@ -481,6 +481,33 @@ def test_a_worker_without_checkpoints_fails_rather_than_restart_the_job(tmp_path
     assert (job_dir / "checkpoints" / "ckpt-10.data-00000-of-00001").read_bytes() == before
 
 
+def test_a_worker_that_no_longer_keeps_the_common_step_fails_every_worker_saying_so(tmp_path):
+    # The chief's checkpoints put back from an older copy: the step every worker has is
+    # its newest, 20, which worker 1 (keep 2: 30 and 40) no longer keeps. Worker 1 said
+    # so, and the chief, whose result is the job's, restored 20 and then failed at its
+    # first step as "Lost another worker ... Start every worker again", which fails again.
+    job_dir = tmp_path / "job"
+    spec = with_(SPEC, steps=20, eval={"every_steps": 0}, checkpoint={"every_steps": 10, "keep": 2})
+    for code, log in finish(start_cluster(job_dir, [spec, spec])):
+        assert code == 0, log
+    shutil.copytree(job_dir / "checkpoints", tmp_path / "older")
+    longer = with_(spec, steps=40)
+    for code, log in finish(start_cluster(job_dir, [longer, longer])):
+        assert code == 0, log
+    shutil.rmtree(job_dir / "checkpoints")
+    shutil.copytree(tmp_path / "older", job_dir / "checkpoints")
+
+    for code, log in finish(start_cluster(job_dir, [longer, longer])):
+        assert code == 1, log
+    chief, other = results(job_dir, 2)
+    for result in (chief, other):
+        assert result["outcome"] == "failed"
+        assert result["message"].startswith("Cannot resume together: "), result
+        assert "Keep more checkpoints (checkpoint.keep)" in result["message"], result
+    assert "another worker no longer keeps step 20" in chief["message"], chief
+    assert "this worker no longer keeps it (it has [30, 40])" in other["message"], other
+
+
 def test_a_worker_waiting_for_a_missing_peer_says_so_and_stops_on_sigterm(tmp_path):
     # The other worker never starts: the wait is logged with the address it waits for,
     # and a SIGTERM ends it as a cancel (TensorFlow's own wait would ignore it).

@@ -4,6 +4,7 @@
     towerboard status [ID] [--state S] [--json]    the jobs table, or one job in detail
     towerboard logs ID [--tail N] [--follow]       the worker's log
     towerboard cancel ID [--wait]                  cancel a queued or running job
+    towerboard resume ID [--steps N | --epochs N] [--watch]   train an ended job on
     towerboard delete ID [ID ...]                  delete ended jobs and their files
     towerboard checkpoints ID [--download STEP]    list checkpoints, or fetch one (.tar.gz)
     towerboard export ID [-o PATH]                 fetch the exported SavedModel (.tar.gz)
@@ -20,7 +21,8 @@ request, or a watched job did not succeed; 2 bad usage or a rejected spec; 3 the
 could not be reached (nothing was sent), or a download was cut off (run it again: it
 resumes); 4 a request was sent and no answer came (a timeout, a dropped connection, a
 proxy's 502-504), so what it asked may or may not have been done (the error says how to
-check before trying again, or what running it again does); 130 interrupted; 141 (as a shell reports SIGPIPE) the reader of stdout went away,
+check before trying again, or what running it again does); 130 interrupted (a
+change interrupted before its answer came says so, as for 4); 141 (as a shell reports SIGPIPE) the reader of stdout went away,
 as `| head` does, which ends a verb that reads quietly; a verb that changes things makes
 all its changes, and says on stderr what stdout would have said. Standard output failing
 otherwise (a full disk) is an error of one line, exit 1.

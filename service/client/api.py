@@ -16,6 +16,7 @@ from service.client.common import (
     EXIT_USAGE,
     RECONNECT_SECONDS,
     ClientError,
+    Interrupted,
 )
 
 _T = TypeVar("_T")
@@ -248,6 +249,15 @@ class Client:
             response = self.http.request(method, path, **kwargs)
         except httpx.TransportError as error:
             raise self.lost(error, method, path, check_with, again) from error
+        except KeyboardInterrupt as interrupt:
+            if method in ("GET", "HEAD"):
+                raise  # a read: nothing to say of it
+            # Ctrl-C given to a service slow to answer: the change may have been made, as
+            # when no answer comes (`lost`), and run again it could be made twice.
+            raise Interrupted(
+                f"interrupted before the service answered {method} {path}: "
+                f"{_unsure(check_with, again)}"
+            ) from interrupt
         return self.check(response, options, check_with, again)
 
     def request_json(

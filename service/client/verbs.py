@@ -423,6 +423,10 @@ def delete(client: Client, args: argparse.Namespace) -> int:
             client.request(
                 "DELETE", f"/api/v1/jobs/{job_id}", check_with=_command(args, "status", job_id)
             )
+        except Interrupted as interrupted:
+            if rest := ids[index + 1 :]:
+                interrupted.message += f" (not tried: {' '.join(rest)})"
+            raise
         except ClientError as error:
             if error.code in (EXIT_UNREACHABLE, EXIT_NO_ANSWER):
                 # The rest would meet the same service: they are left, and said to be.

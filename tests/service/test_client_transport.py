@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -273,3 +274,51 @@ def test_tensorboard_and_profile_say_what_running_them_again_does() -> None:
         "worker has not taken yet (it takes one within a few seconds) is joined, not traced "
         "twice\n"
     ), profile.stderr
+
+
+@pytest.mark.parametrize(
+    ("verb", "said"),
+    [
+        (
+            ["submit", "SPEC"],
+            "POST /api/v1/jobs: it may or may not have been done; check with `towerboard "
+            "status --name 'my run' --url URL` before trying again",
+        ),
+        (
+            ["delete", "aaa", "bbb"],
+            "DELETE /api/v1/jobs/aaa: it may or may not have been done; check with "
+            "`towerboard status aaa --url URL` before trying again (not tried: bbb)",
+        ),
+    ],
+    ids=["submit", "delete"],
+)
+def test_ctrl_c_before_a_change_is_answered_says_it_may_have_been_done(
+    tmp_path, verb: list[str], said: str
+) -> None:
+    # A service slow to answer (busy, or stuck) and a person who gives up on it with
+    # Ctrl-C: it said nothing but the new line, and a job it may have made was submitted
+    # again by whoever ran the command again.
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(job_spec(name="my run")))
+    arrived, done = threading.Event(), threading.Event()
+
+    def handle(conn: socket.socket, head: bytes) -> None:
+        arrived.set()
+        done.wait(60)  # never answered while the command waits
+
+    env = {k: v for k, v in os.environ.items() if k not in ("TOWERBOARD_TOKEN", "TOWERBOARD_URL")}
+    args = [str(spec) if arg == "SPEC" else arg for arg in verb]
+    with stand_in(handle) as url:
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "service.cli", *args, "--url", url],
+                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            assert arrived.wait(60)
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            done.set()
+    assert proc.returncode == 130, err
+    assert out == ""
+    assert err == f"\ninterrupted before the service answered {said.replace('URL', url)}\n"

@@ -748,6 +748,11 @@ def _token_from_env() -> str | None:
 def run(name: str, args: argparse.Namespace) -> int:
     """Run the verb `name` (one of VERBS) on its parsed arguments; the exit code."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per request
+    if sys.stderr is None:  # started with it closed (`2>&-`): Python has none
+        # Progress and errors are dropped, and the exit code still tells: a submit made its
+        # job, then failed writing its note of it (exit 1), and a script that retried on
+        # that made a second job.
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - the process's own, for its life
     try:
         token = _token_from_env()
         url = args.url or _url_from_env()

@@ -322,3 +322,31 @@ def test_ctrl_c_before_a_change_is_answered_says_it_may_have_been_done(
     assert proc.returncode == 130, err
     assert out == ""
     assert err == f"\ninterrupted before the service answered {said.replace('URL', url)}\n"
+
+
+def test_a_closed_stderr_changes_no_exit_code() -> None:
+    # Started with stderr closed (`2>&-`), Python has no sys.stderr: a submit made its job,
+    # printed its id, then failed on its note of it (exit 1, and a script that retried on
+    # it made a second job); an error's exit code (3 here) became 1 the same way.
+    body = json.dumps({"id": "abc", "name": "t", "state": "queued"}).encode()
+
+    def answer(conn: socket.socket, head: bytes) -> None:
+        top = b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
+        conn.sendall(top + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+
+    env = {k: v for k, v in os.environ.items() if k not in ("TOWERBOARD_TOKEN", "TOWERBOARD_URL")}
+
+    def towerboard(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "service.cli", *args],
+            cwd=ROOT, env=env, input=json.dumps(job_spec()), capture_output=True, text=True,
+            timeout=120, preexec_fn=lambda: os.close(2),  # after the pipes are set: no stderr
+        )  # fmt: skip
+
+    with stand_in(answer) as url:
+        submitted = towerboard("submit", "-", "--url", url)
+    with socket.socket() as closed:  # bound, never listening: the connection is refused
+        closed.bind(("127.0.0.1", 0))
+        unreachable = towerboard("status", "--url", f"http://127.0.0.1:{closed.getsockname()[1]}")
+    assert (submitted.returncode, submitted.stdout) == (0, "abc\n")
+    assert unreachable.returncode == EXIT_UNREACHABLE

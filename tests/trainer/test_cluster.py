@@ -189,27 +189,29 @@ def test_a_port_the_last_run_left_in_time_wait_is_listened_on_again():
         assert wait_for_peers(_two_tasks(port, other.getsockname()[1]), threading.Event())
 
 
-def test_a_port_another_process_listens_on_is_refused_even_one_that_shares_it():
-    # TensorFlow's gRPC server listens with SO_REUSEADDR and SO_REUSEPORT: a second copy
-    # of a running worker must still be refused.
-    with socket.socket() as running, socket.socket() as other:
-        running.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        running.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        running.bind(("0.0.0.0", 0))
-        running.listen()
-        other.bind(("127.0.0.1", 0))
-        other.listen()
-        cluster = _two_tasks(running.getsockname()[1], other.getsockname()[1])
-        with pytest.raises(ClusterError, match="cannot listen on this task's address"):
-            wait_for_peers(cluster, threading.Event())
+def _shares_its_port(running: socket.socket) -> None:
+    # TensorFlow's gRPC server listens with SO_REUSEADDR and SO_REUSEPORT.
+    running.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    running.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    running.bind(("0.0.0.0", 0))
 
 
-def test_a_port_another_process_listens_on_over_ipv6_alone_is_refused():
-    # The task listens on IPv6 too (as TensorFlow's server does): a port taken there alone
-    # would answer another task's probe of this one from the other process.
-    with socket.socket(socket.AF_INET6) as running, socket.socket() as other:
-        running.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        running.bind(("::", 0))
+def _on_ipv6_alone(running: socket.socket) -> None:
+    running.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    running.bind(("::", 0))
+
+
+@pytest.mark.parametrize(
+    ("family", "bind"),
+    [(socket.AF_INET, _shares_its_port), (socket.AF_INET6, _on_ipv6_alone)],
+    # The task listens on IPv6 too (as TensorFlow's server does): a port taken there
+    # alone would answer another task's probe of this one from the other process.
+    ids=["one-that-shares-it", "on-ipv6-alone"],
+)
+def test_a_port_another_process_listens_on_is_refused(family, bind):
+    # A second copy of a running worker must be refused.
+    with socket.socket(family) as running, socket.socket() as other:
+        bind(running)
         running.listen()
         other.bind(("127.0.0.1", 0))
         other.listen()

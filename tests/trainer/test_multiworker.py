@@ -336,18 +336,21 @@ def test_workers_given_different_data_at_the_same_path_fail_saying_so(tmp_path):
     assert not (job_dir / "checkpoints").exists()
 
 
+# A few steps of a small model: for what needs a cluster that trains, not its numbers.
+SHORT = with_(
+    SPEC,
+    model={"name": "mlp", "params": {"hidden": [8]}},
+    steps=4,
+    eval={"every_steps": 0},
+    summaries={"scalars_every": 2},
+)
+
+
 def test_workers_given_the_same_training_under_other_names_train_together(tmp_path):
     # `name` and `priority` label and queue a job; training never reads them.
-    spec = with_(
-        SPEC,
-        model={"name": "mlp", "params": {"hidden": [8]}},
-        steps=4,
-        eval={"every_steps": 0},
-        summaries={"scalars_every": 2},
-    )
-    other = with_(spec, name="cluster, as host-b calls it", priority=5)
+    other = with_(SHORT, name="cluster, as host-b calls it", priority=5)
     job_dir = tmp_path / "job"
-    for code, log in finish(start_cluster(job_dir, [spec, other])):
+    for code, log in finish(start_cluster(job_dir, [SHORT, other])):
         assert code == 0, log
     assert [r["step"] for r in results(job_dir, 2)] == [4, 4]
 
@@ -356,15 +359,8 @@ def test_workers_at_ipv6_addresses_train_together(tmp_path):
     # Each waited for the others on an IPv4 listener alone, where their probes of
     # `[::1]:port` (or of a host name that resolves to an IPv6 address) found nothing: all
     # of them waited for ever, though TensorFlow's own server listens on IPv6 too.
-    spec = with_(
-        SPEC,
-        model={"name": "mlp", "params": {"hidden": [8]}},
-        steps=4,
-        eval={"every_steps": 0},
-        summaries={"scalars_every": 2},
-    )
     job_dir = tmp_path / "job"
-    workers = start_cluster(job_dir, [spec, spec], host="[::1]")
+    workers = start_cluster(job_dir, [SHORT, SHORT], host="[::1]")
     for worker in workers:
         wait_for_line(worker, "every task of the cluster answered", seconds=60)
     for code, log in finish(workers):

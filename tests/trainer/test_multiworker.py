@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.trainer.test_cluster import NO_IPV6
 from tests.trainer.test_run import REPO, run_worker, tags_by_plugin, with_
 from trainer.data import Arrays
 from trainer.multiworker import (
@@ -355,6 +356,7 @@ def test_workers_given_the_same_training_under_other_names_train_together(tmp_pa
     assert [r["step"] for r in results(job_dir, 2)] == [4, 4]
 
 
+@NO_IPV6
 def test_workers_at_ipv6_addresses_train_together(tmp_path):
     # Each waited for the others on an IPv4 listener alone, where their probes of
     # `[::1]:port` (or of a host name that resolves to an IPv6 address) found nothing: all

@@ -474,20 +474,30 @@ export function mountJob(view, jobId) {
   const ARMED = "Press Confirm cancel within 4 s to stop this job.";
 
   let cancelling = false; // this page's cancel is out
+  let cancelTimer = null;
 
+  function disarmCancel() {
+    clearTimeout(cancelTimer);
+    cancelButton.dataset.armed = "";
+    cancelButton.textContent = "Cancel";
+  }
+
+  /** Cancel, pressed: the first press arms it, a second within CONFIRM_MS cancels. Sent,
+   *  it is disarmed (as Delete job is): a cancel that fails is armed afresh, for 4 s of
+   *  its own, rather than confirmed by the next press or disarmed by the first's timer. */
   async function cancel() {
     if (dimmed(cancelButton)) return; // asked for already
     if (cancelButton.dataset.armed !== "1") {
       cancelButton.dataset.armed = "1";
       cancelButton.textContent = "Confirm cancel";
       actionStatus.textContent = ARMED;
-      setTimeout(() => {
-        cancelButton.dataset.armed = "";
-        cancelButton.textContent = "Cancel";
+      cancelTimer = setTimeout(() => {
+        disarmCancel();
         if (actionStatus.textContent === ARMED) actionStatus.textContent = "";
       }, CONFIRM_MS);
       return;
     }
+    disarmCancel();
     cancelling = true;
     dim(cancelButton, true);
     try {
@@ -845,6 +855,7 @@ export function mountJob(view, jobId) {
     clearTimeout(checkpointTimer);
     clearTimeout(loadTimer);
     clearTimeout(exitingTimer);
+    clearTimeout(cancelTimer);
     clearTimeout(deleteTimer);
     clearInterval(ticker);
     logResized.disconnect();

@@ -103,6 +103,93 @@ def test_cancel_line_follows_the_job_to_its_end(session: Session, service: Servi
     assert session.errors == []
 
 
+CANCEL_ARMED = "Press Confirm cancel within 4 s to stop this job."
+CONFIRM_MS = 4_000  # Cancel waits this long for its second press (job.js's CONFIRM_MS)
+# Run before the page's own scripts: the timers set for CONFIRM_MS (Cancel's and Delete
+# job's wait for a second press) that have neither fired nor been cleared, kept on
+# `window.confirmTimers`.
+TRACK_CONFIRM_TIMERS = f"""(() => {{
+  window.confirmTimers = new Set();
+  const set = window.setTimeout, clear = window.clearTimeout;
+  window.setTimeout = (fn, ms, ...args) => {{
+    if (ms !== {CONFIRM_MS}) return set(fn, ms, ...args);
+    const id = set((...more) => {{ window.confirmTimers.delete(id); fn(...more); }}, ms, ...args);
+    window.confirmTimers.add(id);
+    return id;
+  }};
+  window.clearTimeout = (id) => {{ window.confirmTimers.delete(id); clear(id); }};
+}})();"""
+
+
+def test_cancel_armed_again_after_a_failed_cancel_waits_its_own_4_s(
+    session: Session, service: Service
+) -> None:
+    """A confirmed press disarms Cancel (as it does Delete job), so after a cancel the
+    service refused the next press arms it afresh, for 4 s of its own. The first press's
+    timer was neither kept nor cleared: the button stayed armed after the failure (the
+    next press sent the cancel again), and armed again, the old timer disarmed it early."""
+    job = service.submit(job_spec(name="runs-until-cancelled"))
+    cancels: list[str] = []
+
+    def refuse(route: Route) -> None:
+        cancels.append(route.request.method)
+        route.fulfill(status=503, json={"detail": "Refused by the test."})
+
+    page = session.page
+    try:
+        service.wait_reported(job["id"])
+        page.route(re.compile(r"/cancel$"), refuse)
+        page.clock.install()  # before the page loads: its 4 s are the clock's, moved on below
+        page.goto(f"/#/jobs/{job['id']}")
+        expect(page.locator(".job-heading .state")).to_have_text("running")
+        cancel, line = page.locator("#cancel-job"), page.locator("#action-status")
+        cancel.click()
+        expect(line).to_have_text(CANCEL_ARMED)
+        cancel.click()
+        expect(line).to_have_text("Could not cancel: Refused by the test.")
+        # At once, not once the first press's 4 s have run out.
+        assert (cancel.text_content(), cancel.get_attribute("data-armed")) == ("Cancel", "")
+        page.clock.fast_forward(CONFIRM_MS // 2)
+        cancel.click()  # arms it again: no second cancel is sent
+        expect(line).to_have_text(CANCEL_ARMED)
+        assert cancels == ["POST"]
+        page.clock.fast_forward(CONFIRM_MS // 2 + 500)  # past the first press's 4 s
+        assert (cancel.text_content(), line.text_content()) == ("Confirm cancel", CANCEL_ARMED)
+        page.clock.fast_forward(CONFIRM_MS // 2)  # past this press's own
+        expect(cancel).to_have_text("Cancel", timeout=6_000)
+        expect(line).to_have_text("")
+        assert cancels == ["POST"]
+        assert service.job(job["id"])["state"] == "running"
+        assert session.errors == []
+    finally:
+        service.client.post(f"/api/v1/jobs/{job['id']}/cancel")
+        service.wait_state(job["id"], "cancelled", "failed", "succeeded")
+
+
+def test_leaving_a_job_page_with_cancel_armed_clears_its_timer(
+    session: Session, service: Service
+) -> None:
+    """Cancel armed, then the page left: its 4 s timer went on, to fire on the page's
+    detached nodes (Delete job's was cleared)."""
+    job = service.submit(job_spec(name="runs-until-cancelled"))
+    page = session.page
+    try:
+        service.wait_reported(job["id"])
+        page.add_init_script(TRACK_CONFIRM_TIMERS)
+        page.goto(f"/#/jobs/{job['id']}")
+        expect(page.locator(".job-heading .state")).to_have_text("running")
+        page.locator("#cancel-job").click()
+        expect(page.locator("#action-status")).to_have_text(CANCEL_ARMED)
+        assert page.evaluate("window.confirmTimers.size") == 1
+        page.locator(".crumbs a").click()
+        expect(page.locator("#view h1")).to_have_text("Jobs")
+        assert page.evaluate("window.confirmTimers.size") == 0
+        assert session.errors == []
+    finally:
+        service.client.post(f"/api/v1/jobs/{job['id']}/cancel")
+        service.wait_state(job["id"], "cancelled", "failed", "succeeded")
+
+
 def test_a_job_whose_worker_is_preparing_says_so(session: Session, service: Service) -> None:
     """Between its worker's start and first line (TensorFlow's import, the data, the
     model: seconds to minutes) a running job's page and row say `preparing`; they showed

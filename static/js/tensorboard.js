@@ -21,7 +21,7 @@ function jobList(ids) {
 }
 
 /** The button, its status line and its notice, for `jobId`'s page; `destroy()` stops
- *  following the status. */
+ *  following the status, and closes a tab still waiting for the service's answer. */
 export function tensorBoardControl(jobId) {
   const url = `/tensorboard/?runFilter=${encodeURIComponent(jobId)}#timeseries`;
   const button = h("button", { type: "button", id: "open-tensorboard", onclick: open },
@@ -35,6 +35,16 @@ export function tensorBoardControl(jobId) {
   let wasRunning = false;
   let timer = null;
   let gone = false;
+  const waiting = new Set(); // tabs opened for an answer not yet come, still blank
+
+  /** Close the tabs still waiting for an answer: the page that would point them at
+   *  TensorBoard has gone (left, or the dashboard reloaded or closed), and they stayed
+   *  blank for good. */
+  function closeWaiting() {
+    for (const tab of waiting) tab.close();
+    waiting.clear();
+  }
+  window.addEventListener("pagehide", closeWaiting);
 
   let said = null; // what the line says now (its state and text), to leave it alone
 
@@ -101,6 +111,7 @@ export function tensorBoardControl(jobId) {
     // TensorBoard once it shows this job. The proxy holds the first request until
     // TensorBoard has loaded.
     const tab = window.open("", "_blank");
+    if (tab) waiting.add(tab);
     clearTimeout(timer);
     notice.hidden = true;
     say("asking", "Starting TensorBoard…");
@@ -108,7 +119,8 @@ export function tensorBoardControl(jobId) {
       // merge: it is shared; the jobs it shows for others stay, this one is added.
       const { data } = await api("/api/v1/tensorboard", {
         method: "POST", body: { job_ids: [jobId], merge: true } });
-      if (gone) return;
+      waiting.delete(tab);
+      if (gone) return; // its tab was closed
       pid = data.pid;
       wasRunning = false;
       if (tab) {
@@ -117,6 +129,7 @@ export function tensorBoardControl(jobId) {
       }
       show(data);
     } catch (error) {
+      waiting.delete(tab);
       if (tab) tab.close();
       say("failed", `Could not start TensorBoard: ${error.message}`);
     }
@@ -129,6 +142,8 @@ export function tensorBoardControl(jobId) {
     destroy() {
       gone = true;
       clearTimeout(timer);
+      closeWaiting();
+      window.removeEventListener("pagehide", closeWaiting);
     },
   };
 }

@@ -884,6 +884,42 @@ def test_a_page_switch_is_said_once_from_its_heading(session: Session, service: 
     assert session.errors == []
 
 
+def test_tensorboard_tab_is_closed_when_its_page_goes_first(
+    session: Session, service: Service
+) -> None:
+    """ "Open in TensorBoard" opens its tab at once (inside the click, as a popup blocker
+    wants) and points it at TensorBoard once the service answers. The job page left before
+    that answer (another page of the dashboard, or the dashboard reloaded) left the tab
+    blank for good; it is closed."""
+    job = service.submit(job_spec(name="quick", steps=1))
+    ended = service.wait_state(job["id"], "succeeded", "failed", "cancelled")
+    held: list[Route] = []
+
+    def hold(route: Route) -> None:
+        if route.request.method == "POST":
+            held.append(route)  # no answer, until the test ends
+        else:
+            route.continue_()
+
+    page = session.page
+    page.route("**/api/v1/tensorboard", hold)
+    try:
+        for leave in (lambda: page.locator(".crumbs a").click(), page.reload):
+            page.goto(f"/#/jobs/{job['id']}")
+            expect(page.locator(".job-heading .state")).to_have_text(ended["state"])
+            with session.context.expect_page() as popup:
+                page.locator("#open-tensorboard").click()
+            tab = popup.value
+            expect(page.locator("#tensorboard-status")).to_have_text("Starting TensorBoard…")
+            with tab.expect_event("close", timeout=5_000):
+                leave()
+        assert len(held) == 2
+        assert session.errors == []
+    finally:
+        for route in held:
+            route.abort()
+
+
 def test_cancel_that_needed_a_kill_says_why_once(browser: Browser, tmp_path: Path) -> None:
     """A worker that ignores SIGTERM is killed after the grace; the page shows the
     service's reason, which starts "Cancelled: ", under one "Cancelled:" heading."""

@@ -35,6 +35,8 @@ function unescaped(segment) {
 
 // The view is no live region (its ages, ETAs and log tail tick): where a link led is said
 // here instead, once, from the new page's heading, after it has had a moment to fill in.
+// A page that shows a message in its place ("No job X.", its heading hidden) is said by
+// that message: its hidden heading (the bare job id) is not what the page shows.
 const announcer = document.getElementById("route-announcer");
 let announceTimer = null;
 let firstRoute = true;
@@ -43,8 +45,10 @@ function announcePage() {
   clearTimeout(announceTimer);
   announcer.textContent = ""; // the same page again is a change too
   announceTimer = setTimeout(() => {
-    const heading = view.querySelector("h1");
-    announcer.textContent = (heading && heading.textContent.trim()) || document.title;
+    const shown = (el) => el.getClientRects().length > 0; // neither it nor a parent hidden
+    const said = [...view.querySelectorAll("h1")].find(shown) ||
+      [...view.querySelectorAll('[role="alert"]')].find(shown);
+    announcer.textContent = (said && said.textContent.trim()) || document.title;
   }, 400);
 }
 

@@ -884,6 +884,18 @@ def test_a_page_switch_is_said_once_from_its_heading(session: Session, service: 
     assert session.errors == []
 
 
+def test_a_page_switch_to_a_missing_job_says_what_the_page_shows(session: Session) -> None:
+    """A link to a job that does not exist shows "No job X." in place of the job's page,
+    its heading hidden; the page switch was said from that hidden heading (the bare id)."""
+    page = session.page
+    page.goto("/")
+    expect(page.locator("#view h1")).to_have_text("Jobs")
+    page.goto("/#/jobs/nosuch")
+    expect(page.locator("#job-load-error")).to_have_text("No job nosuch.")
+    expect(page.locator("#route-announcer")).to_have_text("No job nosuch.")
+    assert session.errors == []
+
+
 def test_tensorboard_tab_is_closed_when_its_page_goes_first(
     session: Session, service: Service
 ) -> None:

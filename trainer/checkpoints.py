@@ -214,7 +214,7 @@ class Checkpointer:
                 damaged.append((step, e))
                 continue
             if damaged:
-                self._set_aside([s for s, _ in damaged])
+                self.set_aside([s for s, _ in damaged])
             return restored
         if damaged:
             raise CheckpointDamaged(
@@ -265,7 +265,7 @@ class Checkpointer:
         )
         return self._without_loss_scale
 
-    def _set_aside(self, steps: list[int]) -> None:
+    def set_aside(self, steps: list[int]) -> None:
         """Move the damaged checkpoints of `steps` into `checkpoints/damaged/` (kept for a
         look, out of the state file, the service's listing and the manager's rotation)."""
         aside = self.directory / "damaged"

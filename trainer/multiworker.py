@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tensorflow as tf
 
-from trainer.checkpoints import Checkpointer
+from trainer.checkpoints import CheckpointDamaged, Checkpointer
 from trainer.cluster import ClusterMismatch, ClusterNotFormed
 from trainer.errors import op_reason
 from trainer.towers import TowerTrainer, stand_in_if_empty, tower_sizes
@@ -340,50 +340,123 @@ def same_job(gather: Callable[[list[int]], np.ndarray], spec: int, data: int) ->
     )
 
 
-def start_together(trainer: ClusterTrainer, checkpointer: Checkpointer) -> int | None:
+def start_together(
+    gather: Callable[[list[int]], np.ndarray], checkpointer: Checkpointer
+) -> int | None:
     """Restore the same checkpoint on every worker (`same_job` has checked they run one
-    job); returns its step, or None for a fresh start.
+    job); returns its step, or None for a fresh start. `gather`: `gather_rows` over the
+    cluster's strategy (`ClusterTrainer.gather`).
 
     Each worker keeps its own checkpoints (no shared disk needed), so after a crash their
     newest can differ by the save that was under way: all of them restore the smallest of
-    the workers' newest steps (they save at the same steps, so each saved it). Raises
-    `ClusterMismatch` where a worker no longer keeps that step (`checkpoint.keep` let it
-    go; every worker raises it then, saying whose), and where some worker has no
-    checkpoint while another has: starting over from step 0 would write over the others'
-    checkpoints.
+    the workers' newest steps (they save at the same steps, so each saved it). Where a
+    worker's copy of it is damaged (`CheckpointDamaged`: a save cut short, a lost file),
+    every worker goes below it together, as `Checkpointer.restore_latest` does on one
+    host: the next round restores the smallest of the workers' newest steps below it, and
+    so on; once every worker has restored one, each sets aside the damaged copies it found.
+
+    Every round's outcome is gathered, so every worker runs the same collectives in the
+    same order and fails the same way, saying whose: a worker that failed alone left the
+    others to fail at their first step as "lost another worker", whose advice (start
+    every worker again) failed the same way, and the chief's result is the job's. Raises
+    `ClusterMismatch` where a worker no longer keeps a round's step (`checkpoint.keep` let
+    it go), where some worker has no checkpoint while another has (starting over from step
+    0 would write over the others' checkpoints), and where a worker has none left below
+    the damaged ones.
     """
-    latest = checkpointer.latest_step()
-    rows = trainer.gather([-1 if latest is None else latest])
-    common, newest = int(rows[:, 0].min()), int(rows[:, 0].max())
-    if common < 0:
-        if newest >= 0:
-            # Starting again from step 0 would throw away every worker's training and
-            # write over their checkpoints: a worker's directory lost with its host must
-            # not cost the whole job silently.
-            mine = "none" if latest is None else f"step {latest}"
-            raise ClusterMismatch(
-                f"Cannot resume together: a worker of this cluster has no checkpoint while "
-                f"another has up to step {newest} (this worker: {mine}). Give every worker "
-                "back its checkpoints/ directory to resume, or start the job in new "
-                "directories to train from step 0."
+    damaged: list[tuple[int, CheckpointDamaged]] = []  # this worker's, newest first
+    tried: list[int] = []  # the steps found damaged on some worker, newest first
+    while True:
+        below = tried[-1] if tried else None  # each round looks below the last damaged step
+        kept = checkpointer.steps()
+        latest = next((s for s in reversed(kept) if below is None or s < below), None)
+        rows = gather([-1 if latest is None else latest])
+        common, newest = int(rows[:, 0].min()), int(rows[:, 0].max())
+        if common < 0:
+            if below is not None:
+                raise _none_left(below, latest, newest, damaged, tried)
+            if newest >= 0:
+                # Starting again from step 0 would throw away every worker's training and
+                # write over their checkpoints: a worker's directory lost with its host must
+                # not cost the whole job silently.
+                mine = "none" if latest is None else f"step {latest}"
+                raise ClusterMismatch(
+                    f"Cannot resume together: a worker of this cluster has no checkpoint while "
+                    f"another has up to step {newest} (this worker: {mine}). Give every worker "
+                    "back its checkpoints/ directory to resume, or start the job in new "
+                    "directories to train from step 0."
+                )
+            return None
+        if gather([int(common not in kept)]).any():
+            whose = (
+                f"this worker no longer keeps it (it has {kept})"
+                if common not in kept
+                else f"another worker no longer keeps step {common} (its log says which steps "
+                "it has)"
             )
-        return None
-    # Gathered, not judged by each worker alone: a worker that restored while another
-    # failed here failed at its first step as "lost another worker", whose advice (start
-    # every worker again) fails the same way, and the chief's result is the job's.
-    kept = checkpointer.steps()
-    if trainer.gather([int(common not in kept)]).any():
-        whose = (
-            f"this worker no longer keeps it (it has {kept})"
-            if common not in kept
-            else f"another worker no longer keeps step {common} (its log says which steps it has)"
+            before = "" if below is None else f" before step {below} (damaged on a worker)"
+            raise ClusterMismatch(
+                f"Cannot resume together: the newest checkpoint every worker has{before} is "
+                f"step {common}, and {whose}. Keep more checkpoints (checkpoint.keep), or start "
+                "the job in new directories."
+            )
+        try:
+            restored: int | None = checkpointer.restore(common)
+        except CheckpointDamaged as e:
+            log.warning("%s; every worker of the cluster tries the step before it", e)
+            damaged.append((common, e))
+            restored = None
+        if not gather([int(restored is None)]).any():
+            if damaged:
+                checkpointer.set_aside([step for step, _ in damaged])
+            return restored
+        if restored is not None:
+            log.warning(
+                "step %d is damaged on another worker of the cluster: every worker tries the "
+                "step before it",
+                common,
+            )
+        tried.append(common)
+
+
+def _none_left(
+    below: int,
+    latest: int | None,
+    newest: int,
+    damaged: list[tuple[int, CheckpointDamaged]],
+    tried: list[int],
+) -> ClusterMismatch:
+    """Why the workers cannot resume once some worker keeps no step below `below`, the
+    last step found damaged: whose copies were damaged, and who has none left. Nothing is
+    set aside, as `restore_latest` moves nothing when every checkpoint is damaged."""
+    mine = [step for step, _ in damaged]
+    elsewhere = [step for step in tried if step not in mine]
+    found = [f"this worker's {e}" for _, e in damaged]  # "... checkpoints/ckpt-40 is damaged: why"
+    if elsewhere:
+        steps = ", ".join(str(step) for step in elsewhere)
+        found.append(
+            f"step {steps} is damaged on another worker, its log says why"
+            if len(elsewhere) == 1
+            else f"steps {steps} are damaged on another worker, its log says why"
         )
-        raise ClusterMismatch(
-            f"Cannot resume together: the newest checkpoint every worker has is step {common}, "
-            f"and {whose}. Keep more checkpoints (checkpoint.keep), or start the job in new "
-            "directories."
+    if newest < 0:
+        none = f"no worker keeps a checkpoint before step {below}"
+    elif latest is None:
+        none = (
+            f"this worker keeps no checkpoint before step {below} while another keeps up "
+            f"to step {newest}"
         )
-    return checkpointer.restore(common)
+    else:
+        none = (
+            f"another worker keeps no checkpoint before step {below} while this one keeps "
+            f"step {latest}"
+        )
+    return ClusterMismatch(
+        "Cannot resume together: no step every worker keeps reads whole on all of them ("
+        + "; ".join(found)
+        + f"), and {none}. Put back whole copies of the damaged checkpoints, or start the "
+        "job in new directories to train from step 0."
+    )
 
 
 def lost_worker(error: BaseException, step: int | None) -> str | None:

@@ -468,7 +468,7 @@ def _train(
         checkpointer = Checkpointer(rundir.checkpoints, trainer, batches, spec.checkpoint)
         if cluster_trainer is not None:
             # The same checkpoint restored on every worker (`same_job` checked the job).
-            resumed = start_together(cluster_trainer, checkpointer)
+            resumed = start_together(cluster_trainer.gather, checkpointer)
         else:
             resumed = checkpointer.restore_latest()
         if resumed is not None:

@@ -13,8 +13,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +26,8 @@ import tensorflow as tf
 
 from tests.trainer.test_cluster import NO_IPV6
 from tests.trainer.test_run import REPO, run_worker, tags_by_plugin, with_
+from tests.trainer.test_towers import make_trainer
+from trainer.checkpoints import Checkpointer
 from trainer.data import Arrays
 from trainer.multiworker import (
     SAMPLE_BLOCK_BYTES,
@@ -32,8 +36,10 @@ from trainer.multiworker import (
     data_fingerprint,
     same_job,
     spec_fingerprint,
+    start_together,
 )
-from trainer.spec import JobSpec
+from trainer.spec import CheckpointSpec, JobSpec
+from trainer.towers import TowerTrainer
 
 SPEC = {
     "name": "cluster",
@@ -504,6 +510,196 @@ def test_a_worker_that_no_longer_keeps_the_common_step_fails_every_worker_saying
         assert "Keep more checkpoints (checkpoint.keep)" in result["message"], result
     assert "another worker no longer keeps step 20" in chief["message"], chief
     assert "this worker no longer keeps it (it has [30, 40])" in other["message"], other
+
+
+def test_a_damaged_copy_on_one_worker_sends_every_worker_to_the_step_before(tmp_path):
+    # Worker 1's newest checkpoint cut short (a save under way when its host went down):
+    # it failed alone, and the chief restored step 20 and failed at its first step as
+    # "Lost another worker ... Start every worker again", at every start.
+    job_dir = tmp_path / "job"
+    spec = with_(
+        SPEC,
+        steps=20,
+        eval={"every_steps": 0},
+        checkpoint={"every_steps": 10, "every_seconds": 0, "keep": 5},
+    )
+    for code, log in finish(start_cluster(job_dir, [spec, spec])):
+        assert code == 0, log
+    whole = variables(job_dir / "checkpoints" / "ckpt-20")
+    other = job_dir / "workers" / "worker-1" / "checkpoints"
+    os.truncate(other / "ckpt-20.data-00000-of-00001", 100)
+
+    for code, log in finish(start_cluster(job_dir, [spec, spec])):
+        assert code == 0, log
+        assert "resumed from step 10" in log, log
+    assert [r["step"] for r in results(job_dir, 2)] == [20, 20]
+    assert sorted(p.name for p in (other / "damaged").iterdir()) == [
+        "ckpt-20.data-00000-of-00001",
+        "ckpt-20.index",
+    ]
+    assert not (job_dir / "checkpoints" / "damaged").exists(), "the chief's copy was whole"
+    # Trained again from step 10, to the same step 20 (the spec is deterministic).
+    for directory in (job_dir / "checkpoints", other):
+        again = variables(directory / "ckpt-20")
+        for name in whole:
+            np.testing.assert_array_equal(again[name], whole[name], err_msg=name)
+
+
+class Exchange:
+    """`gather_rows` across worker threads of this process: every worker's values, one
+    row a worker, once every worker has given its own. A worker that gathers when another
+    does not (a collective more, or one fewer) breaks the barrier after 30 s, where it
+    would hang a cluster."""
+
+    def __init__(self, workers: int) -> None:
+        self.rows: list[list[int]] = [[] for _ in range(workers)]
+        self.barrier = threading.Barrier(workers, timeout=30)
+
+    def gather(self, index: int) -> Callable[[list[int]], np.ndarray]:
+        def gather(values: list[int]) -> np.ndarray:
+            self.rows[index] = values
+            self.barrier.wait()
+            rows = np.array(self.rows, np.int64)
+            self.barrier.wait()  # every worker has read them before any gives the next
+            return rows
+
+        return gather
+
+
+def _checkpointer(directory: Path, trainer: TowerTrainer | None = None) -> Checkpointer:
+    trainer = trainer or make_trainer(1)
+    return Checkpointer(directory, trainer, iter(tf.data.Dataset.range(1)), CheckpointSpec(keep=10))
+
+
+def _workers_checkpoints(tmp_path: Path, kept: list[list[int]]) -> list[Path]:
+    """Each worker's checkpoints/ directory, holding the steps of `kept`."""
+    directories = [tmp_path / f"worker-{i}" / "checkpoints" for i in range(len(kept))]
+    trainer = make_trainer(1)
+    for directory, steps in zip(directories, kept, strict=True):
+        checkpointer = _checkpointer(directory, trainer)
+        for step in steps:
+            trainer.step.assign(step)  # what `restore` returns
+            checkpointer.save(step)
+    return directories
+
+
+def _cut_short(directory: Path, step: int) -> None:
+    os.truncate(directory / f"ckpt-{step}.data-00000-of-00001", 100)
+
+
+def _start_together(directories: list[Path]) -> list[int | None | Exception]:
+    """What `start_together` returns, or raises, on each worker."""
+    exchange = Exchange(len(directories))
+    checkpointers = [_checkpointer(directory) for directory in directories]
+
+    def worker(index: int) -> int | None | Exception:
+        try:
+            return start_together(exchange.gather(index), checkpointers[index])
+        except Exception as e:  # noqa: BLE001 - the test reads it
+            return e
+
+    with ThreadPoolExecutor(len(directories)) as pool:
+        return list(pool.map(worker, range(len(directories))))
+
+
+def _listed(directory: Path) -> list[int]:
+    """The steps `directory`'s state file lists."""
+    state = tf.train.get_checkpoint_state(str(directory))
+    return [int(path.rsplit("-", 1)[1]) for path in state.all_model_checkpoint_paths]
+
+
+@pytest.mark.parametrize(
+    ("damaged", "resumed"),
+    [({1: [30]}, 20), ({0: [30], 1: [20]}, 10)],
+    ids=["on-one-worker", "a-step-on-each"],
+)
+def test_start_together_goes_below_a_damaged_copy_on_every_worker(tmp_path, damaged, resumed):
+    directories = _workers_checkpoints(tmp_path, [[10, 20, 30], [10, 20, 30]])
+    for index, steps in damaged.items():
+        for step in steps:
+            _cut_short(directories[index], step)
+
+    assert _start_together(directories) == [resumed, resumed]
+    for index, directory in enumerate(directories):
+        mine = sorted(damaged.get(index, []))
+        aside = directory / "damaged"
+        assert sorted(p.name for p in aside.glob("*")) == [
+            f"ckpt-{s}.{part}" for s in mine for part in ("data-00000-of-00001", "index")
+        ]
+        assert _listed(directory) == [s for s in (10, 20, 30) if s not in mine]
+
+
+def test_a_worker_whose_every_shared_copy_is_damaged_fails_every_worker_saying_whose(tmp_path):
+    directories = _workers_checkpoints(tmp_path, [[10, 20, 30], [10, 20, 30]])
+    for step in (10, 20, 30):
+        _cut_short(directories[1], step)
+    before = [sorted(p.name for p in directory.iterdir()) for directory in directories]
+
+    chief, other = _start_together(directories)
+    assert isinstance(chief, ClusterMismatch) and isinstance(other, ClusterMismatch)
+    advice = (
+        "Put back whole copies of the damaged checkpoints, or start the job in new "
+        "directories to train from step 0."
+    )
+    assert str(chief) == (
+        "Cannot resume together: no step every worker keeps reads whole on all of them "
+        "(steps 30, 20, 10 are damaged on another worker, its log says why), and no worker "
+        f"keeps a checkpoint before step 10. {advice}"
+    )
+    assert str(other).startswith(
+        "Cannot resume together: no step every worker keeps reads whole on all of them "
+        "(this worker's checkpoints/ckpt-30 is damaged: "
+    ), other
+    assert "; this worker's checkpoints/ckpt-10 is damaged: " in str(other)
+    assert str(other).endswith(f"), and no worker keeps a checkpoint before step 10. {advice}")
+    # As on one host: with nothing restored, nothing is moved.
+    assert [sorted(p.name for p in directory.iterdir()) for directory in directories] == before
+
+
+@pytest.mark.parametrize(
+    ("kept", "chief_says", "other_says"),
+    [
+        (
+            [[10, 20, 30], [30]],
+            [
+                "(this worker's checkpoints/ckpt-30 is damaged: ",
+                "), and another worker keeps no checkpoint before step 30 while this one keeps "
+                "step 20. ",
+            ],
+            [
+                "(step 30 is damaged on another worker, its log says why), and this worker "
+                "keeps no checkpoint before step 30 while another keeps up to step 20. ",
+            ],
+        ),
+        (
+            [[10, 30], [20, 30]],
+            [
+                "the newest checkpoint every worker has before step 30 (damaged on a worker) "
+                "is step 10, and another worker no longer keeps step 10 ",
+            ],
+            [
+                "the newest checkpoint every worker has before step 30 (damaged on a worker) "
+                "is step 10, and this worker no longer keeps it (it has [20, 30]). Keep more ",
+            ],
+        ),
+    ],
+    ids=["none-left-on-one", "one-no-longer-keeps-the-step-below"],
+)
+def test_the_checks_of_the_first_step_hold_for_the_one_below_a_damaged_copy(
+    tmp_path, kept, chief_says, other_says
+):
+    # The chief's copy of step 30 is damaged: they look below it, where worker 1 keeps none,
+    # or not the step the chief has.
+    directories = _workers_checkpoints(tmp_path, kept)
+    _cut_short(directories[0], 30)
+
+    chief, other = _start_together(directories)
+    for error, says in ((chief, chief_says), (other, other_says)):
+        assert isinstance(error, ClusterMismatch), error
+        assert str(error).startswith("Cannot resume together: "), error
+        for part in says:
+            assert part in str(error), error
+    assert not any((directory / "damaged").exists() for directory in directories)
 
 
 def test_a_worker_waiting_for_a_missing_peer_says_so_and_stops_on_sigterm(tmp_path):

@@ -91,6 +91,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--worker-repeats", type=int, default=5, help="whole-worker runs per configuration"
     )
+    p.add_argument(
+        "--worker-model",
+        choices=("cnn", "mlp"),
+        default="cnn",
+        help="the whole workers' model: mlp, at a small --batch, is a stand-in on a CPU for a "
+        "host whose loop bounds it (a short step on a GPU)",
+    )
     p.add_argument("--skip-steps", action="store_true", help="only the monitoring comparison")
     p.add_argument(
         "--attribute",
@@ -524,7 +531,7 @@ def worker_specs(args: argparse.Namespace) -> dict[str, dict]:
     `--attribute` the defaults less one kind each."""
     base = {
         "name": "bench-monitoring",
-        "model": {"name": "cnn"},
+        "model": {"name": args.worker_model},
         "data": {
             "format": "synthetic",
             "params": {"shape": [28, 28, 1], "classes": 10, "size": 8192},
@@ -556,7 +563,7 @@ def monitoring_benchmark(args: argparse.Namespace) -> dict[str, list[tuple[float
     specs = worker_specs(args)
     names = list(specs)
     print(
-        f"\nwhole workers, cnn on 2 towers, {args.worker_steps} steps, {args.worker_repeats} "
+        f"\nwhole workers, {args.worker_model} on 2 towers, batch {args.batch}, {args.worker_steps} steps, {args.worker_repeats} "
         f"runs of each of {len(specs)} configurations, in rotating order"
     )
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in specs}
@@ -595,10 +602,12 @@ def print_whole_workers(samples: dict[str, list[tuple[float, float]]], batch: in
         print(
             f"{name:<41}{statistics.median(loops):>10.1f} µs of loop CPU a step (median; runs {', '.join(f'{u:.0f}' for u in loops)})"
         )
+    labels = {name: "default" if name == "default summaries" else name for name in samples}
+    width = max(41, *(len(f"{label} adds to the loop ") for label in labels.values()))
     for name, runs in samples.items():
         if name == "no summaries":
             continue
-        label = "default" if name == "default summaries" else name
+        label = labels[name]
         # Each repeat ran every configuration once: its ratio to that repeat's none.
         pairs = [d / n for (d, _), (n, _) in zip(runs, none, strict=True)]
         median, low, high = median_interval(pairs)
@@ -609,7 +618,7 @@ def print_whole_workers(samples: dict[str, list[tuple[float, float]]], batch: in
         )
         target = "; target >= 0.97" if name == "default summaries" else ""
         print(
-            f"{label + ' / none':<41}= {median:.3f}   (median of per-repeat ratios, {interval}{target})"
+            f"{label + ' / none':<{width}}= {median:.3f}   (median of per-repeat ratios, {interval}{target})"
         )
         added = [d - n for (_, d), (_, n) in zip(runs, none, strict=True)]
         median, low, high = median_interval(added)
@@ -619,7 +628,7 @@ def print_whole_workers(samples: dict[str, list[tuple[float, float]]], batch: in
             else "too few repeats for a 95% interval"
         )
         print(
-            f"{label + ' adds to the loop':<41}= {median:.1f} µs a step, {median / none_step_us:.1%} "
+            f"{label + ' adds to the loop':<{width}}= {median:.1f} µs a step, {median / none_step_us:.1%} "
             f"of a step with none   (median of per-repeat differences, {interval})"
         )
 

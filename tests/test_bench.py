@@ -66,7 +66,9 @@ def test_whole_worker_specs_differ_from_the_defaults_in_their_kinds_alone() -> N
     from trainer.spec import JobSpec, SummariesSpec
 
     bench = load("towers_bench")
-    args = argparse.Namespace(parameter_device="cpu", batch=128, worker_steps=1000, attribute=True)
+    args = argparse.Namespace(
+        parameter_device="cpu", batch=128, worker_steps=1000, attribute=True, worker_model="cnn"
+    )
     specs = bench.worker_specs(args)
     assert list(specs) == ["default summaries", "no summaries", "defaults less the trace",
                            "defaults less scalars", "defaults less histograms, images"]  # fmt: skip

@@ -91,19 +91,6 @@ def _numbers(value: Any) -> list[float] | None:
     return numbers if len(numbers) == len(value) else None
 
 
-def finite_json(value: Any) -> Any:
-    """`value` (a worker's line) with every NaN or infinity in it, at any depth, a null, as
-    today's trainer writes them: Python's json reads and writes them, and a browser's
-    `JSON.parse` refuses the whole event that holds one, which the dashboard then drops."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: finite_json(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [finite_json(item) for item in value]
-    return value
-
-
 @dataclass
 class _Folded:
     """What the lines folded so far made: the job's snapshot, its latest eval, and the

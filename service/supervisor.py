@@ -58,19 +58,13 @@ from service.devices import DevicePool
 from service.events import JobEvent
 from service.guard import Guard
 from service.outcomes import crashed, final_state, interrupted
-from service.progress import (
-    PROGRESS_READ_BYTES,
-    finite_json,
-    fold_progress,
-    read_progress_chunk,
-    restarted_at,
-)
+from service.progress import PROGRESS_READ_BYTES, fold_progress, read_progress_chunk, restarted_at
 from service.runfiles import inside, tail_lines
 from service.scheduler import next_placements
 from service.settings import Settings
 from service.store import PREPARING, JobRecord, JobState, JobStore
 from service.workers import Worker, WorkerExit, adopt_worker, spawn_worker
-from trainer.rundir import OUTCOME_EXIT_CODES, Outcome, RunDir
+from trainer.rundir import OUTCOME_EXIT_CODES, Outcome, RunDir, finite_json
 
 log = logging.getLogger(__name__)
 

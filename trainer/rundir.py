@@ -127,19 +127,21 @@ class RunDir:
             return None
 
 
-def _finite(value: Any) -> Any:
-    """`value` with every NaN or infinite float made None (null).
+def finite_json(value: Any) -> Any:
+    """`value` with every NaN or infinite float in it, at any depth, made None (null).
 
     Python writes them as `NaN` and `Infinity`, which are not JSON: browsers' JSON.parse,
-    jq and most other readers refuse the whole file. An eval loss can be NaN while training
-    runs on (a model that gives inf only in inference), so they do reach these files.
+    jq and most other readers refuse the whole file (or event). An eval loss can be NaN
+    while training runs on (a model that gives inf only in inference), so they do reach
+    these files; the service also passes a worker's lines through this before its event
+    streams send them (a worker other than this trainer may write NaN).
     """
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
+        return {key: finite_json(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite(item) for item in value]
+        return [finite_json(item) for item in value]
     return value
 
 
@@ -160,7 +162,7 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 def write_json_atomic(path: Path, payload: Any) -> None:
     """Write JSON atomically (`write_text_atomic`), every NaN or infinity as null."""
-    text = json.dumps(_finite(payload), indent=2, sort_keys=True, allow_nan=False)
+    text = json.dumps(finite_json(payload), indent=2, sort_keys=True, allow_nan=False)
     write_text_atomic(path, text + "\n")
 
 
@@ -195,7 +197,7 @@ class ProgressWriter:
             self._append("\n")
 
     def write(self, event: str, **fields: Any) -> None:
-        line = _finite({"time": round(time.time(), 3), "event": event, **fields})
+        line = finite_json({"time": round(time.time(), 3), "event": event, **fields})
         self._append(json.dumps(line, sort_keys=True, allow_nan=False) + "\n")
 
     def _append(self, text: str) -> None:

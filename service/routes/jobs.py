@@ -614,7 +614,8 @@ def profile_job(
             "description": "`state` events (the job as JSON) and the worker's progress "
             "events (`start`, `progress`, `eval`, `checkpoint`, `trace`, `end`); the stream "
             "ends after the job does (what comes later, `exited` as its worker is gone and "
-            "`deleted`, is on /api/v1/events).",
+            "`deleted`, is on /api/v1/events; a stream opened as the job is deleted says "
+            "`deleted` and ends).",
         },
     },
 )

@@ -85,8 +85,9 @@ export async function getJSON(path, options) {
   return (await api(path, options)).data;
 }
 
-// `deleted` and `exited` come on the all-jobs stream only (a job's own stream has ended
-// before its job can be deleted, or its worker be gone after the end): `{job_id, id}` of a
+// `deleted` and `exited` come on the all-jobs stream (a job's own stream has ended before
+// its job can be deleted, or its worker be gone after the end; one opened as its job is
+// deleted says `deleted`, `{id}`, and ends): `{job_id, id}` of a
 // job deleted for good; `{job_id, id, devices}` once the worker of a job that ended while
 // it was still exiting (the devices list marked its devices `exiting`) has gone.
 const EVENT_NAMES = [

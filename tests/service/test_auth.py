@@ -105,7 +105,8 @@ def test_read_with_token(secured: Service) -> None:
 
 
 def test_the_bearer_scheme_is_read_in_any_case(secured: Service) -> None:
-    # (Under any other scheme the token is not taken: see the test below.)
+    # (Under any other scheme the token is not taken: see
+    # test_read_with_an_authorization_header_not_bearer_401, above.)
     url = f"{secured.base_url}/api/v1/jobs"
     assert httpx.get(url, headers={"Authorization": f"bearer {TOKEN}"}).status_code == 200
 

@@ -240,10 +240,12 @@ def cancel_job(job: JobDep, runtime: RuntimeDep) -> Response:
             break
     else:
         current = store.get(job.id)
-        state = current.state if current else job.state
+        if current is None:  # ended and deleted by others since the route found it
+            raise HTTPException(404, job_not_found(job.id))
         raise HTTPException(
             409,
-            f"Job {job.id!r} {_is_in(state)}; only queued or running jobs can be cancelled.",
+            f"Job {job.id!r} {_is_in(current.state)}; only queued or running jobs can be "
+            "cancelled.",
         )
     updated = store.get(job.id)
     if updated is None:  # cancelled, then deleted by another client before this read

@@ -1287,3 +1287,28 @@ def test_a_cancel_or_resume_of_a_job_deleted_as_it_acts_is_404(
     response = _in_the_app(tmp_path, scenario)
     assert response.status_code == 404, response.text
     assert response.json()["detail"].endswith("not found.")
+
+
+def test_cancel_of_a_job_cancelled_and_deleted_by_others_first_is_404(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found queued by the route, then cancelled and deleted by another client before its
+    # first look: it said 409, "Job ... is queued; only queued or running jobs can be
+    # cancelled", of the job as the route had first read it.
+
+    async def scenario(runtime: Any, client: httpx.AsyncClient) -> httpx.Response:
+        store = runtime.store
+        job = store.create(JobSpec.model_validate(job_spec(name="gone")).model_dump())
+        cancel_queued = store.cancel_queued
+
+        def by_others_first(job_id: str) -> bool:
+            assert cancel_queued(job_id) and store.delete(job_id)
+            monkeypatch.setattr(store, "cancel_queued", cancel_queued)
+            return False  # this route's own look: nothing queued any more
+
+        monkeypatch.setattr(store, "cancel_queued", by_others_first)
+        return await client.post(f"/api/v1/jobs/{job.id}/cancel")
+
+    response = _in_the_app(tmp_path, scenario)
+    assert response.status_code == 404, response.text
+    assert response.json()["detail"].endswith("not found.")

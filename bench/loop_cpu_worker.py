@@ -7,9 +7,9 @@ Writes `DIR/loop_cpu.json`: {"steps": n, "seconds": s}, the loop thread's CPU ti
 system, `time.thread_time`) from the start of this process's second step to the end of its
 last (the first traces the step function; the end's checkpoint and export are left out).
 A host whose loop launches a short GPU step is bound by that thread: what the monitoring
-adds to its CPU time a step is what it costs such a host, a figure far steadier than two
-runs' examples/sec (whole runs of one configuration spread by 16% on an H200). Run by hand
-through the bench, not by the service: the trainer itself is unchanged.
+adds to its CPU time a step is what it costs such a host, with no core's other work in it
+(on this 2-core CPU it spreads between runs as much as their examples/sec do). Run by
+hand through the bench, not by the service: the trainer itself is unchanged.
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@
       2 shared cores, 2-second windows of one run vary by +-15%); with `--attribute`, also
       the defaults less one kind each, to say what each costs a whole worker. Beside each,
       the CPU time its training loop's thread spent a step (`loop_cpu_worker.py`), and
-      what the summaries add to it: steadier than the rates, and what they cost a host
-      whose loop bounds it (a short step on a GPU).
+      what the summaries add to it: what they cost a host whose loop bounds it (a short
+      step on a GPU; `--worker-model mlp --batch 32` is a stand-in on a CPU).
 
 On a CPU host the towers run on logical CPU devices split from the one CPU; with a GPU,
 `--split-gpu-mb M` splits the first GPU into N logical GPUs of M MiB each.

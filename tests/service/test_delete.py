@@ -16,7 +16,7 @@ from service.store import JobStore, MetricPoint
 from service.tensorboard import mirror_logdir
 from tests.service.harness import Service, fake_worker_env, job_spec
 from tests.service.test_client import one_error_line, towerboard
-from tests.service.test_jobs import read_sse
+from tests.service.test_jobs import following
 from tests.service.test_supervisor import write_locked
 
 
@@ -53,16 +53,9 @@ def test_delete_ended_job_removes_record_metrics_and_files(service: Service) -> 
     runs = service.data_dir / "runs"
     assert (runs / gone["id"] / "result.json").is_file()
 
-    every: list[dict[str, Any]] = []
-    subscribed = threading.Event()
-    reader = threading.Thread(
-        target=read_sse,
-        args=(service.client, "/api/v1/events", every),
-        kwargs={"subscribed": subscribed, "until": lambda event: event["event"] == "deleted"},
-        daemon=True,
+    reader, every = following(
+        service.client, "/api/v1/events", lambda event: event["event"] == "deleted"
     )
-    reader.start()
-    assert subscribed.wait(30)
 
     response = service.client.delete(f"/api/v1/jobs/{gone['id']}")
     assert response.status_code == 204 and response.content == b""

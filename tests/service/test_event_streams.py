@@ -32,7 +32,7 @@ from tests.service.harness import (
     processes_under,
     stand_in_service,
 )
-from tests.service.test_jobs import read_sse
+from tests.service.test_jobs import following
 
 
 def test_stop_ends_open_streams_cleanly(
@@ -320,16 +320,7 @@ def test_exited_comes_once_the_ended_jobs_worker_has_gone(
             ).fetchone()[0]
         return True
 
-    events: list[dict[str, Any]] = []
-    subscribed = threading.Event()
-    reader = threading.Thread(
-        target=read_sse,
-        args=(service.client, "/api/v1/events", events),
-        kwargs={"subscribed": subscribed, "until": exited},
-        daemon=True,
-    )
-    reader.start()
-    assert subscribed.wait(30)
+    reader, events = following(service.client, "/api/v1/events", exited)
 
     assert service.wait_state(job_id, "succeeded")["state"] == "succeeded"
     workers = processes_under(service.data_dir / "runs" / job_id)
@@ -374,16 +365,7 @@ def test_a_worker_lines_nan_and_infinities_go_out_as_null(tmp_path: Path) -> Non
     # Sent as Python's json writes them (NaN, Infinity), a browser's JSON.parse refused
     # the event, and the dashboard dropped it whole: its accuracy and step with it.
     with stand_in_service(tmp_path, ("non_finite_worker", NON_FINITE_WORKER)) as service:
-        events: list[dict[str, Any]] = []
-        subscribed = threading.Event()
-        reader = threading.Thread(
-            target=read_sse,
-            args=(service.client, "/api/v1/events", events),
-            kwargs={"subscribed": subscribed, "until": lambda e: e["event"] == "end"},
-            daemon=True,
-        )
-        reader.start()
-        assert subscribed.wait(30)
+        reader, events = following(service.client, "/api/v1/events", lambda e: e["event"] == "end")
         service.submit(job_spec(name="odd"))
         reader.join(60)
     [line] = [e["data"] for e in events if e["event"] == "progress"]

@@ -60,12 +60,29 @@ def read_sse(
                     return
 
 
+def following(
+    client: httpx.Client, path: str, until: Callable[[dict[str, Any]], bool] | None = None
+) -> tuple[threading.Thread, list[dict[str, Any]]]:
+    """A daemon thread reading the stream at `path` into the list returned (`read_sse`,
+    until an event satisfies `until`), started and subscribed: whatever happens after
+    the call is in it."""
+    events: list[dict[str, Any]] = []
+    subscribed = threading.Event()
+    reader = threading.Thread(
+        target=read_sse,
+        args=(client, path, events),
+        kwargs={"subscribed": subscribed, "until": until},
+        daemon=True,
+    )
+    reader.start()
+    assert subscribed.wait(30), f"the stream {path} did not open"
+    return reader, events
+
+
 @pytest.fixture(scope="module")
 def finished(service: Service) -> dict[str, Any]:
     """The tiny job, followed over SSE from submission to success: on its own stream, and
     on the stream of every job (opened before the job is submitted)."""
-    every: list[dict[str, Any]] = []
-    subscribed = threading.Event()
 
     def ended(event: dict[str, Any]) -> bool:
         return event["event"] == "state" and event["data"]["state"] in (
@@ -74,13 +91,7 @@ def finished(service: Service) -> dict[str, Any]:
             "cancelled",
         )
 
-    all_reader = threading.Thread(
-        target=read_sse,
-        args=(service.client, "/api/v1/events", every),
-        kwargs={"subscribed": subscribed, "until": ended},
-    )
-    all_reader.start()
-    assert subscribed.wait(30), "the stream of every job did not open"
+    all_reader, every = following(service.client, "/api/v1/events", ended)
     created = service.client.post("/api/v1/jobs", json=job_spec())
     job_id = created.json()["id"]
     events: list[dict[str, Any]] = []

@@ -579,9 +579,10 @@ class Controller:
         timed)."""
         # The step's scalars, packed by the step itself: one copy back (each copy from a
         # GPU is a sync of its own) and no eager op on the loop.
-        read = out["scalars"].numpy()
+        # As Python floats in one call each, not a numpy scalar a value.
+        read = out["scalars"].numpy().tolist()
         names = self.trainer.scalar_names
-        values: dict[str, float] = {k: float(v) for k, v in zip(names, read, strict=False)}
+        values: dict[str, float] = dict(zip(names, read, strict=False))
         if step_seconds is not None and examples_per_sec is not None:
             values["step_time_ms"] = step_seconds * 1000.0
             values["examples_per_sec"] = examples_per_sec
@@ -589,10 +590,10 @@ class Controller:
         # loss this step; a 0 would plot as a perfect tower.
         # The example counts are made on the host: reading them costs no sync.
         for i, (tower_loss, count) in enumerate(
-            zip(read[len(names) :], out["tower_examples"].numpy(), strict=True)
+            zip(read[len(names) :], out["tower_examples"].numpy().tolist(), strict=True)
         ):
             if count > 0:
-                values[f"tower_{i}/loss"] = float(tower_loss)
+                values[f"tower_{i}/loss"] = tower_loss
         self.summaries.scalars("train", values, step)
 
     def _write_histograms(self, step: int, grads: list[tf.Tensor]) -> None:

@@ -1,5 +1,6 @@
 """Summaries as TensorBoard reads them back: the right plugin, the right values."""
 
+import math
 import threading
 import time
 
@@ -12,7 +13,7 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.distribution.compressor import compress_histogram
 
 from trainer.descriptions import describe
-from trainer.summaries import SummaryManager, histogram_buckets
+from trainer.summaries import SummaryManager, _scalar_proto, histogram_buckets, scalars_event
 
 
 def read(logdir):
@@ -193,6 +194,48 @@ def test_metadata_is_written_once_a_tag_per_event_file(tmp_path):
     summaries.close()
     with_metadata = [(tag, step) for tag, step, has in raw_values(tmp_path / "train") if has]
     assert with_metadata == [("loss", 1), ("accuracy", 1), ("weights/w", 1), ("loss", 4)]
+
+
+def proto_built_scalars(step, wall_time, values):
+    """The `Event` of `values` as protobuf messages build it (what `scalars_event` encodes)."""
+    summary = Summary()
+    for tag, value in values.items():
+        summary.value.add(tag=tag).tensor.CopyFrom(_scalar_proto(float(value)))
+    return event_pb2.Event(step=step, wall_time=wall_time, summary=summary).SerializeToString()
+
+
+@pytest.mark.parametrize("step", [0, 1, 127, 128, 16_384, 2**40, 2**63 - 1, -1, -(2**63)])
+@pytest.mark.parametrize("wall_time", [0.0, 1795819389.789851])
+def test_scalars_event_is_the_bytes_protobuf_makes(step, wall_time):
+    # Tags of one and two length bytes, non-ASCII ones, and values protobuf stores as it
+    # does: NaN, infinities, -0.0, a subnormal rounding to 0, float32's largest, and
+    # float64 values past it, which protobuf makes an infinity (and `struct` refuses).
+    values = {
+        "loss": 0.25, "tower_0/loss": math.nan, "é/ü": -math.inf, "x" * 200: 1e39,
+        "neg": -1e39, "tiny": 1e-46, "zero": -0.0, "max": 3.4028235e38,
+    }  # fmt: skip
+    for some in (values, {}, {"accuracy": 1.0}):
+        assert scalars_event(step, wall_time, some) == proto_built_scalars(step, wall_time, some)
+
+
+def test_scalars_after_a_files_first_are_read_back_as_written(tmp_path):
+    # Every scalars call after a tag's first in a file is encoded by `scalars_event`.
+    summaries = SummaryManager(tmp_path)
+    summaries.scalars("train", {"loss": 1.0}, step=1)
+    summaries.scalars("train", {"loss": 0.5, "tower_1/loss": 2.0}, step=2)  # a new tag: messages
+    summaries.scalars("train", {"loss": 0.25, "tower_1/loss": 4.0}, step=3)  # encoded
+    summaries.close()
+    acc = read(tmp_path / "train")
+    assert [(e.step, tf.make_ndarray(e.tensor_proto)) for e in acc.Tensors("loss")] == [
+        (1, 1.0), (2, 0.5), (3, 0.25),
+    ]  # fmt: skip
+    assert [(e.step, tf.make_ndarray(e.tensor_proto)) for e in acc.Tensors("tower_1/loss")] == [
+        (2, 2.0), (3, 4.0),
+    ]  # fmt: skip
+    assert acc.SummaryMetadata("tower_1/loss").plugin_data.plugin_name == "scalars"
+    assert [(t, s, has) for t, s, has in raw_values(tmp_path / "train") if s == 3] == [
+        ("loss", 3, False), ("tower_1/loss", 3, False),
+    ]  # fmt: skip
 
 
 def test_describe_knows_the_tags_a_job_writes():

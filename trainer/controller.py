@@ -15,6 +15,7 @@ import math
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ import tensorflow as tf
 
 from trainer.checkpoints import Checkpointer
 from trainer.cluster import Cluster
-from trainer.profiling import TraceCapture, tower_times_ms
+from trainer.profiling import STEP_MARKER, TraceCapture, TraceTimes
 from trainer.rundir import (
     PROFILE_STEPS_DEFAULT,
     PROFILE_STEPS_MAX,
@@ -260,6 +261,10 @@ class Controller:
         self._requested_steps: set[int] = set()
         self._request_refused = False  # a request could not be taken: said once
         self._tower_ms: list[float] | None = None
+        # The trace being stopped and read off the loop (`TraceCapture.end`): its last step,
+        # whether a request asked for it, and what it gives. Its line is written at the next
+        # step that is not quiet, or when it is waited for.
+        self._trace_ending: tuple[int, bool, Future[TraceTimes | None]] | None = None
         self._towers_on_gpus = any(
             tf.DeviceSpec.from_string(d).device_type == "GPU" for d in trainer.tower_devices
         )
@@ -271,6 +276,16 @@ class Controller:
     # -- the loop --------------------------------------------------------------------
 
     def run(self) -> RunSummary:
+        try:
+            return self._run()
+        finally:
+            # On every way out, a failure's too, the thread that stops the profiler is
+            # joined: no stop runs on into the interpreter's shutdown. A failure drops what
+            # a trace ended just before it gave (its file stays on disk): what the job
+            # writes next is how it failed.
+            self.trace.close()
+
+    def _run(self) -> RunSummary:
         step = int(self.trainer.step.numpy())
         self.progress.write(
             "start",
@@ -306,6 +321,7 @@ class Controller:
                 return self._finish_cancelled(step, _metrics(loop.loss, loop.out))
             self.at_step = step + 1
             if step + 1 in self._trace_steps and not self.trace.active:
+                self._write_trace(wait=True)  # the profiler takes one session at a time
                 self.trace.start()
             began = time.monotonic()
             # Every kind is also written at the job's last step, so its charts end where the
@@ -399,7 +415,7 @@ class Controller:
         # this marker alone, and without it said "No step marker observed" and 0 ms. The
         # read is inside it: on a GPU the launch returns before the step is done.
         with (
-            tf.profiler.experimental.Trace("train", step_num=step, _r=1)
+            tf.profiler.experimental.Trace(STEP_MARKER, step_num=step, _r=1)
             if self.trace.active
             else contextlib.nullcontext()
         ):
@@ -478,10 +494,11 @@ class Controller:
     def _write_summaries(
         self, loop: _Loop, step: int, images: tf.Tensor, scalars_due: bool, last: bool
     ) -> None:
-        """What is due to TensorBoard after `step` (read): the end of a trace, the graph
-        once, scalars, histograms and images."""
+        """What is due to TensorBoard after `step` (read): a trace ended before and read
+        by now, the end of a trace, the graph once, scalars, histograms and images."""
         assert loop.out is not None
         s = self.spec.summaries
+        self._write_trace(wait=False)
         if self.trace.active:
             self._traced_steps += 1
             if step + 1 not in self._trace_steps:
@@ -502,6 +519,7 @@ class Controller:
         checkpoint."""
         if self.trace.active:
             self._finish_trace(step)
+        self._write_trace(wait=True)
         metrics = {
             **_metrics(loop.loss, loop.out),
             "examples_per_sec": _rounded(loop.examples_per_sec),
@@ -624,21 +642,30 @@ class Controller:
         )
 
     def _finish_trace(self, step: int) -> None:
+        """End the trace after `step`, its last: the loop goes on at once, and the
+        profiler's stop and the reading of the towers' times run on a background thread
+        (`TraceCapture.end`), whose result `_write_trace` writes."""
         steps, self._traced_steps = self._traced_steps, 0
         traced = range(step - steps + 1, step + 1)
         requested = not self._requested_steps.isdisjoint(traced)
         self._requested_steps.difference_update(traced)
-        # The steps name the trace's run in TensorBoard's profile plugin.
-        path = self.trace.stop((step - steps + 1, step) if steps else None)
-        if path is None:
+        ending = self.trace.end(traced, self.trainer.local_towers, self._towers_on_gpus)
+        self._trace_ending = (step, requested, ending)
+
+    def _write_trace(self, wait: bool) -> None:
+        """Write what an ended trace gave (the towers' times to TensorBoard and the `trace`
+        line), once its thread is done; `wait`: wait for it (a job's end, a cancel, the
+        next trace's start). A trace that gave nothing was logged on its thread."""
+        if self._trace_ending is None:
             return
-        try:
-            self._tower_ms = tower_times_ms(
-                path, self.trainer.local_towers, steps, on_gpus=self._towers_on_gpus
-            )
-        except Exception as e:  # noqa: BLE001 - a trace we cannot read must not stop training
-            log.warning("could not read the trace %s: %s", path, e)
+        step, requested, ending = self._trace_ending
+        if not (wait or ending.done()):
             return
+        self._trace_ending = None
+        read = ending.result()
+        if read is None:
+            return
+        path, self._tower_ms = read
         self.summaries.scalars(
             "train", {f"tower_{i}/compute_ms": ms for i, ms in enumerate(self._tower_ms)}, step
         )
@@ -757,5 +784,6 @@ class Controller:
         self.stop.set()
         if self.trace.active:
             self._finish_trace(step)
+        self._write_trace(wait=True)
         self._save(step)
         return RunSummary(Outcome.CANCELLED, step, metrics, self._last_eval, self._checkpoint_path)

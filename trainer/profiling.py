@@ -5,6 +5,13 @@ plugin shows (trace viewer, one row per device thread, ops named `tower_i/...`).
 tower's compute time is the sum of the durations of its ops in that trace, forward and
 backward, per traced step: measured, never estimated (on a GPU, its kernels' time on the
 device).
+
+Ending a capture (`TraceCapture.end`) is off the training loop: the loop stops marking
+steps at once, and a background thread stops the profiler (which collects and writes the
+trace: some 40 ms on an H200 host), names its folder by the steps and reads the towers'
+times from it, while the loop goes on launching steps. So the profiler records a few steps
+past the traced ones; the times count only the traced steps' window, which their step
+markers (`train`, `step_num`) bound.
 """
 
 from __future__ import annotations
@@ -14,7 +21,9 @@ import logging
 import math
 import re
 import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -33,11 +42,24 @@ _TOWER_OP = re.compile(r"^(?:replica_\d+/)?(?:gradient_tape/)?(?:replica_\d+/)?t
 _PROFILER_RUN = re.compile(r"\d{4}(?:_\d\d){5}")
 
 
+# The marker the loop puts around each traced step (`Controller._step`), and its stat.
+STEP_MARKER = "train"
+_STEP_NUM = "step_num"
+_HOST_PLANE = "/host:CPU"
+
+
 def _xplane_pb2():  # noqa: ANN202 - generated protobuf module
     # The XPlane schema ships inside TensorFlow; importing it lazily keeps module import cheap.
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     return xplane_pb2
+
+
+class TraceTimes(NamedTuple):
+    """What an ended capture gave: its trace file, and each tower's time a traced step."""
+
+    path: Path
+    tower_ms: list[float]
 
 
 class TraceCapture:
@@ -52,10 +74,16 @@ class TraceCapture:
         # The wall-clock second the last capture left under the profiler's own folder name
         # was written in (see `stop`).
         self._unnamed_second = -1
+        # The thread `end` hands a capture's stop and reading to (made at the first), and
+        # the last capture it was handed.
+        self._thread: ThreadPoolExecutor | None = None
+        self._ending: Future[TraceTimes | None] | None = None
 
     def start(self) -> bool:
         if self.active:
             return True
+        # The profiler takes one session at a time: a stop still in flight ends first.
+        self.wait()
         self._before = self._unnamed_traces()
         try:
             options = tf.profiler.experimental.ProfilerOptions(
@@ -78,15 +106,62 @@ class TraceCapture:
         if not self.active:
             return None
         self.active = False
+        return self._stop(steps)
+
+    def end(self, steps: range, towers: int, on_gpus: bool = False) -> Future[TraceTimes | None]:
+        """Stop capturing, and read each tower's time of the traced `steps` from the trace:
+        `TraceTimes`, or None where there is none or it cannot be read (logged, never
+        raised).
+
+        For the loop, the capture ends at once (`active` is False: the steps after are
+        not marked). The rest runs on a background thread: stopping the profiler (it
+        collects and writes the trace, releasing the GIL while it does), naming its folder
+        (`stop`) and reading the times (`tower_times_ms`), while the loop goes on. The
+        next `start` waits for it, and `close` joins the thread.
+        """
+        assert self.active, "end() of a capture that is not running"
+        self.active = False
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trace-stop")
+        self._ending = self._thread.submit(self._stop_and_read, steps, towers, on_gpus)
+        return self._ending
+
+    def wait(self) -> None:
+        """Wait for the stop `end` handed over, if one is still in flight."""
+        if self._ending is not None:
+            wait([self._ending])
+
+    def close(self) -> None:
+        """Join the background thread (a stop in flight ends first): no profiler stop may
+        run on while the interpreter shuts down. The next `end` makes another."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
+
+    def _stop_and_read(self, steps: range, towers: int, on_gpus: bool) -> TraceTimes | None:
+        """`end`'s work, on its thread. Any failure is logged, never raised: a trace we
+        cannot stop or read must not stop training."""
+        path = None
+        try:
+            path = self._stop((steps[0], steps[-1]) if steps else None)
+            if path is None or not steps:
+                return None
+            return TraceTimes(path, tower_times_ms(path, towers, steps, on_gpus=on_gpus))
+        except Exception as e:  # noqa: BLE001
+            log.warning("could not read the trace %s: %s", path, e)
+            return None
+
+    def _stop(self, steps: tuple[int, int] | None) -> Path | None:
         # The profiler names a capture's folder by the wall-clock second it stops in, so a
         # capture that stops within the second of one still under that name would write
         # over it (steps 200-201 of a job, with an eval between, were lost to a trace of
         # 204-205). A capture named by its steps has left that name by now, so only one
-        # that was not (no steps given, or its renaming failed) is waited out: a second on
-        # the loop, which trace steps 100 and 200 of a 4 ms GPU step paid every time.
-        wait = self._unnamed_second + 1 - time.time()
-        if wait > 0:
-            time.sleep(wait + 0.01)
+        # that was not (no steps given, or its renaming failed) is waited out: up to a
+        # second, which trace steps 100 and 200 of a 4 ms GPU step paid on the loop every
+        # time before captures were named (on `end`'s thread now, the loop would not).
+        left = self._unnamed_second + 1 - time.time()
+        if left > 0:
+            time.sleep(left + 0.01)
         try:
             tf.profiler.experimental.stop()
         except Exception as e:  # noqa: BLE001
@@ -122,8 +197,9 @@ class TraceCapture:
         }
 
 
-def tower_times_ms(trace: Path, towers: int, steps: int, on_gpus: bool = False) -> list[float]:
-    """Per traced step, the milliseconds each tower's ops ran, summed from the trace.
+def tower_times_ms(trace: Path, towers: int, steps: range, on_gpus: bool = False) -> list[float]:
+    """Per traced step, the milliseconds each tower's ops ran in the traced `steps`,
+    summed from the trace.
 
     On a GPU the time is the kernels' time on the device: each kernel event of a
     `/device:GPU:N` plane carries the TensorFlow op that launched it in its `tf_op` stat.
@@ -131,12 +207,27 @@ def tower_times_ms(trace: Path, towers: int, steps: int, on_gpus: bool = False) 
     any tower, they alone count. Without GPUs (towers on logical CPU devices) each op runs
     on the host, and its host event is its compute time.
 
+    Only the events that start inside the traced steps' window count: from the earliest
+    start to the latest end of their step markers (`Controller._step` wraps each traced
+    step, the read of its loss included, in a `train` event with its `step_num`). The
+    profiler records on until `TraceCapture.end`'s thread stops it, so the trace holds
+    ops of the steps launched after the traced ones too. By start, not end: a GPU kernel
+    ends before the loss read that waits for it, inside the marker, and an op is not lost
+    to a clock conversion that puts its end a hair past it.
+
+    Raises `ValueError` where the trace has no marker of these steps. Counting all of it
+    instead would add the steps after the traced ones, as many as the loop launched
+    while the profiler stopped, to the traced ones' time: a figure too high by an amount
+    nobody could tell. The loop marks every traced step, so a trace without markers is
+    not one of its own, and gives no times.
+
     `on_gpus`: the towers ran on GPUs, so a trace without their kernels (the profiler
     could not load CUPTI, and TensorFlow only logs that) has no compute time to give:
     its host events would pass launch times off as compute. Raises `ValueError` then.
     """
     space = _xplane_pb2().XSpace()
     space.ParseFromString(trace.read_bytes())
+    begin, end = _steps_window(space, steps)
     kernels, on_host = [0] * towers, [0] * towers
     for plane in space.planes:
         is_gpu = plane.name.startswith("/device:GPU:")
@@ -146,13 +237,22 @@ def tower_times_ms(trace: Path, towers: int, steps: int, on_gpus: bool = False) 
         # A host event's op is its metadata's name: matched once a name, not once an event.
         host_tower = {key: _tower_index(meta.name) for key, meta in plane.event_metadata.items()}
         for line in plane.lines:
+            # An event's time is its line's (ns) plus its offset (ps). A GPU plane's kernel
+            # events are on the host's clock too: TensorFlow's CUPTI collector converts
+            # them, which is how the trace viewer lines them up with the host's rows (not
+            # checked on a GPU here: none on this project's test host).
+            line_ps = line.timestamp_ns * 1000
             for event in line.events:
                 tower = (
                     _tower_index(_gpu_op_name(event, tf_op, stat_names))
                     if is_gpu
                     else host_tower.get(event.metadata_id)
                 )
-                if tower is not None and tower < towers:
+                if (
+                    tower is not None
+                    and tower < towers
+                    and begin <= line_ps + event.offset_ps <= end
+                ):
                     totals[tower] += event.duration_ps
     if on_gpus and not any(kernels):
         raise ValueError(
@@ -161,7 +261,45 @@ def tower_times_ms(trace: Path, towers: int, steps: int, on_gpus: bool = False) 
             "load it). No compute times from this trace: its host events only time launches"
         )
     total_ps = kernels if any(kernels) else on_host
-    return [round(ps / 1e9 / max(steps, 1), 3) for ps in total_ps]
+    return [round(ps / 1e9 / max(len(steps), 1), 3) for ps in total_ps]
+
+
+def _steps_window(space, steps: range) -> tuple[int, int]:  # noqa: ANN001 - an XSpace
+    """The earliest start and latest end (ps) of the host's step markers of `steps`."""
+    begin, end = None, None
+    for plane in space.planes:
+        if plane.name != _HOST_PLANE:
+            continue
+        markers = {key for key, meta in plane.event_metadata.items() if meta.name == STEP_MARKER}
+        step_num = next(
+            (key for key, meta in plane.stat_metadata.items() if meta.name == _STEP_NUM), None
+        )
+        for line in plane.lines:
+            line_ps = line.timestamp_ns * 1000
+            for event in line.events:
+                if event.metadata_id in markers and any(
+                    stat.metadata_id == step_num and _stat_int(stat) in steps
+                    for stat in event.stats
+                ):
+                    start = line_ps + event.offset_ps
+                    stop = start + event.duration_ps
+                    begin = start if begin is None else min(begin, start)
+                    end = stop if end is None else max(end, stop)
+    if begin is None or end is None:
+        which = f"steps {steps[0]}-{steps[-1]}" if steps else "no steps"
+        raise ValueError(
+            f"Expected the trace's {_HOST_PLANE} plane to mark {which} ('{STEP_MARKER}' "
+            f"events with a {_STEP_NUM}). Received: no marker of them. No compute times from "
+            "this trace: the profiler records past the traced steps, so without their "
+            "window it cannot tell their ops from the next steps'"
+        )
+    return begin, end
+
+
+def _stat_int(stat) -> int | None:  # noqa: ANN001 - an XStat
+    """An integer stat's value (TensorFlow writes `step_num` as an int64), else None."""
+    kind = stat.WhichOneof("value")
+    return getattr(stat, kind) if kind in ("int64_value", "uint64_value") else None
 
 
 @functools.lru_cache(maxsize=4096)

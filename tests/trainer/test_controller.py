@@ -10,7 +10,8 @@ the order it comes from is what these tests hold."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from tests.trainer.progress_lines import progress_lines
 from trainer import controller as controller_module
+from trainer import profiling
 from trainer.checkpoints import Checkpointer
 from trainer.cluster import Cluster
 from trainer.controller import UNREAD_STEPS_MAX, Controller, NonFiniteLoss
@@ -380,3 +382,111 @@ def test_a_stop_during_the_last_step_ends_a_cluster_as_it_ends_one_process(
 
     assert (summary.outcome.value, summary.step) == (outcome, stopped_in)
     assert controller.checkpointer.manager.latest_checkpoint.endswith(f"ckpt-{stopped_in}")
+
+
+def slow_profiler_stop(
+    monkeypatch: pytest.MonkeyPatch, seconds: float, until: Callable[[], bool] | None = None
+) -> list[str]:
+    """The profiler's stop, made to take `seconds` first (or, given `until`, to wait for it
+    up to `seconds`, noting whether it came): so it is still running when the loop goes
+    on. The list says what each stop saw, once it ended."""
+    stop, ended = tf.profiler.experimental.stop, []
+
+    def slow_stop() -> None:
+        waited = time.monotonic() + seconds
+        while time.monotonic() < waited and not (until and until()):
+            time.sleep(0.01)
+        stop()
+        ended.append("came" if until and until() else "ended")
+
+    monkeypatch.setattr(profiling.tf.profiler.experimental, "stop", slow_stop)
+    return ended
+
+
+def trace_lines(controller: Controller) -> list[tuple[int, str]]:
+    """(step, the steps its folder is named by) of each `trace` line; each line's times
+    and folder are checked here."""
+    lines = progress_lines(controller.rundir.progress)
+    traces = [e for e in lines if e["event"] == "trace"]
+    for e in traces:
+        assert len(e["tower_ms"]) == 2 and all(ms > 0 for ms in e["tower_ms"]), e
+        assert (controller.rundir.root / e["trace_dir"]).is_dir(), e
+    return [(e["step"], e["trace_dir"].rsplit("_", 1)[1]) for e in traces]
+
+
+def compute_ms_steps(controller: Controller) -> list[int]:
+    controller.summaries.close()
+    acc = event_accumulator.EventAccumulator(
+        str(controller.rundir.tensorboard / "train"), size_guidance={"tensors": 0}
+    )
+    acc.Reload()
+    return [e.step for e in acc.Tensors("tower_0/compute_ms")]
+
+
+def test_the_loop_goes_on_while_the_profiler_stops(tmp_path, monkeypatch) -> None:
+    # The profiler's stop (collecting and writing the trace: 40 ms on an H200 host) and
+    # the reading of the towers' times ran on the loop, 2% of a 1000-step GPU job. The
+    # stop waits here for step 6 to launch: on the loop, it would wait in vain.
+    off = {"scalars_every": 0, "histograms_every": 0, "images_every": 0}
+    controller, trainer = run_loop(
+        tmp_path, 8, batches(), summaries={**off, "trace_steps": [3, 4], "graph": False}
+    )
+    ended = slow_profiler_stop(monkeypatch, 10.0, until=lambda: "launch 6" in trainer.log)
+
+    summary = controller.run()
+
+    assert summary.outcome.value == "succeeded"
+    assert ended == ["came"]
+    assert trace_lines(controller) == [(4, "3-4")]
+    assert compute_ms_steps(controller) == [4]
+    assert not [t for t in threading.enumerate() if t.name.startswith("trace-stop")]
+
+
+@pytest.mark.parametrize(
+    ("trace_steps", "steps", "stop_after", "outcome", "traces"),
+    [
+        # A cancel just after a trace's last step: the trace is written, then the checkpoint.
+        pytest.param([3, 4], 8, 4, "cancelled", [(4, "3-4")], id="cancel-after-a-trace"),
+        # The job's last step is a trace step.
+        pytest.param([5], 5, None, "succeeded", [(5, "5")], id="trace-at-the-last-step"),
+        # The next trace starts as soon as the last one's stop ends.
+        pytest.param([3, 4, 6, 7], 9, None, "succeeded", [(4, "3-4"), (7, "6-7")], id="close"),
+    ],
+)
+def test_a_trace_still_stopping_is_written_before_the_job_ends(
+    tmp_path, monkeypatch, trace_steps, steps, stop_after, outcome, traces
+) -> None:
+    off = {"scalars_every": 0, "histograms_every": 0, "images_every": 0}
+    controller, trainer = run_loop(
+        tmp_path, steps, batches(), summaries={**off, "trace_steps": trace_steps, "graph": False}
+    )
+    if stop_after is not None:
+        trainer.stop_after = (stop_after, controller.stop)  # as SIGTERM sets it
+    slow_profiler_stop(monkeypatch, 0.3)  # still stopping when the loop comes to its end
+
+    summary = controller.run()
+
+    assert summary.outcome.value == outcome
+    assert trace_lines(controller) == traces
+    assert compute_ms_steps(controller) == [step for step, _ in traces]
+    # Before the final checkpoint: the run writes its end and result.json after that.
+    events = [e["event"] for e in progress_lines(controller.rundir.progress)]
+    assert events[-2:] == ["phase", "checkpoint"], events
+    assert events[:-2].count("trace") == len(traces), events
+
+
+def test_a_failure_while_the_profiler_stops_waits_for_the_stop(tmp_path, monkeypatch) -> None:
+    # The run closes the summaries and exits once the loop fails: a stop still running
+    # then would run on into the interpreter's shutdown.
+    off = {"scalars_every": 0, "histograms_every": 0, "images_every": 0}
+    controller, trainer = run_loop(
+        tmp_path, 8, batches(), summaries={**off, "trace_steps": [3], "graph": False}
+    )
+    trainer.nan_at = 4
+    ended = slow_profiler_stop(monkeypatch, 1.0)
+
+    with pytest.raises(NonFiniteLoss):
+        controller.run()
+
+    assert ended == ["ended"]
+    assert not [t for t in threading.enumerate() if t.name.startswith("trace-stop")]

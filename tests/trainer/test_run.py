@@ -254,7 +254,9 @@ def test_run_job_traces_each_tower(tiny_run):
     [line] = [e for e in progress_lines(job_dir / "progress.jsonl") if e["event"] == "trace"]
     reported = line["tower_ms"]
     assert "requested" not in line  # the spec's trace_steps: no request answered
-    assert reported == tower_times_ms(traces[0], towers=2, steps=2)
+    assert reported == tower_times_ms(traces[0], towers=2, steps=range(6, 8))
+    assert traces[0].parent.name.endswith("_steps_6-7")
+    assert line["step"] == 7 and line["trace_dir"] == f"tb/plugins/profile/{traces[0].parent.name}"
     assert all(ms > 0 for ms in reported)
 
 

@@ -26,7 +26,10 @@
       the defaults less one kind each, to say what each costs a whole worker. Beside each,
       the CPU time its training loop's thread spent a step (`loop_cpu_worker.py`), and
       what the summaries add to it: what they cost a host whose loop bounds it (a short
-      step on a GPU; `--worker-model mlp --batch 32` is a stand-in on a CPU).
+      step on a GPU; `--worker-model mlp --batch 32` is a stand-in on a CPU). Then, per
+      configuration, where its loop's wall-clock time went within each run (each summary
+      call, the trace's start and end, the reports, and the steps by kind): what each kind
+      costs, from one run, where the rates of runs spread by more than a kind costs.
 
 On a CPU host the towers run on logical CPU devices split from the one CPU; with a GPU,
 `--split-gpu-mb M` splits the first GPU into N logical GPUs of M MiB each.
@@ -501,9 +504,14 @@ def job_seconds(cost: dict[str, float], s: SummariesSpec, job_steps: int) -> flo
     )
 
 
-def whole_worker(spec: dict, job_dir: Path, env: dict[str, str]) -> tuple[float, float]:
+# One run's parts of the loop's time: name -> {"calls": n, "seconds": s} (`loop_cpu_worker.py`).
+Parts = dict[str, dict[str, float]]
+
+
+def whole_worker(spec: dict, job_dir: Path, env: dict[str, str]) -> tuple[float, float, Parts]:
     """A whole worker run: its examples/sec from its first progress report to its last
-    step, and its loop thread's CPU time a step in µs (`loop_cpu_worker.py`)."""
+    step, its loop thread's CPU time a step in µs, and where the loop's wall-clock time
+    went (`loop_cpu_worker.py`)."""
     job_dir.mkdir(parents=True)
     (job_dir / "spec.json").write_text(json.dumps(spec))
     subprocess.run(
@@ -518,7 +526,7 @@ def whole_worker(spec: dict, job_dir: Path, env: dict[str, str]) -> tuple[float,
     first, last = progress[0], progress[-1]
     rate = (last["step"] - first["step"]) * spec["batch_size"] / (last["time"] - first["time"])
     loop = json.loads((job_dir / "loop_cpu.json").read_text())
-    return rate, loop["seconds"] / loop["steps"] * 1e6
+    return rate, loop["seconds"] / loop["steps"] * 1e6, loop["parts"]
 
 
 # The defaults less one kind each (`--attribute`): what a whole worker gains without it
@@ -563,8 +571,11 @@ def worker_specs(args: argparse.Namespace) -> dict[str, dict]:
     return specs
 
 
-def monitoring_benchmark(args: argparse.Namespace) -> dict[str, list[tuple[float, float]]]:
-    """Per configuration, each run's (examples/sec, loop CPU µs a step)."""
+def monitoring_benchmark(
+    args: argparse.Namespace,
+) -> tuple[dict[str, list[tuple[float, float]]], dict[str, list[Parts]]]:
+    """Per configuration, each run's (examples/sec, loop CPU µs a step), and each run's
+    parts of the loop's time."""
     specs = worker_specs(args)
     names = list(specs)
     print(
@@ -572,6 +583,7 @@ def monitoring_benchmark(args: argparse.Namespace) -> dict[str, list[tuple[float
         f"runs of each of {len(specs)} configurations, in rotating order"
     )
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in specs}
+    parts: dict[str, list[Parts]] = {name: [] for name in specs}
     env = dict(os.environ)
     if args.split_gpu_mb:  # the workers' towers on logical GPUs of the one card, as above
         from trainer.run import SPLIT_GPU_ENV
@@ -581,14 +593,31 @@ def monitoring_benchmark(args: argparse.Namespace) -> dict[str, list[tuple[float
         for r in range(args.worker_repeats):
             # Rotate which runs first, so a drift of the machine favours none.
             for name in names[r % len(names) :] + names[: r % len(names)]:
-                rate, loop_us = whole_worker(specs[name], Path(tmp) / f"{name}-{r}", env)
+                rate, loop_us, run = whole_worker(specs[name], Path(tmp) / f"{name}-{r}", env)
                 samples[name].append((rate, loop_us))
+                parts[name].append(run)
                 # Each run as it ends: a bench cut off by a time limit keeps what it measured.
                 print(
                     f"  whole worker, {name}, run {r + 1}: {rate:.0f} examples/sec, "
                     f"loop CPU {loop_us:.1f} µs a step"
                 )
-    return samples
+    return samples, parts
+
+
+def print_loop_parts(parts: dict[str, list[Parts]]) -> None:
+    """Where each configuration's loop spent its wall-clock time, per part: the median
+    over its runs of the ms a job and of the µs a call. Within one run, so the machine's
+    drift between runs is not in it; the step kinds say what the steps themselves took
+    (a scalars step reads the unread steps' losses with its own, as every tenth step of
+    a job with none does: compare the two kinds' sums, not one kind's)."""
+    for name, runs in parts.items():
+        print(f"where the loop's time went, {name} (median of {len(runs)} runs):")
+        for part in sorted({part for run in runs for part in run}):
+            got = [run.get(part, {"calls": 0, "seconds": 0.0}) for run in runs]
+            ms = statistics.median(p["seconds"] * 1000 for p in got)
+            calls = statistics.median(p["calls"] for p in got)
+            each = statistics.median(p["seconds"] / p["calls"] * 1e6 for p in got if p["calls"])
+            print(f"  {part:<26}{ms:>9.1f} ms a job{calls:>8.0f} calls{each:>10.1f} µs a call")
 
 
 def print_whole_workers(samples: dict[str, list[tuple[float, float]]], batch: int) -> None:
@@ -658,7 +687,9 @@ def main() -> None:
         print()
         print_step_benchmarks(*step_benchmarks(args, devices))
     if args.worker_steps:
-        print_whole_workers(monitoring_benchmark(args), args.batch)
+        samples, parts = monitoring_benchmark(args)
+        print_whole_workers(samples, args.batch)
+        print_loop_parts(parts)
 
 
 if __name__ == "__main__":

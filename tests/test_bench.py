@@ -153,6 +153,12 @@ def test_loop_cpu_worker_trains_the_job_and_times_its_loop(tmp_path: Path) -> No
     loop = json.loads((tmp_path / "loop_cpu.json").read_text())
     # From this process's second step to its last: the first traces the step function.
     assert loop["steps"] == 11 and 0 < loop["seconds"] < 10, loop
+    # Over the same span, steps 2 to 12: scalars are due at step 10 and at the last.
+    parts = loop["parts"]
+    assert parts["steps, scalars"]["calls"] == 2 and parts["steps, other"]["calls"] == 9, parts
+    assert parts["scalars written"]["calls"] == 2, parts
+    assert "steps, traced" not in parts and "histograms handed over" not in parts, parts
+    assert all(0 < part["seconds"] < 10 for part in parts.values()), parts
 
 
 def test_whole_workers_report_what_the_summaries_add_to_the_loop(capsys) -> None:
@@ -171,6 +177,24 @@ def test_whole_workers_report_what_the_summaries_add_to_the_loop(capsys) -> None
         r"^default adds to the loop +?= 10\.0 µs a step, 0\.0% of a step", out, re.M
     ), out
     assert re.search(r"^no summaries +110\.0 µs of loop CPU a step", out, re.M), out
+
+
+def test_loop_parts_are_medians_over_runs_a_job_and_a_call(capsys) -> None:
+    load("towers_bench").print_loop_parts(
+        {
+            "default summaries": [
+                {"scalars written": {"calls": 100, "seconds": 0.01}},
+                {"scalars written": {"calls": 100, "seconds": 0.03}},
+                # A run that wrote none: 0 ms in its job, and no µs a call of its own.
+                {},
+            ],
+        }
+    )
+    out = capsys.readouterr().out
+    assert "where the loop's time went, default summaries (median of 3 runs):" in out, out
+    assert re.search(
+        r"^  scalars written +10\.0 ms a job +100 calls +200\.0 µs a call$", out, re.M
+    ), out
 
 
 def test_start_bench_runs_and_reports_the_ratio() -> None:

@@ -123,7 +123,10 @@ def fold_progress(
 
 def _fold_any(snapshot: dict[str, Any], line: dict[str, Any], step: Any, when: float) -> None:
     """What a line of any event says: where the job is, and when."""
-    if isinstance(step, int):
+    # A `trace` line's step is the trace's last, not where the job is: the worker writes
+    # the line once the trace is read, off its loop, reports of later steps before it
+    # (the job went back to the trace's step until its next report).
+    if isinstance(step, int) and line.get("event") != "trace":
         snapshot["step"] = step
     if isinstance(line.get("total"), int):
         snapshot["total"] = line["total"]

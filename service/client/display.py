@@ -176,7 +176,8 @@ def fold_event(job: dict[str, Any], name: str, data: dict[str, Any]) -> dict[str
     job = dict(job)
     p = dict(job.get("progress") or {})
     for key in ("step", "total", "phase", "tower_ms", "checkpoint"):
-        if key in data:
+        # A trace's step is the trace's, not where the job is (as the service folds it).
+        if key in data and not (key == "step" and name == "trace"):
             p[key] = data[key]
     if name == "progress":
         for key in ("loss", "accuracy", "examples_per_sec", "eta_seconds", "learning_rate"):

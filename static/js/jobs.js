@@ -37,7 +37,9 @@ const COLUMNS = [
 /** Merge a progress.jsonl event into the job as the service folds it (service/progress.py). */
 export function applyProgressEvent(job, event) {
   const p = { ...(job.progress || {}) };
-  if (Number.isInteger(event.step)) p.step = event.step;
+  // A trace's step is the trace's last, not where the job is: its line comes once the
+  // trace is read, off the worker's loop, after reports of later steps.
+  if (Number.isInteger(event.step) && event.event !== "trace") p.step = event.step;
   if (Number.isInteger(event.total)) p.total = event.total;
   if (typeof event.phase === "string") {
     p.phase = event.phase;

@@ -696,6 +696,21 @@ def test_an_end_event_folds_as_the_service_folds_it(session: Session) -> None:
     assert folded == [34, 0.25, 0.875, None, 0.5, 0]
 
 
+def test_a_trace_event_keeps_the_step_later_reports_put_the_job_at(session: Session) -> None:
+    """A worker writes a trace's line once the trace is read, off its loop, after reports
+    of later steps: the views keep the job where those put it, as the service does."""
+    page = session.page
+    page.goto("/#/")
+    folded = page.evaluate("""async () => {
+      const { applyProgressEvent } = await import("/static/js/jobs.js");
+      const job = { id: "a", state: "running", progress: { step: 30, total: 100 } };
+      const trace = { event: "trace", step: 22, tower_ms: [3.0, 4.0] };
+      const { progress: p } = applyProgressEvent(job, trace);
+      return [p.step, p.percent, p.trace_step, p.tower_ms];
+    }""")
+    assert folded == [30, 30, 22, [3.0, 4.0]]
+
+
 def test_phone_width_layout(
     browser: Browser, service: Service, submitted: dict[str, Any], screenshots: Path
 ) -> None:

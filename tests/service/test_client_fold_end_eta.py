@@ -1,5 +1,6 @@
 """The CLI's watch folds an `end` event as the service does: no ETA unless it succeeded,
-and a cancelled run's loss and accuracy of the step it stopped at."""
+and a cancelled run's loss and accuracy of the step it stopped at; and a `trace` event's
+step, the trace's, leaves the job's where it is."""
 
 from __future__ import annotations
 
@@ -38,3 +39,12 @@ def test_fold_event_end_of_a_cancelled_job_takes_its_last_steps_numbers() -> Non
            "loss": 0.25, "accuracy": 0.875}  # fmt: skip
     folded = fold_event(job, "end", end)["progress"]
     assert (folded["step"], folded["loss"], folded["accuracy"]) == (34, 0.25, 0.875)
+
+
+def test_fold_event_trace_keeps_the_step_later_reports_put_the_job_at() -> None:
+    # The worker writes a trace's line once the trace is read, off its loop: reports of
+    # later steps come before it (the watch went back to step 22 until the next one).
+    job = {"id": "j1", "state": "running", "progress": {"step": 30, "total": 100}}
+    trace = {"event": "trace", "step": 22, "tower_ms": [3.0, 4.0]}
+    folded = fold_event(job, "trace", trace)["progress"]
+    assert (folded["step"], folded["percent"], folded["tower_ms"]) == (30, 30.0, [3.0, 4.0])

@@ -26,7 +26,7 @@ def test_fold_progress_lines() -> None:
     ]  # fmt: skip
     progress, eval, points = fold_progress(None, None, lines)
     assert progress == {
-        "step": 21, "total": 40, "percent": 52.5, "phase": "checkpoint", "towers": 2,
+        "step": 20, "total": 40, "percent": 50.0, "phase": "checkpoint", "towers": 2,
         "loss": 1.5, "accuracy": 0.5, "examples_per_sec": 100.0, "eta_seconds": 6.0,
         "learning_rate": 0.01, "checkpoint": "checkpoints/ckpt-20", "tower_ms": [3.0, 4.0],
         "trace_step": 21, "updated_at": 5.0,
@@ -90,6 +90,20 @@ def test_fold_progress_trace_step_is_the_trace_lines_own() -> None:
     progress, _, _ = fold_progress(None, None, lines)
     assert progress is not None
     assert (progress["tower_ms"], progress["trace_step"]) == ([3.0, 4.0], 81)
+
+
+def test_fold_progress_trace_line_does_not_take_the_job_back_to_its_step() -> None:
+    """The worker writes a trace's line once a background thread has read the trace, after
+    reports of later steps: the job stays where they put it (it went back to step 22 of
+    100 until the next report)."""
+    lines = [
+        {"time": 1.0, "event": "progress", "step": 30, "total": 100},
+        {"time": 2.0, "event": "trace", "step": 22, "tower_ms": [3.0, 4.0]},
+    ]
+    progress, _, _ = fold_progress(None, None, lines)
+    assert progress is not None
+    assert (progress["step"], progress["percent"]) == (30, 30.0)
+    assert (progress["tower_ms"], progress["trace_step"]) == ([3.0, 4.0], 22)
 
 
 def test_fold_progress_phase_says_how_far_until_the_phase_changes() -> None:

@@ -24,7 +24,8 @@ Cost is the point here: the defaults must take at most 3% of throughput, on a GP
   `make_tensor_proto` and 6.4 ms as eager `tf.summary.scalar` ops (a `tf.function` of
   summary ops costs about a second to trace, per job). Scalars, the one kind written
   every few steps, are encoded straight to the wire format once their tags are described
-  (`scalars_event`): between a worker's steps, messages took 60 µs a call, this 8;
+  (`scalars_event`): between a worker's steps, messages took 60 µs a call, this 26
+  (8 in a loop of its own);
 - histograms and images take only a host copy of their tensors on the loop; a background
   thread buckets the histograms (TensorBoard's stock op takes about 100 ms for 1.6M
   values here) and encodes the images' PNGs (on the CPU: on an H100 each new GPU kernel
@@ -230,7 +231,7 @@ def scalars_event(step: int, wall_time: float, values: Mapping[str, float]) -> b
     A job writes one every 10 steps by default, on the training loop: built as messages
     it took 60 µs a call between the steps of a worker here (17 µs in a loop of its own:
     the steps between evict its code and objects from the caches), and a loop bound by
-    its launches pays all of it; this takes a few. The fields: `wall_time` (1, a double),
+    its launches pays all of it; this takes 26 (8 in a loop of its own). The fields: `wall_time` (1, a double),
     `step` (2, a varint; a negative int64 in two's complement), `summary` (5), whose values
     are `_scalar_value_head`'s."""
     summary = b"".join(

@@ -239,7 +239,8 @@ def scalars_event(step: int, wall_time: float, values: Mapping[str, float]) -> b
     )
     # Proto3 leaves out a field at its default (a step of 0), and so does this.
     time_field = b"\x09" + _DOUBLE(wall_time) if wall_time else b""
-    step_field = b"\x10" + _varint(step & 0xFFFF_FFFF_FFFF_FFFF) if step else b""  # int64
+    # `int`: a numpy integer (which protobuf takes) cannot be masked past its own width.
+    step_field = b"\x10" + _varint(int(step) & 0xFFFF_FFFF_FFFF_FFFF) if step else b""  # int64
     return time_field + step_field + b"\x2a" + _varint(len(summary)) + summary
 
 

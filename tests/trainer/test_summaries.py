@@ -204,7 +204,10 @@ def proto_built_scalars(step, wall_time, values):
     return event_pb2.Event(step=step, wall_time=wall_time, summary=summary).SerializeToString()
 
 
-@pytest.mark.parametrize("step", [0, 1, 127, 128, 16_384, 2**40, 2**63 - 1, -1, -(2**63)])
+@pytest.mark.parametrize(
+    "step",
+    [0, 1, 127, 128, 16_384, 2**40, 2**63 - 1, -1, -(2**63), np.int64(2**40), np.int32(-7)],
+)
 @pytest.mark.parametrize("wall_time", [0.0, 1795819389.789851])
 def test_scalars_event_is_the_bytes_protobuf_makes(step, wall_time):
     # Tags of one and two length bytes, non-ASCII ones, and values protobuf stores as it

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import itertools
 import logging
 import math
@@ -77,6 +78,23 @@ def _float32_digits(value: float) -> float:
     """A float32 `value` (the optimizer's learning rate) as the shortest decimal that is
     that float32: 0.001, not the float64 reading of its bits, 0.0010000000474974513."""
     return float(str(np.float32(value)))
+
+
+def _read_losses(losses: list[Any]) -> list[float]:
+    """Launched steps' losses as floats: in one copy from a device, and in none from the
+    host. Each copy from a GPU is a sync of its own, so losses there are stacked and
+    copied back once. Losses on the host (a CPU parameter device, or towers on CPUs) need
+    no copy, and reading each costs less than the eager stack: 37 against 216 µs for ten,
+    between steps of an `mlp` on this project's 2-core CPU, every tenth step of a job."""
+    if len(losses) > 1 and not _on_host(getattr(losses[0], "device", "")):
+        return tf.stack(losses).numpy().tolist()
+    return [float(loss) for loss in losses]
+
+
+@functools.lru_cache(maxsize=64)
+def _on_host(device: str) -> bool:
+    """Whether a tensor's `device` (its full name) is a CPU: parsed once a name."""
+    return bool(device) and tf.DeviceSpec.from_string(device).device_type == "CPU"
 
 
 def _rounded(examples_per_sec: float | None) -> float | None:
@@ -450,12 +468,9 @@ class Controller:
         return images, quiet, read
 
     def _settle(self, loop: _Loop, launched: list[_Launched]) -> None:
-        """Read launched steps' losses, the host-device sync point: in one copy (each copy
-        from a GPU is a sync of its own), then check them in order."""
-        if len(launched) > 1:
-            losses = tf.stack([each.out["loss"] for each in launched]).numpy().tolist()
-        else:
-            losses = [float(each.out["loss"]) for each in launched]
+        """Read launched steps' losses, the host-device sync point, then check them in
+        order."""
+        losses = _read_losses([each.out["loss"] for each in launched])
         for each, value in zip(launched, losses, strict=True):
             loop.loss, loop.out = value, each.out
             if not math.isfinite(value):

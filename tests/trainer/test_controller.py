@@ -48,6 +48,10 @@ class _Loss:
         if f"read {self.step}" not in self.log:
             self.log.append(f"read {self.step}")
 
+    @property
+    def device(self) -> str:  # where the loop looks to choose how it reads (`_read_losses`)
+        return self.tensor.device
+
     def __float__(self) -> float:
         self._note()
         return float(self.tensor)
@@ -183,6 +187,39 @@ def test_with_nothing_else_due_the_loop_reads_every_so_many_steps(tmp_path) -> N
     # Every step reported: the last report is of the last step.
     lines = progress_lines(controller.rundir.progress)
     assert [e for e in lines if e["event"] == "progress"][-1]["step"] == steps
+
+
+class _LossOnAGpu:
+    """A loss the loop takes for one on a GPU (none here): stacked with the others into
+    one copy, never read alone, which on a GPU is a sync of its own."""
+
+    device = "/job:localhost/replica:0/task:0/device:GPU:0"
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def __float__(self) -> float:
+        raise AssertionError("a loss on a GPU read alone: a sync of its own")
+
+    def __tf_tensor__(self, dtype: tf.DType | None = None, name: str | None = None) -> tf.Tensor:
+        return tf.constant(self.value, dtype=dtype or tf.float32, name=name)
+
+
+def test_losses_on_the_host_are_read_each_and_on_a_device_stacked(monkeypatch) -> None:
+    on_host = [tf.constant(0.5), tf.constant(0.25)]
+    stacked: list[int] = []
+    stack = tf.stack
+
+    def counted(values: list[Any]) -> tf.Tensor:
+        stacked.append(len(values))
+        return stack(values)
+
+    monkeypatch.setattr(tf, "stack", counted)
+
+    assert controller_module._read_losses(on_host) == [0.5, 0.25]
+    assert stacked == []  # no eager op: each read from host memory (37 against 216 µs)
+    assert controller_module._read_losses([_LossOnAGpu(0.5), _LossOnAGpu(0.25)]) == [0.5, 0.25]
+    assert stacked == [2]
 
 
 def test_a_non_finite_loss_read_steps_late_names_its_own_step(tmp_path) -> None:

@@ -609,7 +609,9 @@ def print_loop_parts(parts: dict[str, list[Parts]]) -> None:
     over its runs of the ms a job and of the µs a call. Within one run, so the machine's
     drift between runs is not in it; the step kinds say what the steps themselves took
     (a scalars step reads the unread steps' losses with its own, as every tenth step of
-    a job with none does: compare the two kinds' sums, not one kind's)."""
+    a job with none does). Then, for a configuration with summaries, what they added to
+    its loop within each run (`added_by_monitoring`): the figure that resolves the target
+    where the runs' rates spread by more than it."""
     for name, runs in parts.items():
         print(f"where the loop's time went, {name} (median of {len(runs)} runs):")
         for part in sorted({part for run in runs for part in run}):
@@ -618,6 +620,39 @@ def print_loop_parts(parts: dict[str, list[Parts]]) -> None:
             calls = statistics.median(p["calls"] for p in got)
             each = statistics.median(p["seconds"] / p["calls"] * 1e6 for p in got if p["calls"])
             print(f"  {part:<26}{ms:>9.1f} ms a job{calls:>8.0f} calls{each:>10.1f} µs a call")
+        if name != "no summaries":
+            shares = [added_by_monitoring(run) for run in runs]
+            added = statistics.median(ms for ms, _ in shares)
+            share, low, high = median_interval([share for _, share in shares])
+            interval = (
+                f"95% CI {low:.1%}-{high:.1%}"
+                if low is not None
+                else "too few runs for a 95% interval"
+            )
+            print(
+                f"  adds {added:.1f} ms a job to its loop, {share:.1%} of the loop's time: "
+                f"throughput ratio {1 - share:.3f}   (median of its runs, {interval}; target >= 0.97)"
+            )
+
+
+# Parts every configuration has, summaries or none: not the monitoring's.
+_NOT_MONITORING = ("progress reported",)
+
+
+def added_by_monitoring(run: Parts) -> tuple[float, float]:
+    """What the summaries added to one run's loop, within the run (ms, and its share of the
+    loop's time): its summary calls, and what its scalars and traced steps took over its
+    other steps (the run's own, so the machine's drift between runs is not in it)."""
+    other = run.get("steps, other", {"calls": 0, "seconds": 0.0})
+    per_other = other["seconds"] / other["calls"] if other["calls"] else 0.0
+    added = total = 0.0
+    for part, got in run.items():
+        total += got["seconds"]
+        if part.startswith("steps, ") and part != "steps, other":
+            added += got["seconds"] - got["calls"] * per_other
+        elif not part.startswith("steps, ") and part not in _NOT_MONITORING:
+            added += got["seconds"]
+    return added * 1000, (added / total if total else 0.0)
 
 
 def print_whole_workers(samples: dict[str, list[tuple[float, float]]], batch: int) -> None:

@@ -197,6 +197,27 @@ def test_loop_parts_are_medians_over_runs_a_job_and_a_call(capsys) -> None:
     ), out
 
 
+def test_what_the_summaries_add_is_taken_within_each_run(capsys) -> None:
+    # 1 ms an other step; a scalars step 1.5 ms, so 0.5 ms over one; 1 ms writing scalars;
+    # 5 ms of reports, which a job with none makes too. 2 ms of the loop's 19.
+    run = {
+        "steps, other": {"calls": 10, "seconds": 0.010},
+        "steps, scalars": {"calls": 2, "seconds": 0.003},
+        "scalars written": {"calls": 2, "seconds": 0.001},
+        "progress reported": {"calls": 1, "seconds": 0.005},
+    }
+    bench = load("towers_bench")
+    added, share = bench.added_by_monitoring(run)
+    assert added == pytest.approx(2.0) and share == pytest.approx(2 / 19)
+    bench.print_loop_parts({"default summaries": [run], "no summaries": [{}]})
+    out = capsys.readouterr().out
+    assert re.search(
+        r"^  adds 2\.0 ms a job to its loop, 10\.5% of the loop's time: throughput ratio 0\.895 ",
+        out, re.M,
+    ), out  # fmt: skip
+    assert out.count("adds ") == 1, out  # none adds nothing to itself
+
+
 def test_start_bench_runs_and_reports_the_ratio() -> None:
     out = run_bench("bench/start_bench.py", "--rounds", "1")
     assert "service / floor, median of 1 per-round ratios:" in out, out

@@ -297,10 +297,18 @@ class Controller:
         try:
             return self._run()
         finally:
+            if self.trace.active:
+                # A failure inside a trace (a non-finite loss at a traced step, say): the
+                # profiler is stopped and its trace kept, the failing step the last in it,
+                # not left running (a process that goes on, a test's, could trace no more).
+                first = self.at_step - self._traced_steps
+                self.trace.end(
+                    range(first, self.at_step + 1), self.trainer.local_towers, self._towers_on_gpus
+                )
             # On every way out, a failure's too, the thread that stops the profiler is
             # joined: no stop runs on into the interpreter's shutdown. A failure drops what
-            # a trace ended just before it gave (its file stays on disk): what the job
-            # writes next is how it failed.
+            # a trace gave (its file stays on disk): what the job writes next is how it
+            # failed.
             self.trace.close()
 
     def _run(self) -> RunSummary:

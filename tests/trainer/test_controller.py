@@ -527,3 +527,24 @@ def test_a_failure_while_the_profiler_stops_waits_for_the_stop(tmp_path, monkeyp
 
     assert ended == ["ended"]
     assert not [t for t in threading.enumerate() if t.name.startswith("trace-stop")]
+
+
+@pytest.mark.parametrize("nan_at", [3, 4], ids=["the trace's first step", "its second"])
+def test_a_failure_inside_a_trace_stops_the_profiler_and_keeps_the_trace(tmp_path, nan_at) -> None:
+    off = {"scalars_every": 0, "histograms_every": 0, "images_every": 0}
+    controller, trainer = run_loop(
+        tmp_path, 8, batches(), summaries={**off, "trace_steps": [3, 4, 5], "graph": False}
+    )
+    trainer.nan_at = nan_at
+
+    with pytest.raises(NonFiniteLoss):
+        controller.run()
+
+    # Named by the steps it holds, the failing one the last; and no profiler left running,
+    # which would refuse the next one.
+    runs = [p.name for p in (controller.rundir.tensorboard / "plugins" / "profile").iterdir()]
+    assert [run.split("_", 6)[-1] for run in runs] == ["step_3" if nan_at == 3 else "steps_3-4"], (
+        runs
+    )
+    tf.profiler.experimental.start(str(tmp_path / "next"))
+    tf.profiler.experimental.stop()

@@ -231,9 +231,9 @@ def scalars_event(step: int, wall_time: float, values: Mapping[str, float]) -> b
     A job writes one every 10 steps by default, on the training loop: built as messages
     it took 60 µs a call between the steps of a worker here (17 µs in a loop of its own:
     the steps between evict its code and objects from the caches), and a loop bound by
-    its launches pays all of it; this takes 26 (8 in a loop of its own). The fields: `wall_time` (1, a double),
-    `step` (2, a varint; a negative int64 in two's complement), `summary` (5), whose values
-    are `_scalar_value_head`'s."""
+    its launches pays all of it; this takes 26 (8 in a loop of its own). The fields:
+    `wall_time` (1, a double), `step` (2, a varint; a negative int64 in two's
+    complement), `summary` (5), whose values are `_scalar_value_head`'s."""
     summary = b"".join(
         _scalar_value_head(tag) + _float32_bytes(value) for tag, value in values.items()
     )

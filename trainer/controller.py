@@ -272,7 +272,10 @@ class Controller:
                 "summaries.trace_steps %s: past this job's %d steps, so no trace of %s",
                 ", ".join(map(str, past)), total_steps, "it" if len(past) == 1 else "them",
             )  # fmt: skip
-        self._traced_steps = 0
+        # The first step of the trace running: the trace holds it through the step run
+        # last, whether the loop ends the trace or a failure does (after its step's
+        # summaries, an eval's or a checkpoint's, or before them, a non-finite loss's).
+        self._trace_first = 0
         # Steps a profile request (the service's) asked to trace, until a trace takes them:
         # that trace's line says `requested`, so a page that asked knows its answer from
         # the spec's own traces.
@@ -301,9 +304,10 @@ class Controller:
                 # A failure inside a trace (a non-finite loss at a traced step, say): the
                 # profiler is stopped and its trace kept, the failing step the last in it,
                 # not left running (a process that goes on, a test's, could trace no more).
-                first = self.at_step - self._traced_steps
                 self.trace.end(
-                    range(first, self.at_step + 1), self.trainer.local_towers, self._towers_on_gpus
+                    range(self._trace_first, self.at_step + 1),
+                    self.trainer.local_towers,
+                    self._towers_on_gpus,
                 )
             # On every way out, a failure's too, the thread that stops the profiler is
             # joined: no stop runs on into the interpreter's shutdown. A failure drops what
@@ -348,7 +352,8 @@ class Controller:
             self.at_step = step + 1
             if step + 1 in self._trace_steps and not self.trace.active:
                 self._write_trace(wait=True)  # the profiler takes one session at a time
-                self.trace.start()
+                if self.trace.start():
+                    self._trace_first = step + 1
             began = time.monotonic()
             # Every kind is also written at the job's last step, so its charts end where the
             # job did (a 2050-step job with scalars every 100 ended its charts at 2000).
@@ -522,10 +527,8 @@ class Controller:
         assert loop.out is not None
         s = self.spec.summaries
         self._write_trace(wait=False)
-        if self.trace.active:
-            self._traced_steps += 1
-            if step + 1 not in self._trace_steps:
-                self._finish_trace(step)
+        if self.trace.active and step + 1 not in self._trace_steps:
+            self._finish_trace(step)
         if s.graph and not loop.graph_written:
             self.summaries.graph("train", self.trainer.train_function.get_concrete_function().graph)
             loop.graph_written = True
@@ -668,8 +671,7 @@ class Controller:
         """End the trace after `step`, its last: the loop goes on at once, and the
         profiler's stop and the reading of the towers' times run on a background thread
         (`TraceCapture.end`), whose result `_write_trace` writes."""
-        steps, self._traced_steps = self._traced_steps, 0
-        traced = range(step - steps + 1, step + 1)
+        traced = range(self._trace_first, step + 1)
         requested = not self._requested_steps.isdisjoint(traced)
         self._requested_steps.difference_update(traced)
         ending = self.trace.end(traced, self.trainer.local_towers, self._towers_on_gpus)

@@ -548,3 +548,29 @@ def test_a_failure_inside_a_trace_stops_the_profiler_and_keeps_the_trace(tmp_pat
     )
     tf.profiler.experimental.start(str(tmp_path / "next"))
     tf.profiler.experimental.stop()
+
+
+def test_a_failure_after_a_traced_step_names_the_trace_by_the_steps_it_holds(
+    tmp_path, monkeypatch
+) -> None:
+    # The checkpoint after traced step 4 fails (a full disk, say): the step was traced and
+    # counted, and the trace holds steps 3-4, not a step 2 before it.
+    off = {"scalars_every": 0, "histograms_every": 0, "images_every": 0}
+    controller, _ = run_loop(
+        tmp_path,
+        8,
+        batches(),
+        summaries={**off, "trace_steps": [3, 4, 5], "graph": False},
+        checkpoint={"every_steps": 4, "every_seconds": 0, "keep": 1},
+    )
+
+    def save(step: int) -> str:
+        raise OSError(f"no space left on the device, at step {step}")
+
+    monkeypatch.setattr(controller.checkpointer, "save", save)
+
+    with pytest.raises(OSError, match="at step 4"):
+        controller.run()
+
+    runs = [p.name for p in (controller.rundir.tensorboard / "plugins" / "profile").iterdir()]
+    assert [run.split("_", 6)[-1] for run in runs] == ["steps_3-4"], runs

@@ -680,7 +680,9 @@ class Controller:
     def _write_trace(self, wait: bool) -> None:
         """Write what an ended trace gave (the towers' times to TensorBoard and the `trace`
         line), once its thread is done; `wait`: wait for it (a job's end, a cancel, the
-        next trace's start). A trace that gave nothing was logged on its thread."""
+        next trace's start). A trace written whose times could not be read still has its
+        line, with why (`tower_ms_error`) in place of the times; one never written has
+        none (both were logged on its thread)."""
         if self._trace_ending is None:
             return
         step, requested, ending = self._trace_ending
@@ -690,15 +692,21 @@ class Controller:
         read = ending.result()
         if read is None:
             return
-        path, self._tower_ms = read
-        self.summaries.scalars(
-            "train", {f"tower_{i}/compute_ms": ms for i, ms in enumerate(self._tower_ms)}, step
-        )
+        # The times of an older trace go too where this one gave none: later reports,
+        # labelled by this trace's step, would pass them off as its times.
+        self._tower_ms = read.tower_ms
+        if read.tower_ms is not None:
+            self.summaries.scalars(
+                "train", {f"tower_{i}/compute_ms": ms for i, ms in enumerate(read.tower_ms)}, step
+            )
+            times: dict[str, Any] = {"tower_ms": read.tower_ms}
+        else:
+            times = {"tower_ms_error": read.error}
         self.progress.write(
             "trace",
             step=step,
-            tower_ms=self._tower_ms,
-            trace_dir=str(path.parent.relative_to(self.rundir.root)),
+            **times,
+            trace_dir=str(read.path.parent.relative_to(self.rundir.root)),
             **({"requested": True} if requested else {}),
         )
 

@@ -56,10 +56,12 @@ def _xplane_pb2():  # noqa: ANN202 - generated protobuf module
 
 
 class TraceTimes(NamedTuple):
-    """What an ended capture gave: its trace file, and each tower's time a traced step."""
+    """What an ended capture gave: its trace file, and each tower's time a traced step,
+    or (`tower_ms` None) why the trace gave no times (`error`)."""
 
     path: Path
-    tower_ms: list[float]
+    tower_ms: list[float] | None
+    error: str | None = None
 
 
 class TraceCapture:
@@ -110,8 +112,9 @@ class TraceCapture:
 
     def end(self, steps: range, towers: int, on_gpus: bool = False) -> Future[TraceTimes | None]:
         """Stop capturing, and read each tower's time of the traced `steps` from the trace:
-        `TraceTimes`, or None where there is none or it cannot be read (logged, never
-        raised).
+        `TraceTimes`; without times where the trace was written but they cannot be read
+        (the reason in its `error`), or None where no trace was written (both logged,
+        never raised).
 
         For the loop, the capture ends at once (`active` is False: the steps after are
         not marked). The rest runs on a background thread: stopping the profiler (it
@@ -140,16 +143,21 @@ class TraceCapture:
 
     def _stop_and_read(self, steps: range, towers: int, on_gpus: bool) -> TraceTimes | None:
         """`end`'s work, on its thread. Any failure is logged, never raised: a trace we
-        cannot stop or read must not stop training."""
-        path = None
+        cannot stop or read must not stop training. A trace written but not read (no
+        CUPTI on a GPU host, no step markers) is still one: its line says so and why, so a
+        page that asked for it is answered rather than left waiting."""
         try:
             path = self._stop((steps[0], steps[-1]) if steps else None)
-            if path is None or not steps:
-                return None
+        except Exception as e:  # noqa: BLE001
+            log.warning("could not stop the profiler and name its trace: %s", e)
+            return None
+        if path is None or not steps:
+            return None
+        try:
             return TraceTimes(path, tower_times_ms(path, towers, steps, on_gpus=on_gpus))
         except Exception as e:  # noqa: BLE001
             log.warning("could not read the trace %s: %s", path, e)
-            return None
+            return TraceTimes(path, None, str(e) or type(e).__name__)
 
     def _stop(self, steps: tuple[int, int] | None) -> Path | None:
         # The profiler names a capture's folder by the wall-clock second it stops in, so a

@@ -574,3 +574,56 @@ def test_a_failure_after_a_traced_step_names_the_trace_by_the_steps_it_holds(
 
     runs = [p.name for p in (controller.rundir.tensorboard / "plugins" / "profile").iterdir()]
     assert [run.split("_", 6)[-1] for run in runs] == ["steps_3-4"], runs
+
+
+class _AskForTrace:
+    """Stands in for the stop event of `RecordingTrainer.stop_after`: as its step launches,
+    a profile request (the service's `POST /profile`) is put in the run directory."""
+
+    def __init__(self, rundir: RunDir, steps: int) -> None:
+        self.rundir, self.steps = rundir, steps
+
+    def set(self) -> None:
+        (self.rundir.root / "profile_request.json").write_text(f'{{"steps": {self.steps}}}')
+
+
+def test_a_trace_whose_times_cannot_be_read_still_answers_its_request(
+    tmp_path, monkeypatch
+) -> None:
+    # On a GPU host whose profiler could not load CUPTI the trace is written (TensorBoard
+    # shows it) but has no kernels to time. Without a line, a page that asked for it
+    # waited for ever and, at the job's end, said the job ended before the trace was taken.
+    monkeypatch.setattr(controller_module, "PROGRESS_EVERY_SECONDS", 0.0)
+    off = {"scalars_every": 0, "histograms_every": 0, "images_every": 0}
+    controller, trainer = run_loop(
+        tmp_path, 14, batches(), summaries={**off, "trace_steps": [3, 4], "graph": False}
+    )
+    trainer.stop_after = (6, _AskForTrace(controller.rundir, 2))  # type: ignore[assignment]
+    read, no_cupti = profiling.tower_times_ms, "Expected the trace to hold the towers' GPU kernels"
+
+    def times_of_the_first_trace_only(path: Path, *args: Any, **kw: Any) -> list[float]:
+        if "steps_3-4" not in str(path):
+            raise ValueError(f"{no_cupti}. Received: none")
+        return read(path, *args, **kw)
+
+    monkeypatch.setattr(profiling, "tower_times_ms", times_of_the_first_trace_only)
+
+    summary = controller.run()
+
+    assert summary.outcome.value == "succeeded"
+    lines = progress_lines(controller.rundir.progress)
+    timed, untimed = [e for e in lines if e["event"] == "trace"]
+    assert (timed["step"], len(timed["tower_ms"]), "requested" in timed) == (4, 2, False), timed
+    assert untimed["requested"] is True and "tower_ms" not in untimed, untimed
+    assert untimed["tower_ms_error"] == f"{no_cupti}. Received: none", untimed
+    assert (controller.rundir.root / untimed["trace_dir"]).is_dir(), untimed
+    # The steps asked for from the report after step 6 was launched, traced and named so.
+    first = untimed["step"] - 1
+    assert untimed["trace_dir"].endswith(f"_steps_{first}-{untimed['step']}"), untimed
+    assert compute_ms_steps(controller) == [4]  # no times of the untimed trace
+    # The reports after it no longer repeat the older trace's times as if they were its.
+    at = lines.index(untimed)
+    before = [e for e in lines[lines.index(timed) : at] if e["event"] == "progress"]
+    after = [e for e in lines[at:] if e["event"] == "progress"]
+    assert before and all(e["tower_ms"] == timed["tower_ms"] for e in before), before
+    assert after and not [e for e in after if "tower_ms" in e], after

@@ -123,10 +123,14 @@ def fold_progress(
 
 def _fold_any(snapshot: dict[str, Any], line: dict[str, Any], step: Any, when: float) -> None:
     """What a line of any event says: where the job is, and when."""
-    # A `trace` line's step is the trace's last, not where the job is: the worker writes
-    # the line once the trace is read, off its loop, reports of later steps before it
-    # (the job went back to the trace's step until its next report).
-    if isinstance(step, int) and line.get("event") != "trace":
+    # A `trace` line's step is the trace's last: the worker writes the line once the trace
+    # is read, off its loop, reports of later steps before it (the job went back to the
+    # trace's step until its next report). Still a step the job has done: the job is at
+    # least there (it showed trace_step 335 at step 330 until the next report).
+    at = snapshot.get("step")
+    if isinstance(step, int) and (
+        line.get("event") != "trace" or not isinstance(at, int) or at < step
+    ):
         snapshot["step"] = step
     if isinstance(line.get("total"), int):
         snapshot["total"] = line["total"]
@@ -213,10 +217,24 @@ def _fold_end(folded: _Folded, line: dict[str, Any], step: Any, when: float) -> 
 
 
 def _fold_trace(folded: _Folded, line: dict[str, Any], step: Any, when: float) -> None:
+    snapshot = folded.snapshot
     if isinstance(step, int):
         # Every later line repeats tower_ms; only the trace's own line says which trace
         # (the spec's trace_steps or one asked for later) the times are from.
-        folded.snapshot["trace_step"] = step
+        snapshot["trace_step"] = step
+    if "tower_ms" in line:
+        # Times (odd ones, hand-written, are left out as `_fold_any` leaves them).
+        if _numbers(line["tower_ms"]) is not None:
+            snapshot.pop("tower_ms_error", None)
+        return
+    # A trace written whose times could not be read (no CUPTI on a GPU host): the older
+    # trace's times are not this one's, and why it gave none is kept to be said instead.
+    snapshot.pop("tower_ms", None)
+    error = line.get("tower_ms_error")
+    if isinstance(error, str):
+        snapshot["tower_ms_error"] = error
+    else:
+        snapshot.pop("tower_ms_error", None)
 
 
 # What each event adds to what every line says (`_fold_any`); others (`phase`) add nothing.

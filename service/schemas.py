@@ -87,7 +87,15 @@ class ProgressPublic(BaseModel):
     )
     tower_ms: list[float] | None = None
     trace_step: int | None = Field(
-        None, description="The step the device trace that gave `tower_ms` ended at."
+        None,
+        description="The step the latest device trace ended at: the one that gave `tower_ms`, "
+        "or, where it gave none, `tower_ms_error`.",
+    )
+    tower_ms_error: str | None = Field(
+        None,
+        description="Why the device trace that ended at `trace_step` gave no per-tower times "
+        "(its profiler could not record the GPU's kernels, say); the trace is still in "
+        "TensorBoard's profile tab.",
     )
     checkpoint: str | None = None
     updated_at: datetime | None = None

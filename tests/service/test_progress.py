@@ -26,7 +26,7 @@ def test_fold_progress_lines() -> None:
     ]  # fmt: skip
     progress, eval, points = fold_progress(None, None, lines)
     assert progress == {
-        "step": 20, "total": 40, "percent": 50.0, "phase": "checkpoint", "towers": 2,
+        "step": 21, "total": 40, "percent": 52.5, "phase": "checkpoint", "towers": 2,
         "loss": 1.5, "accuracy": 0.5, "examples_per_sec": 100.0, "eta_seconds": 6.0,
         "learning_rate": 0.01, "checkpoint": "checkpoints/ckpt-20", "tower_ms": [3.0, 4.0],
         "trace_step": 21, "updated_at": 5.0,
@@ -335,3 +335,47 @@ def test_progress_read_skips_what_a_crashed_host_left(tmp_path: Path) -> None:
     path.write_bytes(b"".join(line + b"\n" for line in [progress_line(1), *junk, progress_line(2)]))
     lines, end = read_progress_chunk(path, 0)
     assert [line["step"] for line in lines] == [1, 2] and end == path.stat().st_size
+
+
+def test_fold_progress_trace_line_is_a_step_the_job_has_done() -> None:
+    """A trace line comes late, but its step was done: where no report has said so yet,
+    the job is at least there (it showed trace_step 335 at step 330), and never goes back."""
+    lines = [
+        {"time": 1.0, "event": "progress", "step": 330, "total": 1000},
+        {"time": 2.0, "event": "trace", "step": 335, "tower_ms": [3.0, 4.0]},
+    ]
+    progress, _, _ = fold_progress(None, None, lines)
+    assert progress is not None
+    assert (progress["step"], progress["percent"], progress["trace_step"]) == (335, 33.5, 335)
+    later = [{"time": 3.0, "event": "trace", "step": 340, "tower_ms": [3.0, 4.0]}]
+    progress, _, _ = fold_progress({**progress, "step": 350}, None, later)
+    assert progress is not None and (progress["step"], progress["trace_step"]) == (350, 340)
+
+
+def test_fold_progress_trace_without_times_says_why_in_their_place(tmp_path: Path) -> None:
+    """A trace written whose times could not be read (no CUPTI on a GPU host) has a line
+    with why in place of its times: the older trace's times go (reports after it have
+    none), the reason stays until a trace with times; stored and read as the API reads it."""
+    why = "Expected the trace to hold the towers' GPU kernels. Received: none"
+    lines = [
+        {"time": 1.0, "event": "trace", "step": 6, "tower_ms": [1.0, 2.0]},
+        {"time": 2.0, "event": "progress", "step": 10, "total": 100, "tower_ms": [1.0, 2.0]},
+        {"time": 3.0, "event": "trace", "step": 12, "tower_ms_error": why, "requested": True},
+        {"time": 4.0, "event": "progress", "step": 20, "total": 100},
+    ]
+    progress, _, _ = fold_progress(None, None, lines)
+    assert progress is not None
+    assert (progress["trace_step"], progress["tower_ms_error"]) == (12, why)
+    assert "tower_ms" not in progress
+    store = JobStore(tmp_path / "jobs.db")
+    job = store.create({"name": "untimed trace", "priority": 0})
+    store.record_progress(job.id, offset=1, progress=progress, eval=None, points=[])
+    stored = store.get(job.id)
+    assert stored is not None
+    public = JobPublic.from_record(stored).progress
+    assert public is not None
+    assert (public.tower_ms, public.tower_ms_error, public.trace_step) == (None, why, 12)
+    timed = [{"time": 5.0, "event": "trace", "step": 30, "tower_ms": [3.0, 4.0]}]
+    progress, _, _ = fold_progress(progress, None, timed)
+    assert progress is not None and "tower_ms_error" not in progress
+    assert (progress["tower_ms"], progress["trace_step"]) == ([3.0, 4.0], 30)

@@ -123,15 +123,8 @@ def fold_progress(
 
 def _fold_any(snapshot: dict[str, Any], line: dict[str, Any], step: Any, when: float) -> None:
     """What a line of any event says: where the job is, and when."""
-    # A `trace` line's step is the trace's last: the worker writes the line once the trace
-    # is read, off its loop, reports of later steps before it (the job went back to the
-    # trace's step until its next report). Still a step the job has done: the job is at
-    # least there (it showed trace_step 335 at step 330 until the next report).
-    at = snapshot.get("step")
-    if isinstance(step, int) and (
-        line.get("event") != "trace" or not isinstance(at, int) or at < step
-    ):
-        snapshot["step"] = step
+    if isinstance(step, int):
+        snapshot["step"] = step_after(snapshot.get("step"), line.get("event"), step)
     if isinstance(line.get("total"), int):
         snapshot["total"] = line["total"]
     if isinstance(line.get("phase"), str):
@@ -216,8 +209,24 @@ def _fold_end(folded: _Folded, line: dict[str, Any], step: Any, when: float) -> 
                 folded.points.append(MetricPoint(_TRAIN_SERIES[field], step, when, value))
 
 
+def step_after(at: Any, event: Any, step: Any) -> Any:
+    """Where a job at step `at` is after a line of `event` at `step`. A `trace` line's step
+    is the trace's last: the worker writes the line once the trace is read, off its loop,
+    reports of later steps before it (the job went back to the trace's step until its next
+    report). Still a step the job has done: the job is at least there (it showed
+    trace_step 335 at step 330 until the next report)."""
+    if event == "trace" and isinstance(at, int) and not (isinstance(step, int) and step > at):
+        return at
+    return step
+
+
 def _fold_trace(folded: _Folded, line: dict[str, Any], step: Any, when: float) -> None:
-    snapshot = folded.snapshot
+    fold_trace_line(folded.snapshot, line)
+
+
+def fold_trace_line(snapshot: dict[str, Any], line: dict[str, Any]) -> None:
+    """A `trace` line's own fields: which trace the times are from, or why it gave none."""
+    step = line.get("step")
     if isinstance(step, int):
         # Every later line repeats tower_ms; only the trace's own line says which trace
         # (the spec's trace_steps or one asked for later) the times are from.

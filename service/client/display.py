@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
 from service.client.common import EXIT_NO_ANSWER, EXIT_UNREACHABLE, TERMINAL, ClientError
-from service.progress import percent_done
+from service.progress import fold_trace_line, percent_done, step_after
 
 if TYPE_CHECKING:
     from service.client.api import Client
@@ -175,10 +175,15 @@ def fold_event(job: dict[str, Any], name: str, data: dict[str, Any]) -> dict[str
         return data
     job = dict(job)
     p = dict(job.get("progress") or {})
-    for key in ("step", "total", "phase", "tower_ms", "checkpoint"):
-        # A trace's step is the trace's, not where the job is (as the service folds it).
-        if key in data and not (key == "step" and name == "trace"):
+    for key in ("total", "phase", "tower_ms", "checkpoint"):
+        if key in data:
             p[key] = data[key]
+    # A trace's step is the trace's, a lower bound of where the job is (as the service
+    # folds it); the trace's line says which trace the times are from, or why it gave none.
+    if "step" in data:
+        p["step"] = step_after(p.get("step"), name, data["step"])
+    if name == "trace":
+        fold_trace_line(p, data)
     if name == "progress":
         for key in ("loss", "accuracy", "examples_per_sec", "eta_seconds", "learning_rate"):
             p[key] = data.get(key)

@@ -232,6 +232,19 @@ def status(client: Client, args: argparse.Namespace) -> int:
     return _status_table(client, args)
 
 
+def _tower_ms(p: dict[str, Any]) -> str:
+    """The towers' times of a step, or why the latest trace gave none (it is still in
+    TensorBoard's profile tab), or "-"."""
+    if p.get("tower_ms"):
+        return ", ".join(f"{ms:.2f}" for ms in p["tower_ms"])
+    if p.get("tower_ms_error"):
+        at = (
+            f" that ended at step {p['trace_step']}" if isinstance(p.get("trace_step"), int) else ""
+        )
+        return f"none from the trace{at}: {show.printable(p['tower_ms_error'])}"
+    return "-"
+
+
 def _status_of_job(client: Client, args: argparse.Namespace) -> int:
     """A job's details, a row each (with an error's log tail where it failed)."""
     job = client.job(args.id)
@@ -253,7 +266,7 @@ def _status_of_job(client: Client, args: argparse.Namespace) -> int:
         ["eval accuracy", show.percent(evaluation.get("accuracy"))],
         ["examples/sec", show.rate(p.get("examples_per_sec"))],
         ["eta", show.eta(job, why=True)],
-        ["tower ms", ", ".join(f"{ms:.2f}" for ms in p["tower_ms"]) if p.get("tower_ms") else "-"],
+        ["tower ms", _tower_ms(p)],
         ["devices", show.devices_and_towers(job)],
         ["data", show.data(p)],
         ["priority", str(job["priority"])],

@@ -1,6 +1,6 @@
 """The CLI's watch folds an `end` event as the service does: no ETA unless it succeeded,
 and a cancelled run's loss and accuracy of the step it stopped at; and a `trace` event's
-step, the trace's, leaves the job's where it is."""
+step, the trace's, is a lower bound of the job's, and a trace without times says why."""
 
 from __future__ import annotations
 
@@ -48,3 +48,37 @@ def test_fold_event_trace_keeps_the_step_later_reports_put_the_job_at() -> None:
     trace = {"event": "trace", "step": 22, "tower_ms": [3.0, 4.0]}
     folded = fold_event(job, "trace", trace)["progress"]
     assert (folded["step"], folded["percent"], folded["tower_ms"]) == (30, 30.0, [3.0, 4.0])
+
+
+def test_fold_event_trace_is_a_step_the_job_has_done() -> None:
+    # Before the next report says so, the job is at least at the traced step (the status
+    # said trace_step 335 at step 330).
+    job = {"id": "j1", "state": "running", "progress": {"step": 330, "total": 1000}}
+    trace = {"event": "trace", "step": 335, "tower_ms": [3.0, 4.0]}
+    folded = fold_event(job, "trace", trace)["progress"]
+    assert (folded["step"], folded["percent"], folded["trace_step"]) == (335, 33.5, 335)
+
+
+def test_fold_event_trace_without_times_says_why_in_their_place() -> None:
+    # A trace whose times could not be read (no CUPTI on a GPU host): the older trace's
+    # times go, and why stays until a trace with times, as the service folds it.
+    why = "Expected the trace to hold the towers' GPU kernels. Received: none"
+    job = {"id": "j1", "state": "running",
+           "progress": {"step": 30, "total": 100, "tower_ms": [1.0, 2.0], "trace_step": 6}}  # fmt: skip
+    untimed = {"event": "trace", "step": 22, "tower_ms_error": why, "requested": True}
+    job = fold_event(job, "trace", untimed)
+    p = job["progress"]
+    assert (p["step"], p["trace_step"], p["tower_ms_error"], "tower_ms" in p) == (
+        30,
+        22,
+        why,
+        False,
+    )
+    timed = {"event": "trace", "step": 40, "tower_ms": [3.0, 4.0]}
+    p = fold_event(job, "trace", timed)["progress"]
+    assert (p["step"], p["trace_step"], p["tower_ms"], "tower_ms_error" in p) == (
+        40,
+        40,
+        [3.0, 4.0],
+        False,
+    )

@@ -258,6 +258,12 @@ export function endReason(job) {
   return reason.replace(/^(cancelled|failed):\s*/i, "");
 }
 
+/** `text` as a sentence, ending in one full stop: a worker's reason may end in none, and
+ *  another sentence follows it. */
+export function sentence(text) {
+  return String(text).trim().replace(/\.?$/, ".");
+}
+
 export function stateBadge(state) {
   return h("span", { class: `state state-${state}` }, state);
 }

@@ -16,7 +16,8 @@ import { resumeControl } from "./resume.js";
 import { tensorBoardControl } from "./tensorboard.js";
 import {
   age, bytes, dataText, devicesText, dim, dimmed, duration, endReason, eta, h, liveNotice, localTime,
-  num, percent, phaseText, progressBar, rate, setProgress, setText, stateBadge, stepText, withCode,
+  num, percent, phaseText, progressBar, rate, sentence, setProgress, setText, stateBadge, stepText,
+  withCode,
 } from "./format.js";
 import { arrangeInPlace } from "./inplace.js";
 
@@ -201,6 +202,17 @@ export function mountJob(view, jobId) {
   function renderTowers() {
     const p = (job && job.progress) || {};
     const ms = Array.isArray(p.tower_ms) ? p.tower_ms : null;
+    // The trace may be one asked for (here or elsewhere), not the spec's trace_steps: the
+    // stream's trace event, or the service's record of it for a page opened since, says.
+    const tracedAt = traceStep !== null ? traceStep
+      : Number.isInteger(p.trace_step) ? p.trace_step : null;
+    if ((!ms || ms.length === 0) && typeof p.tower_ms_error === "string") {
+      // Written, but its times could not be read (no CUPTI on a GPU host, say).
+      const which = tracedAt !== null ? ` that ended at step ${tracedAt}` : "";
+      towers.replaceChildren(h("p", { class: "muted" }, `The device trace${which} gave no ` +
+        `per-tower times: ${sentence(p.tower_ms_error)} The trace is in TensorBoard's profile tab.`));
+      return;
+    }
     if (!ms || ms.length === 0) {
       const traced = job && job.spec && job.spec.summaries && job.spec.summaries.trace_steps;
       const which = traced && traced.length ? stepsText(traced) : "";
@@ -213,10 +225,6 @@ export function mountJob(view, jobId) {
     }
     const most = Math.max(...ms, 1e-9);
     const traced = job.spec.summaries && job.spec.summaries.trace_steps;
-    // The trace may be one asked for (here or elsewhere), not the spec's trace_steps: the
-    // stream's trace event, or the service's record of it for a page opened since, says.
-    const tracedAt = traceStep !== null ? traceStep
-      : Number.isInteger(p.trace_step) ? p.trace_step : null;
     const which = tracedAt !== null ? ` that ended at step ${tracedAt}`
       : traced && traced.length ? ` of ${stepsText(traced)}` : "";
     towers.replaceChildren(...ms.map((value, i) => h("div", { class: "tower" },

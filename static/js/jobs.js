@@ -37,9 +37,13 @@ const COLUMNS = [
 /** Merge a progress.jsonl event into the job as the service folds it (service/progress.py). */
 export function applyProgressEvent(job, event) {
   const p = { ...(job.progress || {}) };
-  // A trace's step is the trace's last, not where the job is: its line comes once the
-  // trace is read, off the worker's loop, after reports of later steps.
-  if (Number.isInteger(event.step) && event.event !== "trace") p.step = event.step;
+  // A trace's step is the trace's last: its line comes once the trace is read, off the
+  // worker's loop, after reports of later steps. Still a step done: the job is at least
+  // there, never back.
+  if (Number.isInteger(event.step)
+    && (event.event !== "trace" || !Number.isInteger(p.step) || p.step < event.step)) {
+    p.step = event.step;
+  }
   if (Number.isInteger(event.total)) p.total = event.total;
   if (typeof event.phase === "string") {
     p.phase = event.phase;
@@ -71,10 +75,17 @@ export function applyProgressEvent(job, event) {
   }
   // A list of numbers alone, as the service keeps it: a null in one (from a worker other
   // than the trainer) made every later event throw as the job's page drew its towers.
-  if (Array.isArray(event.tower_ms) && event.tower_ms.every((ms) => typeof ms === "number")) {
-    p.tower_ms = event.tower_ms;
-  }
+  const times = Array.isArray(event.tower_ms) && event.tower_ms.every((ms) => typeof ms === "number");
+  if (times) p.tower_ms = event.tower_ms;
   if (event.event === "trace" && Number.isInteger(event.step)) p.trace_step = event.step;
+  // A trace whose times could not be read (no CUPTI on a GPU host) says why in their
+  // place: the older trace's times are not its; why stays until a trace with times.
+  if (event.event === "trace" && times) {
+    p.tower_ms_error = null;
+  } else if (event.event === "trace" && !("tower_ms" in event)) {
+    p.tower_ms = null;
+    p.tower_ms_error = typeof event.tower_ms_error === "string" ? event.tower_ms_error : null;
+  }
   if (typeof event.time === "number") p.updated_at = new Date(event.time * 1000).toISOString();
   p.percent = Number.isInteger(p.step) && p.total ? Math.round((1000 * p.step) / p.total) / 10 : null;
   const updated = { ...job, progress: p };

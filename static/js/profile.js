@@ -3,7 +3,7 @@
 // that the job ended first. The per-tower times beside it come from that trace.
 
 import { TERMINAL, api } from "./api.js";
-import { dim, dimmed, h } from "./format.js";
+import { dim, dimmed, h, sentence } from "./format.js";
 
 export const PROFILE_STEPS = 5;
 
@@ -57,6 +57,13 @@ export function profileControl(jobId) {
       // spec's own trace_steps, traced meanwhile, were taken for this page's request.
       if (!waiting || !event.requested) return;
       waiting = false;
+      // Written, but its times could not be read (no CUPTI on a GPU host, say): answered
+      // all the same, with why, where the page waited on until the job's end.
+      if (!Array.isArray(event.tower_ms) && typeof event.tower_ms_error === "string") {
+        say("traced", `Traced up to step ${event.step}; no per-tower times from it: ` +
+          `${sentence(event.tower_ms_error)} The trace is in TensorBoard's profile tab.`);
+        return;
+      }
       say("traced", `Traced up to step ${event.step}: the per-tower times below are from ` +
         "it, and the trace is in TensorBoard's profile tab.");
     },

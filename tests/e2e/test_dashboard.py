@@ -711,6 +711,47 @@ def test_a_trace_event_keeps_the_step_later_reports_put_the_job_at(session: Sess
     assert folded == [30, 30, 22, [3.0, 4.0]]
 
 
+def test_a_trace_event_is_a_step_the_job_has_done(session: Session) -> None:
+    """Before the next report says so, the job is at least at a trace's step (it showed
+    trace_step 335 at step 330), as the service folds it."""
+    page = session.page
+    page.goto("/#/")
+    folded = page.evaluate("""async () => {
+      const { applyProgressEvent } = await import("/static/js/jobs.js");
+      const job = { id: "a", state: "running", progress: { step: 330, total: 1000 } };
+      const trace = { event: "trace", step: 335, tower_ms: [3.0, 4.0] };
+      const { progress: p } = applyProgressEvent(job, trace);
+      return [p.step, p.percent, p.trace_step];
+    }""")
+    assert folded == [335, 33.5, 335]
+
+
+def test_a_trace_event_without_times_says_why_in_their_place(session: Session) -> None:
+    """A trace whose times could not be read (no CUPTI on a GPU host): the older trace's
+    times go and why stays, until a trace with times, as the service folds it."""
+    page = session.page
+    page.goto("/#/")
+    folded = page.evaluate("""async () => {
+      const { applyProgressEvent } = await import("/static/js/jobs.js");
+      let job = { id: "a", state: "running",
+        progress: { step: 30, total: 100, tower_ms: [1.0, 2.0], trace_step: 6 } };
+      job = applyProgressEvent(job, { event: "trace", step: 22, tower_ms_error: "no kernels" });
+      const untimed = { ...job.progress };
+      job = applyProgressEvent(job, { event: "progress", step: 31 });
+      const reported = { ...job.progress };
+      job = applyProgressEvent(job, { event: "trace", step: 40, tower_ms: [3.0, 4.0] });
+      const p = job.progress;
+      return [[untimed.step, untimed.trace_step, untimed.tower_ms, untimed.tower_ms_error],
+              [reported.tower_ms, reported.tower_ms_error],
+              [p.step, p.trace_step, p.tower_ms, p.tower_ms_error]];
+    }""")
+    assert folded == [
+        [30, 22, None, "no kernels"],
+        [None, "no kernels"],
+        [40, 40, [3.0, 4.0], None],
+    ]
+
+
 def test_phone_width_layout(
     browser: Browser, service: Service, submitted: dict[str, Any], screenshots: Path
 ) -> None:

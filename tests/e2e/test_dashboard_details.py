@@ -7,12 +7,14 @@ submit form's odd inputs. No model is trained here, so none of it is marked slow
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, Page, Request, Route, expect
@@ -20,6 +22,7 @@ from playwright.sync_api import Browser, Page, Request, Route, expect
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import LAPTOP, LOG_POLL_MS, PHONE, Session, open_session
 from tests.service.harness import Service, fake_worker_env, job_spec, stand_in_service
+from tests.service.test_client import towerboard
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
 
@@ -495,10 +498,14 @@ def test_spec_that_is_a_json_string_is_sent_as_json(session: Session) -> None:
     assert session.errors == []
 
 
-def test_trace_asked_for_from_the_job_page(browser: Browser, tmp_path: Path) -> None:
-    """The job page asks a running job for a device trace (the API's POST /profile had no
-    control on the page) and shows each tower's time from it once the worker has taken it."""
-    (tmp_path / "trace_worker.py").write_text(TRACE_WORKER)
+@contextlib.contextmanager
+def traced_from_its_page(
+    browser: Browser, tmp_path: Path, worker: str
+) -> Iterator[tuple[Service, Session, dict[str, Any]]]:
+    """A service whose worker is `worker` (TRACE_WORKER or one made from it), and a running
+    job's page where "Trace next 5 steps" was clicked: the service, the page's session and
+    the job. The job is cancelled and the page closed after."""
+    (tmp_path / "trace_worker.py").write_text(worker)
     tracing = Service(
         tmp_path / "data", {"TOWERBOARD_WORKER_MODULE": "trace_worker", "PYTHONPATH": str(tmp_path)}
     )
@@ -509,10 +516,27 @@ def test_trace_asked_for_from_the_job_page(browser: Browser, tmp_path: Path) -> 
         job = tracing.submit(job_spec(name="traced"))
         page.goto(f"/#/jobs/{job['id']}")
         expect(page.locator(".job-heading .state")).to_have_text("running")
-        button, status = page.locator("#profile-job"), page.locator("#profile-status")
         expect(page.locator("#towers")).to_contain_text("No device trace in this job's spec")
-        button.click()
-        expect(status).to_have_text(re.compile(r"^(Tracing the next 5 steps|Traced up to)"))
+        page.locator("#profile-job").click()
+        expect(page.locator("#profile-status")).to_have_text(
+            re.compile(r"^(Tracing the next 5 steps|Traced up to)")
+        )
+        yield tracing, session, job
+        assert tracing.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+        expect(page.locator(".job-heading .state")).to_have_text("cancelled", timeout=30_000)
+        expect(page.locator("#profile-job")).to_be_hidden()  # only a running job can be traced
+        assert session.errors == []
+    finally:
+        session.context.close()
+        tracing.close()
+
+
+def test_trace_asked_for_from_the_job_page(browser: Browser, tmp_path: Path) -> None:
+    """The job page asks a running job for a device trace (the API's POST /profile had no
+    control on the page) and shows each tower's time from it once the worker has taken it."""
+    with traced_from_its_page(browser, tmp_path, TRACE_WORKER) as (tracing, session, job):
+        page = session.page
+        status = page.locator("#profile-status")
         expect(status).to_have_text(re.compile(r"^Traced up to step (\d+): the per-tower times"))
         step = re.search(r"step (\d+)", status.inner_text())
         assert step is not None
@@ -523,13 +547,47 @@ def test_trace_asked_for_from_the_job_page(browser: Browser, tmp_path: Path) -> 
         towers = page.locator("#towers")
         expect(towers.locator(".tower-value")).to_have_text(["1.50 ms", "2.50 ms"])
         expect(towers).to_contain_text(f"from the device trace that ended at step {step[1]}.")
-        assert tracing.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
-        expect(page.locator(".job-heading .state")).to_have_text("cancelled", timeout=30_000)
-        expect(button).to_be_hidden()  # only a running job can be traced
-        assert session.errors == []
-    finally:
-        session.context.close()
-        tracing.close()
+
+
+# Why the trainer's trace gave no times on a GPU host whose profiler could not load CUPTI.
+NO_KERNELS = "Expected the trace to hold the towers' GPU kernels. Received: none"
+
+
+def test_trace_asked_for_whose_times_cannot_be_read_is_answered_with_why(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """A trace written whose times could not be read has a line with why in their place:
+    the page that asked is answered (it waited on, and at the job's end said the job ended
+    before the trace was taken), the towers panel says why rather than the times of the
+    spec's trace before it, and so does `towerboard status ID`."""
+    timed = "tower_ms=[1.5, 2.5]"  # the requested trace's times, and no other's
+    assert TRACE_WORKER.count(timed) == 1
+    worker = TRACE_WORKER.replace(timed, f"tower_ms_error={NO_KERNELS!r}")
+    with traced_from_its_page(browser, tmp_path, worker) as (tracing, session, job):
+        page = session.page
+        status = page.locator("#profile-status")
+        expect(status).to_have_text(re.compile(r"^Traced up to step \d+; no per-tower times"))
+        step = re.search(r"step (\d+)", status.inner_text())
+        assert step is not None
+        assert status.inner_text() == (
+            f"Traced up to step {step[1]}; no per-tower times from it: {NO_KERNELS}. The trace "
+            "is in TensorBoard's profile tab."
+        )
+        progress = tracing.job(job["id"])["progress"]
+        assert (progress["trace_step"], progress["tower_ms_error"]) == (int(step[1]), NO_KERNELS)
+        assert progress.get("tower_ms") is None and progress["step"] >= int(step[1]), progress
+        towers = page.locator("#towers")
+        expect(towers).to_have_text(
+            f"The device trace that ended at step {step[1]} gave no per-tower times: "
+            f"{NO_KERNELS}. The trace is in TensorBoard's profile tab."
+        )
+        expect(towers.locator(".tower-value")).to_have_count(0)  # not the spec's [9.0, 9.0]
+        shown = towerboard("status", job["id"], url=tracing.base_url)
+        assert re.search(
+            rf"^tower ms\s+none from the trace that ended at step {step[1]}: {re.escape(NO_KERNELS)}$",
+            shown.stdout,
+            re.M,
+        ), shown.stdout
 
 
 def test_checkpoint_links_name_their_step(session: Session, service: Service) -> None:

@@ -179,6 +179,10 @@ class TraceCapture:
             stopped_second = math.floor(time.time())
         written = self._unnamed_traces() - self._before
         if not written:
+            # No `trace` line comes of it: the log is all that says why a page that asked
+            # for this trace is not answered.
+            which = "" if steps is None else f" of {_steps_text(*steps)}"
+            log.warning("the profiler wrote no trace%s under %s", which, self.logdir)
             return None
         trace = max(written, key=lambda p: p.stat().st_mtime)
         if steps is None:
@@ -302,6 +306,10 @@ def _steps_window(space, steps: range) -> tuple[int, int]:  # noqa: ANN001 - an 
             "window it cannot tell their ops from the next steps'"
         )
     return begin, end
+
+
+def _steps_text(first: int, last: int) -> str:
+    return f"step {last}" if first == last else f"steps {first}-{last}"
 
 
 def _stat_int(stat) -> int | None:  # noqa: ANN001 - an XStat

@@ -8,6 +8,7 @@ that launched them in a `tf_op` stat.
 
 import math
 import re
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -366,3 +367,36 @@ def test_a_capture_started_while_one_stops_waits_for_that_stop(tmp_path, monkeyp
         names.append(capture.end(range(first, first + 1), towers=2))
     capture.close()
     assert [n.result().path.parent.name[-6:] for n in names] == ["step_1", "step_3"]
+
+
+def test_an_ended_capture_whose_times_cannot_be_read_gives_its_trace_and_why(tmp_path):
+    # No step markers (or, on a GPU host, no kernels: no CUPTI): the trace is written and
+    # TensorBoard shows it, so the loop still writes its line, with why in place of times.
+    capture = TraceCapture(tmp_path)
+    assert capture.start()
+    tf.constant(1.0) + 1.0  # an op, but no step marked
+    read = capture.end(range(4, 6), towers=2).result(timeout=60)
+    capture.close()
+    assert read is not None and read.tower_ms is None
+    assert read.path.exists() and read.path.parent.name.endswith("_steps_4-5")
+    assert read.error is not None and "Received: no marker of them" in read.error, read.error
+
+
+def test_an_ended_capture_the_profiler_wrote_nothing_of_says_so(tmp_path, monkeypatch, caplog):
+    # Nothing for the loop to write a line of: the log says why no trace line comes.
+    stop = tf.profiler.experimental.stop
+
+    def stop_and_lose_the_trace() -> None:
+        stop()
+        shutil.rmtree(tmp_path / "plugins")
+
+    monkeypatch.setattr(profiling.tf.profiler.experimental, "stop", stop_and_lose_the_trace)
+    capture = TraceCapture(tmp_path)
+    assert capture.start()
+    marked(lambda: tf.constant(1.0) + 1.0, 4)
+    with caplog.at_level("WARNING", logger="trainer.profiling"):
+        assert capture.end(range(4, 5), towers=2).result(timeout=60) is None
+        capture.close()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"the profiler wrote no trace of step 4 under {tmp_path}"
+    ]

@@ -501,10 +501,11 @@ def test_spec_that_is_a_json_string_is_sent_as_json(session: Session) -> None:
 @contextlib.contextmanager
 def traced_from_its_page(
     browser: Browser, tmp_path: Path, worker: str
-) -> Iterator[tuple[Service, Session, dict[str, Any]]]:
+) -> Iterator[tuple[Service, Session, dict[str, Any], int]]:
     """A service whose worker is `worker` (TRACE_WORKER or one made from it), and a running
-    job's page where "Trace next 5 steps" was clicked: the service, the page's session and
-    the job. The job is cancelled and the page closed after."""
+    job's page where "Trace next 5 steps" was clicked and answered: the service, the page's
+    session, the job and the step the answer says. The job is cancelled and the page closed
+    after."""
     (tmp_path / "trace_worker.py").write_text(worker)
     tracing = Service(
         tmp_path / "data", {"TOWERBOARD_WORKER_MODULE": "trace_worker", "PYTHONPATH": str(tmp_path)}
@@ -518,10 +519,12 @@ def traced_from_its_page(
         expect(page.locator(".job-heading .state")).to_have_text("running")
         expect(page.locator("#towers")).to_contain_text("No device trace in this job's spec")
         page.locator("#profile-job").click()
-        expect(page.locator("#profile-status")).to_have_text(
-            re.compile(r"^(Tracing the next 5 steps|Traced up to)")
-        )
-        yield tracing, session, job
+        status = page.locator("#profile-status")
+        expect(status).to_have_text(re.compile(r"^(Tracing the next 5 steps|Traced up to)"))
+        expect(status).to_have_text(re.compile(r"^Traced up to step \d+[:;] "))
+        step = re.search(r"step (\d+)", status.inner_text())
+        assert step is not None
+        yield tracing, session, job, int(step[1])
         assert tracing.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
         expect(page.locator(".job-heading .state")).to_have_text("cancelled", timeout=30_000)
         expect(page.locator("#profile-job")).to_be_hidden()  # only a running job can be traced
@@ -534,19 +537,19 @@ def traced_from_its_page(
 def test_trace_asked_for_from_the_job_page(browser: Browser, tmp_path: Path) -> None:
     """The job page asks a running job for a device trace (the API's POST /profile had no
     control on the page) and shows each tower's time from it once the worker has taken it."""
-    with traced_from_its_page(browser, tmp_path, TRACE_WORKER) as (tracing, session, job):
+    with traced_from_its_page(browser, tmp_path, TRACE_WORKER) as (tracing, session, job, step):
         page = session.page
-        status = page.locator("#profile-status")
-        expect(status).to_have_text(re.compile(r"^Traced up to step (\d+): the per-tower times"))
-        step = re.search(r"step (\d+)", status.inner_text())
-        assert step is not None
+        expect(page.locator("#profile-status")).to_have_text(
+            f"Traced up to step {step}: the per-tower times below are from it, and the trace "
+            "is in TensorBoard's profile tab."
+        )
         # The requested trace's step, not the spec's trace two steps before it (which the
         # page took for its answer, naming a step the times below were not from).
-        assert tracing.job(job["id"])["progress"]["trace_step"] == int(step[1])
+        assert tracing.job(job["id"])["progress"]["trace_step"] == step
         assert tracing.job(job["id"])["progress"]["tower_ms"] == [1.5, 2.5]
         towers = page.locator("#towers")
         expect(towers.locator(".tower-value")).to_have_text(["1.50 ms", "2.50 ms"])
-        expect(towers).to_contain_text(f"from the device trace that ended at step {step[1]}.")
+        expect(towers).to_contain_text(f"from the device trace that ended at step {step}.")
 
 
 # Why the trainer's trace gave no times on a GPU host whose profiler could not load CUPTI.
@@ -563,28 +566,24 @@ def test_trace_asked_for_whose_times_cannot_be_read_is_answered_with_why(
     timed = "tower_ms=[1.5, 2.5]"  # the requested trace's times, and no other's
     assert TRACE_WORKER.count(timed) == 1
     worker = TRACE_WORKER.replace(timed, f"tower_ms_error={NO_KERNELS!r}")
-    with traced_from_its_page(browser, tmp_path, worker) as (tracing, session, job):
+    with traced_from_its_page(browser, tmp_path, worker) as (tracing, session, job, step):
         page = session.page
-        status = page.locator("#profile-status")
-        expect(status).to_have_text(re.compile(r"^Traced up to step \d+; no per-tower times"))
-        step = re.search(r"step (\d+)", status.inner_text())
-        assert step is not None
-        assert status.inner_text() == (
-            f"Traced up to step {step[1]}; no per-tower times from it: {NO_KERNELS}. The trace "
+        expect(page.locator("#profile-status")).to_have_text(
+            f"Traced up to step {step}; no per-tower times from it: {NO_KERNELS}. The trace "
             "is in TensorBoard's profile tab."
         )
         progress = tracing.job(job["id"])["progress"]
-        assert (progress["trace_step"], progress["tower_ms_error"]) == (int(step[1]), NO_KERNELS)
-        assert progress.get("tower_ms") is None and progress["step"] >= int(step[1]), progress
+        assert (progress["trace_step"], progress["tower_ms_error"]) == (step, NO_KERNELS)
+        assert progress.get("tower_ms") is None and progress["step"] >= step, progress
         towers = page.locator("#towers")
         expect(towers).to_have_text(
-            f"The device trace that ended at step {step[1]} gave no per-tower times: "
+            f"The device trace that ended at step {step} gave no per-tower times: "
             f"{NO_KERNELS}. The trace is in TensorBoard's profile tab."
         )
         expect(towers.locator(".tower-value")).to_have_count(0)  # not the spec's [9.0, 9.0]
         shown = towerboard("status", job["id"], url=tracing.base_url)
         assert re.search(
-            rf"^tower ms\s+none from the trace that ended at step {step[1]}: {re.escape(NO_KERNELS)}$",
+            rf"^tower ms\s+none from the trace that ended at step {step}: {re.escape(NO_KERNELS)}$",
             shown.stdout,
             re.M,
         ), shown.stdout

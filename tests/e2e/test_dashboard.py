@@ -696,34 +696,31 @@ def test_an_end_event_folds_as_the_service_folds_it(session: Session) -> None:
     assert folded == [34, 0.25, 0.875, None, 0.5, 0]
 
 
-def test_a_trace_event_keeps_the_step_later_reports_put_the_job_at(session: Session) -> None:
-    """A worker writes a trace's line once the trace is read, off its loop, after reports
-    of later steps: the views keep the job where those put it, as the service does."""
+@pytest.mark.parametrize(
+    ("at", "total", "traced", "folded"),
+    [(30, 100, 22, [30, 30, 22, [3.0, 4.0]]), (330, 1000, 335, [335, 33.5, 335, [3.0, 4.0]])],
+    ids=["after reports of later steps", "before the report of its step"],
+)
+def test_a_trace_event_takes_the_job_forward_never_back(
+    session: Session, at: int, total: int, traced: int, folded: list
+) -> None:
+    """A worker writes a trace's line once the trace is read, off its loop: after reports
+    of later steps, the views keep the job where those put it; before the report of its
+    own step, the job is at least there (it showed trace_step 335 at step 330). As the
+    service folds it."""
     page = session.page
     page.goto("/#/")
-    folded = page.evaluate("""async () => {
+    got = page.evaluate(
+        """async ([at, total, traced]) => {
       const { applyProgressEvent } = await import("/static/js/jobs.js");
-      const job = { id: "a", state: "running", progress: { step: 30, total: 100 } };
-      const trace = { event: "trace", step: 22, tower_ms: [3.0, 4.0] };
+      const job = { id: "a", state: "running", progress: { step: at, total } };
+      const trace = { event: "trace", step: traced, tower_ms: [3.0, 4.0] };
       const { progress: p } = applyProgressEvent(job, trace);
       return [p.step, p.percent, p.trace_step, p.tower_ms];
-    }""")
-    assert folded == [30, 30, 22, [3.0, 4.0]]
-
-
-def test_a_trace_event_is_a_step_the_job_has_done(session: Session) -> None:
-    """Before the next report says so, the job is at least at a trace's step (it showed
-    trace_step 335 at step 330), as the service folds it."""
-    page = session.page
-    page.goto("/#/")
-    folded = page.evaluate("""async () => {
-      const { applyProgressEvent } = await import("/static/js/jobs.js");
-      const job = { id: "a", state: "running", progress: { step: 330, total: 1000 } };
-      const trace = { event: "trace", step: 335, tower_ms: [3.0, 4.0] };
-      const { progress: p } = applyProgressEvent(job, trace);
-      return [p.step, p.percent, p.trace_step];
-    }""")
-    assert folded == [335, 33.5, 335]
+    }""",
+        [at, total, traced],
+    )
+    assert got == folded
 
 
 def test_a_trace_event_without_times_says_why_in_their_place(session: Session) -> None:

@@ -607,6 +607,17 @@ def test_a_trace_whose_times_cannot_be_read_still_answers_its_request(
         return read(path, *args, **kw)
 
     monkeypatch.setattr(profiling, "tower_times_ms", times_of_the_first_trace_only)
+    end = profiling.TraceCapture.end
+
+    def ended_at_once(self: profiling.TraceCapture, *args: Any, **kw: Any) -> Any:
+        # The thread's work done before the loop goes on, so each trace's line comes at the
+        # next step, with reports after it: else the last could come at the job's end, the
+        # thread still stopping the profiler through the reports (a race).
+        ending = end(self, *args, **kw)
+        ending.result()
+        return ending
+
+    monkeypatch.setattr(profiling.TraceCapture, "end", ended_at_once)
 
     summary = controller.run()
 

@@ -215,8 +215,8 @@ def step_after(at: Any, event: Any, step: Any) -> Any:
     reports of later steps before it (the job went back to the trace's step until its next
     report). Still a step the job has done: the job is at least there (it showed
     trace_step 335 at step 330 until the next report)."""
-    if event == "trace" and isinstance(at, int) and not (isinstance(step, int) and step > at):
-        return at
+    if event == "trace" and isinstance(at, int):
+        return max(at, step) if isinstance(step, int) else at
     return step
 
 

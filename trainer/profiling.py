@@ -189,7 +189,7 @@ class TraceCapture:
             self._unnamed_second = stopped_second
             return trace
         first, last = steps
-        label = f"step_{last}" if first == last else f"steps_{first}-{last}"
+        label = _steps_text(first, last, "_")
         # The time stays first, so the plugin's runs still sort by when they were taken.
         named = trace.parent.with_name(f"{trace.parent.name}_{label}")
         try:
@@ -298,7 +298,7 @@ def _steps_window(space, steps: range) -> tuple[int, int]:  # noqa: ANN001 - an 
                     begin = start if begin is None else min(begin, start)
                     end = stop if end is None else max(end, stop)
     if begin is None or end is None:
-        which = f"steps {steps[0]}-{steps[-1]}" if steps else "no steps"
+        which = _steps_text(steps[0], steps[-1]) if steps else "no steps"
         raise ValueError(
             f"Expected the trace's {_HOST_PLANE} plane to mark {which} ('{STEP_MARKER}' "
             f"events with a {_STEP_NUM}). Received: no marker of them. No compute times from "
@@ -308,8 +308,10 @@ def _steps_window(space, steps: range) -> tuple[int, int]:  # noqa: ANN001 - an 
     return begin, end
 
 
-def _steps_text(first: int, last: int) -> str:
-    return f"step {last}" if first == last else f"steps {first}-{last}"
+def _steps_text(first: int, last: int, space: str = " ") -> str:
+    """`steps 20-22`, or `step 20` for one: in messages, and with `_` for `space` in the
+    name of a trace's folder (`..._steps_20-22`), which the profile plugin lists."""
+    return f"step{space}{last}" if first == last else f"steps{space}{first}-{last}"
 
 
 def _stat_int(stat) -> int | None:  # noqa: ANN001 - an XStat

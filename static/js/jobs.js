@@ -40,9 +40,9 @@ export function applyProgressEvent(job, event) {
   // A trace's step is the trace's last: its line comes once the trace is read, off the
   // worker's loop, after reports of later steps. Still a step done: the job is at least
   // there, never back.
-  if (Number.isInteger(event.step)
-    && (event.event !== "trace" || !Number.isInteger(p.step) || p.step < event.step)) {
-    p.step = event.step;
+  if (Number.isInteger(event.step)) {
+    const trace = event.event === "trace" && Number.isInteger(p.step);
+    p.step = trace ? Math.max(p.step, event.step) : event.step;
   }
   if (Number.isInteger(event.total)) p.total = event.total;
   if (typeof event.phase === "string") {

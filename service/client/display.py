@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 import unicodedata
@@ -162,11 +163,38 @@ def width(text: str) -> int:
     )
 
 
-def table(rows: list[list[str]], out: TextIO) -> None:
+def table(rows: list[list[str]], out: TextIO, *, last_within: int | None = None) -> None:
+    """The rows in columns two spaces apart. With `last_within` (a terminal's width), the
+    last column's cells are cut to what is left of it (with "…", never below 20 columns),
+    so a long one does not wrap under the row."""
     widths = [max(width(row[i]) for row in rows) for i in range(len(rows[0]))]
+    if last_within is not None:
+        room = max(20, last_within - sum(w + 2 for w in widths[:-1]))
+        rows = [[*row[:-1], shortened(row[-1], room)] for row in rows]
     for row in rows:
         cells = (cell + " " * (w - width(cell)) for cell, w in zip(row, widths, strict=True))
         out.write("  ".join(cells).rstrip() + "\n")
+
+
+def shortened(text: str, columns: int) -> str:
+    """`text` within `columns` terminal columns, ending in "…" where it was cut."""
+    if width(text) <= columns:
+        return text
+    kept, used = [], 0
+    for c in text:
+        used += width(c)
+        if used > columns - 1:
+            break
+        kept.append(c)
+    return "".join(kept) + "…"
+
+
+def end_reason(job: dict[str, Any]) -> str:
+    """Why a job ended badly, its first line, without a leading "Failed:" or "Cancelled:"
+    (the state beside it says that), as the dashboard's jobs table says it; "" for none."""
+    reason = str((job.get("error") or {}).get("reason") or "").strip()
+    first = reason.splitlines()[0] if reason else ""
+    return printable(re.sub(r"^(cancelled|failed):\s*", "", first, flags=re.I))
 
 
 def fold_event(job: dict[str, Any], name: str, data: dict[str, Any]) -> dict[str, Any]:

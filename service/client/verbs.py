@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import sys
 import time
 import webbrowser
@@ -55,9 +56,9 @@ def _out(text: str) -> None:
         raise OutputLost(error) from error
 
 
-def _table(rows: list[list[str]]) -> None:
+def _table(rows: list[list[str]], *, last_within: int | None = None) -> None:
     text = io.StringIO()
-    show.table(rows, text)
+    show.table(rows, text, last_within=last_within)
     _out(text.getvalue())
 
 
@@ -312,7 +313,16 @@ def _status_table(client: Client, args: argparse.Namespace) -> int:
             show.step_or_phase(job), show.number(p.get("loss")), show.percent(p.get("accuracy")),
             show.rate(p.get("examples_per_sec")), show.eta(job), show.devices(job), show.age(job["created_at"]),
         ])  # fmt: skip
-    _table(rows)
+    # Why a job failed or was cancelled, so the table answers that as the dashboard's does
+    # (`status ID` gives the whole reason and the log's end): a last column where a job on
+    # this page has one, cut to the terminal's width on one (whole down a pipe).
+    reasons = [show.end_reason(job) for job in page["data"]]
+    if any(reasons):
+        rows[0].append("WHY")
+        for row, reason in zip(rows[1:], reasons, strict=True):
+            row.append(reason or "-")
+    on_terminal = any(reasons) and sys.stdout.isatty()
+    _table(rows, last_within=shutil.get_terminal_size().columns - 1 if on_terminal else None)
     if page.get("next_cursor"):
         _out(f"... {page['count'] - len(page['data'])} more (use --limit)\n")
     return EXIT_OK

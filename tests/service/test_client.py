@@ -310,6 +310,29 @@ def test_status_table_shows_a_preparing_jobs_phase_as_its_step(
     assert re.search(r"^phase\s{2,}-$", one.stdout, re.M), one.stdout  # none now
 
 
+def test_status_table_says_why_a_job_failed(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # The dashboard's jobs table says why a job failed; the CLI's had only `failed`, and
+    # `status ID` a job at a time. A last column says it where a job listed has a reason.
+    service = make_service(env=fake_worker_env(tmp_path))
+    service.start()
+    quick = service.submit(job_spec(name="quick"))["id"]
+    service.wait_state(quick, "succeeded")
+    listed = towerboard("status", url=service.base_url)
+    assert listed.stdout.splitlines()[0].split()[-1] == "AGE"  # no reason: no column
+    failed = service.submit(job_spec(name="fail"))["id"]  # its result says "fail"
+    service.wait_state(failed, "failed")
+    assert service.job(failed)["error"]["reason"] == "fail"
+    listed = towerboard("status", url=service.base_url)
+    assert listed.returncode == 0, listed.stderr
+    header, *rows = listed.stdout.splitlines()
+    assert header.split()[-2:] == ["AGE", "WHY"]
+    by_id = {row.split()[0]: row for row in rows}
+    assert by_id[failed][header.index("WHY") :] == "fail", rows  # in its column
+    assert by_id[quick].split()[-1] == "-"
+
+
 def test_export_downloads_the_saved_model(
     service: Service,
     watched: dict[str, Any],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from service.client.display import table, width
+from service.client.display import end_reason, shortened, table, width
 
 
 def test_wide_and_combining_characters_keep_the_columns_in_line() -> None:
@@ -22,3 +22,32 @@ def test_wide_and_combining_characters_keep_the_columns_in_line() -> None:
     for line, (name, state) in zip(lines, rows, strict=True):
         assert line == name + " " * (8 - width(name)) + "  " + state
     assert [width(name) for name, _ in rows] == [4, 8, 4, 3]
+
+
+def test_the_last_column_is_cut_to_the_terminal() -> None:
+    # A failure's reason, the table's last column, wrapped under its row on a terminal.
+    rows = [["ID", "WHY"], ["abc", "x" * 100], ["d", "short"]]
+    out = io.StringIO()
+    table(rows, out, last_within=30)
+    lines = out.getvalue().splitlines()
+    assert lines == ["ID   WHY", "abc  " + "x" * 24 + "…", "d    short"]
+    assert max(width(line) for line in lines) == 30
+    # Never below 20 columns, however wide the others are.
+    out = io.StringIO()
+    table([["a" * 50, "b" * 40]], out, last_within=30)
+    assert out.getvalue() == "a" * 50 + "  " + "b" * 19 + "…\n"
+
+
+def test_shortened_counts_terminal_columns() -> None:
+    assert shortened("训练任务", 8) == "训练任务"
+    assert shortened("训练任务", 7) == "训练任…"  # 6 columns and the ellipsis
+    assert shortened("abc", 2) == "a…"
+
+
+def test_end_reason_is_its_first_line_without_the_state() -> None:
+    assert end_reason({"error": {"reason": "Failed: loss is nan at step 7\nmore"}}) == (
+        "loss is nan at step 7"
+    )
+    assert end_reason({"error": {"reason": "cancelled: stopped by a user"}}) == "stopped by a user"
+    assert end_reason({"error": {"reason": "bad\tname"}}) == "bad\\tname"  # printed, not a tab
+    assert end_reason({"error": None}) == end_reason({}) == ""

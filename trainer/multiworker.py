@@ -35,7 +35,13 @@ import tensorflow as tf
 from trainer.checkpoints import CheckpointDamaged, Checkpointer
 from trainer.cluster import ClusterMismatch, ClusterNotFormed
 from trainer.errors import op_reason
-from trainer.towers import TowerTrainer, stand_in_if_empty, tower_sizes
+from trainer.towers import (
+    TowerTrainer,
+    stand_in_if_empty,
+    state_from_sum,
+    state_part,
+    tower_sizes,
+)
 from trainer.updates import Apply, make_apply
 
 if TYPE_CHECKING:
@@ -131,6 +137,20 @@ def _replica_index(context: tf.distribute.ReplicaContext) -> int:
     return int(index)
 
 
+def _all_reduced_by_dtype(
+    context: tf.distribute.ReplicaContext, op: tf.distribute.ReduceOp, values: list[tf.Tensor]
+) -> list[tf.Tensor]:
+    """`values` all-reduced, in their order, one collective per dtype: the strategy packs
+    a list into one tensor, which fails on a list of two dtypes (an integer state's
+    float64 part beside float32 statistics)."""
+    reduced: list[tf.Tensor | None] = [None] * len(values)
+    for dtype in dict.fromkeys(v.dtype for v in values):  # in first-seen order, on every worker
+        where = [i for i, v in enumerate(values) if v.dtype == dtype]
+        for i, total in zip(where, context.all_reduce(op, [values[i] for i in where]), strict=True):
+            reduced[i] = total
+    return [total for total in reduced if total is not None]
+
+
 class ClusterTrainer(TowerTrainer):
     """`TowerTrainer` over every tower of every worker of `strategy`'s cluster."""
 
@@ -141,6 +161,12 @@ class ClusterTrainer(TowerTrainer):
 
     def _make_apply(self, fused: bool) -> Apply:
         return make_apply(self.optimizer, self._variables, fused=fused, strategy=self.strategy)
+
+    def _training_call(self, image_spec: tf.TensorSpec) -> tf.types.experimental.ConcreteFunction:
+        # In replica context, as the step calls it: each local copy is assigned there.
+        return tf.function(
+            lambda x: self.strategy.run(lambda: self.model(x, training=True))
+        ).get_concrete_function(image_spec)
 
     @property
     def num_towers(self) -> int:
@@ -191,6 +217,7 @@ class ClusterTrainer(TowerTrainer):
         )
         share = tf.cast(size, tf.float32) / batch_f
         scale = self._current_scale()  # this tower's copy; every copy holds the same
+        state_before = [tf.identity(var) for var in self._tower_state]
         with tf.name_scope(f"tower_{tower}"):
             grads, loss_sum, correct_sum = self._tower_gradients(
                 *shard, share, batch_f, scale, warn=tower == 0
@@ -211,13 +238,15 @@ class ClusterTrainer(TowerTrainer):
                     axis=0,
                 ),
             )
-            if self._bn_variables:
-                averages = context.all_reduce(
-                    sum_,
-                    [tf.cast(share, v.dtype) * tf.convert_to_tensor(v) for v in self._bn_variables],
-                )
-                for var, average in zip(self._bn_variables, averages, strict=True):
-                    var.assign(average)  # this tower's copy; every tower assigns the same
+            if self._tower_state:
+                parts = [
+                    state_part(share, tf.convert_to_tensor(var), before)
+                    for var, before in zip(self._tower_state, state_before, strict=True)
+                ]
+                totals = _all_reduced_by_dtype(context, sum_, parts)
+                for var, total, before in zip(self._tower_state, totals, state_before, strict=True):
+                    # This tower's copy; every tower assigns the same.
+                    var.assign(state_from_sum(total, before))
             grads, averaged, norm = self._finish_gradients(grads)
             learning_rate = self.current_learning_rate()
             loss, accuracy = numbers[0] / batch_f, numbers[1] / batch_f

@@ -17,6 +17,13 @@ mean that is exactly the single-device update on the whole batch; for the varian
 the mean of the per-tower variances (it leaves out the spread between tower means). One
 tower updates them in place, as a plain step does, with no bookkeeping to pay for.
 
+Any other state a custom model's layers update in a training call (a running mean of
+their own, a counter) is averaged the same way, found by tracing one training call
+(`_assigned_in_training`): left to each tower in turn, a counter would count N a step on
+N towers, and a running mean move N times. An integer is averaged as its change, rounded
+(each tower's +1 gives +1). Random seeds' states (Keras's `SeedGenerator`: dropout, noise)
+are left to advance tower after tower, so that each tower draws its own masks.
+
 This module only computes. Summaries, checkpoints and progress belong to the controller.
 """
 
@@ -34,6 +41,10 @@ from trainer.lossscale import LossScale, all_finite, computes_in_float16, unscal
 from trainer.updates import Apply, make_apply
 
 log = logging.getLogger(__name__)
+
+# The ops by which a traced call writes a resource variable (Keras's `assign_add` is an
+# `AssignVariableOp` of the sum).
+_ASSIGNMENTS = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})
 
 # What a controller may ask of a step that every worker of a cluster must agree on
 # (`TowerTrainer.train_step`'s `requests`): stop after this step; checkpoint after it
@@ -94,6 +105,44 @@ def _batch_norm_layers(model: keras.Model) -> list[keras.layers.BatchNormalizati
         for layer in model._flatten_layers()
         if isinstance(layer, keras.layers.BatchNormalization)
     ]
+
+
+def _seed_states(model: keras.Model) -> list[keras.Variable]:
+    """The states of the model's random seeds (each layer's `SeedGenerator`s)."""
+    return [
+        seed.state
+        for layer in model._flatten_layers()
+        for seed in getattr(layer, "_seed_generators", ())
+    ]
+
+
+def _handles(variable: keras.Variable) -> list[tf.Tensor]:
+    """The resource handles an assignment to `variable` writes through: its TensorFlow
+    variable's, or under a distribution strategy each local copy's."""
+    value = variable.value
+    return [copy.handle for copy in getattr(value, "values", (value,))]
+
+
+def _averageable(variable: keras.Variable) -> bool:
+    dtype = tf.as_dtype(variable.dtype)
+    return dtype.is_floating or (dtype.is_integer and not dtype.is_unsigned)
+
+
+def state_part(share: tf.Tensor, value: tf.Tensor, before: tf.Tensor) -> tf.Tensor:
+    """One tower's part of a state variable's share-weighted average over the towers, a
+    tower's `share` of the batch times the `value` its call left (summed over the towers,
+    then finished by `state_from_sum`). An integer's part is of its change from `before`,
+    in float64, since a share cast to an integer is 0."""
+    if value.dtype.is_floating:
+        return tf.cast(share, value.dtype) * value
+    return tf.cast(share, tf.float64) * tf.cast(value - before, tf.float64)
+
+
+def state_from_sum(total: tf.Tensor, before: tf.Tensor) -> tf.Tensor:
+    """The new value of a state variable from the sum of the towers' `state_part`s."""
+    if before.dtype.is_floating:
+        return total
+    return before + tf.cast(tf.round(total), before.dtype)
 
 
 def _global_norm(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -158,18 +207,6 @@ class TowerTrainer:
         self.clip_norm = clip_norm
 
         self._variables = list(model.trainable_variables)
-        # With one tower, batch norm updates its statistics in place, as in a plain step;
-        # with more (in a cluster, counting other workers' towers), the step takes each
-        # tower's update and averages them.
-        self._bn_variables = (
-            [
-                var
-                for layer in _batch_norm_layers(model)
-                for var in (layer.moving_mean, layer.moving_variance)
-            ]
-            if self.num_towers > 1
-            else []
-        )
         with tf.device(parameter_device):
             # Built now, not on the first step, so slots exist (on the parameter device)
             # before a checkpoint is restored into them.
@@ -185,6 +222,10 @@ class TowerTrainer:
             tuple(input_shape) if input_shape is not None else tuple(model.input_shape[1:])
         )
         image_spec = tf.TensorSpec([None, *image_shape], tf.float32)
+        # With one tower, layers update their state in place, as in a plain step; with more
+        # (in a cluster, counting other workers' towers), the step takes each tower's update
+        # and averages them.
+        self._tower_state = self._state_of_towers(image_spec) if self.num_towers > 1 else []
         label_spec = tf.TensorSpec([None], tf.int32)
         flag_spec = tf.TensorSpec([], tf.bool)
         request_spec = tf.TensorSpec([len(REQUESTS)], tf.int32)
@@ -220,6 +261,48 @@ class TowerTrainer:
             self._flags[with_scalars],
             self._no_requests if requests is None else requests,
         )
+
+    def _state_of_towers(self, image_spec: tf.TensorSpec) -> list[keras.Variable]:
+        """The state a tower's training call updates, which the step averages over the
+        towers: batch norm's moving statistics, and the non-trainable variables a custom
+        layer assigns. Those are found by tracing one training call (not run), and only
+        where the model has non-trainable variables besides batch norm's and its seeds'
+        states, so a built-in model pays nothing for it."""
+        state = [
+            var
+            for layer in _batch_norm_layers(self.model)
+            for var in (layer.moving_mean, layer.moving_variance)
+        ]
+        known = {id(var) for var in [*state, *_seed_states(self.model)]}
+        others = [
+            var
+            for var in self.model.non_trainable_variables
+            if id(var) not in known and _averageable(var)
+        ]
+        if not others:
+            return state
+        assigned = self._assigned_in_training(image_spec)
+        updated = [var for var in others if any(id(h) in assigned for h in _handles(var))]
+        if updated:
+            log.info(
+                "Averaged over the towers at each step, as batch norm's statistics: %s",
+                ", ".join(var.path for var in updated),
+            )
+        return state + updated
+
+    def _assigned_in_training(self, image_spec: tf.TensorSpec) -> set[int]:
+        """The ids of the variable handles a training call of the model assigns to."""
+        graph = self._training_call(image_spec).graph
+        outside = {id(inside): outside for outside, inside in graph.captures}
+        return {
+            id(outside[id(op.inputs[0])])
+            for op in graph.get_operations()
+            if op.type in _ASSIGNMENTS and id(op.inputs[0]) in outside
+        }
+
+    def _training_call(self, image_spec: tf.TensorSpec) -> tf.types.experimental.ConcreteFunction:
+        """One training call of the model, traced (never run)."""
+        return tf.function(lambda x: self.model(x, training=True)).get_concrete_function(image_spec)
 
     def _make_apply(self, fused: bool) -> Apply:
         """How the step applies the summed gradients (a cluster's goes through its strategy)."""
@@ -332,8 +415,8 @@ class TowerTrainer:
         with tf.device(self.parameter_device):
             scale = self._current_scale()
 
-        bn_before = [tf.identity(v) for v in self._bn_variables]
-        tower_grads, loss_sums, correct_sums, bn_updates = [], [], [], []
+        state_before = [tf.identity(v) for v in self._tower_state]
+        tower_grads, loss_sums, correct_sums, state_updates = [], [], [], []
         for i, device in enumerate(self.tower_devices):
             with tf.device(device), tf.name_scope(f"tower_{i}"):
                 share = tf.cast(sizes[i], tf.float32) / batch_f
@@ -343,11 +426,11 @@ class TowerTrainer:
                 tower_grads.append(grads)
                 loss_sums.append(loss_sum)
                 correct_sums.append(correct_sum)
-            if self._bn_variables:
-                # This tower's moving-statistics update, then put the old values back so the
-                # next tower updates from the same starting point.
-                bn_updates.append([tf.identity(v) for v in self._bn_variables])
-                for var, old in zip(self._bn_variables, bn_before, strict=True):
+            if self._tower_state:
+                # This tower's update of the state, then put the old values back so the next
+                # tower updates from the same starting point.
+                state_updates.append([tf.identity(v) for v in self._tower_state])
+                for var, old in zip(self._tower_state, state_before, strict=True):
                     var.assign(old)
 
         with tf.device(self.parameter_device), tf.name_scope("average"):
@@ -359,18 +442,17 @@ class TowerTrainer:
             grads, averaged, norm = self._finish_gradients(grads)
             learning_rate = self.current_learning_rate()
             self._apply_unless_skipped(finite, grads, learning_rate)
-            if self._bn_variables:
+            if self._tower_state:
                 shares = tf.cast(sizes, tf.float32) / batch_f
-                for k, var in enumerate(self._bn_variables):
-                    # A stand-in shard has share zero, so it does not move the statistics.
-                    var.assign(
-                        tf.add_n(
-                            [
-                                tf.cast(shares[i], var.dtype) * bn_updates[i][k]
-                                for i in range(self.num_towers)
-                            ]
-                        )
-                    )
+                for k, (var, before) in enumerate(
+                    zip(self._tower_state, state_before, strict=True)
+                ):
+                    # A stand-in shard has share zero, so it does not move the state.
+                    parts = [
+                        state_part(shares[i], updates[k], before)
+                        for i, updates in enumerate(state_updates)
+                    ]
+                    var.assign(state_from_sum(tf.add_n(parts), before))
             self.step.assign_add(1)
             if self.ema is not None:
                 self.ema.update(self.step)

@@ -838,3 +838,68 @@ def test_a_sigterm_while_the_cluster_forms_ends_the_job_cancelled(tmp_path):
     result = json.loads((tmp_path / "job" / "result.json").read_text())
     assert result["outcome"] == "cancelled", result
     assert result["message"].startswith("Stopped by SIGTERM while the cluster formed"), result
+
+
+# A custom model whose layer keeps state of its own, updated in every training call: a
+# running mean of its inputs and a count of its calls (no dropout: a cluster's towers and
+# one machine's draw their masks differently).
+STATEFUL = """
+import keras
+import tensorflow as tf
+
+class RunningMean(keras.layers.Layer):
+    def build(self, input_shape):
+        self.mean = self.add_weight(shape=(input_shape[-1],), initializer="zeros", trainable=False)
+        self.calls = self.add_weight(shape=(), initializer="zeros", trainable=False, dtype="int64")
+
+    def call(self, x, training=False):
+        if training:
+            self.mean.assign(0.5 * self.mean + 0.5 * tf.reduce_mean(x, 0))
+            self.calls.assign_add(1)
+        return x
+
+def build(input_shape, num_classes):
+    inputs = keras.Input(input_shape)
+    x = RunningMean(name="running")(keras.layers.Flatten()(inputs))
+    return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
+"""
+
+
+def test_a_custom_layers_state_moves_in_a_cluster_as_on_two_towers(tmp_path):
+    # Each worker's tower updates its own copy of the state; the step averages the copies
+    # by the towers' shares, as one machine's two towers do: the same values, bit for bit,
+    # and the count counts steps, not towers.
+    spec = with_(
+        SPEC,
+        model={"name": "stateful:build"},
+        steps=20,
+        ema_decay=None,
+        eval={"every_steps": 0, "batches": 1},
+        summaries={
+            "scalars_every": 10,
+            "histograms_every": 0,
+            "images_every": 0,
+            "trace_steps": [],
+        },
+        checkpoint={"every_steps": 10, "every_seconds": 0, "keep": 2},
+    )
+    hosts = [tmp_path / "host-a", tmp_path / "host-b", tmp_path / "one"]
+    for host in hosts:
+        host.mkdir()
+        (host / "stateful.py").write_text(STATEFUL)  # each worker imports its own
+    code, _, log = run_worker(
+        hosts[2] / "job", with_(spec, towers=2), env={"PYTHONPATH": f"{hosts[2]}:{REPO}"}
+    )
+    assert code == 0, log
+    job_dir = tmp_path / "job"
+    for code, log in finish(start_cluster(job_dir, [spec, spec], cwds=hosts[:2])):
+        assert code == 0, log
+    one = variables(hosts[2] / "job" / "checkpoints" / "ckpt-20")
+    chief, worker = (variables(d / "checkpoints" / "ckpt-20") for d in worker_dirs(job_dir, 2))
+    state = [name for name in one if name.split("/")[-3] in ("mean", "calls")]
+    assert len(state) == 2, sorted(one)  # model/_operations/2/mean/.ATTRIBUTES/VARIABLE_VALUE
+    for name in one:
+        np.testing.assert_array_equal(chief[name], worker[name], err_msg=name)
+        np.testing.assert_array_equal(chief[name], one[name], err_msg=name)
+    calls = next(one[name] for name in state if one[name].dtype == np.int64)
+    assert int(calls) == 20

@@ -556,3 +556,73 @@ def test_a_float64_model_with_batch_norm_trains_on_towers():
     out = trainer.train_step(x, y)
     assert np.isfinite(float(out["loss"]))
     assert np.abs(bn.numpy()).max() > 1e-3  # the share-weighted update moved it
+
+
+class RunningMean(keras.layers.Layer):
+    """A custom layer with state of its own, updated by each training call: a running mean
+    of its inputs, how many calls trained it, and a scale it never changes."""
+
+    def build(self, input_shape):
+        width = input_shape[-1]
+        self.mean = self.add_weight(shape=(width,), initializer="zeros", trainable=False)
+        self.calls = self.add_weight(shape=(), initializer="zeros", trainable=False, dtype="int64")
+        self.scale = self.add_weight(shape=(width,), initializer="ones", trainable=False)
+
+    def call(self, x, training=False):
+        if training:
+            self.mean.assign(0.5 * self.mean + 0.5 * tf.reduce_mean(x, 0))
+            self.calls.assign_add(1)
+        return x * self.scale
+
+
+def running_mean_model() -> tuple[keras.Model, RunningMean]:
+    keras.utils.set_random_seed(7)
+    inputs = keras.Input(SHAPE)
+    layer = RunningMean()
+    x = keras.layers.Dropout(0.25)(layer(keras.layers.Flatten()(inputs)))
+    return keras.Model(inputs, keras.layers.Dense(CLASSES)(x)), layer
+
+
+@pytest.mark.parametrize("towers", [2, 3])
+def test_a_custom_layers_state_moves_once_a_step_on_towers(towers):
+    # Each tower's call used to update a custom layer's state in turn: its count went up by
+    # the towers a step and its running mean moved once per tower, each from the last.
+    trained = {}
+    for n in (1, towers):
+        model, layer = running_mean_model()
+        with tf.device("/CPU:0"):
+            trainer = TowerTrainer(
+                model=model,
+                optimizer=make_optimizer(OptimizerSpec(name="sgd", learning_rate=0.1)),
+                tower_devices=[f"/CPU:{i}" for i in range(n)],
+                parameter_device="/CPU:0",
+            )
+        seed = next(v for v in model.non_trainable_variables if "seed" in v.path)
+        seed_before = seed.numpy().copy()
+        for step in range(2):
+            trainer.train_step(*batch(10, seed=step))  # 3 towers: shards of 4, 3, 3
+        trained[n] = layer
+        # The dropout's seed is not averaged: each tower draws on from the last one's.
+        assert (seed.numpy() != seed_before).any()
+    one, many = trained[1], trained[towers]
+    assert int(many.calls.numpy()) == int(one.calls.numpy()) == 2
+    # The mean is linear in the batch, so the share-weighted average is the one-device mean.
+    assert np.abs(one.mean.numpy()).max() > 0.1
+    np.testing.assert_allclose(many.mean.numpy(), one.mean.numpy(), atol=1e-6)
+    np.testing.assert_array_equal(many.scale.numpy(), 1.0)  # never assigned: untouched
+
+
+def test_a_model_without_state_of_its_own_is_not_traced_for_it():
+    # Batch norm's statistics and the seeds' states are known without tracing a call.
+    trainer = make_trainer(2, model="resnet", params={"width": 4, "blocks_per_stage": [1]})
+    bn = [v for v in trainer.model.non_trainable_variables if "moving" in v.path]
+    assert bn and trainer._tower_state == bn
+    model, layer = running_mean_model()
+    with tf.device("/CPU:0"):
+        custom = TowerTrainer(
+            model=model,
+            optimizer=make_optimizer(OptimizerSpec(name="sgd", learning_rate=0.1)),
+            tower_devices=["/CPU:0", "/CPU:1"],
+            parameter_device="/CPU:0",
+        )
+    assert [v.path for v in custom._tower_state] == [layer.mean.path, layer.calls.path]

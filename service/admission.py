@@ -37,7 +37,7 @@ from trainer.datafiles import (
     is_glob,
     resolve_files,
 )
-from trainer.spec import JobSpec
+from trainer.spec import JobSpec, shown_value
 
 
 def admit(
@@ -63,7 +63,7 @@ def admit(
                 {
                     "field": "model.name",
                     "message": f"Expected 'module:function' with a module the worker can "
-                    f"import. Received: {spec.model.name!r}, but {missing} (looked for on "
+                    f"import. Received: {shown_value(spec.model.name)}, but {missing} (looked for on "
                     f"the worker's path: {os.pathsep.join(worker_path)}, then the installed "
                     "packages)",
                 }
@@ -130,7 +130,7 @@ def _unreadable(path: str, error: ValueError | OSError) -> str:
         cause = str(error)
     return (
         "Expected `path` to name a file, folder or glob this service can read. "
-        f"Received: {path!r}, which cannot be read: {cause}"
+        f"Received: {shown_value(path)}, which cannot be read: {cause}"
     )
 
 
@@ -189,4 +189,4 @@ def _missing_module(module: str, worker_path: list[str]) -> str | None:
         found = top_level_spec(module, worker_path)
     except (ImportError, ValueError):
         return None  # a finder that cannot say: leave it to the worker
-    return None if found is not None else f"there is no module {module.split('.')[0]!r}"
+    return None if found is not None else f"there is no module {shown_value(module.split('.')[0])}"

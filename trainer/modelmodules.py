@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from trainer.spec import shown_value
+
 ENV = "TOWERBOARD_MODEL_MODULES"
 
 
@@ -39,6 +41,6 @@ def refusal(model_name: str, allowed: Sequence[str] | None) -> str | None:
     listed = ", ".join(repr(top) for top in allowed)
     return (
         f"Expected a custom model from a module this service allows ({ENV}: "
-        f"{listed or 'none'}). Received: {model_name!r}. Code in a custom model runs as the "
+        f"{listed or 'none'}). Received: {shown_value(model_name)}. Code in a custom model runs as the "
         f"service's user, so the service's operator lists the modules jobs may use"
     )

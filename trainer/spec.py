@@ -259,7 +259,7 @@ class ModelSpec(_Strict):
         if name in MODEL_NAMES or _CUSTOM_MODEL.match(name):
             return name
         raise ValueError(
-            f"Expected one of {', '.join(MODEL_NAMES)} or 'module:function'. Received: {name!r}"
+            f"Expected one of {', '.join(MODEL_NAMES)} or 'module:function'. Received: {shown_value(name)}"
         )
 
     @model_validator(mode="after")
@@ -375,7 +375,7 @@ class DataSpec(_Strict):
                 raise _error_at(
                     "path",
                     "Expected no `path` for synthetic data (leave it out, or null). "
-                    f"Received: {self.path!r}",
+                    f"Received: {shown_value(self.path)}",
                     self.path,
                 )
             self.params = _validate_nested(
@@ -389,7 +389,7 @@ class DataSpec(_Strict):
             if not self.path:
                 raise _error_at(
                     "path",
-                    f"`path` is required for {self.format!r} data. Received: {self.path!r}",
+                    f"`path` is required for {self.format!r} data. Received: {shown_value(self.path)}",
                     self.path,
                 )
             if self.params:
@@ -470,7 +470,7 @@ def options_not_read(spec: JobSpec) -> list[dict[str, str]]:
                 errors.append({
                     "field": f"{where}.{key}",
                     "message": f"Expected no `{key}` with {kind} {part.name!r}, which does not "
-                    f"use it: only {readers} does{hint}. Received: {_shown(getattr(part, key))}",
+                    f"use it: only {readers} does{hint}. Received: {shown_value(getattr(part, key))}",
                 })  # fmt: skip
     return errors
 
@@ -557,14 +557,16 @@ class JobSpec(_Strict):
         # A name of spaces, controls or zero-width characters shows as nothing: in the
         # dashboard's table it was a link with no height, nothing to click.
         if not any(unicodedata.category(char)[0] not in "CZ" for char in name):
-            raise ValueError(f"Expected a name with a visible character. Received: {name!r}")
+            raise ValueError(
+                f"Expected a name with a visible character. Received: {shown_value(name)}"
+            )
         # A newline or a NUL in a name broke the CLI's table and the service's log lines,
         # and a tab its columns. Format characters (a zero-width joiner in an emoji) stay.
         # Unicode's line and paragraph separators (U+2028, U+2029) break lines as well.
         if any(unicodedata.category(char) in ("Cc", "Zl", "Zp") for char in name):
             raise ValueError(
                 "Expected a name without control characters or line breaks (a tab, a "
-                f"newline, a NUL). Received: {name!r}"
+                f"newline, a NUL). Received: {shown_value(name)}"
             )
         return name
 
@@ -629,11 +631,15 @@ def _known_keys(model: type[BaseModel]) -> list[Known]:
 _SHOWN_CHARS = 200
 
 
-def _shown(value: Any) -> str:
+def shown_value(value: Any) -> str:
     """`repr(value)`, cut short: a message echoes what it refuses, not all 300 KB of it."""
     if isinstance(value, bool):
         return "true" if value else "false"  # as the JSON it came as, not Python's True
-    text = repr(value)
+    return cut_short(repr(value))
+
+
+def cut_short(text: str) -> str:
+    """`text`, or its first `_SHOWN_CHARS` characters and how many there were."""
     if len(text) <= _SHOWN_CHARS:
         return text
     return f"{text[:_SHOWN_CHARS]}... ({len(text):,} characters in all)"
@@ -657,7 +663,7 @@ def field_errors(error: ValidationError, model: Any = None) -> list[dict[str, st
         elif item["type"] == "unknown_key":
             pass  # said where the keys were known (`_validate_nested`)
         elif "input" in item and item["type"] not in ("missing",) and "Received" not in message:
-            message = f"{message}. Received: {_shown(item['input'])}"
+            message = f"{message}. Received: {shown_value(item['input'])}"
         errors.append({"field": field, "message": message})
     return errors
 

@@ -65,7 +65,7 @@ from service.settings import Settings
 from service.store import ATTEMPT_FIELDS, JobRecord, JobState
 from service.workers import worker_pythonpath
 from trainer.rundir import RunDir, json_object, write_json_atomic
-from trainer.spec import field_errors, options_not_read, without_unread
+from trainer.spec import field_errors, options_not_read, shown_value, without_unread
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -188,7 +188,7 @@ def read_jobs(
                     {
                         "field": "query.cursor",
                         "message": "Expected the `next_cursor` of a previous page. "
-                        f"Received: {cursor!r}",
+                        f"Received: {shown_value(cursor)}",
                     }
                 ]
             )

@@ -8,6 +8,7 @@ from service.deps import RuntimeDep
 from service.errors import FieldErrors
 from service.schemas import NOT_JSON, ErrorPublic, TensorBoardCreate, TensorBoardPublic
 from service.tensorboard import PATH_PREFIX, StartOutcome, TensorBoardLauncher
+from trainer.spec import shown_value
 
 router = APIRouter(prefix="/tensorboard", tags=["tensorboard"])
 
@@ -78,7 +79,10 @@ async def start_tensorboard(
         # Its version, one indexed lookup, not the job (on the event loop: a job read whole
         # is its spec too, which a custom model's `params` can make a MiB).
         errors = [
-            {"field": f"job_ids.{index}", "message": f"Unknown job. Received: {job_id!r}"}
+            {
+                "field": f"job_ids.{index}",
+                "message": f"Unknown job. Received: {shown_value(job_id)}",
+            }
             for index, job_id in enumerate(job_ids)
             if runtime.store.version(job_id) is None
         ]

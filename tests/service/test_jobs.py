@@ -770,6 +770,26 @@ def test_create_job_data_outside_roots(service: Service) -> None:
     assert error["message"].endswith("Received: '/etc/passwd', which resolves to /etc/passwd")
 
 
+def test_a_long_path_or_model_name_is_echoed_cut_short(service: Service) -> None:
+    # The checks after the spec's own (a data root, a custom model's module) echoed what
+    # they refused whole: a 100,000-character path came back in its 422 twice over.
+    long_path = "/nowhere/" + "p" * 100_000
+    [error] = _errors(service, job_spec(data={"format": "npz", "path": long_path}))
+    assert error["field"] == "data.path"
+    assert "... (100,011 characters in all), which resolves to /nowhere/" in error["message"]
+    assert error["message"].endswith(" characters in all)") and len(error["message"]) < 1000
+    [error] = _errors(service, job_spec(model={"name": "m" * 100_000 + ":build"}))
+    assert error["field"] == "model.name" and len(error["message"]) < 1000, error
+    unknown = service.client.post("/api/v1/tensorboard", json={"job_ids": ["j" * 100_000]})
+    assert unknown.status_code == 422
+    assert unknown.json()["errors"] == [
+        {
+            "field": "job_ids.0",
+            "message": f"Unknown job. Received: '{'j' * 199}... (100,002 characters in all)",
+        }
+    ]
+
+
 def test_create_job_data_path_traversal(service: Service) -> None:
     roots = service.env["TOWERBOARD_DATA_ROOTS"]
     spec = job_spec(data={"format": "npz", "path": f"{roots}{'/..' * 20}/etc/passwd"})

@@ -437,6 +437,21 @@ def test_parse_spec_cnn_filters_must_be_two(filters):
     }
 
 
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ({"data": SYNTHETIC, "model": {"name": "x" * 100_000}}, "model.name"),
+        ({"data": {**SYNTHETIC, "path": "p" * 100_000}}, "data.path"),
+        ({"data": SYNTHETIC, "name": " " * 100_000}, "name"),
+    ],
+)
+def test_a_refused_string_is_echoed_cut_short(raw, field):
+    # A 100,000-character model name came back whole in its 422, and in result.json.
+    message = errors_of(raw)[field]
+    assert message.endswith("... (100,002 characters in all)"), message[-80:]
+    assert len(message) < 500
+
+
 def test_parse_spec_model_too_large_to_build():
     # Typos that would hang the worker building a million layers, or run it out of memory,
     # are refused by field; the message shows the start of what it refuses, not all of it.

@@ -271,6 +271,12 @@ export function mountJob(view, jobId) {
     // Hidden once the job has ended: the keyboard, if it was on it, goes on from the line
     // that says how the job ended (or from Delete job, which takes its place).
     const cancelFocused = document.activeElement === cancelButton;
+    // Armed as the job ends, Cancel stayed armed while hidden: a resume within its 4 s
+    // showed "Confirm cancel", and one press cancelled the new run.
+    if (ended && cancelButton.dataset.armed === "1") {
+      disarmCancel();
+      if (actionStatus.textContent === ARMED) actionStatus.textContent = "";
+    }
     cancelButton.hidden = ended;
     deleteButton.hidden = !ended;
     resume.render(job);

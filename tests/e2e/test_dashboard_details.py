@@ -169,6 +169,36 @@ def test_cancel_armed_again_after_a_failed_cancel_waits_its_own_4_s(
         service.wait_state(job["id"], "cancelled", "failed", "succeeded")
 
 
+def test_cancel_armed_as_the_job_ends_is_not_armed_when_it_is_resumed(
+    session: Session, service: Service
+) -> None:
+    """Cancel armed, then the job ended (cancelled elsewhere) and was resumed within its
+    4 s: the button came back as "Confirm cancel", and one press cancelled the new run."""
+    job = service.submit(job_spec(name="runs-until-cancelled"))
+    service.wait_reported(job["id"])
+    page = session.page
+    page.clock.install()
+    page.goto(f"/#/jobs/{job['id']}")
+    heading = page.locator(".job-heading .state")
+    expect(heading).to_have_text("running")
+    # Stopped: the 4 s do not run out while the job ends, its worker exits and it resumes.
+    page.clock.pause_at(page.evaluate("Date.now()") + 100)
+    cancel, line = page.locator("#cancel-job"), page.locator("#action-status")
+    cancel.click()
+    expect(line).to_have_text(CANCEL_ARMED)
+    assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+    service.wait_state(job["id"], "cancelled")
+    expect(heading).to_have_text("cancelled")
+    expect(line).not_to_have_text(CANCEL_ARMED)
+    service.wait_exited(job["id"])
+    page.locator("#resume-job").click()  # this page's own Resume
+    expect(cancel).to_be_visible()
+    assert (cancel.text_content(), cancel.get_attribute("data-armed")) == ("Cancel", "")
+    service.client.post(f"/api/v1/jobs/{job['id']}/cancel")
+    service.wait_state(job["id"], "cancelled", "failed", "succeeded")
+    assert session.errors == []
+
+
 def test_leaving_a_job_page_with_cancel_armed_clears_its_timer(
     session: Session, service: Service
 ) -> None:

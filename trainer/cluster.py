@@ -73,11 +73,17 @@ class Cluster:
 
     @property
     def name(self) -> str:
-        return f"{self.task_type}-{self.task_index}"
+        return task_name(self.task_type, self.task_index)
 
     def run_dir(self, job_dir: Path) -> Path:
         """Where this task writes: the job dir for the chief, a directory of its own otherwise."""
         return job_dir if self.is_chief else job_dir / "workers" / self.name
+
+
+def task_name(task_type: str, task_index: int) -> str:
+    """A task as its `TF_CONFIG` names it (`worker-1`, `chief-0`): its directory's name
+    under `workers/`, and how messages and `result.json` name it."""
+    return f"{task_type}-{task_index}"
 
 
 def _fail(problem: str, received: object) -> ClusterError:

@@ -26,14 +26,20 @@ import hashlib
 import logging
 import re
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sized
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
 from trainer.checkpoints import CheckpointDamaged, Checkpointer
-from trainer.cluster import ClusterMismatch, ClusterNotFormed
+from trainer.cluster import (
+    TRAINING_TASKS,
+    Cluster,
+    ClusterMismatch,
+    ClusterNotFormed,
+    task_name,
+)
 from trainer.errors import op_reason
 from trainer.towers import (
     TowerTrainer,
@@ -340,41 +346,93 @@ def data_fingerprint(arrays: Arrays) -> int:
     return int.from_bytes(sha.digest()[:8], "big") >> 2
 
 
-def same_job(gather: Callable[[list[int]], np.ndarray], spec: int, data: int) -> None:
+Gather = Callable[[list[int]], np.ndarray]
+
+
+class _Gathered(NamedTuple):
+    """What `_gather_named` returns: `values`' columns, a row a tower in replica order;
+    the task each row came from, as `TF_CONFIG` names it (`trainer.cluster.task_name`);
+    and the row of the chief (the `chief` task, else `worker` 0)."""
+
+    rows: np.ndarray
+    names: list[str]
+    chief: int
+
+
+def _gather_named(gather: Gather, task: Cluster, values: list[int]) -> _Gathered:
+    """`gather` of `values`, naming the task of every row: a column of its task type and
+    one of its index ride along, so a message can say which worker it is about. Carried,
+    not worked out from the rows' order and count: that would assume every worker runs as
+    many towers, which the job check (`same_job`, itself a gather) has not yet shown."""
+    typed = gather([*values, TRAINING_TASKS.index(task.task_type), task.task_index])
+    tasks = [(int(kind), int(index)) for kind, index in typed[:, -2:]]
+    return _Gathered(
+        typed[:, : len(values)],
+        [task_name(TRAINING_TASKS[kind], index) for kind, index in tasks],
+        min(range(len(tasks)), key=tasks.__getitem__),  # chief < worker, then by index
+    )
+
+
+# The most workers a message names; a larger cluster's are counted past them.
+NAMED_TASKS = 5
+
+
+def _named(names: list[str], where: np.ndarray | None = None) -> list[str]:
+    """The tasks of the rows `where` holds (all rows by default), each once, in row
+    order: a worker of several towers gives several rows."""
+    chosen = names if where is None else [n for n, w in zip(names, where, strict=True) if w]
+    return list(dict.fromkeys(chosen))
+
+
+def _tasks_text(tasks: list[str]) -> str:
+    """`worker-1`, `worker-1 and worker-2`, `worker-1, worker-2, ... and 7 more`."""
+    if len(tasks) > NAMED_TASKS:
+        return f"{', '.join(tasks[:NAMED_TASKS])} and {len(tasks) - NAMED_TASKS} more"
+    return tasks[0] if len(tasks) == 1 else f"{', '.join(tasks[:-1])} and {tasks[-1]}"
+
+
+def _verb(things: Sized, one: str, several: str) -> str:
+    return one if len(things) == 1 else several
+
+
+def same_job(gather: Gather, task: Cluster, spec: int, data: int) -> None:
     """Raises `ClusterMismatch` unless every worker runs the same job (`spec_fingerprint`)
-    on the same data (`data_fingerprint`), saying which differs. `gather`: `gather_rows`
-    over the cluster's strategy. Called before the model is built: building it broadcasts
-    the chief's first values, which fails on a model of other shapes as a shape mismatch
-    in a collective, or on the chief as "lost another worker"."""
+    on the same data (`data_fingerprint`), saying which differs and on which workers.
+    `gather`: `gather_rows` over the cluster's strategy; `task`: this worker's place in it.
+    Called before the model is built: building it broadcasts the chief's first values,
+    which fails on a model of other shapes as a shape mismatch in a collective, or on the
+    chief as "lost another worker"."""
     # In each worker's log: comparing them finds the worker that differs.
     log.info("cluster: spec fingerprint %016x, data fingerprint %016x", spec, data)
-    rows = gather([spec, data])
-    specs, datas = (len(set(rows[:, column].tolist())) > 1 for column in (0, 1))
+    rows, names, chief = _gather_named(gather, task, [spec, data])
+    # The workers that differ from the chief, whose run directory is the job's.
+    specs, datas = (_named(names, rows[:, c] != rows[chief, c]) for c in (0, 1))
     if not (specs or datas):
         return
-    # Every worker gathers the same rows, so each says the same: which part differs.
-    if specs and datas:
-        differ, fix = "spec and data differ", "the same spec.json and the same data"
+    # Every worker gathers the same rows, so each says the same: which part differs, where.
+    agree, fix = "", "the same spec.json and the same data"
+    if specs == datas:
+        differ = f"spec and data differ on {_tasks_text(specs)}"
+    elif specs and datas:
+        differ = f"spec differs on {_tasks_text(specs)} and data on {_tasks_text(datas)}"
     elif specs:
-        differ, fix = "spec differs", "the same spec.json"
+        differ, fix = f"spec differs on {_tasks_text(specs)}", "the same spec.json"
     else:
-        differ = "data differ, the specs agree"
+        differ, agree = f"data differ on {_tasks_text(datas)}", "; the specs agree"
         fix = (
             "the same data: the same files at data.path on every host (a relative "
             "path is read from each worker's working directory)"
         )
     raise ClusterMismatch(
-        f"The workers of this cluster were given different jobs ({differ}): "
-        f"give every worker {fix}."
+        f"The workers of this cluster were given different jobs ({differ} from the chief, "
+        f"{names[chief]}{agree}): give every worker {fix}."
     )
 
 
-def start_together(
-    gather: Callable[[list[int]], np.ndarray], checkpointer: Checkpointer
-) -> int | None:
+def start_together(gather: Gather, task: Cluster, checkpointer: Checkpointer) -> int | None:
     """Restore the same checkpoint on every worker (`same_job` has checked they run one
     job); returns its step, or None for a fresh start. `gather`: `gather_rows` over the
-    cluster's strategy (`ClusterTrainer.gather`).
+    cluster's strategy (`ClusterTrainer.gather`); `task`: this worker's place in it.
 
     Each worker keeps its own checkpoints (no shared disk needed), so after a crash their
     newest can differ by the save that was under way: all of them restore the smallest of
@@ -385,49 +443,56 @@ def start_together(
     so on; once every worker has restored one, each sets aside the damaged copies it found.
 
     Every round's outcome is gathered, so every worker runs the same collectives in the
-    same order and fails the same way, saying whose: a worker that failed alone left the
-    others to fail at their first step as "lost another worker", whose advice (start
-    every worker again) failed the same way, and the chief's result is the job's. Raises
-    `ClusterMismatch` where a worker no longer keeps a round's step (`checkpoint.keep` let
-    it go), where some worker has no checkpoint while another has (starting over from step
-    0 would write over the others' checkpoints), and where a worker has none left below
-    the damaged ones.
+    same order and fails the same way, naming the workers concerned: a worker that failed
+    alone left the others to fail at their first step as "lost another worker", whose
+    advice (start every worker again) failed the same way, and the chief's result is the
+    job's. Raises `ClusterMismatch` where a worker no longer keeps a round's step
+    (`checkpoint.keep` let it go), where some worker has no checkpoint while another has
+    (starting over from step 0 would write over the others' checkpoints), and where a
+    worker has none left below the damaged ones.
     """
     damaged: list[tuple[int, CheckpointDamaged]] = []  # this worker's, newest first
-    tried: list[int] = []  # the steps found damaged on some worker, newest first
+    # The steps found damaged on some worker, newest first, each with the workers it was on.
+    tried: list[tuple[int, list[str]]] = []
     while True:
-        below = tried[-1] if tried else None  # each round looks below the last damaged step
+        below = tried[-1][0] if tried else None  # each round looks below the last damaged step
         kept = checkpointer.steps()
         latest = next((s for s in reversed(kept) if below is None or s < below), None)
-        rows = gather([-1 if latest is None else latest])
-        common, newest = int(rows[:, 0].min()), int(rows[:, 0].max())
+        rows, names, _ = _gather_named(gather, task, [-1 if latest is None else latest])
+        steps = rows[:, 0]
+        common, newest = int(steps.min()), int(steps.max())
         if common < 0:
             if below is not None:
-                raise _none_left(below, latest, newest, damaged, tried)
+                raise _none_left(task, below, _none_while(steps, names, below), damaged, tried)
             if newest >= 0:
                 # Starting again from step 0 would throw away every worker's training and
                 # write over their checkpoints: a worker's directory lost with its host must
                 # not cost the whole job silently.
-                mine = "none" if latest is None else f"step {latest}"
                 raise ClusterMismatch(
-                    f"Cannot resume together: a worker of this cluster has no checkpoint while "
-                    f"another has up to step {newest} (this worker: {mine}). Give every worker "
-                    "back its checkpoints/ directory to resume, or start the job in new "
-                    "directories to train from step 0."
+                    f"Cannot resume together: {_none_while(steps, names, None)}. Give every "
+                    "worker back its checkpoints/ directory to resume, or start the job in "
+                    "new directories to train from step 0."
                 )
             return None
-        if gather([int(common not in kept)]).any():
-            whose = (
-                f"this worker no longer keeps it (it has {kept})"
+        rows, names, _ = _gather_named(gather, task, [int(common not in kept)])
+        if lacking := _named(names, rows[:, 0] > 0):
+            which = (
+                f"this worker keeps {kept}"
                 if common not in kept
-                else f"another worker no longer keeps step {common} (its log says which steps "
-                "it has)"
+                else _verb(
+                    lacking,
+                    "its log says which steps it keeps",
+                    "their logs say which steps they keep",
+                )
             )
-            before = "" if below is None else f" before step {below} (damaged on a worker)"
+            before = ""
+            if tried:
+                before = f" before step {below} (damaged on {_tasks_text(tried[-1][1])})"
             raise ClusterMismatch(
                 f"Cannot resume together: the newest checkpoint every worker has{before} is "
-                f"step {common}, and {whose}. Keep more checkpoints (checkpoint.keep), or start "
-                "the job in new directories."
+                f"step {common}, and {_tasks_text(lacking)} no longer "
+                f"{_verb(lacking, 'keeps', 'keep')} it ({which}). Keep more checkpoints "
+                "(checkpoint.keep), or start the job in new directories."
             )
         try:
             restored: int | None = checkpointer.restore(common)
@@ -435,50 +500,61 @@ def start_together(
             log.warning("%s; every worker of the cluster tries the step before it", e)
             damaged.append((common, e))
             restored = None
-        if not gather([int(restored is None)]).any():
+        rows, names, _ = _gather_named(gather, task, [int(restored is None)])
+        failed = _named(names, rows[:, 0] > 0)
+        if not failed:
             if damaged:
                 checkpointer.set_aside([step for step, _ in damaged])
             return restored
         if restored is not None:
             log.warning(
-                "step %d is damaged on another worker of the cluster: every worker tries the "
-                "step before it",
+                "step %d is damaged on %s: every worker tries the step before it",
                 common,
+                _tasks_text(failed),
             )
-        tried.append(common)
+        tried.append((common, failed))
+
+
+def _none_while(steps: np.ndarray, names: list[str], below: int | None) -> str:
+    """Who keeps no checkpoint (before step `below`, where one was damaged) while who
+    keeps the newest, from the gathered newest `steps` (-1: none) of the tasks `names`."""
+    before = "" if below is None else f" before step {below}"
+    if steps.max() < 0:
+        return f"no worker keeps a checkpoint{before}"
+    none, most = _named(names, steps < 0), _named(names, steps == steps.max())
+    return (
+        f"{_tasks_text(none)} {_verb(none, 'keeps', 'keep')} no checkpoint{before} while "
+        f"{_tasks_text(most)} {_verb(most, 'keeps', 'keep')} up to step {steps.max()}"
+    )
 
 
 def _none_left(
+    task: Cluster,
     below: int,
-    latest: int | None,
-    newest: int,
+    none: str,
     damaged: list[tuple[int, CheckpointDamaged]],
-    tried: list[int],
+    tried: list[tuple[int, list[str]]],
 ) -> ClusterMismatch:
     """Why the workers cannot resume once some worker keeps no step below `below`, the
-    last step found damaged: whose copies were damaged, and who has none left. Nothing is
-    set aside, as `restore_latest` moves nothing when every checkpoint is damaged."""
-    mine = [step for step, _ in damaged]
-    elsewhere = [step for step in tried if step not in mine]
+    last step found damaged: whose copies were damaged, and (`none`, `_none_while`) who
+    has none left. Nothing is set aside, as `restore_latest` moves nothing when every
+    checkpoint is damaged."""
     found = [f"this worker's {e}" for _, e in damaged]  # "... checkpoints/ckpt-40 is damaged: why"
-    if elsewhere:
-        steps = ", ".join(str(step) for step in elsewhere)
+    # The other workers' damaged steps, newest first, those damaged on the same ones together.
+    groups: list[tuple[list[str], list[int]]] = []
+    for step, on in tried:
+        others = [name for name in on if name != task.name]
+        if not others:
+            continue
+        if groups and groups[-1][0] == others:
+            groups[-1][1].append(step)
+        else:
+            groups.append((others, [step]))
+    for others, steps in groups:
         found.append(
-            f"step {steps} is damaged on another worker, its log says why"
-            if len(elsewhere) == 1
-            else f"steps {steps} are damaged on another worker, its log says why"
-        )
-    if newest < 0:
-        none = f"no worker keeps a checkpoint before step {below}"
-    elif latest is None:
-        none = (
-            f"this worker keeps no checkpoint before step {below} while another keeps up "
-            f"to step {newest}"
-        )
-    else:
-        none = (
-            f"another worker keeps no checkpoint before step {below} while this one keeps "
-            f"step {latest}"
+            f"{_verb(steps, 'step', 'steps')} {', '.join(str(s) for s in steps)} "
+            f"{_verb(steps, 'is', 'are')} damaged on {_tasks_text(others)}, "
+            f"{_verb(others, 'its log says', 'their logs say')} why"
         )
     return ClusterMismatch(
         "Cannot resume together: no step every worker keeps reads whole on all of them ("

@@ -326,6 +326,7 @@ def _prepare(spec: JobSpec, cluster: Cluster, stop: threading.Event) -> _Prepare
         # Before the model is built: see `same_job`.
         same_job(
             lambda values: gather_rows(strategy, values),
+            cluster,
             spec_fingerprint(spec),
             data_fingerprint(arrays),
         )
@@ -468,7 +469,7 @@ def _train(
         checkpointer = Checkpointer(rundir.checkpoints, trainer, batches, spec.checkpoint)
         if cluster_trainer is not None:
             # The same checkpoint restored on every worker (`same_job` checked the job).
-            resumed = start_together(cluster_trainer.gather, checkpointer)
+            resumed = start_together(cluster_trainer.gather, cluster, checkpointer)
         else:
             resumed = checkpointer.restore_latest()
         if resumed is not None:

@@ -28,6 +28,7 @@ from tests.trainer.test_cluster import NO_IPV6
 from tests.trainer.test_run import REPO, run_worker, tags_by_plugin, with_
 from tests.trainer.test_towers import make_trainer
 from trainer.checkpoints import Checkpointer
+from trainer.cluster import Cluster
 from trainer.data import Arrays
 from trainer.multiworker import (
     SAMPLE_BLOCK_BYTES,
@@ -311,7 +312,10 @@ def test_workers_given_different_jobs_fail_saying_so(tmp_path):
         assert code == 1, log
     for result in results(job_dir, 2):
         assert result["outcome"] == "failed"
-        assert "given different jobs (spec differs)" in result["message"], result
+        assert (
+            "given different jobs (spec differs on worker-1 from the chief, worker-0)"
+            in result["message"]
+        ), result
     assert not (job_dir / "checkpoints").exists()
 
 
@@ -338,7 +342,10 @@ def test_workers_given_different_data_at_the_same_path_fail_saying_so(tmp_path):
         assert "cluster: spec fingerprint" in log, "the fingerprints are in each worker's log"
     for result in results(job_dir, 2):
         assert result["outcome"] == "failed"
-        assert "given different jobs (data differ, the specs agree)" in result["message"], result
+        assert (
+            "given different jobs (data differ on worker-1 from the chief, worker-0; the specs "
+            "agree)" in result["message"]
+        ), result
         assert "the same files at data.path on every host" in result["message"]
     assert not (job_dir / "checkpoints").exists()
 
@@ -376,23 +383,68 @@ def test_workers_at_ipv6_addresses_train_together(tmp_path):
     assert [r["step"] for r in results(job_dir, 2)] == [4, 4]
 
 
+def _fixed_rows(
+    tasks: list[tuple[str, int, list[int]]], towers: int = 1
+) -> Callable[[list[int]], np.ndarray]:
+    """A gather that returns the rows of `tasks` (type, index, values: each task's, as it
+    gives them to `gather_rows`, `towers` rows a task, in replica order), after checking
+    that this worker's own values are those of the first."""
+
+    def gather(values: list[int]) -> np.ndarray:
+        kind, index, mine = tasks[0]
+        assert values == [*mine, ["chief", "worker"].index(kind), index]
+        rows = [[*v, ["chief", "worker"].index(k), i] for k, i, v in tasks for _ in range(towers)]
+        return np.array(rows, np.int64)
+
+    return gather
+
+
 @pytest.mark.parametrize(
     ("other", "says"),
     [
-        ((2, 10), "(spec differs): give every worker the same spec.json."),
-        ((1, 20), "(data differ, the specs agree): give every worker the same data:"),
-        ((2, 20), "(spec and data differ): give every worker the same spec.json and the same"),
+        (
+            [2, 10],
+            "(spec differs on worker-1 from the chief, worker-0): give every worker the same spec.json.",
+        ),
+        (
+            [1, 20],
+            "(data differ on worker-1 from the chief, worker-0; the specs agree): give every "
+            "worker the same data:",
+        ),
+        (
+            [2, 20],
+            "(spec and data differ on worker-1 from the chief, worker-0): give every worker the "
+            "same spec.json and the same data.",
+        ),
     ],
 )
-def test_same_job_says_which_part_differs(other, says):
-    def gather(values: list[int]) -> np.ndarray:  # these two workers' rows, this one's first
-        assert values == [1, 10]
-        return np.array([values, list(other)], np.int64)
-
+def test_same_job_says_which_part_differs_and_where(other, says):
+    gather = _fixed_rows([("worker", 0, [1, 10]), ("worker", 1, other)])
     with pytest.raises(ClusterMismatch) as raised:
-        same_job(gather, 1, 10)
+        same_job(gather, Cluster(workers=2), 1, 10)
     assert str(raised.value).startswith("The workers of this cluster were given different jobs ")
     assert says in str(raised.value)
+
+
+def test_same_job_names_each_task_as_tf_config_does_once_however_many_towers_it_runs():
+    # A `chief` task beside `worker`s 0 and 1, two towers each: the rows come two a task,
+    # and the chief is the `chief` task, not worker 0.
+    gather = _fixed_rows(
+        [("worker", 0, [2, 10]), ("chief", 0, [1, 10]), ("worker", 1, [1, 20])], towers=2
+    )
+    with pytest.raises(ClusterMismatch) as raised:
+        same_job(gather, Cluster(workers=3, index=1, task_index=0), 2, 10)
+    assert "(spec differs on worker-0 and data on worker-1 from the chief, chief-0): " in str(
+        raised.value
+    )
+    # A large cluster's message names the first few and counts the rest.
+    tasks = [("worker", i, [1, 10] if i == 0 else [2, 10]) for i in range(9)]
+    with pytest.raises(ClusterMismatch) as raised:
+        same_job(_fixed_rows(tasks), Cluster(workers=9), 1, 10)
+    assert (
+        "(spec differs on worker-1, worker-2, worker-3, worker-4, worker-5 and 3 more from the "
+        "chief, worker-0)" in str(raised.value)
+    )
 
 
 def test_workers_given_different_models_fail_saying_so_not_at_the_broadcast(tmp_path):
@@ -405,7 +457,7 @@ def test_workers_given_different_models_fail_saying_so_not_at_the_broadcast(tmp_
     for code, log in finish(start_cluster(job_dir, [spec, other])):
         assert code == 1, log
     for result in results(job_dir, 2):
-        assert "given different jobs (spec differs)" in result["message"], result
+        assert "given different jobs (spec differs on worker-1 from" in result["message"], result
 
 
 def _arrays(x_train, y_train, x_eval=None, y_eval=None) -> Arrays:
@@ -480,7 +532,10 @@ def test_a_worker_without_checkpoints_fails_rather_than_restart_the_job(tmp_path
         assert code == 1, log
     for result in results(job_dir, 2):
         assert result["outcome"] == "failed"
-        assert "has no checkpoint while another has up to step 20" in result["message"], result
+        assert (
+            "Cannot resume together: worker-1 keeps no checkpoint while worker-0 keeps up to "
+            "step 20. " in result["message"]
+        ), result
     assert sorted(p.name for p in (job_dir / "checkpoints").iterdir()) == saved
     assert (job_dir / "checkpoints" / "ckpt-10.data-00000-of-00001").read_bytes() == before
 
@@ -508,8 +563,9 @@ def test_a_worker_that_no_longer_keeps_the_common_step_fails_every_worker_saying
         assert result["outcome"] == "failed"
         assert result["message"].startswith("Cannot resume together: "), result
         assert "Keep more checkpoints (checkpoint.keep)" in result["message"], result
-    assert "another worker no longer keeps step 20" in chief["message"], chief
-    assert "this worker no longer keeps it (it has [30, 40])" in other["message"], other
+    says = "the newest checkpoint every worker has is step 20, and worker-1 no longer keeps it ("
+    assert f"{says}its log says which steps it keeps). " in chief["message"], chief
+    assert f"{says}this worker keeps [30, 40]). " in other["message"], other
 
 
 def test_a_damaged_copy_on_one_worker_sends_every_worker_to_the_step_before(tmp_path):
@@ -587,14 +643,19 @@ def _cut_short(directory: Path, step: int) -> None:
     os.truncate(directory / f"ckpt-{step}.data-00000-of-00001", 100)
 
 
-def _start_together(directories: list[Path]) -> list[int | None | Exception]:
-    """What `start_together` returns, or raises, on each worker."""
-    exchange = Exchange(len(directories))
+def _start_together(
+    directories: list[Path], tasks: list[Cluster] | None = None
+) -> list[int | None | Exception]:
+    """What `start_together` returns, or raises, on each worker (`tasks`: each one's place
+    in the cluster; `worker` 0, 1, ... by default)."""
+    count = len(directories)
+    exchange = Exchange(count)
     checkpointers = [_checkpointer(directory) for directory in directories]
+    tasks = tasks or [Cluster(workers=count, index=i, task_index=i) for i in range(count)]
 
     def worker(index: int) -> int | None | Exception:
         try:
-            return start_together(exchange.gather(index), checkpointers[index])
+            return start_together(exchange.gather(index), tasks[index], checkpointers[index])
         except Exception as e:  # noqa: BLE001 - the test reads it
             return e
 
@@ -643,7 +704,7 @@ def test_a_worker_whose_every_shared_copy_is_damaged_fails_every_worker_saying_w
     )
     assert str(chief) == (
         "Cannot resume together: no step every worker keeps reads whole on all of them "
-        "(steps 30, 20, 10 are damaged on another worker, its log says why), and no worker "
+        "(steps 30, 20, 10 are damaged on worker-1, its log says why), and no worker "
         f"keeps a checkpoint before step 10. {advice}"
     )
     assert str(other).startswith(
@@ -663,23 +724,25 @@ def test_a_worker_whose_every_shared_copy_is_damaged_fails_every_worker_saying_w
             [[10, 20, 30], [30]],
             [
                 "(this worker's checkpoints/ckpt-30 is damaged: ",
-                "), and another worker keeps no checkpoint before step 30 while this one keeps "
-                "step 20. ",
+                "), and worker-1 keeps no checkpoint before step 30 while worker-0 keeps up "
+                "to step 20. ",
             ],
             [
-                "(step 30 is damaged on another worker, its log says why), and this worker "
-                "keeps no checkpoint before step 30 while another keeps up to step 20. ",
+                "(step 30 is damaged on worker-0, its log says why), and worker-1 keeps no "
+                "checkpoint before step 30 while worker-0 keeps up to step 20. ",
             ],
         ),
         (
             [[10, 30], [20, 30]],
             [
-                "the newest checkpoint every worker has before step 30 (damaged on a worker) "
-                "is step 10, and another worker no longer keeps step 10 ",
+                "the newest checkpoint every worker has before step 30 (damaged on worker-0) "
+                "is step 10, and worker-1 no longer keeps it (its log says which steps it "
+                "keeps). Keep more ",
             ],
             [
-                "the newest checkpoint every worker has before step 30 (damaged on a worker) "
-                "is step 10, and this worker no longer keeps it (it has [20, 30]). Keep more ",
+                "the newest checkpoint every worker has before step 30 (damaged on worker-0) "
+                "is step 10, and worker-1 no longer keeps it (this worker keeps [20, 30]). "
+                "Keep more ",
             ],
         ),
     ],
@@ -700,6 +763,47 @@ def test_the_checks_of_the_first_step_hold_for_the_one_below_a_damaged_copy(
         for part in says:
             assert part in str(error), error
     assert not any((directory / "damaged").exists() for directory in directories)
+
+
+def test_start_together_names_the_workers_whose_copies_are_damaged(tmp_path, caplog):
+    # Step 30 damaged on workers 1 and 2, steps 20 and 10 on worker 2 alone: each worker
+    # names the others' steps by worker, its own by file, and the chief logs where.
+    directories = _workers_checkpoints(tmp_path, [[10, 20, 30]] * 3)
+    _cut_short(directories[1], 30)
+    for step in (10, 20, 30):
+        _cut_short(directories[2], step)
+
+    with caplog.at_level("WARNING", logger="trainer.multiworker"):
+        chief, first, second = _start_together(directories)
+    assert "step 30 is damaged on worker-1 and worker-2: every worker tries the step " in (
+        caplog.text
+    )
+    end = "), and no worker keeps a checkpoint before step 10. Put back whole copies"
+    assert str(chief) == (
+        "Cannot resume together: no step every worker keeps reads whole on all of them (step 30 "
+        "is damaged on worker-1 and worker-2, their logs say why; steps 20, 10 are damaged on "
+        f"worker-2, its log says why{end} of the damaged checkpoints, or start the job in new "
+        "directories to train from step 0."
+    )
+    assert "(this worker's checkpoints/ckpt-30 is damaged: " in str(first), first
+    assert "; steps 30, 20, 10 are damaged on worker-2, its log says why" + end in str(first)
+    assert "; step 30 is damaged on worker-1, its log says why" + end in str(second), second
+
+
+def test_start_together_names_a_chief_task_and_the_worker_without_checkpoints(tmp_path):
+    # TF_CONFIG with a `chief` task: its workers are `worker` 0 and 1 beside it.
+    directories = _workers_checkpoints(tmp_path, [[10, 20], [], [10]])
+    tasks = [
+        Cluster(workers=3, index=0, task_type="chief", task_index=0),
+        Cluster(workers=3, index=1, task_type="worker", task_index=0),
+        Cluster(workers=3, index=2, task_type="worker", task_index=1),
+    ]
+    for error in _start_together(directories, tasks):
+        assert str(error) == (
+            "Cannot resume together: worker-0 keeps no checkpoint while chief-0 keeps up to "
+            "step 20. Give every worker back its checkpoints/ directory to resume, or start "
+            "the job in new directories to train from step 0."
+        )
 
 
 def test_a_worker_waiting_for_a_missing_peer_says_so_and_stops_on_sigterm(tmp_path):

@@ -585,8 +585,8 @@ def lost_worker(error: BaseException, step: int | None) -> str | None:
     detail = "; ".join(
         part
         for part in (
-            cause and _shortened(" ".join(cause.group(1).split())),
-            peer and f"peer {peer.group(1)}",
+            cause and _shortened(_task_names(" ".join(cause.group(1).split()))),
+            peer and f"peer {_task_names(peer.group(1))}",
         )
         if part
     )
@@ -596,6 +596,16 @@ def lost_worker(error: BaseException, step: int | None) -> str | None:
         + (f" ({detail})" if detail else f" ({type(error).__name__})")
         + ". Start every worker again: they resume from the newest checkpoint they all have."
     )
+
+
+# A task as TensorFlow names it ("/job:worker/replica:0/task:1"), to be named as TF_CONFIG
+# and the other messages name it (worker-1): the cause's list of tasks gone, 28 characters
+# each in TensorFlow's words, was cut off past five or six of them.
+_TF_TASK = re.compile(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)")
+
+
+def _task_names(text: str) -> str:
+    return _TF_TASK.sub(lambda m: task_name(m[1], int(m[2])), text)
 
 
 def _shortened(text: str, limit: int = 300) -> str:

@@ -20,8 +20,22 @@ def test_a_worker_without_heartbeats_is_named():
     message = lost_worker(tf.errors.UnavailableError(None, None, UNHEALTHY), 33)
     assert message is not None
     assert message.startswith("Lost another worker of the cluster at step 33 (")
-    assert "(stopped sending heartbeats): /job:worker/replica:0/task:1)." in message, message
+    assert message.startswith(
+        "Lost another worker of the cluster at step 33 (Error reported from worker-1: "
+    ), "named as TF_CONFIG names it"
+    assert "(stopped sending heartbeats): worker-1)." in message, message
     assert "The tasks have crashed" not in message, "one line, not TensorFlow's page"
+
+
+def test_every_task_gone_is_named_within_the_line():
+    # Seven workers of eight gone at once (a rack down): TensorFlow's names of them, 28
+    # characters each, ran past the line's limit and the last ones were cut off.
+    gone = "\n".join(f"/job:worker/replica:0/task:{i}" for i in range(1, 8))
+    text = UNHEALTHY.replace("/job:worker/replica:0/task:1\n", gone + "\n")
+    message = lost_worker(tf.errors.UnavailableError(None, None, text), 33)
+    assert message is not None
+    names = " ".join(f"worker-{i}" for i in range(1, 8))  # TensorFlow's lines, joined
+    assert f"(stopped sending heartbeats): {names})." in message, message
 
 
 def test_a_closed_socket_keeps_its_one_line():
@@ -31,7 +45,7 @@ def test_a_closed_socket_keeps_its_one_line():
     )
     message = lost_worker(tf.errors.UnavailableError(None, None, text), 32)
     assert message is not None
-    assert "(Socket closed; peer /job:worker/replica:0/task:0)" in message, message
+    assert "(Socket closed; peer worker-0)" in message, message
 
 
 def test_other_errors_are_not_a_lost_worker():

@@ -261,6 +261,8 @@ def test_a_killed_worker_fails_the_others_and_all_resume_from_a_step_they_share(
     assert failed["outcome"] == "failed"
     assert failed["message"].startswith("Lost another worker of the cluster at step"), failed
     assert "Start every worker again" in failed["message"]
+    # A task TensorFlow names (its peer, or the tasks gone) is said as TF_CONFIG says it.
+    assert "/job:" not in failed["message"], failed
     assert len(failed["message"]) < 400, "one line the user can read, not TensorFlow's page"
 
     for code, log in finish(start_cluster(job_dir, [SPEC, SPEC])):

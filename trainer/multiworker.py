@@ -377,11 +377,10 @@ def _gather_named(gather: Gather, task: Cluster, values: list[int]) -> _Gathered
 NAMED_TASKS = 5
 
 
-def _named(names: list[str], where: np.ndarray | None = None) -> list[str]:
-    """The tasks of the rows `where` holds (all rows by default), each once, in row
-    order: a worker of several towers gives several rows."""
-    chosen = names if where is None else [n for n, w in zip(names, where, strict=True) if w]
-    return list(dict.fromkeys(chosen))
+def _named(names: list[str], where: np.ndarray) -> list[str]:
+    """The tasks of the rows `where` holds, each once, in row order: a worker of several
+    towers gives several rows."""
+    return list(dict.fromkeys(n for n, w in zip(names, where, strict=True) if w))
 
 
 def _tasks_text(tasks: list[str]) -> str:

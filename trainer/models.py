@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +22,8 @@ import tensorflow as tf
 from trainer.errors import one_line
 from trainer.modelsize import too_large
 from trainer.spec import ModelSpec
+
+log = logging.getLogger(__name__)
 
 
 class ModelError(ValueError):
@@ -151,14 +155,23 @@ BUILDERS: dict[str, Callable[..., keras.Model]] = {
 _USER_CODE_ERRORS = (Exception, SystemExit)
 
 
+def _user_code_failed(message: str, error: BaseException) -> ModelError:
+    """The refusal `message` for a failure of the model's own code, whose traceback goes
+    to the log first: the job's message is one line, and without this no file held the
+    line of the builder (or of a module it imports) that raised."""
+    log.error("the model's code raised:\n%s", "".join(traceback.format_exception(error)).rstrip())
+    return ModelError(message)
+
+
 def _custom_builder(name: str) -> Callable[..., Any]:
     module_name, function_name = name.split(":")
     try:
         module = importlib.import_module(module_name)
     except _USER_CODE_ERRORS as e:  # a SyntaxError or a failing top level is user code too
-        raise ModelError(
-            f"Cannot import module {module_name!r} of model {name!r}: {one_line(e)}"
-        ) from e
+        message = f"Cannot import module {module_name!r} of model {name!r}: {one_line(e)}"
+        if isinstance(e, ModuleNotFoundError) and e.name == module_name:
+            raise ModelError(message) from e  # no code of its own ran: importlib's frames
+        raise _user_code_failed(message, e) from e
     builder = getattr(module, function_name, None)
     if not callable(builder):
         raise ModelError(
@@ -198,8 +211,8 @@ def _output_shape(name: str, model: keras.Model, input_shape: tuple[int, ...]) -
     try:
         output = model(np.zeros((1, *input_shape), np.float32), training=False)
     except _USER_CODE_ERRORS as e:
-        raise ModelError(
-            f"Model {name!r} failed on a batch of shape {(1, *input_shape)}: {one_line(e)}"
+        raise _user_code_failed(
+            f"Model {name!r} failed on a batch of shape {(1, *input_shape)}: {one_line(e)}", e
         ) from e
     if isinstance(output, (list, tuple, dict)):
         raise ModelError(
@@ -283,7 +296,7 @@ def build_model(
         try:
             model = builder(**kwargs, **spec.params)
         except _USER_CODE_ERRORS as e:  # any failure of user code is the model's fault
-            raise ModelError(f"Model {spec.name!r} failed to build: {one_line(e)}") from e
+            raise _user_code_failed(f"Model {spec.name!r} failed to build: {one_line(e)}", e) from e
         if not isinstance(model, keras.Model):
             raise ModelError(
                 f"Expected {spec.name!r} to return a keras.Model. Received: {type(model).__name__}"

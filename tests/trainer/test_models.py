@@ -341,6 +341,23 @@ def test_worker_with_a_builder_that_exits_ends_with_exit_2_and_a_result(tmp_path
     assert sorted(p.name for p in (tmp_path / "job").iterdir()) == ["result.json", "spec.json"]
 
 
+def test_worker_log_has_the_traceback_of_a_builder_that_raises(tmp_path):
+    # The message is one line without the line that raised, and worker.log said only that
+    # line again: no file told the user where in their builder it failed.
+    code, result, log = run_custom_model(
+        tmp_path,
+        "broken",
+        "def _layers(width):\n"
+        "    raise ValueError(f'no layer of width {width}')\n"
+        "def build(input_shape, num_classes):\n"
+        "    return _layers(3)\n",
+    )
+    assert code == 2, log
+    assert result["message"] == "Model 'broken:build' failed to build: ValueError: no layer of width 3"
+    assert "Traceback (most recent call last):" in log
+    assert 'broken.py", line 4, in build' in log and 'broken.py", line 2, in _layers' in log
+
+
 ODD_BATCH_STEP = """
 import numpy as np, tensorflow as tf, keras
 from trainer.models import build_model

@@ -423,6 +423,7 @@ def resume(client: Client, args: argparse.Namespace) -> int:
         # The service's hints name the API's body ({"steps": N}); here they are options.
         for key in ("steps", "epochs"):
             error.message = error.message.replace(f'{{"{key}": N}}', f"--{key} N")
+        error.message = _how_to_wait(error.message, args, args.id)
         raise
     _result(f"{job['id']}\n", echo=False)  # the lines below say it
     where = (
@@ -435,6 +436,14 @@ def resume(client: Client, args: argparse.Namespace) -> int:
         f"on {where}\n"
     )
     return _watch_if_asked(client, job, args)
+
+
+def _how_to_wait(message: str, args: argparse.Namespace, job_id: str) -> str:
+    """The service's refusal of a job that is stopping (its cancel asked for, as a user
+    who cancels and at once deletes or resumes has done), with the command that waits."""
+    stopping = "try again once it has ended."
+    wait = _command(args, "cancel", job_id, "--wait")
+    return message.replace(stopping, f"{stopping[:-1]} (`{wait}` returns then).")
 
 
 def delete(client: Client, args: argparse.Namespace) -> int:
@@ -457,7 +466,7 @@ def delete(client: Client, args: argparse.Namespace) -> int:
                     error.message += f" (not tried: {' '.join(rest)})"
                 raise
             # The service's hint names the API's route; here it is a verb.
-            message = error.message.replace(
+            message = _how_to_wait(error.message, args, job_id).replace(
                 f"(POST /api/v1/jobs/{job_id}/cancel)",
                 f"({_command(args, 'cancel', job_id, '--wait')})",
             )

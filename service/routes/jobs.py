@@ -339,6 +339,13 @@ def _ended_job(job_id: str, runtime: Runtime, verb: str, then: str = "") -> JobR
     job = runtime.store.get(job_id)
     if job is None:
         raise HTTPException(404, job_not_found(job_id))
+    if job.state is JobState.RUNNING and job.cancel_requested_at is not None:
+        # Not `then`, which says to cancel it: a user who just had was left to do it again.
+        raise HTTPException(
+            409,
+            f"Job {job.id!r} is stopping (cancel requested); only an ended job can be "
+            f"{verb}: try again once it has ended.",
+        )
     if not job.state.is_terminal:
         raise HTTPException(
             409,

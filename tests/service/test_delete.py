@@ -267,6 +267,28 @@ def test_cli_delete_of_a_running_job_says_the_verb_that_cancels_it(service: Serv
     )
 
 
+def test_a_job_stopping_after_its_cancel_is_not_told_to_be_cancelled(service: Service) -> None:
+    # Cancel, then delete at once (the usual order): the 409 said "Cancel it first", to a
+    # user who just had. A deaf worker stays running, its cancel asked for, for the grace.
+    job = service.submit(job_spec(name="deaf"))
+    service.wait_reported(job["id"])  # it ignores SIGTERM from then on
+    assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+    refused = service.client.delete(f"/api/v1/jobs/{job['id']}")
+    assert refused.status_code == 409
+    assert refused.json()["detail"] == (
+        f"Job {job['id']!r} is stopping (cancel requested); only an ended job can be "
+        "deleted: try again once it has ended."
+    )
+    wait = f"(`towerboard cancel {job['id']} --wait` returns then)."
+    for verb in ("delete", "resume"):
+        result = towerboard(verb, job["id"], url=service.base_url)
+        assert result.returncode == 1, result.stderr
+        assert one_error_line(result).endswith(
+            f"is stopping (cancel requested); only an ended job can be {verb}d: try again "
+            f"once it has ended {wait}"
+        )
+
+
 def test_cli_delete_says_each_and_exits_1_when_one_is_refused(service: Service) -> None:
     first = service.submit(job_spec(name="quick"))
     second = service.submit(job_spec(name="quick"))

@@ -63,7 +63,7 @@ from service.runfiles import inside, tail_lines
 from service.scheduler import next_placements
 from service.settings import Settings
 from service.store import PREPARING, JobRecord, JobState, JobStore
-from service.workers import Worker, WorkerExit, adopt_worker, spawn_worker
+from service.workers import Worker, WorkerExit, adopt_worker, log_requeue, spawn_worker
 from trainer.rundir import OUTCOME_EXIT_CODES, Outcome, RunDir, finite_json
 
 log = logging.getLogger(__name__)
@@ -632,6 +632,7 @@ class Supervisor:
                 why,
                 job.attempts + 1,
             )
+            log_requeue(self.run_dir(job.id), job.id, job.attempts, why)
             self._publish_state(job.id)
         return None
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from service.processes import find_by_argv, is_same_process, start_time
+from service.runfiles import inside
 from trainer import datafiles
 from trainer.rundir import RunDir, write_json_atomic
 
@@ -234,10 +235,11 @@ def spawn_worker(
         **{datafiles.ROOTS_ENV: datafiles.roots_to_environ(data_roots)},
     )
     with open(run.log, "ab") as log_file:
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
         log_file.write(
-            f"--- towerboard: attempt {attempt} of job {job_id} starting at {stamp},"
-            f" CUDA_VISIBLE_DEVICES={cuda_visible_devices!r} ---\n".encode()
+            _banner(
+                f"attempt {attempt} of job {job_id} starting at {_now()},"
+                f" CUDA_VISIBLE_DEVICES={cuda_visible_devices!r}"
+            )
         )
         log_file.flush()
         process = subprocess.Popen(
@@ -259,6 +261,35 @@ def spawn_worker(
         started=start_time(process.pid),
         process=process,
     )
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+
+
+def _banner(text: str) -> bytes:
+    """A line of the service's own in a job's worker.log, told apart from the worker's."""
+    return f"--- towerboard: {text} ---\n".encode()
+
+
+def log_requeue(run: RunDir, job_id: str, attempt: int, why: str) -> None:
+    """Say in the job's worker.log why `attempt` ended and the job was queued again (a
+    worker killed, a service that stopped it as it shut down): the log read on from the
+    attempt's last line to the next one's start, and only the service's own log, which a
+    user of the API may never see, said why. Not through a link a custom model put there
+    (see `inside`), and not at all when the log cannot be written: the requeue stands."""
+    if not inside(run.root, run.log):
+        return
+    try:
+        with open(run.log, "ab") as log_file:
+            log_file.write(
+                _banner(
+                    f"attempt {attempt} of job {job_id} ended at {_now()}: {why}; queued again "
+                    f"as attempt {attempt + 1} to resume from its latest checkpoint"
+                )
+            )
+    except OSError as error:
+        log.warning("Job %s: could not write to its worker.log: %s", job_id, error)
 
 
 def _nice_session(pid: int, nice: int) -> None:

@@ -594,6 +594,34 @@ def test_restart_finds_a_worker_whose_pid_was_never_stored(
     assert worker_pids(service, job_id) == []
 
 
+def test_the_jobs_log_says_why_an_attempt_ended_and_the_job_ran_again(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # `towerboard logs ID` read on from the killed attempt's last line to the next one's
+    # start: only the service's own log, which an API user may never see, said why.
+    service, job_id = long_job_checkpointed(make_service, stepping_worker_env(tmp_path))
+    os.kill(worker_pid(service, job_id), signal.SIGKILL)
+    second = f"--- towerboard: attempt 2 of job {job_id} starting at"
+
+    def log_lines() -> list[str]:
+        return service.client.get(f"/api/v1/jobs/{job_id}/logs").text.splitlines()
+
+    # The line goes in as the job is requeued, before the pass that starts attempt 2.
+    service.wait_for(
+        job_id, lambda _: any(line.startswith(second) for line in log_lines()), what="attempt 2"
+    )
+    lines = log_lines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("--- towerboard: attempt ")]
+    assert len(starts) == 3, lines
+    ended = lines[starts[1]]
+    assert re.fullmatch(
+        rf"--- towerboard: attempt 1 of job {job_id} ended at \S+ \S+: its worker was killed "
+        r"by SIGKILL \(9\); queued again as attempt 2 to resume from its latest checkpoint ---",
+        ended,
+    ), ended
+    assert lines[starts[2]].startswith(second)
+
+
 def in_process(
     settings: Settings, store: JobStore, publish: Callable[[JobEvent], None] = lambda _: None
 ) -> Supervisor:

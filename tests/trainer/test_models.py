@@ -353,7 +353,9 @@ def test_worker_log_has_the_traceback_of_a_builder_that_raises(tmp_path):
         "    return _layers(3)\n",
     )
     assert code == 2, log
-    assert result["message"] == "Model 'broken:build' failed to build: ValueError: no layer of width 3"
+    assert (
+        result["message"] == "Model 'broken:build' failed to build: ValueError: no layer of width 3"
+    )
     assert "Traceback (most recent call last):" in log
     assert 'broken.py", line 4, in build' in log and 'broken.py", line 2, in _layers' in log
 

@@ -426,14 +426,23 @@ def resume(client: Client, args: argparse.Namespace) -> int:
         error.message = _how_to_wait(error.message, args, args.id)
         raise
     _result(f"{job['id']}\n", echo=False)  # the lines below say it
+    # Where it starts and, trained longer, where it stops, as the dashboard says it.
+    checkpoint = (job.get("progress") or {}).get("checkpoint")
     where = (
-        "from its latest checkpoint"
-        if (job.get("progress") or {}).get("checkpoint")
+        f"from its latest checkpoint ({show.printable(checkpoint)})"
+        if checkpoint
         else "from step 0: it has no checkpoint"
+    )
+    to = (
+        f" to step {args.steps}"
+        if args.steps
+        else f" to {args.epochs} epochs"
+        if args.epochs
+        else ""
     )
     sys.stderr.write(
         f"resumed job {job['id']} as attempt {job['attempts']} ({job['state']}): it trains "
-        f"on {where}\n"
+        f"on{to} {where}\n"
     )
     return _watch_if_asked(client, job, args)
 

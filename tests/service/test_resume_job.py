@@ -326,6 +326,14 @@ def test_cli_resume(service: Service) -> None:
     longer = towerboard("resume", done["id"], url=service.base_url)
     assert longer.returncode == 1
     assert one_error_line(longer).endswith("give a larger total, e.g. --steps N or --epochs N.")
+    longer = towerboard("resume", done["id"], "--steps", "80", url=service.base_url)
+    assert longer.returncode == 0, longer.stderr
+    # Where it stops too: "it trains on from step 0" alone left the new total unsaid.
+    assert longer.stderr == (
+        f"resumed job {done['id']} as attempt 2 (queued): it trains on to step 80 from step 0: "
+        "it has no checkpoint\n"
+    )
+    service.wait_state(done["id"], "succeeded")
     job = _cancelled(service)
     url = service.base_url
 

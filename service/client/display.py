@@ -373,7 +373,8 @@ def summary(job: dict[str, Any]) -> str:
     if started and finished:
         parts[0] += f" in {duration(finished - started)}"
     p, evaluation = job.get("progress") or {}, job.get("eval") or {}
-    facts = [f"step {steps(job)}"]
+    # A job that ended before its first step has none to say ("step -" read as a glitch).
+    facts = [f"step {steps(job)}"] if steps(job) != "-" else []
     if p.get("loss") is not None:
         facts.append(f"loss {number(p['loss'])}")
     if p.get("accuracy") is not None:
@@ -382,7 +383,7 @@ def summary(job: dict[str, Any]) -> str:
         facts.append(f"eval accuracy {percent(evaluation['accuracy'])}")
     if job.get("error"):
         facts.append(f"error: {job['error'].get('reason')}")
-    return f"{parts[0]}: {', '.join(facts)}"
+    return f"{parts[0]}: {', '.join(facts)}" if facts else parts[0]
 
 
 # --- verbs ---------------------------------------------------------------------------

@@ -1,10 +1,11 @@
-"""The CLI's tables line up by the columns a terminal gives each character."""
+"""How the CLI shows jobs: tables that line up by the columns a terminal gives each
+character, the reasons and summaries in them."""
 
 from __future__ import annotations
 
 import io
 
-from service.client.display import end_reason, shortened, table, width
+from service.client.display import end_reason, shortened, summary, table, width
 
 
 def test_wide_and_combining_characters_keep_the_columns_in_line() -> None:
@@ -51,3 +52,12 @@ def test_end_reason_is_its_first_line_without_the_state() -> None:
     assert end_reason({"error": {"reason": "cancelled: stopped by a user"}}) == "stopped by a user"
     assert end_reason({"error": {"reason": "bad\tname"}}) == "bad\\tname"  # printed, not a tab
     assert end_reason({"error": None}) == end_reason({}) == ""
+
+
+def test_a_summary_leaves_out_the_step_of_a_job_that_took_none() -> None:
+    # A job failed at its set-up (a model that cannot be built) summed up "step -".
+    failed = {"id": "abc", "state": "failed", "progress": None, "error": {"reason": "bad model"}}
+    assert summary(failed) == "abc failed: error: bad model"
+    assert summary({"id": "abc", "state": "cancelled"}) == "abc cancelled"
+    ran = {"id": "abc", "state": "succeeded", "progress": {"step": 40, "total": 40}}
+    assert summary(ran) == "abc succeeded: step 40/40"

@@ -229,6 +229,14 @@ def _output_shape(name: str, model: keras.Model, input_shape: tuple[int, ...]) -
     return tuple(output.shape)
 
 
+def _batch_shape(shape: tuple) -> str:
+    """A model's output shape as the expected one is said: its batch axis by name, not as
+    the 1 of the zero batch a custom model was run on (or a built-in's None)."""
+    if not shape:
+        return "()"
+    return f"({', '.join(['batch', *(str(d) for d in shape[1:])])}{',' if len(shape) == 1 else ''})"
+
+
 def _squashed_output(model: keras.Model) -> str | None:
     """How a functional or sequential model's output is squashed ("softmax" from layer
     `dense_1`), or None: logits, or a subclassed model, whose last op cannot be seen."""
@@ -335,7 +343,7 @@ def build_model(
         )
         raise ModelError(
             f"Expected model {spec.name!r} to output logits of shape (batch, {expected})"
-            f"{alternative}{note}. Received: output shape {output_shape}"
+            f"{alternative}{note}. Received: output shape {_batch_shape(output_shape)}"
         )
     binary = output_shape[-1] == 1 if spec.is_custom else spec.name == "logistic"
     return BuiltModel(model, binary)

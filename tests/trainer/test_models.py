@@ -166,7 +166,7 @@ def test_custom_model_with_a_map_of_logits_is_refused_before_training(custom):
     # its first step with TensorFlow's traceback (exit 1, not 2).
     assert refusal("spatial") == (
         "Expected model 'qa_custom:spatial' to output logits of shape (batch, 3). "
-        "Received: output shape (1, 4, 4, 3)"
+        "Received: output shape (batch, 4, 4, 3)"
     )
 
 
@@ -180,7 +180,7 @@ def test_custom_model_with_two_outputs_is_refused_saying_so(custom):
 def test_custom_model_of_one_logit_on_three_classes_is_refused(custom):
     assert refusal("one_logit") == (
         "Expected model 'qa_custom:one_logit' to output logits of shape (batch, 3). "
-        "Received: output shape (1, 1)"
+        "Received: output shape (batch, 1)"
     )
 
 
@@ -189,7 +189,7 @@ def test_custom_model_of_one_logit_on_labels_from_one_is_told_ids_count_from_zer
         build_model(ModelSpec(name="qa_custom:one_logit"), (4, 4, 1), 3, labels=(1, 2))
     assert str(error.value) == (
         "Expected model 'qa_custom:one_logit' to output logits of shape (batch, 3) (labels "
-        "1..2: class ids count from 0, so 3 classes). Received: output shape (1, 1)"
+        "1..2: class ids count from 0, so 3 classes). Received: output shape (batch, 1)"
     )
 
 

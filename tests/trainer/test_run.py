@@ -927,7 +927,7 @@ def test_run_job_custom_model_with_one_logit_for_four_classes_exits_2(run):
     assert code == 2, log
     assert result["message"] == (
         "Expected model 'onelogit:build' to output logits of shape (batch, 4). "
-        "Received: output shape (1, 1)"
+        "Received: output shape (batch, 1)"
     )
 
 

@@ -37,7 +37,7 @@ from trainer.datafiles import (
     is_glob,
     resolve_files,
 )
-from trainer.spec import JobSpec, shown_value
+from trainer.spec import PATH_CHARS, JobSpec, shown_value
 
 
 def admit(
@@ -130,7 +130,7 @@ def _unreadable(path: str, error: ValueError | OSError) -> str:
         cause = str(error)
     return (
         "Expected `path` to name a file, folder or glob this service can read. "
-        f"Received: {shown_value(path)}, which cannot be read: {cause}"
+        f"Received: {shown_value(path, PATH_CHARS)}, which cannot be read: {cause}"
     )
 
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
-from trainer.spec import DataSpec, cut_short, shown_value
+from trainer.spec import PATH_CHARS, DataSpec, cut_short, shown_value
 
 
 class DataFilesError(ValueError):
@@ -545,7 +545,7 @@ def check_under_roots(path: str, roots: list[Path]) -> None:
             via = f"whose {what} {target}" if what else "which"
             raise DataFilesError(
                 f"Expected `path` inside one of the data roots: {allowed}. "
-                f"Received: {shown_value(path)}, {via} resolves to {cut_short(str(real))}"
+                f"Received: {shown_value(path, PATH_CHARS)}, {via} resolves to {cut_short(str(real), PATH_CHARS)}"
             )
 
     def check_labels(images: str) -> None:
@@ -623,7 +623,7 @@ def _candidates(path: str, fmt: str) -> list[Path]:
             # A TFRecord glob reads every file it matches, whatever its name.
             wanted = "a file" if fmt == "tfrecord" else wanted
             raise DataFilesError(
-                f"Expected the glob `path` to match {wanted}. Received: {shown_value(path)} matches no such file"
+                f"Expected the glob `path` to match {wanted}. Received: {shown_value(path, PATH_CHARS)} matches no such file"
             )
         return matches
     target = Path(path)
@@ -665,7 +665,7 @@ def _candidates(path: str, fmt: str) -> list[Path]:
     else:
         what = "does not exist"
     raise DataFilesError(
-        f"Expected `path` to name an existing file, folder or glob. Received: {shown_value(path)}, "
+        f"Expected `path` to name an existing file, folder or glob. Received: {shown_value(path, PATH_CHARS)}, "
         f"which {what}"
     )
 

@@ -375,7 +375,7 @@ class DataSpec(_Strict):
                 raise _error_at(
                     "path",
                     "Expected no `path` for synthetic data (leave it out, or null). "
-                    f"Received: {shown_value(self.path)}",
+                    f"Received: {shown_value(self.path, PATH_CHARS)}",
                     self.path,
                 )
             self.params = _validate_nested(
@@ -389,7 +389,7 @@ class DataSpec(_Strict):
             if not self.path:
                 raise _error_at(
                     "path",
-                    f"`path` is required for {self.format!r} data. Received: {shown_value(self.path)}",
+                    f"`path` is required for {self.format!r} data. Received: {shown_value(self.path, PATH_CHARS)}",
                     self.path,
                 )
             if self.params:
@@ -629,20 +629,23 @@ def _known_keys(model: type[BaseModel]) -> list[Known]:
 
 
 _SHOWN_CHARS = 200
+# A file's path is shown whole up to the longest one Linux resolves (PATH_MAX): cut at
+# `_SHOWN_CHARS`, a real path deep in a data root lost the part that names the file.
+PATH_CHARS = 4096
 
 
-def shown_value(value: Any) -> str:
+def shown_value(value: Any, limit: int = _SHOWN_CHARS) -> str:
     """`repr(value)`, cut short: a message echoes what it refuses, not all 300 KB of it."""
     if isinstance(value, bool):
         return "true" if value else "false"  # as the JSON it came as, not Python's True
-    return cut_short(repr(value))
+    return cut_short(repr(value), limit)
 
 
-def cut_short(text: str) -> str:
-    """`text`, or its first `_SHOWN_CHARS` characters and how many there were."""
-    if len(text) <= _SHOWN_CHARS:
+def cut_short(text: str, limit: int = _SHOWN_CHARS) -> str:
+    """`text`, or its first `limit` characters and how many there were."""
+    if len(text) <= limit:
         return text
-    return f"{text[:_SHOWN_CHARS]}... ({len(text):,} characters in all)"
+    return f"{text[:limit]}... ({len(text):,} characters in all)"
 
 
 def field_errors(error: ValidationError, model: Any = None) -> list[dict[str, str]]:

@@ -19,10 +19,12 @@ tower updates them in place, as a plain step does, with no bookkeeping to pay fo
 
 Any other state a custom model's layers update in a training call (a running mean of
 their own, a counter) is averaged the same way, found by tracing one training call
-(`_assigned_in_training`): left to each tower in turn, a counter would count N a step on
-N towers, and a running mean move N times. An integer is averaged as its change, rounded
-(each tower's +1 gives +1). Random seeds' states (Keras's `SeedGenerator`: dropout, noise)
-are left to advance tower after tower, so that each tower draws its own masks.
+(`_assigned_in_training`, through its conds and nested functions): left to each tower in
+turn, a counter would count N a step on N towers, and a running mean move N times. An
+integer is averaged as its change, rounded (each tower's +1 gives +1). A bool or an
+unsigned integer, which has no such average, is left to each tower in turn, as are random
+seeds' states (Keras's `SeedGenerator`: dropout, noise), so that each tower draws its own
+masks.
 
 This module only computes. Summaries, checkpoints and progress belong to the controller.
 """
@@ -45,6 +47,11 @@ log = logging.getLogger(__name__)
 # The ops by which a traced call writes a resource variable (Keras's `assign_add` is an
 # `AssignVariableOp` of the sum).
 _ASSIGNMENTS = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})
+# What TensorFlow marks on an op that runs a function of its own (a `cond`'s `If`, a
+# `while_loop`'s `While`, a nested `tf.function`'s call): the indices of the resource
+# inputs its function only reads; it may write any other (its automatic control
+# dependencies read the same mark).
+_READ_ONLY_INPUTS = "_read_only_resource_inputs"
 
 # What a controller may ask of a step that every worker of a cluster must agree on
 # (`TowerTrainer.train_step`'s `requests`): stop after this step; checkpoint after it
@@ -123,7 +130,19 @@ def _handles(variable: keras.Variable) -> list[tf.Tensor]:
     return [copy.handle for copy in getattr(value, "values", (value,))]
 
 
+def _written(op: tf.Operation) -> list[tf.Tensor]:
+    """The resource handles among `op`'s inputs that it may write."""
+    if op.type in _ASSIGNMENTS:
+        return [op.inputs[0]]
+    try:
+        read_only = set(op.get_attr(_READ_ONLY_INPUTS))
+    except ValueError:  # not an op that runs a function: it reads, or writes no variable
+        return []
+    return [t for i, t in enumerate(op.inputs) if t.dtype == tf.resource and i not in read_only]
+
+
 def _averageable(variable: keras.Variable) -> bool:
+    """A float, or a signed integer (averaged as its change, which may be negative)."""
     dtype = tf.as_dtype(variable.dtype)
     return dtype.is_floating or (dtype.is_integer and not dtype.is_unsigned)
 
@@ -291,13 +310,17 @@ class TowerTrainer:
         return state + updated
 
     def _assigned_in_training(self, image_spec: tf.TensorSpec) -> set[int]:
-        """The ids of the variable handles a training call of the model assigns to."""
+        """The ids of the variable handles a training call of the model assigns to,
+        directly or in a function an op of the call runs (a `keras.ops.cond`, a method of
+        the layer that is a `tf.function`): only the direct ones were found, and a state
+        updated under a `cond` was left to each tower in turn."""
         graph = self._training_call(image_spec).graph
         outside = {id(inside): outside for outside, inside in graph.captures}
         return {
-            id(outside[id(op.inputs[0])])
+            id(outside[id(handle)])
             for op in graph.get_operations()
-            if op.type in _ASSIGNMENTS and id(op.inputs[0]) in outside
+            for handle in _written(op)
+            if id(handle) in outside
         }
 
     def _training_call(self, image_spec: tf.TensorSpec) -> tf.types.experimental.ConcreteFunction:

@@ -575,21 +575,43 @@ class RunningMean(keras.layers.Layer):
         return x * self.scale
 
 
-def running_mean_model() -> tuple[keras.Model, RunningMean]:
+class HiddenRunningMean(RunningMean):
+    """`RunningMean` whose updates a trace sees only inside functions of their own: the
+    mean's under a `keras.ops.cond`, the count's in a method that is a `tf.function`."""
+
+    @tf.function
+    def count(self):
+        self.calls.assign_add(1)
+
+    def call(self, x, training=False):
+        if training:
+            keras.ops.cond(
+                tf.shape(x)[0] >= 0,  # always: a cond a trace cannot see through
+                lambda: self.mean.assign(0.5 * self.mean + 0.5 * tf.reduce_mean(x, 0)),
+                lambda: self.mean.assign(self.mean),
+            )
+            self.count()
+        return x * self.scale
+
+
+def running_mean_model(kind: type[RunningMean] = RunningMean) -> tuple[keras.Model, RunningMean]:
     keras.utils.set_random_seed(7)
     inputs = keras.Input(SHAPE)
-    layer = RunningMean()
+    layer = kind()
     x = keras.layers.Dropout(0.25)(layer(keras.layers.Flatten()(inputs)))
     return keras.Model(inputs, keras.layers.Dense(CLASSES)(x)), layer
 
 
-@pytest.mark.parametrize("towers", [2, 3])
-def test_a_custom_layers_state_moves_once_a_step_on_towers(towers):
+@pytest.mark.parametrize(
+    ("towers", "kind"), [(2, RunningMean), (3, RunningMean), (3, HiddenRunningMean)]
+)
+def test_a_custom_layers_state_moves_once_a_step_on_towers(towers, kind):
     # Each tower's call used to update a custom layer's state in turn: its count went up by
-    # the towers a step and its running mean moved once per tower, each from the last.
+    # the towers a step and its running mean moved once per tower, each from the last. An
+    # update in a cond or a nested tf.function was missed so even once the others were not.
     trained = {}
     for n in (1, towers):
-        model, layer = running_mean_model()
+        model, layer = running_mean_model(kind)
         with tf.device("/CPU:0"):
             trainer = TowerTrainer(
                 model=model,

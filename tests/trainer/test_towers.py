@@ -634,11 +634,19 @@ def test_a_custom_layers_state_moves_once_a_step_on_towers(towers, kind):
     np.testing.assert_array_equal(many.scale.numpy(), 1.0)  # never assigned: untouched
 
 
-def test_a_model_without_state_of_its_own_is_not_traced_for_it():
+def test_a_model_without_state_of_its_own_is_not_traced_for_it(monkeypatch):
     # Batch norm's statistics and the seeds' states are known without tracing a call.
+    traced = []
+    trace = TowerTrainer._training_call
+    monkeypatch.setattr(
+        TowerTrainer, "_training_call", lambda self, spec: traced.append(spec) or trace(self, spec)
+    )
     trainer = make_trainer(2, model="resnet", params={"width": 4, "blocks_per_stage": [1]})
     bn = [v for v in trainer.model.non_trainable_variables if "moving" in v.path]
     assert bn and trainer._tower_state == bn
+    dropout = make_trainer(2, model="mlp", params={"dropout": 0.5})
+    assert any("seed" in v.path for v in dropout.model.non_trainable_variables)
+    assert dropout._tower_state == [] and traced == []
     model, layer = running_mean_model()
     with tf.device("/CPU:0"):
         custom = TowerTrainer(
@@ -648,3 +656,4 @@ def test_a_model_without_state_of_its_own_is_not_traced_for_it():
             parameter_device="/CPU:0",
         )
     assert [v.path for v in custom._tower_state] == [layer.mean.path, layer.calls.path]
+    assert len(traced) == 1  # the custom model's, once

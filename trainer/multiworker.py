@@ -51,6 +51,8 @@ from trainer.towers import (
 from trainer.updates import Apply, make_apply
 
 if TYPE_CHECKING:
+    import keras
+
     from trainer.data import Arrays
     from trainer.spec import JobSpec
 
@@ -168,6 +170,23 @@ class ClusterTrainer(TowerTrainer):
     def _make_apply(self, fused: bool) -> Apply:
         return make_apply(self.optimizer, self._variables, fused=fused, strategy=self.strategy)
 
+    def _aggregated_here(self, var: keras.Variable) -> bool:
+        # A mirrored variable's assignment in a tower is aggregated over the towers by the
+        # strategy itself, by the variable's `aggregation` ("mean": the towers' values
+        # averaged; "only_first_replica": the first's), save one of "none" (Keras's
+        # default, batch norm's), which each tower's copy takes as it is: the step's.
+        if var.aggregation == "sum":
+            # Keras 3 assigns `v + x` for `assign_add(x)`, which a "sum" adds up over the
+            # towers, the old value with each: say so, as nothing here can mend it.
+            log.warning(
+                "%s has aggregation 'sum': across a cluster, TensorFlow adds up every tower's "
+                "assignment to it, and Keras assigns its whole new value, so it grows by the "
+                "old value once per tower at each step. Give it aggregation 'mean' or "
+                "'none' to have it averaged over the towers",
+                var.path,
+            )
+        return var.aggregation == "none"
+
     def _training_call(self, image_spec: tf.TensorSpec) -> tf.types.experimental.ConcreteFunction:
         # In replica context, as the step calls it: each local copy is assigned there.
         return tf.function(
@@ -246,13 +265,13 @@ class ClusterTrainer(TowerTrainer):
             )
             if self._tower_state:
                 parts = [
-                    state_part(share, tf.convert_to_tensor(var), before)
+                    state_part(var, share, tower == 0, tf.convert_to_tensor(var), before)
                     for var, before in zip(self._tower_state, state_before, strict=True)
                 ]
                 totals = _all_reduced_by_dtype(context, sum_, parts)
                 for var, total, before in zip(self._tower_state, totals, state_before, strict=True):
                     # This tower's copy; every tower assigns the same.
-                    var.assign(state_from_sum(total, before))
+                    var.assign(state_from_sum(var, total, before))
             grads, averaged, norm = self._finish_gradients(grads)
             learning_rate = self.current_learning_rate()
             loss, accuracy = numbers[0] / batch_f, numbers[1] / batch_f

@@ -21,10 +21,12 @@ Any other state a custom model's layers update in a training call (a running mea
 their own, a counter) is averaged the same way, found by tracing one training call
 (`_assigned_in_training`, through its conds and nested functions): left to each tower in
 turn, a counter would count N a step on N towers, and a running mean move N times. An
-integer is averaged as its change, rounded (each tower's +1 gives +1). A bool or an
-unsigned integer, which has no such average, is left to each tower in turn, as are random
-seeds' states (Keras's `SeedGenerator`: dropout, noise), so that each tower draws its own
-masks.
+integer is averaged as its change, rounded (each tower's +1 gives +1). A state its layer
+gave another `aggregation` is aggregated as `tf.distribute` would: "sum" adds the towers'
+changes (a count of examples seen), "only_first_replica" takes the first tower's. A bool
+or an unsigned integer, which has no such average, is left to each tower in turn, as are
+random seeds' states (Keras's `SeedGenerator`: dropout, noise), so that each tower draws
+its own masks.
 
 This module only computes. Summaries, checkpoints and progress belong to the controller.
 """
@@ -147,18 +149,30 @@ def _averageable(variable: keras.Variable) -> bool:
     return dtype.is_floating or (dtype.is_integer and not dtype.is_unsigned)
 
 
-def state_part(share: tf.Tensor, value: tf.Tensor, before: tf.Tensor) -> tf.Tensor:
-    """One tower's part of a state variable's share-weighted average over the towers, a
-    tower's `share` of the batch times the `value` its call left (summed over the towers,
-    then finished by `state_from_sum`). An integer's part is of its change from `before`,
-    in float64, since a share cast to an integer is 0."""
+def state_part(
+    var: keras.Variable, share: tf.Tensor, first: bool, value: tf.Tensor, before: tf.Tensor
+) -> tf.Tensor:
+    """One tower's part of state variable `var`'s new value (summed over the towers, then
+    finished by `state_from_sum`), by the `aggregation` its layer gave it, as
+    `tf.distribute` aggregates a variable's copies: "sum" (a count of examples seen), each
+    tower's change from `before`; "only_first_replica", the `first` tower's change alone;
+    else ("mean", or "none", Keras's default and batch norm's), the tower's `share` of the
+    batch times the `value` its call left: an average. An integer's average is of its
+    change, in float64, since a share cast to an integer is 0. A tower whose shard was
+    empty (share 0) ran on a stand-in example, whose change is no part of any."""
+    if var.aggregation == "sum":
+        return tf.cast(share > 0, value.dtype) * (value - before)
+    if var.aggregation == "only_first_replica":
+        return value - before if first else tf.zeros_like(value)
     if value.dtype.is_floating:
         return tf.cast(share, value.dtype) * value
     return tf.cast(share, tf.float64) * tf.cast(value - before, tf.float64)
 
 
-def state_from_sum(total: tf.Tensor, before: tf.Tensor) -> tf.Tensor:
-    """The new value of a state variable from the sum of the towers' `state_part`s."""
+def state_from_sum(var: keras.Variable, total: tf.Tensor, before: tf.Tensor) -> tf.Tensor:
+    """State variable `var`'s new value from the sum of the towers' `state_part`s."""
+    if var.aggregation in ("sum", "only_first_replica"):
+        return before + total
     if before.dtype.is_floating:
         return total
     return before + tf.cast(tf.round(total), before.dtype)
@@ -302,12 +316,18 @@ class TowerTrainer:
             return state
         assigned = self._assigned_in_training(image_spec)
         updated = [var for var in others if any(id(h) in assigned for h in _handles(var))]
-        if updated:
+        ours = [var for var in updated if self._aggregated_here(var)]
+        if ours:
             log.info(
-                "Averaged over the towers at each step, as batch norm's statistics: %s",
-                ", ".join(var.path for var in updated),
+                "Aggregated over the towers at each step, as batch norm's statistics: %s",
+                ", ".join(f"{var.path} ({var.aggregation})" for var in ours),
             )
-        return state + updated
+        return state + ours
+
+    def _aggregated_here(self, var: keras.Variable) -> bool:
+        """Whether the step aggregates `var`'s towers' updates itself: every variable, on
+        one machine, whose towers share one copy of it."""
+        return True
 
     def _assigned_in_training(self, image_spec: tf.TensorSpec) -> set[int]:
         """The ids of the variable handles a training call of the model assigns to,
@@ -472,10 +492,10 @@ class TowerTrainer:
                 ):
                     # A stand-in shard has share zero, so it does not move the state.
                     parts = [
-                        state_part(shares[i], updates[k], before)
+                        state_part(var, shares[i], i == 0, updates[k], before)
                         for i, updates in enumerate(state_updates)
                     ]
-                    var.assign(state_from_sum(tf.add_n(parts), before))
+                    var.assign(state_from_sum(var, tf.add_n(parts), before))
             self.step.assign_add(1)
             if self.ema is not None:
                 self.ema.update(self.step)

@@ -7,6 +7,7 @@ each worker trains one tower, the CPU.
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -26,7 +27,7 @@ import tensorflow as tf
 
 from tests.trainer.test_cluster import NO_IPV6
 from tests.trainer.test_run import REPO, run_worker, tags_by_plugin, with_
-from tests.trainer.test_towers import make_trainer
+from tests.trainer.test_towers import batch, make_trainer, running_mean_model
 from trainer.checkpoints import Checkpointer
 from trainer.cluster import Cluster
 from trainer.data import Arrays
@@ -34,12 +35,14 @@ from trainer.multiworker import (
     SAMPLE_BLOCK_BYTES,
     SAMPLE_BLOCKS,
     ClusterMismatch,
+    ClusterTrainer,
     data_fingerprint,
     same_job,
     spec_fingerprint,
     start_together,
 )
-from trainer.spec import CheckpointSpec, JobSpec
+from trainer.optim import make_optimizer
+from trainer.spec import CheckpointSpec, JobSpec, OptimizerSpec
 from trainer.towers import TowerTrainer
 
 SPEC = {
@@ -1002,10 +1005,44 @@ def test_a_custom_layers_state_moves_in_a_cluster_as_on_two_towers(tmp_path):
         assert code == 0, log
     one = variables(hosts[2] / "job" / "checkpoints" / "ckpt-20")
     chief, worker = (variables(d / "checkpoints" / "ckpt-20") for d in worker_dirs(job_dir, 2))
-    state = [name for name in one if name.split("/")[-3] in ("mean", "calls")]
-    assert len(state) == 2, sorted(one)  # model/_operations/2/mean/.ATTRIBUTES/VARIABLE_VALUE
+    state = {name.split("/")[-3]: name for name in one if name.startswith("model/_operations/")}
+    # model/_operations/2/mean/.ATTRIBUTES/VARIABLE_VALUE, and the Dense's kernel and bias
+    assert {"mean", "calls"} <= state.keys(), sorted(one)
     for name in one:
         np.testing.assert_array_equal(chief[name], worker[name], err_msg=name)
         np.testing.assert_array_equal(chief[name], one[name], err_msg=name)
-    calls = next(one[name] for name in state if one[name].dtype == np.int64)
-    assert int(calls) == 20
+    assert int(one[state["calls"]]) == 20  # counted once a step
+
+
+def test_a_strategys_towers_leave_a_custom_state_to_its_aggregation(caplog):
+    # In-process, two towers of a MirroredStrategy on logical CPUs, as a cluster's: a state
+    # of aggregation "none" is the step's to average, one of "only_first_replica" is the
+    # strategy's (the first tower's value), and one of "sum" is said to go wrong.
+
+    caplog.set_level(logging.WARNING, logger="trainer.multiworker")
+    strategy = tf.distribute.MirroredStrategy(["/CPU:0", "/CPU:1"])
+    one_device, alone_layer = running_mean_model()
+    with strategy.scope():
+        model, layer = running_mean_model()
+        trainer = ClusterTrainer(
+            strategy=strategy,
+            model=model,
+            optimizer=make_optimizer(OptimizerSpec(name="sgd", learning_rate=0.1)),
+            parameter_device="/CPU:0",
+        )
+    alone = TowerTrainer(
+        model=one_device,
+        optimizer=make_optimizer(OptimizerSpec(name="sgd", learning_rate=0.1)),
+        tower_devices=["/CPU:0"],
+        parameter_device="/CPU:0",
+    )
+    assert [v.path for v in trainer._tower_state] == [layer.mean.path, layer.calls.path]
+    for step in range(2):
+        trainer.train_step(*batch(10, seed=step))  # shards of 5 and 5
+        alone.train_step(*batch(10, seed=step))
+    assert int(layer.calls.numpy()) == 2
+    np.testing.assert_allclose(layer.mean.numpy(), alone_layer.mean.numpy(), atol=1e-6)
+    first = batch(10, seed=1)[0][:5]
+    assert float(layer.last.numpy()) == pytest.approx(float(first.mean()), rel=1e-6)
+    [warning] = [r.getMessage() for r in caplog.records if "aggregation 'sum'" in r.getMessage()]
+    assert warning.startswith(f"{layer.seen.path} has aggregation 'sum'"), warning

@@ -560,18 +560,28 @@ def test_a_float64_model_with_batch_norm_trains_on_towers():
 
 class RunningMean(keras.layers.Layer):
     """A custom layer with state of its own, updated by each training call: a running mean
-    of its inputs, how many calls trained it, and a scale it never changes."""
+    of its inputs, how many calls trained it, and a scale it never changes; and, each by
+    the `aggregation` it is given, the examples it has seen (summed over the towers) and
+    the mean of the last batch the first tower saw."""
 
     def build(self, input_shape):
         width = input_shape[-1]
         self.mean = self.add_weight(shape=(width,), initializer="zeros", trainable=False)
         self.calls = self.add_weight(shape=(), initializer="zeros", trainable=False, dtype="int64")
         self.scale = self.add_weight(shape=(width,), initializer="ones", trainable=False)
+        self.seen = self.add_weight(
+            shape=(), initializer="zeros", trainable=False, dtype="int64", aggregation="sum"
+        )
+        self.last = self.add_weight(
+            shape=(), initializer="zeros", trainable=False, aggregation="only_first_replica"
+        )
 
     def call(self, x, training=False):
         if training:
             self.mean.assign(0.5 * self.mean + 0.5 * tf.reduce_mean(x, 0))
             self.calls.assign_add(1)
+            self.seen.assign_add(tf.cast(tf.shape(x)[0], "int64"))
+            self.last.assign(tf.reduce_mean(x))
         return x * self.scale
 
 
@@ -591,6 +601,8 @@ class HiddenRunningMean(RunningMean):
                 lambda: self.mean.assign(self.mean),
             )
             self.count()
+            self.seen.assign_add(tf.cast(tf.shape(x)[0], "int64"))
+            self.last.assign(tf.reduce_mean(x))
         return x * self.scale
 
 
@@ -632,6 +644,11 @@ def test_a_custom_layers_state_moves_once_a_step_on_towers(towers, kind):
     assert np.abs(one.mean.numpy()).max() > 0.1
     np.testing.assert_allclose(many.mean.numpy(), one.mean.numpy(), atol=1e-6)
     np.testing.assert_array_equal(many.scale.numpy(), 1.0)  # never assigned: untouched
+    # Summed: the examples of every tower, as one device counts them (averaged, 10 / N).
+    assert int(many.seen.numpy()) == int(one.seen.numpy()) == 20
+    # The first tower's: the mean of its shard of the last batch (its first 5 or 4).
+    first = batch(10, seed=1)[0][: 10 // towers + (10 % towers > 0)]
+    assert float(many.last.numpy()) == pytest.approx(float(first.mean()), rel=1e-6)
 
 
 def test_a_model_without_state_of_its_own_is_not_traced_for_it(monkeypatch):
@@ -655,5 +672,10 @@ def test_a_model_without_state_of_its_own_is_not_traced_for_it(monkeypatch):
             tower_devices=["/CPU:0", "/CPU:1"],
             parameter_device="/CPU:0",
         )
-    assert [v.path for v in custom._tower_state] == [layer.mean.path, layer.calls.path]
+    assert [v.path for v in custom._tower_state] == [
+        layer.mean.path,
+        layer.calls.path,
+        layer.seen.path,
+        layer.last.path,
+    ]
     assert len(traced) == 1  # the custom model's, once

@@ -37,7 +37,7 @@ from service.events import EventBroker
 from service.headmethod import HeadAsGet
 from service.jobjson import JobJson
 from service.proxy import proxy_tensorboard
-from service.routes import devices, events, health, jobs, tensorboard
+from service.routes import devices, events, health, jobs, queue, tensorboard
 from service.schemas import UNKNOWN_QUERY
 from service.settings import Settings
 from service.store import JobStore
@@ -176,7 +176,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     install_error_handlers(app)
     jobs.include(app, API_PREFIX)  # first: routes are matched in order
-    for module in (events, tensorboard, devices):
+    for module in (events, tensorboard, devices, queue):
         app.include_router(
             module.router,
             prefix=API_PREFIX,

@@ -33,3 +33,23 @@ def next_placements(queued: list[QueuedJob], pool: DevicePool, held: list[str]) 
         placements.append(Placement(job, free[:needed]))
         free = free[needed:]
     return placements
+
+
+def _amount(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def head_waits_for(towers: int, pool: DevicePool, free: int) -> str:
+    """Why the job at the head of the queue, asking for `towers`, has not started with
+    `free` devices free: said for people (`GET /api/v1/queue`'s `waiting_for`)."""
+    needed = pool.needed(towers)
+    noun = "GPU" if pool.gpu else "job slot"
+    if needed > len(pool.devices):
+        # Only until the supervisor's next pass, which fails it (`Supervisor._schedule`).
+        return (
+            f"{_amount(needed, noun)}; the service has {len(pool.devices)}, so it never "
+            "starts here (the scheduler fails it)"
+        )
+    if needed > free:
+        return f"{_amount(needed, noun)}; {free} free"
+    return f"nothing: {_amount(needed, noun)} needed, {free} free; it starts at the next pass"

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.store import JobRecord, JobState
+from service.store import JobRecord, JobState, QueueEntry
 from trainer.rundir import PROFILE_STEPS_DEFAULT, PROFILE_STEPS_MAX
 from trainer.spec import JobSpec, JsonInt, without_unread
 
@@ -230,6 +230,55 @@ class DevicePublic(BaseModel):
 class DevicesPublic(BaseModel):
     data: list[DevicePublic]
     max_towers: int
+
+
+class QueuedJobPublic(BaseModel):
+    """A queued job in the queue's order."""
+
+    position: int = Field(description="Its place in the queue: 1 is the next job to start.")
+    id: str
+    name: str
+    priority: int
+    towers: int
+    devices_needed: int = Field(
+        description="The devices it holds once it runs: a GPU per tower, or on a CPU-only "
+        "host one job slot whatever its towers."
+    )
+    queued_at: datetime = Field(
+        description="When it joined the queue, the time that places it among the jobs of "
+        "its priority: its submission, or its latest resume (a job requeued because its "
+        "worker died or the service restarted keeps its place, and this time)."
+    )
+
+    @classmethod
+    def from_entry(cls, position: int, entry: QueueEntry, devices_needed: int) -> QueuedJobPublic:
+        return cls(
+            position=position,
+            id=entry.id,
+            name=entry.name,
+            priority=entry.priority,
+            towers=entry.towers,
+            devices_needed=devices_needed,
+            queued_at=_time(entry.queued_at),
+        )
+
+
+class QueuePublic(BaseModel):
+    """The queued jobs in the order the scheduler starts them: highest priority first, then
+    the longest queued. The order is strict: a job at the head that does not fit holds back
+    every job behind it (`waiting_for` says what it waits for)."""
+
+    data: list[QueuedJobPublic] = Field(description="The first `limit` queued jobs, in order.")
+    count: int = Field(description="Jobs queued in all, over the page and beyond it.")
+    free_devices: int = Field(
+        description="Configured devices free now: held by no running job and by no ended "
+        "job's worker that is still exiting."
+    )
+    devices: int = Field(description="Devices the service is configured with.")
+    waiting_for: str | None = Field(
+        description="Why the first job has not started yet, e.g. `2 GPUs; 1 free` (the jobs "
+        "behind it wait for it); null when nothing is queued."
+    )
 
 
 class ProfileCreate(BaseModel):

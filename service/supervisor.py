@@ -284,6 +284,11 @@ class Supervisor:
             for device in exiting.devices
         }
 
+    def held_devices(self) -> list[str]:
+        """Every device held now: by a running job, or by the process of one that is over."""
+        held = [device for job in self._store.running() for device in job.devices]
+        return held + list(self.held_after_their_jobs())  # the devices, its keys
+
     def tick(self) -> None:
         self._reap_exiting()
         running = {job.id: job for job in self._store.running()}
@@ -652,8 +657,7 @@ class Supervisor:
                 self._publish_state(job.id)
         if not self._store.queue(most=1):
             return  # an idle queue reads no running job (each with its spec) every pass
-        held = [device for job in self._store.running() for device in job.devices]
-        held += list(self.held_after_their_jobs())  # the devices, its keys
+        held = self.held_devices()
         free = len(self._pool.free(held))
         if not free:
             return

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from service.client.common import DEFAULT_LIMIT, DEFAULT_URL, STATES
+from service.client.common import DEFAULT_LIMIT, DEFAULT_URL, QUEUE_DEFAULT, QUEUE_MOST, STATES
 
 
 def _handler(name: str) -> Callable[[argparse.Namespace], int]:
@@ -67,7 +67,7 @@ def _job_id(value: str) -> str:
 
 def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register submit, status, logs, cancel, resume, delete, checkpoints, export,
-    tensorboard, metrics, profile and devices on `verbs`."""
+    tensorboard, metrics, profile, devices and queue on `verbs`."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--url",
@@ -226,4 +226,14 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
     )
 
     p = verb("devices", "list the devices the service gives to jobs, and the job holding each")
+    p.add_argument("--json", action="store_true", help="print the API's JSON")
+
+    p = verb("queue", "list the queued jobs in the order they start, and what the first waits for")
+    p.add_argument(
+        "--limit",
+        type=_count(QUEUE_MOST),
+        default=QUEUE_DEFAULT,
+        metavar="N",
+        help=f"most jobs to list (default {QUEUE_DEFAULT}, at most {QUEUE_MOST})",
+    )
     p.add_argument("--json", action="store_true", help="print the API's JSON")

@@ -8,6 +8,8 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 TERMINAL = ("succeeded", "failed", "cancelled")
 STATES = ("queued", "running", *TERMINAL)
 DEFAULT_LIMIT = 50  # the jobs `status` lists without --limit
+QUEUE_DEFAULT = 100  # the jobs `queue` lists without --limit: the API's default
+QUEUE_MOST = 1000  # the API's largest page of the queue
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -33,6 +33,7 @@ from service.client.common import (
     EXIT_UNREACHABLE,
     EXIT_USAGE,
     LOG_OFFSET_HEADER,
+    QUEUE_MOST,
     TERMINAL,
     ClientError,
     Interrupted,
@@ -257,6 +258,7 @@ def _status_of_job(client: Client, args: argparse.Namespace) -> int:
         ["id", job["id"]],
         ["name", show.printable(job["name"])],
         ["state", job["state"] + (" (cancel requested)" if job.get("cancel_requested") and job["state"] not in TERMINAL else "")],
+        *([["queue", _place_in_queue(client, job["id"])]] if job["state"] == "queued" else []),
         ["progress", f"{show.steps(job)}" + (f" ({p['percent']}%)" if p.get("percent") is not None else "")],
         # An ended job's last phase ("preparing", where it failed before its first
         # line) read as one it was in; over, it is in none, as the dashboard says.
@@ -289,6 +291,31 @@ def _status_of_job(client: Client, args: argparse.Namespace) -> int:
         lines += [f"  {log_line}\n" for log_line in job["error"]["log_tail"]]
     _out("".join(lines))
     return EXIT_OK
+
+
+def _ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, 11th, 12th, 21st, ..."""
+    suffix = "th" if n % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _place_in_queue(client: Client, job_id: str) -> str:
+    """Where a queued job stands: "2nd of 5 (1 job ahead)", from the queue's largest page."""
+    answer = client.get("/api/v1/queue", params={"limit": QUEUE_MOST})
+    count = answer["count"]
+    for job in answer["data"]:
+        if job["id"] == job_id:
+            place = job["position"]
+            ahead = (
+                f"next to start; it waits for {show.printable(answer['waiting_for'])}"
+                if place == 1
+                else f"{place - 1} job{'s' if place > 2 else ''} ahead"
+            )
+            return f"{_ordinal(place)} of {count} ({ahead})"
+    if len(answer["data"]) < count:
+        return f"after the first {len(answer['data'])} of {count}"
+    # Queued when the job was read, and gone from the queue since: started or cancelled.
+    return "no longer queued (started or cancelled since: run status again)"
 
 
 def _status_table(client: Client, args: argparse.Namespace) -> int:
@@ -761,6 +788,30 @@ def devices(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def queue(client: Client, args: argparse.Namespace) -> int:
+    """The queued jobs in the order they start, a row each, then what the first waits for."""
+    answer = client.get("/api/v1/queue", params={"limit": args.limit})
+    if args.json:
+        _out(json.dumps(answer, indent=2) + "\n")
+        return EXIT_OK
+    if not answer["data"]:
+        _out("no jobs queued\n")
+        return EXIT_OK
+    rows = [["POS", "ID", "NAME", "PRIORITY", "TOWERS", "WAITING"]]
+    for job in answer["data"]:
+        rows.append([
+            str(job["position"]), job["id"], show.printable(job["name"])[:32],
+            str(job["priority"]), str(job["towers"]), show.age(job["queued_at"]),
+        ])  # fmt: skip
+    _table(rows)
+    count = answer["count"]
+    if count > len(answer["data"]):
+        _out(f"... {count - len(answer['data'])} more (use --limit)\n")
+    waits = show.printable(answer["waiting_for"])
+    _out(f"the first waits for {waits} ({count} queued in all)\n")
+    return EXIT_OK
+
+
 # --- wiring --------------------------------------------------------------------------
 
 
@@ -863,4 +914,5 @@ VERBS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "metrics": metrics,
     "profile": profile,
     "devices": devices,
+    "queue": queue,
 }

@@ -25,6 +25,7 @@ PROTECTED = [
     ("POST", "/api/v1/jobs"),
     ("GET", "/api/v1/jobs/abc"),
     ("GET", "/api/v1/devices"),
+    ("GET", "/api/v1/queue"),
     ("GET", "/api/v1/events"),
     ("GET", "/api/v1/tensorboard"),
     ("POST", "/api/v1/tensorboard"),

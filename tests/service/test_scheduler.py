@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from service.devices import DevicePool
-from service.scheduler import next_placements
+from service.scheduler import head_waits_for, next_placements
 from service.settings import Settings
 from service.store import JobState, JobStore, QueuedJob
 from service.supervisor import Supervisor
@@ -66,6 +66,23 @@ def test_never_fit_more_towers_than_gpus(tmp_path: Path) -> None:
         store.create({"name": "j", "priority": 0, "towers": n})
     assert pool.most_towers == 2
     assert [job.towers for job in store.queue(towers_over=pool.most_towers)] == [3, 4]
+
+
+def test_what_the_head_of_the_queue_waits_for() -> None:
+    gpus = DevicePool.from_settings(Settings(gpus=[0, 1]))
+    assert head_waits_for(2, gpus, free=1) == "2 GPUs; 1 free"
+    assert head_waits_for(1, gpus, free=0) == "1 GPU; 0 free"
+    # Free enough: the supervisor's next pass starts it (five a second).
+    assert (
+        head_waits_for(1, gpus, free=2)
+        == "nothing: 1 GPU needed, 2 free; it starts at the next pass"
+    )
+    assert head_waits_for(3, gpus, free=2) == (
+        "3 GPUs; the service has 2, so it never starts here (the scheduler fails it)"
+    )
+    # A CPU-only host: a job takes one slot, whatever its towers.
+    cpu = DevicePool.from_settings(Settings(gpus=[], cpu_jobs=2, cpu_max_towers=4))
+    assert head_waits_for(4, cpu, free=0) == "1 job slot; 0 free"
 
 
 def _cpu_seconds(pid: int) -> float:

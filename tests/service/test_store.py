@@ -38,6 +38,24 @@ def test_read_queued_priority_then_oldest(store: JobStore) -> None:
     assert [j.id for j in store.queue()] == [urgent.id, first.id, second.id, low.id]
 
 
+def test_read_the_queues_first_jobs_and_its_count(store: JobStore) -> None:
+    low = store.create({**SPEC, "name": "low", "priority": -1})
+    first = store.create({**SPEC, "towers": 3})
+    urgent = store.create({**SPEC, "priority": 5})
+    assert store.mark_running(store.create(SPEC).id, devices=["cpu:0"])  # not queued
+    entries, count = store.queue_entries(most=2)
+    assert count == 3
+    assert [(e.id, e.priority, e.towers) for e in entries] == [(urgent.id, 5, 1), (first.id, 0, 3)]
+    assert entries[1].queued_at == first.created_at
+    # Cancelled and resumed: it joins the queue when resumed, after the others of its priority.
+    assert store.cancel_queued(first.id) and store.resume(first.id)
+    entries, count = store.queue_entries(most=10)
+    assert [e.id for e in entries] == [urgent.id, first.id, low.id] and count == 3
+    resumed = store.get(first.id)
+    assert resumed is not None and entries[1].queued_at == resumed.queued_at
+    assert entries[2].name == "low"
+
+
 def test_read_page_newest_first_with_cursor(store: JobStore) -> None:
     ids = [store.create(SPEC).id for _ in range(5)]
     page, count = store.page(limit=2)

@@ -12,6 +12,7 @@
     towerboard metrics ID [--name SERIES] [--after-step N]   scalar series as CSV
     towerboard profile ID [--steps N]              a device trace of a running job's next steps
     towerboard devices                             each device and the job holding it
+    towerboard queue [--limit N]                   queued jobs in run order; what the first waits for
 
 Every verb takes `--url` (default `$TOWERBOARD_URL`, else http://127.0.0.1:8000) and sends
 `$TOWERBOARD_TOKEN`, when set, as its bearer token. Results go to stdout (`submit` prints

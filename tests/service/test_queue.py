@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from tests.service.harness import (
     STEPPING_WORKER,
     Service,
     job_spec,
+    queue_in_bulk,
     stand_in_service,
 )
 from tests.service.test_client import towerboard
@@ -160,12 +160,7 @@ def test_a_worker_still_exiting_holds_its_device_and_a_job_past_the_page(
     head = store.create({**spec, "priority": 2})
     last = store.create({**spec, "name": "last", "priority": 0})
     store.close()
-    with sqlite3.connect(data / "towerboard.db") as db:  # the rest in one transaction
-        db.executemany(
-            "INSERT INTO jobs (id, name, state, priority, spec, created_at, updated_at)"
-            " VALUES (?, 'linger', 'queued', 1, ?, ?, ?)",
-            [(f"q{n:09d}", json.dumps(spec), time.time(), time.time()) for n in range(1000)],
-        )
+    queue_in_bulk(data / "towerboard.db", spec, 1000, priority=1)
     with stand_in_service(tmp_path, TOWERBOARD_GPUS="0") as service:
         service.wait_state(head.id, "succeeded")
         devices = service.client.get("/api/v1/devices").json()["data"]

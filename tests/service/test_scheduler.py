@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import sqlite3
 import time
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from tests.service.harness import (
     fake_worker_env,
     job_spec,
     kill_processes_under,
+    queue_in_bulk,
     stepping_worker_env,
 )
 from trainer.spec import JobSpec
@@ -100,12 +99,7 @@ def test_long_queue_leaves_an_idle_service_idle(tmp_path: Path) -> None:
     spec = JobSpec.model_validate(job_spec(towers=2)).model_dump(mode="json")
     store.create(spec)  # the head, which starts
     store.close()
-    with sqlite3.connect(data / "towerboard.db") as db:  # the rest in one transaction
-        db.executemany(
-            "INSERT INTO jobs (id, name, state, priority, spec, created_at, updated_at)"
-            " VALUES (?, 'j', 'queued', 0, ?, ?, ?)",
-            [(f"q{n:09d}", json.dumps(spec), time.time(), time.time()) for n in range(3000)],
-        )
+    queue_in_bulk(data / "towerboard.db", spec, 3000)
     env = {"TOWERBOARD_GPUS": "0,1", "TOWERBOARD_POLL_SECONDS": "0.2"}
     service = Service(data, {**env, **stepping_worker_env(tmp_path)})
     service.start()

@@ -229,6 +229,7 @@ def test_read_openapi_lists_every_route(service: Service) -> None:
         "/api/v1/events",
         "/api/v1/tensorboard",
         "/api/v1/devices",
+        "/api/v1/queue",
         "/healthz",
         "/metrics",
     }

@@ -1,6 +1,6 @@
-// One job: live progress and charts, per-tower step time, spec, log tail, checkpoints,
-// Cancel, Resume and Train longer (resume.js) and Delete job (once it has ended) and "Open
-// in TensorBoard" (tensorboard.js).
+// One job: live progress and charts, its place in the queue while it is queued (queue.js),
+// per-tower step time, spec, log tail, checkpoints, Cancel, Resume and Train longer
+// (resume.js) and Delete job (once it has ended) and "Open in TensorBoard" (tensorboard.js).
 //
 // A job's own event stream ends with the job, so an ended job's page follows the all-jobs
 // stream for this job's `deleted` (someone else deleted it), `state` (someone resumed it)
@@ -12,6 +12,7 @@ import { TERMINAL, api, followAllJobs, followJob, getJSON } from "./api.js";
 import { LineChart } from "./charts.js";
 import { applyProgressEvent, fresher, jobsListHash, mark, noticeOnJobs } from "./jobs.js";
 import { profileControl } from "./profile.js";
+import { queuePlaceControl } from "./queue.js";
 import { resumeControl } from "./resume.js";
 import { tensorBoardControl } from "./tensorboard.js";
 import {
@@ -72,6 +73,7 @@ export function mountJob(view, jobId) {
   const bar = progressBar({ state: "queued", progress: null });
   bar.classList.add("bar-large");
   const barText = h("p", { class: "bar-text", id: "job-progress-text" });
+  const queuePlace = queuePlaceControl(jobId);
   const tensorBoard = tensorBoardControl(jobId);
   const profile = profileControl(jobId);
   let traceStep = null; // the step a trace seen on the stream ended at
@@ -163,7 +165,7 @@ export function mountJob(view, jobId) {
       h("div", { class: "actions" }, modelLink, tensorBoard.button, cancelButton, ...resume.buttons,
         deleteButton)),
     exitingHint, resume.form, actionStatus, tensorBoard.status, tensorBoard.notice, notice.el, meta, bar,
-    barText, errorBox, stats,
+    barText, queuePlace.el, errorBox, stats,
     h("section", { class: "section" }, h("h2", {}, "Metrics"), chartGrid),
     h("section", { class: "section" },
       h("div", { class: "section-head" }, h("h2", {}, "Per-tower step time"), profile.button),
@@ -255,6 +257,7 @@ export function mountJob(view, jobId) {
     // Without a step, stepText is the phase already.
     if (p.phase && Number.isInteger(p.step) && !TERMINAL.has(job.state)) parts.push(phaseText(p));
     setText(barText, parts.join(" · "));
+    queuePlace.render(job);
     const set = (key, text) => setText(stats.querySelector(`[data-stat="${key}"]`), text);
     set("loss", num(p.loss));
     set("accuracy", percent(p.accuracy));
@@ -876,6 +879,7 @@ export function mountJob(view, jobId) {
     tensorBoard.destroy();
     profile.destroy();
     resume.destroy();
+    queuePlace.destroy();
   }
 
   drawCharts();

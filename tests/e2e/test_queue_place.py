@@ -8,14 +8,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Page, Request, expect
+from playwright.sync_api import Browser, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import LAPTOP, Session, open_session
 from tests.e2e.test_dashboard_details import IN_LIVE_REGION
+from tests.e2e.test_jobs_table_live import cancel, record
 from tests.service.harness import Service, job_spec, queue_in_bulk, stand_in_service
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
@@ -27,25 +27,6 @@ QUEUE_READ = re.compile(r"/api/v1/queue\?limit=1000$")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     with stand_in_service(tmp_path_factory.mktemp("stand-in")) as svc:
         yield svc
-
-
-def _end(service: Service, *jobs: dict[str, Any]) -> None:
-    """Cancel `jobs` (queued or running) and wait until each has ended."""
-    for job in jobs:
-        service.client.post(f"/api/v1/jobs/{job['id']}/cancel")
-    for job in jobs:
-        service.wait_state(job["id"], "cancelled", "failed", "succeeded")
-
-
-def _record_queue_reads(page: Page) -> list[str]:
-    reads: list[str] = []
-
-    def on_request(request: Request) -> None:
-        if QUEUE_READ.search(request.url):
-            reads.append(request.url)
-
-    page.on("request", on_request)
-    return reads
 
 
 def test_queued_job_page_says_its_place_until_it_starts(session: Session, service: Service) -> None:
@@ -66,21 +47,21 @@ def test_queued_job_page_says_its_place_until_it_starts(session: Session, servic
         # It changes with other people's jobs: a live region would read each change out.
         assert page.evaluate(IN_LIVE_REGION, "#queue-place") == []
 
-        _end(service, ahead)  # cancelled elsewhere: the all-jobs stream says so
+        cancel(service, ahead)  # cancelled elsewhere: the all-jobs stream says so
         expect(place).to_have_text("Next to start: it waits for 1 job slot; 0 free")
 
-        _end(service, running)  # its slot frees: this job starts
+        cancel(service, running)  # its slot frees: this job starts
         expect(page.locator(".job-heading .state")).to_have_text("running")
         expect(place).to_be_hidden()
-        reads = _record_queue_reads(page)
+        reads = record(page, QUEUE_READ)
         other = service.submit(job_spec(name="queued-behind-it"))  # a state change: no read
-        _end(service, other)
+        cancel(service, other)
         page.wait_for_timeout(1500)  # the page reads the queue within 1 s of a change
         assert reads == []
         expect(place).to_be_hidden()
         assert session.errors == []
     finally:
-        _end(service, running, ahead, mine)
+        cancel(service, running, ahead, mine)
 
 
 def test_a_failed_queue_read_hides_the_place(session: Session, service: Service) -> None:
@@ -99,12 +80,12 @@ def test_a_failed_queue_read_hides_the_place(session: Session, service: Service)
         expect(place).to_be_hidden()
         expect(page.locator(".job-heading .state")).to_have_text("queued")
         page.unroute(QUEUE_READ)
-        _end(service, behind)  # another change: read again, and answered
+        cancel(service, behind)  # another change: read again, and answered
         expect(place).to_have_text("Next to start: it waits for 1 job slot; 0 free")
         assert session.errors == []
     finally:
         page.unroute(QUEUE_READ)
-        _end(service, running, mine)
+        cancel(service, running, mine)
 
 
 def test_a_job_past_the_first_1000_says_so(browser: Browser, tmp_path: Path) -> None:

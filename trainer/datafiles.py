@@ -139,13 +139,25 @@ _NPY_MAGIC = b"\x93NUMPY"
 
 ArrayNames = tuple[str, str]
 
+# An .npz file's eval arrays, the first pair it has a member of: the contract's own names,
+# then a validation split's, then a test split's (Keras's `mnist.npz`).
+NPZ_EVAL_PAIRS: tuple[ArrayNames, ...] = (
+    ("x_eval", "y_eval"),
+    ("x_val", "y_val"),
+    ("x_test", "y_test"),
+)
+
 
 def npz_array_names(path: Path) -> tuple[ArrayNames, ArrayNames | None]:
     """The names of an .npz file's train arrays (`x`, `y`) and eval arrays (`x_eval`,
     `y_eval`, or None), read from its zip directory alone, as the worker reads them.
 
     Keras's own `mnist.npz` (and files saved like it) names them `x_train`, `y_train`,
-    `x_test`, `y_test`: taken where `x` and `y` are absent.
+    `x_test`, `y_test`: taken where `x` and `y` are absent. A validation pair (`x_val`,
+    `y_val`), as many saved splits have, is eval data too, before a test pair: a file with
+    both keeps its test set for the end, as its maker meant, and a file with only `x_val`
+    no longer trained with its validation set unread and a held-out part of its train set
+    in its place.
 
     Raises:
         DataFilesError: not a zip archive (np.load would take a lone .npy array, or
@@ -178,10 +190,7 @@ def npz_array_names(path: Path) -> tuple[ArrayNames, ArrayNames | None]:
             "Expected arrays `x` and `y` (or `x_train` and `y_train`) in the .npz file. "
             f"Received: {sorted(members)} ({path})"
         )
-    evals: ArrayNames | None = next(
-        (pair for pair in (("x_eval", "y_eval"), ("x_test", "y_test")) if members & set(pair)),
-        None,
-    )
+    evals: ArrayNames | None = next((pair for pair in NPZ_EVAL_PAIRS if members & set(pair)), None)
     if evals is not None and not set(evals) <= members:
         raise DataFilesError(
             f"Expected both `{evals[0]}` and `{evals[1]}`, or neither. "

@@ -123,6 +123,11 @@ def test_admit_refuses_npz_arrays_the_worker_would_refuse_from_their_headers(
             ),  # fmt: skip
             "Expected eval images of the train image shape (4, 4, 1). Received: (5, 5, 1)",
         ),
+        "validation counts": (
+            _npz(tmp_path / "val.npz", x=images, y=labels, x_val=images[:2], y_val=labels[:3]),
+            "Expected `x_val` and `y_val` to have the same number of examples. "
+            "Received: x_val has 2, y_val has 3",
+        ),
         "files of two shapes": (
             (
                 _npz(tmp_path / "two" / "a.npz", x=images, y=labels),

@@ -503,6 +503,46 @@ def test_load_arrays_reads_npz_saved_as_keras_mnist(tmp_path: Path) -> None:
     np.testing.assert_array_equal(arrays.y_eval, [2, 1])
 
 
+def test_load_arrays_reads_npz_validation_pair_as_eval_before_a_test_pair(
+    tmp_path: Path, caplog
+) -> None:
+    # A saved split's `x_val`, `y_val` were not read: the job held out part of its train
+    # set instead, and with a test pair beside them, evaluated on the test set.
+    x, x_val, x_test = images(6, (5, 5)), images(2, (5, 5), seed=1), images(3, (5, 5), seed=2)
+    path = tmp_path / "split.npz"
+    np.savez(
+        path,
+        x_train=x,
+        y_train=[0, 1, 2, 0, 1, 2],
+        x_val=x_val,
+        y_val=[2, 1],
+        x_test=x_test,
+        y_test=[0, 0, 1],
+    )
+
+    with caplog.at_level(logging.INFO, logger="trainer.data"):
+        arrays = load_arrays(spec("npz", path, eval_fraction=0.5), seed=0)
+
+    np.testing.assert_array_equal(arrays.x_train[..., 0], x)
+    np.testing.assert_array_equal(arrays.x_eval[..., 0], x_val)
+    np.testing.assert_array_equal(arrays.y_eval, [2, 1])
+    assert (
+        f"{path}: arrays x_test, y_test not read (train: x_train, y_train; eval: x_val, y_val)"
+        in (caplog.messages)
+    )
+
+
+def test_load_arrays_npz_x_val_without_y_val(tmp_path: Path) -> None:
+    message = _npz_error(
+        tmp_path, x=images(2), y=[0, 1], x_val=images(1), x_test=images(1), y_test=[0]
+    )
+
+    assert message == (
+        "Expected both `x_val` and `y_val`, or neither. "
+        f"Received: ['x', 'x_test', 'x_val', 'y', 'y_test'] ({tmp_path / 'bad.npz'})"
+    )
+
+
 def test_load_arrays_npz_x_test_without_y_test(tmp_path: Path) -> None:
     message = _npz_error(tmp_path, x_train=images(2), y_train=[0, 1], x_test=images(1))
 

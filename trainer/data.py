@@ -18,7 +18,7 @@ import math
 import re
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, cast
 
@@ -740,7 +740,9 @@ def _read_npz(path: Path) -> tuple[_Chunk, _Chunk | None]:
     if eval_names is None:
         return chunk, None
     eval_chunk = _checked(arrays[eval_names[0]], arrays[eval_names[1]], str(path), names=eval_names)
-    return chunk, eval_chunk
+    # Named by its arrays too where the log says what eval came from: the file's name
+    # alone read as the train file given twice.
+    return chunk, replace(eval_chunk, source=f"{', '.join(eval_names)} of {path}")
 
 
 def _npy(archive: zipfile.ZipFile, name: str) -> np.ndarray:

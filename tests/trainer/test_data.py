@@ -526,10 +526,12 @@ def test_load_arrays_reads_npz_validation_pair_as_eval_before_a_test_pair(
     np.testing.assert_array_equal(arrays.x_train[..., 0], x)
     np.testing.assert_array_equal(arrays.x_eval[..., 0], x_val)
     np.testing.assert_array_equal(arrays.y_eval, [2, 1])
-    assert (
-        f"{path}: arrays x_test, y_test not read (train: x_train, y_train; eval: x_val, y_val)"
-        in (caplog.messages)
-    )
+    assert caplog.messages[:2] == [
+        f"{path}: arrays x_test, y_test not read (train: x_train, y_train; eval: x_val, y_val)",
+        # The file named with the arrays eval came from, not as the train file given twice.
+        f"data: 6 train and 2 eval examples (from x_val, y_val of {path}) of 5x5x1 uint8 "
+        f"pixels, 3 classes, from 1 file(s) in {path}",
+    ]
 
 
 def test_load_arrays_npz_x_val_without_y_val(tmp_path: Path) -> None:

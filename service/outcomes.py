@@ -153,7 +153,13 @@ def crashed(
         )
     if exit.signal is None:
         return None
-    return f"its worker was killed by {signal_name(exit.signal)} ({exit.signal})"
+    # The short form of `_oom_hint`, for the requeue's log lines: a job requeued again and
+    # again after each start's SIGKILL said only the signal until its retries ran out.
+    oom = ", most often the kernel's out-of-memory killer (`dmesg` says so)"
+    return (
+        f"its worker was killed by {signal_name(exit.signal)} ({exit.signal})"
+        f"{oom if exit.signal == signal.SIGKILL else ''}"
+    )
 
 
 def final_state(

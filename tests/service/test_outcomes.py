@@ -184,9 +184,12 @@ def test_interrupted_only_for_an_unasked_sigterm_stop(
 
 
 def test_crashed_only_for_a_signal_that_was_not_a_cancel() -> None:
-    assert (
-        crashed(WorkerExit(signal=9), cancel_requested=False)
-        == "its worker was killed by SIGKILL (9)"
+    assert crashed(WorkerExit(signal=9), cancel_requested=False) == (
+        "its worker was killed by SIGKILL (9), most often the kernel's out-of-memory killer "
+        "(`dmesg` says so)"
+    )
+    assert crashed(WorkerExit(signal=11), cancel_requested=False) == (
+        "its worker was killed by SIGSEGV (11)"
     )
     assert crashed(WorkerExit(signal=9), cancel_requested=True) is None
     assert crashed(WorkerExit(code=1), cancel_requested=False) is None

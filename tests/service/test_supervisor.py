@@ -616,7 +616,8 @@ def test_the_jobs_log_says_why_an_attempt_ended_and_the_job_ran_again(
     ended = lines[starts[1]]
     assert re.fullmatch(
         rf"--- towerboard: attempt 1 of job {job_id} ended at \S+ \S+: its worker was killed "
-        r"by SIGKILL \(9\); queued again as attempt 2 to resume from its latest checkpoint ---",
+        r"by SIGKILL \(9\), most often the kernel's out-of-memory killer \(`dmesg` says so\); "
+        r"queued again as attempt 2 to resume from its latest checkpoint ---",
         ended,
     ), ended
     assert lines[starts[2]].startswith(second)

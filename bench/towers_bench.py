@@ -414,7 +414,7 @@ def monitoring_costs(args: argparse.Namespace, devices: Devices) -> None:
     # Each kind's cost (on the loop, in all); the first images encode their first PNGs.
     costs: dict[str, tuple[float, float]] = {
         "scalars (+ grad norm)": (scalars, scalars),
-        "histograms": handed_over(lambda: controller._write_histograms(500, out["grads"]), 3),
+        "histograms": handed_over(lambda: controller._write_histograms(500, out["grads"], x), 3),
         "images, first call": handed_over(lambda: controller._write_images(500, x)),
         "images": handed_over(lambda: controller._write_images(500, x), 3),
         "graph (once)": (graph, graph),

@@ -19,11 +19,12 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import tensorflow as tf
 
+from trainer.activations import ActivationProbe, activation_probe
 from trainer.checkpoints import Checkpointer
 from trainer.cluster import Cluster
 from trainer.profiling import STEP_MARKER, TraceCapture, TraceTimes
@@ -291,6 +292,7 @@ class Controller:
         )
         self._last_eval: dict[str, float] | None = None
         self._checkpoint_path: str | None = None
+        self._probe: ActivationProbe | Literal[False] | None = False  # False: not made yet
         # The step being run, or the last one run: where a crash happened.
         self.at_step = 0
 
@@ -536,7 +538,7 @@ class Controller:
             timed = loop.scalar_clock.take()
             self._write_scalars(step, loop.out, *(timed or (None, None)))
         if _due(s.histograms_every, step, last):
-            self._write_histograms(step, loop.out["grads"])
+            self._write_histograms(step, loop.out["grads"], images)
         if _due(s.images_every, step, last):
             self._write_images(step, images)
 
@@ -640,13 +642,30 @@ class Controller:
                 values[f"tower_{i}/loss"] = tower_loss
         self.summaries.scalars("train", values, step)
 
-    def _write_histograms(self, step: int, grads: list[tf.Tensor]) -> None:
+    def _write_histograms(self, step: int, grads: list[tf.Tensor], images: tf.Tensor) -> None:
+        """The weights, the averaged gradients and, if asked, the activations of tower 0's
+        first examples of `images` (the step's batch) as the step left the weights."""
         tensors: dict[str, tf.Tensor] = {}
         for var, grad in zip(self.trainer.model.trainable_variables, grads, strict=True):
             tag = variable_tag(var.path)
             tensors[f"weights/{tag}"] = var.numpy()
             tensors[f"gradients/{tag}"] = grad
+        if (probe := self._activation_probe()) is not None:
+            shard = host_tower_sizes(len(images), self.trainer.num_towers)[0]
+            tensors.update(probe(images[:shard]))
         self.summaries.histograms("train", tensors, step)
+
+    def _activation_probe(self) -> ActivationProbe | None:
+        """Made at the first histograms that want it (a trace of about 0.2 s), once; None:
+        not asked for, nothing written here (a cluster's other workers), or a model whose
+        activations cannot be read (logged once)."""
+        if self._probe is False:
+            self._probe = None
+            if self.spec.summaries.activations and self.summaries.logdir is not None:
+                self._probe = activation_probe(
+                    self.trainer.model, self.trainer.tower_devices[0], self.trainer.image_shape
+                )
+        return self._probe
 
     def _write_images(self, step: int, images: tf.Tensor) -> None:
         # The split the step made (`tower_sizes`), so each grid shows what its tower trained

@@ -47,6 +47,10 @@ _TABLE: list[tuple[str, str, str]] = [
     ("train", r"gradients/(?P<name>.+)",
      "Gradient of `{name}` at this step, averaged over the towers, weight decay included, "
      "before clipping."),
+    ("train", r"activations/(?P<name>.+)",
+     "Outputs of layer `{name}` for tower 0's first examples of this step's batch (at "
+     "most 32), in inference (dropout off, batch norm's moving statistics), with the "
+     "weights as this step left them: all at 0 is a dead ReLU."),
     ("eval", r"loss", f"Mean loss over the held-out eval batches, {_EMA}."),
     ("eval", r"accuracy",
      f"Fraction of the held-out eval examples classified right (0 to 1), {_EMA}."),

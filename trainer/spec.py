@@ -511,6 +511,9 @@ class SummariesSpec(_Strict):
     max_images: JsonInt = Field(8, ge=1, le=64)
     trace_steps: list[PositiveInt] = Field(default_factory=lambda: [20, 21, 22], max_length=100)
     graph: JsonBool = True
+    # With the histograms (at their cadence): what each non-linearity puts out
+    # (`trainer.activations`). An extension of the contract, on by default.
+    activations: JsonBool = True
 
     @field_validator("trace_steps")
     @classmethod

@@ -213,10 +213,52 @@ def test_run_job_writes_every_summary_kind(tiny_run):
         for kind in ("weights", "gradients")
         for layer in ("dense", "logits")
         for var in ("kernel", "bias")
-    }
+    } | {"activations/dense", "activations/logits"}
     assert train["images"] == {"tower_0/inputs", "tower_1/inputs"}
     assert "graph" in train
     assert tags_by_plugin(job_dir / "tb" / "eval")["scalars"] == {"loss", "accuracy"}
+
+
+def test_run_job_charts_tower_0s_activations(tiny_run):
+    # The outputs of the hidden ReLU layer and the logits, for tower 0's 16 examples of the
+    # global 32 (at most `activations.EXAMPLES`), at each histograms step.
+    job_dir, _, _ = tiny_run
+    acc = event_accumulator.EventAccumulator(
+        str(job_dir / "tb" / "train"), size_guidance={"tensors": 0}
+    )
+    acc.Reload()
+    for tag, values in (("activations/dense", 16 * 32), ("activations/logits", 16 * 4)):
+        events = acc.Tensors(tag)
+        assert [e.step for e in events] == [20, 40], tag
+        for event in events:
+            buckets = tf.make_ndarray(event.tensor_proto)
+            assert buckets[:, 2].sum() == values, (tag, event.step)
+            if tag == "activations/dense":
+                assert buckets[0, 0] >= 0.0, buckets[0]  # a ReLU's: none below 0
+            else:
+                assert buckets[0, 0] < 0.0 < buckets[-1, 1], buckets  # logits of both signs
+    description = acc.SummaryMetadata("activations/dense").summary_description
+    assert description.startswith("Outputs of layer `dense` for tower 0's first examples"), (
+        description
+    )
+
+
+def test_run_job_without_activations_charts_weights_and_gradients_alone(tmp_path):
+    spec = with_(
+        TINY,
+        steps=10,
+        eval={"every_steps": 0},
+        summaries={
+            "histograms_every": 5,
+            "images_every": 0,
+            "trace_steps": [],
+            "activations": False,
+        },
+    )
+    code, _, log = run_worker(tmp_path, spec)
+    assert code == 0, log
+    histograms = tags_by_plugin(tmp_path / "tb" / "train")["histograms"]
+    assert {tag.partition("/")[0] for tag in histograms} == {"weights", "gradients"}
 
 
 def test_run_job_step_time_is_the_steps_alone(tiny_run):

@@ -110,7 +110,7 @@ def test_every_tag_is_there_with_its_description(board):
         for kind in ("weights", "gradients")
         for layer in layers
         for var in ("kernel", "bias")
-    }
+    } | {f"activations/{layer}" for layer in layers}  # the `cnn`'s three ReLUs, its logits
     assert set(images["train"]) == {"tower_0/inputs", "tower_1/inputs"}
     assert images["train"]["tower_0/inputs"]["samples"] == 3
     for plugin in (scalars, histograms, images):

@@ -1,0 +1,136 @@
+"""The activation histograms' probe (`trainer.activations`), on real models and towers."""
+
+from __future__ import annotations
+
+import logging
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.trainer.test_towers import CLASSES, SHAPE, batch, make_trainer
+from trainer.activations import EXAMPLES, activation_probe
+from trainer.models import build_model
+from trainer.multiworker import ClusterTrainer
+from trainer.optim import make_optimizer
+from trainer.spec import ModelSpec, OptimizerSpec
+
+
+@pytest.mark.parametrize(
+    "model, params",
+    [
+        ("cnn", {"filters": [4, 8], "dense": 16, "dropout": 0.5}),  # dropout's seed state
+        ("resnet", {"width": 4, "blocks_per_stage": [1, 1]}),  # batch norm's statistics
+    ],
+)
+def test_activation_probe_leaves_training_as_it_was(model: str, params: dict) -> None:
+    # Run between two steps of one trainer and not the other: every variable (weights,
+    # moving statistics, dropout's seeds, the optimizer's) ends bit for bit the same. In
+    # training mode the probe would update batch norm's statistics and draw dropout seeds.
+    probed, plain = (make_trainer(2, model=model, params=params) for _ in range(2))
+    x, y = batch(24)
+    for trainer in (probed, plain):
+        trainer.train_step(x, y)
+    probe = activation_probe(probed.model, probed.tower_devices[0], probed.image_shape)
+    assert probe is not None
+    outputs = probe(tf.constant(x))
+    assert outputs and all(v.shape[0] == 24 for v in outputs.values())  # fewer than EXAMPLES
+    for trainer in (probed, plain):
+        trainer.train_step(*batch(24, seed=1))
+    for a, b in zip(probed.model.variables, plain.model.variables, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+    for a, b in zip(probed.optimizer.variables, plain.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+
+
+def test_activation_probe_charts_non_linearities_and_logits_of_the_first_examples() -> None:
+    trainer = make_trainer(1, model="cnn", params={"filters": [4, 8], "dense": 16})
+    model = trainer.model
+    probe = activation_probe(model, "/CPU:1", trainer.image_shape)
+    assert probe is not None
+    images = np.random.default_rng(0).random((EXAMPLES + 8, *SHAPE), dtype=np.float32)
+
+    outputs = probe(tf.constant(images))
+
+    # The two ReLU convs, the ReLU dense and the logits; not the pools, flatten or dropout.
+    assert list(outputs) == [
+        f"activations/{layer.name}"
+        for layer in model.layers
+        if layer.name.startswith(("conv2d", "dense", "logits"))
+    ]
+    assert all(v.shape[0] == EXAMPLES for v in outputs.values())
+    # On the device it was given (tower 0's), as the model's compute in the step.
+    graph = probe._function.get_concrete_function().graph
+    assert {op.device for op in graph.get_operations() if op.type in ("Conv2D", "MatMul")} == {
+        "/device:CPU:1"
+    }
+    # The logits are the model's own for those examples, in inference.
+    np.testing.assert_allclose(
+        outputs["activations/logits"], model(images[:EXAMPLES], training=False), rtol=1e-6
+    )
+    assert outputs["activations/logits"].shape == (EXAMPLES, CLASSES)
+
+
+def test_activation_probe_of_a_sequential_model_with_activation_layers() -> None:
+    model = keras.Sequential(
+        [
+            keras.Input(SHAPE),
+            keras.layers.Flatten(),
+            keras.layers.Dense(6),
+            keras.layers.LeakyReLU(),
+            keras.layers.Dense(CLASSES, name="out"),
+        ]
+    )
+    probe = activation_probe(model, "/CPU:0", SHAPE)
+    assert probe is not None
+
+    outputs = probe(tf.zeros([3, *SHAPE]))
+
+    leaky = next(layer.name for layer in model.layers if layer.name.startswith("leaky"))
+    assert {tag: tuple(v.shape) for tag, v in outputs.items()} == {
+        f"activations/{leaky}": (3, 6),
+        "activations/out": (3, CLASSES),
+    }
+
+
+def test_activation_probe_of_a_subclassed_model_is_none_and_says_why(caplog) -> None:
+    class Subclassed(keras.Model):
+        def __init__(self) -> None:
+            super().__init__(name="mine")
+            self.dense = keras.layers.Dense(CLASSES, activation="relu")
+
+        def call(self, x):
+            return self.dense(keras.ops.reshape(x, (-1, 64)))
+
+    with caplog.at_level(logging.INFO, logger="trainer.activations"):
+        assert activation_probe(Subclassed(), "/CPU:0", SHAPE) is None
+
+    assert caplog.messages == [
+        "activations: no histograms of mine's activations: it is a subclassed model, whose "
+        "layers' outputs cannot be read (a functional or Sequential one's can)"
+    ]
+
+
+def test_activation_probe_of_a_strategys_model_reads_its_mirrored_weights() -> None:
+    # A cluster's chief charts them: its model's variables are mirrored, and the probe runs
+    # outside the strategy's towers, on its first local device.
+    strategy = tf.distribute.MirroredStrategy(["/CPU:0", "/CPU:1"])
+    keras.utils.set_random_seed(7)
+    with strategy.scope():
+        model = build_model(ModelSpec(name="mlp", params={"hidden": [8]}), SHAPE, CLASSES).model
+        trainer = ClusterTrainer(
+            strategy=strategy,
+            model=model,
+            optimizer=make_optimizer(OptimizerSpec(name="sgd", learning_rate=0.1)),
+            parameter_device="/CPU:0",
+        )
+    x, y = batch(10)
+    trainer.train_step(x, y)
+    probe = activation_probe(model, trainer.tower_devices[0], trainer.image_shape)
+    assert probe is not None
+
+    outputs = probe(tf.constant(x))
+
+    np.testing.assert_allclose(outputs["activations/logits"], model(x, training=False), rtol=1e-6)
+    assert float(tf.reduce_min(outputs[probe.tags[0]])) >= 0.0  # the hidden ReLU's

@@ -235,6 +235,67 @@ def test_ema_is_the_readme_average_and_a_checkpoint_resumes_it_exactly(tmp_path)
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
+def test_a_checkpoint_names_the_ema_shadows_alone_under_ema(tmp_path):
+    # Read by name (`tf.train.load_checkpoint`, `list_variables`), the trained weights were
+    # keyed `ema/_variables/<i>` beside the averages' `ema/shadows/<i>`: the wrong weights
+    # for anyone after the EMA's.
+    from trainer.checkpoints import Checkpointer
+    from trainer.spec import CheckpointSpec
+
+    trainer = make_trainer(2, lr=0.5, ema_decay=0.9)
+    for step in range(1, 4):
+        trainer.train_step(*batch(16, seed=step))
+    data = iter(tf.data.Dataset.range(1))
+    Checkpointer(tmp_path, trainer, data, CheckpointSpec(every_steps=1, keep=1)).save(3)
+    reader = tf.train.load_checkpoint(str(tmp_path / "ckpt-3"))
+    keys = set(reader.get_variable_to_shape_map())
+    assert trainer.ema is not None
+    weights = trainer.model.trainable_variables
+    assert {k for k in keys if k.startswith("ema/")} == {
+        f"ema/shadows/{i}/.ATTRIBUTES/VARIABLE_VALUE" for i in range(len(weights))
+    }
+    # README's keys: the averages, and the trained weights by the optimizer's path.
+    for i, (shadow, weight) in enumerate(zip(trainer.ema.shadows, weights, strict=True)):
+        np.testing.assert_array_equal(
+            reader.get_tensor(f"ema/shadows/{i}/.ATTRIBUTES/VARIABLE_VALUE"), shadow.numpy()
+        )
+        np.testing.assert_array_equal(
+            reader.get_tensor(f"optimizer/_trainable_variables/{i}/.ATTRIBUTES/VARIABLE_VALUE"),
+            weight.numpy(),
+        )
+
+
+def test_a_checkpoint_whose_ema_held_the_weights_too_still_resumes_exactly(tmp_path):
+    # Checkpoints written before the EMA stopped tracking the model's variables hold them
+    # under `ema/_variables/<i>`: they restore by object, not by name.
+    from trainer.checkpoints import Checkpointer
+    from trainer.spec import CheckpointSpec
+
+    old = make_trainer(2, lr=0.5, ema_decay=0.9)
+    for step in range(1, 4):
+        old.train_step(*batch(16, seed=step))
+    assert old.ema is not None
+    earlier = tf.Module(name="ema")  # the layout then: the weights, then the shadows
+    earlier._variables = list(old.model.trainable_variables)
+    earlier.shadows = old.ema.shadows
+    ema, old.ema = old.ema, earlier
+    data = iter(tf.data.Dataset.range(1))
+    Checkpointer(tmp_path, old, data, CheckpointSpec(every_steps=1, keep=1)).save(3)
+    old.ema = ema
+    keys = tf.train.load_checkpoint(str(tmp_path / "ckpt-3")).get_variable_to_shape_map()
+    assert any(k.startswith("ema/_variables/") for k in keys), sorted(keys)
+
+    resumed = make_trainer(2, lr=0.5, ema_decay=0.9)
+    data = iter(tf.data.Dataset.range(1))
+    checkpointer = Checkpointer(tmp_path, resumed, data, CheckpointSpec(every_steps=1, keep=1))
+    assert checkpointer.restore_latest() == 3
+    assert resumed.ema is not None
+    for a, b in zip(resumed.model.trainable_variables, old.model.trainable_variables, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    for a, b in zip(resumed.ema.shadows, old.ema.shadows, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
 def test_learning_rate_warmup_then_schedule():
     from trainer.optim import make_schedule
 

@@ -21,12 +21,21 @@ class WeightEMA(tf.Module):
         if not 0.0 < decay < 1.0:
             raise ValueError(f"Expected `decay` in (0, 1). Received: decay={decay}")
         self.decay = decay
-        self._variables = list(variables)
+        self._keep_untracked(variables)
         with tf.device(device):
             self.shadows = [
                 tf.Variable(tf.convert_to_tensor(v), trainable=False, name=f"ema_{i}")
                 for i, v in enumerate(self._variables)
             ]
+
+    @tf.__internal__.tracking.no_automatic_dependency_tracking
+    def _keep_untracked(self, variables: Sequence[tf.Variable]) -> None:
+        # The model's own variables, not the module's: tracked, a checkpoint holding the
+        # module named the trained weights `ema/_variables/<i>` (TensorFlow keys a variable
+        # by its shortest path), which anyone reading it by name takes for the averages.
+        # Untracked, they are keyed by the optimizer's or the model's path, as without an
+        # EMA; a checkpoint written before restores the same, as it matches by object.
+        self._variables = list(variables)
 
     def update(self, step: tf.Tensor) -> None:
         step = tf.cast(step, tf.float32)

@@ -37,6 +37,23 @@ def test_export_serving_default_answers_logits_probabilities_and_classes(tmp_pat
     np.testing.assert_array_equal(answer["classes"].numpy(), expected.argmax(-1))
 
 
+def test_keras_takes_the_export_as_a_layer_as_the_readme_says(tmp_path: Path) -> None:
+    # Keras 3's load_model reads no SavedModel; README points to TFSMLayer instead.
+    trainer = make_trainer(2, lr=0.5, model="resnet")  # batch norm: inference mode shows
+    x, y = batch(32)
+    for _ in range(3):
+        trainer.train_step(x, y)
+    expected = trainer.model(x, training=False).numpy()
+    export_model(trainer, SHAPE, tmp_path / "export")
+
+    logits = keras.layers.TFSMLayer(str(tmp_path / "export"), call_endpoint="serve")
+    inputs = keras.Input(SHAPE)
+    wrapped = keras.Model(inputs, logits(inputs))
+    np.testing.assert_allclose(wrapped(x).numpy(), expected, atol=1e-5)
+    answer = keras.layers.TFSMLayer(str(tmp_path / "export"), call_endpoint="serving_default")(x)
+    np.testing.assert_array_equal(answer["classes"].numpy(), expected.argmax(-1))
+
+
 def test_export_holds_the_ema_weights(tmp_path: Path) -> None:
     trainer = make_trainer(2, lr=0.5, ema_decay=0.9)
     x, y = batch(32)

@@ -656,15 +656,13 @@ class Controller:
         self.summaries.histograms("train", tensors, step)
 
     def _activation_probe(self) -> ActivationProbe | None:
-        """Made at the first histograms that want it (a trace of about 0.2 s), once; None:
+        """Made at the first histograms that want it, once; None:
         not asked for, nothing written here (a cluster's other workers), or a model whose
         activations cannot be read (logged once)."""
         if self._probe is False:
             self._probe = None
             if self.spec.summaries.activations and self.summaries.logdir is not None:
-                self._probe = activation_probe(
-                    self.trainer.model, self.trainer.tower_devices[0], self.trainer.image_shape
-                )
+                self._probe = activation_probe(self.trainer.model, self.trainer.tower_devices[0])
         return self._probe
 
     def _write_images(self, step: int, images: tf.Tensor) -> None:

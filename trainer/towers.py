@@ -251,10 +251,10 @@ class TowerTrainer:
         self.ema = WeightEMA(self._variables, ema_decay, parameter_device) if ema_decay else None
 
         # A subclassed model has no `input_shape`; the caller then says what it takes.
-        self.image_shape: tuple[int, ...] = (
+        image_shape = (
             tuple(input_shape) if input_shape is not None else tuple(model.input_shape[1:])
         )
-        image_spec = tf.TensorSpec([None, *self.image_shape], tf.float32)
+        image_spec = tf.TensorSpec([None, *image_shape], tf.float32)
         # With one tower, layers update their state in place, as in a plain step; with more
         # (in a cluster, counting other workers' towers), the step takes each tower's update
         # and averages them.

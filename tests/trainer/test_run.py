@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.backend.event_processing import event_accumulator, plugin_event_accumulator
 
 from tests.service.harness import wait_catching_sigterm
 from tests.trainer.beside import start_beside
@@ -422,17 +422,111 @@ def test_resume_after_sigterm_equals_uninterrupted(tmp_path):
     code, resumed, log = run_worker(interrupted)
     assert code == 0, log
     assert resumed["step"] == steps
-    a = tf.train.load_checkpoint(str(tmp_path / "whole" / "checkpoints" / f"ckpt-{steps}"))
-    b = tf.train.load_checkpoint(str(interrupted / "checkpoints" / f"ckpt-{steps}"))
-    names = [
-        n
-        for n in a.get_variable_to_shape_map()
-        if n.startswith(("model/", "seed_states/", "optimizer/"))
-    ]
+    names = assert_same_checkpoints(
+        tmp_path / "whole", interrupted, steps, ("model/", "seed_states/", "optimizer/")
+    )
     assert any(n.startswith("seed_states/") for n in names)
-    for name in names:
-        np.testing.assert_array_equal(a.get_tensor(name), b.get_tensor(name), err_msg=name)
     assert resumed["metrics"]["loss"] == whole["metrics"]["loss"]
+
+
+def assert_same_checkpoints(a: Path, b: Path, step: int, prefixes: tuple[str, ...]) -> list[str]:
+    """Assert that job dirs `a` and `b` hold the same values, bit for bit, in every
+    variable of their checkpoints of `step` under `prefixes`; return the names compared."""
+    first = tf.train.load_checkpoint(str(a / "checkpoints" / f"ckpt-{step}"))
+    second = tf.train.load_checkpoint(str(b / "checkpoints" / f"ckpt-{step}"))
+    names = sorted(n for n in first.get_variable_to_shape_map() if n.startswith(prefixes))
+    assert names == sorted(n for n in second.get_variable_to_shape_map() if n.startswith(prefixes))
+    for name in names:
+        np.testing.assert_array_equal(first.get_tensor(name), second.get_tensor(name), name)
+    return names
+
+
+def scalar_series(job_dir: Path, run: str) -> dict[str, list[tuple[int, float]]]:
+    """Each scalar's (step, value) points in `tb/<run>` as the service's TensorBoard loads
+    them (a later process's steps replace an earlier one's); timings left out."""
+    loaded = plugin_event_accumulator.EventAccumulator(
+        str(job_dir / "tb" / run), size_guidance={plugin_event_accumulator.TENSORS: 0}
+    )
+    loaded.Reload()
+    return {
+        tag: [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in loaded.Tensors(tag)]
+        for tag in loaded.Tags()["tensors"]
+        if loaded.SummaryMetadata(tag).plugin_data.plugin_name == "scalars"
+        and not tag.endswith(("step_time_ms", "examples_per_sec"))
+    }
+
+
+# Every option with state of its own that a resume must carry on, at once: momentum's
+# slots, the EMA's shadows (which the evals between read), batch norm's moving statistics
+# averaged over 3 towers of a batch (31) that does not divide by them, the augmentations
+# (drawn by the batch's place), a warm-up into a staircase decay, clipping, weight decay.
+# 120 training examples: epochs of 4 steps, the last of 27 examples.
+EVERY_OPTION = with_(
+    TINY,
+    towers=3,
+    batch_size=31,
+    steps=26,
+    seed=3,
+    deterministic=True,
+    model={"name": "resnet", "params": {"width": 4, "blocks_per_stage": [1, 1]}},
+    data={
+        "format": "synthetic",
+        "params": {"shape": [8, 8, 3], "classes": 5, "size": 150},
+        "augment": {
+            "flip_left_right": True,
+            "random_crop_padding": 2,
+            "brightness": 0.2,
+            "contrast": 0.3,
+        },
+    },
+    optimizer={
+        "name": "momentum",
+        "learning_rate": 0.02,
+        "warmup_steps": 3,
+        "schedule": {
+            "name": "exponential_decay",
+            "decay_steps": 7,
+            "decay_rate": 0.9,
+            "staircase": True,
+        },
+    },
+    ema_decay=0.9,
+    clip_norm=1.0,
+    weight_decay=1e-3,
+    eval={"every_steps": 5, "batches": 1},
+    summaries={"scalars_every": 1, "histograms_every": 0, "images_every": 0, "trace_steps": []},
+    checkpoint={"every_steps": 10, "every_seconds": 0, "keep": 2},
+)
+
+
+def test_trained_longer_equals_trained_at_once_with_every_option(tmp_path):
+    # As `towerboard resume ID --steps N` trains a job on: its spec.json's total raised and
+    # the worker started again, from the checkpoint the first run ended with, at step 13,
+    # one step into an epoch. That run's end (a final eval, its last scalars, an export)
+    # must leave nothing that the run trained at once does not have.
+    steps, stop = EVERY_OPTION["steps"], 13
+    with ThreadPoolExecutor(1) as pool:
+        whole_run = pool.submit(run_worker, tmp_path / "whole", EVERY_OPTION)
+        code, _, log = run_worker(tmp_path / "longer", with_(EVERY_OPTION, steps=stop))
+        assert code == 0, log
+        code, whole, whole_log = whole_run.result()
+    assert code == 0, whole_log
+    code, longer, log = run_worker(tmp_path / "longer", EVERY_OPTION)
+    assert code == 0 and f"resumed from step {stop}" in log, log
+    names = assert_same_checkpoints(
+        tmp_path / "whole", tmp_path / "longer", steps, ("model/", "optimizer/", "ema/", "step/")
+    )
+    assert any(n.startswith("ema/") for n in names) and any("moving_mean" in n for n in names)
+    assert longer["eval"] == whole["eval"]
+    # Each step charted once, with the same loss, rate and norm; the evals (of the EMA's
+    # weights) the same, and the first run's own at its end, step 13, besides.
+    train = scalar_series(tmp_path / "whole", "train")
+    assert [step for step, _ in train["loss"]] == list(range(1, steps + 1))
+    assert scalar_series(tmp_path / "longer", "train") == train
+    evals, longer_evals = (scalar_series(tmp_path / d, "eval") for d in ("whole", "longer"))
+    assert {
+        tag: [p for p in points if p[0] != stop] for tag, points in longer_evals.items()
+    } == evals
 
 
 def test_checkpoints_by_time_alone(tmp_path):

@@ -226,7 +226,7 @@ class RunSummary:
     outcome: Outcome
     step: int
     metrics: Mapping[str, float | None] = field(default_factory=dict)
-    eval: dict[str, float] | None = None  # loss, accuracy, and the examples they are over
+    eval: dict[str, float] | None = None  # loss, accuracy, the examples and step they are of
     checkpoint: str | None = None
 
 
@@ -765,8 +765,9 @@ class Controller:
         metrics = {"loss": loss_sum / count, "accuracy": correct / count}
         self.summaries.scalars("eval", metrics, step)
         # How many examples the figures are over: `eval.batches` may read only the first of
-        # them, which a figure alone does not say.
-        self._last_eval = {**metrics, "examples": int(count)}
+        # them, which a figure alone does not say. And of which step: a stop during the
+        # final eval skips it, and the job's result then carries an earlier one's.
+        self._last_eval = {**metrics, "examples": int(count), "step": step}
         self.progress.write(
             "eval",
             step=step,

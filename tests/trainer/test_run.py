@@ -106,6 +106,7 @@ def test_run_job_succeeds_and_writes_run_dir(tiny_run):
     assert 0.0 <= result["eval"]["accuracy"] <= 1.0
     # eval.batches 2 of 32 read 64 of the 102 held-out examples: said, not left to guess.
     assert result["eval"]["examples"] == 64
+    assert result["eval"]["step"] == 40  # the final eval's (a stop in it leaves an earlier)
     log = (job_dir / "worker.log").read_text()
     assert "eval: each eval reads the first 64 of the 102 eval examples (eval.batches 2 of " in log
     assert "batch_size 32); give eval.batches 4 to read them all" in log

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from tests.trainer.test_towers import CLASSES, SHAPE, batch, make_trainer
-from trainer.activations import EXAMPLES, activation_probe
+from trainer.activations import EXAMPLES, MAX_VALUES, _sampled, activation_probe
 from trainer.models import build_model
 from trainer.multiworker import ClusterTrainer
 from trainer.optim import make_optimizer
@@ -131,3 +131,18 @@ def test_activation_probe_of_a_strategys_model_reads_its_mirrored_weights() -> N
 
     np.testing.assert_allclose(outputs["activations/logits"], model(x, training=False), rtol=1e-6)
     assert float(tf.reduce_min(outputs[probe.tags[0]])) >= 0.0  # the hidden ReLU's
+
+
+def test_a_layers_outputs_past_max_values_are_sampled_across_every_channel() -> None:
+    # 5 examples of 64 x 64 x 64, each value its channel's index: 1.3M values, sampled to
+    # every 3rd (prime to an example's 262,144). A stride a channel count divides (2, 4,
+    # ..., 64) would draw some channels alone.
+    channels = tf.broadcast_to(tf.range(64, dtype=tf.float32), [5, 64, 64, 64])
+
+    sample = _sampled(channels).numpy()
+
+    assert sample.ndim == 1 and 0 < sample.size <= MAX_VALUES
+    counts = np.bincount(sample.astype(int), minlength=64)
+    assert counts.max() - counts.min() <= 1, counts
+    small = tf.zeros([EXAMPLES, 28, 28, 32])  # the `cnn`'s first conv: copied whole
+    assert _sampled(small) is small

@@ -447,18 +447,22 @@ class TowerTrainer:
     def _train_step(
         self, images: tf.Tensor, labels: tf.Tensor, with_scalars: tf.Tensor, requests: tf.Tensor
     ) -> dict[str, tf.Tensor]:
-        batch = tf.shape(images)[0]
-        batch_f = tf.cast(batch, tf.float32)
         # Split where the batch arrives, the host, so each shard goes straight to its tower;
         # unplaced, the split ran on GPU:0 (the whole batch copied there, then each shard on
-        # to its GPU), and its int32 arithmetic round-tripped through host memory.
-        with tf.device("/CPU:0"):
-            sizes = tower_sizes(batch, self.num_towers)
-            shards = _shards(images, labels, sizes, self.num_towers)
+        # to its GPU), and its int32 arithmetic round-tripped through host memory. Scoped
+        # (as is the state's bookkeeping below) so that the graphs tab draws the towers and
+        # the average in its main graph, not dozens of unscoped ops.
+        with tf.name_scope("shards"):
+            batch = tf.shape(images)[0]
+            batch_f = tf.cast(batch, tf.float32)
+            with tf.device("/CPU:0"):
+                sizes = tower_sizes(batch, self.num_towers)
+                shards = _shards(images, labels, sizes, self.num_towers)
         with tf.device(self.parameter_device):
             scale = self._current_scale()
 
-        state_before = [tf.identity(v) for v in self._tower_state]
+        with tf.name_scope("layer_state/"):
+            state_before = [tf.identity(v) for v in self._tower_state]
         tower_grads, loss_sums, correct_sums, state_updates = [], [], [], []
         for i, device in enumerate(self.tower_devices):
             with tf.device(device), tf.name_scope(f"tower_{i}"):
@@ -472,9 +476,10 @@ class TowerTrainer:
             if self._tower_state:
                 # This tower's update of the state, then put the old values back so the next
                 # tower updates from the same starting point.
-                state_updates.append([tf.identity(v) for v in self._tower_state])
-                for var, old in zip(self._tower_state, state_before, strict=True):
-                    var.assign(old)
+                with tf.name_scope("layer_state/"):
+                    state_updates.append([tf.identity(v) for v in self._tower_state])
+                    for var, old in zip(self._tower_state, state_before, strict=True):
+                        var.assign(old)
 
         with tf.device(self.parameter_device), tf.name_scope("average"):
             grads = [

@@ -740,3 +740,18 @@ def test_a_model_without_state_of_its_own_is_not_traced_for_it(monkeypatch):
         layer.last.path,
     ]
     assert len(traced) == 1  # the custom model's, once
+
+
+def test_the_graphs_tab_draws_the_step_as_its_scopes():
+    # TensorBoard's graphs tab draws a graph's top-level names as its main graph. The
+    # batch's split (its shape, sizes and empty-shard conds) and the batch-norm state's
+    # save and restore around each tower were unscoped: dozens of ops drawn there, while
+    # the towers, the tape and the average went to the side as "auxiliary nodes" (the
+    # `cnn`) or a row of 36 little groups filled the main graph (the `resnet`).
+    trainer = make_trainer(2, model="resnet", params={"width": 4, "blocks_per_stage": [1]})
+    graph = trainer.train_function.get_concrete_function().graph
+    scopes = {op.name.split("/")[0] for op in graph.get_operations() if "/" in op.name}
+    assert scopes == {"shards", "tower_0", "tower_1", "gradient_tape", "layer_state", "average"}
+    # Left at the top: the function's arguments and what it returns, nothing it computes.
+    unscoped = {op.type for op in graph.get_operations() if "/" not in op.name}
+    assert unscoped <= {"Placeholder", "Identity", "NoOp"}, unscoped

@@ -50,7 +50,8 @@ _TABLE: list[tuple[str, str, str]] = [
     ("train", r"activations/(?P<name>.+)",
      "Outputs of layer `{name}` for tower 0's first examples of this step's batch (at "
      "most 32), in inference (dropout off, batch norm's moving statistics), with the "
-     "weights as this step left them: all at 0 is a dead ReLU."),
+     "weights as this step left them. A ReLU's units that put out 0 for every example "
+     "are dead: they train no more."),
     ("eval", r"loss", f"Mean loss over the held-out eval batches, {_EMA}."),
     ("eval", r"accuracy",
      f"Fraction of the held-out eval examples classified right (0 to 1), {_EMA}."),

@@ -233,16 +233,20 @@ class ClusterTrainer(TowerTrainer):
         """One tower of the cluster, in replica context: its shard of the global batch."""
         context = tf.distribute.get_replica_context()
         tower, towers = _replica_index(context), self.num_towers
-        batch = tf.shape(images)[0]
-        batch_f = tf.cast(batch, tf.float32)
-        sizes = tower_sizes(batch, towers)
-        start, size = tf.reduce_sum(sizes[:tower]), sizes[tower]
-        shard = stand_in_if_empty(
-            images, labels, images[start : start + size], labels[start : start + size], size
-        )
-        share = tf.cast(size, tf.float32) / batch_f
+        # Scoped as one machine's step is (`TowerTrainer._train_step`), so that the graphs
+        # tab draws the tower and the average, not the split's ops beside them.
+        with tf.name_scope("shards"):
+            batch = tf.shape(images)[0]
+            batch_f = tf.cast(batch, tf.float32)
+            sizes = tower_sizes(batch, towers)
+            start, size = tf.reduce_sum(sizes[:tower]), sizes[tower]
+            shard = stand_in_if_empty(
+                images, labels, images[start : start + size], labels[start : start + size], size
+            )
+            share = tf.cast(size, tf.float32) / batch_f
         scale = self._current_scale()  # this tower's copy; every copy holds the same
-        state_before = [tf.identity(var) for var in self._tower_state]
+        with tf.name_scope("layer_state/"):
+            state_before = [tf.identity(var) for var in self._tower_state]
         with tf.name_scope(f"tower_{tower}"):
             grads, loss_sum, correct_sum = self._tower_gradients(
                 *shard, share, batch_f, scale, warn=tower == 0

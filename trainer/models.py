@@ -112,26 +112,39 @@ def _resnet(
     blocks_per_stage: list[int],
     bn_momentum: float,
 ) -> keras.Model:
-    def bn() -> keras.layers.Layer:
-        return keras.layers.BatchNormalization(momentum=bn_momentum)
+    # Each layer named for its place (`stage2_block1_conv1`), not by Keras's counters
+    # (`conv2d_3`, `re_lu_4`), which said nothing of where a layer sat: the names a job's
+    # TensorBoard tags (`weights/`, `gradients/`, `activations/`) are read by. A checkpoint
+    # holds the layers by their order, so one of the counters' names restores the same.
+    def bn(name: str) -> keras.layers.Layer:
+        return keras.layers.BatchNormalization(momentum=bn_momentum, name=name)
 
     inputs = keras.Input(input_shape, name="images")
-    x = keras.layers.Conv2D(width, 3, padding="same", use_bias=False)(inputs)
-    x = keras.layers.ReLU()(bn()(x))
+    x = keras.layers.Conv2D(width, 3, padding="same", use_bias=False, name="stem_conv")(inputs)
+    x = keras.layers.ReLU(name="stem_relu")(bn("stem_bn")(x))
     for stage, blocks in enumerate(blocks_per_stage):
         channels = width * 2**stage
         for block in range(blocks):
+            at = f"stage{stage + 1}_block{block + 1}"
             stride = 2 if stage > 0 and block == 0 else 1
             shortcut = x
-            y = keras.layers.Conv2D(channels, 3, strides=stride, padding="same", use_bias=False)(x)
-            y = keras.layers.ReLU()(bn()(y))
-            y = keras.layers.Conv2D(channels, 3, padding="same", use_bias=False)(y)
-            y = bn()(y)
+            y = keras.layers.Conv2D(
+                channels, 3, strides=stride, padding="same", use_bias=False, name=f"{at}_conv1"
+            )(x)
+            y = keras.layers.ReLU(name=f"{at}_relu1")(bn(f"{at}_bn1")(y))
+            y = keras.layers.Conv2D(
+                channels, 3, padding="same", use_bias=False, name=f"{at}_conv2"
+            )(y)
+            y = bn(f"{at}_bn2")(y)
             if stride != 1 or shortcut.shape[-1] != channels:
-                shortcut = StridedPointwiseConv(channels, stride, use_bias=False)(shortcut)
-                shortcut = bn()(shortcut)
-            x = keras.layers.ReLU()(keras.layers.Add()([y, shortcut]))
-    x = keras.layers.GlobalAveragePooling2D()(x)
+                shortcut = StridedPointwiseConv(
+                    channels, stride, use_bias=False, name=f"{at}_shortcut"
+                )(shortcut)
+                shortcut = bn(f"{at}_shortcut_bn")(shortcut)
+            x = keras.layers.ReLU(name=f"{at}_out")(
+                keras.layers.Add(name=f"{at}_add")([y, shortcut])
+            )
+    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
     return keras.Model(inputs, keras.layers.Dense(num_classes, name="logits")(x), name="resnet")
 
 

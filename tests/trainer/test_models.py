@@ -406,3 +406,50 @@ def test_strided_pointwise_conv_is_a_strided_conv(tmp_path: Path) -> None:
         x = tf.random.uniform((4, size, size, 8))
         assert pointwise.output_shape == strided.output_shape
         np.testing.assert_array_equal(pointwise(x).numpy(), strided(x).numpy())
+
+
+def test_resnet_layers_are_named_for_their_place() -> None:
+    # Keras's counters named them `conv2d_3`, `re_lu_4`: the job's TensorBoard tags
+    # (`weights/`, `activations/`) said nothing of where a layer sat, and the numbers of
+    # a block's conv and its ReLU drifted apart.
+    spec = ModelSpec(name="resnet", params={"width": 4, "blocks_per_stage": [1, 2]})
+    model = build_model(spec, (8, 8, 1), 3).model
+
+    assert [layer.name for layer in model.layers[1:]] == [
+        "stem_conv", "stem_bn", "stem_relu",
+        "stage1_block1_conv1", "stage1_block1_bn1", "stage1_block1_relu1",
+        "stage1_block1_conv2", "stage1_block1_bn2", "stage1_block1_add", "stage1_block1_out",
+        "stage2_block1_conv1", "stage2_block1_bn1", "stage2_block1_relu1",
+        "stage2_block1_conv2", "stage2_block1_shortcut", "stage2_block1_bn2",
+        "stage2_block1_shortcut_bn", "stage2_block1_add", "stage2_block1_out",
+        "stage2_block2_conv1", "stage2_block2_bn1", "stage2_block2_relu1",
+        "stage2_block2_conv2", "stage2_block2_bn2", "stage2_block2_add", "stage2_block2_out",
+        "pool", "logits",
+    ]  # fmt: skip
+
+
+def test_a_resnet_checkpoint_of_keras_counted_names_restores_into_the_named_layers(
+    tmp_path: Path,
+) -> None:
+    # Jobs checkpointed before the layers had names resume: a checkpoint holds the layers
+    # by their order, not their names.
+    spec = ModelSpec(name="resnet", params={"width": 4, "blocks_per_stage": [1, 1]})
+    named = build_model(spec, (8, 8, 1), 3).model
+    inputs = keras.Input((8, 8, 1))
+    clone = keras.models.clone_model(
+        named,
+        input_tensors=inputs,
+        clone_function=lambda layer: layer.__class__.from_config(
+            {**layer.get_config(), "name": f"counted_{id(layer)}"}
+        ),
+    )
+    for layer in clone.layers[1:]:
+        assert layer.name.startswith("counted_")
+    for variable in clone.weights:
+        variable.assign(tf.random.uniform(variable.shape, seed=1) + 1.0)
+    path = tf.train.Checkpoint(model=clone).save(str(tmp_path / "ckpt"))
+
+    tf.train.Checkpoint(model=named).restore(path).assert_existing_objects_matched()
+
+    for a, b in zip(clone.weights, named.weights, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())

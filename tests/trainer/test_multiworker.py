@@ -199,7 +199,7 @@ def test_the_chief_writes_the_run_dir_and_the_other_workers_their_own(cluster_ru
     assert {"loss", "tower_0/loss", "tower_1/loss", "tower_0/compute_ms"} <= tags["scalars"]
     assert {"tower_0/inputs", "tower_1/inputs"} <= tags["images"]
     # Read from the chief's mirrored weights, outside the strategy's towers.
-    assert {"activations/logits", "activations/re_lu"} <= tags["histograms"]
+    assert {"activations/logits", "activations/stem_relu"} <= tags["histograms"]
     assert "graph" in tags
     start = json.loads((cluster_run / "progress.jsonl").read_text().splitlines()[0])
     assert (start["towers"], start["workers"]) == (2, 2)

@@ -67,6 +67,21 @@ _RELOAD_SECONDS = 5  # TensorBoard's --reload_interval: how soon it finds added 
 _ADDED_RUNS_TIMEOUT = 3 * _RELOAD_SECONDS
 
 
+# tensorboard.log, kept across starts (the output of one that crashed is there to read,
+# as `last_error` says), grew for the service's whole life: each start adds its imports'
+# warnings (some 2 KB) and each deleted job it showed two lines. Past this size a start
+# moves it to tensorboard.log.1, replacing the one before: at most twice this on disk.
+LOG_ROTATE_BYTES = 1024 * 1024
+
+
+def _rotated(log_path: Path) -> Path:
+    """`log_path`, moved aside first (to `<name>.1`) when it has reached LOG_ROTATE_BYTES."""
+    with contextlib.suppress(FileNotFoundError):
+        if log_path.stat().st_size >= LOG_ROTATE_BYTES:
+            os.replace(log_path, log_path.with_name(f"{log_path.name}.1"))
+    return log_path
+
+
 def _link(link: Path, target: Path) -> None:
     with contextlib.suppress(FileExistsError):
         link.symlink_to(target, target_is_directory=True)
@@ -512,7 +527,7 @@ class TensorBoardLauncher:
             # In its environment, not its argv: only its own user can read that.
             **{SECRET_ENV: secret},
         )
-        with open(self._settings.data_dir / "tensorboard.log", "ab") as log_file:
+        with open(_rotated(self._settings.data_dir / "tensorboard.log"), "ab") as log_file:
             return subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,

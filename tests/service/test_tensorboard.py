@@ -28,6 +28,7 @@ import pytest
 from service.settings import Settings
 from service.store import JobStore
 from service.tensorboard import (
+    LOG_ROTATE_BYTES,
     StartOutcome,
     TensorBoardInstance,
     TensorBoardLauncher,
@@ -950,6 +951,34 @@ def test_tensorboards_environment_is_a_workers_less_the_job(
     assert "TOWERBOARD_TOKEN" not in env
     assert env["CUDA_VISIBLE_DEVICES"] == ""
     assert len(env["TOWERBOARD_TB_SECRET"]) > 20
+
+
+def test_a_start_moves_a_full_tensorboard_log_aside(tmp_path: Path) -> None:
+    """tensorboard.log is appended to at each start, and grew without end (each deleted
+    job TensorBoard showed adds two lines): a start past LOG_ROTATE_BYTES moves it to
+    tensorboard.log.1, replacing the one before, and one below that appends."""
+    settings = _stand_in_settings(tmp_path)
+    log_path = settings.data_dir / "tensorboard.log"
+    aside = settings.data_dir / "tensorboard.log.1"
+    aside.write_bytes(b"older\n")
+    full = b"x" * (LOG_ROTATE_BYTES - 5) + b"full\n"  # at the size: moved
+
+    async def start_and_stop() -> None:
+        upstream = Upstream()
+        launcher = TensorBoardLauncher(settings=settings, upstream=upstream)
+        try:
+            await launcher.start(None)
+        finally:
+            await launcher.stop()
+            await upstream.aclose()
+
+    log_path.write_bytes(full)
+    _in_a_thread(start_and_stop())
+    assert aside.read_bytes() == full
+    assert log_path.stat().st_size < LOG_ROTATE_BYTES, "expected a new log, not the full one"
+    log_path.write_bytes(b"short\n")
+    _in_a_thread(start_and_stop())
+    assert log_path.read_bytes().startswith(b"short\n") and aside.read_bytes() == full
 
 
 # File operations seen by `_file_work`'s audit hook while it records (an audit hook can

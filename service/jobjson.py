@@ -7,10 +7,16 @@ one indexed lookup, and re-renders only when it moved, so the answer is never st
 
 from __future__ import annotations
 
+import threading
+
 from service.schemas import JobPublic
 from service.store import JobRecord, JobStore
 
-_MAX_JOBS = 4096  # rendered jobs kept; past this the cache starts again empty
+# Rendered jobs kept, and their bytes in all; past either the cache starts again empty.
+# Counted alone, 4,096 jobs whose specs each carry a MiB of a custom model's `params` (the
+# most a body may be) held 4 GiB; most jobs' JSON is 2-4 KB, so 4,096 of them fit.
+_MAX_JOBS = 4096
+_MAX_BYTES = 64 * 1024 * 1024
 
 
 def render_job(job: JobRecord) -> bytes:
@@ -21,6 +27,9 @@ class JobJson:
     def __init__(self, store: JobStore) -> None:
         self._store = store
         self._rendered: dict[str, tuple[int, bytes]] = {}
+        self._bytes = 0  # of the bodies in `_rendered`
+        # `put` runs on the event loop, `forget` on a delete's worker thread.
+        self._lock = threading.Lock()
 
     def get(self, job_id: str) -> bytes | None:
         """The job's current JSON, or None when there is no such job."""
@@ -46,12 +55,22 @@ class JobJson:
 
     def forget(self, job_id: str) -> None:
         """Drop a deleted job's JSON."""
-        self._rendered.pop(job_id, None)
+        with self._lock:
+            self._drop(job_id)
+
+    def _drop(self, job_id: str) -> None:
+        dropped = self._rendered.pop(job_id, None)
+        if dropped is not None:
+            self._bytes -= len(dropped[1])
 
     def put(self, job: JobRecord) -> bytes:
         """Render `job` and keep it for later reads."""
         body = render_job(job)
-        if len(self._rendered) >= _MAX_JOBS:
-            self._rendered.clear()
-        self._rendered[job.id] = (job.version, body)
+        with self._lock:
+            self._drop(job.id)
+            if len(self._rendered) >= _MAX_JOBS or self._bytes + len(body) > _MAX_BYTES:
+                self._rendered.clear()
+                self._bytes = 0
+            self._rendered[job.id] = (job.version, body)
+            self._bytes += len(body)
         return body

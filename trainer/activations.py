@@ -11,6 +11,7 @@ Charted: each layer that applies a non-linearity (an activation layer such as `R
 a layer given an `activation` other than linear, as `Dense(512, activation="relu")`),
 and the model's output (the logits). A conv without an activation, batch norm and
 pooling are left out: their outputs are charted where the next non-linearity takes them.
+So is a layer called more than once (shared), which has no one output (logged).
 
 Cost: one eager forward pass of at most `EXAMPLES` examples (tower 0's first, the
 examples its `inputs` images show) on tower 0's device at each histograms step, and a
@@ -109,13 +110,23 @@ def activation_probe(model: keras.Model, device: str) -> ActivationProbe | None:
         )
         return None
     layers: list[str] = []
+    shared: list[str] = []
     for layer in model.layers:
         if isinstance(layer, keras.layers.InputLayer):
             continue
-        try:
-            output = layer.output
-        except (AttributeError, ValueError):
-            continue  # a layer called more than once has no one output to chart
-        if _applies_non_linearity(layer) or any(output is o for o in model.outputs):
+        if len(layer._inbound_nodes) != 1:
+            # Called more than once: it has as many outputs, and Keras's `output` is its
+            # first call's, which may be in another model's graph (a layer called first
+            # on an input of its own): a probe over that one was refused by Keras, and
+            # the job failed at its first histograms.
+            shared.append(layer.name)
+            continue
+        if _applies_non_linearity(layer) or any(layer.output is o for o in model.outputs):
             layers.append(layer.name)
+    if shared:
+        log.info(
+            "activations: no histograms of layers %s: each is called more than once, "
+            "so has no one output to chart",
+            ", ".join(shared),
+        )
     return ActivationProbe(model, device, layers)

@@ -146,3 +146,29 @@ def test_a_layers_outputs_past_max_values_are_sampled_across_every_channel() -> 
     assert counts.max() - counts.min() <= 1, counts
     small = tf.zeros([EXAMPLES, 28, 28, 32])  # the `cnn`'s first conv: copied whole
     assert _sampled(small) is small
+
+
+def test_activation_probe_leaves_out_layers_called_more_than_once(caplog) -> None:
+    # `encoder` was called first on an input of its own (a model built from another's
+    # layers): its `output` is of that graph, and a probe over it was refused by Keras
+    # ("not connected to `inputs`"), failing the job at its first histograms. `twice` is
+    # called twice in this model: its `output`, the first call's, is not all it puts out.
+    encoder = keras.layers.Dense(6, activation="relu", name="encoder")
+    keras.Model(own := keras.Input((int(np.prod(SHAPE)),)), encoder(own))
+    twice = keras.layers.Dense(6, activation="relu", name="twice")
+    images = keras.Input(SHAPE)
+    hidden = twice(twice(encoder(keras.layers.Flatten()(images))))
+    model = keras.Model(images, keras.layers.Dense(CLASSES, name="logits")(hidden))
+
+    with caplog.at_level(logging.INFO, logger="trainer.activations"):
+        probe = activation_probe(model, "/CPU:0")
+    assert probe is not None
+
+    outputs = probe(tf.zeros([3, *SHAPE]))
+
+    assert list(outputs) == ["activations/logits"]
+    np.testing.assert_allclose(outputs["activations/logits"], model(tf.zeros([3, *SHAPE])))
+    assert caplog.messages == [
+        "activations: no histograms of layers encoder, twice: each is called more than "
+        "once, so has no one output to chart"
+    ]

@@ -290,6 +290,7 @@ class JobStore:
         # another reader, two file handles and up to 2 MB of page cache more each time.
         self._readers: dict[threading.Thread, sqlite3.Connection] = {}
         self._readers_lock = threading.Lock()
+        self._closed = False  # by close(), under `_readers_lock`
         self._writer = self._connect()
         with self._write_lock:
             self._writer.executescript(_SCHEMA + rollups.SCHEMA)
@@ -324,10 +325,20 @@ class JobStore:
             conn = self._connect()
             self._local.conn = conn
             with self._readers_lock:
+                if self._closed:
+                    # Opened as close() ran, or after: kept, it was never closed.
+                    conn.close()
+                    self._local.conn = None
+                    raise sqlite3.ProgrammingError("Cannot operate on a closed JobStore.")
                 ended = [thread for thread in self._readers if not thread.is_alive()]
                 for thread in ended:
                     # Its thread is gone: nothing uses it any more, from any thread.
                     self._readers.pop(thread).close()
+                # A thread's key holding a reader already is another thread's that ended:
+                # a thread threading did not start (a `_DummyThread`, alive as far as it
+                # can tell) whose ident this one reuses, and so its object.
+                if (orphan := self._readers.pop(threading.current_thread(), None)) is not None:
+                    orphan.close()
                 self._readers[threading.current_thread()] = conn
         return conn
 
@@ -346,6 +357,7 @@ class JobStore:
         """Close the writer and every thread's reader (a thread that reads after this gets
         sqlite3.ProgrammingError)."""
         with self._readers_lock:
+            self._closed = True
             readers = list(self._readers.values())
             self._readers.clear()
         for conn in readers:

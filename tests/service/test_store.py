@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import gc
 import os
 import sqlite3
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -373,6 +375,58 @@ def test_a_finished_threads_reader_is_closed_as_the_next_opens(tmp_path: Path) -
         gc.enable()
         store.close()
     assert grown == 0, f"Expected no more handles open after 8 more threads. Received: {grown}"
+
+
+def test_a_reader_of_a_thread_threading_did_not_start_is_closed_by_close(tmp_path: Path) -> None:
+    # A thread started outside `threading` is a `_DummyThread` to it, alive for ever, and
+    # the next such thread of the same ident (which pthreads reuse) gets the same object:
+    # its reader replaced the first in the store's readers, which close() then missed.
+    path = tmp_path / "jobs.db"
+    store = JobStore(path)
+    job = store.create(SPEC)
+    idents: list[int] = []
+
+    def read(done: Any) -> None:
+        try:
+            idents.append(threading.get_ident())
+            store.get(job.id)
+        finally:
+            done.release()
+
+    gc.collect()
+    gc.disable()  # the lost reader is in a reference cycle: freed by a collection alone
+    try:
+        for _ in range(3):
+            done = _thread.allocate_lock()
+            done.acquire()
+            _thread.start_new_thread(read, (done,))
+            done.acquire()
+        store.close()
+        left = _open_handles(path)
+    finally:
+        gc.enable()
+    assert left == 0, f"Expected no handle open after close(). Received: {left} ({idents})"
+
+
+def test_a_thread_that_reads_first_after_close_gets_programming_error(tmp_path: Path) -> None:
+    # As close() says: a reader opened after it (or as it ran) was never closed.
+    path = tmp_path / "jobs.db"
+    store = JobStore(path)
+    job = store.create(SPEC)
+    store.close()
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            store.get(job.id)
+        except BaseException as error:
+            errors.append(error)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    reader.join()
+    assert [type(error) for error in errors] == [sqlite3.ProgrammingError]
+    assert _open_handles(path) == 0
 
 
 def test_record_progress_forgets_points_past_a_restart(store: JobStore) -> None:

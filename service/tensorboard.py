@@ -75,10 +75,21 @@ LOG_ROTATE_BYTES = 1024 * 1024
 
 
 def _rotated(log_path: Path) -> Path:
-    """`log_path`, moved aside first (to `<name>.1`) when it has reached LOG_ROTATE_BYTES."""
-    with contextlib.suppress(FileNotFoundError):
-        if log_path.stat().st_size >= LOG_ROTATE_BYTES:
+    """`log_path`, moved aside first (to `<name>.1`) when it has reached LOG_ROTATE_BYTES.
+
+    A link is left as it is: someone pointed the log elsewhere and keeps it there; moved,
+    the link went to `<name>.1` and the output to a new file here, without a word. A move
+    that fails is logged, and the log appended to as before: a TensorBoard that did not
+    start for it was a worse loss than a log that grows."""
+    try:
+        if not log_path.is_symlink() and log_path.stat().st_size >= LOG_ROTATE_BYTES:
             os.replace(log_path, log_path.with_name(f"{log_path.name}.1"))
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        log.warning(
+            "%s not moved aside at %d bytes, appended to: %s", log_path, LOG_ROTATE_BYTES, error
+        )
     return log_path
 
 

@@ -981,6 +981,43 @@ def test_a_start_moves_a_full_tensorboard_log_aside(tmp_path: Path) -> None:
     assert log_path.read_bytes().startswith(b"short\n") and aside.read_bytes() == full
 
 
+def test_a_linked_or_immovable_full_tensorboard_log_is_appended_to(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tensorboard.log that is a link (pointed elsewhere by its owner) stays one: moved,
+    the output went to a new file beside it, not where it pointed. One that cannot be
+    moved is appended to, logged: its TensorBoard started, where the move's error
+    failed the start."""
+    settings = _stand_in_settings(tmp_path)
+    log_path = settings.data_dir / "tensorboard.log"
+    aside = settings.data_dir / "tensorboard.log.1"
+    full = b"x" * LOG_ROTATE_BYTES
+
+    async def start_and_stop() -> None:
+        upstream = Upstream()
+        launcher = TensorBoardLauncher(settings=settings, upstream=upstream)
+        try:
+            await launcher.start(None)
+        finally:
+            await launcher.stop()
+            await upstream.aclose()
+
+    elsewhere = tmp_path / "elsewhere.log"
+    elsewhere.write_bytes(full)
+    log_path.symlink_to(elsewhere)
+    _in_a_thread(start_and_stop())
+    assert log_path.is_symlink() and not aside.exists()
+    assert elsewhere.read_bytes() == full  # the stand-in writes nothing: appended, not cut
+    log_path.unlink()
+
+    log_path.write_bytes(full)
+    (aside / "in the way").mkdir(parents=True)  # os.replace cannot put a file there
+    with caplog.at_level(logging.WARNING, logger="service.tensorboard"):
+        _in_a_thread(start_and_stop())
+    assert log_path.read_bytes() == full
+    assert any("not moved aside" in message for message in caplog.messages), caplog.messages
+
+
 # File operations seen by `_file_work`'s audit hook while it records (an audit hook can
 # never be removed: one, added once, records only when asked).
 _FILE_WORK: list[str] | None = None

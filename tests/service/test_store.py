@@ -8,6 +8,8 @@ import gc
 import os
 import sqlite3
 import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -348,6 +350,18 @@ def _open_handles(path: Path) -> int:
     return count
 
 
+@contextlib.contextmanager
+def _without_cycle_collection() -> Iterator[None]:
+    """As between the rare full collections of a long-lived service: a connection is in a
+    reference cycle (its statement cache refers back to it), freed by a collection alone."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def test_a_finished_threads_reader_is_closed_as_the_next_opens(tmp_path: Path) -> None:
     # The server's pool ends a thread idle for 10 s and starts another when requests come
     # again, which opens a reader of its own. The ended thread's reader was freed only by a
@@ -362,17 +376,15 @@ def test_a_finished_threads_reader_is_closed_as_the_next_opens(tmp_path: Path) -
         reader.start()
         reader.join()
 
-    gc.collect()
-    gc.disable()  # as between the rare collections of a long-lived service
     try:
-        for _ in range(2):  # the last ended thread's reader stays open until the next
-            read_on_a_new_thread()
-        settled = _open_handles(path)
-        for _ in range(8):
-            read_on_a_new_thread()
-        grown = _open_handles(path) - settled
+        with _without_cycle_collection():
+            for _ in range(2):  # the last ended thread's reader stays open until the next
+                read_on_a_new_thread()
+            settled = _open_handles(path)
+            for _ in range(8):
+                read_on_a_new_thread()
+            grown = _open_handles(path) - settled
     finally:
-        gc.enable()
         store.close()
     assert grown == 0, f"Expected no more handles open after 8 more threads. Received: {grown}"
 
@@ -393,9 +405,7 @@ def test_a_reader_of_a_thread_threading_did_not_start_is_closed_by_close(tmp_pat
         finally:
             done.release()
 
-    gc.collect()
-    gc.disable()  # the lost reader is in a reference cycle: freed by a collection alone
-    try:
+    with _without_cycle_collection():
         for _ in range(3):
             done = _thread.allocate_lock()
             done.acquire()
@@ -403,8 +413,6 @@ def test_a_reader_of_a_thread_threading_did_not_start_is_closed_by_close(tmp_pat
             done.acquire()
         store.close()
         left = _open_handles(path)
-    finally:
-        gc.enable()
     assert left == 0, f"Expected no handle open after close(). Received: {left} ({idents})"
 
 
@@ -414,18 +422,9 @@ def test_a_thread_that_reads_first_after_close_gets_programming_error(tmp_path: 
     store = JobStore(path)
     job = store.create(SPEC)
     store.close()
-    errors: list[BaseException] = []
 
-    def read() -> None:
-        try:
-            store.get(job.id)
-        except BaseException as error:
-            errors.append(error)
-
-    reader = threading.Thread(target=read)
-    reader.start()
-    reader.join()
-    assert [type(error) for error in errors] == [sqlite3.ProgrammingError]
+    with ThreadPoolExecutor(1) as pool, pytest.raises(sqlite3.ProgrammingError):
+        pool.submit(store.get, job.id).result()  # on a thread that never read before
     assert _open_handles(path) == 0
 
 

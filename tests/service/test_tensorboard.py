@@ -953,6 +953,17 @@ def test_tensorboards_environment_is_a_workers_less_the_job(
     assert len(env["TOWERBOARD_TB_SECRET"]) > 20
 
 
+async def _start_and_stop(settings: Settings) -> None:
+    """One TensorBoard started and stopped, as a service's start and end do."""
+    upstream = Upstream()
+    launcher = TensorBoardLauncher(settings=settings, upstream=upstream)
+    try:
+        await launcher.start(None)
+    finally:
+        await launcher.stop()
+        await upstream.aclose()
+
+
 def test_a_start_moves_a_full_tensorboard_log_aside(tmp_path: Path) -> None:
     """tensorboard.log is appended to at each start, and grew without end (each deleted
     job TensorBoard showed adds two lines): a start past LOG_ROTATE_BYTES moves it to
@@ -963,21 +974,12 @@ def test_a_start_moves_a_full_tensorboard_log_aside(tmp_path: Path) -> None:
     aside.write_bytes(b"older\n")
     full = b"x" * (LOG_ROTATE_BYTES - 5) + b"full\n"  # at the size: moved
 
-    async def start_and_stop() -> None:
-        upstream = Upstream()
-        launcher = TensorBoardLauncher(settings=settings, upstream=upstream)
-        try:
-            await launcher.start(None)
-        finally:
-            await launcher.stop()
-            await upstream.aclose()
-
     log_path.write_bytes(full)
-    _in_a_thread(start_and_stop())
+    _in_a_thread(_start_and_stop(settings))
     assert aside.read_bytes() == full
     assert log_path.stat().st_size < LOG_ROTATE_BYTES, "expected a new log, not the full one"
     log_path.write_bytes(b"short\n")
-    _in_a_thread(start_and_stop())
+    _in_a_thread(_start_and_stop(settings))
     assert log_path.read_bytes().startswith(b"short\n") and aside.read_bytes() == full
 
 
@@ -993,19 +995,10 @@ def test_a_linked_or_immovable_full_tensorboard_log_is_appended_to(
     aside = settings.data_dir / "tensorboard.log.1"
     full = b"x" * LOG_ROTATE_BYTES
 
-    async def start_and_stop() -> None:
-        upstream = Upstream()
-        launcher = TensorBoardLauncher(settings=settings, upstream=upstream)
-        try:
-            await launcher.start(None)
-        finally:
-            await launcher.stop()
-            await upstream.aclose()
-
     elsewhere = tmp_path / "elsewhere.log"
     elsewhere.write_bytes(full)
     log_path.symlink_to(elsewhere)
-    _in_a_thread(start_and_stop())
+    _in_a_thread(_start_and_stop(settings))
     assert log_path.is_symlink() and not aside.exists()
     assert elsewhere.read_bytes() == full  # the stand-in writes nothing: appended, not cut
     log_path.unlink()
@@ -1013,7 +1006,7 @@ def test_a_linked_or_immovable_full_tensorboard_log_is_appended_to(
     log_path.write_bytes(full)
     (aside / "in the way").mkdir(parents=True)  # os.replace cannot put a file there
     with caplog.at_level(logging.WARNING, logger="service.tensorboard"):
-        _in_a_thread(start_and_stop())
+        _in_a_thread(_start_and_stop(settings))
     assert log_path.read_bytes() == full
     assert any("not moved aside" in message for message in caplog.messages), caplog.messages
 

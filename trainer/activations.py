@@ -69,6 +69,16 @@ class ActivationProbe:
         self._probe = keras.Model(model.inputs, outputs, name=f"{model.name}_activations")
         self._device = device
 
+    def warm(self) -> None:
+        """One call on `EXAMPLES` blank images, its outputs read back: the first eager call
+        of a worker's ops takes 20-35 ms here (the `cnn`, the `mlp`), 1.5-6 after, so the
+        job's start pays it and its first histograms step does not. Of the shape most
+        calls take: a kernel is made for its shapes (one image left the next call of 32
+        at 10-19 ms)."""
+        blank = tf.zeros([EXAMPLES, *self._probe.inputs[0].shape[1:]])
+        for values in self(blank).values():
+            values.numpy()
+
     def __call__(self, images: tf.Tensor) -> dict[str, tf.Tensor]:
         """The charted layers' outputs for the first `EXAMPLES` of `images`, by tag.
 

@@ -339,6 +339,8 @@ class Controller:
         )
         self.at_step = step
         self._evaluate_if_cut_short(step)
+        if step < self.total_steps:
+            self._activation_probe()  # its first call's cost here, not on the loop
         s = self.spec.summaries
         requests = np.zeros(len(REQUESTS), np.int32)
         # One process stops before its next step; a cluster's workers stop after the step
@@ -656,13 +658,16 @@ class Controller:
         self.summaries.histograms("train", tensors, step)
 
     def _activation_probe(self) -> ActivationProbe | None:
-        """Made at the first histograms that want it, once; None:
-        not asked for, nothing written here (a cluster's other workers), or a model whose
+        """Made and warmed (`ActivationProbe.warm`) as the loop starts, once; None: not
+        asked for, nothing written here (a cluster's other workers), or a model whose
         activations cannot be read (logged once)."""
         if self._probe is False:
             self._probe = None
-            if self.spec.summaries.activations and self.summaries.logdir is not None:
+            s = self.spec.summaries
+            if s.histograms_every and s.activations and self.summaries.logdir is not None:
                 self._probe = activation_probe(self.trainer.model, self.trainer.tower_devices[0])
+                if self._probe is not None:
+                    self._probe.warm()
         return self._probe
 
     def _write_images(self, step: int, images: tf.Tensor) -> None:

@@ -27,6 +27,7 @@ import tensorflow as tf
 from trainer.activations import ActivationProbe, activation_probe
 from trainer.checkpoints import Checkpointer
 from trainer.cluster import Cluster
+from trainer.errors import one_line
 from trainer.profiling import STEP_MARKER, TraceCapture, TraceTimes
 from trainer.rundir import (
     PROFILE_STEPS_DEFAULT,
@@ -654,7 +655,11 @@ class Controller:
             tensors[f"gradients/{tag}"] = grad
         if (probe := self._activation_probe()) is not None:
             shard = host_tower_sizes(len(images), self.trainer.num_towers)[0]
-            tensors.update(probe(images[:shard]))
+            try:
+                tensors.update(probe(images[:shard]))
+            except Exception as error:  # e.g. a device out of memory: the job trains on
+                self._probe = None
+                log.warning("activations: no more histograms of them: %s", one_line(error))
         self.summaries.histograms("train", tensors, step)
 
     def _activation_probe(self) -> ActivationProbe | None:
@@ -665,9 +670,17 @@ class Controller:
             self._probe = None
             s = self.spec.summaries
             if s.histograms_every and s.activations and self.summaries.logdir is not None:
-                self._probe = activation_probe(self.trainer.model, self.trainer.tower_devices[0])
-                if self._probe is not None:
-                    self._probe.warm()
+                try:
+                    self._probe = activation_probe(
+                        self.trainer.model, self.trainer.tower_devices[0]
+                    )
+                    if self._probe is not None:
+                        self._probe.warm()
+                except Exception as error:
+                    # A summary is never fatal: a model Keras builds no probe over (a
+                    # structure not foreseen here) trains without these histograms.
+                    self._probe = None
+                    log.warning("activations: no histograms of them: %s", one_line(error))
         return self._probe
 
     def _write_images(self, step: int, images: tf.Tensor) -> None:

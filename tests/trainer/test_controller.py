@@ -292,6 +292,67 @@ def test_each_towers_images_are_the_examples_it_trained_on(tmp_path) -> None:
         assert seen == [int(shades[k] * 255.5) for k in examples], tag
 
 
+def histograms_of(controller: Controller) -> dict[str, list[tuple[int, np.ndarray]]]:
+    controller.summaries.close()
+    acc = event_accumulator.EventAccumulator(
+        str(controller.rundir.tensorboard / "train"), size_guidance={event_accumulator.TENSORS: 0}
+    )
+    acc.Reload()
+    return {
+        tag: [(e.step, tf.make_ndarray(e.tensor_proto)) for e in acc.Tensors(tag)]
+        for tag in acc.Tags()["tensors"]
+        if tag.startswith(("weights/", "activations/"))
+    }
+
+
+def test_the_activations_are_of_tower_0s_examples(tmp_path) -> None:
+    # A batch of 7 on 2 towers: tower 0 trains examples 0-3, so the logits' histogram is
+    # of 4 examples of 4 classes, and the hidden ReLU's of 4 x its width.
+    controller, trainer = run_loop(tmp_path, 1, batches(), summaries={"histograms_every": 0})
+    controller.spec.summaries.histograms_every = 1
+    images, labels = next(batches())
+    out = trainer.train_step(images[:7], labels[:7])
+
+    controller._write_histograms(1, out["grads"], images[:7])
+
+    written = histograms_of(controller)
+    [(_, logits)] = written["activations/logits"]
+    assert logits[:, 2].sum() == 4 * 4
+    # Keras numbers the layer by the models this process built before (`dense_4`).
+    [relu] = [layer for layer in trainer.model.layers[2:-1] if layer.name.startswith("dense")]
+    [(_, hidden)] = written[f"activations/{relu.name}"]
+    assert hidden[:, 2].sum() == 4 * relu.units
+
+
+@pytest.mark.parametrize("fails_at", ["the start", "a histograms step"])
+def test_activations_that_fail_are_logged_once_and_the_job_trains_on(
+    tmp_path, monkeypatch, caplog, fails_at
+) -> None:
+    # A summary is never fatal: a probe that fails (a device out of memory), as the job
+    # starts or later, leaves the weights' and gradients' histograms and the training as
+    # they were.
+    def fail(self, images):
+        raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+
+    monkeypatch.setattr(controller_module.ActivationProbe, "__call__", fail)
+    if fails_at == "a histograms step":
+        monkeypatch.setattr(controller_module.ActivationProbe, "warm", lambda self: None)
+    controller, _ = run_loop(tmp_path, 3, batches(), summaries={"histograms_every": 1})
+
+    with caplog.at_level("WARNING", logger="trainer.controller"):
+        summary = controller.run()
+
+    assert summary.step == 3
+    more = "" if fails_at == "the start" else "more "
+    assert [r.getMessage() for r in caplog.records if "activations" in r.getMessage()] == [
+        f"activations: no {more}histograms of them: ResourceExhaustedError: OOM when "
+        "allocating tensor"
+    ]
+    written = histograms_of(controller)
+    assert not [tag for tag in written if tag.startswith("activations/")]
+    assert [step for step, _ in written["weights/logits/kernel"]] == [1, 2, 3]
+
+
 def eval_set() -> tf.data.Dataset:
     rng = np.random.default_rng(1)
     images = rng.random((16, *SHAPE), dtype=np.float32)

@@ -116,9 +116,23 @@ export function summarize(series, data, format) {
  *  series' values at that step too: every value drawn is a reported one. Fewer points than
  *  that come back as they are. */
 export function thin(data, buckets = THIN_BUCKETS) {
+  const kept = keptIndices(data, buckets);
+  return kept ? data.map((column) => kept.map((i) => column[i])) : data;
+}
+
+/** `points` ({step, value}, in step order: one series as the job page holds it) thinned
+ *  as thin() thins a chart's, to at most about 2 × `buckets` of them, in step order; the
+ *  points kept are the very objects given. Fewer than that come back as they are. */
+export function thinPoints(points, buckets) {
+  const kept = keptIndices([points.map((p) => p.step), points.map((p) => p.value)], buckets);
+  return kept ? kept.map((i) => points[i]) : points;
+}
+
+/** The indices of the steps thin() keeps of `data`, in order; null when it keeps all. */
+function keptIndices(data, buckets) {
   const xs = data[0];
   const n = xs.length;
-  if (n <= 2 * buckets) return data;
+  if (n <= 2 * buckets) return null;
   const low = xs[0];
   const span = xs[n - 1] - low || 1;
   const keep = new Uint8Array(n);
@@ -145,7 +159,7 @@ export function thin(data, buckets = THIN_BUCKETS) {
   }
   const kept = [];
   for (let i = 0; i < n; i++) if (keep[i]) kept.push(i);
-  return data.map((column) => kept.map((i) => column[i]));
+  return kept;
 }
 
 /** A value as the legend and the summary say it: five significant digits. */
@@ -237,8 +251,10 @@ export class LineChart {
 
   update(seriesMap) {
     const data = align(this.series.map((s) => s.key), seriesMap);
-    // data-points: every point the job reported; data-points-<key>: each series' own (eval
-    // vs train); data-drawn: the points drawn, at most about 2 × THIN_BUCKETS a series.
+    // data-points: the points the page holds (every one the job reported, unless the page
+    // read them thinned or thinned them itself: job.js); data-points-<key>: each series'
+    // own (eval vs train); data-drawn: the points drawn, at most about 2 × THIN_BUCKETS a
+    // series.
     const counts = data.slice(1).map((ys) => ys.filter((y) => y !== null).length);
     this.series.forEach((s, i) => this.root.setAttribute(`data-points-${s.key}`, String(counts[i])));
     this.points = counts.reduce((n, c) => n + c, 0);

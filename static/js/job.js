@@ -9,7 +9,7 @@
 // stream, log and charts.
 
 import { TERMINAL, api, followAllJobs, followJob, getJSON } from "./api.js";
-import { LineChart } from "./charts.js";
+import { LineChart, thinPoints } from "./charts.js";
 import { applyProgressEvent, fresher, jobsListHash, mark, noticeOnJobs } from "./jobs.js";
 import { profileControl } from "./profile.js";
 import { queuePlaceControl } from "./queue.js";
@@ -26,6 +26,16 @@ const LOG_LINES = 200;
 // Points a series is read with (GET /metrics?points=): a chart draws about 1,200 at most
 // (charts.js), and a job of 200k steps has some 100k a series, 32 MB to read whole.
 const CHART_POINTS = 2000;
+// The most points the page holds a series. A page left open on a job of a week took in
+// some 300k a series from its stream, and each report aligned and thinned every one of
+// them again (seconds a report, and the memory of them all). Past this, a series is thinned
+// where it is held by the charts' own rule (charts.js thinPoints: in each of CHART_POINTS
+// equal step spans its lowest and highest point; its first and last), to about
+// 2 × CHART_POINTS, and again some 4,000 reports later. A chart thins that to its 1,200 or
+// so as it thinned every point, and a noisy loss of 300k steps was drawn within a pixel of
+// the same; with half as many spans, their edges cut a chart's spans often enough to move
+// one pixel column in ten by a few pixels.
+const HELD_POINTS = 4 * CHART_POINTS;
 const LOG_POLL_MS = 3000;
 const LOAD_RETRY_MS = 3000; // a job page that got no answer asks again this often
 const CONFIRM_MS = 4000; // Cancel and Delete job wait this long for the second press
@@ -481,9 +491,18 @@ export function mountJob(view, jobId) {
       }
     }
     for (const key of SERIES) {
-      if (typeof event[key] === "number") series[key].push({ step: event.step, value: event[key] });
+      if (typeof event[key] !== "number") continue;
+      series[key].push({ step: event.step, value: event[key] });
+      hold(key);
     }
     drawCharts();
+  }
+
+  /** Series `key` kept to HELD_POINTS: past it, thinned to about 2 × CHART_POINTS, in step
+   *  order still (a `start`'s filter and the charts' align() rely on that). Each series on
+   *  its own: one of fewer points (an eval's, sparse) keeps every one. */
+  function hold(key) {
+    if (series[key].length > HELD_POINTS) series[key] = thinPoints(series[key], CHART_POINTS);
   }
 
   // Said in the status line as well as on the button: a screen reader announces the line
@@ -848,6 +867,7 @@ export function mountJob(view, jobId) {
         const known = new Map(series[key].map((point) => [point.step, point]));
         for (const point of metrics.series[key] || []) known.set(point.step, point);
         series[key] = [...known.values()].sort((a, b) => a.step - b.step);
+        hold(key);
       }
       drawCharts();
     } catch {

@@ -11,10 +11,6 @@ import tensorflow as tf
 
 from tests.trainer.test_towers import CLASSES, SHAPE, batch, make_trainer
 from trainer.activations import EXAMPLES, MAX_VALUES, _sampled, activation_probe
-from trainer.models import build_model
-from trainer.multiworker import ClusterTrainer
-from trainer.optim import make_optimizer
-from trainer.spec import ModelSpec, OptimizerSpec
 
 
 @pytest.mark.parametrize(
@@ -107,30 +103,6 @@ def test_activation_probe_of_a_subclassed_model_is_none_and_says_why(caplog) -> 
         "activations: no histograms of mine's activations: it is a subclassed model, whose "
         "layers' outputs cannot be read (a functional or Sequential one's can)"
     ]
-
-
-def test_activation_probe_of_a_strategys_model_reads_its_mirrored_weights() -> None:
-    # A cluster's chief charts them: its model's variables are mirrored, and the probe runs
-    # outside the strategy's towers, on its first local device.
-    strategy = tf.distribute.MirroredStrategy(["/CPU:0", "/CPU:1"])
-    keras.utils.set_random_seed(7)
-    with strategy.scope():
-        model = build_model(ModelSpec(name="mlp", params={"hidden": [8]}), SHAPE, CLASSES).model
-        trainer = ClusterTrainer(
-            strategy=strategy,
-            model=model,
-            optimizer=make_optimizer(OptimizerSpec(name="sgd", learning_rate=0.1)),
-            parameter_device="/CPU:0",
-        )
-    x, y = batch(10)
-    trainer.train_step(x, y)
-    probe = activation_probe(model, trainer.tower_devices[0])
-    assert probe is not None
-
-    outputs = probe(tf.constant(x))
-
-    np.testing.assert_allclose(outputs["activations/logits"], model(x, training=False), rtol=1e-6)
-    assert float(tf.reduce_min(outputs[probe.tags[0]])) >= 0.0  # the hidden ReLU's
 
 
 def test_a_layers_outputs_past_max_values_are_sampled_across_every_channel() -> None:

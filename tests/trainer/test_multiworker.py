@@ -9,6 +9,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -69,14 +70,28 @@ SPEC = {
 }
 
 
+# Ports for a cluster's tasks, below the kernel's ephemeral range (32768-60999 by
+# default): a port the kernel handed out (bind to port 0) is free again once released,
+# and the next process to ask may get it before the task binds it, as a test of the
+# other xdist process did in CI ("Address already in use"; the other task then waited
+# 300 s for a cluster that could not form). Below that range only an explicit bind
+# takes one.
+CLUSTER_PORTS = range(20000, 32768)
+
+
 def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
+    """`count` distinct ports of CLUSTER_PORTS that 127.0.0.1 can bind now."""
+    ports: list[int] = []
+    for port in random.sample(CLUSTER_PORTS, len(CLUSTER_PORTS)):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise AssertionError(f"Expected {count} free ports in {CLUSTER_PORTS}. Received: {ports}")
 
 
 @dataclass

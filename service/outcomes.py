@@ -121,14 +121,17 @@ def _disk_hint(free_bytes: int | None) -> str:
     )
 
 
+# What a SIGKILL nobody sent (not the service's cancel) most often is; the kernel's log
+# alone says so. Said in a failed job's error (`_oom_hint`) and in a requeue's reason.
+_OOM_KILLER = "the kernel's out-of-memory killer (`dmesg` says so)"
+
+
 def _oom_hint(signum: int) -> str:
-    """A SIGKILL nobody sent (not the service's cancel) most often comes from the kernel's
-    out-of-memory killer, which says so only in the kernel's log."""
     if signum != signal.SIGKILL:
         return ""
     return (
-        " A SIGKILL no one sent is most often the kernel's out-of-memory killer (`dmesg` "
-        "says so): a job holds its images in memory, three times over as it starts."
+        f" A SIGKILL no one sent is most often {_OOM_KILLER}: a job holds its images in "
+        "memory, three times over as it starts."
     )
 
 
@@ -153,13 +156,10 @@ def crashed(
         )
     if exit.signal is None:
         return None
-    # The short form of `_oom_hint`, for the requeue's log lines: a job requeued again and
-    # again after each start's SIGKILL said only the signal until its retries ran out.
-    oom = ", most often the kernel's out-of-memory killer (`dmesg` says so)"
-    return (
-        f"its worker was killed by {signal_name(exit.signal)} ({exit.signal})"
-        f"{oom if exit.signal == signal.SIGKILL else ''}"
-    )
+    # For the requeue's log lines: a job requeued again and again after each start's
+    # SIGKILL said only the signal until its retries ran out.
+    oom = f", most often {_OOM_KILLER}" if exit.signal == signal.SIGKILL else ""
+    return f"its worker was killed by {signal_name(exit.signal)} ({exit.signal}){oom}"
 
 
 def final_state(

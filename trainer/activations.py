@@ -13,6 +13,12 @@ and the model's output (the logits). A conv without an activation, batch norm an
 pooling are left out: their outputs are charted where the next non-linearity takes them.
 So is a layer called more than once (shared), which has no one output (logged).
 
+A rectifier's histogram says little of its dead units: its spike at 0 dwarfs the rest, and a
+histogram does not say which units sit there. So each layer that rectifies (ReLU, ReLU6)
+also gets a `zero_fraction/<layer>` scalar beside it: the fraction of the same outputs that
+are exactly 0, counted with the bucketing (the classic multi-GPU CIFAR-10 trainer's
+`sparsity`). Climbing toward 1 step after step, a layer is going dead.
+
 Cost: one eager forward pass of at most `EXAMPLES` examples (tower 0's first, the
 examples its `inputs` images show) on tower 0's device at each histograms step, and a
 host copy of each output, bucketed on the summaries' background thread with the weights
@@ -52,11 +58,25 @@ _ACTIVATION_LAYERS = (
 )
 
 
+# Activations that put out exactly 0 for every input below a threshold: Keras's and
+# `tf.nn`'s alike, by name (`Dense(activation=tf.nn.relu)` is as common as "relu").
+_RECTIFIERS = frozenset({"relu", "relu6"})
+
+
 def _applies_non_linearity(layer: keras.layers.Layer) -> bool:
     if isinstance(layer, _ACTIVATION_LAYERS):
         return True
     activation = getattr(layer, "activation", None)
     return callable(activation) and activation is not keras.activations.linear
+
+
+def _rectifies(layer: keras.layers.Layer) -> bool:
+    """Whether `layer`'s outputs are 0 wherever its input is below a threshold, so that
+    their zero fraction counts units switched off (a leaky one's are never 0)."""
+    if isinstance(layer, keras.layers.ReLU):
+        return not layer.negative_slope
+    activation = getattr(layer, "activation", None)
+    return getattr(activation, "__name__", None) in _RECTIFIERS
 
 
 class ActivationProbe:
@@ -66,6 +86,12 @@ class ActivationProbe:
         """Use `activation_probe`, which says why a model has none."""
         outputs = [model.get_layer(name).output for name in layers]
         self.tags = [f"activations/{name}" for name in layers]
+        # Each rectifier's histogram tag, and its `zero_fraction/` scalar's (the module doc).
+        self.zero_fractions = {
+            f"activations/{name}": f"zero_fraction/{name}"
+            for name in layers
+            if _rectifies(model.get_layer(name))
+        }
         self._probe = keras.Model(model.inputs, outputs, name=f"{model.name}_activations")
         self._device = device
 

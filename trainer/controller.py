@@ -647,20 +647,23 @@ class Controller:
 
     def _write_histograms(self, step: int, grads: list[tf.Tensor], images: tf.Tensor) -> None:
         """The weights, the averaged gradients and, if asked, the activations of tower 0's
-        first examples of `images` (the step's batch) as the step left the weights."""
+        first examples of `images` (the step's batch) as the step left the weights, with
+        each rectifier's zero fraction."""
         tensors: dict[str, tf.Tensor] = {}
         for var, grad in zip(self.trainer.model.trainable_variables, grads, strict=True):
             tag = variable_tag(var.path)
             tensors[f"weights/{tag}"] = var.numpy()
             tensors[f"gradients/{tag}"] = grad
+        zero_fractions: dict[str, str] = {}
         if (probe := self._activation_probe()) is not None:
             shard = host_tower_sizes(len(images), self.trainer.num_towers)[0]
             try:
                 tensors.update(probe(images[:shard]))
+                zero_fractions = probe.zero_fractions
             except Exception as error:  # e.g. a device out of memory: the job trains on
                 self._probe = None
                 log.warning("activations: no more histograms of them: %s", one_line(error))
-        self.summaries.histograms("train", tensors, step)
+        self.summaries.histograms("train", tensors, step, zero_fractions)
 
     def _activation_probe(self) -> ActivationProbe | None:
         """Made and warmed (`ActivationProbe.warm`) as the loop starts, once; None: not

@@ -52,6 +52,10 @@ _TABLE: list[tuple[str, str, str]] = [
      "most 32), in inference (dropout off, batch norm's moving statistics), with the "
      "weights as this step left them. A ReLU's units that put out 0 for every example "
      "are dead: they train no more."),
+    ("train", r"zero_fraction/(?P<name>.+)",
+     "Fraction of layer `{name}`'s outputs that are exactly 0, of those its "
+     "`activations/{name}` histogram shows at this step (a ReLU's units switched off). "
+     "One that climbs toward 1 is a layer going dead."),
     ("eval", r"loss", f"Mean loss over the held-out eval batches, {_EMA}."),
     ("eval", r"accuracy",
      f"Fraction of the held-out eval examples classified right (0 to 1), {_EMA}."),

@@ -356,21 +356,34 @@ class SummaryManager:
         self._write(subdir, summary, step)
 
     def histograms(
-        self, subdir: str, tensors: Mapping[str, tf.Tensor | tf.Variable | np.ndarray], step: int
+        self,
+        subdir: str,
+        tensors: Mapping[str, tf.Tensor | tf.Variable | np.ndarray],
+        step: int,
+        zero_fractions: Mapping[str, str] | None = None,
     ) -> None:
-        """One histogram per tensor, bucketed on the background thread."""
+        """One histogram per tensor, bucketed on the background thread; and for each tag
+        of `zero_fractions` (a histogram's tag to a scalar's), the fraction of its values
+        that are exactly 0, counted there too (a pass over the values it copied)."""
         if self.logdir is None:
             return
+        zero_fractions = zero_fractions or {}
         self._make_room()
         summary, wall_time = summary_pb2.Summary(), time.time()
-        copies = [
-            (self._add(summary, subdir, tag, histogram_metadata), tag, _host_copy(tensor))
-            for tag, tensor in tensors.items()
-        ]
+        copies = []
+        for tag, tensor in tensors.items():
+            value = self._add(summary, subdir, tag, histogram_metadata)
+            zero_tag = zero_fractions.get(tag)
+            zeros = self._add(summary, subdir, zero_tag, scalar_metadata) if zero_tag else None
+            copies.append((value, tag, _host_copy(tensor), zeros))
         file = self._file(subdir)
 
         def work() -> None:
-            for value, tag, values in copies:
+            for value, tag, values, zeros in copies:
+                if zeros is not None:
+                    # Of no values (a layer of none), none is 0.
+                    fraction = np.count_nonzero(values == 0) / max(values.size, 1)
+                    zeros.tensor.CopyFrom(_scalar_proto(fraction))
                 buckets = histogram_buckets(values)
                 if tag not in self._warned_nonfinite and (
                     dropped := values.size - buckets[:, 2].sum()

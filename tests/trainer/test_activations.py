@@ -87,6 +87,35 @@ def test_activation_probe_of_a_sequential_model_with_activation_layers() -> None
     }
 
 
+def test_a_zero_fraction_is_charted_for_each_rectifier_alone() -> None:
+    # ReLUs of every spelling count their zeros; a leaky ReLU, a tanh and the logits never
+    # put out 0 for a unit switched off, so a zero fraction of theirs would chart nothing.
+    inputs = keras.Input(SHAPE)
+    x = keras.layers.Flatten()(inputs)
+    for layer in [
+        keras.layers.Dense(4, activation="relu", name="relu_string"),
+        keras.layers.Dense(4, activation=tf.nn.relu, name="relu_tf"),
+        keras.layers.Dense(4, activation="relu6", name="relu6"),
+        keras.layers.ReLU(name="relu_layer"),
+        keras.layers.ReLU(threshold=0.5, name="relu_threshold"),
+        keras.layers.Activation("relu", name="relu_activation"),
+        keras.layers.ReLU(negative_slope=0.1, name="leaky_slope"),
+        keras.layers.LeakyReLU(name="leaky"),
+        keras.layers.Dense(4, activation="tanh", name="tanh"),
+    ]:
+        x = layer(x)
+    model = keras.Model(inputs, keras.layers.Dense(CLASSES, name="logits")(x))
+
+    probe = activation_probe(model, "/CPU:0")
+
+    assert probe is not None
+    assert len(probe.tags) == 10  # every layer but the flatten
+    rectifiers = ["relu_string", "relu_tf", "relu6", "relu_layer", "relu_threshold"]
+    assert probe.zero_fractions == {
+        f"activations/{name}": f"zero_fraction/{name}" for name in [*rectifiers, "relu_activation"]
+    }
+
+
 def test_activation_probe_of_a_subclassed_model_is_none_and_says_why(caplog) -> None:
     class Subclassed(keras.Model):
         def __init__(self) -> None:

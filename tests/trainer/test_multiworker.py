@@ -215,6 +215,7 @@ def test_the_chief_writes_the_run_dir_and_the_other_workers_their_own(cluster_ru
     assert {"tower_0/inputs", "tower_1/inputs"} <= tags["images"]
     # Read from the chief's mirrored weights, outside the strategy's towers.
     assert {"activations/logits", "activations/stem_relu"} <= tags["histograms"]
+    assert "zero_fraction/stem_relu" in tags["scalars"]
     assert "graph" in tags
     start = json.loads((cluster_run / "progress.jsonl").read_text().splitlines()[0])
     assert (start["towers"], start["workers"]) == (2, 2)

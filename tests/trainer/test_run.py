@@ -242,6 +242,11 @@ def test_run_job_charts_tower_0s_activations(tiny_run):
     assert description.startswith("Outputs of layer `dense` for tower 0's first examples"), (
         description
     )
+    # The ReLU's units at 0, beside its histogram; the logits, no rectifier, have none.
+    zeros = acc.Tensors("zero_fraction/dense")
+    assert [e.step for e in zeros] == [20, 40]
+    assert all(0 < tf.make_ndarray(e.tensor_proto) < 1 for e in zeros), zeros
+    assert "zero_fraction/logits" not in acc.Tags()["tensors"]
 
 
 def test_run_job_without_activations_charts_weights_and_gradients_alone(tmp_path):

@@ -131,6 +131,33 @@ def test_write_scalars_and_histograms_read_back(tmp_path):
     assert tf.make_ndarray(histogram.tensor_proto)[:, 2].sum() == 4
 
 
+def test_a_zero_fraction_is_counted_from_its_histograms_values(tmp_path):
+    # A rectifier's zero fraction, a scalar in the histograms' event: 3 of 8 values are
+    # exactly 0 (not the -0.0 a ReLU never gives, nor a NaN, which is no 0). Values of no
+    # zero fraction asked for get none.
+    relu = np.array([[0.0, 1.5, 0.0, 2.0], [0.0, 0.5, np.nan, 1e-30]], np.float32)
+    summaries = SummaryManager(tmp_path)
+    for step in (5, 10):
+        summaries.histograms(
+            "train",
+            {"activations/dense": relu * (step // 5), "weights/dense/kernel": np.zeros(3)},
+            step=step,
+            zero_fractions={"activations/dense": "zero_fraction/dense"},
+        )
+    summaries.close()
+    acc = read(tmp_path / "train")
+    assert set(acc.Tags()["tensors"]) == {
+        "activations/dense", "weights/dense/kernel", "zero_fraction/dense"
+    }  # fmt: skip
+    fractions = acc.Tensors("zero_fraction/dense")
+    assert [e.step for e in fractions] == [5, 10]
+    assert [float(tf.make_ndarray(e.tensor_proto)) for e in fractions] == [3 / 8, 3 / 8]
+    assert acc.SummaryMetadata("zero_fraction/dense").plugin_data.plugin_name == "scalars"
+    assert acc.SummaryMetadata("zero_fraction/dense").summary_description.startswith(
+        "Fraction of layer `dense`'s outputs that are exactly 0"
+    )
+
+
 def test_summary_manager_without_logdir_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # where a writer given no folder would end up
     summaries = SummaryManager(None)
@@ -255,6 +282,8 @@ def test_describe_knows_the_tags_a_job_writes():
         ("train", "tower_3/inputs"),
         ("train", "weights/block_1/conv/kernel"),
         ("train", "gradients/dense/bias"),
+        ("train", "activations/stage2_block1_out"),
+        ("train", "zero_fraction/stage2_block1_out"),
         ("eval", "loss"),
         ("eval", "accuracy"),
     ]:

@@ -99,12 +99,12 @@ def test_every_tag_is_there_with_its_description(board):
     scalars = board.get("/data/plugin/scalars/tags").json()
     histograms = board.get("/data/plugin/histograms/tags").json()
     images = board.get("/data/plugin/images/tags").json()
+    layers = {"conv2d", "conv2d_1", "dense", "logits"}
     assert set(scalars["train"]) == {
         "loss", "accuracy", "learning_rate", "grad_norm", "examples_per_sec", "step_time_ms",
         "tower_0/loss", "tower_1/loss", "tower_0/compute_ms", "tower_1/compute_ms",
-    }  # fmt: skip
+    } | {f"zero_fraction/{layer}" for layer in layers - {"logits"}}  # fmt: skip
     assert set(scalars["eval"]) == {"loss", "accuracy"}
-    layers = {"conv2d", "conv2d_1", "dense", "logits"}
     assert set(histograms["train"]) == {
         f"{kind}/{layer}/{var}"
         for kind in ("weights", "gradients")

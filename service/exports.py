@@ -1,10 +1,11 @@
 """A job's exported model (`export/`, the SavedModel a succeeded worker writes last) as a
 streamed .tar.gz (`service.archives`).
 
-The archive holds the SavedModel's files at its top (`saved_model.pb`, `variables/`,
-`assets/`, `fingerprint.pb`), so `tf.saved_model.load` takes the folder it is extracted
-into, and beside them the job's spec.json and result.json (the metrics it ended with),
-which loading ignores. Only plain files inside the run directory are served.
+The archive holds the SavedModel's files at its top (`saved_model.pb`, `fingerprint.pb`,
+`variables/`, and `assets/` where it holds a file: a tar of files alone has no empty
+folder, which loading does not need), so `tf.saved_model.load` takes the folder it is
+extracted into, and beside them the job's spec.json and result.json (the metrics it ended
+with), which loading ignores. Only plain files inside the run directory are served.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ it, so where a bucket straddles two spans, its extremes count for the span they 
 the other span shows its own next-lowest. Every point shown is a reported one, and a spike
 still shows, in the span that holds its step.
 
-Only jobs created with this module keep the copy (`ROLLUP_JOBS` marks them); the points of
+Only jobs created with this module keep the copy (the `rollup_jobs` table marks them); the points of
 a job made by an earlier version are thinned from the points, as before.
 """
 

@@ -132,7 +132,7 @@ def devices(job: dict[str, Any]) -> str:
 
 
 def devices_and_towers(job: dict[str, Any]) -> str:
-    """`_devices`, or "none yet" for a queued job, and the towers the job asked for."""
+    """`devices`, or "none yet" for a queued job, and the towers the job asked for."""
     held = devices(job)
     if held == "-" and job.get("state") == "queued":
         held = "none yet"

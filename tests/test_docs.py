@@ -1,11 +1,12 @@
 """The README and docs/architecture.md say what the code does.
 
 Mechanical checks, each well under a second, with no server and no TensorFlow: the
-settings, modules, API routes, command lines, spec fields, exit codes, dependencies and
-paths the docs name are read out of the Markdown and held against the code (the settings
-class, the app's routes built over a temporary data dir but never started, the CLI's own
-parser, the spec's pydantic models, pyproject.toml, the files in the tree). A change to
-either side that leaves the other behind fails here, naming what to fix.
+settings, modules, API routes, command lines, spec fields, optimizer options, TensorBoard
+tags, run-directory files, exit codes, dependencies and paths the docs name are read out
+of the Markdown and held against the code (the settings class, the app's routes built over
+a temporary data dir but never started, the CLI's own parser, the spec's pydantic models,
+the tag descriptions, `RunDir`, pyproject.toml, the files in the tree). A change to either
+side that leaves the other behind fails here, naming what to fix.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import socket
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 from fastapi import FastAPI
@@ -32,8 +33,9 @@ from service.cli import EXIT_BAD_SETTING, EXIT_CANNOT_START, build_parser, main
 from service.main import create_app
 from service.progress import SERIES
 from service.settings import OTHER_VARIABLES, Settings
+from trainer import descriptions, rundir
 from trainer import spec as job_spec
-from trainer.rundir import ExitCode
+from trainer.rundir import ExitCode, RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -628,6 +630,110 @@ def test_readme_cli_exit_codes_for_usage_and_unreachable() -> None:
         130,
         141,
     }
+
+
+# --- what a job writes -----------------------------------------------------------------
+
+
+def _literal(word: str) -> object:
+    """A README default: `false`, `1e-7`, `1000`."""
+    return json.loads(word) if word in ("true", "false") else float(word)
+
+
+def test_readme_optimizer_options_table_is_the_specs() -> None:
+    """Each option's row says which optimizer or schedule reads it (`options_not_read`
+    refuses it with any other) and its default; every option the spec has is in a row."""
+    names: dict[str, type[BaseModel]] = {
+        "optimizer": job_spec.OptimizerSpec,
+        "optimizer.schedule": job_spec.ScheduleSpec,
+    }
+    rows = _table(_section(_text(README), "### Optimizer and schedule options"))
+    documented = set()
+    for option, readers, defaults in rows:
+        first, *rest = _spans(re.sub(r"\(.*?\)", "", option))
+        where, _, key = first.rpartition(".")
+        keys = [key, *rest]
+        model = names[where]
+        for key, default in zip(keys, defaults.split(", "), strict=True):
+            documented.add(f"{where}.{key}")
+            assert model.model_fields[key].default == _literal(default), (
+                f"README: {where}.{key} defaults to {default}; "
+                f"trainer/spec.py: {model.model_fields[key].default!r}"
+            )
+            value = model.model_fields[key].default
+            reading = set()
+            for name in get_args(model.model_fields["name"].annotation):
+                part = {"name": name, key: value}
+                given = {"schedule": part} if where == "optimizer.schedule" else part
+                spec = job_spec.JobSpec.model_validate(
+                    {"data": {"format": "synthetic"}, "optimizer": given}
+                )
+                if not job_spec.options_not_read(spec):
+                    reading.add(name)
+            assert set(_spans(readers)) == reading, (
+                f"README: {where}.{key} is read by {_spans(readers)}; the spec: {sorted(reading)}"
+            )
+    options = {
+        f"{where}.{key}"
+        for where, model in names.items()
+        for key, field in model.model_fields.items()
+        if key != "name" and field.annotation is not job_spec.ScheduleSpec
+    }
+    options -= {"optimizer.learning_rate", "optimizer.warmup_steps"}  # every optimizer's
+    assert options == documented, (
+        f"README's options table and trainer/spec.py differ: {sorted(options ^ documented)}"
+    )
+
+
+def _sample(tag: str) -> str:
+    """A tag as the table names it (`tower_i/loss`, `weights/<layer>/<var>`) as the trainer
+    writes one (`tower_0/loss`, `weights/x/x`)."""
+    return re.sub(r"<[^>]+>", "x", tag.replace("tower_i", "tower_0"))
+
+
+def test_readme_tensorboard_table_names_every_described_tag() -> None:
+    """Each tag `trainer/descriptions.py` describes is named in the README's row of its
+    sub-directory (`tb/train` scalars, histograms or images; `tb/eval` scalars)."""
+    rows = _table(_section(_text(README), "## What a job writes to TensorBoard"))
+    named: dict[str, list[str]] = {}
+    for where, what in rows:
+        if match := re.match(r"`tb/(train|eval)`", where):
+            named.setdefault(match.group(1), []).extend(_sample(s) for s in _spans(what))
+    assert set(named) == {"train", "eval"}, named.keys()
+    missing = [
+        f"tb/{subdir} {pattern}"
+        for subdir, pattern, _description in descriptions._TABLE
+        if not any(re.fullmatch(pattern, tag) for tag in named[subdir])
+    ]
+    assert not missing, f"README's TensorBoard table names no tag for: {missing}"
+
+
+# The run directory's files that the service writes, not the worker (`python -m trainer run`).
+SERVICE_WRITES = ("log", "profile_request")
+
+
+def test_readme_run_directory_lists_what_the_worker_writes() -> None:
+    """README's `It writes runs/my-job/ — ...` names each file of `RunDir` the worker
+    writes, and trainer/rundir.py's docstring names every file of `RunDir`."""
+    paths = {
+        name: getattr(RunDir(Path("job")), name).name
+        for name, member in vars(RunDir).items()
+        if isinstance(member, property)
+    }
+    assert set(SERVICE_WRITES) < set(paths), paths
+    readme = " ".join(_text(README).split())
+    said = re.search(r"It writes `runs/my-job/` — (.*?) — and exits", readme)
+    assert said is not None
+    listed = {s.rstrip("/") for s in _spans(said.group(1)) if re.fullmatch(r"\w[\w.]*/?", s)}
+    worker = {file for name, file in paths.items() if name not in SERVICE_WRITES}
+    assert listed == worker, (
+        f"README's run directory and trainer/rundir.py differ: {sorted(listed ^ worker)}"
+    )
+    contract = rundir.__doc__ or ""
+    unnamed = [
+        file for file in paths.values() if not re.search(rf"^ +{re.escape(file)}\b", contract, re.M)
+    ]
+    assert not unnamed, f"trainer/rundir.py's docstring does not list {unnamed}"
 
 
 # --- what the project is built from ----------------------------------------------------

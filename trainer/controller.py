@@ -27,6 +27,7 @@ import tensorflow as tf
 from trainer.activations import ActivationProbe, activation_probe
 from trainer.checkpoints import Checkpointer
 from trainer.cluster import Cluster
+from trainer.devicememory import TowerMemory
 from trainer.errors import one_line
 from trainer.profiling import STEP_MARKER, TraceCapture, TraceTimes
 from trainer.rundir import (
@@ -291,6 +292,7 @@ class Controller:
         self._towers_on_gpus = any(
             tf.DeviceSpec.from_string(d).device_type == "GPU" for d in trainer.tower_devices
         )
+        self.memory = TowerMemory(trainer.tower_devices)
         self._last_eval: dict[str, float] | None = None
         self._checkpoint_path: str | None = None
         self._probe: ActivationProbe | Literal[False] | None = False  # False: not made yet
@@ -614,6 +616,8 @@ class Controller:
         }
         if self._tower_ms is not None:
             fields["tower_ms"] = self._tower_ms
+        if (memory := self.memory.peak_mb()) is not None:
+            fields["memory_mb"] = memory
         self.progress.write("progress", **fields)
 
     def _write_scalars(
@@ -643,6 +647,8 @@ class Controller:
         ):
             if count > 0:
                 values[f"tower_{i}/loss"] = tower_loss
+        for i, mb in enumerate(self.memory.interval_mb() or []):
+            values[f"tower_{i}/memory_mb"] = mb
         self.summaries.scalars("train", values, step)
 
     def _write_histograms(self, step: int, grads: list[tf.Tensor], images: tf.Tensor) -> None:

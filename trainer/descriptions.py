@@ -40,6 +40,10 @@ _TABLE: list[tuple[str, str, str]] = [
     ("train", r"tower_(?P<i>\d+)/compute_ms",
      "Milliseconds tower {i}'s ops ran a step, forward and backward, measured in the device "
      "trace that ended at this step (on a GPU, its kernels' time on the device)."),
+    ("train", r"tower_(?P<i>\d+)/memory_mb",
+     "Peak MiB TensorFlow's allocator held on tower {i}'s GPU since the previous point: "
+     "its tensors (the weights, the activations a step keeps for its backward pass), not "
+     "what the process or the driver reserves."),
     ("train", r"tower_(?P<i>\d+)/inputs",
      "Images tower {i} trained on at this step, after augmentation (the first "
      "`summaries.max_images` of its shard)."),

@@ -27,6 +27,7 @@ from trainer import profiling
 from trainer.checkpoints import Checkpointer
 from trainer.cluster import Cluster
 from trainer.controller import UNREAD_STEPS_MAX, Controller, NonFiniteLoss
+from trainer.devicememory import TowerMemory
 from trainer.models import build_model
 from trainer.optim import make_optimizer
 from trainer.rundir import ProgressWriter, RunDir
@@ -290,6 +291,36 @@ def test_each_towers_images_are_the_examples_it_trained_on(tmp_path) -> None:
         pngs = tf.make_ndarray(event.tensor_proto)[2:]  # after the width and the height
         seen = [int(tf.io.decode_png(png).numpy()[0, 0, 0]) for png in pngs]
         assert seen == [int(shades[k] * 255.5) for k in examples], tag
+
+
+def test_each_towers_memory_is_charted_and_reported(tmp_path, monkeypatch) -> None:
+    # The CPU's counters stand in for each tower's GPU's (tests/trainer/test_devicememory.py
+    # says why): with 48 MiB held from before the job, every scalars point charts each
+    # tower's peak since the point before, and every report its peak since the start.
+    monkeypatch.setattr(controller_module, "PROGRESS_MIN_SECONDS", 0.0)
+    monkeypatch.setattr(controller_module, "PROGRESS_EVERY_SECONDS", 0.0)
+    with tf.device("/CPU:1"):
+        held = tf.fill([48 << 18], 1.0)
+    controller, _ = run_loop(tmp_path, 6, batches(), summaries={"scalars_every": 2})
+    controller.memory = TowerMemory(controller.trainer.tower_devices, counted=("CPU",))
+
+    controller.run()
+    controller.summaries.close()
+    del held
+
+    acc = event_accumulator.EventAccumulator(
+        str(controller.rundir.tensorboard / "train"), size_guidance={event_accumulator.TENSORS: 0}
+    )
+    acc.Reload()
+    for i in (0, 1):
+        charted = [
+            (e.step, float(tf.make_ndarray(e.tensor_proto)))
+            for e in acc.Tensors(f"tower_{i}/memory_mb")
+        ]
+        assert [step for step, _ in charted] == [2, 4, 6], charted
+        assert all(mb >= 48 for _, mb in charted), charted
+    reports = [e for e in progress_lines(tmp_path / "progress.jsonl") if e["event"] == "progress"]
+    assert reports and all(len(e["memory_mb"]) == 2 and min(e["memory_mb"]) >= 48 for e in reports)
 
 
 def histograms_of(controller: Controller) -> dict[str, list[tuple[int, np.ndarray]]]:

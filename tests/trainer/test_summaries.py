@@ -279,6 +279,7 @@ def test_describe_knows_the_tags_a_job_writes():
         ("train", "step_time_ms"),
         ("train", "tower_12/loss"),
         ("train", "tower_0/compute_ms"),
+        ("train", "tower_1/memory_mb"),
         ("train", "tower_3/inputs"),
         ("train", "weights/block_1/conv/kernel"),
         ("train", "gradients/dense/bias"),

@@ -53,7 +53,8 @@ class TowerMemory:
             for name in self._names:
                 tf.config.experimental.reset_memory_stats(name)
         except Exception as error:  # noqa: BLE001 - a counter is never fatal
-            return self._fail(error)
+            self._fail(error)
+            return None
         self._so_far = [max(a, b) for a, b in zip(self._so_far, peaks, strict=True)]
         return _mib(peaks)
 
@@ -70,12 +71,12 @@ class TowerMemory:
         try:
             return [tf.config.experimental.get_memory_info(name)["peak"] for name in self._names]
         except Exception as error:  # noqa: BLE001 - a counter is never fatal
-            return self._fail(error)
+            self._fail(error)
+            return None
 
     def _fail(self, error: Exception) -> None:
         self._off = True
         log.warning("device memory: not charted, its counters cannot be read: %s", one_line(error))
-        return None
 
 
 def _mib(peaks: list[int]) -> list[float]:

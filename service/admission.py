@@ -3,7 +3,8 @@
 The spec model checks a job on its own; these checks need to know this host: towers
 (and a parameter device `gpu0`) against the devices the service can give, a data path
 against the allowed data roots and the files actually there (for .npz and IDX files,
-what their headers say: the arrays, their shapes and sizes), and a custom model's module against what the worker
+what their headers say: the arrays, their shapes and sizes, and what the image shape
+rules out: a crop padding or a built-in model too large for it), and a custom model's module against what the worker
 can import (and, where its source shows the function, that it takes the arguments the
 worker calls it with). A job the service accepts must not fail in the worker for a reason that could
 have been checked here.
@@ -37,6 +38,7 @@ from trainer.datafiles import (
     is_glob,
     resolve_files,
 )
+from trainer.modelsize import too_large
 from trainer.spec import PATH_CHARS, JobSpec, shown_value
 
 
@@ -95,18 +97,21 @@ def admit(
         try:
             check_under_roots(path, data_roots)
             files = resolve_files(spec.data)
+            shape = None
             if spec.data.format == "npz":
                 # Each file's arrays, from its zip directory and their .npy headers (no
                 # array is read): a lone .npy, a file that is no zip, arrays under other
                 # names or of shapes that do not go together, or a damaged header failed
                 # only in the worker, after the job's wait for its turn.
-                check_npz_headers(files)
+                shape = check_npz_headers(files)
             elif spec.data.format == "tfrecord":
                 check_tfrecord_files(files)
             elif spec.data.format == "idx":
                 # The same of each IDX file's header and size: a file cut short, or images
                 # and labels of other counts, failed only in the worker.
-                check_idx_headers(files)
+                shape = check_idx_headers(files)
+            if shape is not None:
+                errors.extend(_image_shape_problems(spec, shape))
         except DataFilesError as error:
             message = str(error)
             if not held and len(data_roots) > 1:
@@ -119,6 +124,24 @@ def admit(
             # a name too long, a symlink loop (OSError): the job's fault, not the service's.
             errors.append({"field": "data.path", "message": _unreadable(path, error)})
     return spec, errors
+
+
+def _image_shape_problems(spec: JobSpec, shape: tuple[int, ...]) -> list[dict[str, str]]:
+    """What the data's image shape (H, W, C), read from its files' headers, shows the
+    worker would refuse: a `random_crop_padding` of a whole side or more, a built-in model
+    too large for images of that shape (counted on 2 classes, the fewest any labels give,
+    as the labels are data, not headers). Both failed only in the worker, exit 2."""
+    errors = []
+    height, width, _ = shape
+    if (crop := spec.data.augment.crop_problem(height, width)) is not None:
+        errors.append({"field": "data.augment.random_crop_padding", "message": crop})
+    if not spec.model.is_custom:
+        images = "x".join(str(side) for side in shape)
+        data = f"on the data's {images} images and 2 classes, the fewest any labels give"
+        reason = too_large(spec.model.name, spec.model.params, shape, 2, data)
+        if reason is not None:
+            errors.append({"field": "model.params", "message": reason})
+    return errors
 
 
 def _unreadable(path: str, error: ValueError | OSError) -> str:

@@ -229,12 +229,13 @@ def shape_problem(
     return None
 
 
-def check_npz_headers(files: DataFiles) -> None:
+def check_npz_headers(files: DataFiles) -> Shape | None:
     """Raises `DataFilesError` for what the .npz files' headers alone show the worker
     would refuse: a member whose header claims more than it holds, images and labels of
     other counts or dims, files of other image shapes, eval images of another shape than
     the train images. Reads each file's zip directory and its arrays' .npy headers (a few
-    hundred bytes each), never the arrays: the service checks a job with it at submit."""
+    hundred bytes each), never the arrays: the service checks a job with it at submit.
+    Returns the train images' (H, W, C), or None where no header gave it."""
     shapes: dict[str, list[tuple[Shape, str]]] = {"train": [], "eval": []}
     for part, paths in (("train", files.train), ("eval", files.eval)):
         for path in paths:
@@ -248,7 +249,7 @@ def check_npz_headers(files: DataFiles) -> None:
                     raise DataFilesError(problem)
                 x_dims = (*x_shape, 1) if len(x_shape) == 3 else x_shape
                 shapes[into].append((x_dims[1:], f"{path} ({names[0]})"))
-    _check_image_shapes(shapes)
+    return _check_image_shapes(shapes)
 
 
 def _npy_shapes(path: Path, names: list[str]) -> dict[str, Shape]:
@@ -464,11 +465,12 @@ def idx_pair_problem(
     return shape_problem(images_dims, labels_dims, f"{images}, {labels}", ("images", "labels"))
 
 
-def check_idx_headers(files: DataFiles) -> None:
+def check_idx_headers(files: DataFiles) -> Shape | None:
     """Raises `DataFilesError` for what the IDX files' headers and sizes alone show the
     worker would refuse: a header that is no IDX header, or one its file's size belies,
     images and labels of other counts or dims, files or eval images of other image
-    shapes. Reads each file's first bytes (a gzip'd one's first block), never its data."""
+    shapes. Reads each file's first bytes (a gzip'd one's first block), never its data.
+    Returns the train images' (H, W, C)."""
     shapes: dict[str, list[tuple[Shape, str]]] = {"train": [], "eval": []}
     for part, images_files in (("train", files.train), ("eval", files.eval)):
         for images in images_files:
@@ -478,7 +480,7 @@ def check_idx_headers(files: DataFiles) -> None:
                 raise DataFilesError(problem)
             x_dims = (*dims[images], 1) if len(dims[images]) == 3 else dims[images]
             shapes[part].append((x_dims[1:], str(images)))
-    _check_image_shapes(shapes)
+    return _check_image_shapes(shapes)
 
 
 def _idx_dims(path: Path) -> Shape:
@@ -493,8 +495,9 @@ def _idx_dims(path: Path) -> Shape:
     return dims
 
 
-def _check_image_shapes(shapes: dict[str, list[tuple[Shape, str]]]) -> None:
-    """Every file's images of one shape, and the eval images of the train images'."""
+def _check_image_shapes(shapes: dict[str, list[tuple[Shape, str]]]) -> Shape | None:
+    """Every file's images of one shape, and the eval images of the train images'; the
+    train images' shape (None: no header gave one)."""
     for found in shapes.values():
         if len({shape for shape, _ in found}) > 1:
             received = ", ".join(f"{shape} in {source}" for shape, source in found)
@@ -506,6 +509,7 @@ def _check_image_shapes(shapes: dict[str, list[tuple[Shape, str]]]) -> None:
             f"Expected eval images of the train image shape {shapes['train'][0][0]}. "
             f"Received: {shapes['eval'][0][0]} ({shapes['eval'][0][1]})"
         )
+    return shapes["train"][0][0] if shapes["train"] else None
 
 
 # The data roots of the service that started a worker, as JSON (`roots_to_environ`): the worker

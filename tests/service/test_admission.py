@@ -15,7 +15,7 @@ from tests.damaged_files import (
     flag_first_member_encrypted,
     write_lying_npz,
 )
-from trainer.spec import JobSpec
+from trainer.spec import AugmentSpec, JobSpec, ModelSpec
 
 POOL = DevicePool(devices=("cpu:0",), gpu=False, max_towers=8)
 
@@ -213,6 +213,45 @@ def test_admit_refuses_idx_files_the_worker_would_refuse_from_their_headers(
     _idx(good / "train-images-idx3-ubyte.gz", images, gz=True)
     _idx(good / "train-labels-idx1-ubyte", labels)
     assert admit(_idx_spec(good), pool=POOL, data_roots=[tmp_path])[1] == []
+
+
+def test_admit_refuses_what_the_headers_image_shape_rules_out(tmp_path: Path) -> None:
+    # Each was a 201 and then a job the worker refused (exit 2) once it had waited for its
+    # turn: the image shape was in the headers the service had just read.
+    npz = _npz(tmp_path / "wide.npz", x=np.zeros((2, 24, 40, 3), np.uint8), y=np.zeros(2, int))
+    idx = tmp_path / "idx"
+    _idx(idx / "train-images-idx3-ubyte", np.zeros((2, 24, 40)))
+    _idx(idx / "train-labels-idx1-ubyte", np.zeros(2))
+    cases = [("npz", npz, "24x40x3"), ("idx", str(idx), "24x40x1")]
+    for fmt, path, images in cases:
+        spec = JobSpec.model_validate(
+            {
+                "data": {"format": fmt, "path": path, "augment": {"random_crop_padding": 24}},
+                "model": {"name": "mlp", "params": {"hidden": [65_536, 16_000]}},
+            }
+        )
+        _, (crop, size) = admit(spec, pool=POOL, data_roots=[tmp_path])
+        assert crop == {
+            "field": "data.augment.random_crop_padding",
+            "message": "Expected `random_crop_padding` below the images' height and width "
+            "(24x40), so that a shifted image keeps some of its pixels. Received: 24, "
+            "which would leave about 4% of the training images blank",
+        }, fmt
+        assert size["field"] == "model.params", fmt
+        assert size["message"].startswith("Expected a model of at most 1,073,741,824 "), fmt
+        assert size["message"].endswith(
+            f"on the data's {images} images and 2 classes, the fewest any labels give"
+        ), fmt
+        # A padding under the shorter side and a model that fits: admitted.
+        fits = spec.model_copy(
+            update={
+                "data": spec.data.model_copy(
+                    update={"augment": AugmentSpec(random_crop_padding=23)}
+                ),
+                "model": ModelSpec(name="mlp", params={"hidden": [500], "dropout": 0.0}),
+            }
+        )
+        assert admit(fits, pool=POOL, data_roots=[tmp_path])[1] == [], fmt
 
 
 def test_admit_takes_npz_members_numpy_reads_that_the_header_check_does_not(

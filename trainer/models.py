@@ -242,6 +242,25 @@ def _output_shape(name: str, model: keras.Model, input_shape: tuple[int, ...]) -
     return tuple(output.shape)
 
 
+def _check_input_dtype(name: str, model: keras.Model) -> None:
+    """Refuses a model whose input is not floating point (`keras.Input(..., dtype="int32")`):
+    it is fed float32 pixels in [0, 1], which Keras casts to its input's dtype, so an
+    integer input read every pixel as 0 (or 1 where it was 255) and trained on that
+    without a word. A subclassed model declares no input: what it does is its own."""
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):  # subclassed, or a Sequential not yet built
+        return
+    for tensor in inputs or ():
+        dtype = tf.as_dtype(tensor.dtype)
+        if not dtype.is_floating:
+            raise ModelError(
+                f"Expected model {name!r} to take float images (float32 pixels in [0, 1], as "
+                f"the job feeds them: integer pixels divided by 255). Received: an input of "
+                f"dtype {dtype.name}, which would read every pixel as 0 or 1"
+            )
+
+
 def _batch_shape(shape: tuple) -> str:
     """A model's output shape as the expected one is said: its batch axis by name, not as
     the 1 of the zero batch a custom model was run on (or a built-in's None)."""
@@ -322,6 +341,7 @@ def build_model(
             raise ModelError(
                 f"Expected {spec.name!r} to return a keras.Model. Received: {type(model).__name__}"
             )
+        _check_input_dtype(spec.name, model)
         output_shape = _output_shape(spec.name, model, input_shape)
         # The loss applies softmax (or sigmoid) itself: a model that already did trains on
         # squashed probabilities taken for logits, slowly and badly, with no error anywhere

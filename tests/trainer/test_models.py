@@ -132,6 +132,20 @@ def log_softmaxed(input_shape, num_classes):
     x = keras.layers.Flatten()(inputs)
     return keras.Model(inputs, keras.layers.Dense(num_classes, activation="log_softmax")(x))
 
+def int_input(input_shape, num_classes):
+    inputs = keras.Input(input_shape, dtype="int32")
+    x = keras.layers.Flatten()(keras.layers.Lambda(lambda t: keras.ops.cast(t, "float32"))(inputs))
+    return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
+
+def uint8_sequential(input_shape, num_classes):
+    return keras.Sequential([keras.Input(input_shape, dtype="uint8"), keras.layers.Flatten(),
+                             keras.layers.Dense(num_classes)])
+
+def half_input(input_shape, num_classes):
+    inputs = keras.Input(input_shape, dtype="float16")
+    x = keras.layers.Flatten(dtype="float16")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(num_classes, dtype="float16")(x))
+
 class Subclassed(keras.Model):
     def __init__(self, units):
         super().__init__()
@@ -227,6 +241,21 @@ def test_custom_model_that_outputs_probabilities_is_refused(custom):
     assert message.endswith(
         "Received: an output already passed through sigmoid (from layer 'squash')"
     )
+
+
+def test_custom_model_of_integer_input_is_refused(custom):
+    # Fed float32 pixels in [0, 1], an int32 input cast them to 0 (1 for a pixel of 255):
+    # the job trained on that, and its eval said 100% on data whose saturated pixels gave
+    # the classes away, without a word.
+    assert refusal("int_input") == (
+        "Expected model 'qa_custom:int_input' to take float images (float32 pixels in "
+        "[0, 1], as the job feeds them: integer pixels divided by 255). Received: an input "
+        "of dtype int32, which would read every pixel as 0 or 1"
+    )
+    assert "Received: an input of dtype uint8," in refusal("uint8_sequential")
+    # A float input of another width is cast without loss of meaning: accepted.
+    model = build_model(ModelSpec(name="qa_custom:half_input"), (4, 4, 1), 3).model
+    assert model.output_shape == (None, 3)
 
 
 def test_custom_model_of_log_softmax_outputs_is_logits_enough(custom):

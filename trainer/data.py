@@ -30,6 +30,7 @@ from trainer.datafiles import (
     ZIP_READ_ERRORS,
     DataFiles,
     DataFilesError,
+    dtype_problem,
     idx_pair_problem,
     idx_size_problem,
     no_records,
@@ -545,7 +546,9 @@ def _checked(
 ) -> _Chunk:
     """Checks one source's arrays and brings them to the `Arrays` layout and dtypes."""
     x_name, y_name = names
-    if problem := shape_problem(x.shape, y.shape, source, names):
+    if problem := shape_problem(x.shape, y.shape, source, names) or dtype_problem(
+        x.dtype, y.dtype, source, names
+    ):
         raise DataError(problem)
     if x.ndim == 3:
         x = x[..., np.newaxis]
@@ -555,16 +558,9 @@ def _checked(
 
 
 def _pixels(x: np.ndarray, name: str, source: str) -> np.ndarray:
-    """uint8 stays uint8; other integers must be 0-255; floats must lie in [0, 1]."""
-    numeric = (
-        np.issubdtype(x.dtype, np.integer)
-        or np.issubdtype(x.dtype, np.floating)
-        or x.dtype == np.bool_
-    )
-    if not numeric:
-        # Checked before min(): strings and records have none, and numpy's error names
-        # neither the array nor the file.
-        raise DataError(f"Expected numeric pixels `{name}`. Received: dtype {x.dtype} ({source})")
+    """uint8 stays uint8; other integers must be 0-255; floats must lie in [0, 1]. Of
+    numbers (`dtype_problem`, checked first: strings and records have no min(), and
+    numpy's error names neither the array nor the file)."""
     if x.dtype == np.uint8 or x.size == 0:
         return x if x.dtype == np.uint8 else hostarrays.cast(x, np.float32)
     low, high = x.min(), x.max()
@@ -599,12 +595,12 @@ def _labels(y: np.ndarray, name: str, source: str) -> np.ndarray:
         np.issubdtype(y.dtype, np.floating) and np.array_equal(y, np.round(y))
     )
     if not integral:
-        # Float labels that are whole numbers are read: name the value that is not one.
-        received = f"dtype {y.dtype}"
-        if np.issubdtype(y.dtype, np.floating):
-            value = y.flat[np.flatnonzero(y != np.round(y))[0]]
-            received = f"a label of {value} ({y.dtype})"
-        raise DataError(f"Expected integer class ids in `{name}`. Received: {received} ({source})")
+        # Float labels that are whole numbers are read: name the value that is not one
+        # (labels of no number type are refused before, by `dtype_problem`).
+        value = y.flat[np.flatnonzero(y != np.round(y))[0]]
+        raise DataError(
+            f"Expected integer class ids in `{name}`. Received: a label of {value} ({y.dtype}) ({source})"
+        )
     low, high = y.min(), y.max()
     if low < 0:
         raise DataError(f"Expected labels `{name}` >= 0. Received: a label of {low} ({source})")

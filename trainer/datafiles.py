@@ -229,33 +229,65 @@ def shape_problem(
     return None
 
 
+def dtype_problem(
+    x_dtype: Any, y_dtype: Any, source: str, names: tuple[str, str] = ("x", "y")
+) -> str | None:
+    """What is wrong with one source's images and labels from their dtypes alone (None:
+    nothing): pixels and labels are numbers (bool, integer or float; what their values must
+    be is read from the values). The worker's look at the arrays it read (`trainer.data`),
+    and the service's at an .npz file's headers (`check_npz_headers`): string labels
+    (`["cat", "dog"]`) failed only in the worker, after the job's wait for its turn."""
+    import numpy as np  # see `read_npy_header`
+
+    def numeric(dtype: Any) -> bool:
+        return bool(
+            np.issubdtype(dtype, np.integer)
+            or np.issubdtype(dtype, np.floating)
+            or dtype == np.bool_
+        )
+
+    x_name, y_name = names
+    if not numeric(x_dtype):
+        return f"Expected numeric pixels `{x_name}`. Received: dtype {x_dtype} ({source})"
+    if not numeric(y_dtype):
+        return (
+            f"Expected integer class ids in `{y_name}`, numbered from 0 (class names are "
+            f"numbered by np.unique(y, return_inverse=True)[1]). Received: dtype {y_dtype} ({source})"
+        )
+    return None
+
+
 def check_npz_headers(files: DataFiles) -> Shape | None:
     """Raises `DataFilesError` for what the .npz files' headers alone show the worker
     would refuse: a member whose header claims more than it holds, images and labels of
-    other counts or dims, files of other image shapes, eval images of another shape than
-    the train images. Reads each file's zip directory and its arrays' .npy headers (a few
+    other counts or dims, or of other than numbers, files of other image shapes, eval
+    images of another shape than the train images. Reads each file's zip directory and its arrays' .npy headers (a few
     hundred bytes each), never the arrays: the service checks a job with it at submit.
     Returns the train images' (H, W, C), or None where no header gave it."""
     shapes: dict[str, list[tuple[Shape, str]]] = {"train": [], "eval": []}
     for part, paths in (("train", files.train), ("eval", files.eval)):
         for path in paths:
             train_names, eval_names = npz_array_names(path)
-            read = _npy_shapes(path, [*train_names, *(eval_names or ())])
+            read = _npy_headers(path, [*train_names, *(eval_names or ())])
             for names, into in ((train_names, part), (eval_names, "eval")):
                 if names is None or not set(names) <= read.keys():
                     continue  # a format numpy alone reads: left to the worker
-                x_shape, y_shape = read[names[0]], read[names[1]]
-                if problem := shape_problem(x_shape, y_shape, str(path), names):
+                x, y = read[names[0]], read[names[1]]
+                x_shape = x.shape
+                problem = shape_problem(x.shape, y.shape, str(path), names) or dtype_problem(
+                    x.dtype, y.dtype, str(path), names
+                )
+                if problem:
                     raise DataFilesError(problem)
                 x_dims = (*x_shape, 1) if len(x_shape) == 3 else x_shape
                 shapes[into].append((x_dims[1:], f"{path} ({names[0]})"))
     return _check_image_shapes(shapes)
 
 
-def _npy_shapes(path: Path, names: list[str]) -> dict[str, Shape]:
-    """The shapes the .npy headers of `names` in `path` give (`read_npy_header`); one of
-    a format numpy alone reads is left out, for the worker to read as numpy does."""
-    shapes: dict[str, Shape] = {}
+def _npy_headers(path: Path, names: list[str]) -> dict[str, NpyHeader]:
+    """The .npy headers of `names` in `path` (`read_npy_header`); one of a format numpy
+    alone reads is left out, for the worker to read as numpy does."""
+    headers: dict[str, NpyHeader] = {}
     try:
         with zipfile.ZipFile(path) as archive:
             members = {name.removesuffix(".npy"): name for name in archive.namelist()}
@@ -264,10 +296,10 @@ def _npy_shapes(path: Path, names: list[str]) -> dict[str, Shape]:
                 with archive.open(info.filename) as member:  # its errors name it so
                     header = read_npy_header(cast(BinaryIO, member), info.filename, info.file_size)
                 if header is not None:
-                    shapes[name] = header.shape
+                    headers[name] = header
     except ZIP_READ_ERRORS as e:
         raise DataFilesError(f"Expected a readable .npz file. Received: {e} ({path})") from None
-    return shapes
+    return headers
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,16 @@ def test_admit_refuses_npz_arrays_the_worker_would_refuse_from_their_headers(
             ),  # fmt: skip
             "Expected eval images of the train image shape (4, 4, 1). Received: (5, 5, 1)",
         ),
+        # String labels, as class names are often saved: the headers give the dtype.
+        "class names": (
+            _npz(tmp_path / "names.npz", x=images, y=np.array(["cat", "dog"] * 4)),
+            "Expected integer class ids in `y`, numbered from 0 (class names are numbered by "
+            "np.unique(y, return_inverse=True)[1]). Received: dtype <U3",
+        ),
+        "complex pixels": (
+            _npz(tmp_path / "complex.npz", x=images + 0j, y=labels),
+            "Expected numeric pixels `x`. Received: dtype complex128",
+        ),
         "validation counts": (
             _npz(tmp_path / "val.npz", x=images, y=labels, x_val=images[:2], y_val=labels[:3]),
             "Expected `x_val` and `y_val` to have the same number of examples. "

@@ -426,6 +426,18 @@ def test_load_arrays_npz_pixels_that_are_not_numbers_name_the_file(
     )
 
 
+def test_load_arrays_npz_labels_that_are_class_names_say_how_to_number_them(
+    tmp_path: Path,
+) -> None:
+    message = _npz_error(tmp_path, x=images(2), y=np.array(["cat", "dog"]))
+
+    assert message == (
+        "Expected integer class ids in `y`, numbered from 0 (class names are numbered by "
+        "np.unique(y, return_inverse=True)[1]). Received: dtype <U3 "
+        f"({tmp_path / 'bad.npz'})"
+    )
+
+
 def test_load_arrays_npz_float_labels_that_are_not_whole_name_the_label(tmp_path: Path) -> None:
     # Whole-number float labels are read, so "Received: dtype float64" did not say what
     # was wrong.

@@ -97,6 +97,19 @@ class ProgressPublic(BaseModel):
         "(its profiler could not record the GPU's kernels, say); the trace is still in "
         "TensorBoard's profile tab.",
     )
+    memory_mb: list[float] | None = Field(
+        None,
+        description="The most device memory (MiB) TensorFlow's allocator has held on each "
+        "tower's device since the job's worker process started (a resume's worker starts "
+        "its own), one a tower in `tower_ms`'s order; absent where the worker could not "
+        "read it.",
+    )
+    memory_shared: bool | None = Field(
+        None,
+        description="Whether the towers' devices share one allocator, so that every "
+        "`memory_mb` entry is the same whole: true on a CPU-only host, whose logical CPU "
+        "devices all use the host's; false on GPUs, each tower's its own.",
+    )
     checkpoint: str | None = None
     updated_at: datetime | None = None
 

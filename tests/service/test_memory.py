@@ -1,0 +1,132 @@
+"""Each tower's peak device memory, from the worker's progress lines to the job's JSON:
+folded as the latest good line says it, and carried through a real service's status route."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.progress import fold_progress
+from service.schemas import JobPublic
+from service.store import JobStore
+from tests.service.harness import Service, job_spec, stand_in_service
+
+# `python -m memory_worker run --job-dir DIR`: progress lines with the peak memory its
+# spec's name asks for (each tower's GPU, the host's allocator the towers share, a later
+# line with a bad list, or none, as an older worker writes), then it succeeds.
+MEMORY_WORKER = """\
+import json, sys, time
+from pathlib import Path
+
+job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1])
+name = json.loads((job_dir / "spec.json").read_text())["name"]
+
+
+def progress(**line):
+    with open(job_dir / "progress.jsonl", "a") as f:
+        f.write(json.dumps({"time": time.time(), "total": 3, **line}) + "\\n")
+
+
+progress(event="start", step=0, phase="starting", towers=2)
+if name == "gpus":
+    progress(event="progress", step=1, loss=0.5, memory_mb=[700.0, 650.5], memory_shared=False)
+    progress(event="progress", step=2, loss=0.4, memory_mb=[812.4, 790.1], memory_shared=False)
+    progress(event="progress", step=3, loss=0.3, memory_mb=[900.0, "lots"], memory_shared=False)
+elif name == "host":
+    progress(event="progress", step=3, loss=0.3, memory_mb=[2048.0, 2048.0], memory_shared=True)
+else:
+    progress(event="progress", step=3, loss=0.3)
+progress(event="end", step=3, outcome="succeeded", phase="done")
+(job_dir / "result.json").write_text(json.dumps({"outcome": "succeeded", "message": "ok"}))
+"""
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    with stand_in_service(
+        tmp_path_factory.mktemp("stand-in"), ("memory_worker", MEMORY_WORKER)
+    ) as svc:
+        yield svc
+
+
+def ended(service: Service, name: str) -> dict[str, Any]:
+    """A job of `name` (what its worker writes) run to its end, as the status route says."""
+    job = service.submit(job_spec(name=name, towers=2))
+    done = service.wait_state(job["id"], "succeeded", "failed", "cancelled")
+    assert done["state"] == "succeeded", done
+    return done
+
+
+def test_status_route_has_each_towers_peak_memory(service: Service) -> None:
+    # The last good line's; the one after it with a string in its list is left out.
+    progress = ended(service, "gpus")["progress"]
+    assert (progress["memory_mb"], progress["memory_shared"]) == ([812.4, 790.1], False)
+
+
+def test_status_route_says_a_host_allocator_is_shared(service: Service) -> None:
+    progress = ended(service, "host")["progress"]
+    assert (progress["memory_mb"], progress["memory_shared"]) == ([2048.0, 2048.0], True)
+
+
+def test_status_route_has_no_memory_from_a_worker_that_says_none(service: Service) -> None:
+    progress = ended(service, "older")["progress"]
+    assert (progress["memory_mb"], progress["memory_shared"]) == (None, None)
+    assert progress["step"] == 3  # its lines were read
+
+
+REPORT = {"time": 1.0, "event": "progress", "step": 2, "loss": 0.5}
+
+
+def test_fold_progress_takes_the_latest_lines_memory() -> None:
+    lines = [
+        {**REPORT, "memory_mb": [700.0, 650.5], "memory_shared": False},
+        {**REPORT, "step": 3, "memory_mb": [812.4, 790.1], "memory_shared": False},
+        {**REPORT, "step": 4},  # a line without them keeps the last (an older worker's)
+    ]
+    progress, _, _ = fold_progress(None, None, lines)
+    assert progress is not None
+    assert (progress["memory_mb"], progress["memory_shared"]) == ([812.4, 790.1], False)
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        {"memory_mb": [None, 1.0], "memory_shared": False},
+        {"memory_mb": [1.0, "lots"], "memory_shared": False},
+        {"memory_mb": [[1.0], 2.0], "memory_shared": False},
+        {"memory_mb": [1.0, float("nan")], "memory_shared": False},
+        {"memory_mb": [True, 1.0], "memory_shared": False},
+        {"memory_mb": "812.4", "memory_shared": False},
+        {"memory_mb": None, "memory_shared": False},
+        {"memory_shared": False},
+    ],
+    ids=str,
+)
+def test_fold_progress_keeps_odd_memory_out_of_the_job(
+    tmp_path: Path, said: dict[str, object]
+) -> None:
+    """A hand-written line's memory of another type is left out, the last good kept:
+    stored, a null or a string in the list failed every read of the job's JSON. Folded,
+    stored in a real store and read back as the API reads a job."""
+    before = {"step": 1, "memory_mb": [2048.0, 2048.0], "memory_shared": True}
+    progress, eval, points = fold_progress(before, None, [{**REPORT, **said}])
+    store = JobStore(tmp_path / "jobs.db")
+    job = store.create({"name": "hand-written", "priority": 0})
+    store.record_progress(job.id, offset=1, progress=progress, eval=eval, points=points)
+    stored = store.get(job.id)
+    assert stored is not None
+    public = JobPublic.from_record(stored).progress
+    assert public is not None
+    assert (public.memory_mb, public.memory_shared) == ([2048.0, 2048.0], True)
+
+
+def test_fold_progress_drops_a_shared_flag_that_is_not_a_bool() -> None:
+    # The older line's answer is not this line's: not known rather than a wrong one.
+    before = {"memory_mb": [2048.0], "memory_shared": True}
+    progress, _, _ = fold_progress(before, None, [{**REPORT, "memory_mb": [512.0],
+                                                   "memory_shared": "yes"}])  # fmt: skip
+    assert progress is not None
+    assert progress["memory_mb"] == [512.0] and "memory_shared" not in progress

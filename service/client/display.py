@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
 from service.client.common import EXIT_NO_ANSWER, EXIT_UNREACHABLE, TERMINAL, ClientError
-from service.progress import fold_trace_line, percent_done, step_after
+from service.progress import fold_memory, fold_trace_line, percent_done, step_after
 
 if TYPE_CHECKING:
     from service.client.api import Client
@@ -215,6 +215,7 @@ def fold_event(job: dict[str, Any], name: str, data: dict[str, Any]) -> dict[str
     if name == "progress":
         for key in ("loss", "accuracy", "examples_per_sec", "eta_seconds", "learning_rate"):
             p[key] = data.get(key)
+        fold_memory(p, data)
         p["updated_at"] = (
             datetime.fromtimestamp(data.get("time", time.time())).astimezone().isoformat()
         )

@@ -247,6 +247,17 @@ def _tower_ms(p: dict[str, Any]) -> str:
     return "-"
 
 
+def _memory(p: dict[str, Any]) -> list[list[str]]:
+    """The "memory" row: each tower's peak device memory since its worker started, or the
+    host's once where the towers share its allocator; no row where the worker said none."""
+    memory = p.get("memory_mb")
+    if not memory:
+        return []
+    if p.get("memory_shared"):
+        return [["memory", f"{memory[0]:.1f} MiB (peak, the host's, shared by the towers)"]]
+    return [["memory", ", ".join(f"{mb:.1f}" for mb in memory) + " MiB (peak)"]]
+
+
 def _status_of_job(client: Client, args: argparse.Namespace) -> int:
     """A job's details, a row each (with an error's log tail where it failed)."""
     job = client.job(args.id)
@@ -270,6 +281,7 @@ def _status_of_job(client: Client, args: argparse.Namespace) -> int:
         ["examples/sec", show.rate(p.get("examples_per_sec"))],
         ["eta", show.eta(job, why=True)],
         ["tower ms", _tower_ms(p)],
+        *_memory(p),
         ["devices", show.devices_and_towers(job)],
         ["data", show.data(p)],
         ["priority", str(job["priority"])],

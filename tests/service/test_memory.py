@@ -3,16 +3,19 @@ folded as the latest good line says it, and carried through a real service's sta
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from service.client.display import fold_event
 from service.progress import fold_progress
 from service.schemas import JobPublic
 from service.store import JobStore
 from tests.service.harness import Service, job_spec, stand_in_service
+from tests.service.test_client import towerboard
 
 # `python -m memory_worker run --job-dir DIR`: progress lines with the peak memory its
 # spec's name asks for (each tower's GPU, the host's allocator the towers share, a later
@@ -130,3 +133,31 @@ def test_fold_progress_drops_a_shared_flag_that_is_not_a_bool() -> None:
                                                    "memory_shared": "yes"}])  # fmt: skip
     assert progress is not None
     assert progress["memory_mb"] == [512.0] and "memory_shared" not in progress
+
+
+def status_rows(service: Service, job_id: str) -> dict[str, str]:
+    """`towerboard status ID`, its rows by name."""
+    shown = towerboard("status", job_id, url=service.base_url)
+    assert shown.returncode == 0, shown.stderr
+    return dict(re.split(r"\s{2,}", line, maxsplit=1) for line in shown.stdout.splitlines())
+
+
+def test_status_of_a_job_shows_each_towers_peak_memory(service: Service) -> None:
+    rows = status_rows(service, ended(service, "gpus")["id"])
+    assert rows["memory"] == "812.4, 790.1 MiB (peak)"
+    rows = status_rows(service, ended(service, "host")["id"])
+    # One allocator: its whole once, not a tower's share twice.
+    assert rows["memory"] == "2048.0 MiB (peak, the host's, shared by the towers)"
+    rows = status_rows(service, ended(service, "older")["id"])
+    assert "memory" not in rows and rows["state"] == "succeeded", rows
+
+
+def test_watch_folds_a_progress_events_memory_as_the_service_does() -> None:
+    job = {"id": "j1", "state": "running", "progress": {"step": 1, "memory_mb": [1.0, 2.0],
+                                                        "memory_shared": False}}  # fmt: skip
+    good = {"event": "progress", "step": 2, "memory_mb": [812.4, 790.1], "memory_shared": False}
+    p = fold_event(job, "progress", good)["progress"]
+    assert (p["memory_mb"], p["memory_shared"]) == ([812.4, 790.1], False)
+    odd = {"event": "progress", "step": 3, "memory_mb": [900.0, None], "memory_shared": True}
+    p = fold_event({**job, "progress": p}, "progress", odd)["progress"]
+    assert (p["step"], p["memory_mb"], p["memory_shared"]) == (3, [812.4, 790.1], False)

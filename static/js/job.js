@@ -54,6 +54,11 @@ function stepsText(steps) {
   return `step${steps.length === 1 ? "" : "s"} ${steps.join(", ")}`;
 }
 
+/** "812.4 MiB": a peak of device memory, to the tenth the worker reports. */
+function mib(value) {
+  return `${value.toFixed(1)} MiB`;
+}
+
 function stat(label, key) {
   return h("div", { class: "stat" }, h("span", { class: "stat-label" }, label),
     h("span", { class: "stat-value", dataset: { stat: key } }, "—"));
@@ -139,6 +144,9 @@ export function mountJob(view, jobId) {
     stat("Data", "data"));
   const chartGrid = h("div", { class: "charts" });
   const towers = h("div", { class: "towers", id: "towers" });
+  // Peak device memory: what the column beside each tower's time is, or each tower's (or
+  // the host's) where there are no times; hidden where the worker said none.
+  const towerMemory = h("p", { class: "muted small", id: "tower-memory", hidden: true });
   const checkpoints = h("div", { id: "checkpoints" });
   const logs = h("pre", { class: "log", id: "log", tabindex: "0", "aria-label": "Worker log" }, "");
   // Whether the log box follows its newest lines: until the reader scrolls up from its end,
@@ -179,8 +187,9 @@ export function mountJob(view, jobId) {
     barText, queuePlace.el, errorBox, stats,
     h("section", { class: "section" }, h("h2", {}, "Metrics"), chartGrid),
     h("section", { class: "section" },
-      h("div", { class: "section-head" }, h("h2", {}, "Per-tower step time"), profile.button),
-      profile.status, towers),
+      h("div", { class: "section-head" }, h("h2", {}, "Per-tower step time and memory"),
+        profile.button),
+      profile.status, towers, towerMemory),
     h("section", { class: "section" }, h("h2", {}, "Checkpoints"), checkpoints),
     h("section", { class: "section" },
       h("div", { class: "section-head" }, h("h2", {}, "Log"),
@@ -214,6 +223,25 @@ export function mountJob(view, jobId) {
 
   function renderTowers() {
     const p = (job && job.progress) || {};
+    const mb = Array.isArray(p.memory_mb) && p.memory_mb.length ? p.memory_mb : null;
+    const shared = mb !== null && p.memory_shared === true;
+    const rows = renderTimes(p, shared ? null : mb);
+    towerMemory.hidden = mb === null;
+    if (mb === null) return;
+    // The worker reads it at each report: a resume's worker starts its own peak.
+    const since = "since the job's worker started";
+    setText(towerMemory, shared
+      ? `Peak memory: ${mib(mb[0])}, the most TensorFlow's allocator on the host, which the ` +
+        `towers share, has held ${since}.`
+      : rows ? `Beside each tower's time, the most memory TensorFlow's allocator has held on ` +
+        `its device ${since}.`
+        : `Peak memory, the most TensorFlow's allocator has held on each tower's device ` +
+          `${since}: ${mb.map((value, i) => `tower ${i} ${mib(value)}`).join(", ")}.`);
+  }
+
+  /** Each tower's time from the latest device trace, with its peak memory `mb` beside it
+   *  where given, or why there are none; whether the towers' rows were drawn. */
+  function renderTimes(p, mb) {
     const ms = Array.isArray(p.tower_ms) ? p.tower_ms : null;
     // The trace may be one asked for (here or elsewhere), not the spec's trace_steps: the
     // stream's trace event, or the service's record of it for a page opened since, says.
@@ -224,7 +252,7 @@ export function mountJob(view, jobId) {
       const which = tracedAt !== null ? ` that ended at step ${tracedAt}` : "";
       towers.replaceChildren(h("p", { class: "muted" }, `The device trace${which} gave no ` +
         `per-tower times: ${sentence(p.tower_ms_error)} The trace is in TensorBoard's profile tab.`));
-      return;
+      return false;
     }
     if (!ms || ms.length === 0) {
       const traced = job && job.spec && job.spec.summaries && job.spec.summaries.trace_steps;
@@ -234,18 +262,21 @@ export function mountJob(view, jobId) {
         : job && TERMINAL.has(job.state)
           ? `The job ended before the device trace of ${which} was taken.`
           : `Measured from the device trace of ${which}; not taken yet.`));
-      return;
+      return false;
     }
     const most = Math.max(...ms, 1e-9);
     const traced = job.spec.summaries && job.spec.summaries.trace_steps;
     const which = tracedAt !== null ? ` that ended at step ${tracedAt}`
       : traced && traced.length ? ` of ${stepsText(traced)}` : "";
-    towers.replaceChildren(...ms.map((value, i) => h("div", { class: "tower" },
+    const row = mb ? "tower with-memory" : "tower";
+    towers.replaceChildren(...ms.map((value, i) => h("div", { class: row },
       h("span", { class: "tower-label" }, `tower ${i}`),
       h("span", { class: "tower-bar" }, h("span", { style: `width:${(100 * value) / most}%` })),
-      h("span", { class: "tower-value" }, `${value.toFixed(2)} ms`))),
+      h("span", { class: "tower-value" }, `${value.toFixed(2)} ms`),
+      ...(mb ? [h("span", { class: "tower-memory" }, i < mb.length ? mib(mb[i]) : "")] : []))),
     h("p", { class: "muted small" }, "Device compute time of one step on each tower, from the " +
       `device trace${which}.`));
+    return true;
   }
 
   function renderJob() {

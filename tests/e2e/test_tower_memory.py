@@ -12,55 +12,10 @@ from playwright.sync_api import Browser, expect
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import PHONE, Session, open_session
 from tests.service.harness import Service, job_spec, stand_in_service
+from tests.service.test_memory import MEMORY_WORKER
+from tests.service.test_memory import ended as ended_job
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
-
-# `python -m memory_worker run --job-dir DIR`, by its spec's name: "traced" has a trace's
-# times and each GPU's peak, "host" the host's allocator the towers share, "older" no
-# memory (as an older worker writes), each then succeeding; "live" reports a peak, and a
-# higher one once a `go` file is in its run directory, until SIGTERM stops it.
-MEMORY_WORKER = """\
-import json, signal, sys, time
-from pathlib import Path
-
-job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1])
-name = json.loads((job_dir / "spec.json").read_text())["name"]
-stopped = []
-signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
-
-
-def progress(**line):
-    with open(job_dir / "progress.jsonl", "a") as f:
-        f.write(json.dumps({"time": time.time(), "total": 100, **line}) + "\\n")
-
-
-def end(outcome, code):
-    (job_dir / "result.json").write_text(json.dumps({"outcome": outcome, "message": name}))
-    sys.exit(code)
-
-
-progress(event="start", step=0, phase="starting", towers=2)
-if name == "traced":
-    progress(event="trace", step=6, tower_ms=[1.0, 2.0])
-    progress(event="progress", step=10, loss=0.5, tower_ms=[1.0, 2.0],
-             memory_mb=[812.4, 790.1], memory_shared=False)
-    end("succeeded", 0)
-if name == "host":
-    progress(event="progress", step=10, loss=0.5, memory_mb=[2048.0, 2048.0],
-             memory_shared=True)
-    end("succeeded", 0)
-if name == "older":
-    progress(event="progress", step=10, loss=0.5)
-    end("succeeded", 0)
-step, peak = 0, [100.0, 90.0]
-while not stopped:
-    step += 1
-    if (job_dir / "go").exists():
-        peak = [300.0, 290.0]
-    progress(event="progress", step=step, loss=1 / step, memory_mb=peak, memory_shared=False)
-    time.sleep(0.1)
-end("cancelled", 3)
-"""
 
 
 @pytest.fixture(scope="module")
@@ -72,16 +27,15 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
 
 
 def ended(service: Service, name: str) -> str:
-    job = service.submit(job_spec(name=name, towers=2, summaries={"trace_steps": [5, 6]}))
-    done = service.wait_state(job["id"], "succeeded", "failed", "cancelled")
-    assert done["state"] == "succeeded", done
-    return str(job["id"])
+    """The page of a job MEMORY_WORKER ran as `name` to its end: its spec's trace_steps
+    (5, 6) were never traced ("gpus" writes a trace of its own, of step 1)."""
+    return str(ended_job(service, name, summaries={"trace_steps": [5, 6]})["id"])
 
 
 def test_each_towers_peak_memory_is_beside_its_time(session: Session, service: Service) -> None:
     """Beside each time, and none on the page of a job whose worker said none."""
     page = session.page
-    page.goto(f"/#/jobs/{ended(service, 'traced')}")
+    page.goto(f"/#/jobs/{ended(service, 'gpus')}")
     towers = page.locator("#towers")
     expect(towers.locator(".tower-value")).to_have_text(["1.00 ms", "2.00 ms"])
     expect(towers.locator(".tower-memory")).to_have_text(["812.4 MiB", "790.1 MiB"])

@@ -18,32 +18,52 @@ from tests.service.harness import Service, job_spec, stand_in_service
 from tests.service.test_client import towerboard
 
 # `python -m memory_worker run --job-dir DIR`: progress lines with the peak memory its
-# spec's name asks for (each tower's GPU, the host's allocator the towers share, a later
-# line with a bad list, or none, as an older worker writes), then it succeeds.
+# spec's name asks for, then it succeeds: "gpus" each tower's GPU, after a trace's times,
+# and a later line with a bad list; "host" the host's allocator the towers share; "older"
+# none, as an older worker writes. "live" reports a peak, and a higher one once a `go`
+# file is in its run directory, until SIGTERM stops it (exit 3, as the trainer stops).
 MEMORY_WORKER = """\
-import json, sys, time
+import json, signal, sys, time
 from pathlib import Path
 
 job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1])
 name = json.loads((job_dir / "spec.json").read_text())["name"]
+stopped = []
+signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
 
 
 def progress(**line):
     with open(job_dir / "progress.jsonl", "a") as f:
-        f.write(json.dumps({"time": time.time(), "total": 3, **line}) + "\\n")
+        f.write(json.dumps({"time": time.time(), "total": 100, **line}) + "\\n")
+
+
+def end(outcome, code):
+    progress(event="end", step=3, outcome=outcome, phase="done")
+    (job_dir / "result.json").write_text(json.dumps({"outcome": outcome, "message": name}))
+    sys.exit(code)
 
 
 progress(event="start", step=0, phase="starting", towers=2)
 if name == "gpus":
+    progress(event="trace", step=1, tower_ms=[1.0, 2.0])
     progress(event="progress", step=1, loss=0.5, memory_mb=[700.0, 650.5], memory_shared=False)
     progress(event="progress", step=2, loss=0.4, memory_mb=[812.4, 790.1], memory_shared=False)
     progress(event="progress", step=3, loss=0.3, memory_mb=[900.0, "lots"], memory_shared=False)
-elif name == "host":
+    end("succeeded", 0)
+if name == "host":
     progress(event="progress", step=3, loss=0.3, memory_mb=[2048.0, 2048.0], memory_shared=True)
-else:
+    end("succeeded", 0)
+if name == "older":
     progress(event="progress", step=3, loss=0.3)
-progress(event="end", step=3, outcome="succeeded", phase="done")
-(job_dir / "result.json").write_text(json.dumps({"outcome": "succeeded", "message": "ok"}))
+    end("succeeded", 0)
+step, peak = 0, [100.0, 90.0]
+while not stopped:
+    step += 1
+    if (job_dir / "go").exists():
+        peak = [300.0, 290.0]
+    progress(event="progress", step=step, loss=1 / step, memory_mb=peak, memory_shared=False)
+    time.sleep(0.1)
+end("cancelled", 3)
 """
 
 
@@ -55,9 +75,10 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
         yield svc
 
 
-def ended(service: Service, name: str) -> dict[str, Any]:
-    """A job of `name` (what its worker writes) run to its end, as the status route says."""
-    job = service.submit(job_spec(name=name, towers=2))
+def ended(service: Service, name: str, **changes: Any) -> dict[str, Any]:
+    """A job of `name` (what its worker writes; the spec with `changes`) run to its end,
+    as the status route says."""
+    job = service.submit(job_spec(name=name, towers=2, **changes))
     done = service.wait_state(job["id"], "succeeded", "failed", "cancelled")
     assert done["state"] == "succeeded", done
     return done

@@ -172,20 +172,12 @@ def _fold_report(folded: _Folded, line: dict[str, Any], step: Any, when: float) 
 
 
 def fold_memory(snapshot: dict[str, Any], line: dict[str, Any]) -> None:
-    """A `progress` line's peak device memory: `memory_mb`, a tower's MiB each, and
-    `memory_shared`, whether they are one allocator's (the host's, split into logical
-    CPU devices). A line without them (a worker that could not read its devices' memory,
-    or an older one), or with a list of anything but finite numbers, keeps the last good
-    ones: stored, a null or a string in the list failed every read of the job."""
-    memory_mb = _numbers(line.get("memory_mb"))
-    if memory_mb is None:
-        return
-    snapshot["memory_mb"] = memory_mb
-    shared = line.get("memory_shared")
-    if isinstance(shared, bool):
-        snapshot["memory_shared"] = shared
-    else:  # the older line's answer is not this one's
-        snapshot.pop("memory_shared", None)
+    """A `progress` line's `memory_mb`, each tower's GPU's peak MiB. A line without it
+    (towers on CPUs, a worker that could not read the counters, an older worker), or with
+    a list of anything but finite numbers, keeps the last good one: stored, a null or a
+    string in the list failed every read of the job."""
+    if (memory_mb := _numbers(line.get("memory_mb"))) is not None:
+        snapshot["memory_mb"] = memory_mb
 
 
 def _fold_eval(folded: _Folded, line: dict[str, Any], step: Any, when: float) -> None:

@@ -99,16 +99,10 @@ class ProgressPublic(BaseModel):
     )
     memory_mb: list[float] | None = Field(
         None,
-        description="The most device memory (MiB) TensorFlow's allocator has held on each "
-        "tower's device since the job's worker process started (a resume's worker starts "
-        "its own), one a tower in `tower_ms`'s order; absent where the worker could not "
-        "read it.",
-    )
-    memory_shared: bool | None = Field(
-        None,
-        description="Whether the towers' devices share one allocator, so that every "
-        "`memory_mb` entry is the same whole: true on a CPU-only host, whose logical CPU "
-        "devices all use the host's; false on GPUs, each tower's its own.",
+        description="The most memory (MiB) TensorFlow's allocator has held on each tower's "
+        "GPU since the job's worker process started (a resume's worker starts its own), one "
+        "a tower in `tower_ms`'s order. None for towers on CPUs (a CPU's counters miss a "
+        "small model's tensors) and where the worker could not read the counters.",
     )
     checkpoint: str | None = None
     updated_at: datetime | None = None

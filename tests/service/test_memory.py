@@ -18,10 +18,10 @@ from tests.service.harness import Service, job_spec, stand_in_service
 from tests.service.test_client import towerboard
 
 # `python -m memory_worker run --job-dir DIR`: progress lines with the peak memory its
-# spec's name asks for, then it succeeds: "gpus" each tower's GPU, after a trace's times,
-# and a later line with a bad list; "host" the host's allocator the towers share; "older"
-# none, as an older worker writes. "live" reports a peak, and a higher one once a `go`
-# file is in its run directory, until SIGTERM stops it (exit 3, as the trainer stops).
+# spec's name asks for, then it succeeds: "gpus" each tower's GPU's, after a trace's times,
+# and a later line with a bad list; "cpus" none, as the trainer writes for towers on CPUs
+# (and an older one for any). "live" reports a peak, and a higher one once a `go` file is
+# in its run directory, until SIGTERM stops it (exit 3, as the trainer stops).
 MEMORY_WORKER = """\
 import json, signal, sys, time
 from pathlib import Path
@@ -46,14 +46,11 @@ def end(outcome, code):
 progress(event="start", step=0, phase="starting", towers=2)
 if name == "gpus":
     progress(event="trace", step=1, tower_ms=[1.0, 2.0])
-    progress(event="progress", step=1, loss=0.5, memory_mb=[700.0, 650.5], memory_shared=False)
-    progress(event="progress", step=2, loss=0.4, memory_mb=[812.4, 790.1], memory_shared=False)
-    progress(event="progress", step=3, loss=0.3, memory_mb=[900.0, "lots"], memory_shared=False)
+    progress(event="progress", step=1, loss=0.5, memory_mb=[700.0, 650.5])
+    progress(event="progress", step=2, loss=0.4, memory_mb=[812.4, 790.1])
+    progress(event="progress", step=3, loss=0.3, memory_mb=[900.0, "lots"])
     end("succeeded", 0)
-if name == "host":
-    progress(event="progress", step=3, loss=0.3, memory_mb=[2048.0, 2048.0], memory_shared=True)
-    end("succeeded", 0)
-if name == "older":
+if name == "cpus":
     progress(event="progress", step=3, loss=0.3)
     end("succeeded", 0)
 step, peak = 0, [100.0, 90.0]
@@ -61,7 +58,7 @@ while not stopped:
     step += 1
     if (job_dir / "go").exists():
         peak = [300.0, 290.0]
-    progress(event="progress", step=step, loss=1 / step, memory_mb=peak, memory_shared=False)
+    progress(event="progress", step=step, loss=1 / step, memory_mb=peak)
     time.sleep(0.1)
 end("cancelled", 3)
 """
@@ -87,18 +84,12 @@ def ended(service: Service, name: str, **changes: Any) -> dict[str, Any]:
 def test_status_route_has_each_towers_peak_memory(service: Service) -> None:
     # The last good line's; the one after it with a string in its list is left out.
     progress = ended(service, "gpus")["progress"]
-    assert (progress["memory_mb"], progress["memory_shared"]) == ([812.4, 790.1], False)
-
-
-def test_status_route_says_a_host_allocator_is_shared(service: Service) -> None:
-    progress = ended(service, "host")["progress"]
-    assert (progress["memory_mb"], progress["memory_shared"]) == ([2048.0, 2048.0], True)
+    assert progress["memory_mb"] == [812.4, 790.1]
 
 
 def test_status_route_has_no_memory_from_a_worker_that_says_none(service: Service) -> None:
-    progress = ended(service, "older")["progress"]
-    assert (progress["memory_mb"], progress["memory_shared"]) == (None, None)
-    assert progress["step"] == 3  # its lines were read
+    progress = ended(service, "cpus")["progress"]
+    assert progress["memory_mb"] is None and progress["step"] == 3  # its lines were read
 
 
 REPORT = {"time": 1.0, "event": "progress", "step": 2, "loss": 0.5}
@@ -106,37 +97,33 @@ REPORT = {"time": 1.0, "event": "progress", "step": 2, "loss": 0.5}
 
 def test_fold_progress_takes_the_latest_lines_memory() -> None:
     lines = [
-        {**REPORT, "memory_mb": [700.0, 650.5], "memory_shared": False},
-        {**REPORT, "step": 3, "memory_mb": [812.4, 790.1], "memory_shared": False},
-        {**REPORT, "step": 4},  # a line without them keeps the last (an older worker's)
+        {**REPORT, "memory_mb": [700.0, 650.5]},
+        {**REPORT, "step": 3, "memory_mb": [812.4, 790.1]},
+        {**REPORT, "step": 4},  # a line without it keeps the last (an older worker's)
     ]
     progress, _, _ = fold_progress(None, None, lines)
-    assert progress is not None
-    assert (progress["memory_mb"], progress["memory_shared"]) == ([812.4, 790.1], False)
+    assert progress is not None and progress["memory_mb"] == [812.4, 790.1]
 
 
 @pytest.mark.parametrize(
     "said",
     [
-        {"memory_mb": [None, 1.0], "memory_shared": False},
-        {"memory_mb": [1.0, "lots"], "memory_shared": False},
-        {"memory_mb": [[1.0], 2.0], "memory_shared": False},
-        {"memory_mb": [1.0, float("nan")], "memory_shared": False},
-        {"memory_mb": [True, 1.0], "memory_shared": False},
-        {"memory_mb": "812.4", "memory_shared": False},
-        {"memory_mb": None, "memory_shared": False},
-        {"memory_shared": False},
+        [None, 1.0],
+        [1.0, "lots"],
+        [[1.0], 2.0],
+        [1.0, float("nan")],
+        [True, 1.0],
+        "812.4",
+        None,
     ],
     ids=str,
 )
-def test_fold_progress_keeps_odd_memory_out_of_the_job(
-    tmp_path: Path, said: dict[str, object]
-) -> None:
+def test_fold_progress_keeps_odd_memory_out_of_the_job(tmp_path: Path, said: object) -> None:
     """A hand-written line's memory of another type is left out, the last good kept:
     stored, a null or a string in the list failed every read of the job's JSON. Folded,
     stored in a real store and read back as the API reads a job."""
-    before = {"step": 1, "memory_mb": [2048.0, 2048.0], "memory_shared": True}
-    progress, eval, points = fold_progress(before, None, [{**REPORT, **said}])
+    before = {"step": 1, "memory_mb": [2048.0, 1024.0]}
+    progress, eval, points = fold_progress(before, None, [{**REPORT, "memory_mb": said}])
     store = JobStore(tmp_path / "jobs.db")
     job = store.create({"name": "hand-written", "priority": 0})
     store.record_progress(job.id, offset=1, progress=progress, eval=eval, points=points)
@@ -144,16 +131,7 @@ def test_fold_progress_keeps_odd_memory_out_of_the_job(
     assert stored is not None
     public = JobPublic.from_record(stored).progress
     assert public is not None
-    assert (public.memory_mb, public.memory_shared) == ([2048.0, 2048.0], True)
-
-
-def test_fold_progress_drops_a_shared_flag_that_is_not_a_bool() -> None:
-    # The older line's answer is not this line's: not known rather than a wrong one.
-    before = {"memory_mb": [2048.0], "memory_shared": True}
-    progress, _, _ = fold_progress(before, None, [{**REPORT, "memory_mb": [512.0],
-                                                   "memory_shared": "yes"}])  # fmt: skip
-    assert progress is not None
-    assert progress["memory_mb"] == [512.0] and "memory_shared" not in progress
+    assert public.memory_mb == [2048.0, 1024.0]
 
 
 def status_rows(service: Service, job_id: str) -> dict[str, str]:
@@ -166,19 +144,15 @@ def status_rows(service: Service, job_id: str) -> dict[str, str]:
 def test_status_of_a_job_shows_each_towers_peak_memory(service: Service) -> None:
     rows = status_rows(service, ended(service, "gpus")["id"])
     assert rows["memory"] == "812.4, 790.1 MiB (peak)"
-    rows = status_rows(service, ended(service, "host")["id"])
-    # One allocator: its whole once, not a tower's share twice.
-    assert rows["memory"] == "2048.0 MiB (peak, the host's, shared by the towers)"
-    rows = status_rows(service, ended(service, "older")["id"])
+    rows = status_rows(service, ended(service, "cpus")["id"])
     assert "memory" not in rows and rows["state"] == "succeeded", rows
 
 
 def test_watch_folds_a_progress_events_memory_as_the_service_does() -> None:
-    job = {"id": "j1", "state": "running", "progress": {"step": 1, "memory_mb": [1.0, 2.0],
-                                                        "memory_shared": False}}  # fmt: skip
-    good = {"event": "progress", "step": 2, "memory_mb": [812.4, 790.1], "memory_shared": False}
+    job = {"id": "j1", "state": "running", "progress": {"step": 1, "memory_mb": [1.0, 2.0]}}
+    good = {"event": "progress", "step": 2, "memory_mb": [812.4, 790.1]}
     p = fold_event(job, "progress", good)["progress"]
-    assert (p["memory_mb"], p["memory_shared"]) == ([812.4, 790.1], False)
-    odd = {"event": "progress", "step": 3, "memory_mb": [900.0, None], "memory_shared": True}
+    assert p["memory_mb"] == [812.4, 790.1]
+    odd = {"event": "progress", "step": 3, "memory_mb": [900.0, None]}
     p = fold_event({**job, "progress": p}, "progress", odd)["progress"]
-    assert (p["step"], p["memory_mb"], p["memory_shared"]) == (3, [812.4, 790.1], False)
+    assert (p["step"], p["memory_mb"]) == (3, [812.4, 790.1])

@@ -248,13 +248,11 @@ def _tower_ms(p: dict[str, Any]) -> str:
 
 
 def _memory(p: dict[str, Any]) -> list[list[str]]:
-    """The "memory" row: each tower's peak device memory since its worker started, or the
-    host's once where the towers share its allocator; no row where the worker said none."""
+    """The "memory" row: each tower's GPU's peak memory since its worker started; no row
+    where the worker said none (towers on CPUs, or counters it could not read)."""
     memory = p.get("memory_mb")
     if not memory:
         return []
-    if p.get("memory_shared"):
-        return [["memory", f"{memory[0]:.1f} MiB (peak, the host's, shared by the towers)"]]
     return [["memory", ", ".join(f"{mb:.1f}" for mb in memory) + " MiB (peak)"]]
 
 

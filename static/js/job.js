@@ -144,8 +144,8 @@ export function mountJob(view, jobId) {
     stat("Data", "data"));
   const chartGrid = h("div", { class: "charts" });
   const towers = h("div", { class: "towers", id: "towers" });
-  // Peak device memory: what the column beside each tower's time is, or each tower's (or
-  // the host's) where there are no times; hidden where the worker said none.
+  // Each tower's GPU's peak memory: what the column beside each tower's time is, or each
+  // tower's where there are no times; hidden where the worker said none (towers on CPUs).
   const towerMemory = h("p", { class: "muted small", id: "tower-memory", hidden: true });
   const checkpoints = h("div", { id: "checkpoints" });
   const logs = h("pre", { class: "log", id: "log", tabindex: "0", "aria-label": "Worker log" }, "");
@@ -224,19 +224,15 @@ export function mountJob(view, jobId) {
   function renderTowers() {
     const p = (job && job.progress) || {};
     const mb = Array.isArray(p.memory_mb) && p.memory_mb.length ? p.memory_mb : null;
-    const shared = mb !== null && p.memory_shared === true;
-    const rows = renderTimes(p, shared ? null : mb);
+    const rows = renderTimes(p, mb);
     towerMemory.hidden = mb === null;
     if (mb === null) return;
-    // The worker reads it at each report: a resume's worker starts its own peak.
-    const since = "since the job's worker started";
-    setText(towerMemory, shared
-      ? `Peak memory: ${mib(mb[0])}, the most TensorFlow's allocator on the host, which the ` +
-        `towers share, has held ${since}.`
-      : rows ? `Beside each tower's time, the most memory TensorFlow's allocator has held on ` +
-        `its device ${since}.`
-        : `Peak memory, the most TensorFlow's allocator has held on each tower's device ` +
-          `${since}: ${mb.map((value, i) => `tower ${i} ${mib(value)}`).join(", ")}.`);
+    // Since the worker started: a resume's worker starts its own peak.
+    setText(towerMemory, rows
+      ? "Beside each tower's time, the most memory TensorFlow's allocator has held on its " +
+        "GPU since the job's worker started."
+      : "Peak GPU memory, the most TensorFlow's allocator has held on each tower's GPU since " +
+        `the job's worker started: ${mb.map((value, i) => `tower ${i} ${mib(value)}`).join(", ")}.`);
   }
 
   /** Each tower's time from the latest device trace, with its peak memory `mb` beside it

@@ -56,13 +56,10 @@ export function applyProgressEvent(job, event) {
       p[key] = typeof event[key] === "number" ? event[key] : null;
     }
   }
-  // Each tower's peak device memory, as the service folds it: a list of numbers alone
-  // (else the last good one stays), and whether the towers share one allocator beside it.
+  // Each tower's GPU's peak memory, as the service folds it: a list of numbers alone
+  // (else the last good one stays).
   const memory = Array.isArray(event.memory_mb) && event.memory_mb.every((mb) => typeof mb === "number");
-  if (event.event === "progress" && memory) {
-    p.memory_mb = event.memory_mb;
-    p.memory_shared = typeof event.memory_shared === "boolean" ? event.memory_shared : null;
-  }
+  if (event.event === "progress" && memory) p.memory_mb = event.memory_mb;
   if (event.event === "start" && Number.isInteger(event.towers)) p.towers = event.towers;
   // What it trains on: the service checks the whole summary before it stores one (a
   // worker's line is trusted here as it is shown, and the next read replaces it).

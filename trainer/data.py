@@ -871,6 +871,15 @@ def _read_tfrecord(path: Path) -> _Chunk | None:
             "Expected TFRecord files of tf.train.Example with `image_raw` (bytes) and `label` "
             f"(int64). Received: {_op_reason(error)} ({path})"
         ) from None
+    except UnicodeDecodeError:
+        # TensorFlow's "Could not parse example input, value: '...'" quotes the record, and
+        # one that is not UTF-8 (a JPEG file's bytes) fails to become its message: the job
+        # said only "'utf-8' codec can't decode byte 0xff in position 267".
+        raise DataError(
+            "Expected TFRecord files of tf.train.Example with `image_raw` (bytes) and `label` "
+            "(int64). Received: Could not parse example input: a record that is no "
+            f"tf.train.Example ({path})"
+        ) from None
     if not compressed and consumed != (size := path.stat().st_size):
         # TensorFlow reads a file that ends inside a record's 12-byte header as if it ended
         # after the record before: the examples after the cut would be lost without a word.

@@ -883,6 +883,23 @@ def write_examples(path: Path, features: list[dict[str, tf.train.Feature]]) -> P
     return path
 
 
+def test_load_arrays_tfrecord_of_records_that_are_no_example_says_so(tmp_path: Path) -> None:
+    # TensorFlow quotes a record it cannot parse in its message, and could not make one of
+    # a JPEG file's bytes: the job said only "'utf-8' codec can't decode byte 0xff".
+    path = tmp_path / "a.tfrecord"
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        writer.write(b"\xff\xd8\xff\xe0 a JPEG file")
+
+    with pytest.raises(DataError) as error:
+        load_arrays(spec("tfrecord", path), seed=0)
+
+    assert str(error.value) == (
+        "Expected TFRecord files of tf.train.Example with `image_raw` (bytes) and `label` "
+        "(int64). Received: Could not parse example input: a record that is no "
+        f"tf.train.Example ({path})"
+    )
+
+
 @pytest.mark.parametrize(
     ("label", "reason"),
     [

@@ -18,6 +18,7 @@ from tests.damaged_files import (
     flag_first_member_encrypted,
     write_lying_npz,
 )
+from tests.tfrecords import write_examples, write_tfrecord
 from trainer import hostarrays
 from trainer.data import (
     Arrays,
@@ -58,38 +59,6 @@ def write_idx_pair(
     suffix = ".gz" if gz else ""
     write_idx(folder / f"{prefix}-images-idx3-ubyte{suffix}", x)
     write_idx(folder / f"{prefix}-labels-idx1-ubyte{suffix}", y)
-
-
-def write_tfrecord(
-    path: Path, x: np.ndarray, y: np.ndarray | list[int], shape_features: str = "hwc"
-) -> Path:
-    """`image_raw` bytes, `label`, and `pixels` or `height`/`width`/`channels` per record."""
-
-    def ints(*values: int) -> tf.train.Feature:
-        return tf.train.Feature(int64_list=tf.train.Int64List(value=list(values)))
-
-    gz = path.name.lower().endswith(".gz")
-    options = tf.io.TFRecordOptions(compression_type="GZIP" if gz else "")
-    with tf.io.TFRecordWriter(str(path), options) as writer:
-        for image, label in zip(x, y, strict=True):
-            feature = {
-                "image_raw": tf.train.Feature(
-                    bytes_list=tf.train.BytesList(value=[image.astype(np.uint8).tobytes()])
-                ),
-                "label": ints(int(label)),
-            }
-            if shape_features == "pixels":
-                feature["pixels"] = ints(image.size)
-            elif shape_features == "hwc":
-                height, width, channels = image.shape
-                feature |= {
-                    "height": ints(height),
-                    "width": ints(width),
-                    "channels": ints(channels),
-                }
-            example = tf.train.Example(features=tf.train.Features(feature=feature))
-            writer.write(example.SerializeToString())
-    return path
 
 
 def images(n: int, shape: tuple[int, ...] = (4, 4), seed: int = 0) -> np.ndarray:
@@ -873,14 +842,6 @@ def test_load_arrays_tfrecord_all_empty_or_not_a_record(tmp_path: Path) -> None:
         f"0 whole records end at byte 0 of 5, then 5 bytes that are no whole record "
         f"({tmp_path / 'a.tfrecord'})"
     )
-
-
-def write_examples(path: Path, features: list[dict[str, tf.train.Feature]]) -> Path:
-    with tf.io.TFRecordWriter(str(path)) as writer:
-        for feature in features:
-            example = tf.train.Example(features=tf.train.Features(feature=feature))
-            writer.write(example.SerializeToString())
-    return path
 
 
 def test_load_arrays_tfrecord_of_records_that_are_no_example_says_so(tmp_path: Path) -> None:

@@ -3,8 +3,10 @@
 The spec model checks a job on its own; these checks need to know this host: towers
 (and a parameter device `gpu0`) against the devices the service can give, a data path
 against the allowed data roots and the files actually there (for .npz and IDX files,
-what their headers say: the arrays, their shapes and sizes, and what the image shape
-rules out: a crop padding or a built-in model too large for it), and a custom model's module against what the worker
+what their headers say: the arrays, their shapes and sizes; for TFRecord files, each
+one's first record header, and the first training and eval record as the worker parses
+it; and what the image shape they give rules out: a crop padding or a built-in model
+too large for it), and a custom model's module against what the worker
 can import (and, where its source shows the function, that it takes the arguments the
 worker calls it with). A job the service accepts must not fail in the worker for a reason that could
 have been checked here.
@@ -105,7 +107,11 @@ def admit(
                 # only in the worker, after the job's wait for its turn.
                 shape = check_npz_headers(files)
             elif spec.data.format == "tfrecord":
-                check_tfrecord_files(files)
+                # The first record of the first training file (and of the first eval
+                # file) as the worker parses it, without TensorFlow: a record that is no
+                # tf.train.Example, lacks `image_raw` or `label`, or an image shape that
+                # `image_raw` fits, failed only in the worker, after the job's wait.
+                shape = check_tfrecord_files(files)
             elif spec.data.format == "idx":
                 # The same of each IDX file's header and size: a file cut short, or images
                 # and labels of other counts, failed only in the worker.

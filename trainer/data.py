@@ -25,7 +25,7 @@ from typing import Any, BinaryIO, Protocol, cast
 import numpy as np
 import tensorflow as tf
 
-from trainer import hostarrays
+from trainer import hostarrays, tfexample
 from trainer.datafiles import (
     ZIP_READ_ERRORS,
     DataFiles,
@@ -42,6 +42,7 @@ from trainer.datafiles import (
     shape_problem,
     tfrecord_compressed,
     tfrecord_hint,
+    unreadable_tfrecord,
 )
 from trainer.errors import op_reason
 from trainer.memory import NotEnoughMemory, available_bytes, check_read
@@ -778,37 +779,12 @@ def _npy(archive: zipfile.ZipFile, name: str) -> np.ndarray:
 
 _TFRECORD_FRAMING = 16  # bytes around each record's data in an uncompressed file
 _TFRECORD_FEATURES = {
-    "image_raw": tf.io.FixedLenFeature([], tf.string),
-    "label": tf.io.FixedLenFeature([], tf.int64),
-    # The image shape: `pixels` (square, one channel) or `height`/`width`/`channels`;
-    # `depth` is read as `channels`, as TF's old MNIST converter wrote it. 0 = absent.
-    "pixels": tf.io.FixedLenFeature([], tf.int64, default_value=0),
-    "height": tf.io.FixedLenFeature([], tf.int64, default_value=0),
-    "width": tf.io.FixedLenFeature([], tf.int64, default_value=0),
-    "channels": tf.io.FixedLenFeature([], tf.int64, default_value=0),
-    "depth": tf.io.FixedLenFeature([], tf.int64, default_value=0),
+    name: tf.io.FixedLenFeature([], tf.string if dtype == "string" else tf.int64)
+    if required
+    # The image shape features (`tfexample.SHAPE_FEATURES`): 0 = absent.
+    else tf.io.FixedLenFeature([], tf.int64, default_value=0)
+    for name, (dtype, required) in tfexample.PARSED.items()
 }
-
-
-# The first bytes of the encoded image files a TFRecord writer often stores instead.
-_ENCODED_IMAGES = {
-    b"\x89PNG\r\n\x1a\n": "PNG",
-    b"\xff\xd8\xff": "JPEG",
-    b"GIF8": "GIF",
-    b"BM": "BMP",
-}
-
-
-def _encoded_hint(image_raw: bytes) -> str:
-    """Why an `image_raw` of the wrong size may be so: it holds an encoded image file."""
-    for magic, kind in _ENCODED_IMAGES.items():
-        if image_raw.startswith(magic):
-            return (
-                f", which begin as a {kind} file does: `image_raw` holds raw uint8 pixels "
-                "(height x width x channels, row by row), so decode each image "
-                "(tf.io.decode_image) and write its .numpy().tobytes()"
-            )
-    return ""
 
 
 def _read_tfrecord(path: Path) -> _Chunk | None:
@@ -850,11 +826,12 @@ def _read_tfrecord(path: Path) -> _Chunk | None:
             sizes = np.fromiter((len(image) for image in raw), np.int64, len(raw))
             bad = np.flatnonzero(sizes != math.prod(shape))
             if bad.size:
-                raise DataError(
-                    f"Expected `image_raw` of {math.prod(shape)} bytes (image shape {shape}). "
-                    f"Received: {sizes[bad[0]]} bytes in record {first + bad[0]}"
-                    f"{_encoded_hint(raw[bad[0]])} ({path})"
+                index = int(bad[0])
+                problem = tfexample.image_raw_problem(
+                    shape, int(sizes[index]), first + index, raw[index][:16], path
                 )
+                assert problem is not None  # the sizes differ
+                raise DataError(problem)
             # Each batch in memory of its own (`hostarrays.empty`), which goes back to the
             # system as the batches are joined; the joined bytes are a batch's temporary.
             joined = np.frombuffer(b"".join(raw), np.uint8).reshape(-1, *shape)
@@ -862,32 +839,24 @@ def _read_tfrecord(path: Path) -> _Chunk | None:
             labels.append(batch["label"])
             first += len(raw)
     except tf.errors.DataLossError as error:
-        raise DataError(
-            "Expected readable TFRecord files. Received: a damaged, cut-short or non-TFRecord file: "
-            f"{_op_reason(error)}{tfrecord_hint(path, compressed)} ({path})"
-        ) from None
+        reason = f"{_op_reason(error)}{tfrecord_hint(path, compressed)}"
+        raise DataError(unreadable_tfrecord(reason, path)) from None
     except tf.errors.OpError as error:
-        raise DataError(
-            "Expected TFRecord files of tf.train.Example with `image_raw` (bytes) and `label` "
-            f"(int64). Received: {_op_reason(error)} ({path})"
-        ) from None
+        raise DataError(tfexample.example_problem(_op_reason(error), path)) from None
     except UnicodeDecodeError:
         # TensorFlow's "Could not parse example input, value: '...'" quotes the record, and
         # one that is not UTF-8 (a JPEG file's bytes) fails to become its message: the job
         # said only "'utf-8' codec can't decode byte 0xff in position 267".
-        raise DataError(
-            "Expected TFRecord files of tf.train.Example with `image_raw` (bytes) and `label` "
-            "(int64). Received: Could not parse example input: a record that is no "
-            f"tf.train.Example ({path})"
-        ) from None
+        reason = "Could not parse example input: a record that is no tf.train.Example"
+        raise DataError(tfexample.example_problem(reason, path)) from None
     if not compressed and consumed != (size := path.stat().st_size):
         # TensorFlow reads a file that ends inside a record's 12-byte header as if it ended
         # after the record before: the examples after the cut would be lost without a word.
-        raise DataError(
-            "Expected readable TFRecord files. Received: a damaged, cut-short or non-TFRecord "
-            f"file: {first} whole records end at byte {consumed:,} of {size:,}, then "
-            f"{size - consumed} bytes that are no whole record ({path})"
+        reason = (
+            f"{first} whole records end at byte {consumed:,} of {size:,}, then "
+            f"{size - consumed} bytes that are no whole record"
         )
+        raise DataError(unreadable_tfrecord(reason, path))
     if shape is None:  # an empty file (one that is not empty and holds no record failed above)
         return None
     return _checked(
@@ -910,27 +879,19 @@ def _op_reason(error: tf.errors.OpError) -> str:
 
 
 def _record_shape(batch: dict[str, np.ndarray], first: int, path: Path) -> tuple[int, int, int]:
-    """The one (H, W, C) of a batch of parsed records, from `pixels` or `height`/`width`/`channels`."""
-    height, width = batch["height"], batch["width"]
-    channels = np.where(batch["channels"] > 0, batch["channels"], batch["depth"])
-    channels = np.where(channels > 0, channels, 1)
-    side = np.sqrt(batch["pixels"]).round().astype(np.int64)
-    sized = (height > 0) & (width > 0)
-    height = np.where(sized, height, side)
-    width = np.where(sized, width, side)
-    channels = np.where(sized, channels, 1)
-    unsized = ~sized & ((batch["pixels"] <= 0) | (side * side != batch["pixels"]))
-    if unsized.any():
-        index = int(np.flatnonzero(unsized)[0])
-        pixels = int(batch["pixels"][index])
-        received = f"`pixels`={pixels}, not a square" if pixels > 0 else "neither"
-        raise DataError(
-            "Expected `pixels` (a square number) or `height`, `width` and `channels` in every "
-            f"record. Received: {received} in record {first + index} ({path})"
-        )
-    shapes = set(zip(height.tolist(), width.tolist(), channels.tolist(), strict=True))
+    """The one (H, W, C) of a batch of parsed records, by `tfexample.image_shape` (the
+    service's rule for a first record), once for each distinct set of shape features."""
+    columns = np.stack([batch[name] for name in tfexample.SHAPE_FEATURES], axis=1)
+    rows, firsts = np.unique(columns, axis=0, return_index=True)
+    shapes = set()
+    for row, index in sorted(zip(rows.tolist(), firsts.tolist(), strict=True), key=lambda r: r[1]):
+        values = dict(zip(tfexample.SHAPE_FEATURES, row, strict=True))
+        shape = tfexample.image_shape(values)
+        if shape is None:
+            raise DataError(tfexample.no_image_shape(values["pixels"], first + index, path))
+        shapes.add(shape)
     if len(shapes) > 1:
         raise DataError(
             f"Expected every record to have one image shape. Received: {sorted(shapes)} ({path})"
         )
-    return shapes.pop()
+    return cast(tuple[int, int, int], shapes.pop())

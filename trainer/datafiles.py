@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 from trainer.spec import PATH_CHARS, DataSpec, cut_short, shown_value
+from trainer.tfexample import first_record_shape
 
 
 class DataFilesError(ValueError):
@@ -358,34 +359,101 @@ def tfrecord_compressed(path: Path) -> bool:
     return path.name.lower().endswith(".gz")
 
 
-def check_tfrecord_files(files: DataFiles) -> None:
-    """Raises `DataFilesError` where a TFRecord file does not begin with a record's header
-    (its length's checksum), or where every training file holds no record. Reads each
-    file's first 12 bytes (a gzip'd one's first block)."""
+# The most of a first record `check_tfrecord_files` reads: a record holds one image, and
+# 16 MiB holds a 2048x2048x4 one. A first record that claims more (its length's checksum
+# holds, so it is a record's header) is left to the worker, rather than have the service
+# read (a gzip'd file: inflate) and hold what a header says, up to 2^64 bytes.
+FIRST_RECORD_CAP = 16 * 2**20
+
+
+def check_tfrecord_files(files: DataFiles) -> Shape | None:
+    """Raises `DataFilesError` for what the TFRecord files' first records show the worker
+    would refuse: a file that does not begin with a record's header (its length's
+    checksum), or a plain one whose first record runs past its end; every training file
+    without a record; a first record (of the first training file that has one, and of
+    the first eval file) that is no `tf.train.Example`, or one without `image_raw`
+    (bytes) and `label` (int64), or without an image shape its `image_raw` fits
+    (`trainer.tfexample`), or eval images of another shape than the train images'.
+
+    Reads each file's first 12 bytes (a gzip'd one's first block), and those two first
+    records (at most `FIRST_RECORD_CAP` each). Returns the train images' (H, W, C), or
+    None where no first record gave it."""
     empty = []
-    for path in [*files.train, *files.eval]:
-        compressed = tfrecord_compressed(path)
-        try:
-            with gzip.open(path, "rb") if compressed else path.open("rb") as stream:
-                head = stream.read(TFRECORD_HEADER_BYTES)
-        except (OSError, EOFError, zlib.error) as error:
-            if not compressed:
-                raise
-            raise DataFilesError(
-                f"Expected a readable gzip file. Received: {error} ({path})"
-            ) from None
-        if not head:
-            empty.append(path)
-            continue
-        length, checksum = head[:8], head[8:]
-        if len(head) < TFRECORD_HEADER_BYTES or checksum != _masked_crc32c(length):
-            hint = tfrecord_hint(path, compressed)
-            raise DataFilesError(
-                "Expected TFRecord files. Received: a file whose first bytes are no "
-                f"record's header, not a TFRecord file or one cut short{hint} ({path})"
-            )
+    shapes: dict[str, list[tuple[Shape, str]]] = {"train": [], "eval": []}
+    for part, paths in (("train", files.train), ("eval", files.eval)):
+        read = False  # a first record of this part read
+        for path in paths:
+            has_record, record = _first_record(path, read_data=not read)
+            if not has_record:
+                empty.append(path)
+            if record is None:
+                continue  # not read: another file's was, or it is longer than the cap
+            read = True
+            try:
+                shape = first_record_shape(record, path)
+            except ValueError as error:
+                raise DataFilesError(str(error)) from None
+            if shape is not None:
+                shapes[part].append((shape, str(path)))
     if files.train and all(path in empty for path in files.train):
         raise DataFilesError(no_records(files.train))
+    return _check_image_shapes(shapes)
+
+
+def _first_record(path: Path, read_data: bool) -> tuple[bool, memoryview | None]:
+    """Whether a TFRecord file holds a record, and the data of its first (None: none, or
+    not read, as `read_data` is False or it is longer than `FIRST_RECORD_CAP`).
+
+    Raises:
+        DataFilesError: the file does not begin with a record's header, its first record
+            runs past its end, or a gzip'd one cannot be inflated.
+    """
+    compressed = tfrecord_compressed(path)
+    try:
+        with gzip.open(path, "rb") if compressed else path.open("rb") as stream:
+            head = stream.read(TFRECORD_HEADER_BYTES)
+            if not head:
+                return False, None
+            length, checksum = head[:8], head[8:]
+            if len(head) < TFRECORD_HEADER_BYTES or checksum != _masked_crc32c(length):
+                hint = tfrecord_hint(path, compressed)
+                raise DataFilesError(
+                    "Expected TFRecord files. Received: a file whose first bytes are no "
+                    f"record's header, not a TFRecord file or one cut short{hint} ({path})"
+                )
+            # The data, then its checksum (4 bytes), which is not checked: CRC-32C of
+            # megabytes in Python costs seconds, and the worker checks it.
+            wanted = int.from_bytes(length, "little") + 4
+            if not compressed and wanted > (held := path.stat().st_size - len(head)):
+                # TensorFlow allocated what the header says, and a header of 2^40 bytes
+                # took the worker down with SIGSEGV; this file cannot hold it.
+                raise DataFilesError(_record_cut_short(wanted, held, path))
+            if not read_data or wanted - 4 > FIRST_RECORD_CAP:
+                return True, None
+            data = stream.read(wanted)
+    except (OSError, EOFError, zlib.error) as error:
+        if not compressed:
+            raise
+        raise DataFilesError(f"Expected a readable gzip file. Received: {error} ({path})") from None
+    if len(data) < wanted:
+        raise DataFilesError(_record_cut_short(wanted, len(data), path))
+    return True, memoryview(data)[:-4]  # not a copy of up to the cap
+
+
+def _record_cut_short(wanted: int, held: int, path: Path) -> str:
+    return unreadable_tfrecord(
+        f"its first record's header says {wanted - 4:,} bytes of data and a 4-byte "
+        f"checksum follow it, and {held:,} bytes do",
+        path,
+    )
+
+
+def unreadable_tfrecord(reason: str, path: Path) -> str:
+    """What the worker and the service say of a TFRecord file they cannot read."""
+    return (
+        "Expected readable TFRecord files. Received: a damaged, cut-short or non-TFRecord "
+        f"file: {reason} ({path})"
+    )
 
 
 def tfrecord_hint(path: Path, compressed: bool) -> str:

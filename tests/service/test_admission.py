@@ -7,6 +7,7 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import tensorflow as tf
 
 from service.admission import admit
 from service.devices import DevicePool
@@ -15,6 +16,7 @@ from tests.damaged_files import (
     flag_first_member_encrypted,
     write_lying_npz,
 )
+from tests.tfrecords import write_examples, write_tfrecord
 from trainer.spec import AugmentSpec, JobSpec, ModelSpec
 
 POOL = DevicePool(devices=("cpu:0",), gpu=False, max_towers=8)
@@ -232,7 +234,13 @@ def test_admit_refuses_what_the_headers_image_shape_rules_out(tmp_path: Path) ->
     idx = tmp_path / "idx"
     _idx(idx / "train-images-idx3-ubyte", np.zeros((2, 24, 40)))
     _idx(idx / "train-labels-idx1-ubyte", np.zeros(2))
-    cases = [("npz", npz, "24x40x3"), ("idx", str(idx), "24x40x1")]
+    # TFRecord files' first record gives their shape (`height`, `width`, `channels`).
+    tfrecord = write_tfrecord(tmp_path / "wide.tfrecord", np.zeros((2, 24, 40, 3)), [0, 1])
+    cases = [
+        ("npz", npz, "24x40x3"),
+        ("idx", str(idx), "24x40x1"),
+        ("tfrecord", str(tfrecord), "24x40x3"),
+    ]
     for fmt, path, images in cases:
         spec = JobSpec.model_validate(
             {
@@ -309,13 +317,9 @@ def test_admit_refuses_tfrecord_files_that_are_all_empty(tmp_path: Path) -> None
 
 
 def _tfrecord(path: Path, records: int = 1) -> bytes:
-    """A TFRecord file as TensorFlow writes it (gzip'd where named .gz); its bytes."""
-    import tensorflow as tf  # the test's, to write real files: the service never imports it
-
-    options = "GZIP" if path.name.lower().endswith(".gz") else None
-    with tf.io.TFRecordWriter(str(path), options=options) as writer:
-        for _ in range(records):
-            writer.write(b"a record")
+    """A TFRecord file of 4x4 images as TensorFlow writes it (gzip'd where named .gz); its
+    bytes."""
+    write_tfrecord(path, np.zeros((records, 4, 4, 1), np.uint8), [0] * records)
     return path.read_bytes()
 
 
@@ -359,3 +363,44 @@ def _npz_bytes() -> bytes:
     written = io.BytesIO()
     np.savez(written, x=np.zeros(2))
     return written.getvalue()
+
+
+def test_admit_refuses_tfrecord_first_records_the_worker_would_refuse(tmp_path: Path) -> None:
+    # Each was a 201, then "Expected TFRecord files of tf.train.Example ..." or another
+    # refusal from the worker (exit 2) once the job had waited its turn.
+    image = tf.train.Feature(bytes_list=tf.train.BytesList(value=[bytes(16)]))
+    sixteen = tf.train.Feature(int64_list=tf.train.Int64List(value=[16]))
+    cases = {
+        "no label": (
+            {"image_raw": image},
+            "Received: Feature: label (data type: int64) is required but could not be found.",
+        ),
+        "label of bytes": (
+            {"image_raw": image, "label": image, "pixels": sixteen},
+            "Received: Key: label, Index: 0.  Data types don't match. Data type: string but "
+            "expected type: int64",
+        ),
+    }
+    prefix = (
+        "Expected TFRecord files of tf.train.Example with `image_raw` (bytes) and `label` (int64). "
+    )
+    for what, (features, received) in cases.items():
+        path = write_examples(tmp_path / f"{what}.tfrecord", [features])
+        spec = JobSpec.model_validate({"data": {"format": "tfrecord", "path": str(path)}})
+        _, errors = admit(spec, pool=POOL, data_roots=[tmp_path])
+        assert errors == [{"field": "data.path", "message": f"{prefix}{received} ({path})"}], what
+    # A first eval record of another shape than the first train record's.
+    folder = tmp_path / "set"
+    folder.mkdir()
+    write_tfrecord(folder / "train.tfrecord", np.zeros((2, 4, 4, 1)), [0, 1])
+    write_tfrecord(folder / "test.tfrecord.gz", np.zeros((2, 5, 5, 1)), [0, 1])
+    spec = JobSpec.model_validate({"data": {"format": "tfrecord", "path": str(folder)}})
+    assert admit(spec, pool=POOL, data_roots=[tmp_path])[1] == [
+        {
+            "field": "data.path",
+            "message": "Expected eval images of the train image shape (4, 4, 1). Received: "
+            f"(5, 5, 1) ({folder / 'test.tfrecord.gz'})",
+        }
+    ]
+    write_tfrecord(folder / "test.tfrecord.gz", np.zeros((2, 4, 4, 1)), [0, 1])
+    assert admit(spec, pool=POOL, data_roots=[tmp_path])[1] == []

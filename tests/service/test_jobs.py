@@ -20,12 +20,14 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from service.main import create_app
 from service.schemas import MetricsPublic
 from service.settings import Settings
 from service.store import JobStore
 from tests.service.harness import ROOT, Service, fake_worker_env, job_spec, long_job
+from tests.tfrecords import write_examples, write_tfrecord
 from trainer.spec import JobSpec
 
 pytestmark = pytest.mark.slow
@@ -844,6 +846,32 @@ def test_create_job_npz_data_the_worker_could_not_read_is_refused(service: Servi
         )
         assert answer.status_code == 201, answer.text
         service.client.post(f"/api/v1/jobs/{answer.json()['id']}/cancel")
+
+
+def test_create_job_tfrecord_data_the_worker_would_refuse_is_refused(service: Service) -> None:
+    # Was a 201, then, after the job's wait, exit 2 in the worker: the crop padding is 25 on
+    # 20x20 images, and a record without `label`. The service reads the first record.
+    folder = Path(service.env["TOWERBOARD_DATA_ROOTS"]) / "tfrecord-checks"
+    folder.mkdir()
+    small = write_tfrecord(folder / "small.tfrecord", np.zeros((4, 20, 20, 1)), [0, 1, 0, 1])
+    crop = {"format": "tfrecord", "path": str(small), "augment": {"random_crop_padding": 25}}
+    [error] = _errors(service, job_spec(data=crop))
+    assert error == {
+        "field": "data.augment.random_crop_padding",
+        "message": "Expected `random_crop_padding` below the images' height and width "
+        "(20x20), so that a shifted image keeps some of its pixels. Received: 25, which "
+        "would leave about 42% of the training images blank",
+    }
+    image = tf.train.Feature(bytes_list=tf.train.BytesList(value=[bytes(4)]))
+    unlabelled = write_examples(folder / "unlabelled.tfrecord", [{"image_raw": image}])
+    spec = job_spec(data={"format": "tfrecord", "path": str(unlabelled)})
+    [error] = _errors(service, spec)
+    assert error == {
+        "field": "data.path",
+        "message": "Expected TFRecord files of tf.train.Example with `image_raw` (bytes) and "
+        "`label` (int64). Received: Feature: label (data type: int64) is required but could "
+        f"not be found. ({unlabelled})",
+    }
 
 
 def test_create_job_data_path_nul_byte(service: Service) -> None:

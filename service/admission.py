@@ -133,8 +133,8 @@ def admit(
 
 
 def _image_shape_problems(spec: JobSpec, shape: tuple[int, ...]) -> list[dict[str, str]]:
-    """What the data's image shape (H, W, C), read from its files' headers, shows the
-    worker would refuse: a `random_crop_padding` of a whole side or more, a built-in model
+    """What the data's image shape (H, W, C), read from its files' headers (a TFRecord
+    file's first record), shows the worker would refuse: a `random_crop_padding` of a whole side or more, a built-in model
     too large for images of that shape (counted on 2 classes, the fewest any labels give,
     as the labels are data, not headers). Both failed only in the worker, exit 2."""
     errors = []

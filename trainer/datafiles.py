@@ -4,9 +4,9 @@ No TensorFlow here: the service calls `resolve_files` and `check_under_roots` to
 a spec before accepting it, with exactly the rules the worker later loads by
 (`trainer/data.py`). Only names and the file system are looked at, and each file's
 headers (an .npz file's directory of arrays and their .npy headers, an IDX file's header
-and size, a TFRecord file's first record header), never the data, so a check costs a
-directory listing and a few small reads of each file: the header readers here are the
-worker's own.
+and size, a TFRecord file's first record header, and the first training and eval record,
+`trainer.tfexample`), never the rest of the data, so a check costs a directory listing and
+a few small reads of each file: the header readers here are the worker's own.
 
 Rules (`data.path` may name a file, a folder (its own files, not its subfolders') or a
 glob (`**` reaches every depth); file order is sorted by name):

@@ -147,6 +147,8 @@ export function mountJob(view, jobId) {
   // Each tower's GPU's peak memory: what the column beside each tower's time is, or each
   // tower's where there are no times; hidden where the worker said none (towers on CPUs).
   const towerMemory = h("p", { class: "muted small", id: "tower-memory", hidden: true });
+  // "and memory" only where there is some: towers on CPUs report none.
+  const towersHeading = h("h2", {}, "Per-tower step time");
   const checkpoints = h("div", { id: "checkpoints" });
   const logs = h("pre", { class: "log", id: "log", tabindex: "0", "aria-label": "Worker log" }, "");
   // Whether the log box follows its newest lines: until the reader scrolls up from its end,
@@ -187,8 +189,7 @@ export function mountJob(view, jobId) {
     barText, queuePlace.el, errorBox, stats,
     h("section", { class: "section" }, h("h2", {}, "Metrics"), chartGrid),
     h("section", { class: "section" },
-      h("div", { class: "section-head" }, h("h2", {}, "Per-tower step time and memory"),
-        profile.button),
+      h("div", { class: "section-head" }, towersHeading, profile.button),
       profile.status, towers, towerMemory),
     h("section", { class: "section" }, h("h2", {}, "Checkpoints"), checkpoints),
     h("section", { class: "section" },
@@ -226,6 +227,7 @@ export function mountJob(view, jobId) {
     const mb = Array.isArray(p.memory_mb) && p.memory_mb.length ? p.memory_mb : null;
     const rows = renderTimes(p, mb);
     towerMemory.hidden = mb === null;
+    setText(towersHeading, mb === null ? "Per-tower step time" : "Per-tower step time and memory");
     if (mb === null) return;
     // Since the worker started: a resume's worker starts its own peak.
     setText(towerMemory, rows

@@ -4,6 +4,7 @@ from the event stream on a page left open."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -39,6 +40,8 @@ def test_each_towers_peak_memory_is_beside_its_time(session: Session, service: S
     towers = page.locator("#towers")
     expect(towers.locator(".tower-value")).to_have_text(["1.00 ms", "2.00 ms"])
     expect(towers.locator(".tower-memory")).to_have_text(["812.4 MiB", "790.1 MiB"])
+    heading = page.get_by_role("heading", name=re.compile("^Per-tower step time"))
+    expect(heading).to_have_text("Per-tower step time and memory")
     expect(page.locator("#tower-memory")).to_have_text(
         "Beside each tower's time, the most memory TensorFlow's allocator has held on its "
         "GPU since the job's worker started."
@@ -48,6 +51,7 @@ def test_each_towers_peak_memory_is_beside_its_time(session: Session, service: S
     expect(towers).to_contain_text("The job ended before the device trace")
     expect(page.locator("#tower-memory")).to_be_hidden()
     expect(towers.locator(".tower-memory")).to_have_count(0)
+    expect(heading).to_have_text("Per-tower step time")
     assert session.errors == []
 
 

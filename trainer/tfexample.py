@@ -22,8 +22,14 @@ to the worker (`Unsure`) rather than refused, so the service never refuses what 
 worker reads: TensorFlow takes a Feature's first list where protobuf takes its last, and
 only the first of two packed runs; it refuses unknown fields inside a Feature, a list or
 Features, and a map entry without its key or value, or with either twice, all of which
-protobuf reads. A malformed message (a varint or length that runs past its end, wire
-types 3, 4, 6 and 7, which TensorFlow refuses too) is no Example.
+protobuf reads. It also reads some malformed messages protobuf refuses: a map entry, a
+Feature's list or a list's packed run whose length runs past its end (it reads to the
+end: `Unsure` here), a length of 2^32 or more (it keeps the low 32 bits: `Unsure`); and
+among the Example's own fields, which are read here as TensorFlow reads them, a field
+numbered 0 or the features under a tag of more than one byte (skipped as unknown
+fields), and an unknown field that runs past the end (where it stops). Any other
+malformed message (a varint or length that runs past its end, wire types 3, 4, 6 and 7),
+which TensorFlow refuses too, is no Example.
 """
 
 from __future__ import annotations
@@ -94,7 +100,7 @@ class Feature:
             # A tag and a varint's last byte are below 0x80; the varint's others are not.
             count = _low_bytes(self.data) // 2
             return count, _int64(_varint(self.data, 1)[0])
-        fields = list(itertools.islice(_fields(self.data), 2))
+        fields = list(itertools.islice(_fields(self.data, overrun=Unsure), 2))
         if not fields:
             return 0, None
         if len(fields) == 1 and fields[0][:2] == (1, 2):
@@ -123,12 +129,12 @@ def example_features(record: bytes | memoryview) -> dict[str, Feature]:
     wanted = {name.encode(): name for name in PARSED}
     found: dict[str, Feature] = {}
     walked = 0
-    for number, wire, features in _fields(memoryview(record)):
+    for number, wire, features in _fields(memoryview(record), top=True):
         walked = _walk(walked)
         if number != 1 or wire != 2:
             continue  # an unknown field (or field 1 of another type): skipped, as by both
         assert isinstance(features, memoryview)
-        for entry_number, entry_wire, entry in _fields(features):
+        for entry_number, entry_wire, entry in _fields(features, overrun=Unsure):
             walked = _walk(walked)
             if entry_number != 1 or entry_wire != 2:
                 raise Unsure("a Features message with a field other than its map")
@@ -155,7 +161,7 @@ def _map_entry(entry: memoryview) -> tuple[memoryview, memoryview]:
     """A map entry's key and value: each once, as TensorFlow reads them (protobuf would
     take a missing one as empty, a repeated one's last)."""
     fields = sorted(itertools.islice(_fields(entry), 3), key=lambda field: field[0])
-    if [number for number, wire, _ in fields if wire == 2] != [1, 2]:
+    if [(number, wire) for number, wire, _ in fields] != [(1, 2), (2, 2)]:
         raise Unsure("a map entry of other than one key and one value")
     (_, _, key), (_, _, value) = fields
     assert isinstance(key, memoryview) and isinstance(value, memoryview)
@@ -163,7 +169,7 @@ def _map_entry(entry: memoryview) -> tuple[memoryview, memoryview]:
 
 
 def _feature(value: memoryview) -> Feature:
-    fields = list(itertools.islice(_fields(value), 2))
+    fields = list(itertools.islice(_fields(value, overrun=Unsure), 2))
     if not fields:
         return Feature(None, value)
     if len(fields) > 1 or fields[0][0] not in _KINDS or fields[0][1] != 2:
@@ -311,15 +317,28 @@ def first_record_shape(record: bytes | memoryview, path: Path) -> Shape | None:
 # --- the wire format -------------------------------------------------------------------
 
 
-def _fields(message: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
+def _fields(
+    message: memoryview, top: bool = False, overrun: type[ValueError] = NotAnExample
+) -> Iterator[tuple[int, int, int | memoryview]]:
     """Each field of `message`: its number, wire type and value (an int for a varint or a
-    fixed field, a view of a length-delimited one's bytes: nothing is copied)."""
+    fixed field, a view of a length-delimited one's bytes: nothing is copied).
+
+    `top`: the Example's own fields, read as TensorFlow's parser reads them where protobuf
+    refuses them (the module doc): its features under the one-byte tag alone (another
+    tag's are yielded as field 0, unknown, as a field numbered 0 is), and no more fields
+    after an unknown one that runs past the end. `overrun`: what a length-delimited field
+    that runs past the end raises otherwise (`Unsure` for a map entry, a Feature's list
+    and a list's packed run, which TensorFlow reads to the end). A length of 2^32 or more is `Unsure`."""
     at, end = 0, len(message)
     while at < end:
         field_at = at
         key, at = _varint(message, at)
         number, wire = key >> 3, key & 7
-        if number == 0:
+        if top and at - field_at > 1 and (key == 0x0A or at - field_at > 5):
+            if at - field_at > 5:  # TensorFlow reads a tag as a 32-bit varint
+                raise Unsure(f"a tag of {at - field_at} bytes at byte {field_at}")
+            number = 0  # not the one-byte tag: an unknown field to TensorFlow
+        if number == 0 and not top:
             raise NotAnExample(f"a field numbered 0 at byte {field_at}")
         if wire == 0:
             value, at = _varint(message, at)
@@ -332,8 +351,12 @@ def _fields(message: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
             at += width
         elif wire == 2:
             length, start = _varint(message, at)
+            if length >> 32:
+                raise Unsure(f"a length of 2^32 bytes or more ({length:,}) at byte {at}")
             if start + length > end:
-                raise NotAnExample(
+                if top and number != 1:
+                    return  # TensorFlow skips past the end, where it stops
+                raise overrun(
                     f"a field of {length:,} bytes at byte {start} of a {end:,}-byte message"
                 )
             yield number, wire, message[start : start + length]

@@ -337,5 +337,76 @@ def test_check_tfrecord_files_reads_no_more_of_a_first_record_than_its_cap(
     assert peak < 2**20, peak
     # At the cap, it is read, and refused.
     with gzip.open(packed, "wb") as stream:
-        stream.write(_header(FIRST_RECORD_CAP) + bytes(FIRST_RECORD_CAP + 4))
-    assert "a first record that is no tf.train.Example: a field numbered 0" in _service_says(packed)
+        # A field of wire type 7 (zeros alone are fields numbered 0, which TensorFlow skips,
+        # more of them than `tfexample.MAX_FIELDS`: left to the worker).
+        stream.write(_header(FIRST_RECORD_CAP) + b"\x07" + bytes(FIRST_RECORD_CAP + 3))
+    assert "a first record that is no tf.train.Example: a field of wire type 7" in _service_says(
+        packed
+    )
+
+
+def _write_record(path: Path, record: bytes) -> Path:
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        writer.write(record)
+    return path
+
+
+def _label_record(label: bytes, image_raw: bytes | None = None) -> bytes:
+    """An Example of a 2x2 image, `label` a Feature's bytes (`image_raw` too, if given)."""
+    image = _field(1, _field(1, bytes(4))) if image_raw is None else image_raw
+    return _example(image_raw=image, label=label, pixels=_unpacked_int64s(4))
+
+
+# Malformed records TensorFlow's parser reads, which protobuf refuses.
+READ_BY_TENSORFLOW = {
+    # An unknown field of the Example's that runs past its end: TensorFlow stops there.
+    "unknown-field-past-the-end": _label_record(_field(3, _field(1, b"\x01"))) + b"\x12\x7f",
+    # A field numbered 0, skipped as an unknown field.
+    "field-0": b"\x00\x05" + _label_record(_field(3, _field(1, b"\x01"))),
+    # The features' length with bits past 2^32, which TensorFlow drops.
+    "length-past-2^32": (lambda inner: b"\x0a" + _varint(len(inner) + 2**32) + inner)(
+        _label_record(_field(3, _field(1, b"\x01")))[2:]
+    ),
+    # A map entry's length past its Features' end, a list's, a packed run's and a
+    # BytesList's past their Feature's: each read to that end.
+    "map-entry-past-its-features": _field(
+        1,
+        _field(1, _field(1, b"image_raw") + _field(2, _field(1, _field(1, bytes(4)))))
+        + _field(1, _field(1, b"pixels") + _field(2, _unpacked_int64s(4)))
+        + b"\x0a\x7f"
+        + _field(1, b"label")
+        + _field(2, _field(3, _field(1, b"\x01"))),
+    ),
+    "list-past-its-feature": _label_record(b"\x1a\x09" + _field(1, b"\x01")),
+    "packed-run-past-its-list": _label_record(_field(3, b"\x0a\x69\x01")),
+    "bytes-list-past-its-feature": _label_record(
+        _field(3, _field(1, b"\x01")), image_raw=b"\x0a\x7f" + _field(1, bytes(4))
+    ),
+}
+
+
+@pytest.mark.parametrize("record", READ_BY_TENSORFLOW.values(), ids=READ_BY_TENSORFLOW.keys())
+def test_check_tfrecord_files_admits_malformed_records_the_worker_reads(
+    tmp_path: Path, record: bytes
+) -> None:
+    # Each was refused at submit as "no tf.train.Example", which the worker trains on.
+    path = _write_record(tmp_path / "a.tfrecord", record)
+    assert load_arrays(_files(path), seed=0).y_train.tolist() == [1]
+    assert check_tfrecord_files(resolve_files(_files(path))) in (None, (2, 2, 1))
+
+
+def test_first_record_shape_leaves_a_map_entry_of_three_fields_to_the_worker() -> None:
+    # A key, an unknown field and a value: protobuf reads it, TensorFlow refuses it. It
+    # was refused here with Python's own words: "too many values to unpack (expected 2)".
+    entry = _field(1, b"label") + b"\x18\x01" + _field(2, _field(3, _field(1, b"\x01")))
+    record = _field(1, _field(1, entry) + _label_record(b"")[2:])
+    assert first_record_shape(record, Path("a")) is None
+
+
+def test_check_tfrecord_files_says_what_the_worker_says_of_a_record_of_zeros(
+    tmp_path: Path,
+) -> None:
+    # Zeros are fields numbered 0, which TensorFlow skips: an Example with no features.
+    path = _write_record(tmp_path / "a.tfrecord", bytes(64))
+    assert _service_says(path) == _worker_says(path)
+    assert "Feature: image_raw (data type: string) is required" in _service_says(path)

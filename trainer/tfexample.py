@@ -22,14 +22,14 @@ to the worker (`Unsure`) rather than refused, so the service never refuses what 
 worker reads: TensorFlow takes a Feature's first list where protobuf takes its last, and
 only the first of two packed runs; it refuses unknown fields inside a Feature, a list or
 Features, and a map entry without its key or value, or with either twice, all of which
-protobuf reads. It also reads some malformed messages protobuf refuses: a map entry, a
-Feature's list or a list's packed run whose length runs past its end (it reads to the
-end: `Unsure` here), a length of 2^32 or more (it keeps the low 32 bits: `Unsure`); and
-among the Example's own fields, which are read here as TensorFlow reads them, a field
-numbered 0 or the features under a tag of more than one byte (skipped as unknown
-fields), and an unknown field that runs past the end (where it stops). Any other
-malformed message (a varint or length that runs past its end, wire types 3, 4, 6 and 7),
-which TensorFlow refuses too, is no Example.
+protobuf reads. Some malformed messages protobuf refuses TensorFlow reads, and so are
+they read here: the Example's features, a map entry, a Feature's list or a list's packed
+run whose length runs past its end (TensorFlow reads each under a limit, to the end of
+the message around it), and among the Example's own fields a field numbered 0, or the
+features under a tag of more than one byte (skipped as unknown fields); a length of 2^32
+or more, of which it keeps the low 32 bits, is `Unsure`. Any other malformed message (a
+key, value or string that runs past its end, a varint that does not end, wire types 3,
+4, 6 and 7), which TensorFlow refuses too, is no Example.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class Feature:
             # A tag and a varint's last byte are below 0x80; the varint's others are not.
             count = _low_bytes(self.data) // 2
             return count, _int64(_varint(self.data, 1)[0])
-        fields = list(itertools.islice(_fields(self.data, overrun=Unsure), 2))
+        fields = list(itertools.islice(_fields(self.data, clamp=True), 2))
         if not fields:
             return 0, None
         if len(fields) == 1 and fields[0][:2] == (1, 2):
@@ -129,12 +129,12 @@ def example_features(record: bytes | memoryview) -> dict[str, Feature]:
     wanted = {name.encode(): name for name in PARSED}
     found: dict[str, Feature] = {}
     walked = 0
-    for number, wire, features in _fields(memoryview(record), top=True):
+    for number, wire, features in _fields(memoryview(record), top=True, clamp=True):
         walked = _walk(walked)
         if number != 1 or wire != 2:
             continue  # an unknown field (or field 1 of another type): skipped, as by both
         assert isinstance(features, memoryview)
-        for entry_number, entry_wire, entry in _fields(features, overrun=Unsure):
+        for entry_number, entry_wire, entry in _fields(features, clamp=True):
             walked = _walk(walked)
             if entry_number != 1 or entry_wire != 2:
                 raise Unsure("a Features message with a field other than its map")
@@ -169,7 +169,7 @@ def _map_entry(entry: memoryview) -> tuple[memoryview, memoryview]:
 
 
 def _feature(value: memoryview) -> Feature:
-    fields = list(itertools.islice(_fields(value, overrun=Unsure), 2))
+    fields = list(itertools.islice(_fields(value, clamp=True), 2))
     if not fields:
         return Feature(None, value)
     if len(fields) > 1 or fields[0][0] not in _KINDS or fields[0][1] != 2:
@@ -318,17 +318,18 @@ def first_record_shape(record: bytes | memoryview, path: Path) -> Shape | None:
 
 
 def _fields(
-    message: memoryview, top: bool = False, overrun: type[ValueError] = NotAnExample
+    message: memoryview, top: bool = False, clamp: bool = False
 ) -> Iterator[tuple[int, int, int | memoryview]]:
     """Each field of `message`: its number, wire type and value (an int for a varint or a
     fixed field, a view of a length-delimited one's bytes: nothing is copied).
 
-    `top`: the Example's own fields, read as TensorFlow's parser reads them where protobuf
-    refuses them (the module doc): its features under the one-byte tag alone (another
-    tag's are yielded as field 0, unknown, as a field numbered 0 is), and no more fields
-    after an unknown one that runs past the end. `overrun`: what a length-delimited field
-    that runs past the end raises otherwise (`Unsure` for a map entry, a Feature's list
-    and a list's packed run, which TensorFlow reads to the end). A length of 2^32 or more is `Unsure`."""
+    Read as TensorFlow's parser reads them where protobuf refuses them (the module doc):
+    `top`, the Example's own fields: its features under the one-byte tag alone (another
+    tag's are yielded as field 0, unknown, as a field numbered 0 is). `clamp`, the fields
+    of a message TensorFlow reads each under a limit (the Example's, its features', a
+    Feature's, a list's): one that runs past the end is read to the end; elsewhere (a map
+    entry's key and value, a BytesList's strings) it is no Example. A length of 2^32 or
+    more is `Unsure`."""
     at, end = 0, len(message)
     while at < end:
         field_at = at
@@ -354,11 +355,12 @@ def _fields(
             if length >> 32:
                 raise Unsure(f"a length of 2^32 bytes or more ({length:,}) at byte {at}")
             if start + length > end:
-                if top and number != 1:
-                    return  # TensorFlow skips past the end, where it stops
-                raise overrun(
-                    f"a field of {length:,} bytes at byte {start} of a {end:,}-byte message"
-                )
+                if clamp:
+                    length = end - start
+                else:
+                    raise NotAnExample(
+                        f"a field of {length:,} bytes at byte {start} of a {end:,}-byte message"
+                    )
             yield number, wire, message[start : start + length]
             at = start + length
         else:  # 3, 4: a group, which TensorFlow's parser refuses; 6, 7: none

@@ -22,7 +22,7 @@ from trainer.datafiles import (
     resolve_files,
 )
 from trainer.spec import DataSpec
-from trainer.tfexample import NotAnExample, example_features, first_record_shape
+from trainer.tfexample import example_features, first_record_shape
 
 # --- protobuf's wire format, written by hand where TensorFlow writes no such record ----
 
@@ -136,21 +136,25 @@ def test_example_features_count_lists_of_millions_packed_or_not() -> None:
     assert _read(unpacked)["label"] == ("int64", 2_000_000, 129)
 
 
-def test_example_features_refuse_a_record_cut_anywhere_protobuf_refuses_it(
+def test_first_record_shape_refuses_a_record_cut_short_only_where_the_worker_does(
     tmp_path: Path,
 ) -> None:
+    # TensorFlow's parser reads the Example, its features and each Feature's list to the
+    # end of the message around them, where protobuf refuses a length that runs past it:
+    # a record cut at an entry's end is read, with the features before the cut.
     x = np.arange(12, dtype=np.uint8).reshape(1, 2, 2, 3)
     path = write_tfrecord(tmp_path / "a.tfrecord", x, [1])
     [record] = list(tf.data.TFRecordDataset(str(path)).as_numpy_iterator())
     refused = 0
     for cut in range(1, len(record)):
         try:
-            tf.train.Example.FromString(record[:cut])
-        except Exception:  # google.protobuf's DecodeError: not importable by name here
-            with pytest.raises(NotAnExample):
-                example_features(record[:cut])
+            first_record_shape(record[:cut], path)
+        except ValueError:
             refused += 1
-    assert refused > len(record) // 2  # most cuts fall inside a field
+            _write_record(path, record[:cut])
+            with pytest.raises(DataError):
+                load_arrays(_files(path), seed=0)
+    assert refused > len(record) // 2  # most cuts fall inside a key or a value
 
 
 def test_first_record_shape_leaves_to_the_worker_what_tensorflow_and_protobuf_read_apart(
@@ -367,8 +371,11 @@ READ_BY_TENSORFLOW = {
     "length-past-2^32": (lambda inner: b"\x0a" + _varint(len(inner) + 2**32) + inner)(
         _label_record(_field(3, _field(1, b"\x01")))[2:]
     ),
-    # A map entry's length past its Features' end, a list's, a packed run's and a
-    # BytesList's past their Feature's: each read to that end.
+    # The features' length past the Example's end, a map entry's past the features', a
+    # list's, a packed run's and a BytesList's past their Feature's: each read to that end.
+    "features-past-the-end": (lambda inner: b"\x0a" + _varint(len(inner) + 50) + inner)(
+        _label_record(_field(3, _field(1, b"\x01")))[2:]
+    ),
     "map-entry-past-its-features": _field(
         1,
         _field(1, _field(1, b"image_raw") + _field(2, _field(1, _field(1, bytes(4)))))

@@ -73,9 +73,10 @@ def _applies_non_linearity(layer: keras.layers.Layer) -> bool:
 def _rectifies(layer: keras.layers.Layer) -> bool:
     """Whether `layer`'s outputs are 0 wherever its input is below a threshold, so that
     their zero fraction counts units switched off (a leaky one's are never 0)."""
-    if isinstance(layer, keras.layers.ReLU):
-        return not layer.negative_slope
     activation = getattr(layer, "activation", None)
+    for relu in (layer, activation):  # a `ReLU` layer, or one given as an activation
+        if isinstance(relu, keras.layers.ReLU):
+            return not relu.negative_slope
     return getattr(activation, "__name__", None) in _RECTIFIERS
 
 

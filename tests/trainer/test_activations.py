@@ -99,6 +99,8 @@ def test_a_zero_fraction_is_charted_for_each_rectifier_alone() -> None:
         keras.layers.ReLU(name="relu_layer"),
         keras.layers.ReLU(threshold=0.5, name="relu_threshold"),
         keras.layers.Activation("relu", name="relu_activation"),
+        keras.layers.Dense(4, activation=keras.layers.ReLU(), name="relu_as_activation"),
+        keras.layers.Dense(4, activation=keras.layers.ReLU(negative_slope=0.2), name="leaky_as"),
         keras.layers.ReLU(negative_slope=0.1, name="leaky_slope"),
         keras.layers.LeakyReLU(name="leaky"),
         keras.layers.Dense(4, activation="tanh", name="tanh"),
@@ -109,10 +111,11 @@ def test_a_zero_fraction_is_charted_for_each_rectifier_alone() -> None:
     probe = activation_probe(model, "/CPU:0")
 
     assert probe is not None
-    assert len(probe.tags) == 10  # every layer but the flatten
+    assert len(probe.tags) == 12  # every layer but the flatten
     rectifiers = ["relu_string", "relu_tf", "relu6", "relu_layer", "relu_threshold"]
     assert probe.zero_fractions == {
-        f"activations/{name}": f"zero_fraction/{name}" for name in [*rectifiers, "relu_activation"]
+        f"activations/{name}": f"zero_fraction/{name}"
+        for name in [*rectifiers, "relu_activation", "relu_as_activation"]
     }
 
 

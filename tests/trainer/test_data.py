@@ -1198,8 +1198,9 @@ def _augmented(augment: dict[str, Any], x: np.ndarray, seed: int = 0, count: int
     return augmented, x[order].astype(np.float32) / 255.0
 
 
-def test_augment_flip_left_right_mirrors_some_images() -> None:
-    augmented, original = _augmented({"flip_left_right": True}, images(32, (3, 5, 1)))
+@pytest.mark.parametrize("channels", [1, 3])
+def test_augment_flip_left_right_mirrors_some_images(channels: int) -> None:
+    augmented, original = _augmented({"flip_left_right": True}, images(32, (3, 5, channels)))
 
     mirrored = [np.array_equal(a, o[:, ::-1]) for a, o in zip(augmented, original, strict=True)]
     kept = [np.array_equal(a, o) for a, o in zip(augmented, original, strict=True)]
@@ -1207,15 +1208,16 @@ def test_augment_flip_left_right_mirrors_some_images() -> None:
     assert 0 < sum(mirrored) < 32
 
 
-def test_augment_random_crop_padding_shifts_with_zero_fill() -> None:
-    pad = 2
-    augmented, original = _augmented({"random_crop_padding": pad}, images(32, (6, 6, 1)) | 1)
+@pytest.mark.parametrize("shape", [(6, 6, 1), (6, 4, 3)])
+def test_augment_random_crop_padding_shifts_with_zero_fill(shape: tuple[int, int, int]) -> None:
+    pad, (height, width, _) = 2, shape
+    augmented, original = _augmented({"random_crop_padding": pad}, images(32, shape) | 1)
 
     shifts = []
     for a, o in zip(augmented, original, strict=True):
         padded = np.pad(o, ((pad, pad), (pad, pad), (0, 0)))
         crops = {
-            (dy, dx): padded[pad + dy : pad + dy + 6, pad + dx : pad + dx + 6]
+            (dy, dx): padded[pad + dy : pad + dy + height, pad + dx : pad + dx + width]
             for dy in range(-pad, pad + 1)
             for dx in range(-pad, pad + 1)
         }
@@ -1233,10 +1235,14 @@ def test_augment_brightness_adds_one_delta_per_image() -> None:
     assert np.abs(deltas).max() <= 0.2 + 1e-6 and len(np.unique(deltas[:, 0].round(6))) == 32
 
 
-def test_augment_contrast_scales_around_image_mean() -> None:
-    # Three pixels near mid-grey per image, so no contrast factor in [0.5, 1.5] clips them.
+@pytest.mark.parametrize("channels", [1, 3])
+def test_augment_contrast_scales_around_image_mean(channels: int) -> None:
+    # Three pixels near mid-grey per image, so no contrast factor in [0.5, 1.5] clips them;
+    # each channel of its own mean (10 apart), which its pixels are scaled around.
     x = (
-        np.array([96, 128, 160], np.uint8)[None, None, :, None] + np.arange(32)[:, None, None, None]
+        np.array([96, 128, 160], np.uint8)[None, None, :, None]
+        + np.arange(32)[:, None, None, None]
+        + 10 * np.arange(channels)[None, None, None, :]
     ).astype(np.uint8)
     augmented, original = _augmented({"contrast": 0.5}, x)
 

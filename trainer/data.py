@@ -398,9 +398,10 @@ def _augmenter(spec: AugmentSpec) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
     coordinates pixel by pixel: TensorFlow's CPU kernels broadcast a (b, 1, 1, C) operand
     slowly, and on 32x32x3 images the flip's 4-D select, the crop's projective transform
     and the contrast's arithmetic each cost 5 to 9 times gathering the batch. The flip as a
-    select over 2-D rows, the crop as row and column gathers, the contrast's means tiled
-    along a row: the same bits, and 1.8 to 2.5 times the examples a second of each (all
-    four: 2.3 times; docs/benchmarks.md, "The input pipeline").
+    select over 2-D rows (or, with the crop, in its column gather), the crop as row and
+    column gathers, the contrast's means tiled along a row: the same bits, at 1.7 to 2.4
+    times the examples a second of each there, and 3 times with all four
+    (docs/benchmarks.md, "The input pipeline").
     """
     if not spec.any:
         return None
@@ -412,8 +413,10 @@ def _augmenter(spec: AugmentSpec) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
         def op_seed(tag: int) -> tf.Tensor:
             return tf.random.experimental.stateless_fold_in(seed, tag)
 
+        flip = None
         if spec.flip_left_right:
             flip = tf.random.stateless_uniform([size], op_seed(1)) < 0.5
+        if flip is not None and not spec.random_crop_padding:  # else in the crop's gather
             flat = tf.reshape(x, [size, -1])
             mirrored = tf.reshape(tf.reverse(x, axis=[2]), [size, -1])
             x = tf.reshape(tf.where(flip[:, None], mirrored, flat), shape)
@@ -431,9 +434,13 @@ def _augmenter(spec: AugmentSpec) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
                 read = tf.range(length)[None, :] - by[:, None]
                 return tf.where((read >= 0) & (read < length), read, length)
 
+            columns = sources(width, shift[:, 0])
+            if flip is not None:  # flipped first: a mirrored image's column c is W - 1 - c
+                inside = flip[:, None] & (columns < width)
+                columns = tf.where(inside, width - 1 - columns, columns)
             x = tf.pad(x, [[0, 0], [0, 1], [0, 1], [0, 0]])
             x = tf.gather(x, sources(height, shift[:, 1]), axis=1, batch_dims=1)
-            x = tf.gather(x, sources(width, shift[:, 0]), axis=2, batch_dims=1)
+            x = tf.gather(x, columns, axis=2, batch_dims=1)
         if spec.brightness:
             delta = tf.random.stateless_uniform(
                 [size, 1, 1, 1], op_seed(3), minval=-spec.brightness, maxval=spec.brightness

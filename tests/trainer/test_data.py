@@ -1227,6 +1227,35 @@ def test_augment_random_crop_padding_shifts_with_zero_fill(shape: tuple[int, int
     assert len(set(shifts)) > 5
 
 
+@pytest.mark.parametrize("shape", [(6, 6, 1), (6, 4, 3)])
+def test_augment_flip_and_crop_together_shift_some_mirrored_images(
+    shape: tuple[int, int, int],
+) -> None:
+    # Both on, the flip is taken in the crop's column gather: each image is still one
+    # shift of itself or of its mirror image, with zero fill.
+    pad, (height, width, _) = 2, shape
+    augmented, original = _augmented(
+        {"flip_left_right": True, "random_crop_padding": pad}, images(32, shape) | 1
+    )
+
+    mirrored = 0
+    for a, o in zip(augmented, original, strict=True):
+        matches = []
+        for flipped, image in ((False, o), (True, o[:, ::-1])):
+            padded = np.pad(image, ((pad, pad), (pad, pad), (0, 0)))
+            matches += [
+                (flipped, dy, dx)
+                for dy in range(-pad, pad + 1)
+                for dx in range(-pad, pad + 1)
+                if np.array_equal(
+                    a, padded[pad + dy : pad + dy + height, pad + dx : pad + dx + width]
+                )
+            ]
+        assert len(matches) == 1, matches  # random pixels, never 0: one crop matches
+        mirrored += matches[0][0]
+    assert 0 < mirrored < 32
+
+
 def test_augment_brightness_adds_one_delta_per_image() -> None:
     augmented, original = _augmented({"brightness": 0.2}, np.full((32, 3, 3, 1), 128, np.uint8))
 

@@ -315,3 +315,28 @@ def test_scale_bench_runs_and_reports_every_figure() -> None:
     for row in ("| newest 50 |", "| name=nomatch |", "| supervisor pass |",
                 "| read on after its last 100 steps |", "| first batch of a run resumed"):  # fmt: skip
         assert row in out, out
+
+
+def test_input_bench_times_every_set_and_augmentation_beside_the_step() -> None:
+    # One round of 2 batches of 32, and this checkout's own trainer/data.py as the baseline:
+    # this checks that every part runs and reports, not the numbers.
+    out = run_bench(
+        "bench/input_bench.py", "--rounds", "1", "--batches", "2", "--warmup", "1", "--steps",
+        "1", "--batch", "32", "--examples", "256", "--baseline", "trainer/data.py",
+    )  # fmt: skip
+    sets = ["synthetic 32x32x3 float", "npz 32x32x3 uint8", "TFRecord 32x32x3 uint8"]
+    if "MNIST idx: left out, not found at" not in out:
+        sets.insert(0, "MNIST idx 28x28x1")
+    augmentations = ["none", "flip_left_right", "random_crop_padding 4", "brightness 0.2",
+                     "contrast 0.2", "all"]  # fmt: skip
+    for shape in ("28x28x1", "32x32x3") if "MNIST idx 28x28x1" in sets else ("32x32x3",):
+        assert re.search(rf"^\| towers step {shape} \| [1-9]\d* \|", out, re.M), out
+    rows = re.findall(
+        r"^\| (.+?) \| (.+?) \| ([\d.]+) \| ([\d.]+) \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$", out, re.M
+    )
+    assert [(name, augment) for name, augment, *_ in rows] == [
+        (name, augment) for name in sets for augment in augmentations
+    ], out
+    assert all(float(rate) > 0 and float(per_cpu) > 0 for *_, rate, per_cpu in rows), out
+    against = re.findall(r"^\| (.+?) \| (.+?) \| [1-9]\d* \| [1-9]\d* \| [\d.]+ \|$", out, re.M)
+    assert against == [(name, augment) for name, augment, *_ in rows], out

@@ -394,12 +394,13 @@ def _augmenter(spec: AugmentSpec) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
     Each op draws from its own seed folded from the batch's seed, so turning one on does
     not change what the others do.
 
-    No per-image value is broadcast over a 4-D batch, and no transform computes source
-    coordinates pixel by pixel: TensorFlow's CPU kernels broadcast a (b, 1, 1, C) operand
-    slowly, and on 32x32x3 images the flip's 4-D select, the crop's projective transform
+    No condition or per-channel value is broadcast over the 4-D batch, and no transform
+    computes source coordinates pixel by pixel: TensorFlow's CPU kernels broadcast a
+    (b, 1, 1, C) operand slowly (a (b, 1, 1, 1) one collapses to 2-D: brightness is
+    cheap), and on 32x32x3 images the flip's 4-D select, the crop's projective transform
     and the contrast's arithmetic each cost 5 to 9 times gathering the batch. The flip as a
     select over 2-D rows (or, with the crop, in its column gather), the crop as row and
-    column gathers, the contrast's means tiled along a row: the same bits, at 1.7 to 2.4
+    column gathers, the contrast's means tiled along a row: the same bits, at 1.6 to 2.5
     times the examples a second of each there, and 3 times with all four
     (docs/benchmarks.md, "The input pipeline").
     """

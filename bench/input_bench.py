@@ -66,6 +66,8 @@ COLOUR = (32, 32, 3)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from towers_bench import add_device_arguments
+
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -87,15 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="another trainer/data.py (git show REV:trainer/data.py > FILE), timed beside this one",
     )
-    p.add_argument(
-        "--split-gpu-mb", type=int, default=None, help="split GPU 0 into logical GPUs of this size"
-    )
-    p.add_argument(
-        "--parameter-device",
-        choices=("cpu", "gpu0"),
-        default="cpu",
-        help="where the towers keep the variables (the spec's parameter_device)",
-    )
+    add_device_arguments(p)
     return p.parse_args(argv)
 
 

@@ -79,15 +79,7 @@ def parse_args() -> argparse.Namespace:
         "--rounds", type=int, default=40, help="rounds; every configuration runs once per round"
     )
     p.add_argument("--batch", type=int, default=128, help="global batch")
-    p.add_argument(
-        "--split-gpu-mb", type=int, default=None, help="split GPU 0 into logical GPUs of this size"
-    )
-    p.add_argument(
-        "--parameter-device",
-        choices=("cpu", "gpu0"),
-        default="cpu",
-        help="where the towers keep the variables (the spec's parameter_device)",
-    )
+    add_device_arguments(p)
     p.add_argument(
         "--worker-steps", type=int, default=1000, help="steps of each whole-worker run (0 skips it)"
     )
@@ -109,6 +101,19 @@ def parse_args() -> argparse.Namespace:
         "histograms and images), to say what each costs",
     )
     return p.parse_args()
+
+
+def add_device_arguments(p: argparse.ArgumentParser) -> None:
+    """`--split-gpu-mb` and `--parameter-device`: where a bench's towers and variables go."""
+    p.add_argument(
+        "--split-gpu-mb", type=int, default=None, help="split GPU 0 into logical GPUs of this size"
+    )
+    p.add_argument(
+        "--parameter-device",
+        choices=("cpu", "gpu0"),
+        default="cpu",
+        help="where the towers keep the variables (the spec's parameter_device)",
+    )
 
 
 def median_interval(

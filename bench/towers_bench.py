@@ -493,11 +493,14 @@ def monitoring_costs(args: argparse.Namespace, devices: Devices) -> None:
 
 def job_seconds(cost: dict[str, float], s: SummariesSpec, job_steps: int) -> float:
     """What each kind's cost a call adds up to over a job of `job_steps` at the cadences
-    of `s`: scalars, histograms and images every so many steps (the first images call
-    apart), the graph once and one trace; a kind turned off costs nothing."""
+    of `s`: scalars, histograms and images every so many steps and at the job's first and
+    last (the first images call apart), the graph once and one trace; a kind turned off
+    costs nothing."""
 
     def calls(every: int) -> int:
-        return job_steps // every if every else 0
+        if not every:
+            return 0
+        return len({1, job_steps}.union(range(every, job_steps + 1, every)))
 
     images = calls(s.images_every)
     return (

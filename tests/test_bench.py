@@ -48,18 +48,20 @@ def test_monitoring_costs_add_up_over_a_job_at_the_default_cadences() -> None:
     for name in kinds:
         counts[name] = job_seconds({**calls, name: 1.0}, SummariesSpec(), 1000)
     assert counts == {
-        "scalars (+ grad norm)": 100,  # every 10 steps
-        "histograms": 2,  # every 500 (a cost under 0.5 s once counted as none)
-        "images": 1,  # every 500, the first call apart
+        "scalars (+ grad norm)": 101,  # every 10 steps, and the first
+        "histograms": 3,  # every 500 and the first (a cost under 0.5 s once counted as none)
+        "images": 2,  # every 500 and the first, the first call apart
         "images, first call": 1,
         "graph (once)": 1,
         "trace of 3 steps (once)": 1,
     }
-    assert job_seconds({**calls, "histograms": 0.01}, SummariesSpec(), 1000) == 0.02
+    assert job_seconds({**calls, "histograms": 0.01}, SummariesSpec(), 1000) == 0.03
+    # A last step off the cadence is one call more.
+    assert job_seconds({**calls, "histograms": 1.0}, SummariesSpec(), 1001) == 4
     # A kind turned off costs nothing (the defaults trace steps 20-22 and write the graph).
     every = {name: 1.0 for name in kinds}
     off = SummariesSpec(histograms_every=0, images_every=0, trace_steps=[], graph=False)
-    assert job_seconds(every, off, 1000) == 100
+    assert job_seconds(every, off, 1000) == 101
 
 
 def test_whole_worker_specs_differ_from_the_defaults_in_their_kinds_alone() -> None:
@@ -121,14 +123,14 @@ def test_towers_bench_runs_and_reports_every_ratio() -> None:
     assert out.count("throughput ratio") == 2, out
     # Each share is the table's costs a call times their calls in a 1000-step job at the
     # default cadences, the once-only trace included (it once counted as none: the bench's
-    # own spec traces no step). Rounding: 0.005 ms a call, times 100 for the scalars, and
+    # own spec traces no step). Rounding: 0.005 ms a call, times 101 for the scalars, and
     # 0.5 ms in the printed share.
     table = dict(
         (m[1].strip(), (float(m[2]) / 1000, float(m[3]) / 1000))
         for m in re.finditer(r"^  (\S.*?)\s+([\d.]+) ms\s+([\d.]+) ms$", out, re.M)
     )
-    calls = {"scalars (+ grad norm)": 100, "histograms": 2, "images, first call": 1,
-             "images": 1, "graph (once)": 1, "trace of 3 steps (once)": 1}  # fmt: skip
+    calls = {"scalars (+ grad norm)": 101, "histograms": 3, "images, first call": 1,
+             "images": 2, "graph (once)": 1, "trace of 3 steps (once)": 1}  # fmt: skip
     assert table.keys() == calls.keys(), out
     assert table["trace of 3 steps (once)"][0] > 0.0012, out  # or this checks nothing
     shares = [float(m[1]) for m in re.finditer(r"^  ([\d.]+) s of ", out, re.M)]

@@ -169,10 +169,18 @@ class _Launched:
     examples: int
 
 
-def _due(every: int, step: int, last: bool = False) -> bool:
-    """Whether a cadence of `every` steps (0: off) falls on `step`, or `last` (the job's
-    last step, where every kind is written) and the cadence is on."""
-    return bool(every) and (step % every == 0 or last)
+def _due(every: int, step: int) -> bool:
+    """Whether a cadence of `every` steps (0: off) falls on `step`."""
+    return bool(every) and step % every == 0
+
+
+def _summary_due(every: int, step: int, last: bool) -> bool:
+    """Whether a summary kind of cadence `every` is written at `step`: by the cadence, and
+    also at the job's first and last steps. The first shows at once the inputs as the
+    towers got them, the initial weights and loss: a wrong scale or a dead layer shows in
+    seconds, not after `histograms_every` steps (500 by default, minutes for a big model).
+    A resumed worker's first step is not the job's, and the charts have it already."""
+    return bool(every) and (step % every == 0 or step == 1 or last)
 
 
 @dataclass
@@ -362,10 +370,11 @@ class Controller:
                 if self.trace.start():
                     self._trace_first = step + 1
             began = time.monotonic()
-            # Every kind is also written at the job's last step, so its charts end where the
-            # job did (a 2050-step job with scalars every 100 ended its charts at 2000).
+            # Every kind is also written at the job's first and last steps, so its charts
+            # begin and end where the job did (a 2050-step job with scalars every 100
+            # ended its charts at 2000).
             last = step + 1 == self.total_steps
-            scalars_due = _due(s.scalars_every, step + 1, last)
+            scalars_due = _summary_due(s.scalars_every, step + 1, last)
             images, quiet, read = self._step(loop, step + 1, scalars_due, requests)
             step += 1
             if step == loop.first_step:
@@ -542,9 +551,9 @@ class Controller:
         if scalars_due:
             timed = loop.scalar_clock.take()
             self._write_scalars(step, loop.out, *(timed or (None, None)))
-        if _due(s.histograms_every, step, last):
+        if _summary_due(s.histograms_every, step, last):
             self._write_histograms(step, loop.out["grads"], images)
-        if _due(s.images_every, step, last):
+        if _summary_due(s.images_every, step, last):
             self._write_images(step, images)
 
     def _finish(self, loop: _Loop, step: int) -> RunSummary:

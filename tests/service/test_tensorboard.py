@@ -185,15 +185,16 @@ def test_tensorboard_shows_every_kind_of_summary_a_job_writes(
     points = service.client.get(
         "/tensorboard/data/plugin/histograms/histograms", params={"run": run, "tag": tag}
     ).json()
-    assert [step for _, step, _ in points] == [40]  # written at the job's last step
+    assert [step for _, step, _ in points] == [1, 40]  # written at the job's first and last steps
     assert len(points[0][2]) == 30  # the buckets: [left, right, count] each
 
     image_tags = _wait(lambda: tags("images"), 60, "the image tags")
     assert list(image_tags) == ["tower_0/inputs"], image_tags
-    [image] = service.client.get(
+    images = service.client.get(
         "/tensorboard/data/plugin/images/images", params={"run": run, "tag": "tower_0/inputs"}
     ).json()
-    assert image["step"] == 40
+    assert [each["step"] for each in images] == [1, 40]
+    image = images[-1]
     png = service.client.get(f"/tensorboard/data/plugin/images/individualImage?{image['query']}")
     assert png.status_code == 200 and png.content.startswith(b"\x89PNG")
 

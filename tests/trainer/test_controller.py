@@ -317,7 +317,7 @@ def test_each_towers_memory_is_charted_and_reported(tmp_path, monkeypatch) -> No
             (e.step, float(tf.make_ndarray(e.tensor_proto)))
             for e in acc.Tensors(f"tower_{i}/memory_mb")
         ]
-        assert [step for step, _ in charted] == [2, 4, 6], charted
+        assert [step for step, _ in charted] == [1, 2, 4, 6], charted  # the first step too
         assert all(mb >= 48 for _, mb in charted), charted
     reports = [e for e in progress_lines(tmp_path / "progress.jsonl") if e["event"] == "progress"]
     assert reports and all(len(e["memory_mb"]) == 2 and min(e["memory_mb"]) >= 48 for e in reports)

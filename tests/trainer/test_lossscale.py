@@ -314,8 +314,9 @@ def test_a_float16_job_skips_its_overflowing_steps_and_charts_its_loss_scale(two
     )
     acc.Reload()
     charted = {e.step: float(tf.make_ndarray(e.tensor_proto)) for e in acc.Tensors("loss_scale")}
-    assert sorted(charted) == [5, 10, 15, 20, 25, 30]
+    assert sorted(charted) == [1, 5, 10, 15, 20, 25, 30]
     assert "float16" in acc.SummaryMetadata("loss_scale").summary_description
+    assert charted.pop(1) == INITIAL_SCALE  # what the first step used
     assert all(s < INITIAL_SCALE and np.log2(s) == int(np.log2(s)) for s in charted.values())
     saved = checkpoint_values(two_towers / "job", 30)
     assert scale_in(saved) < INITIAL_SCALE

@@ -233,7 +233,7 @@ def test_run_job_charts_tower_0s_activations(tiny_run):
     acc.Reload()
     for tag, values in (("activations/dense", 16 * 32), ("activations/logits", 16 * 4)):
         events = acc.Tensors(tag)
-        assert [e.step for e in events] == [20, 40], tag
+        assert [e.step for e in events] == [1, 20, 40], tag  # the first step, and by cadence
         for event in events:
             buckets = tf.make_ndarray(event.tensor_proto)
             assert buckets[:, 2].sum() == values, (tag, event.step)
@@ -247,7 +247,7 @@ def test_run_job_charts_tower_0s_activations(tiny_run):
     )
     # The ReLU's units at 0, beside its histogram; the logits, no rectifier, have none.
     zeros = acc.Tensors("zero_fraction/dense")
-    assert [e.step for e in zeros] == [20, 40]
+    assert [e.step for e in zeros] == [1, 20, 40]
     assert all(0 < tf.make_ndarray(e.tensor_proto) < 1 for e in zeros), zeros
     assert "zero_fraction/logits" not in acc.Tags()["tensors"]
 
@@ -918,7 +918,7 @@ def test_run_job_of_one_step_has_no_speed_to_report(run):
     assert result["metrics"]["examples_per_sec"] is None and result["metrics"]["loss"] > 0
 
 
-@beside_run("test_every_kind_is_written_at_the_last_step")
+@beside_run("test_every_kind_is_written_at_the_first_and_last_steps")
 def _last_step(folder: Path) -> Run:
     spec = with_(
         TINY,
@@ -933,8 +933,9 @@ def _last_step(folder: Path) -> Run:
     return run_in(folder, spec)
 
 
-def test_every_kind_is_written_at_the_last_step(run):
-    # A 23-step job with scalars every 5 ended its charts at step 20.
+def test_every_kind_is_written_at_the_first_and_last_steps(run):
+    # A 23-step job with scalars every 5 ended its charts at step 20, and its histograms and
+    # images began at step 10: its inputs and initial weights unseen until then.
     code, _, log, folder = run
     assert code == 0, log
     acc = event_accumulator.EventAccumulator(
@@ -942,10 +943,12 @@ def test_every_kind_is_written_at_the_last_step(run):
     )
     acc.Reload()
     steps = {tag: [e.step for e in acc.Tensors(tag)] for tag in acc.Tags()["tensors"]}
-    assert steps["loss"] == steps["grad_norm"] == steps["tower_1/loss"] == [5, 10, 15, 20, 23]
+    assert steps["loss"] == steps["grad_norm"] == steps["tower_1/loss"] == [1, 5, 10, 15, 20, 23]
     kernels = [t for t in steps if t.startswith("weights/") and t.endswith("kernel")]
-    assert kernels and all(steps[t] == [10, 20, 23] for t in kernels)
-    assert steps["tower_0/inputs"] == steps["tower_1/inputs"] == [10, 20, 23]
+    assert kernels and all(steps[t] == [1, 10, 20, 23] for t in kernels)
+    assert steps["tower_0/inputs"] == steps["tower_1/inputs"] == [1, 10, 20, 23]
+    # The first step is the process's, untimed (it traces the step function): no time.
+    assert steps["step_time_ms"] == steps["examples_per_sec"] == [5, 10, 15, 20, 23]
 
 
 @beside_run("test_run_job_logistic_on_many_classes_exits_2")

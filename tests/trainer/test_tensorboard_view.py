@@ -121,13 +121,14 @@ def test_every_tag_is_there_with_its_description(board):
 
 def test_values_come_at_the_spec_cadences(board):
     every_5 = list(range(5, STEPS, 5))
-    assert steps_of(board, "scalars", "train", "loss") == every_5 + [STEPS] * (STEPS % 5 == 0)
+    # The first step's and the last's too.
+    assert steps_of(board, "scalars", "train", "loss") == [1, *every_5, STEPS]
     assert steps_of(board, "scalars", "train", "tower_1/loss") == steps_of(
         board, "scalars", "train", "loss"
     )
     # Evals at their cadence and after the last step.
     assert steps_of(board, "scalars", "eval", "accuracy") == [10, 20, STEPS]
-    assert steps_of(board, "histograms", "train", "gradients/dense/kernel")[:2] == [10, 20]
+    assert steps_of(board, "histograms", "train", "gradients/dense/kernel")[:3] == [1, 10, 20]
     # The trace of steps 6 and 7 ends at step 7.
     assert steps_of(board, "scalars", "train", "tower_0/compute_ms") == [7]
 
@@ -140,7 +141,7 @@ def test_accuracy_and_learning_rate_read_back_right(board):
     assert all(0.0 <= value <= 1.0 for value in values("accuracy").values())
     # Step s is the s-th update: warm-up to 0.1 over steps 1-10, then halved every 5 steps.
     expected = {
-        s: 0.1 * s / 10 if s <= 10 else 0.1 * 0.5 ** ((s - 11) // 5) for s in range(5, 26, 5)
+        s: 0.1 * s / 10 if s <= 10 else 0.1 * 0.5 ** ((s - 11) // 5) for s in (1, *range(5, 26, 5))
     }
     assert values("learning_rate") == pytest.approx(expected)
 

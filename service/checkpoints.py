@@ -2,9 +2,10 @@
 
 The worker's `checkpoints/` is a `tf.train.CheckpointManager` directory: `ckpt-<step>.index`
 plus `ckpt-<step>.data-<i>-of-<n>` per checkpoint, and a `checkpoint` state file. Only
-complete checkpoints of plain files inside the run directory are listed or served. The
-archive holds the checkpoint's files, a `checkpoint` state file naming it (so
-`tf.train.latest_checkpoint` finds it after extraction) and the job's spec.json.
+complete checkpoints (every data shard, and an index written whole) of plain files inside
+the run directory are listed or served. The archive holds the checkpoint's files, a
+`checkpoint` state file naming it (so `tf.train.latest_checkpoint` finds it after
+extraction) and the job's spec.json.
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ from service.runfiles import inside
 from trainer.rundir import RunDir
 
 _FILE = re.compile(r"^ckpt-(\d+)\.(index|data-(\d+)-of-(\d+))$")
+# The last 8 bytes of a whole index: it is a table in LevelDB's format, whose footer ends
+# with this magic number (TensorFlow's `kTableMagicNumber`, little-endian). TensorFlow
+# renames a save's data shards into place whole, but writes its index in place, under its
+# final name: a read during that write saw an index of 0 bytes, or a part of one, beside
+# whole data, and listed (and served, as `latest`) a checkpoint that does not restore.
+INDEX_END = (0xDB4775248B80FB57).to_bytes(8, "little")
 
 
 @dataclass(frozen=True)
@@ -29,10 +36,10 @@ class Checkpoint:
     files: tuple[Path, ...]  # the .index first, then the data shards
 
 
-# A directory read is no snapshot: a file renamed in or deleted while it runs may be
-# missed. With `keep: 1` the worker writes ckpt-N and then deletes the one before, so one
-# read across both can see neither whole: 2 reads in 40,000 while TensorFlow saved back to
-# back, here. A read that saw checkpoint files but no whole checkpoint is read again.
+# A directory read is no snapshot: a file created, renamed in or deleted while it runs may
+# be missed. With `keep: 1` the worker writes ckpt-N and then deletes the one before, so
+# one read across both can see neither whole: 2 reads in 40,000 while TensorFlow saved
+# back to back, here. A read that saw checkpoint files but no whole checkpoint is read again.
 _READS = 3
 
 
@@ -70,13 +77,25 @@ def _read(run: RunDir) -> tuple[list[Checkpoint], bool]:
             continue
         paths = (index, *sorted(files.values()))
         try:
-            stats = [path.stat() for path in paths]
-        except FileNotFoundError:
+            index_stat = _whole_index(index)
+            data_stats = [path.stat() for path in paths[1:]]
+        except FileNotFoundError:  # deleted by CheckpointManager since the directory read
             continue
-        checkpoints.append(
-            Checkpoint(step, stats[0].st_mtime, sum(s.st_size for s in stats), paths)
-        )
+        if index_stat is None:  # its index still being written (or cut short by a kill)
+            continue
+        size = index_stat.st_size + sum(s.st_size for s in data_stats)
+        checkpoints.append(Checkpoint(step, index_stat.st_mtime, size, paths))
     return checkpoints, bool(shards)
+
+
+def _whole_index(path: Path) -> os.stat_result | None:
+    """The index's stat when the file is whole (it ends with INDEX_END), else None. One
+    open for both, so the size is the one checked; a whole index is never written again
+    (the trainer saves a step once)."""
+    with open(path, "rb") as f:
+        stat = os.fstat(f.fileno())
+        end = os.pread(f.fileno(), len(INDEX_END), max(0, stat.st_size - len(INDEX_END)))
+    return stat if end == INDEX_END else None
 
 
 def _state_file(step: int) -> bytes:

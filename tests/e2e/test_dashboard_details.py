@@ -21,7 +21,13 @@ from playwright.sync_api import Browser, Page, Request, Route, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import LAPTOP, LOG_POLL_MS, PHONE, Session, open_session
-from tests.service.harness import Service, fake_worker_env, job_spec, stand_in_service
+from tests.service.harness import (
+    Service,
+    fake_index,
+    fake_worker_env,
+    job_spec,
+    stand_in_service,
+)
 from tests.service.test_client import towerboard
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
@@ -627,7 +633,7 @@ def test_checkpoint_links_name_their_step(session: Session, service: Service) ->
     folder = service.data_dir / "runs" / job["id"] / "checkpoints"
     folder.mkdir(exist_ok=True)
     for step in (10, 20):  # as tf.train.CheckpointManager names them
-        (folder / f"ckpt-{step}.index").write_bytes(b"index")
+        (folder / f"ckpt-{step}.index").write_bytes(fake_index())
         (folder / f"ckpt-{step}.data-00000-of-00001").write_bytes(b"weights" * 100)
     page = session.page
     page.goto(f"/#/jobs/{job['id']}")

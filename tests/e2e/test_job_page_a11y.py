@@ -30,6 +30,8 @@ READER_WORKER = """\
 import json, signal, sys, time
 from pathlib import Path
 
+from service.checkpoints import INDEX_END
+
 job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1])
 name = json.loads((job_dir / "spec.json").read_text())["name"]
 stopped = []
@@ -72,7 +74,7 @@ while not stopped:
         progress(event="trace", step=step, tower_ms=[1.5, None])
     if step % 5 == 0:
         (checkpoints / f"ckpt-{step}.data-00000-of-00001").write_bytes(b"weights")
-        (checkpoints / f"ckpt-{step}.index").write_bytes(b"index")
+        (checkpoints / f"ckpt-{step}.index").write_bytes(b"index" + INDEX_END)
         progress(event="checkpoint", step=step, checkpoint=str(checkpoints / f"ckpt-{step}"))
     if (job_dir / "drop").exists():
         (job_dir / "drop").unlink()

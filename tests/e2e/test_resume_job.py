@@ -25,7 +25,7 @@ from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import LAPTOP, PHONE, TERMINAL, Session, no_overflow, open_session
 from tests.e2e.test_dashboard_details import LOW_CONTRAST
 from tests.e2e.test_delete_job import DEVICES, EXITING, STILL_EXITING, ended, open_exiting_job
-from tests.service.harness import Service, job_spec, stand_in_service
+from tests.service.harness import Service, fake_index, job_spec, stand_in_service
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
 
@@ -38,6 +38,8 @@ pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
 STEPS_WORKER = """\
 import json, signal, sys, time
 from pathlib import Path
+
+from service.checkpoints import INDEX_END
 
 job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1])
 spec = json.loads((job_dir / "spec.json").read_text())
@@ -73,7 +75,7 @@ while step < total:
         end("failed", 1)
     if step % 10 == 0:
         (checkpoints / f"ckpt-{step}.data-00000-of-00001").write_bytes(b"d")
-        (checkpoints / f"ckpt-{step}.index").write_bytes(b"i")
+        (checkpoints / f"ckpt-{step}.index").write_bytes(b"i" + INDEX_END)
         progress(event="checkpoint", checkpoint=str(checkpoints / f"ckpt-{step}"))
 progress(event="end", outcome="succeeded")
 end("succeeded", 0)
@@ -125,7 +127,7 @@ def fake_checkpoint(service: Service, job_id: str, step: int) -> None:
     folder = service.data_dir / "runs" / job_id / "checkpoints"
     folder.mkdir(exist_ok=True)
     (folder / f"ckpt-{step}.data-00000-of-00001").write_bytes(b"d")
-    (folder / f"ckpt-{step}.index").write_bytes(b"i")
+    (folder / f"ckpt-{step}.index").write_bytes(fake_index())
 
 
 def open_job(page: Page, job_id: str, state: str) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from service.checkpoints import INDEX_END
 from service.client.api import ReusedConnectionRetry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,6 +41,12 @@ def job_spec(**changes: Any) -> dict[str, Any]:
     spec = json.loads(json.dumps(TINY_JOB))
     spec.update(changes)
     return spec
+
+
+def fake_index(size: int = 100) -> bytes:
+    """`size` bytes the service takes for a whole checkpoint index: they end as
+    TensorFlow's do (`INDEX_END`). A stand-in's checkpoints hold no tensors."""
+    return b"i" * (size - len(INDEX_END)) + INDEX_END
 
 
 def long_job(**changes: Any) -> dict[str, Any]:

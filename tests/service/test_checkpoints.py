@@ -21,6 +21,7 @@ from service.checkpoints import (
     open_archive,
 )
 from service.exports import describe_export, open_export
+from tests.service.harness import fake_index
 from trainer.rundir import RunDir
 
 
@@ -31,7 +32,7 @@ def find_checkpoint(run: RunDir, step: int) -> Checkpoint | None:
 
 def _checkpoint(run: RunDir, step: int, shards: int = 1, size: int = 1000) -> None:
     run.checkpoints.mkdir(parents=True, exist_ok=True)
-    (run.checkpoints / f"ckpt-{step}.index").write_bytes(b"i" * 10)
+    (run.checkpoints / f"ckpt-{step}.index").write_bytes(fake_index(10))
     for shard in range(shards):
         name = f"ckpt-{step}.data-{shard:05d}-of-{shards:05d}"
         (run.checkpoints / name).write_bytes(os.urandom(size))
@@ -54,7 +55,7 @@ def test_list_checkpoints_reads_again_a_read_torn_by_a_save(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A directory read is no snapshot. With `keep: 1`, a read while TensorFlow saved back
-    # to back missed both the new checkpoint's index (renamed in while it read) and the old
+    # to back missed both the new checkpoint's index (created while it read) and the old
     # one's (deleted meanwhile) about once in 20,000 reads: the listing was empty, and
     # `latest` answered 404 in CI. That read is rare, so this one is made: the first read
     # misses ckpt-10's index; later reads are the real directory's.
@@ -86,6 +87,29 @@ def test_list_checkpoints_reads_again_a_read_torn_by_a_save(
     reads.clear()
     assert list_checkpoints(run) == []
     assert len(reads) == 1
+
+
+def test_list_checkpoints_leaves_out_an_index_being_written(tmp_path: Path) -> None:
+    # TensorFlow renames a save's data shards into place whole, then writes its index in
+    # place, under its final name (strace: openat(O_TRUNC), writes, close). A read in
+    # between found ckpt-N with its data and an index of 0 bytes, or of part of them, listed
+    # it, and `latest` served it, which does not restore: 1 read in 200 while TensorFlow
+    # saved back to back. These are the files as such a read finds them, on disk.
+    run = RunDir(tmp_path / "run")
+    _checkpoint(run, 5)
+    _checkpoint(run, 10)
+    index = run.checkpoints / "ckpt-10.index"
+    whole = index.read_bytes()
+    for written in (b"", whole[:4], whole[:-1]):
+        index.write_bytes(written)
+        assert [c.step for c in list_checkpoints(run)] == [5], written
+    index.write_bytes(whole)
+    assert [(c.step, c.size_bytes) for c in list_checkpoints(run)] == [(5, 1010), (10, 1010)]
+    # The first save's index, half written: no checkpoint yet.
+    for name in ("ckpt-5.index", "ckpt-5.data-00000-of-00001"):
+        (run.checkpoints / name).unlink()
+    index.write_bytes(whole[:-1])
+    assert list_checkpoints(run) == []
 
 
 def test_open_archive_survives_deletion_mid_download(tmp_path: Path) -> None:

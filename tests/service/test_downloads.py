@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.service.harness import ROOT, Service, fake_worker_env, job_spec
+from tests.service.harness import ROOT, Service, fake_index, fake_worker_env, job_spec
 
 DOWNLOAD_HEADERS = (
     "content-type", "content-length", "content-disposition", "etag", "accept-ranges",
@@ -74,7 +74,7 @@ def write_checkpoint(run: Path, step: int, size: int = 1_500_000) -> None:
     folder = run / "checkpoints"
     folder.mkdir(exist_ok=True)
     (folder / f"ckpt-{step}.data-00000-of-00001").write_bytes(os.urandom(size))
-    (folder / f"ckpt-{step}.index").write_bytes(b"i" * 100)
+    (folder / f"ckpt-{step}.index").write_bytes(fake_index())
 
 
 def urls(job_id: str) -> list[str]:

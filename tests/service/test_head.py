@@ -17,7 +17,7 @@ from fastapi.routing import iter_route_contexts
 
 from service.main import create_app
 from service.settings import Settings
-from tests.service.harness import Service, job_spec, stand_in_service
+from tests.service.harness import Service, fake_index, job_spec, stand_in_service
 
 # Headers two answers may differ in without saying anything different.
 _PER_ANSWER = {"date"}
@@ -34,7 +34,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, 
         run = service.data_dir / "runs" / job_id
         (run / "checkpoints").mkdir(exist_ok=True)
         (run / "checkpoints" / "ckpt-20.data-00000-of-00001").write_bytes(os.urandom(50_000))
-        (run / "checkpoints" / "ckpt-20.index").write_bytes(b"i" * 100)
+        (run / "checkpoints" / "ckpt-20.index").write_bytes(fake_index())
         (run / "export" / "variables").mkdir(parents=True)
         (run / "export" / "saved_model.pb").write_bytes(os.urandom(4_000))
         (run / "export" / "variables" / "variables.index").write_bytes(b"v" * 300)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from service.store import JobStore
-from tests.service.harness import Service, fake_worker_env, job_spec, long_job
+from tests.service.harness import Service, fake_index, fake_worker_env, job_spec, long_job
 from tests.service.test_client import one_error_line, towerboard
 from tests.service.test_supervisor import checkpoint_step, progress_lines
 
@@ -119,7 +119,7 @@ def test_resume_checks_the_new_length_and_the_body(service: Service) -> None:
     # lists them): a total at or below it would leave nothing to train.
     checkpoints = service.data_dir / "runs" / job["id"] / "checkpoints"
     checkpoints.mkdir()
-    (checkpoints / "ckpt-20.index").write_bytes(b"i")
+    (checkpoints / "ckpt-20.index").write_bytes(fake_index())
     (checkpoints / "ckpt-20.data-00000-of-00001").write_bytes(b"d")
     cases = {
         json.dumps({"steps": 20}): [
@@ -169,7 +169,7 @@ def test_resume_by_epochs_must_lie_past_the_latest_checkpoint(service: Service) 
     job = _cancelled(service, job_spec(name="wait", steps=None, epochs=2))
     checkpoints = service.data_dir / "runs" / job["id"] / "checkpoints"
     checkpoints.mkdir()
-    (checkpoints / "ckpt-20.index").write_bytes(b"i")
+    (checkpoints / "ckpt-20.index").write_bytes(fake_index())
     (checkpoints / "ckpt-20.data-00000-of-00001").write_bytes(b"d")
 
     refused = _resume(service, job["id"], {"epochs": 4})
@@ -193,7 +193,7 @@ def test_resume_as_it_is_refuses_a_job_whose_checkpoint_passed_its_total(
     job = _cancelled(service, job_spec(name="wait", steps=None, epochs=2))
     checkpoints = service.data_dir / "runs" / job["id"] / "checkpoints"
     checkpoints.mkdir()
-    (checkpoints / "ckpt-20.index").write_bytes(b"i")
+    (checkpoints / "ckpt-20.index").write_bytes(fake_index())
     (checkpoints / "ckpt-20.data-00000-of-00001").write_bytes(b"d")
 
     refused = _resume(service, job["id"])

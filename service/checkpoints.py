@@ -61,8 +61,13 @@ def _read(run: RunDir) -> tuple[list[Checkpoint], bool]:
         entries = list(os.scandir(run.checkpoints))
     except (FileNotFoundError, NotADirectoryError):
         return [], False
+    # By name, before `inside` looks at the files: a read that saw only ckpt-N, which the
+    # save of ckpt-N+1 deleted before that look, counted as one that saw no checkpoint,
+    # was not read again, and `latest` answered 404 (7 reads in 387,000, keep 1).
+    seen = False
     for entry in entries:
         match = _FILE.match(entry.name)
+        seen = seen or match is not None
         if match is None or not inside(run.root, Path(entry.path)):
             continue
         step = int(match.group(1))
@@ -85,7 +90,7 @@ def _read(run: RunDir) -> tuple[list[Checkpoint], bool]:
             continue
         size = index_stat.st_size + sum(s.st_size for s in data_stats)
         checkpoints.append(Checkpoint(step, index_stat.st_mtime, size, paths))
-    return checkpoints, bool(shards)
+    return checkpoints, seen
 
 
 def _whole_index(path: Path) -> os.stat_result | None:

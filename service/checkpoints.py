@@ -86,6 +86,10 @@ def _read(run: RunDir) -> tuple[list[Checkpoint], bool]:
             data_stats = [path.stat() for path in paths[1:]]
         except FileNotFoundError:  # deleted by CheckpointManager since the directory read
             continue
+        except OSError:
+            # Unreadable to the service (its mode changed by hand): it could not be served,
+            # and a job's status, which lists its checkpoints, must not fail for it.
+            continue
         if index_stat is None:  # its index still being written (or cut short by a kill)
             continue
         size = index_stat.st_size + sum(s.st_size for s in data_stats)

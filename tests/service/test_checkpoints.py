@@ -165,6 +165,16 @@ def test_open_archive_survives_deletion_mid_download(tmp_path: Path) -> None:
     assert members["spec.json"] == b'{"name": "j"}\n'
 
 
+def test_list_checkpoints_leaves_out_an_index_it_cannot_read(tmp_path: Path) -> None:
+    # A file the service cannot open (root opens a chmod-000 one, so a folder in its
+    # place stands in): it could not be served, and a job's status lists the checkpoints.
+    run = RunDir(tmp_path / "run")
+    _checkpoint(run, 10)
+    (run.checkpoints / "ckpt-20.index").mkdir()
+    (run.checkpoints / "ckpt-20.data-00000-of-00001").write_bytes(b"d")
+    assert [c.step for c in list_checkpoints(run)] == [10]
+
+
 def test_list_checkpoints_skips_symlinks(tmp_path: Path) -> None:
     run = RunDir(tmp_path / "run")
     run.checkpoints.mkdir(parents=True)

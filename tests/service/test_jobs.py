@@ -1241,7 +1241,10 @@ def test_jobs_of_large_specs_hold_up_no_other_request(
         assert answers[0].json()["errors"] == [
             {"field": "job_ids.160", "message": "Unknown job. Received: 'x'"}
         ]
-    assert took < 0.5, f"/healthz waited {took:.1f} s behind them"
+    # Held up, it waits behind whole pages (3 s a page when found); beside them it took
+    # 0.02-0.14 s here, and 0.32 s with three busy processes on the two cores: a bound of
+    # 0.5 s was too near that for a loaded CI machine.
+    assert took < 1.0, f"/healthz waited {took:.1f} s behind them"
 
 
 def _in_the_app(tmp_path: Path, scenario: Callable[[Any, httpx.AsyncClient], Any]) -> Any:

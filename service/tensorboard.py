@@ -149,9 +149,9 @@ def mirror_logdir(logdir: Path, runs_dir: Path, job_ids: tuple[str, ...] | None)
         for entry in entries:
             if entry.name == "plugins" and entry.is_dir(follow_symlinks=False):
                 (view / "plugins").mkdir(exist_ok=True)
-                with os.scandir(entry.path) as plugins:
-                    for plugin in plugins:
-                        _link(view / "plugins" / plugin.name, Path(plugin.path))
+                # Gone meanwhile when a delete moves the run directory away: nothing to link.
+                for plugin in _entries(Path(entry.path)):
+                    _link(view / "plugins" / plugin.name, Path(plugin.path))
             else:
                 _link(view / entry.name, Path(entry.path))
         if time.time_ns() - max(stamp) > _SETTLED_NS:

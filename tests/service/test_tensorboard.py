@@ -1067,3 +1067,30 @@ def test_a_refresh_links_only_jobs_whose_folders_changed(tmp_path: Path) -> None
     mirror_logdir(logdir, runs, None)
     assert (logdir / "job0000011" / "train").resolve() == runs / "job0000011" / "tb" / "train"
     assert len(list(logdir.glob("*/train"))) == 20
+
+
+def test_a_refresh_survives_a_job_deleted_while_it_links(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A delete moves the run directory away; one between the refresh's read of a job's tb/
+    # and its read of tb/plugins/ failed the refresh (a 500 for a TensorBoard start). The
+    # window is microseconds, so the delete is made to fall in it.
+    runs, logdir = tmp_path / "runs", tmp_path / "view"
+    tb = runs / "doomed" / "tb"
+    (tb / "train").mkdir(parents=True)
+    (tb / "plugins" / "profile").mkdir(parents=True)
+    logdir.mkdir()
+    real_scandir = os.scandir
+
+    def scandir(path: Any) -> Any:
+        found = real_scandir(path)  # open: it reads on from the folder as it was
+        if Path(path) == tb:
+            shutil.move(runs / "doomed", tmp_path / "deleting")
+        return found
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    mirror_logdir(logdir, runs, None)
+    monkeypatch.undo()
+    assert not (logdir / "doomed" / "plugins" / "profile").exists()
+    mirror_logdir(logdir, runs, None)  # the next refresh takes its view away
+    assert list(logdir.iterdir()) == []

@@ -11,8 +11,9 @@ Writes `DIR/loop_cpu.json`:
   launches a short GPU step is bound by that thread: what the monitoring adds to its CPU
   time a step is what it costs such a host, with no core's other work in it (on this
   2-core CPU it spreads between runs as much as their examples/sec do).
-- `parts`: over the same span, each monitoring call's and each kind of step's calls and
-  wall-clock seconds on the loop (`PARTS`): where one run's time went, which runs with
+- `parts`: each monitoring call's calls and wall-clock seconds on the loop (`PARTS`),
+  from the first step on (a job's first step writes every kind), and each kind of step's
+  over the same span as above: where one run's time went, which runs with
   one kind left out each (`--attribute`) can only infer from rates that spread by more
   than the kind costs. A step is a scalars step, a traced one, or other (a launch, and
   the read of the unread steps when its turn comes: `UNREAD_STEPS_MAX`).
@@ -57,11 +58,12 @@ def main(argv: list[str]) -> int:
     from trainer.__main__ import main as trainer_main
 
     marks: dict[str, float] = {}
-    # Per part: [calls, wall-clock seconds], counted only within the span above.
+    # Per part: [calls, wall-clock seconds]: steps within the span above, monitoring calls
+    # from the first step on.
     parts: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
 
-    def count(name: str, began: float) -> None:
-        if "cpu" in marks and "steps" not in marks:
+    def count(name: str, began: float, *, spanned: bool = True) -> None:
+        if ("cpu" in marks or not spanned) and "steps" not in marks:
             entry = parts[name]
             entry[0] += 1
             entry[1] += time.perf_counter() - began
@@ -73,7 +75,7 @@ def main(argv: list[str]) -> int:
             try:
                 return method(*args, **kwargs)
             finally:
-                count(name, began)
+                count(name, began, spanned=False)
 
         return wrapper
 

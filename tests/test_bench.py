@@ -158,7 +158,9 @@ def test_loop_cpu_worker_trains_the_job_and_times_its_loop(tmp_path: Path) -> No
     # Over the same span, steps 2 to 12: scalars are due at step 10 and at the last.
     parts = loop["parts"]
     assert parts["steps, scalars"]["calls"] == 2 and parts["steps, other"]["calls"] == 9, parts
-    assert parts["scalars written"]["calls"] == 2, parts
+    # The monitoring from the first step on: it writes every kind, and the graph once.
+    assert parts["scalars written"]["calls"] == 3, parts
+    assert parts["graph written"]["calls"] == 1, parts
     assert "steps, traced" not in parts and "histograms handed over" not in parts, parts
     assert all(0 < part["seconds"] < 10 for part in parts.values()), parts
 

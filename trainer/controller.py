@@ -29,6 +29,7 @@ from trainer.checkpoints import Checkpointer
 from trainer.cluster import Cluster
 from trainer.devicememory import TowerMemory
 from trainer.errors import one_line
+from trainer.hparams import spec_hparams
 from trainer.profiling import STEP_MARKER, TraceCapture, TraceTimes
 from trainer.rundir import (
     PROFILE_STEPS_DEFAULT,
@@ -342,6 +343,8 @@ class Controller:
         )
         # What an earlier process wrote to TensorBoard past here, this one writes again.
         self.summaries.start(step + 1)
+        if step == 0:
+            self._write_hparams()
         self._trace_past_first_step(step + 1)
         loop = _Loop(
             first_step=step + 1,
@@ -405,6 +408,18 @@ class Controller:
         return self._finish(loop, step)
 
     # -- pieces of the loop ----------------------------------------------------------
+
+    def _write_hparams(self) -> None:
+        """The spec as TensorBoard hyperparameters (`trainer.hparams`), by a worker that
+        starts the job: TensorBoard keeps the first a run wrote."""
+        values, dropped = spec_hparams(self.spec.model_dump(mode="json"))
+        if dropped:
+            log.info(
+                "TensorBoard's hyperparameters: the spec's first %d values; %d more left out",
+                len(values),
+                dropped,
+            )
+        self.summaries.hparams(values, self.rundir.root.name)
 
     def _trace_past_first_step(self, first: int) -> None:
         """A process's first step traces the step function (a second or more), which a

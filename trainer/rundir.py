@@ -5,7 +5,8 @@
       progress.jsonl   one JSON object a line, appended and flushed by the worker
       result.json      final outcome and metrics, written atomically by the worker
       worker.log       stdout+stderr of the worker
-      tb/              TensorBoard logdir (train/, eval/, plugins/profile/<run>/)
+      tb/              TensorBoard logdir (train/, eval/, plugins/profile/<run>/, and an
+                       event file of the job's hyperparameters in tb/ itself)
       checkpoints/     tf.train.CheckpointManager directory; damaged/ holds checkpoints a
                        resume found unreadable and set aside (trainer/checkpoints.py)
       export/          SavedModel written at the end of a successful job (as .export.tmp/,

@@ -61,6 +61,7 @@ import tensorflow as tf
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
 from tensorboard.compat.proto.summary_pb2 import SummaryMetadata
 from tensorboard.plugins.histogram import metadata as histogram_metadata
+from tensorboard.plugins.hparams import summary_v2 as hparams_summary
 from tensorboard.plugins.image import metadata as image_metadata
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 from tensorboard.util import tensor_util
@@ -433,6 +434,17 @@ class SummaryManager:
             file.write(event_pb2.Event(step=step, wall_time=wall_time, summary=summary))
 
         self._hand_over(work, subdir, summary)
+
+    def hparams(self, values: Mapping[str, bool | float | str], trial: str) -> None:
+        """The job's hyperparameters (`trainer.hparams`), in the logdir itself: TensorBoard's
+        HParams dashboard makes a folder holding them one session, with the runs below it
+        (`train`, `eval`) as its metrics. `trial`: the session's name (the job's folder)."""
+        if self.logdir is None:
+            return
+        summary = hparams_summary.hparams_pb(
+            dict(values), trial_id=trial, start_time_secs=time.time()
+        )
+        self._file("").write(event_pb2.Event(step=0, summary=summary))
 
     def graph(self, subdir: str, graph: tf.Graph) -> None:
         if self.logdir is None:

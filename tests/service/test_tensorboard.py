@@ -201,6 +201,30 @@ def test_tensorboard_shows_every_kind_of_summary_a_job_writes(
     graph = service.client.get("/tensorboard/data/plugin/graphs/graph", params={"run": run})
     assert graph.status_code == 200 and "tower_0" in graph.text
 
+    # The HParams dashboard (its requests are POSTs): a row per job, its spec's values
+    # beside the last value of each metric, its train and eval runs'.
+    def session_groups() -> Any:
+        reply = service.client.post(
+            "/tensorboard/data/plugin/hparams/session_groups",
+            json={"experimentName": "", "allowedStatuses": ["STATUS_UNKNOWN"],
+                  "colParams": [], "startIndex": 0, "sliceSize": 10},
+            headers={"X-XSRF-Protected": "1"},  # TensorBoard's own check on a POST
+        )  # fmt: skip
+        return reply.status_code == 200 and reply.json()["sessionGroups"]
+
+    [group] = _wait(session_groups, 60, "the hparams session groups")
+    assert group["name"] == job_id
+    hparams = group["hparams"]
+    assert (hparams["name"], hparams["model.name"], hparams["model.params.hidden"]) == (
+        "traced", "mlp", "[16]",
+    )  # fmt: skip
+    assert hparams["optimizer.learning_rate"] == 0.001 and hparams["batch_size"] == 32
+    assert "steps" not in hparams and "summaries.trace_steps" not in hparams
+    last = {(m["name"]["group"], m["name"]["tag"]): m for m in group["metricValues"]}
+    assert last[("eval", "accuracy")]["trainingStep"] == 40
+    assert 0.0 <= last[("eval", "accuracy")]["value"] <= 1.0
+    assert last[("train", "loss")]["trainingStep"] == 40
+
 
 def test_start_tensorboard_same_selection_reused(
     service: Service, traced_job: dict[str, Any]

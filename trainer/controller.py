@@ -39,7 +39,7 @@ from trainer.rundir import (
     RunDir,
     evaluated_at,
     json_object,
-    last_progress,
+    reported_at,
 )
 from trainer.spec import JobSpec
 from trainer.summaries import SummaryManager, variable_tag
@@ -582,9 +582,11 @@ class Controller:
             "examples_per_sec": _rounded(loop.examples_per_sec),
         }
         if loop.out is None:
-            # Restarted from the final checkpoint (the worker died while exporting): no step
-            # ran here, so the result carries the last report of the run that trained.
-            metrics = self._last_reported(step) or metrics
+            # Started at its final step, no step ran here: restarted from the final
+            # checkpoint (the worker died while exporting), or finished at the checkpoint
+            # of a cancelled or failed run (resumed with `steps` equal to its step). The
+            # result carries what the run that trained reported of that step.
+            metrics = self._reported(step)
         if self.spec.eval.every_steps and not self.stop.is_set():
             self._evaluate(step)
         self._save(step)
@@ -612,12 +614,12 @@ class Controller:
         )
         return not due
 
-    def _last_reported(self, step: int) -> dict[str, float | None] | None:
-        """Loss, accuracy and examples/sec of the run dir's last report, if it is of `step`."""
-        report = last_progress(self.rundir.progress)
-        if report is None or report.get("step") != step:
-            return None
-        return {k: report[k] for k in ("loss", "accuracy", "examples_per_sec") if k in report}
+    def _reported(self, step: int) -> dict[str, float | None]:
+        """Loss, accuracy and examples/sec that progress.jsonl says of `step` (a cancelled
+        run's end line says no speed), or none of them where no line does (a run that
+        failed past a checkpoint it never reported: checkpoints by time fall anywhere)."""
+        report = reported_at(self.rundir.progress, step) or {}
+        return {k: report.get(k) for k in ("loss", "accuracy", "examples_per_sec")}
 
     def _report(
         self,

@@ -527,7 +527,19 @@ def _train(
             progress.write("phase", step=step, total=total, phase="exporting")
             export_model(trainer, arrays.image_shape, rundir.export)
             fields["export"] = "export"
-        _write_end(progress, rundir, step=step, total=total, outcome="succeeded", phase="done")
+        # With the loss and accuracy its result has, as a cancelled run's end says them: a
+        # job finished at a failed run's checkpoint (no step trained here) showed the
+        # last report of that run, of a step past the checkpoint.
+        _write_end(
+            progress,
+            rundir,
+            step=step,
+            total=total,
+            outcome="succeeded",
+            phase="done",
+            loss=summary.metrics.get("loss"),
+            accuracy=summary.metrics.get("accuracy"),
+        )
         message = f"Trained {step} steps."
         if not cluster.is_chief:
             # Its `eval` and `export` are null: whose they are, and whose result is the job's.

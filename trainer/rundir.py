@@ -232,21 +232,33 @@ def json_object(raw: bytes | str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def last_progress(path: Path, tail_bytes: int = 64 * 1024) -> dict[str, Any] | None:
-    """The last `progress` line of progress.jsonl, or None; reads only the file's tail
-    (a report is a few hundred bytes, and one is written at least every few seconds)."""
+def reported_at(path: Path, step: int) -> dict[str, Any] | None:
+    """The last line of progress.jsonl that says the training numbers of `step`: a
+    `progress` line of it, or the `end` line of a run cancelled at it (which says the loss
+    and accuracy of the step it stopped at, where its last report was of an earlier one;
+    a succeeded run's says them too, but not its speed, which its last report does);
+    None when no line does. Reads the whole file, a line at a time, as `evaluated_at` does:
+    a run that failed at step 9000 may have reported step 8500, its checkpoint's, far
+    back."""
+    found = None
     try:
         with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - tail_bytes))
-            data = f.read()
+            for raw in f:
+                if b'"progress"' not in raw and b'"end"' not in raw:
+                    continue  # a phase, eval or checkpoint line: skipped unparsed
+                line = json_object(raw)  # None: junk, or torn
+                if line is None or line.get("step") != step:
+                    continue
+                event = line.get("event")
+                if event == "progress" or (
+                    event == "end"
+                    and line.get("outcome") == "cancelled"
+                    and line.get("loss") is not None
+                ):
+                    found = line
     except FileNotFoundError:
-        return None
-    for raw in reversed(data.splitlines()):
-        line = json_object(raw)  # None: junk, torn, or cut by the seek
-        if line is not None and line.get("event") == "progress":
-            return line
-    return None
+        pass
+    return found
 
 
 def evaluated_at(path: Path, step: int, through: int | None = None) -> bool:

@@ -16,7 +16,7 @@ from trainer.rundir import (
     RunDir,
     evaluated_at,
     json_object,
-    last_progress,
+    reported_at,
     write_json_atomic,
 )
 
@@ -111,9 +111,40 @@ def test_progress_readers_read_past_what_a_crashed_host_left(tmp_path: Path) -> 
         + b"".join(junk + b"\n" for junk in JUNK)
         + b"\x00" * 4093  # and a run of NULs the file ends with
     )
-    assert last_progress(path) == {"event": "progress", "step": 5}
+    assert reported_at(path, 5) == {"event": "progress", "step": 5}
     assert evaluated_at(path, 4)
     assert not evaluated_at(path, 8)  # the line after the NULs is lost with them
+
+
+def test_reported_at_finds_a_steps_numbers_far_back_or_in_a_cancelled_end(tmp_path: Path) -> None:
+    # A job finished at the checkpoint of a run that failed 500 steps later: the report of
+    # the checkpoint's step lies far before the file's end (the tail alone missed it).
+    path = tmp_path / "progress.jsonl"
+    progress = ProgressWriter(path)
+    progress.write("progress", step=100, loss=0.5, accuracy=0.75, examples_per_sec=900.0)
+    for step in range(101, 3000):
+        progress.write("progress", step=step, loss=0.25, accuracy=0.5)
+    progress.write("end", step=3000, outcome="failed", phase="done")
+    # A run cancelled at 3000 says its step's numbers in its end line; one cancelled
+    # before any step had none to say.
+    progress.write("end", step=3000, outcome="cancelled", loss=0.125, accuracy=0.875)
+    progress.write("end", step=3001, outcome="cancelled", loss=None, accuracy=None)
+    # A succeeded run's end says its last report's loss, but not its speed: the report is
+    # the one that says the step.
+    progress.write("progress", step=3002, loss=0.5, accuracy=0.5, examples_per_sec=800.0)
+    progress.write("end", step=3002, outcome="succeeded", loss=0.5, accuracy=0.5)
+    progress.close()
+    assert path.stat().st_size > 64 * 1024
+    at_100 = reported_at(path, 100)
+    assert at_100 is not None and at_100["event"] == "progress"
+    assert (at_100["loss"], at_100["accuracy"], at_100["examples_per_sec"]) == (0.5, 0.75, 900.0)
+    at_3000 = reported_at(path, 3000)
+    assert at_3000 is not None and (at_3000["event"], at_3000["loss"]) == ("end", 0.125)
+    assert reported_at(path, 3001) is None
+    at_3002 = reported_at(path, 3002)
+    assert at_3002 is not None and at_3002["examples_per_sec"] == 800.0
+    assert reported_at(path, 5000) is None
+    assert reported_at(tmp_path / "missing.jsonl", 1) is None
 
 
 @pytest.mark.slow

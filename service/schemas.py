@@ -299,12 +299,16 @@ class ProfileCreate(BaseModel):
 
 class ResumeCreate(BaseModel):
     """Body of POST /jobs/{id}/resume: a new length for the job, to train it longer (or
-    shorter, but past its latest checkpoint). Left out, the job keeps its own."""
+    shorter, but past its latest checkpoint; a cancelled or failed job's may end at it, to
+    finish the job there). Left out, the job keeps its own."""
 
     model_config = ConfigDict(extra="forbid")
 
     steps: JsonInt | None = Field(
-        None, description="The job's new total steps (replaces `epochs`)."
+        None,
+        description="The job's new total steps (replaces `epochs`). A cancelled or failed "
+        "job given its latest checkpoint's step is finished there: no step trained, its "
+        "final eval and export.",
     )
     epochs: JsonInt | None = Field(
         None, description="The job's new total epochs (replaces `steps`)."

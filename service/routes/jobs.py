@@ -418,8 +418,11 @@ async def resume_job(
     """Put an ended job back in the queue, behind the jobs already waiting at its priority.
     Its next worker restores its latest checkpoint and trains on from there (from step 0
     when it has none). A cancelled or failed job resumes as it is; a succeeded one needs
-    a new `steps` or `epochs` to train longer. Its spec is admitted again, as at submission
-    (the data must still be there, the towers still fit)."""
+    a new `steps` or `epochs` to train longer. A cancelled or failed job given `steps`
+    equal to its latest checkpoint's step is finished there: its worker restores that
+    checkpoint, trains no step, runs the final eval and exports the model, and the job
+    succeeds at that step. Its spec is admitted again, as at submission (the data must
+    still be there, the towers still fit)."""
     await _wait_for_its_exit(job.id, runtime)
     return await anyio.to_thread.run_sync(_resume_alone, job.id, resume_in, runtime)
 
@@ -449,49 +452,66 @@ def _steps_per_epoch(job: JobRecord) -> int | None:
 
 
 def _length_errors(job: JobRecord, resume_in: ResumeCreate, last: int) -> list[dict[str, str]]:
-    """The field errors of a new `steps` or `epochs` that would not train past `last`, the
-    step of the job's latest checkpoint, where it resumes."""
+    """The field errors of a new `steps` or `epochs` that would not reach `last`, the step
+    of the job's latest checkpoint, where it resumes. A cancelled or failed job may end
+    there ("finish here": restored, no step trained, its final eval and export); a
+    succeeded one must train past it (it has its export)."""
     errors = []
-    if resume_in.steps is not None and resume_in.steps <= last:
+    finishes = last > 0 and job.state in (JobState.CANCELLED, JobState.FAILED)
+    there = "finishes the job there: its final eval and export, no step trained"
+    if resume_in.steps is not None and (
+        resume_in.steps < last if finishes else resume_in.steps <= last
+    ):
+        where = f"{last}, the step of the job's latest checkpoint, where it resumes"
+        expected = f"at least {where} ({last} {there})" if finishes else f"more than {where}"
         errors.append(
-            {
-                "field": "steps",
-                "message": f"Expected more than {last}, the step of the job's latest "
-                f"checkpoint, where it resumes. Received: {resume_in.steps}",
-            }
+            {"field": "steps", "message": f"Expected {expected}. Received: {resume_in.steps}"}
         )
     epochs, per_epoch = resume_in.epochs, _steps_per_epoch(job)
-    if epochs is not None and per_epoch is not None and 0 < epochs * per_epoch <= last:
+    if epochs is None or not per_epoch:
+        return errors
+    # Ending at the checkpoint takes epochs that end exactly on its step.
+    at_it = finishes and last % per_epoch == 0
+    if (epochs * per_epoch < last) if at_it else (epochs * per_epoch <= last):
+        done = last // per_epoch
+        least, then = (
+            (f"at least {done}", f" ({done} {there})") if at_it else (f"more than {done}", "")
+        )
         errors.append(
             {
                 "field": "epochs",
-                "message": f"Expected more than {last // per_epoch}: the job's latest "
-                f"checkpoint, where it resumes, is at step {last}, and an epoch is "
-                f"{per_epoch} steps. Received: {epochs}",
+                "message": f"Expected {least}: the job's latest checkpoint, where it resumes, "
+                f"is at step {last}, and an epoch is {per_epoch} steps{then}. "
+                f"Received: {epochs}",
             }
         )
     return errors
 
 
 def _resumed_progress(
-    job: JobRecord, resume_in: ResumeCreate, changed: bool
+    job: JobRecord, resume_in: ResumeCreate, changed: bool, last: int
 ) -> dict[str, Any] | None:
     """The progress snapshot the resumed job shows until its next worker reports: the
-    last attempt's, less what was that attempt's own, and of the new total if `changed`."""
+    last attempt's, less what was that attempt's own, and of the new total if `changed`.
+    A job that ran past its latest checkpoint (at step `last`; a failed one, say) shows
+    that step, where it resumes, with no training numbers: its last report's were of a
+    step past it, which the next attempt trains again or, finishing there, never does."""
     if job.progress is None:
         return None
     # The last attempt's phase ("done"), ETA and speed are not this one's: `status` and
     # `--watch` would show the new attempt "running (done)" until its worker reports, and
     # the page a speed for a job that is not running.
     progress = {**job.progress, **dict.fromkeys(ATTEMPT_FIELDS)}
+    step = progress.get("step")
+    if last and isinstance(step, int) and step > last:
+        step = last
+        progress.update(step=step, loss=None, accuracy=None)
+    total = progress.get("total")
     if changed:
         # Until the next worker reports, the job shows its step of the new total (of an
         # unknown one for epochs: the worker counts the steps an epoch takes).
-        new_total = resume_in.steps
-        step = progress.get("step")
-        progress.update(
-            total=new_total, percent=percent_done(step, new_total) if new_total else None
-        )
+        total = resume_in.steps
+    progress.update(total=total, percent=percent_done(step, total) if total else None)
     return progress
 
 
@@ -531,7 +551,7 @@ def _resume(job_id: str, resume_in: ResumeCreate, runtime: Runtime) -> Response:
         )
     new_spec = without_unread(admitted.model_dump(mode="json"))
     changed = new_spec != without_unread(job.spec)  # a job stored before kept every option
-    progress = _resumed_progress(job, resume_in, changed)
+    progress = _resumed_progress(job, resume_in, changed, last)
     if not runtime.store.resume(job.id, spec=new_spec if changed else None, progress=progress):
         current = runtime.store.get(job.id)
         state = current.state.value if current else "deleted"

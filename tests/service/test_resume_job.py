@@ -44,6 +44,14 @@ def _resume(service: Service, job_id: str, body: dict[str, Any] | None = None) -
     return service.client.post(f"/api/v1/jobs/{job_id}/resume", json=body)
 
 
+def _checkpoint(service: Service, job_id: str, step: int) -> None:
+    """The files a CheckpointManager writes for `step` (the service only lists them)."""
+    checkpoints = service.data_dir / "runs" / job_id / "checkpoints"
+    checkpoints.mkdir(exist_ok=True)
+    (checkpoints / f"ckpt-{step}.index").write_bytes(fake_index())
+    (checkpoints / f"ckpt-{step}.data-00000-of-00001").write_bytes(b"d")
+
+
 def test_resume_cancelled_job_runs_it_again_as_the_next_attempt(service: Service) -> None:
     job = _cancelled(service)
     assert job["finished_at"] is not None
@@ -107,8 +115,6 @@ def test_resume_succeeded_job_needs_a_longer_run(service: Service) -> None:
     assert resumed["progress"]["total"] == 55 and resumed["progress"]["eta_seconds"] is None
     assert resumed["progress"]["step"] == done["progress"]["step"]
     _worker_gone(service, service.wait_state(job["id"], "succeeded"))
-    spec_json = json.loads((service.data_dir / "runs" / job["id"] / "spec.json").read_text())
-    assert spec_json["steps"] == 55  # what the next worker read
     by_epochs = _resume(service, job["id"], {"epochs": 3}).json()
     assert by_epochs["spec"]["epochs"] == 3 and by_epochs["spec"]["steps"] is None
 
@@ -117,16 +123,14 @@ def test_resume_checks_the_new_length_and_the_body(service: Service) -> None:
     job = _cancelled(service)
     # A checkpoint at step 20 (the files a CheckpointManager writes; the service only
     # lists them): a total at or below it would leave nothing to train.
-    checkpoints = service.data_dir / "runs" / job["id"] / "checkpoints"
-    checkpoints.mkdir()
-    (checkpoints / "ckpt-20.index").write_bytes(fake_index())
-    (checkpoints / "ckpt-20.data-00000-of-00001").write_bytes(b"d")
+    _checkpoint(service, job["id"], 20)
     cases = {
-        json.dumps({"steps": 20}): [
+        json.dumps({"steps": 19}): [
             {
                 "field": "steps",
-                "message": "Expected more than 20, the step of the job's latest checkpoint, "
-                "where it resumes. Received: 20",
+                "message": "Expected at least 20, the step of the job's latest checkpoint, "
+                "where it resumes (20 finishes the job there: its final eval and export, no "
+                "step trained). Received: 19",
             }
         ],
         json.dumps({"steps": 30, "epochs": 2}): [
@@ -164,25 +168,97 @@ def test_resume_checks_the_new_length_and_the_body(service: Service) -> None:
     assert _resume(service, job["id"], {"steps": 21}).json()["spec"]["steps"] == 21
 
 
-def test_resume_by_epochs_must_lie_past_the_latest_checkpoint(service: Service) -> None:
+def test_resume_by_epochs_must_reach_the_latest_checkpoint(service: Service) -> None:
     # The stand-in reports a total of 10 steps: for 2 epochs, 5 steps an epoch.
     job = _cancelled(service, job_spec(name="wait", steps=None, epochs=2))
-    checkpoints = service.data_dir / "runs" / job["id"] / "checkpoints"
-    checkpoints.mkdir()
-    (checkpoints / "ckpt-20.index").write_bytes(fake_index())
-    (checkpoints / "ckpt-20.data-00000-of-00001").write_bytes(b"d")
+    _checkpoint(service, job["id"], 20)
+    # A checkpoint between two epochs' ends: no number of epochs ends there.
+    between = _cancelled(service, job_spec(name="wait", steps=None, epochs=2))
+    _checkpoint(service, between["id"], 22)
 
-    refused = _resume(service, job["id"], {"epochs": 4})
+    refused = _resume(service, job["id"], {"epochs": 3})
 
     assert refused.status_code == 422, refused.text
     assert refused.json()["errors"] == [
         {
             "field": "epochs",
-            "message": "Expected more than 4: the job's latest checkpoint, where it resumes, "
-            "is at step 20, and an epoch is 5 steps. Received: 4",
+            "message": "Expected at least 4: the job's latest checkpoint, where it resumes, "
+            "is at step 20, and an epoch is 5 steps (4 finishes the job there: its final "
+            "eval and export, no step trained). Received: 3",
         }
     ]
-    assert _resume(service, job["id"], {"epochs": 5}).json()["spec"]["epochs"] == 5
+    # 4 epochs end on the checkpoint's step: the job is finished there.
+    assert _resume(service, job["id"], {"epochs": 4}).json()["spec"]["epochs"] == 4
+
+    refused = _resume(service, between["id"], {"epochs": 4})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["errors"][0]["message"] == (
+        "Expected more than 4: the job's latest checkpoint, where it resumes, is at step 22, "
+        "and an epoch is 5 steps. Received: 4"
+    )
+    assert _resume(service, between["id"], {"epochs": 5}).json()["spec"]["epochs"] == 5
+
+
+def test_resume_to_the_latest_checkpoint_finishes_a_cancelled_or_failed_job(
+    service: Service,
+) -> None:
+    # "Finish here": `steps` equal to the latest checkpoint's step queues the job as any
+    # resume, to end at that step (its worker trains no step, evaluates and exports).
+    cancelled = _cancelled(service)
+    _checkpoint(service, cancelled["id"], 20)
+    failed = _worker_gone(
+        service, service.wait_state(service.submit(job_spec(name="fail"))["id"], "failed")
+    )
+    _checkpoint(service, failed["id"], 10)
+    _checkpoint(service, failed["id"], 20)
+    # As a real worker leaves a job that failed at step 25 (a non-finite loss), 5 steps
+    # past its checkpoint: its last report is of step 24.
+    store = JobStore(service.data_dir / "towerboard.db")
+    try:
+        record = store.get(failed["id"])
+        assert record is not None
+        past = {**(record.progress or {}), "step": 25, "total": 40, "loss": 0.5, "accuracy": 0.75}
+        store.record_progress(
+            failed["id"], offset=record.progress_offset, progress=past, eval=record.eval, points=[]
+        )
+    finally:
+        store.close()
+    blocker = service.submit(job_spec(name="wait"))  # holds the one slot: both stay queued
+    service.wait_state(blocker["id"], "running")
+
+    for job in (cancelled, failed):
+        response = _resume(service, job["id"], {"steps": 20})
+
+        assert response.status_code == 200, response.text
+        resumed = response.json()
+        assert resumed["state"] == "queued" and resumed["attempts"] == 2
+        assert resumed["spec"]["steps"] == 20
+    # Until its worker reports, the failed job shows the step it resumes at, of its new
+    # total (it showed 25 of 20, 125%), and no training numbers of the steps past it.
+    progress = service.job(failed["id"])["progress"]
+    assert (progress["step"], progress["total"], progress["percent"]) == (20, 20, 100.0)
+    assert progress["loss"] is None and progress["accuracy"] is None
+    assert progress["eta_seconds"] is None and progress["phase"] is None
+
+
+def test_resume_of_a_succeeded_job_to_its_latest_checkpoint_is_refused(service: Service) -> None:
+    # It has ended there already, with its export: nothing would change.
+    done = _worker_gone(
+        service, service.wait_state(service.submit(job_spec(name="quick"))["id"], "succeeded")
+    )
+    _checkpoint(service, done["id"], 10)
+
+    refused = _resume(service, done["id"], {"steps": 10})
+
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["errors"] == [
+        {
+            "field": "steps",
+            "message": "Expected more than 10, the step of the job's latest checkpoint, "
+            "where it resumes. Received: 10",
+        }
+    ]
+    assert service.job(done["id"])["state"] == "succeeded"
 
 
 def test_resume_as_it_is_refuses_a_job_whose_checkpoint_passed_its_total(
@@ -191,10 +267,7 @@ def test_resume_as_it_is_refuses_a_job_whose_checkpoint_passed_its_total(
     # The stand-in reports a total of 10 steps for 2 epochs; a checkpoint at step 20 is
     # what a job resumed with fewer epochs than it had trained is left with.
     job = _cancelled(service, job_spec(name="wait", steps=None, epochs=2))
-    checkpoints = service.data_dir / "runs" / job["id"] / "checkpoints"
-    checkpoints.mkdir()
-    (checkpoints / "ckpt-20.index").write_bytes(fake_index())
-    (checkpoints / "ckpt-20.data-00000-of-00001").write_bytes(b"d")
+    _checkpoint(service, job["id"], 20)
 
     refused = _resume(service, job["id"])
 

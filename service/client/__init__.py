@@ -4,7 +4,9 @@
     towerboard status [ID] [--state S] [--json]    the jobs table, or one job in detail
     towerboard logs ID [--tail N] [--follow]       the worker's log
     towerboard cancel ID [--wait]                  cancel a queued or running job
-    towerboard resume ID [--steps N | --epochs N] [--watch]   train an ended job on
+    towerboard resume ID [--steps N | --epochs N | --finish] [--watch]
+                                                   train an ended job on, or finish it
+                                                   at its latest checkpoint (--finish)
     towerboard delete ID [ID ...]                  delete ended jobs and their files
     towerboard checkpoints ID [--download STEP]    list checkpoints, or fetch one (.tar.gz)
     towerboard export ID [-o PATH]                 fetch the exported SavedModel (.tar.gz)

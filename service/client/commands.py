@@ -131,15 +131,26 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
     p = verb(
         "resume",
         "put a cancelled or failed job back in the queue to train on from its latest "
-        "checkpoint (a succeeded one with --steps or --epochs, to train longer)",
+        "checkpoint (a succeeded one with --steps or --epochs, to train longer), or to "
+        "finish it at that checkpoint (--finish)",
     )
     p.add_argument("id", type=_job_id, metavar="ID")
     length = p.add_mutually_exclusive_group()
     length.add_argument(
-        "--steps", type=_count(100_000_000), metavar="N", help="the job's new total steps"
+        "--steps",
+        type=_count(100_000_000),
+        metavar="N",
+        help="the job's new total steps; a cancelled or failed job's latest checkpoint's "
+        "step finishes it there",
     )
     length.add_argument(
         "--epochs", type=_count(1_000_000), metavar="N", help="the job's new total epochs"
+    )
+    length.add_argument(
+        "--finish",
+        action="store_true",
+        help="end a cancelled or failed job at its latest checkpoint, training no step: "
+        "its final eval and export (--steps of that checkpoint's step)",
     )
     p.add_argument(
         "--watch",

@@ -447,7 +447,9 @@ def cancel(client: Client, args: argparse.Namespace) -> int:
 
 
 def resume(client: Client, args: argparse.Namespace) -> int:
-    body = {key: value for key, value in (("steps", args.steps), ("epochs", args.epochs)) if value}
+    finish = _latest_checkpoint_step(client, args) if args.finish else None
+    steps = finish or args.steps
+    body = {key: value for key, value in (("steps", steps), ("epochs", args.epochs)) if value}
     try:
         job = client.request_json(
             "POST",
@@ -470,18 +472,48 @@ def resume(client: Client, args: argparse.Namespace) -> int:
         if checkpoint
         else "from step 0: it has no checkpoint"
     )
-    to = (
-        f" to step {args.steps}"
-        if args.steps
-        else f" to {args.epochs} epochs"
-        if args.epochs
-        else ""
+    to = f" to step {steps}" if steps else f" to {args.epochs} epochs" if args.epochs else ""
+    # `--steps` of the latest checkpoint's step finishes the job too: the service shows it
+    # at that step until its worker reports.
+    at = (job.get("progress") or {}).get("step")
+    finishes = finish is not None or (checkpoint is not None and steps is not None and at == steps)
+    does = (
+        f"it finishes at step {steps}, its latest checkpoint: no step trained, its final eval "
+        "and export"
+        if finishes
+        else f"it trains on{to} {where}"
     )
     sys.stderr.write(
-        f"resumed job {job['id']} as attempt {job['attempts']} ({job['state']}): it trains "
-        f"on{to} {where}\n"
+        f"resumed job {job['id']} as attempt {job['attempts']} ({job['state']}): {does}\n"
     )
     return _watch_if_asked(client, job, args)
+
+
+def _latest_checkpoint_step(client: Client, args: argparse.Namespace) -> int:
+    """The step of the job's latest checkpoint, for `resume --finish`: said as an error when
+    the job is not cancelled or failed (a succeeded one has its export already) or has no
+    checkpoint to end at."""
+    state = client.job(args.id)["state"]
+    if state not in ("cancelled", "failed"):
+        if state == "succeeded":
+            export = _command(args, "export", args.id)
+            now, then = "has succeeded", f"its model is exported already (`{export}`)"
+        else:
+            cancel = _command(args, "cancel", args.id, "--wait")
+            now, then = f"is {state}", f"`{cancel}` stops it at a checkpoint first"
+        raise ClientError(
+            f"job {args.id} {now}: --finish ends a cancelled or failed job at its latest "
+            f"checkpoint; {then}",
+            EXIT_FAILED,
+        )
+    listing = client.get(f"/api/v1/jobs/{args.id}/checkpoints")["data"]
+    if not listing:
+        raise ClientError(
+            f"job {args.id} has no checkpoint to finish at: `{_command(args, 'resume', args.id)}` "
+            "trains it again from step 0",
+            EXIT_FAILED,
+        )
+    return max(int(c["step"]) for c in listing)
 
 
 def _how_to_wait(message: str, args: argparse.Namespace, job_id: str) -> str:

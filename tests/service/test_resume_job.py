@@ -426,6 +426,53 @@ def test_cli_resume(service: Service) -> None:
     assert usage.returncode == 2 and "not allowed with argument" in usage.stderr
 
 
+def test_cli_resume_finish(service: Service) -> None:
+    # `--finish`: --steps of the latest checkpoint's step, read from the service; said
+    # clearly where there is nothing to finish.
+    url = service.base_url
+    done = _worker_gone(
+        service, service.wait_state(service.submit(job_spec(name="quick"))["id"], "succeeded")
+    )
+    refused = towerboard("resume", done["id"], "--finish", url=url)
+    assert refused.returncode == 1
+    assert one_error_line(refused) == (
+        f"towerboard: error: job {done['id']} has succeeded: --finish ends a cancelled or failed "
+        f"job at its latest checkpoint; its model is exported already (`towerboard export "
+        f"{done['id']}`)"
+    )
+    job = _cancelled(service)
+    none = towerboard("resume", job["id"], "--finish", url=url)
+    assert none.returncode == 1
+    assert one_error_line(none) == (
+        f"towerboard: error: job {job['id']} has no checkpoint to finish at: `towerboard resume "
+        f"{job['id']}` trains it again from step 0"
+    )
+    usage = towerboard("resume", job["id"], "--finish", "--steps", "9", url=url)
+    assert usage.returncode == 2 and "not allowed with argument" in usage.stderr
+    assert service.job(job["id"])["state"] == "cancelled"  # nothing changed
+    _checkpoint(service, job["id"], 10)
+    _checkpoint(service, job["id"], 20)
+
+    result = towerboard("resume", job["id"], "--finish", url=url)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{job['id']}\n"
+    assert result.stderr == (
+        f"resumed job {job['id']} as attempt 2 (queued): it finishes at step 20, its latest "
+        "checkpoint: no step trained, its final eval and export\n"
+    )
+    assert service.job(job["id"])["spec"]["steps"] == 20
+    running = service.wait_state(job["id"], "running")
+    again = towerboard("resume", job["id"], "--finish", url=url)
+    assert again.returncode == 1
+    assert one_error_line(again) == (
+        f"towerboard: error: job {job['id']} is running: --finish ends a cancelled or failed "
+        f"job at its latest checkpoint; `towerboard cancel {job['id']} --wait` stops it at a "
+        "checkpoint first"
+    )
+    assert service.job(job["id"])["attempts"] == running["attempts"] == 2
+
+
 @pytest.mark.slow
 def test_resume_real_job_trains_on_from_its_checkpoint_and_longer(
     make_service: Callable[..., Service],

@@ -1,11 +1,11 @@
 // One job: live progress and charts, its place in the queue while it is queued (queue.js),
-// per-tower step time, spec, log tail, checkpoints, Cancel, Resume and Train longer
-// (resume.js) and Delete job (once it has ended) and "Open in TensorBoard" (tensorboard.js).
+// per-tower step time, spec, log tail, checkpoints, Cancel, Resume, Finish at step N and
+// Train longer (resume.js) and Delete job (once it has ended) and "Open in TensorBoard" (tensorboard.js).
 //
 // A job's own event stream ends with the job, so an ended job's page follows the all-jobs
 // stream for this job's `deleted` (someone else deleted it), `state` (someone resumed it)
-// and `exited` (its worker, still exiting at the end, has gone: Resume, Train longer and
-// Delete job wait for it). A job resumed, here or elsewhere, is followed live again: its
+// and `exited` (its worker, still exiting at the end, has gone: Resume, Finish, Train longer
+// and Delete job wait for it). A job resumed, here or elsewhere, is followed live again: its
 // stream, log and charts.
 
 import { TERMINAL, api, followAllJobs, followJob, getJSON } from "./api.js";
@@ -127,10 +127,11 @@ export function mountJob(view, jobId) {
     },
   });
   // Said while the job's worker is still exiting, and named by the controls that wait for
-  // it (Resume, Train longer, Delete job: dimmed, not hidden, so the page does not jump).
+  // it (Resume, Finish, Train longer, Delete job: dimmed, not hidden, so the page does not
+  // jump).
   const exitingHint = h("p", { class: "muted small exiting-hint", id: "exiting-hint",
-    hidden: true }, "The job has ended but its worker is still exiting… Resume, Train longer " +
-    "and Delete job wait until it has gone.");
+    hidden: true }, "The job has ended but its worker is still exiting… Resume, Finish, Train " +
+    "longer and Delete job wait until it has gone.");
   // The job's id, then what ticks (its age): the id is a node of its own, which the 1 s
   // tick leaves alone, so it can be selected to copy (`towerboard status ID`).
   const metaId = h("span");

@@ -1,10 +1,13 @@
-// A job page's Resume and Train longer (POST /jobs/{id}/resume): a cancelled or failed job
-// goes back in the queue as it is, and any ended job, a succeeded one too, can be sent back
-// to train on to a larger total of steps. Its next worker trains on from the job's latest
-// checkpoint. Both are hidden while the job is queued or running.
+// A job page's Resume, Finish at step N and Train longer (POST /jobs/{id}/resume): a
+// cancelled or failed job goes back in the queue as it is, or to end at its latest
+// checkpoint (its total made that checkpoint's step: restored, no step trained, its final
+// eval and export: the model of a run stopped at a good point, or of one that failed past
+// it), and any ended job, a succeeded one too, can be sent back to train on to a larger
+// total of steps. Its next worker trains on from the job's latest checkpoint. All are
+// hidden while the job is queued or running.
 //
-// Nothing is lost by a resume, so neither asks for a second press (as Cancel and Delete do).
-// While the ended job's worker is still exiting (the service would refuse: 409), both are
+// Nothing is lost by a resume, so none asks for a second press (as Cancel and Delete do).
+// While the ended job's worker is still exiting (the service would refuse: 409), they are
 // dimmed and say why (waitForExit).
 
 import { TERMINAL, api } from "./api.js";
@@ -18,7 +21,8 @@ function trainsOn(latest, to) {
     : `it trains on${to} from its latest checkpoint`;
 }
 
-/** The Resume button, the Train longer button and the form it opens, for `jobId`'s page.
+/** The Resume button, the Finish at step N button, the Train longer button and the form
+ *  it opens, for `jobId`'s page.
  *  `say(action, text, isError)` writes the page's action status line; `resumed(job, asked,
  *  focused)` takes the service's answer (the job, queued again) to a request begun at
  *  mark() `asked`, pressed with the keyboard on these controls if `focused`; `missing()`
@@ -33,6 +37,9 @@ export function resumeControl(jobId, { say, resumed, missing, refused = () => {}
   "Resume");
   const longerButton = h("button", { type: "button", id: "train-longer", hidden: true,
     "aria-expanded": "false", "aria-controls": "resume-form", onclick: toggle }, "Train longer");
+  // Named by its step, which `checkpoint()` tells: shown once there is one to end at.
+  const finishButton = h("button", { type: "button", id: "finish-job", hidden: true,
+    onclick: () => send({ steps: latest }) });
   const input = h("input", { type: "number", id: "resume-steps", name: "steps", min: "1", step: "1",
     inputmode: "numeric", required: true, autocomplete: "off",
     "aria-describedby": "resume-steps-error resume-steps-hint" });
@@ -59,7 +66,8 @@ export function resumeControl(jobId, { say, resumed, missing, refused = () => {}
   /** Whether the keyboard is on one of these controls (they hide once the job resumes). */
   function hasFocus() {
     const active = document.activeElement;
-    return active === resumeButton || active === longerButton || form.contains(active);
+    return active === resumeButton || active === finishButton || active === longerButton
+      || form.contains(active);
   }
 
   let job = null;
@@ -125,7 +133,7 @@ export function resumeControl(jobId, { say, resumed, missing, refused = () => {}
    *  aria-disabled, not disabled: a disabled button loses the focus, and the keyboard
    *  would be back at the page's top. */
   function dim() {
-    for (const button of [resumeButton, longerButton, submit]) {
+    for (const button of [resumeButton, finishButton, longerButton, submit]) {
       if (busy || waiting) button.setAttribute("aria-disabled", "true");
       else button.removeAttribute("aria-disabled");
       if (waiting) button.setAttribute("aria-describedby", waiting);
@@ -158,12 +166,18 @@ export function resumeControl(jobId, { say, resumed, missing, refused = () => {}
     setBusy(true);
     clearFieldError();
     say("resume", "Resuming…", false);
+    // The Finish button's step, or the same typed into To step: the service ends a
+    // cancelled or failed job there. Read before the answer, which the stream may beat
+    // (the job queued again).
+    const finishes = body && body.steps === latest && stoppedShort();
     const asked = mark();
     try {
       const { data } = await api(`${base}/resume`, { method: "POST", body });
       if (gone) return;
       const to = body ? ` to step ${body.steps}` : "";
-      say("resume", `Resumed as attempt ${data.attempts}: ${trainsOn(latest, to)}.`, false);
+      say("resume", `Resumed as attempt ${data.attempts}: ${finishes
+        ? `it finishes at step ${body.steps}, its latest checkpoint, with its final eval and export`
+        : trainsOn(latest, to)}.`, false);
       resumed(data, asked, focused);
       close();
     } catch (error) {
@@ -192,14 +206,33 @@ export function resumeControl(jobId, { say, resumed, missing, refused = () => {}
     }
   }
 
+  /** Whether the job is cancelled or failed: one that may end at its latest checkpoint. */
+  function stoppedShort() {
+    return job !== null && (job.state === "cancelled" || job.state === "failed");
+  }
+
+  /** Finish at step N: for a cancelled or failed job with a checkpoint to end at. */
+  function showFinish() {
+    const at = Number.isInteger(latest) && latest > 0 && stoppedShort();
+    finishButton.hidden = !at;
+    if (!at) return;
+    const name = `Finish at step ${latest}`;
+    if (finishButton.textContent !== name) {
+      finishButton.textContent = name;
+      finishButton.title = `Export the model at step ${latest}, its latest checkpoint: the job ` +
+        "ends there, with its final eval and no step trained";
+    }
+  }
+
   return {
-    buttons: [resumeButton, longerButton],
+    buttons: [resumeButton, finishButton, longerButton],
     form,
     hasFocus,
     render(next) {
       job = next;
       const ended = TERMINAL.has(job.state);
-      resumeButton.hidden = job.state !== "cancelled" && job.state !== "failed";
+      resumeButton.hidden = !stoppedShort();
+      showFinish();
       longerButton.hidden = !ended;
       if (!ended && !form.hidden) close();
     },
@@ -209,6 +242,7 @@ export function resumeControl(jobId, { say, resumed, missing, refused = () => {}
     },
     checkpoint(step) {
       latest = step;
+      showFinish();
       if (!form.hidden) showHint();
     },
     destroy() {

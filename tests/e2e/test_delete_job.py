@@ -38,8 +38,8 @@ ARMED_MS = 4_000  # a first press of Delete job stays armed this long (job.js's 
 STILL_EXITING = "has ended but its worker process is still exiting; try again in a few seconds."
 # What a job page says while its ended job's worker is still exiting (job.js's exitingHint).
 EXITING = (
-    "The job has ended but its worker is still exiting… Resume, Train longer and Delete job "
-    "wait until it has gone."
+    "The job has ended but its worker is still exiting… Resume, Finish, Train longer and "
+    "Delete job wait until it has gone."
 )
 DEVICES = "**/api/v1/devices"
 # Run before the page's own scripts: its EventSources kept on `window.eventSources`, so a

@@ -1,5 +1,6 @@
 """Resuming ended jobs from the dashboard, in headless Chromium against a real service:
-Resume on a cancelled or failed job's page, Train longer on any ended job's (a labelled
+Resume on a cancelled or failed job's page, Finish at step N there where it has a
+checkpoint (the job ends at it, with its export), Train longer on any ended job's (a labelled
 "To step" field, by keyboard too), the service's refusals said beside the field (422) or
 in the action status line (409, a spec that no longer passes admission), the controls
 hidden while the job is queued or running, a job resumed elsewhere followed live again,
@@ -140,8 +141,8 @@ def badge(page: Page) -> Any:
 
 
 def no_resume_controls(page: Page) -> None:
-    """Neither Resume nor Train longer nor its form: the job is queued or running."""
-    for control in ("#resume-job", "#train-longer", "#resume-form", "#delete-job"):
+    """Neither Resume nor Finish nor Train longer nor its form: the job is queued or running."""
+    for control in ("#resume-job", "#finish-job", "#train-longer", "#resume-form", "#delete-job"):
         expect(page.locator(control)).to_be_hidden()
 
 
@@ -171,6 +172,13 @@ def test_resume_a_cancelled_job_by_keyboard(session: Session, service: Service) 
     button = page.get_by_role("button", name="Resume", exact=True)
     expect(button).to_be_visible()
     expect(button).to_have_attribute("title", RESUME_TITLE)
+    # Beside it, ending the job at that checkpoint instead, named by its step.
+    finish = page.get_by_role("button", name="Finish at step 5", exact=True)
+    expect(finish).to_be_visible()
+    expect(finish).to_have_accessible_description(
+        "Export the model at step 5, its latest checkpoint: the job ends there, with its final "
+        "eval and no step trained"
+    )
     expect(page.locator("#delete-job")).to_be_visible()
     expect(page.locator("#cancel-job")).to_be_hidden()
     expect(page.locator(".meta")).to_contain_text("attempt 1")
@@ -211,6 +219,8 @@ def test_train_a_succeeded_job_longer(
     page = session.page
     open_job(page, job["id"], "succeeded")
     expect(page.locator("#resume-job")).to_be_hidden()
+    expect(page.locator("#download-model")).to_be_visible()
+    expect(page.locator("#finish-job")).to_be_hidden()  # it has ended there, exported
     toggle = page.get_by_role("button", name="Train longer", exact=True)
     expect(toggle).to_have_attribute("aria-expanded", "false")
     toggle.focus()
@@ -466,6 +476,49 @@ def test_resumed_attempt_charts_and_progress_go_on(browser: Browser, stepping: S
         session.context.close()
 
 
+def test_finish_a_failed_job_at_its_latest_checkpoint(browser: Browser, stepping: Service) -> None:
+    """A job that failed at step 25 (its checkpoint at 20), finished there from its page by
+    keyboard: queued to end at step 20, said in the line; its worker trains no step; the
+    job succeeds at 20 of 20, its charts drop the lost steps past 20, and its model is
+    there to download. A job cancelled before any checkpoint has no such button."""
+    job = stepping.submit(job_spec(name="fail-at-25", steps=30))
+    failed = stepping.wait_state(job["id"], *TERMINAL)
+    assert failed["state"] == "failed" and failed["progress"]["step"] == 25, failed
+    stepping.wait_exited(job["id"])
+    session = open_session(browser, stepping, LAPTOP)
+    try:
+        page = session.page
+        open_job(page, job["id"], "failed")
+        expect(page.locator("#checkpoints a.download")).to_have_count(2)  # steps 10 and 20
+        expect(page.locator("#download-model")).to_be_hidden()
+        finish = page.get_by_role("button", name="Finish at step 20", exact=True)
+        expect(finish).to_be_visible()
+        low_contrast(page)
+        finish.focus()
+        page.keyboard.press("Enter")
+
+        line = page.locator("#action-status")
+        expect(line).to_have_text(
+            "Resumed as attempt 2: it finishes at step 20, its latest checkpoint, with its final "
+            "eval and export."
+        )
+        expect(line).to_be_focused()
+        no_resume_controls(page)
+        expect(badge(page)).to_have_text("succeeded", timeout=30_000)
+        expect(line).to_have_text("Attempt 2 succeeded at step 20.")
+        expect(page.locator("#job-progress-text")).to_have_text("20 / 20 · 100.0%")
+        expect(page.locator('figure[data-chart="loss"]')).to_have_attribute(
+            "data-points-loss", "20"
+        )
+        expect(page.locator("#download-model")).to_be_visible()
+        expect(page.locator("#finish-job")).to_be_hidden()
+        done = stepping.job(job["id"])
+        assert done["spec"]["steps"] == 20 and done["result"]["outcome"] == "succeeded"
+        assert session.errors == []
+    finally:
+        session.context.close()
+
+
 def test_resume_at_phone_width(browser: Browser, service: Service, screenshots: Path) -> None:
     """At a phone's width the actions (Resume, Train longer, Delete job) wrap within the
     screen, and so does the open form with a refusal beside its field; all of it reads at
@@ -476,7 +529,7 @@ def test_resume_at_phone_width(browser: Browser, service: Service, screenshots: 
     try:
         page = phone.page
         open_job(page, job["id"], "cancelled")
-        for control in ("#resume-job", "#train-longer", "#delete-job"):
+        for control in ("#resume-job", "#finish-job", "#train-longer", "#delete-job"):
             button = page.locator(control)
             expect(button).to_be_visible()
             box = button.bounding_box()
@@ -486,7 +539,7 @@ def test_resume_at_phone_width(browser: Browser, service: Service, screenshots: 
         field = page.get_by_label("To step", exact=True)
         field.fill("7")
         page.locator("#resume-submit").click()
-        expect(page.locator("#resume-steps-error")).to_contain_text("Expected more than 10")
+        expect(page.locator("#resume-steps-error")).to_contain_text("Expected at least 10")
         assert no_overflow(page)
         page.screenshot(path=screenshots / "dashboard-train-longer-phone.png")
         form = page.locator("#resume-form").bounding_box()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -516,3 +518,59 @@ def test_resume_real_job_trains_on_from_its_checkpoint_and_longer(
     starts = [line["step"] for line in progress_lines(service, job_id) if line["event"] == "start"]
     assert starts == [0, stopped_at, stopped_at + 50]
     assert service.client.head(f"/api/v1/jobs/{job_id}/export").status_code == 200
+
+
+@pytest.mark.slow
+def test_finish_real_job_at_its_checkpoint_exports_it_there(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # The real trainer: cancelled after a checkpoint, then finished there with the CLI's
+    # --finish. Its worker restores that checkpoint, trains no step, evaluates and exports:
+    # the job succeeds at that step with its eval and a SavedModel that loads.
+    service = make_service()
+    service.start()
+    # An eval due only at the job's end: the attempt cancelled never ran one.
+    spec = long_job(eval={"every_steps": 1_000_000, "batches": 2})
+    job_id = service.submit(spec)["id"]
+    service.wait_checkpoint(job_id)
+    assert service.client.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 202
+    cancelled = _worker_gone(service, service.wait_state(job_id, "cancelled"))
+    stopped_at = checkpoint_step(cancelled)  # SIGTERM checkpoints the step it stopped at
+    assert stopped_at > 0 and cancelled["result"]["eval"] is None
+    assert service.client.head(f"/api/v1/jobs/{job_id}/export").status_code == 404
+
+    finish = towerboard("resume", job_id, "--finish", url=service.base_url)
+
+    assert finish.returncode == 0, finish.stderr
+    assert f"it finishes at step {stopped_at}, its latest checkpoint" in finish.stderr
+    done = service.wait_state(job_id, "succeeded")
+    result = done["result"]
+    assert (result["step"], result["total"], done["attempts"]) == (stopped_at, stopped_at, 2)
+    assert done["spec"]["steps"] == stopped_at
+    # The numbers of the step it stopped at, as the cancelled attempt's result had them.
+    assert result["metrics"]["loss"] == cancelled["result"]["metrics"]["loss"]
+    assert result["metrics"]["accuracy"] == cancelled["result"]["metrics"]["accuracy"]
+    assert result["eval"]["step"] == stopped_at and result["eval"]["examples"] > 0
+    assert 0.0 <= result["eval"]["accuracy"] <= 1.0
+    assert done["eval"]["step"] == stopped_at
+    assert done["eval"]["accuracy"] == pytest.approx(result["eval"]["accuracy"], abs=1e-6)
+    progress = done["progress"]
+    assert (progress["step"], progress["total"], progress["percent"]) == (
+        stopped_at, stopped_at, 100.0
+    )  # fmt: skip
+    assert progress["phase"] == "done" and progress["eta_seconds"] == 0.0
+    assert progress["loss"] == pytest.approx(cancelled["result"]["metrics"]["loss"])
+    lines = progress_lines(service, job_id)
+    starts = [i for i, line in enumerate(lines) if line["event"] == "start"]
+    assert [lines[i]["step"] for i in starts] == [0, stopped_at]
+    assert not [line for line in lines[starts[1] :] if line["event"] == "progress"]  # no step
+
+    response = service.client.get(f"/api/v1/jobs/{job_id}/export")
+    assert response.status_code == 200, response.text
+    with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as archive:
+        archive.extractall(tmp_path / "export", filter="data")
+    import tensorflow as tf
+
+    model = tf.saved_model.load(str(tmp_path / "export"))
+    images = np.zeros((2, *spec["data"]["params"]["shape"], 1), np.float32)
+    assert model.signatures["serving_default"](images=tf.constant(images))["classes"].shape == (2,)

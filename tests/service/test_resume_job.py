@@ -529,8 +529,17 @@ def test_finish_real_job_at_its_checkpoint_exports_it_there(
     # the job succeeds at that step with its eval and a SavedModel that loads.
     service = make_service()
     service.start()
-    # An eval due only at the job's end: the attempt cancelled never ran one.
-    spec = long_job(eval={"every_steps": 1_000_000, "batches": 2})
+    # An eval due only at the job's end: the attempt cancelled never ran one. A warm-up
+    # into a decay, whose state the optimizer's checkpoint holds, restored with a changed
+    # total.
+    spec = long_job(
+        eval={"every_steps": 1_000_000, "batches": 2},
+        optimizer={
+            "name": "adam",
+            "warmup_steps": 10,
+            "schedule": {"name": "cosine", "decay_steps": 1000},
+        },
+    )
     job_id = service.submit(spec)["id"]
     service.wait_checkpoint(job_id)
     assert service.client.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 202

@@ -504,42 +504,31 @@ def _train(
         }
         if cluster.is_multi_worker:
             fields["cluster"] = {"workers": cluster.workers, "task": cluster.name}
+        if summary.outcome is Outcome.SUCCEEDED and cluster.is_chief:
+            progress.write("phase", step=step, total=total, phase="exporting")
+            export_model(trainer, arrays.image_shape, rundir.export)
+            fields["export"] = "export"
+        # With the numbers of its last step, as result.json has them: a cancelled run's last
+        # report, up to 2 s before, was of an earlier step, and the job showed those; a job
+        # finished at a failed run's checkpoint (no step trained here) showed that run's
+        # last report, of a step past the checkpoint.
+        _write_end(
+            progress,
+            rundir,
+            step=step,
+            total=total,
+            outcome=summary.outcome.value,
+            phase="done",
+            loss=summary.metrics.get("loss"),
+            accuracy=summary.metrics.get("accuracy"),
+        )
         if summary.outcome is Outcome.CANCELLED:
-            # With the numbers of the step it stopped at, as result.json has them: its last
-            # report, up to 2 s before, was of an earlier step, and the job showed those.
-            _write_end(
-                progress,
-                rundir,
-                step=step,
-                total=total,
-                outcome="cancelled",
-                phase="done",
-                loss=summary.metrics.get("loss"),
-                accuracy=summary.metrics.get("accuracy"),
-            )
             return _write_result(
                 rundir,
                 Outcome.CANCELLED,
                 f"Stopped by SIGTERM at step {step}, after a checkpoint.",
                 **fields,
             )
-        if cluster.is_chief:
-            progress.write("phase", step=step, total=total, phase="exporting")
-            export_model(trainer, arrays.image_shape, rundir.export)
-            fields["export"] = "export"
-        # With the loss and accuracy its result has, as a cancelled run's end says them: a
-        # job finished at a failed run's checkpoint (no step trained here) showed the
-        # last report of that run, of a step past the checkpoint.
-        _write_end(
-            progress,
-            rundir,
-            step=step,
-            total=total,
-            outcome="succeeded",
-            phase="done",
-            loss=summary.metrics.get("loss"),
-            accuracy=summary.metrics.get("accuracy"),
-        )
         message = f"Trained {step} steps."
         if not cluster.is_chief:
             # Its `eval` and `export` are null: whose they are, and whose result is the job's.

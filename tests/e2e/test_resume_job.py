@@ -78,7 +78,8 @@ while step < total:
         (checkpoints / f"ckpt-{step}.data-00000-of-00001").write_bytes(b"d")
         (checkpoints / f"ckpt-{step}.index").write_bytes(b"i" + INDEX_END)
         progress(event="checkpoint", checkpoint=str(checkpoints / f"ckpt-{step}"))
-progress(event="end", outcome="succeeded")
+# As the trainer's end line, with its last step's numbers (the charts keep one point a step).
+progress(event="end", outcome="succeeded", loss=1 / step, accuracy=step / (step + 1))
 end("succeeded", 0)
 """
 
@@ -152,7 +153,8 @@ def low_contrast(page: Page) -> None:
 
 
 def test_resume_a_cancelled_job_by_keyboard(session: Session, service: Service) -> None:
-    """A running job's page offers no Resume. Cancelled, it offers Resume beside Delete job;
+    """A running job's page offers no Resume. Cancelled, it offers Resume beside Delete job,
+    and Finish at step N once it has a checkpoint;
     one press (no confirm) queues it again as attempt 2, said in the status line, which
     takes the focus from the hidden button; the page follows the new attempt live: its
     state, its log, its end when it is cancelled again from the page."""
@@ -165,6 +167,10 @@ def test_resume_a_cancelled_job_by_keyboard(session: Session, service: Service) 
     assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
     expect(badge(page)).to_have_text("cancelled")
     service.wait_exited(job["id"])
+    # With no checkpoint, nothing to finish at.
+    expect(page.locator("#checkpoints")).to_contain_text("No checkpoint was saved.")
+    expect(page.locator("#resume-job")).to_be_visible()
+    expect(page.locator("#finish-job")).to_be_hidden()
     fake_checkpoint(service, job["id"], 5)
     page.reload()  # the checkpoint is read with the page
     expect(badge(page)).to_have_text("cancelled")
@@ -416,19 +422,30 @@ def test_job_resumed_elsewhere_is_followed_again(session: Session, service: Serv
     assert session.errors == []
 
 
-def test_resumed_attempt_charts_and_progress_go_on(browser: Browser, stepping: Service) -> None:
-    """A job that failed at step 25 (its checkpoint at 20) resumed from its page: the
-    charts drop the lost attempt's steps past 20 when the new one starts there (as the
-    service drops them), then grow to its end at 30; trained longer to 60 after that,
-    the bar, the charts and the checkpoints go on to 60."""
+def failed_at_25(browser: Browser, stepping: Service) -> tuple[dict[str, Any], Session]:
+    """A STEPS_WORKER job of 30 steps that failed at step 25 (its checkpoints at 10 and 20),
+    its worker gone, and a session open on its page."""
     job = stepping.submit(job_spec(name="fail-at-25", steps=30))
     failed = stepping.wait_state(job["id"], *TERMINAL)
     assert failed["state"] == "failed" and failed["progress"]["step"] == 25, failed
     stepping.wait_exited(job["id"])
     session = open_session(browser, stepping, LAPTOP)
     try:
+        open_job(session.page, job["id"], "failed")
+    except BaseException:
+        session.context.close()
+        raise
+    return job, session
+
+
+def test_resumed_attempt_charts_and_progress_go_on(browser: Browser, stepping: Service) -> None:
+    """A job that failed at step 25 (its checkpoint at 20) resumed from its page: the
+    charts drop the lost attempt's steps past 20 when the new one starts there (as the
+    service drops them), then grow to its end at 30; trained longer to 60 after that,
+    the bar, the charts and the checkpoints go on to 60."""
+    job, session = failed_at_25(browser, stepping)
+    try:
         page = session.page
-        open_job(page, job["id"], "failed")
         loss = page.locator('figure[data-chart="loss"]')
         expect(loss).to_have_attribute("data-points-loss", "25")
         expect(page.locator("#checkpoints a.download")).to_have_count(2)  # steps 10 and 20
@@ -480,15 +497,10 @@ def test_finish_a_failed_job_at_its_latest_checkpoint(browser: Browser, stepping
     """A job that failed at step 25 (its checkpoint at 20), finished there from its page by
     keyboard: queued to end at step 20, said in the line; its worker trains no step; the
     job succeeds at 20 of 20, its charts drop the lost steps past 20, and its model is
-    there to download. A job cancelled before any checkpoint has no such button."""
-    job = stepping.submit(job_spec(name="fail-at-25", steps=30))
-    failed = stepping.wait_state(job["id"], *TERMINAL)
-    assert failed["state"] == "failed" and failed["progress"]["step"] == 25, failed
-    stepping.wait_exited(job["id"])
-    session = open_session(browser, stepping, LAPTOP)
+    there to download."""
+    job, session = failed_at_25(browser, stepping)
     try:
         page = session.page
-        open_job(page, job["id"], "failed")
         expect(page.locator("#checkpoints a.download")).to_have_count(2)  # steps 10 and 20
         expect(page.locator("#download-model")).to_be_hidden()
         finish = page.get_by_role("button", name="Finish at step 20", exact=True)

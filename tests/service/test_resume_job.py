@@ -46,6 +46,14 @@ def _resume(service: Service, job_id: str, body: dict[str, Any] | None = None) -
     return service.client.post(f"/api/v1/jobs/{job_id}/resume", json=body)
 
 
+def _refused(service: Service, job_id: str, body: dict[str, Any]) -> list[dict[str, str]]:
+    """The field errors of a resume with `body` that the service refuses (422)."""
+    response = _resume(service, job_id, body)
+    assert response.status_code == 422, response.text
+    errors: list[dict[str, str]] = response.json()["errors"]
+    return errors
+
+
 def _checkpoint(service: Service, job_id: str, step: int) -> None:
     """The files a CheckpointManager writes for `step` (the service only lists them)."""
     checkpoints = service.data_dir / "runs" / job_id / "checkpoints"
@@ -178,10 +186,7 @@ def test_resume_by_epochs_must_reach_the_latest_checkpoint(service: Service) -> 
     between = _cancelled(service, job_spec(name="wait", steps=None, epochs=2))
     _checkpoint(service, between["id"], 22)
 
-    refused = _resume(service, job["id"], {"epochs": 3})
-
-    assert refused.status_code == 422, refused.text
-    assert refused.json()["errors"] == [
+    assert _refused(service, job["id"], {"epochs": 3}) == [
         {
             "field": "epochs",
             "message": "Expected at least 4: the job's latest checkpoint, where it resumes, "
@@ -192,9 +197,8 @@ def test_resume_by_epochs_must_reach_the_latest_checkpoint(service: Service) -> 
     # 4 epochs end on the checkpoint's step: the job is finished there.
     assert _resume(service, job["id"], {"epochs": 4}).json()["spec"]["epochs"] == 4
 
-    refused = _resume(service, between["id"], {"epochs": 4})
-    assert refused.status_code == 422, refused.text
-    assert refused.json()["errors"][0]["message"] == (
+    [refused] = _refused(service, between["id"], {"epochs": 4})
+    assert refused["message"] == (
         "Expected more than 4: the job's latest checkpoint, where it resumes, is at step 22, "
         "and an epoch is 5 steps. Received: 4"
     )
@@ -250,10 +254,7 @@ def test_resume_of_a_succeeded_job_to_its_latest_checkpoint_is_refused(service: 
     )
     _checkpoint(service, done["id"], 10)
 
-    refused = _resume(service, done["id"], {"steps": 10})
-
-    assert refused.status_code == 422, refused.text
-    assert refused.json()["errors"] == [
+    assert _refused(service, done["id"], {"steps": 10}) == [
         {
             "field": "steps",
             "message": "Expected more than 10, the step of the job's latest checkpoint, "

@@ -889,7 +889,9 @@ def test_epochs_train_partial_batches_and_scalars_count_their_examples(run):
         assert loss[step] == pytest.approx((5 * tower_0[step] + 4 * tower_1[step]) / 9, rel=1e-5)
     assert loss[4] == pytest.approx(result["metrics"]["loss"], rel=1e-5)
     assert 0 <= series("accuracy")[4] <= 1 and series("grad_norm")[4] > 0
-    reports = [e for e in progress_lines(folder / "job" / "progress.jsonl") if "loss" in e]
+    reports = [
+        e for e in progress_lines(folder / "job" / "progress.jsonl") if e["event"] == "progress"
+    ]
     assert series("learning_rate")[4] == pytest.approx(reports[-1]["learning_rate"], rel=1e-6)
     # The default rate as written in the spec, not its float32's bits read as a float64
     # (0.0010000000474974513).

@@ -4,13 +4,13 @@ in the service's TensorBoard (which shows many jobs).
 
 Each leaf of the spec, as spec.json has it (without the options its optimizer or schedule
 ignores), is one hyperparameter named by its path: `optimizer.learning_rate`,
-`model.params.dropout`, `data.augment.flip_left_right`. A list is its JSON text. Left
-out: what says how the job is watched, kept or queued rather than what it trains
-(`priority`, `eval`, `summaries`, `checkpoint`), `data.shuffle_buffer` (kept for the
-contract, read by nothing: the pipeline shuffles each epoch whole), and the job's length
-(`steps`, `epochs`): a job resumed to train longer changes that, while TensorBoard keeps
-the hyperparameters a run wrote first; each metric's value says at which step it was
-taken.
+`model.params.dropout`, `data.augment.flip_left_right`. A list is its JSON text, and an
+integer past 2**53 its digits (a float would round it). Left out: what says how the job
+is watched, kept or queued rather than what it trains (`priority`, `eval`, `summaries`,
+`checkpoint`), `data.shuffle_buffer` (kept for the contract, read by nothing: the
+pipeline shuffles each epoch whole), and the job's length (`steps`, `epochs`): a job
+resumed to train longer changes that, while TensorBoard keeps the hyperparameters a run
+wrote first; each metric's value says at which step it was taken.
 
 Importable without TensorFlow (pure Python over the spec's dict).
 """
@@ -32,6 +32,8 @@ TEXT_CHARS = 200
 MOST = 100
 
 HParam = bool | float | str
+# Every integer up to this a float holds exactly; past it, not every one.
+_EXACT = 2**53
 
 
 def spec_hparams(spec: dict[str, Any]) -> tuple[dict[str, HParam], int]:
@@ -55,8 +57,12 @@ def spec_hparams(spec: dict[str, Any]) -> tuple[dict[str, HParam], int]:
             return
         if isinstance(value, bool | str):
             values[name] = _cut(value) if isinstance(value, str) else value
-        elif isinstance(value, int | float):
+        elif isinstance(value, float) or (isinstance(value, int) and abs(value) <= _EXACT):
             values[name] = float(value)
+        elif isinstance(value, int):
+            # Past 2**53 a float rounds it (two seeds a bit apart showed as one), and past
+            # about 1e308 `float` raises, which failed the job at its start: its digits.
+            values[name] = _cut(str(value))
         else:
             values[name] = _cut(json.dumps(value, separators=(",", ":")))
 

@@ -76,6 +76,19 @@ def test_a_custom_models_params_are_cut_to_a_tables_worth(monkeypatch) -> None:
     assert list(values) == list(every)[:MOST]
 
 
+def test_an_integer_a_float_cannot_hold_is_its_digits() -> None:
+    # A custom builder's params may hold any JSON integer: past about 1e308 `float` raised
+    # OverflowError, which failed the job as its worker started; past 2**53 it rounded,
+    # and two seeds one apart showed as one value.
+    params = {"huge": 10**400, "seed": 2**53 + 1, "near": 2**53 - 1, "negative": -(2**60)}
+    spec = JobSpec.model_validate({"data": DATA, "model": {"name": "my:model", "params": params}})
+    values, _ = spec_hparams(spec.model_dump(mode="json"))
+    assert values["model.params.huge"] == "1" + "0" * (TEXT_CHARS - 2) + "…"
+    assert values["model.params.seed"] == "9007199254740993"
+    assert values["model.params.near"] == float(2**53 - 1)
+    assert values["model.params.negative"] == str(-(2**60))
+
+
 def test_importing_it_imports_no_tensorflow() -> None:
     code = "import sys, trainer.hparams; print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -448,7 +448,7 @@ def cancel(client: Client, args: argparse.Namespace) -> int:
 
 def resume(client: Client, args: argparse.Namespace) -> int:
     finish = _latest_checkpoint_step(client, args) if args.finish else None
-    steps = finish or args.steps
+    steps = args.steps if finish is None else finish
     body = {key: value for key, value in (("steps", steps), ("epochs", args.epochs)) if value}
     try:
         job = client.request_json(
@@ -492,7 +492,8 @@ def resume(client: Client, args: argparse.Namespace) -> int:
 def _latest_checkpoint_step(client: Client, args: argparse.Namespace) -> int:
     """The step of the job's latest checkpoint, for `resume --finish`: said as an error when
     the job is not cancelled or failed (a succeeded one has its export already) or has no
-    checkpoint to end at."""
+    checkpoint to end at: none, or only the `ckpt-0` of a job cancelled as it started,
+    before its first step (a total of 0 steps is no job's)."""
     state = client.job(args.id)["state"]
     if state not in ("cancelled", "failed"):
         if state == "succeeded":
@@ -507,13 +508,17 @@ def _latest_checkpoint_step(client: Client, args: argparse.Namespace) -> int:
             EXIT_FAILED,
         )
     listing = client.get(f"/api/v1/jobs/{args.id}/checkpoints")["data"]
-    if not listing:
+    latest = max((int(c["step"]) for c in listing), default=0)
+    if not latest:
+        # A job with only ckpt-0 was sent no steps: resumed as it is, it trained in full,
+        # said as "it finishes at step None".
+        what = "no checkpoint past step 0" if listing else "no checkpoint"
         raise ClientError(
-            f"job {args.id} has no checkpoint to finish at: `{_command(args, 'resume', args.id)}` "
+            f"job {args.id} has {what} to finish at: `{_command(args, 'resume', args.id)}` "
             "trains it again from step 0",
             EXIT_FAILED,
         )
-    return max(int(c["step"]) for c in listing)
+    return latest
 
 
 def _how_to_wait(message: str, args: argparse.Namespace, job_id: str) -> str:

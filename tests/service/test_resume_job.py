@@ -452,6 +452,15 @@ def test_cli_resume_finish(service: Service) -> None:
     )
     usage = towerboard("resume", job["id"], "--finish", "--steps", "9", url=url)
     assert usage.returncode == 2 and "not allowed with argument" in usage.stderr
+    # A job cancelled as it started, before its first step, has ckpt-0: nothing to finish
+    # at. It was sent no steps, resumed as it is to train in full, "finishing at step None".
+    _checkpoint(service, job["id"], 0)
+    start = towerboard("resume", job["id"], "--finish", url=url)
+    assert start.returncode == 1
+    assert one_error_line(start) == (
+        f"towerboard: error: job {job['id']} has no checkpoint past step 0 to finish at: "
+        f"`towerboard resume {job['id']}` trains it again from step 0"
+    )
     assert service.job(job["id"])["state"] == "cancelled"  # nothing changed
     _checkpoint(service, job["id"], 10)
     _checkpoint(service, job["id"], 20)

@@ -299,6 +299,13 @@ def test_open_tensorboard_through_proxy(
     expect(page.locator("#tensorboard-status")).to_have_text("TensorBoard is running: open it.")
     board.wait_for_timeout(1000)
     board.screenshot(path=screenshots / "dashboard-tensorboard.png")
+    # Its HParams tab, whose data come by POST through the proxy: the job's spec as a row.
+    board.goto(board.url.split("#")[0] + "#hparams")
+    expect(board.get_by_text("optimizer.learning_rate").first).to_be_visible(timeout=60_000)
+    # The trial, by the job's id (the time series' hidden run list names it too).
+    expect(board.locator(f"text={job_id} >> visible=true").first).to_be_visible()
+    board.wait_for_timeout(1000)
+    board.screenshot(path=screenshots / "dashboard-tensorboard-hparams.png")
     board.close()
     assert session.errors == []
 

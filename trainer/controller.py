@@ -392,8 +392,13 @@ class Controller:
             assert loop.out is not None
             agreed = loop.out["requests"].numpy() if in_cluster else requests
             stop_asked, checkpoint_asked = (bool(r) for r in agreed)
+            checkpoint_due = (
+                self.checkpointer.due_by_steps(step) or checkpoint_asked
+            ) and step < self.total_steps
             self._write_summaries(loop, step, images, scalars_due, last)
-            self._report_if_due(loop, step, step)
+            # A checkpoint's step is always reported: a job finished at that checkpoint
+            # later ("finish here") carries that report's loss and accuracy as its result.
+            self._report_if_due(loop, step, step, force=checkpoint_due)
             # A stop carried by the last step ends the job as one process's does: trained
             # (its final checkpoint and export), not cancelled at N of N with neither.
             if in_cluster and stop_asked and step < self.total_steps:
@@ -401,9 +406,7 @@ class Controller:
             e = self.spec.eval
             if _due(e.every_steps, step) and step < self.total_steps and not self.stop.is_set():
                 self._evaluate(step)
-            if (
-                self.checkpointer.due_by_steps(step) or checkpoint_asked
-            ) and step < self.total_steps:
+            if checkpoint_due:
                 self._save(step)
         return self._finish(loop, step)
 
@@ -527,12 +530,12 @@ class Controller:
         loop.time(time.monotonic() - began, loop.pending)
         loop.pending = []
 
-    def _report_if_due(self, loop: _Loop, at: int, launched: int) -> None:
-        """A progress line for step `at` (read) when one is due; `launched`: the last step
-        started, after which a profile request's steps come."""
+    def _report_if_due(self, loop: _Loop, at: int, launched: int, force: bool = False) -> None:
+        """A progress line for step `at` (read) when one is due, or `force`d; `launched`:
+        the last step started, after which a profile request's steps come."""
         assert loop.out is not None
         now = time.monotonic()
-        if not (loop.report_due(at, now) or at == self.total_steps):
+        if not (force or loop.report_due(at, now) or at == self.total_steps):
             return
         timed = loop.report_clock.take()
         step_seconds = None
@@ -616,8 +619,8 @@ class Controller:
 
     def _reported(self, step: int) -> dict[str, float | None]:
         """Loss, accuracy and examples/sec that progress.jsonl says of `step` (a cancelled
-        run's end line says no speed), or none of them where no line does (a run that
-        failed past a checkpoint it never reported: checkpoints by time fall anywhere)."""
+        run's end line says no speed), or none of them where no line does (a checkpoint
+        of an earlier version, which did not report each checkpoint's step)."""
         report = reported_at(self.rundir.progress, step) or {}
         return {k: report.get(k) for k in ("loss", "accuracy", "examples_per_sec")}
 

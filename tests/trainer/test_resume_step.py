@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.trainer.progress_lines import progress_lines
 from tests.trainer.test_resume import BASE, finished  # noqa: F401 - the shared fixture
 from tests.trainer.test_run import run_worker, with_
 
@@ -60,3 +61,30 @@ def test_resume_at_an_eval_step_evaluates_it_once(finished, tmp_path, evaluated)
 
     assert code == 0, log
     assert eval_steps(job_dir) == [30, 40]
+
+
+def test_finish_at_a_checkpoint_carries_the_loss_reported_of_its_step(finished, tmp_path):  # noqa: F811
+    # Each checkpoint's step is reported, however quick the steps: a job finished at one
+    # later ("finish here", `steps` set to its step) has that step's loss and accuracy as
+    # its result. Steps of milliseconds reported about every 0.25 s, so the checkpoints of
+    # 10 and 20 had no line of their own and such a finish's result said null.
+    lines = progress_lines(finished / "progress.jsonl")
+    reported = {line["step"]: line for line in lines if line["event"] == "progress"}
+    assert {10, 20, 30} <= set(reported), sorted(reported)
+    assert all(reported[step]["loss"] is not None for step in (10, 20, 30))
+
+    # As if the run failed past step 20 and lost its later checkpoint: finished at 20.
+    job_dir = tmp_path / "job"
+    shutil.copytree(finished, job_dir)
+    (job_dir / "result.json").unlink()
+    shutil.rmtree(job_dir / "export")
+    checkpoints = job_dir / "checkpoints"
+    for path in [*checkpoints.glob("ckpt-30.*"), checkpoints / "checkpoint"]:
+        path.unlink()
+
+    code, result, log = run_worker(job_dir, with_(BASE, steps=20))
+
+    assert code == 0, log
+    assert (result["outcome"], result["step"]) == ("succeeded", 20)
+    assert result["metrics"]["loss"] == reported[20]["loss"]
+    assert result["metrics"]["accuracy"] == reported[20]["accuracy"]

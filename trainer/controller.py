@@ -342,7 +342,17 @@ class Controller:
             **({"workers": self.cluster.workers} if self.cluster.is_multi_worker else {}),
         )
         # What an earlier process wrote to TensorBoard past here, this one writes again.
-        self.summaries.start(step + 1)
+        if step < self.total_steps:
+            self.summaries.start(step + 1)
+        else:
+            # Nothing to train: a job finished at a checkpoint of a run that went on past
+            # it (a failed one), or a worker restarted at the final checkpoint. Its train
+            # file is made now, so its START drops the steps that run charted past the
+            # checkpoint (a job that succeeded at step 200 charted loss on to 250, and
+            # HParams showed that as its last); its final eval writes the checkpoint's
+            # step again, so the eval's START is at it (else that step was drawn twice).
+            self.summaries.start(step + 1, eval=step)
+            self.summaries.open("train")
         if step == 0:
             self._write_hparams()
         self._trace_past_first_step(step + 1)

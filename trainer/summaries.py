@@ -279,6 +279,7 @@ class SummaryManager:
         self.logdir = logdir
         self._files: dict[str, EventFile] = {}
         self._start_step: int | None = None  # `start`'s
+        self._start_steps: dict[str, int] = {}  # `start`'s, of a sub-directory of its own
         self._warned_nonfinite: set[str] = set()  # the background thread's alone
         # Per sub-directory, the tags its file has metadata for (see the module doc).
         self._described: dict[str, set[str]] = {}
@@ -286,16 +287,25 @@ class SummaryManager:
         # Each pending call, with the tags it was first to describe (see `_collect`).
         self._pending: deque[tuple[Future[None], str, list[str]]] = deque()
 
-    def start(self, step: int) -> None:
+    def start(self, step: int, **firsts: int) -> None:
         """This process trains from `step` on: each event file it makes says so first, so
         that TensorBoard drops what an earlier process wrote from there on (see the module
-        doc). Before any summary is written."""
+        doc). `firsts`: a sub-directory's own first step, where this process writes it
+        from another (a final eval written again). Before any summary is written."""
         self._start_step = step
+        self._start_steps = dict(firsts)
+
+    def open(self, subdir: str) -> None:
+        """Make `subdir`'s event file now, not at its first summary: its START drops what
+        an earlier process wrote from there on even where this one writes nothing more."""
+        if self.logdir is not None:
+            self._file(subdir)
 
     def _file(self, subdir: str) -> EventFile:
         assert self.logdir is not None
         if subdir not in self._files:
-            self._files[subdir] = EventFile(self.logdir / subdir, self._start_step)
+            start = self._start_steps.get(subdir, self._start_step)
+            self._files[subdir] = EventFile(self.logdir / subdir, start)
         return self._files[subdir]
 
     def _add(

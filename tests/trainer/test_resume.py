@@ -316,18 +316,61 @@ def test_a_run_resumed_from_an_older_checkpoint_draws_each_step_once_in_tensorbo
     code, result, log = run_worker(job_dir)
     assert code == 0 and "resumed from step 20" in log, log
     for run, every in (("train", 5), ("eval", 10)):
-        loaded = plugin_event_accumulator.EventAccumulator(
-            str(job_dir / "tb" / run), size_guidance={plugin_event_accumulator.TENSORS: 0}
-        )
-        loaded.Reload()
-        # The graph each process writes (step 0) aside: the graphs plugin shows the last.
-        tags = [tag for tag in loaded.Tags()["tensors"] if tag != "__run_graph__"]
+        tags = tensorboard_steps(job_dir, run)
         assert tags
-        for tag in tags:
-            steps = [event.step for event in loaded.Tensors(tag)]
+        for tag, steps in tags.items():
             histograms = ("weights/", "gradients/", "activations/", "zero_fraction/")
             due = 10 if tag.startswith(histograms) else every
             # The job's first step writes each kind too, but the times: it is untimed.
             untimed = run == "eval" or tag in ("step_time_ms", "examples_per_sec")
             first = [] if untimed else [1]
             assert steps == [*first, *range(due, 41, due)], (run, tag, steps)
+
+
+def tensorboard_steps(job_dir: Path, run: str) -> dict[str, list[int]]:
+    """Each tag's steps in `run` as TensorBoard's Python loader (the service's) reads them:
+    what a later process's START drops, dropped. The graph each process writes (step 0)
+    aside: the graphs plugin shows the last."""
+    loaded = plugin_event_accumulator.EventAccumulator(
+        str(job_dir / "tb" / run), size_guidance={plugin_event_accumulator.TENSORS: 0}
+    )
+    loaded.Reload()
+    return {
+        tag: [event.step for event in loaded.Tensors(tag)]
+        for tag in loaded.Tags()["tensors"]
+        if tag != "__run_graph__"
+    }
+
+
+def test_a_job_finished_at_a_checkpoint_charts_nothing_past_it(tmp_path):
+    # "Finish here": a run that went on past its checkpoint of step 20 (failed at 40, its
+    # later checkpoint lost), resumed with `steps` 20, trains no step. TensorBoard kept
+    # that run's train points past 20, for a job that succeeded at 20 of 20 (HParams
+    # showed them as its last values), and drew the eval of step 20 twice.
+    spec = with_(
+        TINY,
+        towers=1,
+        eval={"every_steps": 10, "batches": 1},
+        summaries={"scalars_every": 5, "histograms_every": 10, "images_every": 0,
+                   "trace_steps": []},
+        checkpoint={"every_steps": 20, "every_seconds": 0, "keep": 3},
+    )  # fmt: skip
+    job_dir = tmp_path / "job"
+    code, _, log = run_worker(job_dir, spec)
+    assert code == 0, log
+    for lost in [
+        *(job_dir / "checkpoints").glob("ckpt-40.*"),
+        job_dir / "checkpoints" / "checkpoint",
+    ]:
+        lost.unlink()
+    (job_dir / "result.json").unlink()
+    shutil.rmtree(job_dir / "export")
+
+    code, result, log = run_worker(job_dir, with_(spec, steps=20))
+
+    assert code == 0, log
+    assert (result["outcome"], result["step"], result["eval"]["step"]) == ("succeeded", 20, 20)
+    train = tensorboard_steps(job_dir, "train")
+    assert train["loss"] == [1, 5, 10, 15, 20], train["loss"]
+    assert train["weights/dense/kernel"] == [1, 10, 20], train["weights/dense/kernel"]
+    assert tensorboard_steps(job_dir, "eval") == {"loss": [10, 20], "accuracy": [10, 20]}

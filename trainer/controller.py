@@ -178,7 +178,8 @@ def _due(every: int, step: int) -> bool:
 def _summary_due(every: int, step: int, last: bool) -> bool:
     """Whether a summary kind of cadence `every` is written at `step`: by the cadence, and
     also at the job's first and last steps. The first shows at once the inputs as the
-    towers got them, the initial weights and loss: a wrong scale or a dead layer shows in
+    towers got them, the weights one update from their initial values, and the initial
+    loss (of the weights before that update): a wrong scale or a dead layer shows in
     seconds, not after `histograms_every` steps (500 by default, minutes for a big model).
     A resumed worker's first step is not the job's, and the charts have it already."""
     return bool(every) and (step % every == 0 or step == 1 or last)

@@ -287,32 +287,41 @@ def test_what_a_save_cut_short_left_is_removed(run):
     assert not (job_dir / "checkpoints" / "ckpt-40_temp").exists()
 
 
-def test_a_run_resumed_from_an_older_checkpoint_draws_each_step_once_in_tensorboard(tmp_path):
-    # A worker killed past its latest checkpoint (the OOM killer): its next attempt trains
-    # those steps again. TensorBoard's Python loader, the service's (--load_fast false),
-    # drew them twice: every chart went back from where the dead worker got to.
-    spec = with_(
-        TINY,
-        towers=1,
-        eval={"every_steps": 10, "batches": 1},
-        summaries={
-            "scalars_every": 5,
-            "histograms_every": 10,
-            "images_every": 0,
-            "trace_steps": [],
-        },
-        checkpoint={"every_steps": 20, "every_seconds": 0, "keep": 3},
-    )
+# Scalars every 5 steps, histograms and evals every 10, checkpoints at 20 and 40.
+CHARTED = with_(
+    TINY,
+    towers=1,
+    eval={"every_steps": 10, "batches": 1},
+    summaries={
+        "scalars_every": 5,
+        "histograms_every": 10,
+        "images_every": 0,
+        "trace_steps": [],
+    },
+    checkpoint={"every_steps": 20, "every_seconds": 0, "keep": 3},
+)
+
+
+def charted_past_its_checkpoint(tmp_path: Path) -> Path:
+    """A run of CHARTED to its end, then as if killed at its last step before it saved:
+    its latest checkpoint at step 20, its charts on to step 40."""
     job_dir = tmp_path / "job"
-    code, _, log = run_worker(job_dir, spec)
+    code, _, log = run_worker(job_dir, CHARTED)
     assert code == 0, log
-    # As if killed at its last step, with its latest checkpoint at step 20.
     for lost in [
         *(job_dir / "checkpoints").glob("ckpt-40.*"),
         job_dir / "checkpoints" / "checkpoint",
     ]:
         lost.unlink()
     (job_dir / "result.json").unlink()
+    return job_dir
+
+
+def test_a_run_resumed_from_an_older_checkpoint_draws_each_step_once_in_tensorboard(tmp_path):
+    # A worker killed past its latest checkpoint (the OOM killer): its next attempt trains
+    # those steps again. TensorBoard's Python loader, the service's (--load_fast false),
+    # drew them twice: every chart went back from where the dead worker got to.
+    job_dir = charted_past_its_checkpoint(tmp_path)
     code, result, log = run_worker(job_dir)
     assert code == 0 and "resumed from step 20" in log, log
     for run, every in (("train", 5), ("eval", 10)):
@@ -347,26 +356,10 @@ def test_a_job_finished_at_a_checkpoint_charts_nothing_past_it(tmp_path):
     # later checkpoint lost), resumed with `steps` 20, trains no step. TensorBoard kept
     # that run's train points past 20, for a job that succeeded at 20 of 20 (HParams
     # showed them as its last values), and drew the eval of step 20 twice.
-    spec = with_(
-        TINY,
-        towers=1,
-        eval={"every_steps": 10, "batches": 1},
-        summaries={"scalars_every": 5, "histograms_every": 10, "images_every": 0,
-                   "trace_steps": []},
-        checkpoint={"every_steps": 20, "every_seconds": 0, "keep": 3},
-    )  # fmt: skip
-    job_dir = tmp_path / "job"
-    code, _, log = run_worker(job_dir, spec)
-    assert code == 0, log
-    for lost in [
-        *(job_dir / "checkpoints").glob("ckpt-40.*"),
-        job_dir / "checkpoints" / "checkpoint",
-    ]:
-        lost.unlink()
-    (job_dir / "result.json").unlink()
+    job_dir = charted_past_its_checkpoint(tmp_path)
     shutil.rmtree(job_dir / "export")
 
-    code, result, log = run_worker(job_dir, with_(spec, steps=20))
+    code, result, log = run_worker(job_dir, with_(CHARTED, steps=20))
 
     assert code == 0, log
     assert (result["outcome"], result["step"], result["eval"]["step"]) == ("succeeded", 20, 20)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from trainer.datafiles import _masked_crc32c
+
 
 def write_lying_npz(path: Path) -> Path:
     """An .npz whose `x.npy` header says shape (10^6, 1000, 1000) of uint8 (10^12 bytes),
@@ -45,3 +47,10 @@ def flag_first_member_encrypted(path: Path) -> None:
     entry = data.index(b"PK\x01\x02")  # the first member's directory entry
     data[entry + 8] |= 0x01
     path.write_bytes(bytes(data))
+
+
+def tfrecord_header(length: int) -> bytes:
+    """A TFRecord record's 12-byte header claiming `length` bytes of data: the length and
+    its masked CRC-32C, right, so TensorFlow's reader takes it for a record's."""
+    size = length.to_bytes(8, "little")
+    return size + _masked_crc32c(size)

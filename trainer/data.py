@@ -30,6 +30,7 @@ from trainer.datafiles import (
     ZIP_READ_ERRORS,
     DataFiles,
     DataFilesError,
+    check_tfrecord_framing,
     dtype_problem,
     idx_pair_problem,
     idx_size_problem,
@@ -801,7 +802,6 @@ def _npy(archive: zipfile.ZipFile, name: str) -> np.ndarray:
         return array
 
 
-_TFRECORD_FRAMING = 16  # bytes around each record's data in an uncompressed file
 _TFRECORD_FEATURES = {
     name: tf.io.FixedLenFeature([], tf.string if dtype == "string" else tf.int64)
     if required
@@ -818,27 +818,26 @@ def _read_tfrecord(path: Path) -> _Chunk | None:
     feeds by index, so its checkpoints hold positions instead of buffered records.
     """
     compressed = tfrecord_compressed(path)
+    try:
+        # Before TensorFlow reads it: a header claiming 2^40 bytes killed the worker
+        # (SIGSEGV) as TensorFlow allocated them, and a file that ends inside a header
+        # read as one that ends before it, dropping the rest without a word.
+        check_tfrecord_framing(path)
+    except DataFilesError as error:
+        raise DataError(str(error)) from None
     dataset = (
         tf.data.TFRecordDataset([str(path)], compression_type="GZIP" if compressed else "")
         # 256 records a parse: one at a time is 10x slower, and a batch's strings are held
         # a few times over while its images are copied out (1,024 16-KiB images took 160 MB)
         .batch(256)
-        .map(
-            lambda records: (
-                tf.io.parse_example(records, _TFRECORD_FEATURES),
-                tf.strings.length(records),
-            )
-        )
+        .map(lambda records: tf.io.parse_example(records, _TFRECORD_FEATURES))
     )
     images: list[np.ndarray] = []
     labels: list[np.ndarray] = []
     shape: tuple[int, int, int] | None = None
     first = 0  # index of the batch's first record, for messages
-    consumed = 0  # bytes of the file the records read so far take up
     try:
-        for batch, record_sizes in dataset.as_numpy_iterator():
-            # Each record: an 8-byte length, its CRC (4), the data, the data's CRC (4).
-            consumed += int(record_sizes.sum()) + _TFRECORD_FRAMING * len(record_sizes)
+        for batch in dataset.as_numpy_iterator():
             batch_shape = _record_shape(batch, first, path)
             if shape is not None and batch_shape != shape:
                 raise DataError(
@@ -873,14 +872,6 @@ def _read_tfrecord(path: Path) -> _Chunk | None:
         # said only "'utf-8' codec can't decode byte 0xff in position 267".
         reason = "Could not parse example input: a record that is no tf.train.Example"
         raise DataError(tfexample.example_problem(reason, path)) from None
-    if not compressed and consumed != (size := path.stat().st_size):
-        # TensorFlow reads a file that ends inside a record's 12-byte header as if it ended
-        # after the record before: the examples after the cut would be lost without a word.
-        reason = (
-            f"{first} whole records end at byte {consumed:,} of {size:,}, then "
-            f"{size - consumed} bytes that are no whole record"
-        )
-        raise DataError(unreadable_tfrecord(reason, path))
     if shape is None:  # an empty file (one that is not empty and holds no record failed above)
         return None
     return _checked(

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import gzip
+import json
 import logging
+import os
 import struct
+import subprocess
+import sys
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -16,6 +21,7 @@ import tensorflow as tf
 from tests.damaged_files import (
     damage_first_member,
     flag_first_member_encrypted,
+    tfrecord_header,
     write_lying_npz,
 )
 from tests.tfrecords import write_examples, write_tfrecord
@@ -753,9 +759,29 @@ def test_load_arrays_tfrecord_unreadable_file_says_what_it_looks_like(
 
 
 def test_load_arrays_tfrecord_cut_short(tmp_path: Path) -> None:
-    # TensorFlow's own message, without the function and op names it wraps around it.
+    # Found by the walk of the headers before TensorFlow reads the file.
     path = write_tfrecord(tmp_path / "a.tfrecord", images(4, (8, 8, 1)), [0, 1, 2, 3])
-    path.write_bytes(path.read_bytes()[:-20])
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-20])
+
+    with pytest.raises(DataError) as error:
+        load_arrays(spec("tfrecord", path), seed=0)
+
+    record = len(whole) // 4  # each record's bytes, its header and checksum with them
+    assert str(error.value) == (
+        "Expected readable TFRecord files. Received: a damaged, cut-short or non-TFRecord file: "
+        f"record 3's header (at byte {3 * record:,}) says {record - 16} bytes of data and a "
+        f"4-byte checksum follow it, and {record - 32} bytes do ({path})"
+    )
+
+
+def test_load_arrays_tfrecord_damaged_data_says_what_tensorflow_says(tmp_path: Path) -> None:
+    # A record's data that fails its checksum is TensorFlow's to find (the walk reads
+    # headers alone): its own message, without the function and op names it wraps.
+    path = write_tfrecord(tmp_path / "a.tfrecord", images(4, (8, 8, 1)), [0, 1, 2, 3])
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0xFF  # in the last record's data
+    path.write_bytes(bytes(data))
 
     with pytest.raises(DataError) as error:
         load_arrays(spec("tfrecord", path), seed=0)
@@ -764,7 +790,7 @@ def test_load_arrays_tfrecord_cut_short(tmp_path: Path) -> None:
     assert message.startswith(
         "Expected readable TFRecord files. Received: a damaged, cut-short or non-TFRecord file: "
     )
-    assert "truncated record" in message and message.endswith(f" ({path})")
+    assert "corrupted record at" in message and message.endswith(f" ({path})")
     assert "function_node" not in message and "[Op:" not in message
 
 
@@ -785,6 +811,122 @@ def test_load_arrays_tfrecord_cut_inside_a_record_header(tmp_path: Path, left: i
         f"2 whole records end at byte {half:,} of {half + left:,}, then {left} bytes that are "
         f"no whole record ({path})"
     )
+
+
+@pytest.mark.parametrize("left", [1, 11])
+def test_load_arrays_gzipped_tfrecord_cut_inside_a_record_header(tmp_path: Path, left: int) -> None:
+    # TensorFlow's gzip reader drops the bytes after the last whole record as its plain
+    # one does, and a gzip'd file's size says nothing of its records: the walk of the
+    # inflated stream finds them.
+    whole = write_tfrecord(tmp_path / "a.tfrecord", images(4, (8, 8, 1)), [0, 1, 2, 3]).read_bytes()
+    path = tmp_path / "a.tfrecord.gz"
+    path.write_bytes(gzip.compress(whole + whole[:left]))
+
+    with pytest.raises(DataError) as error:
+        load_arrays(spec("tfrecord", path), seed=0)
+
+    assert str(error.value) == (
+        "Expected readable TFRecord files. Received: a damaged, cut-short or non-TFRecord file: "
+        f"4 whole records end at byte {len(whole):,} of {len(whole) + left:,} inflated, then "
+        f"{left} bytes that are no whole record ({path})"
+    )
+
+
+def test_load_arrays_gzipped_tfrecord_damaged_inside_names_the_file(tmp_path: Path) -> None:
+    path = write_tfrecord(tmp_path / "a.tfrecord.gz", images(4, (8, 8, 1)), [0, 1, 2, 3])
+    damage_first_member(path)
+
+    with pytest.raises(DataError) as error:
+        load_arrays(spec("tfrecord", path), seed=0)
+
+    assert str(error.value) == (
+        "Expected a readable gzip file. Received: Error -3 while decompressing data: invalid "
+        f"block type ({path})"
+    )
+
+
+REPO = Path(__file__).resolve().parents[2]
+# The worker's reader, in a process of its own: a TensorFlow killed by what a file claims
+# (SIGSEGV) takes its process with it, which must not be the test run's. One line of JSON
+# a file: what the worker says of it, or how many examples it read and their checksum.
+_READ_EACH = """
+import json, sys, zlib
+from trainer.data import load_arrays
+from trainer.spec import DataSpec
+for path in sys.argv[1:]:
+    try:
+        arrays = load_arrays(DataSpec(format="tfrecord", path=path, eval_fraction=0), seed=0)
+        said = [len(arrays.x_train), zlib.crc32(arrays.x_train.tobytes())]
+    except ValueError as error:
+        said = str(error)
+    print(json.dumps(said), flush=True)
+"""
+
+
+def _worker_reads(paths: list[Path]) -> list[Any]:
+    """What the worker's reader says of each file, read one after the other in a process."""
+    result = subprocess.run(
+        [sys.executable, "-c", _READ_EACH, *map(str, paths)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"},
+        timeout=120,
+    )
+    said = [json.loads(line) for line in result.stdout.splitlines()]
+    assert result.returncode == 0, (
+        f"the worker's reader died (exit {result.returncode}) reading {paths[len(said)]}; "
+        f"it said {said} of the files before; stderr: {result.stderr[-1500:]}"
+    )
+    return said
+
+
+def test_load_arrays_tfrecord_header_claiming_too_much_fails_the_job_not_the_worker(
+    tmp_path: Path,
+) -> None:
+    # A header claiming 2^40 bytes, its checksum right: TensorFlow allocated what it
+    # claimed and the worker died of SIGSEGV (the service then retried it as a crash). The
+    # service refuses such a first record in a plain file; a later one, or one in a gzip'd
+    # file (whose reader held what the stream had left), reached the worker.
+    x = images(4, (8, 8, 1))
+    good = write_tfrecord(tmp_path / "good.tfrecord", x, [0, 1, 2, 3])
+    records = good.read_bytes()
+    lie = tfrecord_header(2**40) + bytes(100)
+    noise = b"\xff" * 8 + bytes(4) + bytes(100)  # no header: its length's checksum fails
+    files = {
+        "plain-later.tfrecord": records + lie,
+        "gz-first.tfrecord.gz": gzip.compress(lie),
+        "gz-later.tfrecord.gz": gzip.compress(records + lie),
+        "plain-noise.tfrecord": records + noise,
+        "gz-good.tfrecord.gz": gzip.compress(records),
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    paths = [tmp_path / name for name in files] + [good]
+
+    said = dict(zip([path.name for path in paths], _worker_reads(paths), strict=True))
+
+    def past(where: str, path: Path) -> str:
+        return (
+            "Expected readable TFRecord files. Received: a damaged, cut-short or non-TFRecord "
+            f"file: {where} says 1,099,511,627,776 bytes of data and a 4-byte checksum follow "
+            f"it, and 100 bytes do ({path})"
+        )
+
+    at = f"at byte {len(records)}"
+    assert said["plain-later.tfrecord"] == past(
+        f"record 4's header ({at})", tmp_path / "plain-later.tfrecord"
+    )
+    assert said["gz-first.tfrecord.gz"] == past(
+        "its first record's header", tmp_path / "gz-first.tfrecord.gz"
+    )
+    assert said["gz-later.tfrecord.gz"] == past(
+        f"record 4's header ({at} of the inflated stream)", tmp_path / "gz-later.tfrecord.gz"
+    )
+    # What TensorFlow says of a header whose checksum fails, before it reads on.
+    assert f"corrupted record at {len(records)}" in said["plain-noise.tfrecord"]
+    # Good files read the same, plain and gzip'd.
+    assert said["gz-good.tfrecord.gz"] == said["good.tfrecord"] == [4, zlib.crc32(x.tobytes())]
 
 
 def test_load_arrays_tfrecord_skips_empty_shards(tmp_path: Path, caplog) -> None:

@@ -1,5 +1,6 @@
-"""Tests of `trainer.tfexample`, the service's reading of a TFRecord file's first record, and
-`trainer.datafiles.check_tfrecord_files`, against records and files TensorFlow writes."""
+"""Tests of `trainer.tfexample`, the service's reading of a TFRecord file's first record,
+`trainer.datafiles.check_tfrecord_files`, and the worker's walk of every record header
+(`check_tfrecord_framing`), against records and files TensorFlow writes."""
 
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.damaged_files import damage_first_member, tfrecord_header
 from tests.tfrecords import write_examples, write_tfrecord
 from trainer.data import DataError, load_arrays
 from trainer.datafiles import (
     FIRST_RECORD_CAP,
+    FRAMING_CHUNK,
     DataFilesError,
-    _masked_crc32c,
     check_tfrecord_files,
+    check_tfrecord_framing,
     resolve_files,
 )
 from trainer.spec import DataSpec
@@ -295,20 +298,17 @@ def test_check_tfrecord_files_refuses_a_first_record_cut_short(tmp_path: Path, n
         path = tmp_path / name
         cut = data[:keep]
         path.write_bytes(gzip.compress(cut) if name.endswith(".gz") else cut)
-        assert _worker_says(path).startswith(
-            "Expected readable TFRecord files. Received: a damaged, cut-short or "
-            "non-TFRecord file: truncated record at 0"
+        # The worker walks every record's header before TensorFlow reads the file, and
+        # says of the first what the service says.
+        assert (
+            _worker_says(path)
+            == _service_says(path)
+            == (
+                "Expected readable TFRecord files. Received: a damaged, cut-short or non-TFRecord "
+                f"file: its first record's header says {length} bytes of data and a 4-byte "
+                f"checksum follow it, and {keep - 12} bytes do ({path})"
+            )
         )
-        assert _service_says(path) == (
-            "Expected readable TFRecord files. Received: a damaged, cut-short or non-TFRecord "
-            f"file: its first record's header says {length} bytes of data and a 4-byte "
-            f"checksum follow it, and {keep - 12} bytes do ({path})"
-        )
-
-
-def _header(length: int) -> bytes:
-    size = length.to_bytes(8, "little")
-    return size + _masked_crc32c(size)
 
 
 def test_check_tfrecord_files_reads_no_more_of_a_first_record_than_its_cap(
@@ -318,7 +318,7 @@ def test_check_tfrecord_files_reads_no_more_of_a_first_record_than_its_cap(
     # from the file's size, unread. The worker's TensorFlow died of it (SIGSEGV, no word).
     plain = tmp_path / "plain" / "a.tfrecord"
     plain.parent.mkdir()
-    plain.write_bytes(_header(2**40) + bytes(100))
+    plain.write_bytes(tfrecord_header(2**40) + bytes(100))
     assert _service_says(plain).endswith(
         f"its first record's header says {2**40:,} bytes of data and a 4-byte checksum follow "
         f"it, and 100 bytes do ({plain})"
@@ -328,7 +328,7 @@ def test_check_tfrecord_files_reads_no_more_of_a_first_record_than_its_cap(
     packed = tmp_path / "packed" / "a.tfrecord.gz"
     packed.parent.mkdir()
     with gzip.open(packed, "wb") as stream:
-        stream.write(_header(FIRST_RECORD_CAP + 1))
+        stream.write(tfrecord_header(FIRST_RECORD_CAP + 1))
         for _ in range(FIRST_RECORD_CAP // 2**20 + 1):
             stream.write(bytes(2**20))
         stream.write(bytes(4))
@@ -343,7 +343,7 @@ def test_check_tfrecord_files_reads_no_more_of_a_first_record_than_its_cap(
     with gzip.open(packed, "wb") as stream:
         # A field of wire type 7 (zeros alone are fields numbered 0, which TensorFlow skips,
         # more of them than `tfexample.MAX_FIELDS`: left to the worker).
-        stream.write(_header(FIRST_RECORD_CAP) + b"\x07" + bytes(FIRST_RECORD_CAP + 3))
+        stream.write(tfrecord_header(FIRST_RECORD_CAP) + b"\x07" + bytes(FIRST_RECORD_CAP + 3))
     assert "a first record that is no tf.train.Example: a field of wire type 7" in _service_says(
         packed
     )
@@ -417,3 +417,110 @@ def test_check_tfrecord_files_says_what_the_worker_says_of_a_record_of_zeros(
     path = _write_record(tmp_path / "a.tfrecord", bytes(64))
     assert _service_says(path) == _worker_says(path)
     assert "Feature: image_raw (data type: string) is required" in _service_says(path)
+
+
+# --- the worker's walk of every record header (`check_tfrecord_framing`) ---------------
+
+# Records of lengths that put headers on, across and past every boundary of small chunks.
+LENGTHS = [0, 1, 5, 11, 12, 13, 100, 3000, 0, 7]
+
+
+def _records(path: Path) -> bytes:
+    """A TFRecord file of records of `LENGTHS` bytes, as TensorFlow writes it; its bytes
+    (inflated, for a gzip'd one)."""
+    plain = path.with_name(path.name + ".plain")
+    with tf.io.TFRecordWriter(str(plain)) as writer:
+        for length in LENGTHS:
+            writer.write(bytes(range(256)) * (length // 256) + bytes(range(length % 256)))
+    data = plain.read_bytes()
+    path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
+    return data
+
+
+CHUNKS = [1, 7, 12, 13, 64, 4096, FRAMING_CHUNK]
+
+
+@pytest.mark.parametrize("name", ["a.tfrecord", "a.tfrecord.gz"])
+def test_check_tfrecord_framing_walks_every_header_whatever_its_pieces(
+    tmp_path: Path, name: str
+) -> None:
+    path = tmp_path / name
+    data = _records(path)
+    for chunk in CHUNKS:
+        assert check_tfrecord_framing(path, chunk) == len(LENGTHS), chunk
+
+    # A record whose header claims more than follows it, at any record: its index and
+    # where it begins (in a gzip'd file, in the inflated stream) are named.
+    inflated = " of the inflated stream" if name.endswith(".gz") else ""
+    for claim, held in ((2**40, 100), (2**63, 100), (2**64 - 1, 0), (50, 49)):
+        lying = data + tfrecord_header(claim) + bytes(held)
+        path.write_bytes(gzip.compress(lying) if name.endswith(".gz") else lying)
+        for chunk in CHUNKS:
+            with pytest.raises(DataFilesError) as error:
+                check_tfrecord_framing(path, chunk)
+            assert str(error.value) == (
+                "Expected readable TFRecord files. Received: a damaged, cut-short or "
+                f"non-TFRecord file: record {len(LENGTHS)}'s header (at byte {len(data):,}"
+                f"{inflated}) says {claim:,} bytes of data and a 4-byte checksum follow it, "
+                f"and {held:,} bytes do ({path})"
+            ), chunk
+
+    # A file that ends inside a header, which TensorFlow read as one that ends before it.
+    cut = data + tfrecord_header(10)[:5]
+    path.write_bytes(gzip.compress(cut) if name.endswith(".gz") else cut)
+    for chunk in CHUNKS:
+        with pytest.raises(DataFilesError) as error:
+            check_tfrecord_framing(path, chunk)
+        assert str(error.value).endswith(
+            f"file: {len(LENGTHS)} whole records end at byte {len(data):,} of "
+            f"{len(data) + 5:,}{' inflated' if name.endswith('.gz') else ''}, then 5 bytes "
+            f"that are no whole record ({path})"
+        ), chunk
+
+
+@pytest.mark.parametrize("name", ["a.tfrecord", "a.tfrecord.gz"])
+def test_check_tfrecord_framing_leaves_a_header_that_fails_its_checksum_to_tensorflow(
+    tmp_path: Path, name: str
+) -> None:
+    # Bytes that are no header claim nothing: TensorFlow checks a length's checksum before
+    # it reads on, and says "corrupted record at N" (tests/trainer/test_data.py).
+    path = tmp_path / name
+    data = _records(path) + b"\xff" * 8 + b"\0" * 4 + bytes(10)
+    path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    for chunk in CHUNKS:
+        assert check_tfrecord_framing(path, chunk) == len(LENGTHS), chunk
+
+
+def test_check_tfrecord_framing_of_a_gzip_bomb_holds_one_piece(tmp_path: Path) -> None:
+    # TensorFlow's gzip reader held what the stream had left behind such a header (2 GiB
+    # for a 2 MB file); the walk inflates it a piece at a time, holding none of it.
+    path = tmp_path / "a.tfrecord.gz"
+    with gzip.open(path, "wb") as stream:
+        stream.write(tfrecord_header(2**40))
+        for _ in range(32):
+            stream.write(bytes(2**20))
+    assert path.stat().st_size < 2**16
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataFilesError) as error:
+            check_tfrecord_framing(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert str(error.value).endswith(
+        f"its first record's header says {2**40:,} bytes of data and a 4-byte checksum follow "
+        f"it, and {32 * 2**20:,} bytes do ({path})"
+    )
+    assert peak < 8 * FRAMING_CHUNK, peak  # a few copies of a piece, of 32 MiB inflated
+
+
+def test_check_tfrecord_framing_of_a_damaged_gzip_stream_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "a.tfrecord.gz"
+    _records(path)
+    damage_first_member(path)
+    with pytest.raises(DataFilesError) as error:
+        check_tfrecord_framing(path)
+    assert str(error.value) == (
+        "Expected a readable gzip file. Received: Error -3 while decompressing data: invalid "
+        f"block type ({path})"
+    )

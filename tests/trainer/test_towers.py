@@ -755,3 +755,21 @@ def test_the_graphs_tab_draws_the_step_as_its_scopes():
     # Left at the top: the function's arguments and what it returns, nothing it computes.
     unscoped = {op.type for op in graph.get_operations() if "/" not in op.name}
     assert unscoped <= {"Placeholder", "Identity", "NoOp"}, unscoped
+
+
+def test_the_graph_names_each_layer_scope_one_past_the_layer():
+    # What the README says of the graphs tab and the trace: Keras 3 enters a layer's name
+    # scope twice a call (to build it, which adds no op, then to call it), so the ops are
+    # under the second, uniquified name: the model's `cnn_1`, the layer `conv2d`'s
+    # `conv2d_1` and `conv2d_1`'s `conv2d_1_2`, which the histograms' tags name `conv2d`
+    # and `conv2d_1`. Should a Keras fix this, this fails, and the README's line goes.
+    trainer = make_trainer(2, model="cnn", params={"filters": [2, 2], "dense": 4})
+    layers = [layer.name for layer in trainer.model.layers if layer.weights]
+    assert layers == ["conv2d", "conv2d_1", "dense", "logits"]
+    graph = trainer.train_function.get_concrete_function().graph
+    forward = {
+        "/".join(op.name.split("/")[1:3])
+        for op in graph.get_operations()
+        if op.name.startswith("tower_0/") and op.type in ("Conv2D", "MatMul", "_FusedConv2D")
+    }
+    assert forward == {"cnn_1/conv2d_1", "cnn_1/conv2d_1_2", "cnn_1/dense_1", "cnn_1/logits_1"}

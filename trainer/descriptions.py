@@ -10,13 +10,23 @@ from __future__ import annotations
 import re
 
 _EMA = "with the EMA weights when `ema_decay` is set"
+# How a step computes its loss and accuracy, and how an eval does: charted together, a
+# train curve below its eval one (dropout, augmentation) looked like a fault otherwise.
+_TRAINING = (
+    "its inputs as `data.augment` made them, dropout on, batch norm's batch statistics, the "
+    "weights before its update"
+)
+_INFERENCE = "in inference (inputs not augmented, dropout off, batch norm's moving statistics)"
 
 # (sub-directory, tag pattern, description); `{i}` is the tower, `{name}` the variable.
 _TABLE: list[tuple[str, str, str]] = [
     ("train", r"loss",
-     "Mean loss of this step's global batch, over every tower (cross-entropy; the L2 "
-     "weight decay and a custom model's own regularizer losses are not in it)."),
-    ("train", r"accuracy", "Fraction of this step's global batch classified right (0 to 1)."),
+     "Mean loss of this step's global batch, over every tower, as the step trained on it: "
+     f"{_TRAINING} (cross-entropy; the L2 weight decay and a custom model's own regularizer "
+     "losses are not in it). The `eval` run's loss, in the same chart, is in inference."),
+    ("train", r"accuracy",
+     "Fraction of this step's global batch classified right (0 to 1), as the step trained "
+     f"on it: {_TRAINING}. The `eval` run's accuracy, in the same chart, is in inference."),
     ("train", r"learning_rate",
      "Learning rate this step's update used: the linear warm-up, then the schedule."),
     ("train", r"grad_norm",
@@ -60,9 +70,9 @@ _TABLE: list[tuple[str, str, str]] = [
      "Fraction of layer `{name}`'s outputs that are exactly 0, of those its "
      "`activations/{name}` histogram shows at this step (a ReLU's units switched off). "
      "One that climbs toward 1 is a layer going dead."),
-    ("eval", r"loss", f"Mean loss over the held-out eval batches, {_EMA}."),
+    ("eval", r"loss", f"Mean loss over the held-out eval batches, {_INFERENCE}, {_EMA}."),
     ("eval", r"accuracy",
-     f"Fraction of the held-out eval examples classified right (0 to 1), {_EMA}."),
+     f"Fraction of the held-out eval examples classified right (0 to 1), {_INFERENCE}, {_EMA}."),
 ]  # fmt: skip
 
 _COMPILED = [(subdir, re.compile(pattern), text) for subdir, pattern, text in _TABLE]

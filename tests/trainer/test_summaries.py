@@ -291,6 +291,11 @@ def test_describe_knows_the_tags_a_job_writes():
         assert describe(subdir, tag), (subdir, tag)
     assert describe("train", "tower_12/loss").startswith("Mean loss of the examples tower 12")
     assert describe("eval", "grad_norm") == describe("train", "no such tag") == ""
+    # Train and eval share a chart: each says how it was computed, so a train curve below
+    # its eval one reads as dropout and augmentation, not as a fault.
+    for tag in ("loss", "accuracy"):
+        assert "dropout on" in describe("train", tag)
+        assert "dropout off" in describe("eval", tag)
 
 
 @pytest.mark.parametrize(

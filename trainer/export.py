@@ -6,6 +6,10 @@ job trained on them (integer pixels divided by 255; float data as it was given):
   `probabilities` (softmax; for a one-logit binary model, the sigmoid of shape (batch, 1))
   and `classes` (the predicted class id, int32 of shape (batch,)).
 - `serve` answers the logits alone, the one output of Keras's own `model.export`.
+Both check each batch's shape against the job's image shape first, in the graph, as a
+loaded signature does not (images of (batch, H, W) without their channel axis would
+otherwise reach a convolution, which aborts the caller's whole process on a CPU host):
+a wrong shape is an InvalidArgumentError naming the shape expected.
 The weights are the EMA's when the job kept one. The directory is written whole under a
 temporary name and then renamed, so a reader never sees half an export.
 """
@@ -39,19 +43,22 @@ def predictions(logits: tf.Tensor, binary: bool) -> dict[str, tf.Tensor]:
 def export_model(trainer: TowerTrainer, image_shape: Sequence[int], export_dir: Path) -> None:
     """Write `trainer.model` (EMA weights when enabled) as a SavedModel at `export_dir`."""
     model = trainer.model
-    signature = [tf.TensorSpec([None, *image_shape], tf.float32, name="images")]
+    shape = [None, *image_shape]
+    signature = [tf.TensorSpec(shape, tf.float32, name="images")]
+
+    def logits(images: tf.Tensor) -> tf.Tensor:
+        return model(tf.ensure_shape(images, shape), training=False)
+
     tmp = export_dir.with_name(f".{export_dir.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     archive = keras.export.ExportArchive()
     archive.track(model)
     # Keras would alias the first endpoint as `serving_default`; naming one so keeps it
     # from doing that.
-    archive.add_endpoint(
-        "serve", lambda images: model(images, training=False), input_signature=signature
-    )
+    archive.add_endpoint("serve", logits, input_signature=signature)
     archive.add_endpoint(
         "serving_default",
-        lambda images: predictions(model(images, training=False), trainer.binary),
+        lambda images: predictions(logits(images), trainer.binary),
         input_signature=signature,
     )
     with trainer.eval_weights():  # the variables' values are read as the archive is written

@@ -5,9 +5,10 @@ from pathlib import Path
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
-from tests.trainer.test_towers import SHAPE, batch, make_trainer
+from tests.trainer.test_towers import CLASSES, SHAPE, batch, make_trainer
 from trainer.export import export_model
 from trainer.models import build_model
 from trainer.optim import make_optimizer
@@ -111,3 +112,19 @@ def test_export_replaces_an_earlier_export_whole(tmp_path: Path) -> None:
     assert not (tmp_path / "export" / "stale.txt").exists()
     assert (tmp_path / "export" / "saved_model.pb").exists()
     assert not (tmp_path / ".export.tmp").exists()
+
+
+def test_export_refuses_images_of_another_shape_naming_the_one_it_takes(tmp_path: Path) -> None:
+    # A loaded signature does not check its input's shape: images without their channel
+    # axis reached the model (a CPU convolution then aborts the caller's process; an mlp
+    # flattened them and answered as if nothing were wrong).
+    export_model(make_trainer(1), SHAPE, tmp_path / "export")
+    loaded = tf.saved_model.load(str(tmp_path / "export"))
+    x, _ = batch(4)
+    for wrong in (x[..., 0], np.zeros((4, 9, 9, 1), np.float32)):
+        for endpoint in ("serving_default", "serve"):
+            with pytest.raises(
+                tf.errors.InvalidArgumentError, match=r"expected shape \[\?,8,8,1\]"
+            ):
+                loaded.signatures[endpoint](images=tf.constant(wrong))
+    assert loaded.signatures["serve"](images=tf.constant(x))["output_0"].shape == (4, CLASSES)

@@ -683,6 +683,7 @@ _EVENTS_A_WRITE = 256
 
 LOG_OFFSET_HEADER = "X-Log-Offset"
 _LOG_READ_BYTES = 1024 * 1024
+_LOG_TAIL = 200  # lines, unless `tail` says
 
 
 @router.get(
@@ -702,7 +703,10 @@ _LOG_READ_BYTES = 1024 * 1024
 def read_job_logs(
     job: JobDep,
     runtime: RuntimeDep,
-    tail: Annotated[int, Query(ge=1, le=100_000, description="How many last lines")] = 200,
+    tail: Annotated[
+        int | None,
+        Query(ge=1, le=100_000, description=f"How many last lines ({_LOG_TAIL} unless given)"),
+    ] = None,
     offset: Annotated[
         int | None,
         Query(
@@ -712,13 +716,41 @@ def read_job_logs(
         ),
     ] = None,
     limit: Annotated[
-        int,
-        Query(ge=1, le=16 * _LOG_READ_BYTES, description="With `offset`: at most this many bytes"),
-    ] = _LOG_READ_BYTES,
+        int | None,
+        Query(
+            ge=1,
+            le=16 * _LOG_READ_BYTES,
+            description=f"With `offset`: at most this many bytes ({_LOG_READ_BYTES} unless given)",
+        ),
+    ] = None,
 ) -> PlainTextResponse:
     """The job's worker.log (empty before its worker starts): the last `tail` lines, or
     whole lines from byte `offset` on. Either way the `X-Log-Offset` header says where to
     read on from, so a follower sees every line once."""
+    # Each reads the log its own way: one given with the other's would be left unread.
+    if offset is not None and tail is not None:
+        raise FieldErrors(
+            [
+                {
+                    "field": "query.tail",
+                    "message": "Expected `tail` or `offset`, not both: `tail` reads the last "
+                    "lines, `offset` reads on from a byte. "
+                    f"Received: tail={tail}, offset={offset}",
+                }
+            ]
+        )
+    if offset is None and limit is not None:
+        raise FieldErrors(
+            [
+                {
+                    "field": "query.limit",
+                    "message": "Expected `limit` with `offset` only: it caps the bytes read "
+                    f"from `offset` on (a tail reads `tail` lines). Received: limit={limit}",
+                }
+            ]
+        )
+    tail = _LOG_TAIL if tail is None else tail
+    limit = _LOG_READ_BYTES if limit is None else limit
     run = _run(runtime.settings, job)
     read = _read_log(run, tail, offset, limit)
     if not isinstance(read, tuple):

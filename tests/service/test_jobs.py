@@ -326,6 +326,33 @@ def test_read_job_logs_from_offsets(service: Service, finished: dict[str, Any]) 
     }
 
 
+def test_read_job_logs_refuses_tail_with_offset_and_limit_without(
+    service: Service, finished: dict[str, Any]
+) -> None:
+    # Each was read and the other left unread without a word: `tail` beside `offset`,
+    # `limit` beside a tail.
+    url = f"/api/v1/jobs/{finished['job']['id']}/logs"
+    both = service.client.get(url, params={"tail": 3, "offset": 5})
+    assert both.status_code == 422
+    assert both.json()["errors"] == [
+        {
+            "field": "query.tail",
+            "message": "Expected `tail` or `offset`, not both: `tail` reads the last lines, "
+            "`offset` reads on from a byte. Received: tail=3, offset=5",
+        }
+    ]
+    for params in ({"limit": 100}, {"tail": 3, "limit": 100}):
+        alone = service.client.get(url, params=params)
+        assert alone.status_code == 422
+        assert alone.json()["errors"][0]["field"] == "query.limit"
+        assert "Received: limit=100" in alone.json()["errors"][0]["message"]
+    # Each alone reads as before; neither is the last 200 lines.
+    full = service.client.get(url, params={"tail": 100_000}).text
+    assert service.client.get(url).text.splitlines() == full.splitlines()[-200:]
+    assert service.client.get(url, params={"tail": 3}).text.splitlines() == full.splitlines()[-3:]
+    assert service.client.get(url, params={"offset": 0, "limit": 10**6}).text == full
+
+
 def test_read_job_metrics(service: Service, finished: dict[str, Any]) -> None:
     job_id = finished["job"]["id"]
     response = service.client.get(f"/api/v1/jobs/{job_id}/metrics")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import re
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -261,6 +262,27 @@ def _check_input_dtype(name: str, model: keras.Model) -> None:
             )
 
 
+# The names TensorFlow's SavedModel writer takes for a variable (its root name scope).
+_EXPORTABLE_NAME = re.compile(r"[A-Za-z0-9.][A-Za-z0-9_.\\/>-]*")
+
+
+def _check_variable_names(name: str, model: keras.Model) -> None:
+    """Refuses a model with a variable the export cannot save: a layer named `_hidden` (or
+    one a class `_Hidden` names by itself) trained every step of its job, and the job then
+    failed as it exported ("'_hidden/bias' is not a valid root scope name"), as did every
+    resume; a name with a space failed its first step with TensorFlow's message."""
+    for variable in model.variables:
+        path = str(getattr(variable, "path", variable.name))
+        if not _EXPORTABLE_NAME.fullmatch(path):
+            raise ModelError(
+                f"Expected model {name!r} to name its layers as TensorFlow can save them in "
+                "the exported model: a letter, digit or '.' first, then letters, digits and "
+                "'_', '.', '-', '/', '>'. Received: a variable named "
+                f"{path!r}: give its layer another name (Keras names a layer after its class "
+                "unless given `name=`)"
+            )
+
+
 def _batch_shape(shape: tuple) -> str:
     """A model's output shape as the expected one is said: its batch axis by name, not as
     the 1 of the zero batch a custom model was run on (or a built-in's None)."""
@@ -343,6 +365,7 @@ def build_model(
             )
         _check_input_dtype(spec.name, model)
         output_shape = _output_shape(spec.name, model, input_shape)
+        _check_variable_names(spec.name, model)  # built now, subclassed ones included
         # The loss applies softmax (or sigmoid) itself: a model that already did trains on
         # squashed probabilities taken for logits, slowly and badly, with no error anywhere
         # (and its export's `probabilities` are a softmax of probabilities, near uniform).

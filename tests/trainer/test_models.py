@@ -1,6 +1,7 @@
 """The model registry: built-in models on any image size, and custom `module:function`
 models that are wrong in the ways user code is wrong, each refused with one line."""
 
+import importlib
 import sys
 from pathlib import Path
 
@@ -156,6 +157,23 @@ class Subclassed(keras.Model):
 
 def subclassed(input_shape, num_classes, units=0):
     return Subclassed(units or num_classes)
+
+def named(input_shape, num_classes, name="hidden"):
+    inputs = keras.Input(input_shape)
+    x = keras.layers.Dense(4, name=name)(keras.layers.Flatten()(inputs))
+    return keras.Model(inputs, keras.layers.Dense(num_classes, name="logits")(x))
+
+class _Scale(keras.layers.Layer):
+    def build(self, shape):
+        self.scale = self.add_weight(shape=(), initializer="ones", name="scale")
+
+    def call(self, x):
+        return x * self.scale
+
+def private_layer(input_shape, num_classes):
+    inputs = keras.Input(input_shape)
+    x = _Scale()(keras.layers.Flatten()(inputs))
+    return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
 """
 
 
@@ -482,3 +500,26 @@ def test_a_resnet_checkpoint_of_keras_counted_names_restores_into_the_named_laye
 
     for a, b in zip(clone.weights, named.weights, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_custom_model_whose_variables_the_export_cannot_save_is_refused(custom, tmp_path):
+    # A layer named "_hidden" trained every step of its job, which then failed in its
+    # export ("'_hidden/bias' is not a valid root scope name"), and so did each resume.
+    message = refusal("named", {"name": "_hidden"})
+    assert message == (
+        "Expected model 'qa_custom:named' to name its layers as TensorFlow can save them in "
+        "the exported model: a letter, digit or '.' first, then letters, digits and "
+        "'_', '.', '-', '/', '>'. Received: a variable named '_hidden/kernel': give its "
+        "layer another name (Keras names a layer after its class unless given `name=`)"
+    )
+    assert "Received: a variable named 'my layer/kernel'" in refusal("named", {"name": "my layer"})
+    # A layer class named with a leading underscore names its layers so by itself.
+    assert "Received: a variable named '__scale/scale'" in refusal("private_layer")
+    # Names TensorFlow does save are built, and export.
+    for name in ("hidden_", "x-y", ".x", "h2"):
+        model = build_model(ModelSpec(name="qa_custom:named", params={"name": name}), (4, 4, 1), 3)
+        tf.saved_model.save(model.model, str(tmp_path / name))
+    # The premise: TensorFlow itself refuses to save a refused one.
+    refused = importlib.import_module("qa_custom").named((4, 4, 1), 3, name="_hidden")
+    with pytest.raises(ValueError, match="not a valid root scope name"):
+        tf.saved_model.save(refused, str(tmp_path / "refused"))

@@ -2,7 +2,7 @@
 
 The `TowerTrainer` computes; the controller decides when to write summaries, capture a
 device trace, evaluate, checkpoint and report progress, and how the loop ends (done,
-SIGTERM, non-finite loss). Steps are counted from 1: step s is the s-th update.
+SIGTERM, non-finite numbers: `trainer.divergence`). Steps are counted from 1: step s is the s-th update.
 """
 
 from __future__ import annotations
@@ -28,6 +28,12 @@ from trainer.activations import ActivationProbe, activation_probe
 from trainer.checkpoints import Checkpointer
 from trainer.cluster import Cluster
 from trainer.devicememory import TowerMemory
+from trainer.divergence import (
+    NonFiniteLoss,
+    first_non_finite,
+    non_finite_gradients,
+    non_finite_weights,
+)
 from trainer.errors import one_line
 from trainer.hparams import spec_hparams
 from trainer.profiling import STEP_MARKER, TraceCapture, TraceTimes
@@ -207,6 +213,8 @@ class _Loop:
     pace: _Pace = field(default_factory=_Pace)
     examples_per_sec: float | None = None  # until a step other than the first is timed
     graph_written: bool = False
+    # The last step whose gradient norm was read and found finite (`_check_gradients`).
+    norm_checked_at: int | None = None
 
     def report_due(self, step: int, now: float) -> bool:
         """Whether a progress line is due at `step`: one 2 s after the last (slow steps
@@ -223,12 +231,6 @@ class _Loop:
         examples = sum(each.examples for each in read)
         for clock in (self.scalar_clock, self.report_clock):
             clock.add(seconds, examples, len(read))
-
-
-class NonFiniteLoss(RuntimeError):
-    def __init__(self, step: int, loss: float) -> None:
-        super().__init__(f"Loss became non-finite ({loss}) at step {step}.")
-        self.step = step
 
 
 @dataclass
@@ -579,7 +581,9 @@ class Controller:
             loop.graph_written = True
         if scalars_due:
             timed = loop.scalar_clock.take()
-            self._write_scalars(step, loop.out, *(timed or (None, None)))
+            values = self._write_scalars(step, loop.out, *(timed or (None, None)))
+            # After the write: the chart shows the non-finite norm the job fails on.
+            self._check_gradients(loop, step, values)
         if _summary_due(s.histograms_every, step, last):
             self._write_histograms(step, loop.out["grads"], images)
         if _summary_due(s.images_every, step, last):
@@ -666,10 +670,10 @@ class Controller:
         out: dict[str, tf.Tensor],
         step_seconds: float | None,
         examples_per_sec: float | None,
-    ) -> None:
-        """`step_seconds`: the mean time of the steps since the last write, and
-        `examples_per_sec`: the examples those steps trained on a second (both None: none
-        timed)."""
+    ) -> dict[str, float]:
+        """Writes and returns a scalars step's values. `step_seconds`: the mean time of the
+        steps since the last write, and `examples_per_sec`: the examples those steps
+        trained on a second (both None: none timed)."""
         # The step's scalars, packed by the step itself: one copy back (each copy from a
         # GPU is a sync of its own) and no eager op on the loop.
         # As Python floats in one call each, not a numpy scalar a value.
@@ -690,6 +694,18 @@ class Controller:
         for i, mb in enumerate(self.memory.interval_mb() or []):
             values[f"tower_{i}/memory_mb"] = mb
         self.summaries.scalars("train", values, step)
+        return values
+
+    def _check_gradients(self, loop: _Loop, step: int, values: Mapping[str, float]) -> None:
+        """Fails the job on a scalars step's non-finite gradient norm (its loss, read
+        before, was finite). Not under a loss scale: there an overflowing step's update is
+        skipped, as it is meant to be (`trainer.lossscale`), and its norm charts as inf."""
+        norm = values["grad_norm"]
+        if math.isfinite(norm) or self.trainer.loss_scale is not None:
+            loop.norm_checked_at = step
+            return
+        every = self.spec.summaries.scalars_every
+        raise non_finite_gradients(step, norm, values["loss"], every, loop.norm_checked_at)
 
     def _write_histograms(self, step: int, grads: list[tf.Tensor], images: tf.Tensor) -> None:
         """The weights, the averaged gradients and, if asked, the activations of tower 0's
@@ -879,6 +895,9 @@ class Controller:
     def _save(self, step: int) -> None:
         # Said before the save, which takes seconds for a large model, and not only after.
         self.progress.write("phase", step=step, total=self.total_steps, phase="checkpoint")
+        # No checkpoint (nor the export after the last) holds a NaN a resume would load.
+        if (name := first_non_finite(self.trainer.model.variables)) is not None:
+            raise non_finite_weights(step, name, self.spec.summaries.scalars_every)
         path = self.checkpointer.save(step)
         self._checkpoint_path = str(Path(path).relative_to(self.rundir.root))
         self.summaries.flush()

@@ -391,8 +391,9 @@ def _train(
     import tensorflow as tf
 
     from trainer.checkpoints import Checkpointer
-    from trainer.controller import Controller, NonFiniteLoss
+    from trainer.controller import Controller
     from trainer.data import eval_dataset, steps_per_epoch, train_dataset
+    from trainer.divergence import Diverged
     from trainer.export import export_model
     from trainer.optim import make_optimizer
     from trainer.summaries import SummaryManager
@@ -534,7 +535,7 @@ def _train(
             # Its `eval` and `export` are null: whose they are, and whose result is the job's.
             message += " The chief evaluates, exports and writes the job's result."
         return _write_result(rundir, Outcome.SUCCEEDED, message, **fields)
-    except NonFiniteLoss as e:
+    except Diverged as e:  # said in full, with the step it names
         log.error("%s", e)
         _end_failed(progress, rundir, e.step, total)
         return _write_result(rundir, Outcome.FAILED, str(e), step=e.step, total=total)

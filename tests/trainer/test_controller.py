@@ -26,8 +26,9 @@ from trainer import controller as controller_module
 from trainer import profiling
 from trainer.checkpoints import Checkpointer
 from trainer.cluster import Cluster
-from trainer.controller import UNREAD_STEPS_MAX, Controller, NonFiniteLoss
+from trainer.controller import UNREAD_STEPS_MAX, Controller
 from trainer.devicememory import TowerMemory
+from trainer.divergence import NonFiniteLoss
 from trainer.models import build_model
 from trainer.optim import make_optimizer
 from trainer.rundir import ProgressWriter, RunDir

@@ -1010,6 +1010,60 @@ def test_run_job_non_finite_loss_fails_naming_step(run):
     assert result["message"].endswith(f"at step {result['step']}.")
 
 
+# A model whose first layer's gradient is NaN while its output stays finite whatever the
+# weights (NaN and inf read as 0): the loss stays finite as the weights turn NaN, as a
+# rectifier on the CPU made it (NaN in, 0 out), and the job trained to its end saying nothing.
+NAN_GRADIENT_MODEL = (
+    "import keras\n"
+    "import tensorflow as tf\n"
+    "@tf.custom_gradient\n"
+    "def nan_gradient(x):\n"
+    "    return tf.identity(x), lambda dy: dy * float('nan')\n"
+    "def build(input_shape, num_classes):\n"
+    "    inputs = keras.Input(input_shape)\n"
+    "    x = keras.layers.Dense(16)(keras.layers.Flatten()(inputs))\n"
+    "    x = keras.layers.Lambda(nan_gradient)(x)\n"
+    "    x = keras.layers.Lambda(lambda t: tf.where(tf.math.is_finite(t), t, 0.0))(x)\n"
+    "    return keras.Model(inputs, keras.layers.Dense(num_classes)(x))\n"
+)
+
+
+@beside_run("test_run_job_fails_on_non_finite_gradients_under_a_finite_loss")
+def _nan_gradients(folder: Path) -> Run:
+    return custom_model_in(folder, "nangrad", NAN_GRADIENT_MODEL)
+
+
+def test_run_job_fails_on_non_finite_gradients_under_a_finite_loss(run):
+    code, result, log, folder = run
+    assert code == 1, log
+    assert result["outcome"] == "failed"
+    # Step 1 writes scalars (every kind is written at a job's first step), so its norm is
+    # read and the job fails there, naming it and the cadence that checks it.
+    assert result["step"] == 1
+    assert result["message"].startswith("Gradients became non-finite (global norm nan) at step 1")
+    assert "summaries.scalars_every: 5" in result["message"], result["message"]
+    assert not (folder / "job" / "checkpoints").exists()
+
+
+@beside_run("test_run_job_saves_no_checkpoint_of_non_finite_weights")
+def _nan_weights_unchecked(folder: Path) -> Run:
+    # Scalars off: no step reads the gradient norm, so the weights' check before the
+    # checkpoint of step 20 is what finds them.
+    summaries = {**json.loads(json.dumps(TINY))["summaries"], "scalars_every": 0}
+    return custom_model_in(folder, "nangrad", NAN_GRADIENT_MODEL, summaries=summaries)
+
+
+def test_run_job_saves_no_checkpoint_of_non_finite_weights(run):
+    code, result, log, folder = run
+    assert code == 1, log
+    assert result["outcome"] == "failed"
+    assert result["step"] == 20
+    assert result["message"].startswith(
+        "Weights became non-finite by step 20 (dense/kernel holds NaN or inf)"
+    ), result["message"]
+    assert not list((folder / "job" / "checkpoints").glob("ckpt-*")), "a NaN checkpoint was saved"
+
+
 @beside_run("test_run_job_trains_and_exports_a_subclassed_custom_model")
 def _subclassed(folder: Path) -> Run:
     # A `module:function` model written as a keras.Model subclass: no input_shape or

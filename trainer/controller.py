@@ -43,9 +43,11 @@ from trainer.rundir import (
     Outcome,
     ProgressWriter,
     RunDir,
+    accuracy_digits,
     evaluated_at,
     json_object,
     reported_at,
+    significant,
 )
 from trainer.spec import JobSpec
 from trainer.summaries import SummaryManager, variable_tag
@@ -76,12 +78,6 @@ _KEPT_UNREAD = ("loss", "accuracy", "learning_rate")
 def _metrics(loss: float, out: dict[str, Any] | None) -> dict[str, float]:
     """Loss and accuracy of the last step (read only when reported: one sync less a step)."""
     return {} if out is None else {"loss": loss, "accuracy": float(out["accuracy"])}
-
-
-def _significant(value: float) -> float:
-    """`value` to 6 significant digits: a loss trains down to 1e-7 and below, where 6
-    decimal places would report 0 in the progress lines, the API's series and its charts."""
-    return float(f"{value:.6g}")
 
 
 def _float32_digits(value: float) -> float:
@@ -651,8 +647,8 @@ class Controller:
         fields: dict[str, Any] = {
             "step": step,
             "total": self.total_steps,
-            "loss": _significant(metrics["loss"]),
-            "accuracy": round(metrics["accuracy"], 6),
+            "loss": significant(metrics["loss"]),
+            "accuracy": accuracy_digits(metrics["accuracy"]),
             "examples_per_sec": _rounded(examples_per_sec),
             "eta_seconds": round(remaining * wall_per_step, 1) if wall_per_step else None,
             "learning_rate": _float32_digits(learning_rate),
@@ -855,8 +851,8 @@ class Controller:
             "eval",
             step=step,
             total=self.total_steps,
-            eval_loss=_significant(metrics["loss"]),
-            eval_accuracy=round(metrics["accuracy"], 6),
+            eval_loss=significant(metrics["loss"]),
+            eval_accuracy=accuracy_digits(metrics["accuracy"]),
             eval_examples=int(count),
             phase=self._phase_after("eval", step),
         )

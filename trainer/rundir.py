@@ -146,6 +146,18 @@ def finite_json(value: Any) -> Any:
     return value
 
 
+def significant(value: float) -> float:
+    """A loss as the progress lines carry it: to 6 significant digits. A loss trains down
+    to 1e-7 and below, where 6 decimal places would report 0 in the progress lines, the
+    API's series and its charts."""
+    return float(f"{value:.6g}")
+
+
+def accuracy_digits(value: float) -> float:
+    """An accuracy as the progress lines carry it: to 6 decimal places."""
+    return round(value, 6)
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Write `text` to a temp file beside `path`, then rename: readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)

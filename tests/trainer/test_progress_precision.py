@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from trainer.controller import _significant
+from trainer.rundir import significant as _significant
 
 
 def test_a_small_loss_is_not_reported_as_zero() -> None:

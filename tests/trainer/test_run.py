@@ -161,6 +161,10 @@ def test_run_job_reports_progress(tiny_run):
         "phase",
         "tower_ms",
     }
+    # The end line carries the last step's numbers as its progress line does, rounded
+    # alike: they are the API's series' last point (it showed 0.10326767712831497).
+    end = events[-1]
+    assert (end["step"], end["loss"], end["accuracy"]) == (40, last["loss"], last["accuracy"])
     checkpoints = [e["checkpoint"] for e in events if e["event"] == "checkpoint"]
     assert checkpoints == ["checkpoints/ckpt-20", "checkpoints/ckpt-40"]
     # The phase is what the worker does now: a save says so as it begins, and its line

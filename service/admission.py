@@ -93,8 +93,8 @@ def admit(
                 f"({pool.describe()}). Received: 'gpu0'",
             }
         )
-    if spec.data.path is not None:
-        path, held = _absolute(spec.data.path, data_roots)
+    if (given := spec.data.path) is not None:
+        path, held = _absolute(given, data_roots)
         spec = spec.model_copy(update={"data": spec.data.model_copy(update={"path": path})})
         try:
             check_under_roots(path, data_roots)
@@ -124,6 +124,11 @@ def admit(
                 # The message names the first root's path alone: say the others had none.
                 looked = ", ".join(str(root) for root in data_roots)
                 message += f" (a relative path is looked for under each data root: {looked})"
+            if not held and given.startswith("~"):
+                # As a shell would have it: the spec is JSON, and nothing expands it.
+                message += (
+                    "; a `~` is not expanded: give the path in full, or relative to a data root"
+                )
             errors.append({"field": "data.path", "message": message})
         except (ValueError, OSError) as error:
             # A NUL byte in the path (ValueError), or a folder this service may not read,

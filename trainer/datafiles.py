@@ -896,6 +896,8 @@ def _candidates(path: str, fmt: str) -> list[Path]:
         what = "is a link that leads to nothing that exists (a loop, or a missing target)"
     else:
         what = "does not exist"
+        if path.startswith("~"):  # the service's message says so of a spec's own path
+            what += "; a `~` is not expanded: give the path in full"
     raise DataFilesError(
         f"Expected `path` to name an existing file, folder or glob. Received: {shown_value(path, PATH_CHARS)}, "
         f"which {what}"

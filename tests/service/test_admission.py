@@ -65,6 +65,21 @@ def test_admit_names_every_root_for_a_relative_path_found_under_none(tmp_path: P
     assert str(roots[1] / "bad.npz") in bad["message"] and "data root" not in bad["message"]
 
 
+def test_admit_says_a_tilde_is_not_expanded(tmp_path: Path) -> None:
+    # "~/data/a.npz" was looked for as a folder named "~" under the root, and the message
+    # said only that it does not exist.
+    roots = _roots(tmp_path)
+    _, [error] = admit(_spec("~/set/a.npz"), pool=POOL, data_roots=roots[:1])
+    assert error["message"].endswith(
+        "; a `~` is not expanded: give the path in full, or relative to a data root"
+    ), error
+    # A file named so under a root is found, and said nothing of.
+    (roots[0] / "~").mkdir()
+    np.savez(roots[0] / "~" / "b.npz", x=np.zeros((2, 4, 4), np.uint8), y=np.zeros(2, int))
+    _, errors = admit(_spec("~/b.npz"), pool=POOL, data_roots=roots[:1])
+    assert errors == []
+
+
 def test_admit_counts_one_device_in_the_singular(tmp_path: Path) -> None:
     one_gpu = DevicePool(devices=("gpu:3",), gpu=True, max_towers=1)
     spec = JobSpec.model_validate({"data": {"format": "synthetic"}, "towers": 2})

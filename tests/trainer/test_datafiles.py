@@ -204,6 +204,17 @@ def test_resolve_files_missing_path(tmp_path: Path) -> None:
     )
 
 
+def test_resolve_files_says_a_tilde_is_not_expanded() -> None:
+    # A spec given to the worker straight (`python -m trainer run --spec`) is JSON: no shell
+    # expands its `~`.
+    with pytest.raises(DataFilesError) as error:
+        resolve_files(spec("npz", "~/no-such-towerboard-data/a.npz"))
+
+    assert str(error.value).endswith(
+        "which does not exist; a `~` is not expanded: give the path in full"
+    )
+
+
 def test_resolve_files_glob_matching_nothing(tmp_path: Path) -> None:
     touch(tmp_path, "data.txt")
     pattern = str(tmp_path / "*.npz")

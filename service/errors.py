@@ -14,6 +14,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.headmethod import allowed_methods
+from trainer.duplicate_keys import DuplicateKeyError
 from trainer.spec import field_errors
 
 
@@ -73,7 +74,12 @@ def _request_field_errors(
     for item in exc.errors():
         item = dict(item)
         loc = tuple(item.get("loc", ()))
-        if item.get("type") == "json_invalid":
+        if item.get("type") == "json_invalid" and isinstance(exc.__cause__, DuplicateKeyError):
+            # A key given twice (`service.jsonbody`): named where it is, as an unknown one.
+            item["loc"] = exc.__cause__.path
+            item["msg"] = exc.__cause__.here
+            item.pop("input", None)
+        elif item.get("type") == "json_invalid":
             item["loc"] = ("(body)",)
             reason = item.get("ctx", {}).get("error", "Invalid JSON")
             item["msg"] = f"Expected a JSON body. {reason}{_json_place(exc.body, loc)}"

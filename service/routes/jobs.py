@@ -44,6 +44,7 @@ from service.errors import FieldErrors
 from service.events import JobEvent, next_event, ready_events, sse_response
 from service.exports import describe_export, open_export
 from service.jobjson import render_job
+from service.jsonbody import JSONBodyRoute
 from service.progress import SERIES, percent_done
 from service.runfiles import OffsetPastEnd, inside, read_lines_from, tail_with_end
 from service.schemas import (
@@ -67,7 +68,7 @@ from service.workers import worker_pythonpath
 from trainer.rundir import RunDir, json_object, write_json_atomic
 from trainer.spec import field_errors, options_not_read, shown_value, without_unread
 
-router = APIRouter(prefix="/jobs", tags=["jobs"])
+router = APIRouter(prefix="/jobs", tags=["jobs"], route_class=JSONBodyRoute)
 
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorPublic, "description": "No such job"}

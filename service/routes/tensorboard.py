@@ -6,11 +6,12 @@ from fastapi import APIRouter, Request, Response
 
 from service.deps import RuntimeDep
 from service.errors import FieldErrors
+from service.jsonbody import JSONBodyRoute
 from service.schemas import NOT_JSON, ErrorPublic, TensorBoardCreate, TensorBoardPublic
 from service.tensorboard import PATH_PREFIX, StartOutcome, TensorBoardLauncher
 from trainer.spec import shown_value
 
-router = APIRouter(prefix="/tensorboard", tags=["tensorboard"])
+router = APIRouter(prefix="/tensorboard", tags=["tensorboard"], route_class=JSONBodyRoute)
 
 
 def _public(launcher: TensorBoardLauncher, request: Request) -> TensorBoardPublic:

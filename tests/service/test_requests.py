@@ -149,3 +149,90 @@ def test_unknown_job_id_is_not_echoed_whole(service: Service) -> None:
     assert service.client.get("/api/v1/jobs/nosuchjob").json()["detail"] == (
         "Job 'nosuchjob' not found."
     )
+
+
+# A key given twice: Python's json keeps the last value and drops the other silently; the
+# service refuses it (service/jsonbody.py), naming the key where it is, on every body.
+TWICE = "Give each key once: only one of its values would be kept."
+
+
+def test_every_body_refuses_a_key_given_twice(service: Service) -> None:
+    # Every operation with a body, read from the API's own description: a route added
+    # later is checked too. Its path's job need not exist: the body is read first.
+    paths = service.client.get("/openapi.json").json()["paths"]
+    with_body = sorted(
+        (method.upper(), path.replace("{job_id}", "nosuchjob"))
+        for path, operations in paths.items()
+        for method, operation in operations.items()
+        if "requestBody" in operation
+    )
+    assert {path for _, path in with_body} >= {
+        "/api/v1/jobs",
+        "/api/v1/jobs/nosuchjob/resume",
+        "/api/v1/jobs/nosuchjob/profile",
+        "/api/v1/tensorboard",
+    }
+    before = service.client.get("/api/v1/jobs").json()["count"]
+    for method, path in with_body:
+        response = service.client.request(
+            method,
+            path,
+            content=b'{"steps": 5,\n "steps": 7}',
+            headers={"content-type": "application/json"},
+        )
+        assert response.status_code == 422, (path, response.text)
+        assert response.json() == {
+            "detail": "Invalid request: 1 error; see `errors`.",
+            "errors": [
+                {
+                    "field": "steps",
+                    "message": "Duplicate key here: given at line 1 column 2 and again at "
+                    f"line 2 column 2. {TWICE}",
+                }
+            ],
+        }, path
+    assert service.client.get("/api/v1/jobs").json()["count"] == before
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "places"),
+    [
+        ('{"data": {"format": "synthetic"}, "steps": 5, "steps": 7}', "steps",
+         "line 1 column 35 and again at line 1 column 47"),
+        ('{\n  "name": "x",\n  "data": {"format": "synthetic"},\n'
+         '  "model": {"name": "mlp", "params": {\n    "hidden": [8],\n    "hidden": [16]}}\n}',
+         "model.params.hidden", "line 5 column 5 and again at line 6 column 5"),
+        ('{"data": {"format": "synthetic"}, "model": {"name": "m:f", "params": '
+         '{"layers": [{"units": 2}, {"units": 4, "\\u0075nits": 8}]}}}',
+         "model.params.layers.1.units", "line 1 column 97 and again at line 1 column 109"),
+    ],
+    ids=["top level", "nested", "in a list, escaped"],
+)  # fmt: skip
+def test_a_spec_giving_a_key_twice_is_422_naming_it_and_where(
+    service: Service, text: str, field: str, places: str
+) -> None:
+    response = service.client.post(
+        "/api/v1/jobs", content=text.encode(), headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["errors"] == [
+        {"field": field, "message": f"Duplicate key here: given at {places}. {TWICE}"}
+    ]
+
+
+def test_one_key_in_two_objects_is_no_duplicate(service: Service) -> None:
+    # `name` at the top and in `model`, `every_steps` in `eval` and `checkpoint`.
+    text = (
+        '{"name": "twice-ok", "model": {"name": "mlp", "params": {"hidden": [4]}}, '
+        '"data": {"format": "synthetic", "params": {"shape": [4, 4], "classes": 2, '
+        '"size": 64}}, "steps": 1, "eval": {"every_steps": 0}, '
+        '"checkpoint": {"every_steps": 0}}'
+    )
+    response = service.client.post(
+        "/api/v1/jobs", content=text.encode(), headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 201, response.text
+    spec = response.json()["spec"]
+    assert (spec["name"], spec["model"]["name"]) == ("twice-ok", "mlp")
+    assert (spec["eval"]["every_steps"], spec["checkpoint"]["every_steps"]) == (0, 0)
+    service.client.post(f"/api/v1/jobs/{response.json()['id']}/cancel")

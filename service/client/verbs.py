@@ -41,6 +41,8 @@ from service.client.common import (
 )
 from service.client.display import watch
 from service.client.downloads import RUN_AGAIN, download, download_to_stdout
+from trainer import duplicate_keys
+from trainer.duplicate_keys import DuplicateKeyError
 
 _TENSORBOARD_READY_SECONDS = 180.0  # it imports TensorFlow: slow on a busy host
 _LOG_POLL_SECONDS = 1.0
@@ -118,7 +120,10 @@ def _read_spec(path: str) -> tuple[str, dict[str, Any]]:
         raise ClientError(f"{name} is not valid JSON: {constant} is not a JSON number", EXIT_USAGE)
 
     try:
-        spec = json.loads(text, parse_constant=not_json)
+        spec = duplicate_keys.loads(text, parse_constant=not_json)
+    except DuplicateKeyError as error:
+        # Sent as it is, the service would refuse it too; said here with the file's places.
+        raise ClientError(f"cannot read the spec {name}: {error}", EXIT_USAGE) from error
     except json.JSONDecodeError as error:
         raise ClientError(
             f"{name} is not valid JSON: {error.msg} at line {error.lineno} column {error.colno}",

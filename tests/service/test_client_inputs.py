@@ -49,6 +49,33 @@ def test_submit_spec_python_cannot_read_is_one_line_exit_2(
     assert capsys.readouterr().err == f"towerboard: error: cannot read the spec {spec}: {said}\n"
 
 
+@pytest.mark.parametrize("source", ["file", "stdin"])
+def test_submit_spec_giving_a_key_twice_is_refused_with_its_places(
+    tmp_path: Path, source: str
+) -> None:
+    # Sent as it is, the service would refuse it too; refused here first, with the file's
+    # lines, before any request (the service is nowhere: a request would exit 3).
+    text = (
+        '{\n  "name": "a",\n  "data": {"format": "synthetic"},\n'
+        '  "model": {"name": "mlp", "params": {"hidden": [8],\n\t"hidden": [16]}}\n}'
+    )
+    spec = tmp_path / "twice.json"
+    spec.write_text(text)
+    name = str(spec) if source == "file" else "-"
+    result = subprocess.run(
+        [sys.executable, "-m", "service.cli", "submit", name, "--url", NOWHERE],
+        cwd=ROOT, input=text, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    shown = spec if source == "file" else "stdin"
+    assert result.stderr == (
+        f"towerboard: error: cannot read the spec {shown}: Duplicate key `model.params.hidden`: "
+        "given at line 4 column 39 and again at line 5 column 2; give each key once, as only "
+        "one of its values would be kept\n"
+    )
+    assert result.stdout == ""
+
+
 @pytest.mark.parametrize("bad", ["abc#x", "abc?x", "a%2e", "a b", "../x"])
 def test_job_ids_that_a_url_path_cannot_carry_are_usage_errors(
     bad: str, capsys: pytest.CaptureFixture[str]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import os
 import signal
@@ -29,6 +28,9 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from trainer import duplicate_keys
+from trainer.duplicate_keys import DuplicateKeyError
 
 TRAINING_TASKS = ("chief", "worker")
 
@@ -96,7 +98,9 @@ def cluster_from_env(environ: Mapping[str, str] | None = None) -> Cluster:
     if not raw:
         return Cluster()
     try:
-        config = json.loads(raw)
+        config = duplicate_keys.loads(raw)
+    except DuplicateKeyError as e:  # `task` given twice: which worker this is is a guess
+        raise _fail(str(e), raw) from e
     except (ValueError, RecursionError) as e:
         # Not only JSONDecodeError: an integer of thousands of digits is a ValueError, and
         # brackets nested thousands deep a RecursionError.

@@ -12,7 +12,6 @@ port taken) exits 2 and writes nothing: the directory may be another worker's.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from trainer import modelmodules
+from trainer import duplicate_keys, modelmodules
 from trainer.cluster import (
     Cluster,
     ClusterError,
@@ -39,6 +38,7 @@ from trainer.cluster import (
     signals_held,
     wait_for_peers,
 )
+from trainer.duplicate_keys import DuplicateKeyError
 from trainer.errors import one_line
 from trainer.memory import NotEnoughMemory
 from trainer.rundir import (
@@ -58,6 +58,7 @@ from trainer.spec import (
     options_not_read,
     without_unread,
 )
+from trainer.unknown_keys import shown_path
 
 if TYPE_CHECKING:  # their modules import TensorFlow, which a spec error never pays for
     import keras
@@ -85,11 +86,14 @@ class InvalidJob(ValueError):
 
 def load_spec(path: Path) -> JobSpec:
     try:
-        raw = json.loads(path.read_text())
+        raw = duplicate_keys.loads(path.read_text())
     except FileNotFoundError as e:
         raise InvalidJob(f"Spec file not found: {path}") from e
     except UnicodeDecodeError as e:  # JSON is UTF-8; a Latin-1 `é` is not
         raise InvalidJob(f"Spec file {path} is not UTF-8 text (JSON must be): {e}") from e
+    except DuplicateKeyError as e:  # JSON, but one of a key's values would be lost
+        field = shown_path(e.path)
+        raise InvalidJob(f"Spec file {path}: {e}", [{"field": field, "message": e.here}]) from e
     # Not only JSONDecodeError: an integer of thousands of digits is a ValueError, and
     # brackets nested thousands deep a RecursionError.
     except (ValueError, RecursionError) as e:

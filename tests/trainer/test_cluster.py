@@ -92,6 +92,14 @@ def test_a_one_worker_cluster_is_not_multi_worker():
         (config({"worker": ["a:1", "b:1"]}, {"type": ["worker"], "index": 0}), "`task.type`"),
         (config({"worker": ["a:1", "b:1"]}, {"type": {"worker": 0}, "index": 0}), "`task.type`"),
         ({"TF_CONFIG": "[" * 100_000}, "expected JSON"),
+        # Which worker this is, were the last `index` taken, would be a guess.
+        (
+            {
+                "TF_CONFIG": '{"cluster": {"worker": ["a:1", "b:1"]}, '
+                '"task": {"type": "worker", "index": 0, "index": 1}}'
+            },
+            "Duplicate key `task.index`: given at line 1 column 68 and again at line 1 column 80",
+        ),
         ({"TF_CONFIG": '{"task": {"index": 1' + "0" * 5000 + "}}"}, "expected JSON"),
         (
             config({"worker": ["a:1", "b:1" + "0" * 5000]}, {"type": "worker", "index": 0}),

@@ -661,6 +661,16 @@ BAD_SPECS: dict[str, tuple[str | bytes | None, str]] = {
     # Exit 1 ("failed") with a UnicodeDecodeError, or an IsADirectoryError, until these.
     "not_utf8": (b'{"name": "caf\xe9", "data": {"format": "synthetic"}}', "is not UTF-8 text"),
     "a_folder": (None, "Cannot read the spec file"),
+    # One of the two values would be lost (Python's json keeps the last).
+    "duplicate_key": (
+        '{"data": {"format": "synthetic"}, "steps": 5, "steps": 7}',
+        ": Duplicate key `steps`: given at line 1 column 35 and again at line 1 column 47; "
+        "give each key once, as only one of its values would be kept",
+    ),
+    "duplicate_nested_key": (
+        '{"data": {"format": "synthetic",\n  "params": {"size": 64},\n  "params": {"size": 8}}}',
+        ": Duplicate key `data.params`: given at line 2 column 3 and again at line 3 column 3",
+    ),
     "unknown_key": (
         json.dumps(with_(TINY, tower=2)),
         "tower: Unknown key. Did you mean `towers`?",
@@ -698,6 +708,35 @@ def test_run_job_bad_spec_exits_2(tmp_path, case):
     assert result["outcome"] == "invalid_spec" and result["exit_code"] == 2
     assert expected in result["message"]
     assert sorted(p.name for p in job_dir.iterdir()) == ["result.json"]
+
+
+def test_run_job_spec_json_giving_a_key_twice_exits_2_naming_it(tmp_path):
+    # As the service starts it: `--job-dir` alone, reading the spec.json there. The same
+    # key in two objects (`name` at the top and in `model`) is no duplicate; `units` twice
+    # in an object of a custom model's list of params is one.
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    text = json.dumps(with_(TINY, model={"name": "m:f", "params": {"layers": [{}]}}), indent=1)
+    text = text.replace('"layers": [\n    {}', '"layers": [\n    {"units": 4, "units": 8}')
+    (job_dir / "spec.json").write_text(text)
+    code, result, log = run_worker(job_dir)
+    assert code == 2, log
+    assert result["outcome"] == "invalid_spec"
+    line = text.splitlines().index('    {"units": 4, "units": 8}') + 1
+    places = f"given at line {line} column 6 and again at line {line} column 18"
+    assert result["message"] == (
+        f"Spec file {job_dir / 'spec.json'}: Duplicate key `model.params.layers.0.units`: "
+        f"{places}; give each key once, as only one of its values would be kept"
+    )
+    assert result["errors"] == [
+        {
+            "field": "model.params.layers.0.units",
+            "message": f"Duplicate key here: {places}. Give each key once: only one of its "
+            "values would be kept.",
+        }
+    ]
+    assert log.rstrip().endswith(result["message"]), log
+    assert sorted(p.name for p in job_dir.iterdir()) == ["result.json", "spec.json"]
 
 
 @pytest.mark.parametrize(

@@ -54,15 +54,20 @@ async function errorOf(response) {
 }
 
 /** Call the API; returns parsed JSON (or text), throws ApiError. A 401 also fires
- *  `towerboard:unauthorized` on window, so the page can ask for a token. */
-export async function api(path, { method = "GET", body, signal } = {}) {
+ *  `towerboard:unauthorized` on window, so the page can ask for a token. `body` is sent
+ *  as JSON; `json`, JSON text, is sent as it is (a person's: what JSON.parse would drop,
+ *  a key given twice, is the service's to refuse). */
+export async function api(path, { method = "GET", body, json, signal } = {}) {
   const headers = { Accept: "application/json" };
   const token = getToken();
   if (token) headers.Authorization = `Bearer ${token}`;
   const init = { method, headers, signal, credentials: "same-origin" };
-  if (body !== undefined) {
+  if (json !== undefined) {
     headers["Content-Type"] = "application/json";
-    init.body = JSON.stringify(body); // a string too: the form's spec may be a JSON string
+    init.body = json;
+  } else if (body !== undefined) {
+    headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
   }
   let response;
   try {

@@ -142,9 +142,9 @@ export function mountSubmit(view, query) {
     event.preventDefault();
     if (dimmed(submit)) return; // submitted, and not answered yet
     clearErrors();
-    let body;
+    const text = editor.value;
     try {
-      body = JSON.parse(editor.value);
+      JSON.parse(text); // said here, with the caret where it broke; sent as it is below
     } catch (error) {
       showErrors("The spec is not valid JSON.", [{ field: "(json)", message: error.message }]);
       // The caret goes where parsing stopped (Chromium and Firefox say "position N" or
@@ -159,7 +159,9 @@ export function mountSubmit(view, query) {
     dim(submit, true);
     submit.textContent = "Submitting…";
     try {
-      const { data: job } = await api("/api/v1/jobs", { method: "POST", body });
+      // The text as typed: parsed and sent again, a key given twice would lose a value
+      // silently (JSON.parse keeps the last); the service names it instead.
+      const { data: job } = await api("/api/v1/jobs", { method: "POST", json: text });
       // Submitted: the job's page has it, and Edit & resubmit brings it back.
       for (const key of [DRAFT_KEY, EDIT_KEY, FROM_KEY]) sessionStorage.removeItem(key);
       location.hash = jobLink(job);

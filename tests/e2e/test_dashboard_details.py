@@ -723,6 +723,28 @@ def test_invalid_json_puts_the_caret_where_it_broke(session: Session) -> None:
     assert session.errors == []
 
 
+def test_a_key_given_twice_in_the_form_is_refused_naming_it(
+    session: Session, service: Service
+) -> None:
+    """The form sent what JSON.parse made of the editor, which keeps a repeated key's last
+    value: `steps` 5 and 7 submitted a job of 7 steps. It sends the text as typed, and
+    the service names the key and both places."""
+    page = session.page
+    before = service.client.get("/api/v1/jobs").json()["count"]
+    page.goto("/#/submit")
+    text = '{\n  "data": {"format": "synthetic"},\n  "steps": 5,\n  "steps": 7\n}'
+    page.locator("#spec").fill(text)
+    page.locator("#submit-job").click()
+    errors = page.locator("#form-errors")
+    expect(errors).to_contain_text("The service rejected this spec:")
+    expect(errors.locator('li[data-field="steps"]')).to_contain_text(
+        "Duplicate key here: given at line 3 column 3 and again at line 4 column 3."
+    )
+    expect(page).to_have_url(re.compile(r"#/submit$"))
+    assert service.client.get("/api/v1/jobs").json()["count"] == before
+    assert session.errors == []
+
+
 def test_eta_is_unknown_once_the_worker_goes_quiet(session: Session) -> None:
     """A stalled worker's ETA counted down to 0 and stayed there, saying "nearly done";
     after a minute without a report it is unknown, and says for how long (as the CLI)."""

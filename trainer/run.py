@@ -21,7 +21,6 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,8 +46,6 @@ from trainer.rundir import (
     Outcome,
     ProgressWriter,
     RunDir,
-    accuracy_digits,
-    significant,
     write_json_atomic,
 )
 from trainer.spec import (
@@ -527,9 +524,8 @@ def _train(
             total=total,
             outcome=summary.outcome.value,
             phase="done",
-            # Rounded as the progress lines are: this line's numbers are the series' last
-            # point, which showed 0.10326767712831497 after 0.244084.
-            **_reported_digits(summary.metrics),
+            loss=summary.metrics.get("loss"),
+            accuracy=summary.metrics.get("accuracy"),
         )
         if summary.outcome is Outcome.CANCELLED:
             return _write_result(
@@ -579,15 +575,6 @@ class PastTheEnd(RuntimeError):
             f"of {length}. Give a larger total (steps or epochs), or start a new job to train "
             "from the start."
         )
-
-
-def _reported_digits(metrics: Mapping[str, float | None]) -> dict[str, float | None]:
-    """The loss and accuracy of a run's end line, rounded as its progress lines are."""
-    loss, accuracy = metrics.get("loss"), metrics.get("accuracy")
-    return {
-        "loss": None if loss is None else significant(loss),
-        "accuracy": None if accuracy is None else accuracy_digits(accuracy),
-    }
 
 
 def _write_end(progress: ProgressWriter, rundir: RunDir, **fields: Any) -> None:

@@ -515,7 +515,7 @@ def _parse(argv: list[str]) -> str | None:
 def _positionals(verb: str) -> list[str]:
     """Placeholders for the arguments `verb` requires (a job id), to parse its options alone."""
     actions = _verbs()[verb]._actions
-    return ["j1" for a in actions if not a.option_strings and a.nargs is None]
+    return ["j1" for a in actions if not a.option_strings and a.nargs in (None, "+")]
 
 
 def _readme_towerboard_commands() -> list[list[str]]:

@@ -3,7 +3,7 @@
     towerboard submit SPEC.json [--watch]          submit a job (SPEC "-" reads stdin)
     towerboard status [ID] [--state S] [--json]    the jobs table, or one job in detail
     towerboard logs ID [--tail N] [--follow]       the worker's log
-    towerboard cancel ID [--wait]                  cancel a queued or running job
+    towerboard cancel ID [ID ...] [--wait]         cancel queued or running jobs
     towerboard resume ID [--steps N | --epochs N | --finish] [--watch]
                                                    train an ended job on, or finish it
                                                    at its latest checkpoint (--finish)

@@ -120,12 +120,17 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
         "-f", "--follow", action="store_true", help="keep printing new lines until the job ends"
     )
 
-    p = verb("cancel", "cancel a queued or running job")
-    p.add_argument("id", type=_job_id, metavar="ID")
+    p = verb(
+        "cancel",
+        "cancel queued or running jobs, each in turn; one that cannot be is said and "
+        "skipped (exit 1)",
+    )
+    p.add_argument("ids", nargs="+", type=_job_id, metavar="ID")
     p.add_argument(
         "--wait",
         action="store_true",
-        help="wait until the job has stopped (one that had already ended is no error)",
+        help="ask every job first, then wait until all have stopped, printing each as it "
+        "does (one that had already ended is no error)",
     )
 
     p = verb(

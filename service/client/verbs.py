@@ -419,23 +419,68 @@ def _logs(client: Client, args: argparse.Namespace) -> int:
 
 
 def cancel(client: Client, args: argparse.Namespace) -> int:
+    """Each job asked to cancel in turn (each once, in the order given); one that cannot be
+    is said and skipped, and the command ends with the first refusal's exit code (1: a job
+    unknown, or ended without `--wait`), as `delete` does. With `--wait`, every job is
+    asked first, then all are waited on together, each `ID STATE` said as it stops."""
+    ids = list(dict.fromkeys(args.ids))
+    refused: list[int] = []  # the exit code of each refusal, in order
+    stopping: list[str] = []  # asked (`--wait`), and not ended yet
+    for index, job_id in enumerate(ids):
+        rest = ids[index + 1 :]
+        try:
+            job, said = _cancel_one(client, args, job_id)
+            if args.wait and job["state"] not in TERMINAL:
+                stopping.append(job_id)
+            else:
+                _result(f"{job['id']} {job['state']}\n", echo=not said)
+        except KeyboardInterrupt as interrupt:
+            raise _not_tried(interrupt, rest) from interrupt
+        except ClientError as error:
+            if error.code in (EXIT_UNREACHABLE, EXIT_NO_ANSWER):
+                # The rest would meet the same service: they are left, and said to be.
+                if rest:
+                    error.message += f" (not tried: {' '.join(rest)})"
+                raise
+            sys.stderr.write(f"towerboard: error: {error.message}\n")
+            refused.append(error.code)
+    refused += _wait_stopped(client, stopping, several=len(ids) > 1)
+    return refused[0] if refused else EXIT_OK
+
+
+def _not_tried(interrupt: KeyboardInterrupt, rest: list[str]) -> KeyboardInterrupt:
+    """Ctrl-C in a batch, with the jobs it left untried named: after what the interrupted
+    request has to say (an Interrupted), or on its own (a read, or between requests)."""
+    if not rest:
+        return interrupt
+    untried = f"not tried: {' '.join(rest)}"
+    if isinstance(interrupt, Interrupted):
+        interrupt.message += f" ({untried})"
+        return interrupt
+    return Interrupted(f"interrupted; {untried}")
+
+
+def _cancel_one(
+    client: Client, args: argparse.Namespace, job_id: str
+) -> tuple[dict[str, Any], bool]:
+    """Ask the service to cancel `job_id`, saying on stderr what came of it; the job as it
+    then is, and whether stderr said its state already (one that had already ended)."""
     try:
         response, job = client.request_json(
             "POST",
-            f"/api/v1/jobs/{args.id}/cancel",
-            check_with=_command(args, "status", args.id),
+            f"/api/v1/jobs/{job_id}/cancel",
+            check_with=_command(args, "status", job_id),
         )
     except ClientError as refused:
         if not args.wait or refused.code in (EXIT_UNREACHABLE, EXIT_NO_ANSWER):
             raise
         # `--wait` asks for a stopped job: one that ended already (cancelled by someone
         # else, or finished meanwhile) is that, and a script waiting on it goes on.
-        job = client.job(args.id)
+        job = client.job(job_id)
         if job["state"] not in TERMINAL:
             raise refused from None
         sys.stderr.write(f"job {job['id']} had already ended ({job['state']})\n")
-        _result(f"{job['id']} {job['state']}\n", echo=False)  # the line above says it
-        return EXIT_OK
+        return job, True
     if response.status_code == 202:
         sys.stderr.write(f"cancel requested: job {job['id']} checkpoints and stops\n")
     elif job["state"] != "cancelled":  # a resume taken back before its attempt started
@@ -443,12 +488,44 @@ def cancel(client: Client, args: argparse.Namespace) -> int:
             f"job {job['id']} was resumed and had not started again: it is {job['state']} "
             "again, as it was\n"
         )
-    if args.wait and job["state"] not in TERMINAL:
-        while job["state"] not in TERMINAL:
+    return job, False
+
+
+def _wait_stopped(client: Client, ids: list[str], *, several: bool) -> list[int]:
+    """Wait for every job of `ids` (each asked to cancel) to end, all at once rather than
+    one after another, saying each `ID STATE` as it does; the exit code of each that could
+    not be followed (deleted meanwhile), said and left. `several`: the command was given
+    more than one job, so a service lost for good, or Ctrl-C, names those not seen to end."""
+    pending = list(ids)
+    refused: list[int] = []
+    try:
+        while pending:
             time.sleep(0.5)
-            job = client.patiently(lambda: client.job(args.id), _note)
-    _result(f"{job['id']} {job['state']}\n")
-    return EXIT_OK
+            for job_id in list(pending):
+                try:
+                    job = client.patiently(partial(client.job, job_id), _note)
+                except ClientError as error:
+                    if error.code in (EXIT_UNREACHABLE, EXIT_NO_ANSWER):
+                        if several:
+                            error.message += f" (not seen to stop: {' '.join(pending)})"
+                        raise
+                    sys.stderr.write(f"towerboard: error: {error.message}\n")
+                    pending.remove(job_id)
+                    refused.append(error.code)
+                    continue
+                if job["state"] in TERMINAL:
+                    pending.remove(job_id)
+                    _result(f"{job['id']} {job['state']}\n")
+    except KeyboardInterrupt as interrupt:
+        if not pending:
+            raise
+        which = (
+            f"job {pending[0]} stops on its own (its cancel was asked)"
+            if len(pending) == 1
+            else f"jobs {' '.join(pending)} stop on their own (their cancel was asked)"
+        )
+        raise Interrupted(f"stopped waiting; {which}") from interrupt
+    return refused
 
 
 def resume(client: Client, args: argparse.Namespace) -> int:

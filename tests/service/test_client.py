@@ -464,6 +464,97 @@ def test_cancel_queued_and_running_jobs(
     assert waited.stderr == f"job {running['id']} had already ended (cancelled)\n"
 
 
+def test_cancel_several_jobs_each_in_turn(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # A sweep cancelled in one command: it took one id. Two job slots, each held by a
+    # running job of the stepping stand-in; a third job waits.
+    service = make_service(env={"TOWERBOARD_CPU_JOBS": "2", **stepping_worker_env(tmp_path)})
+    service.start()
+    first, second = (service.submit(long_job()) for _ in range(2))
+    for job in (first, second):
+        service.wait_state(job["id"], "running")
+    queued = service.submit(job_spec(name="waits"))
+    a, b, q = first["id"], second["id"], queued["id"]
+
+    # An empty id is refused with the rest, before any is sent.
+    empty = towerboard("cancel", a, "", url=service.base_url)
+    assert empty.returncode == 2, empty.stderr
+    assert "argument ID: expected a job id. Received: ''" in empty.stderr
+    assert service.job(a)["cancel_requested"] is False
+
+    # Each in turn, each once; one unknown is said and skipped, and the command exits 1.
+    several = towerboard("cancel", q, "nosuchjob", a, q, url=service.base_url)
+    assert several.returncode == 1, several.stderr
+    assert several.stdout == f"{q} cancelled\n{a} running\n"
+    assert several.stderr == (
+        "towerboard: error: Job 'nosuchjob' not found.\n"
+        f"cancel requested: job {a} checkpoints and stops\n"
+    )
+    service.wait_state(a, "cancelled")
+    assert service.job(q)["state"] == "cancelled"
+    assert service.job(b)["state"] == "running"  # not named: left alone
+
+    # --wait: the ended ones are said at once (no error), the running ones waited on,
+    # two of them here (the slot `a` left is taken by a new job).
+    third = service.submit(long_job())["id"]
+    service.wait_state(third, "running")
+    waited = towerboard("cancel", a, b, q, third, "--wait", url=service.base_url)
+    assert waited.returncode == 0, waited.stderr
+    lines = waited.stdout.splitlines()
+    assert lines[:2] == [f"{a} cancelled", f"{q} cancelled"], waited.stdout
+    assert sorted(lines[2:]) == sorted([f"{b} cancelled", f"{third} cancelled"])
+    assert waited.stderr == (
+        f"job {a} had already ended (cancelled)\n"
+        f"cancel requested: job {b} checkpoints and stops\n"
+        f"job {q} had already ended (cancelled)\n"
+        f"cancel requested: job {third} checkpoints and stops\n"
+    )
+    assert {service.job(i)["state"] for i in (b, third)} == {"cancelled"}
+
+    # Without --wait, ended jobs are refused, each said, and the exit is 1.
+    refused = towerboard("cancel", a, b, url=service.base_url)
+    assert refused.returncode == 1
+    assert refused.stdout == ""
+    assert refused.stderr == "".join(
+        f"towerboard: error: Job {i!r} has ended (cancelled); only queued or running jobs "
+        "can be cancelled.\n"
+        for i in (a, b)
+    )
+
+
+def test_cancel_wait_waits_on_every_job_at_once(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # `cancel A B --wait` asks both, then says each as it stops: B, which stops on SIGTERM,
+    # while A, whose worker ignores it (stopped only by the grace period's SIGKILL, a
+    # minute here), is still running. Waited on one after the other, B was not even asked
+    # until A had stopped. Ctrl-C then says which jobs it stopped waiting for.
+    service = make_service(env={"TOWERBOARD_CPU_JOBS": "2", **fake_worker_env(tmp_path)})
+    service.start()
+    deaf = service.submit(job_spec(name="deaf"))["id"]
+    prompt = service.submit(job_spec(name="prompt"))["id"]  # runs until SIGTERM
+    for job_id in (deaf, prompt):
+        service.wait_reported(job_id)
+    waiter = towerboard_in_background("cancel", deaf, prompt, "--wait", url=service.base_url)
+    try:
+        assert waiter.stdout is not None
+        assert waiter.stdout.readline() == f"{prompt} cancelled\n"
+        still = service.job(deaf)
+        assert (still["state"], still["cancel_requested"]) == ("running", True)
+        waiter.send_signal(signal.SIGINT)
+        out, err = waiter.communicate(timeout=30)
+    finally:
+        waiter.kill()
+    assert waiter.returncode == 130, err
+    assert out == ""
+    assert err == (
+        f"cancel requested: job {deaf} checkpoints and stops\n"
+        f"cancel requested: job {prompt} checkpoints and stops\n"
+        f"\nstopped waiting; job {deaf} stops on its own (its cancel was asked)\n"
+    )
+
+
 def test_submit_watch_failed_job_exits_1(service: Service, tmp_path: Path) -> None:
     # A custom model the service cannot check (its module binds the name; whether that is
     # a function takes importing it) and the worker finds is none (a string).

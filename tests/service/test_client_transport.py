@@ -207,6 +207,7 @@ def test_cli_says_how_to_check_a_change_that_no_answer_came_to(tmp_path) -> None
     with hangs_up() as (url, seen):
         submitted = _towerboard("submit", str(spec), url=url)
         deleted = _towerboard("delete", "aaa", "bbb", "ccc", url=url)
+        cancelled = _towerboard("cancel", "aaa", "bbb", "ccc", "--wait", url=url)
         listed = _towerboard("status", url=url)
     assert submitted.returncode == EXIT_NO_ANSWER, submitted.stderr
     assert submitted.stdout == ""
@@ -224,6 +225,13 @@ def test_cli_says_how_to_check_a_change_that_no_answer_came_to(tmp_path) -> None
     assert deleted.stderr.endswith(
         f"check with `towerboard status aaa --url {url}` before trying again (not tried: bbb ccc)\n"
     ), deleted.stderr
+    assert cancelled.returncode == EXIT_NO_ANSWER, cancelled.stderr
+    assert cancelled.stderr == (
+        f"towerboard: error: sent POST /api/v1/jobs/aaa/cancel to the service at {url}, but "
+        "no answer came (RemoteProtocolError: Server disconnected without sending a "
+        f"response.): it may or may not have been done; check with `towerboard status aaa "
+        f"--url {url}` before trying again (not tried: bbb ccc)\n"
+    )
     assert listed.returncode == EXIT_NO_ANSWER, listed.stderr
     assert "did not answer GET /api/v1/jobs" in listed.stderr
     assert "towerboard serve" not in listed.stderr
@@ -231,9 +239,24 @@ def test_cli_says_how_to_check_a_change_that_no_answer_came_to(tmp_path) -> None
     assert seen == [
         "POST /api/v1/jobs HTTP/1.1",
         "DELETE /api/v1/jobs/aaa HTTP/1.1",
+        "POST /api/v1/jobs/aaa/cancel HTTP/1.1",
         "GET /api/v1/jobs?limit=50 HTTP/1.1",
         "GET /api/v1/jobs?limit=50 HTTP/1.1",
     ]
+
+
+def test_a_batch_that_cannot_reach_the_service_says_which_were_not_tried() -> None:
+    with socket.socket() as closed:  # bound, never listening: the connection is refused
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        results = [_towerboard(verb, "aaa", "bbb", "ccc", url=url) for verb in ("cancel", "delete")]
+    for result in results:
+        assert result.returncode == EXIT_UNREACHABLE, result.stderr
+        assert result.stdout == ""
+        assert result.stderr.startswith(f"towerboard: error: cannot reach the service at {url}")
+        assert result.stderr.endswith(
+            "Is `towerboard serve` running? Set --url or TOWERBOARD_URL. (not tried: bbb ccc)\n"
+        ), result.stderr
 
 
 def test_the_command_to_check_with_names_the_url_only_when_given_by_url() -> None:
@@ -289,8 +312,13 @@ def test_tensorboard_and_profile_say_what_running_them_again_does() -> None:
             "DELETE /api/v1/jobs/aaa: it may or may not have been done; check with "
             "`towerboard status aaa --url URL` before trying again (not tried: bbb)",
         ),
+        (
+            ["cancel", "aaa", "bbb", "aaa", "ccc", "--wait"],
+            "POST /api/v1/jobs/aaa/cancel: it may or may not have been done; check with "
+            "`towerboard status aaa --url URL` before trying again (not tried: bbb ccc)",
+        ),
     ],
-    ids=["submit", "delete"],
+    ids=["submit", "delete", "cancel"],
 )
 def test_ctrl_c_before_a_change_is_answered_says_it_may_have_been_done(
     tmp_path, verb: list[str], said: str

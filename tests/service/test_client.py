@@ -555,6 +555,16 @@ def test_cancel_wait_waits_on_every_job_at_once(
     )
 
 
+def test_an_empty_job_id_is_a_usage_error(service: Service) -> None:
+    # Refused like any malformed id: `status ""` must not list the jobs table as if no
+    # id were given (its handler tests the id for truth).
+    for args in (["status", ""], ["status", "  "], ["logs", ""], ["cancel", "\t"]):
+        result = towerboard(*args, url=service.base_url)
+        assert result.returncode == 2, (args, result.stderr)
+        assert result.stdout == ""
+        assert f"argument ID: expected a job id. Received: {args[1]!r}" in result.stderr
+
+
 def test_submit_watch_failed_job_exits_1(service: Service, tmp_path: Path) -> None:
     # A custom model the service cannot check (its module binds the name; whether that is
     # a function takes importing it) and the worker finds is none (a string).

@@ -1,13 +1,18 @@
 """The one TensorBoard the service runs for its users, as a subprocess on loopback.
 
-TensorBoard reads a "view" logdir that mirrors the shown jobs' `tb/` folders with links:
+TensorBoard reads a "view" logdir that mirrors the shown jobs' `tb/` folders with links,
+a folder a job named by the job's name and id (`view_name`):
 
-    <data_dir>/tensorboard/logdir/<job_id>/train            -> runs/<job_id>/tb/train
-    <data_dir>/tensorboard/logdir/<job_id>/plugins/profile  -> runs/<job_id>/tb/plugins/profile
+    <data_dir>/tensorboard/logdir/<name> · <job_id>/train   -> runs/<job_id>/tb/train
+    <data_dir>/tensorboard/logdir/<name> · <job_id>/plugins/profile
+                                                            -> runs/<job_id>/tb/plugins/profile
 
-so its runs are named `<job_id>/train`, `<job_id>/eval`. Real folders down to `plugins/`
-are needed because the profile plugin neither follows a linked folder while it searches
-nor understands `--logdir_spec`. The mirror is refreshed every few seconds, so folders a
+so its runs are named `mnist-cnn · 3fkkyci9jr/train`, `mnist-cnn · 3fkkyci9jr/eval`: the
+run selector, which sorts runs by name, lists jobs by what their users called them (those
+of one name together), and the id keeps each job's runs apart from another's of the same
+name (a job's run directory is never renamed: only the view is). Real folders down to
+`plugins/` are needed because the profile plugin neither follows a linked folder while it
+searches nor understands `--logdir_spec`. The mirror is refreshed every few seconds, so folders a
 worker creates later (and, when every job is shown, jobs submitted later) appear. The
 view's file work (most of a second over 2,000 jobs) runs in threads, each under the
 launcher's lock: a start that restarts TensorBoard makes the new view beside the old one
@@ -41,6 +46,7 @@ import signal
 import socket
 import subprocess
 import time
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -98,13 +104,88 @@ def _link(link: Path, target: Path) -> None:
         link.symlink_to(target, target_is_directory=True)
 
 
+# A job's folder in the view: its name made a folder name, this, then its id. The name
+# first: the run selector sorts runs by name, and a user looks for a job by its name. The id
+# after the last separator, so it is read back from a folder (`job_of`) whatever the name.
+NAME_SEPARATOR = " · "
+# The name's share of the folder, at most: a run's name is shown whole in the run
+# selector, its id last; and a folder name has at most 255 bytes.
+_NAME_CHARS = 60
+_NAME_BYTES = 180
+# Characters that reorder how the text around them is shown (right-to-left overrides and
+# isolates): a name's could show its id, or another job's name, in another place.
+_BIDI_CONTROLS = frozenset(
+    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+)
+
+
+def _folder_safe(name: str) -> str:
+    """`name` as part of one folder's name: no `/` (nor `\\`, which the proxy reads as one),
+    no control characters, line breaks or bidi controls, white space as one space, no
+    leading dot or space, and at most _NAME_CHARS characters (an ellipsis where cut).
+    Empty where nothing is left."""
+    kept = []
+    for char in name:
+        category = unicodedata.category(char)
+        if char in "/\\":
+            kept.append("_")
+        elif category in ("Cc", "Cs", "Zl", "Zp") or char in _BIDI_CONTROLS:
+            continue  # a lone surrogate (Cs) cannot even be written as a file name
+        else:
+            kept.append(char)
+    safe = " ".join("".join(kept).split()).lstrip(". ")
+    if len(safe) > _NAME_CHARS or len(safe.encode()) > _NAME_BYTES:
+        safe = safe[: _NAME_CHARS - 1]
+        while len(safe.encode()) > _NAME_BYTES - len("…".encode()):
+            safe = safe[:-1]
+        safe = safe.rstrip(" \u200d") + "…"  # nor a joiner left waiting for its emoji
+    return safe
+
+
+def view_name(job_id: str, name: str | None) -> str:
+    """The folder of job `job_id`, named `name`, in the view: `<name> · <job_id>`, or
+    the id alone where the job has no name (its spec unreadable) or nothing of it is left
+    (`_folder_safe`)."""
+    safe = _folder_safe(name) if name else ""
+    return f"{safe}{NAME_SEPARATOR}{job_id}" if safe else job_id
+
+
+def job_of(folder: str) -> str:
+    """The job id of a folder of the view (one `view_name` made, or an older version's,
+    named by the id alone)."""
+    return folder.rpartition(NAME_SEPARATOR)[2]
+
+
+# Each runs folder's jobs' folders in the view: job id -> `view_name`. A job's name never
+# changes, so its spec.json is read once (a custom model's `params` can make it a MiB),
+# not at each refresh of a job that writes; a job deleted is forgotten.
+_FOLDERS: dict[Path, dict[str, str]] = {}
+
+
+def view_folder(runs_dir: Path, job_id: str) -> str:
+    """The folder of job `job_id` (its run directory in `runs_dir`) in the view, named
+    by its spec.json's `name`. A spec not there (yet) is read again next time."""
+    folders = _FOLDERS.setdefault(runs_dir, {})
+    if (folder := folders.get(job_id)) is not None:
+        return folder
+    try:
+        raw = (runs_dir / job_id / "spec.json").read_bytes()
+    except OSError:
+        return job_id
+    spec = json_object(raw) or {}
+    name = spec.get("name")
+    folders[job_id] = folder = view_name(job_id, name if isinstance(name, str) else None)
+    return folder
+
+
 # What each view logdir holds: its path -> (its inode, job id -> the modification times
-# of the job's tb/ and tb/plugins/ when they were linked). A job whose two folders have
-# not changed since has nothing new to link: two stats, where linking it again (a scan, a
-# mkdir and a link tried for each folder) took 1.6-3 s a pass over 20,000 jobs, a pass
-# every 3 s while TensorBoard runs, the launcher's lock held throughout. The inode tells a
-# view made again at that path (a restart's, renamed into place) from the one linked.
-_LINKED: dict[Path, tuple[int, dict[str, tuple[int, int]]]] = {}
+# of the job's tb/ and tb/plugins/ when they were linked, and the folder they were linked
+# into). A job whose two folders have not changed since has nothing new to link: two
+# stats, where linking it again (a scan, a mkdir and a link tried for each folder) took
+# 1.6-3 s a pass over 20,000 jobs, a pass every 3 s while TensorBoard runs, the
+# launcher's lock held throughout. The inode tells a view made again at that path (a
+# restart's, renamed into place) from the one linked.
+_LINKED: dict[Path, tuple[int, dict[str, tuple[tuple[int, int], str]]]] = {}
 # A folder changed this recently may change again within its clock's tick (a few ms),
 # leaving its time as it was: it is linked again at the next pass, not trusted.
 _SETTLED_NS = 2_000_000_000
@@ -128,23 +209,35 @@ def mirror_logdir(logdir: Path, runs_dir: Path, job_ids: tuple[str, ...] | None)
     """Bring the view logdir up to date with the jobs' tb/ folders (None: every job)."""
     with os.scandir(runs_dir) as found:
         runs = {e.name for e in found if e.is_dir() and not e.name.startswith(".")}
+    named = _FOLDERS.setdefault(runs_dir, {})
+    for job_id in named.keys() - runs:  # deleted: forgotten
+        del named[job_id]
     inode = os.stat(logdir).st_ino
     known = _LINKED.get(logdir)
-    linked: dict[str, tuple[int, int]] = known[1] if known and known[0] == inode else {}
+    linked = known[1] if known and known[0] == inode else {}
     _LINKED[logdir] = (inode, linked)
-    shown = _drop_deleted(logdir, runs)
-    for job_id in set(linked) - shown:  # deleted, or its folder in the view gone
-        del linked[job_id]
+    owners = _drop_deleted(logdir, runs)
+    if len(owners) != len(set(owners.values())):  # a job with two folders (`_drop_others`)
+        by_job: dict[str, list[str]] = {}
+        for folder, job_id in owners.items():
+            by_job.setdefault(job_id, []).append(folder)
+        for job_id, folders in by_job.items():
+            if len(folders) > 1:
+                _drop_others(logdir, owners, folders, view_folder(runs_dir, job_id))
+    for job_id in [job for job, (_, folder) in linked.items() if folder not in owners]:
+        del linked[job_id]  # deleted, or its folder in the view gone
     for job_id in sorted(runs) if job_ids is None else job_ids:
-        source = runs_dir / job_id / "tb"
-        stamp = _stamp(f"{source}")
-        if stamp is None or linked.get(job_id) == stamp:
+        source = f"{runs_dir}/{job_id}/tb"  # a str: a Path each cost 0.05 s a pass of 20,000
+        stamp = _stamp(source)
+        was = linked.get(job_id)
+        if stamp is None or (was is not None and was[0] == stamp):
             continue  # not started yet, deleted, or nothing new since it was linked
         try:
             entries = list(os.scandir(source))
         except (FileNotFoundError, NotADirectoryError):
             continue
-        view = logdir / job_id
+        folder = view_folder(runs_dir, job_id)
+        view = logdir / folder
         view.mkdir(exist_ok=True)
         for entry in entries:
             if entry.name == "plugins" and entry.is_dir(follow_symlinks=False):
@@ -154,19 +247,36 @@ def mirror_logdir(logdir: Path, runs_dir: Path, job_ids: tuple[str, ...] | None)
                     _link(view / "plugins" / plugin.name, Path(plugin.path))
             else:
                 _link(view / entry.name, Path(entry.path))
+        # The folder it had, when named otherwise: by its id alone (an older version's, or
+        # made while its spec.json could not be read), or as it was last linked.
+        _drop_others(logdir, owners, [job_id, *([was[1]] if was else [])], folder)
         if time.time_ns() - max(stamp) > _SETTLED_NS:
-            linked[job_id] = stamp
+            linked[job_id] = (stamp, folder)
 
 
-def _drop_deleted(logdir: Path, runs: set[str]) -> set[str]:
+def _drop_others(logdir: Path, owners: dict[str, str], folders: list[str], folder: str) -> None:
+    """Take those of a job's `folders` that the view has (`owners`), other than `folder`,
+    its own, out of it: TensorBoard would list the job's runs twice, once under each."""
+    for other in folders:
+        if other != folder and other in owners:
+            shutil.rmtree(logdir / other)
+            del owners[other]
+
+
+def _drop_deleted(logdir: Path, runs: set[str]) -> dict[str, str]:
     """Take the view of every deleted job (its run directory gone: not in `runs`) out of
     the logdir: its links lead nowhere, and TensorBoard would list its runs on as empty.
-    The jobs the view shows then."""
+    The folders the view has then, each with its job's id."""
     with os.scandir(logdir) as views:
-        shown = {v.name for v in views if v.is_dir(follow_symlinks=False)}
-    for job_id in shown - runs:
-        shutil.rmtree(logdir / job_id)  # links and the plugins/ folder: never what they lead to
-    return shown & runs
+        owners = {
+            v.name: v.name.rpartition(NAME_SEPARATOR)[2]  # `job_of`, inline: 20,000 calls
+            for v in views
+            if v.is_dir(follow_symlinks=False)
+        }
+    for folder in [folder for folder, job_id in owners.items() if job_id not in runs]:
+        shutil.rmtree(logdir / folder)  # links and the plugins/ folder: never what they lead to
+        del owners[folder]
+    return owners
 
 
 def includes(selection: tuple[str, ...] | None, shown: tuple[str, ...] | None) -> bool:
@@ -408,10 +518,11 @@ class TensorBoardLauncher:
     async def wait_runs_listed(self, instance: TensorBoardInstance, job_ids: list[str]) -> None:
         """Wait (a bounded time) until a running TensorBoard lists a run of each of
         `job_ids` that has one to list: it finds added jobs at its next reload."""
+        runs_dir = self._settings.runs_dir
         pending = {
-            job_id
-            for job_id in job_ids
-            if any(entry.name != "plugins" for entry in _entries(instance.logdir / job_id))
+            folder
+            for folder in (view_folder(runs_dir, job_id) for job_id in job_ids)
+            if any(entry.name != "plugins" for entry in _entries(instance.logdir / folder))
         }
         if not pending or not self._ready.is_set():
             return  # nothing written yet, or it loads them as it starts
@@ -426,9 +537,9 @@ class TensorBoardLauncher:
                 runs = answer.json()
                 if isinstance(runs, list):
                     pending = {
-                        job_id
-                        for job_id in pending
-                        if not any(str(run).startswith(f"{job_id}/") for run in runs)
+                        folder
+                        for folder in pending
+                        if not any(str(run).startswith(f"{folder}/") for run in runs)
                     }
             if pending:
                 await asyncio.sleep(0.25)

@@ -682,7 +682,7 @@ def test_tensorboard_starts_and_prints_proxied_url(
     page = httpx.get(result.stdout.strip(), timeout=60)
     assert page.status_code == 200 and "<title>TensorBoard</title>" in page.text
     runs = httpx.get(f"{service.base_url}/tensorboard/data/runs", timeout=60).json()
-    assert f"{watched['id']}/train" in runs
+    assert f"cli-tiny · {watched['id']}/train" in runs  # the job's name, then its id
 
     # Over every job, then back to one: the second start takes the others away, and says so.
     every = towerboard("tensorboard", url=service.base_url, timeout=240)

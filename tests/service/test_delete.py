@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import time
@@ -303,16 +304,19 @@ def test_cli_delete_says_each_and_exits_1_when_one_is_refused(service: Service) 
 
 
 def test_tensorboard_view_drops_a_deleted_job(tmp_path: Path) -> None:
+    # The view names a job's folder by its name, then its id; the two jobs share a name.
     runs, logdir = tmp_path / "runs", tmp_path / "view"
     for job_id in ("keptjob123", "gonejob123"):
         (runs / job_id / "tb" / "train").mkdir(parents=True)
+        (runs / job_id / "spec.json").write_text(json.dumps({"name": "same"}))
     logdir.mkdir()
     mirror_logdir(logdir, runs, None)
-    assert sorted(p.name for p in logdir.iterdir()) == ["gonejob123", "keptjob123"]
+    assert sorted(p.name for p in logdir.iterdir()) == ["same · gonejob123", "same · keptjob123"]
     (runs / "gonejob123").rename(tmp_path / "aside")  # as a delete moves it
     mirror_logdir(logdir, runs, ("keptjob123", "gonejob123"))
-    assert [p.name for p in logdir.iterdir()] == ["keptjob123"]
-    assert (logdir / "keptjob123" / "train").resolve() == (runs / "keptjob123" / "tb" / "train")
+    assert [p.name for p in logdir.iterdir()] == ["same · keptjob123"]
+    kept = logdir / "same · keptjob123" / "train"
+    assert kept.resolve() == (runs / "keptjob123" / "tb" / "train")
     assert (tmp_path / "aside" / "tb" / "train").is_dir()  # never what the links lead to
 
 

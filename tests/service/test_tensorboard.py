@@ -8,6 +8,7 @@ import gzip
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -32,7 +33,9 @@ from service.tensorboard import (
     StartOutcome,
     TensorBoardInstance,
     TensorBoardLauncher,
+    job_of,
     mirror_logdir,
+    view_name,
 )
 from service.upstream import Upstream
 from tests.service.harness import Service, fake_worker_env, job_spec
@@ -69,6 +72,12 @@ def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
         time.sleep(0.25)
 
 
+def _folder(job: dict[str, Any]) -> str:
+    """The job's folder in TensorBoard's view, and so its runs' names before `/train`: its
+    name, then its id (for the plain names these tests give)."""
+    return f"{job['name']} · {job['id']}"
+
+
 @pytest.fixture(scope="module")
 def traced_job(service: Service) -> dict[str, Any]:
     """The tiny job with a device trace of step 5, run to success."""
@@ -91,7 +100,7 @@ def test_start_tensorboard_and_read_loss_through_proxy(
     def loss() -> Any:
         reply = service.client.get(
             "/tensorboard/data/plugin/scalars/scalars",
-            params={"run": f"{job_id}/train", "tag": "loss"},
+            params={"run": f"{_folder(traced_job)}/train", "tag": "loss"},
         )
         return reply.json() if reply.status_code == 200 and reply.json() else None
 
@@ -161,7 +170,7 @@ def test_tensorboard_shows_every_kind_of_summary_a_job_writes(
     # tf.summary: TensorBoard's own plugins must find and draw each kind.
     job_id = traced_job["id"]
     service.client.post("/api/v1/tensorboard", json={"job_ids": [job_id]})
-    run = f"{job_id}/train"
+    run = f"traced · {job_id}/train"  # the job's name, then its id
 
     def tags(plugin: str) -> Any:
         reply = service.client.get(f"/tensorboard/data/plugin/{plugin}/tags")
@@ -213,7 +222,9 @@ def test_tensorboard_shows_every_kind_of_summary_a_job_writes(
         return reply.status_code == 200 and reply.json()["sessionGroups"]
 
     [group] = _wait(session_groups, 60, "the hparams session groups")
-    assert group["name"] == job_id
+    assert group["name"] == job_id  # the trial: the id the trainer wrote
+    # Its session: the job's folder in the view, its name then its id.
+    assert [session["name"] for session in group["sessions"]] == [f"traced · {job_id}"]
     hparams = group["hparams"]
     assert (hparams["name"], hparams["model.name"], hparams["model.params.hidden"]) == (
         "traced", "mlp", "[16]",
@@ -242,7 +253,7 @@ def test_proxy_tensorboard_profile_plugin(service: Service, traced_job: dict[str
     assert listing.status_code == 200
     assert listing.json()["profile"]["enabled"] is True
     runs = service.client.get("/tensorboard/data/plugin/profile/runs").json()
-    assert len(runs) == 1 and runs[0].startswith(f"{job_id}/")
+    assert len(runs) == 1 and runs[0].startswith(f"traced · {job_id}/"), runs
     tools = service.client.get(
         "/tensorboard/data/plugin/profile/run_tools", params={"run": runs[0]}
     )
@@ -316,7 +327,7 @@ def test_proxy_decodes_gzip_for_a_client_that_did_not_ask_for_it(
         answer.close()
         assert answer.status_code == 200
         assert "content-encoding" not in answer.headers, accept
-        assert json.loads(raw)[0].startswith(f"{traced_job['id']}/"), accept
+        assert json.loads(raw)[0].startswith(f"{_folder(traced_job)}/"), accept
         assert int(answer.headers.get("content-length", len(raw))) == len(raw)
     # A client that takes gzip gets TensorBoard's bytes as they came.
     answer = service.client.send(
@@ -325,7 +336,7 @@ def test_proxy_decodes_gzip_for_a_client_that_did_not_ask_for_it(
     raw = b"".join(answer.iter_raw())
     answer.close()
     assert answer.headers["content-encoding"] == "gzip"
-    assert json.loads(gzip.decompress(raw))[0].startswith(f"{traced_job['id']}/")
+    assert json.loads(gzip.decompress(raw))[0].startswith(f"{_folder(traced_job)}/")
 
 
 @pytest.mark.parametrize(
@@ -485,7 +496,7 @@ def test_start_tensorboard_over_more_jobs_adds_them_in_place(
     """A start whose jobs include every job shown adds them to the running TensorBoard:
     no restart, so a tab another user has open on it carries on."""
     old = _running_over(service, traced_job["id"])
-    assert f"{other_job['id']}/train" not in _runs(service)
+    assert f"{_folder(other_job)}/train" not in _runs(service)
     response = service.client.post("/api/v1/tensorboard")  # every job
     assert response.status_code == 200
     new = response.json()
@@ -493,11 +504,11 @@ def test_start_tensorboard_over_more_jobs_adds_them_in_place(
     assert new["state"] == "running" and new["replaced"] is None
     assert _alive(new["pid"])
     runs = _wait(
-        lambda: (r := _runs(service)) and f"{other_job['id']}/train" in r and r,
+        lambda: (r := _runs(service)) and f"{_folder(other_job)}/train" in r and r,
         60,
         "the other job's runs, added",
     )
-    assert f"{traced_job['id']}/train" in runs
+    assert f"{_folder(traced_job)}/train" in runs
 
 
 def test_tensorboard_killed_after_ready_reported_stopped(service: Service) -> None:
@@ -536,7 +547,7 @@ def test_start_tensorboard_merge_adds_to_what_it_shows(
     service.client.delete("/api/v1/tensorboard")
     first = service.client.post("/api/v1/tensorboard", json={"job_ids": [traced_job["id"]]})
     _running(service)
-    assert f"{other_job['id']}/train" not in _runs(service)
+    assert f"{_folder(other_job)}/train" not in _runs(service)
     response = service.client.post(
         "/api/v1/tensorboard", json={"job_ids": [other_job["id"]], "merge": True}
     )
@@ -545,7 +556,7 @@ def test_start_tensorboard_merge_adds_to_what_it_shows(
     assert merged["pid"] == first.json()["pid"] and merged["replaced"] is None
     assert merged["job_ids"] == sorted([traced_job["id"], other_job["id"]])
     runs = _runs(service)
-    assert {f"{traced_job['id']}/train", f"{other_job['id']}/train"} <= set(runs), runs
+    assert {f"{_folder(traced_job)}/train", f"{_folder(other_job)}/train"} <= set(runs), runs
     # Asked again, it is simply reused.
     again = service.client.post(
         "/api/v1/tensorboard", json={"job_ids": [traced_job["id"]], "merge": True}
@@ -572,7 +583,7 @@ def test_start_tensorboard_over_other_jobs_says_what_it_replaced(
     status = service.client.get("/api/v1/tensorboard").json()
     assert status["pid"] == new["pid"] and status["replaced"] == replaced
     runs = _wait(lambda: _runs(service), 120, "the new TensorBoard's runs")
-    assert f"{traced_job['id']}/train" not in runs
+    assert f"{_folder(traced_job)}/train" not in runs
     # Every job, narrowed to one: replaced says it showed every job (null).
     service.client.post("/api/v1/tensorboard")
     narrowed = service.client.post("/api/v1/tensorboard", json={"job_ids": [other_job["id"]]})
@@ -693,6 +704,100 @@ def test_a_deleted_job_leaves_the_tensorboard_selection(
     again = service.client.post("/api/v1/tensorboard", json={"job_ids": [other_job["id"]]})
     assert again.status_code == 200, again.text  # reused: nothing shown was left out
     assert again.json()["pid"] == pid and again.json()["replaced"] is None
+
+
+def test_tensorboard_names_each_jobs_runs_by_its_name_and_id(service: Service) -> None:
+    """Runs were named by the job id alone (`3fkkyci9jr/train`): nobody comparing jobs in
+    the run selector, the profile plugin or HParams could tell which was which. Each is
+    now the job's name, made a folder name, then its id: two jobs of one name stay apart,
+    a name of `/`, spaces and unicode is safe (and the profile plugin reads it), the
+    dashboard's run filter (`<id>(/|$)`) finds one job's runs alone even beside a job
+    whose name holds that id, and a deleted job's runs go."""
+    first = service.submit(job_spec(name="twin"))
+    second = service.submit(job_spec(name="twin"))
+    odd = service.submit(
+        job_spec(
+            name=f"  ..naïve  a/b\\c ✓ 日本語 of {first['id']}", summaries={"trace_steps": [5]}
+        )
+    )
+    for job in (first, second, odd):
+        assert service.wait_state(job["id"], "succeeded", "failed")["state"] == "succeeded"
+    odd_folder = f"naïve a_b_c ✓ 日本語 of {first['id']} · {odd['id']}"
+    service.client.post("/api/v1/tensorboard")  # every job: added in place, or started
+    expected = {
+        f"twin · {first['id']}/train", f"twin · {second['id']}/train", f"{odd_folder}/train",
+    }  # fmt: skip
+    _running(service)
+    runs = _wait(lambda: (r := set(_runs(service))) >= expected and r, 60, "the named runs")
+    assert not any(run.startswith((f"{first['id']}/", f"{odd['id']}/")) for run in runs), runs
+    logdir = service.data_dir / "tensorboard" / "logdir"
+    assert {p.name for p in logdir.iterdir()} >= {
+        f"twin · {first['id']}", f"twin · {second['id']}", odd_folder,
+    }  # fmt: skip
+    assert (logdir / odd_folder / "train").resolve() == (
+        service.data_dir / "runs" / odd["id"] / "tb" / "train"
+    )  # the view's link; the job's own run directory is as it was
+    # The run filter the dashboard's link sets, a regular expression TensorBoard's page
+    # matches without regard to case: the first twin's runs, not the odd job's.
+    link_filter = re.compile(f"{first['id']}(/|$)", re.IGNORECASE)
+    assert {run for run in runs if link_filter.search(run)} == {
+        run for run in runs if run.startswith(f"twin · {first['id']}")
+    }
+    # Read through the proxy by that name: the loss, and the odd job's trace.
+    loss = service.client.get(
+        "/tensorboard/data/plugin/scalars/scalars",
+        params={"run": f"{odd_folder}/train", "tag": "loss"},
+    )
+    assert loss.status_code == 200 and [step for _, step, _ in loss.json()][-1] == 40
+    profiled = _wait(
+        lambda: [
+            run
+            for run in service.client.get("/tensorboard/data/plugin/profile/runs").json()
+            if run.startswith(f"{odd_folder}/")
+        ],
+        60,
+        "the profile plugin to list the odd job's trace",
+    )
+    tools = service.client.get(
+        "/tensorboard/data/plugin/profile/run_tools", params={"run": profiled[0]}
+    )
+    assert tools.status_code == 200 and "trace_viewer@" in tools.json()
+
+    service.wait_exited(first["id"])
+    assert service.client.delete(f"/api/v1/jobs/{first['id']}").status_code == 204
+    gone = _wait(
+        lambda: (
+            (r := set(_runs(service)))
+            and not any(run.startswith("twin · " + first["id"]) for run in r)
+            and r
+        ),
+        60,
+        "the deleted job's runs to go",
+    )
+    assert f"twin · {second['id']}/train" in gone and f"{odd_folder}/train" in gone
+    assert not any(p.name.endswith(first["id"]) for p in logdir.iterdir())
+
+
+def test_a_view_an_older_version_left_is_replaced_without_duplicate_runs(
+    service: Service, traced_job: dict[str, Any]
+) -> None:
+    """An older version named the view's folders by the job id alone, and left its view
+    in place when it stopped: the next start's view holds each job's runs once, by name."""
+    service.client.delete("/api/v1/tensorboard")
+    logdir = service.data_dir / "tensorboard" / "logdir"
+    shutil.rmtree(logdir, ignore_errors=True)
+    old = logdir / traced_job["id"]
+    old.mkdir(parents=True)
+    for entry in (service.data_dir / "runs" / traced_job["id"] / "tb").iterdir():
+        if entry.name != "plugins":
+            (old / entry.name).symlink_to(entry)
+    started = service.client.post("/api/v1/tensorboard", json={"job_ids": [traced_job["id"]]})
+    assert started.status_code == 201, started.text
+    _running(service)
+    runs = _wait(lambda: _runs(service), 60, "the runs")
+    folder = f"traced · {traced_job['id']}"
+    assert f"{folder}/train" in runs and all(run.startswith(folder) for run in runs), runs
+    assert [p.name for p in logdir.iterdir()] == [folder]
 
 
 def test_a_queued_job_stays_in_the_tensorboard_selection(
@@ -1044,6 +1149,18 @@ _FILE_WORK: list[str] | None = None
 def _file_work(event: str, args: tuple[Any, ...]) -> None:
     if _FILE_WORK is not None and event in ("os.scandir", "os.mkdir", "os.symlink"):
         _FILE_WORK.append(event)
+    elif _FILE_WORK is not None and event == "open" and str(args[0]).endswith("spec.json"):
+        _FILE_WORK.append("spec.json")
+
+
+def _hook_file_work() -> None:
+    """Add `_file_work`'s hook, once (added twice, it records each operation twice)."""
+    if _file_work not in _HOOKED:
+        sys.addaudithook(_file_work)
+        _HOOKED.append(_file_work)
+
+
+_HOOKED: list[Callable[[str, tuple[Any, ...]], None]] = []
 
 
 def test_a_refresh_links_only_jobs_whose_folders_changed(tmp_path: Path) -> None:
@@ -1063,7 +1180,7 @@ def test_a_refresh_links_only_jobs_whose_folders_changed(tmp_path: Path) -> None
     logdir.mkdir()
     mirror_logdir(logdir, runs, None)
     assert len(list(logdir.iterdir())) == 20
-    sys.addaudithook(_file_work)
+    _hook_file_work()
     _FILE_WORK = []
     try:
         mirror_logdir(logdir, runs, None)
@@ -1091,6 +1208,117 @@ def test_a_refresh_links_only_jobs_whose_folders_changed(tmp_path: Path) -> None
     mirror_logdir(logdir, runs, None)
     assert (logdir / "job0000011" / "train").resolve() == runs / "job0000011" / "tb" / "train"
     assert len(list(logdir.glob("*/train"))) == 20
+
+
+@pytest.mark.parametrize(
+    "name, folder",
+    [
+        ("mnist-cnn", "mnist-cnn · 3fkkyci9jr"),
+        ("lr=0.1/bs=32 \\ try 2", "lr=0.1_bs=32 _ try 2 · 3fkkyci9jr"),  # no folder inside
+        (
+            "  ..hidden \u3000 naïve 日本語 ✓  ",
+            "hidden naïve 日本語 ✓ · 3fkkyci9jr",
+        ),  # no leading dot
+        ("a\u202edcba\u2066x\ty\u2028z", "adcbaxyz · 3fkkyci9jr"),  # no bidi or control characters
+        ("..", "3fkkyci9jr"),  # nothing left: the id alone
+        ("/", "_ · 3fkkyci9jr"),
+        ("x" * 200, "x" * 59 + "… · 3fkkyci9jr"),
+        ("é" * 200, "é" * 59 + "… · 3fkkyci9jr"),
+        ("\U0001f9d1" * 100, "\U0001f9d1" * 44 + "… · 3fkkyci9jr"),  # 180 bytes of name
+        ("a · b", "a · b · 3fkkyci9jr"),
+        (None, "3fkkyci9jr"),  # no name: a spec.json that cannot be read
+    ],
+)
+def test_a_jobs_folder_in_the_view_is_its_name_made_safe_then_its_id(
+    name: str | None, folder: str
+) -> None:
+    made = view_name("3fkkyci9jr", name)
+    assert made == folder
+    assert job_of(made) == "3fkkyci9jr"
+    assert len(made.encode()) <= 255 and "/" not in made and not made.startswith(".")
+
+
+def _spec(runs: Path, job_id: str, name: str, *, trace: bool = False) -> Path:
+    """A job's run directory as a worker leaves it: its spec.json and a tb/ with a train
+    run (and a trace's plugins/profile/)."""
+    tb = runs / job_id / "tb"
+    (tb / "train").mkdir(parents=True)
+    if trace:
+        (tb / "plugins" / "profile" / "trace1").mkdir(parents=True)
+    (runs / job_id / "spec.json").write_text(json.dumps({"name": name, "steps": 40}))
+    return tb
+
+
+def test_the_view_names_each_job_by_its_spec_and_reads_that_once(tmp_path: Path) -> None:
+    """The view's folder of a job is named by its spec.json's `name` then its id; two jobs
+    of one name have two folders. The name never changes: spec.json (a MiB, with a
+    custom model's params) is read once a job, not at each refresh of a job that writes,
+    nor for one whose folders have not changed."""
+    global _FILE_WORK
+    runs, logdir = tmp_path / "runs", tmp_path / "view"
+    _spec(runs, "twinjob001", "twin", trace=True)
+    _spec(runs, "twinjob002", "twin")
+    (runs / "nospecjob3" / "tb" / "train").mkdir(parents=True)  # no spec.json: the id alone
+    logdir.mkdir()
+    _hook_file_work()
+    _FILE_WORK = []
+    try:
+        mirror_logdir(logdir, runs, None)
+        assert _FILE_WORK.count("spec.json") == 3, _FILE_WORK
+        # Each job's tb/ changed just now: linked again at each refresh, its spec not read.
+        _FILE_WORK = []
+        mirror_logdir(logdir, runs, None)
+        mirror_logdir(logdir, runs, None)
+        assert _FILE_WORK.count("spec.json") == 2, _FILE_WORK  # the one not there, twice
+    finally:
+        _FILE_WORK = None
+    assert sorted(p.name for p in logdir.iterdir()) == [
+        "nospecjob3", "twin · twinjob001", "twin · twinjob002",
+    ]  # fmt: skip
+    twin = logdir / "twin · twinjob001"
+    assert (twin / "train").resolve() == runs / "twinjob001" / "tb" / "train"
+    assert (twin / "plugins" / "profile").is_dir()  # a real folder: the profile plugin's
+    trace = twin / "plugins" / "profile" / "trace1"
+    assert trace.resolve() == runs / "twinjob001" / "tb" / "plugins" / "profile" / "trace1"
+    # A spec.json written later (it never is, but a copied run directory may lack one):
+    # the job's folder is renamed at its next change, never listed twice.
+    (runs / "nospecjob3" / "spec.json").write_text(json.dumps({"name": "late"}))
+    (runs / "nospecjob3" / "tb" / "eval").mkdir()
+    mirror_logdir(logdir, runs, None)
+    assert sorted(p.name for p in logdir.iterdir()) == [
+        "late · nospecjob3", "twin · twinjob001", "twin · twinjob002",
+    ]  # fmt: skip
+    assert sorted(p.name for p in (logdir / "late · nospecjob3").iterdir()) == ["eval", "train"]
+
+
+def test_a_view_an_older_version_made_is_renamed_in_place(tmp_path: Path) -> None:
+    """A view whose folders are named by the job id alone (an older version's) is brought
+    to the names: each job once, under its name and id, whether the refresh links it
+    again or had already linked it (a folder of the id alone put beside it)."""
+    runs, logdir = tmp_path / "runs", tmp_path / "view"
+    settled = time.time_ns() - 60 * 10**9
+    for job_id in ("oldjob0001", "oldjob0002"):
+        tb = _spec(runs, job_id, "old one", trace=True)
+        old = logdir / job_id
+        (old / "plugins").mkdir(parents=True)
+        (old / "train").symlink_to(tb / "train")
+        (old / "plugins" / "profile").symlink_to(tb / "plugins" / "profile")
+        for folder in (tb, tb / "plugins"):
+            os.utime(folder, ns=(settled, settled))
+    mirror_logdir(logdir, runs, None)
+    assert sorted(p.name for p in logdir.iterdir()) == [
+        "old one · oldjob0001", "old one · oldjob0002",
+    ]  # fmt: skip
+    assert sorted(p.name for p in (logdir / "old one · oldjob0001").iterdir()) == [
+        "plugins", "train",
+    ]  # fmt: skip
+    # Linked, and settled: a folder of its id alone appearing beside it goes all the same.
+    (logdir / "oldjob0002" / "train").mkdir(parents=True)
+    mirror_logdir(logdir, runs, None)
+    assert sorted(p.name for p in logdir.iterdir()) == [
+        "old one · oldjob0001", "old one · oldjob0002",
+    ]  # fmt: skip
+    assert (runs / "oldjob0002" / "tb" / "train").is_dir()  # never what the links lead to
 
 
 def test_a_refresh_survives_a_job_deleted_while_it_links(

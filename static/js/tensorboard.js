@@ -23,7 +23,11 @@ function jobList(ids) {
 /** The button, its status line and its notice, for `jobId`'s page; `destroy()` stops
  *  following the status, and closes a tab still waiting for the service's answer. */
 export function tensorBoardControl(jobId) {
-  const url = `/tensorboard/?runFilter=${encodeURIComponent(jobId)}#timeseries`;
+  // TensorBoard names a job's runs `<name> · <id>/train` (service/tensorboard.py), and its
+  // run filter is a regular expression: the id then `/` or the end matches this job's runs
+  // alone, not those of another job whose name holds this id ("finetune of <id>").
+  const runFilter = `${jobId}(/|$)`;
+  const url = `/tensorboard/?runFilter=${encodeURIComponent(runFilter)}#timeseries`;
   const button = h("button", { type: "button", id: "open-tensorboard", onclick: open },
     "Open in TensorBoard");
   const status = h("p", { class: "action-status small", id: "tensorboard-status", role: "status" });

@@ -294,8 +294,10 @@ def test_open_tensorboard_through_proxy(
     board.wait_for_load_state("domcontentloaded", timeout=180_000)
     expect(board).to_have_title("TensorBoard", timeout=180_000)
     assert board.url.startswith(f"{page.url.split('#')[0].rstrip('/')}/tensorboard/")
-    # The job's runs, listed by TensorBoard's own page, read through the proxy.
-    expect(board.get_by_text(f"{job_id}/train").first).to_be_visible(timeout=120_000)
+    # The job's runs, listed by TensorBoard's own page, read through the proxy: named by
+    # the job's name, then its id.
+    run = f"dashboard-mlp · {job_id}/train"
+    expect(board.get_by_text(run).first).to_be_visible(timeout=120_000)
     expect(page.locator("#tensorboard-status")).to_have_text("TensorBoard is running: open it.")
     board.wait_for_timeout(1000)
     board.screenshot(path=screenshots / "dashboard-tensorboard.png")

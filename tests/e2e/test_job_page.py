@@ -143,8 +143,11 @@ def test_tensorboard_line_says_when_it_runs(session: Session, service: Service) 
     expect(status).to_have_text(RUNNING, timeout=120_000)
     expect(status).to_have_attribute("data-state", "running")
     assert tensorboard(service)["state"] == "running"
+    # The run filter is a regular expression, as TensorBoard reads it: the id, then `/` or
+    # the end (its runs are `<name> · <id>/train`), encoded.
+    run_filter = f"{job_id}(%2F%7C%24)"
     expect(status.get_by_role("link", name="open it")).to_have_attribute(
-        "href", f"/tensorboard/?runFilter={job_id}#timeseries"
+        "href", f"/tensorboard/?runFilter={run_filter}#timeseries"
     )
     expect(page.locator("#tensorboard-notice")).to_be_hidden()
     page.evaluate(COUNT_WRITES, ["tensorboard", "#tensorboard-status"])

@@ -267,20 +267,29 @@ _EXPORTABLE_NAME = re.compile(r"[A-Za-z0-9.][A-Za-z0-9_.\\/>-]*")
 
 
 def _check_variable_names(name: str, model: keras.Model) -> None:
-    """Refuses a model with a variable the export cannot save: a layer named `_hidden` (or
-    one a class `_Hidden` names by itself) trained every step of its job, and the job then
-    failed as it exported ("'_hidden/bias' is not a valid root scope name"), as did every
-    resume; a name with a space failed its first step with TensorFlow's message."""
+    """Refuses a model with a variable or layer the export cannot save: a layer named
+    `_hidden` (or one a class `_Hidden` names by itself) trained every step of its job, and
+    the job then failed as it exported ("'_hidden/bias' is not a valid root scope name"), as
+    did every resume; a name with a space failed its first step with TensorFlow's message.
+    The layers' own names too, the model's included: a subclassed model's `_hidden` layer
+    has variables under the model's name (`sub/_hidden/kernel`), and a functional model
+    named `_m` none under its own, yet the export enters each as a root scope and failed."""
+    expected = (
+        f"Expected model {name!r} to name its layers as TensorFlow can save them in the "
+        "exported model: a letter, digit or '.' first, then letters, digits and '_', '.', "
+        "'-', '/', '>'. Received: "
+    )
+    renamed = "(Keras names a layer after its class unless given `name=`)"
     for variable in model.variables:
         path = str(getattr(variable, "path", variable.name))
         if not _EXPORTABLE_NAME.fullmatch(path):
             raise ModelError(
-                f"Expected model {name!r} to name its layers as TensorFlow can save them in "
-                "the exported model: a letter, digit or '.' first, then letters, digits and "
-                "'_', '.', '-', '/', '>'. Received: a variable named "
-                f"{path!r}: give its layer another name (Keras names a layer after its class "
-                "unless given `name=`)"
+                f"{expected}a variable named {path!r}: give its layer another name {renamed}"
             )
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        if not _EXPORTABLE_NAME.fullmatch(layer.name):
+            what = "the model itself, named" if layer is model else "a layer named"
+            raise ModelError(f"{expected}{what} {layer.name!r}: give it another name {renamed}")
 
 
 def _batch_shape(shape: tuple) -> str:

@@ -174,6 +174,22 @@ def private_layer(input_shape, num_classes):
     inputs = keras.Input(input_shape)
     x = _Scale()(keras.layers.Flatten()(inputs))
     return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
+
+class HiddenInside(keras.Model):
+    def __init__(self, units):
+        super().__init__()
+        self.flatten, self.dense = keras.layers.Flatten(), keras.layers.Dense(units, name="_hidden")
+
+    def call(self, x, training=False):
+        return self.dense(self.flatten(x))
+
+def hidden_inside(input_shape, num_classes):
+    return HiddenInside(num_classes)
+
+def model_named(input_shape, num_classes, name):
+    inputs = keras.Input(input_shape)
+    logits = keras.layers.Dense(num_classes)(keras.layers.Flatten()(inputs))
+    return keras.Model(inputs, logits, name=name)
 """
 
 
@@ -523,3 +539,24 @@ def test_custom_model_whose_variables_the_export_cannot_save_is_refused(custom, 
     refused = importlib.import_module("qa_custom").named((4, 4, 1), 3, name="_hidden")
     with pytest.raises(ValueError, match="not a valid root scope name"):
         tf.saved_model.save(refused, str(tmp_path / "refused"))
+
+
+def test_custom_model_whose_layer_names_the_export_cannot_save_is_refused(custom, tmp_path):
+    # Names no variable path begins with: a subclassed model's `_hidden` layer holds
+    # `hidden_inside/_hidden/kernel`, a functional model named `_m` holds `dense/kernel`.
+    # Both passed the variables' check, trained every step, and failed in their export.
+    assert refusal("hidden_inside").endswith(
+        "Received: a layer named '_hidden': give it another name (Keras names a layer "
+        "after its class unless given `name=`)"
+    )
+    assert "Received: the model itself, named '_m': give it" in refusal(
+        "model_named", {"name": "_m"}
+    )
+    build_model(ModelSpec(name="qa_custom:model_named", params={"name": "m_"}), (4, 4, 1), 3)
+    # The premise: TensorFlow itself refuses to save either (the model called first, as
+    # `build_model` does, to build the subclassed one).
+    module = importlib.import_module("qa_custom")
+    for refused in (module.hidden_inside((4, 4, 1), 3), module.model_named((4, 4, 1), 3, "_m")):
+        refused(tf.zeros((1, 4, 4, 1)))
+        with pytest.raises(ValueError, match="not a valid root scope name"):
+            tf.saved_model.save(refused, str(tmp_path / f"refused-{refused.name}"))

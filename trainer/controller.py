@@ -850,13 +850,15 @@ class Controller:
         # How many examples the figures are over: `eval.batches` may read only the first of
         # them, which a figure alone does not say. And of which step: a stop during the
         # final eval skips it, and the job's result then carries an earlier one's.
-        self._last_eval = {**metrics, "examples": int(count), "step": step}
+        # Rounded as its eval line: the result's eval is the API's eval series' last point.
+        loss, accuracy = significant(metrics["loss"]), accuracy_digits(metrics["accuracy"])
+        self._last_eval = {"loss": loss, "accuracy": accuracy, "examples": int(count), "step": step}
         self.progress.write(
             "eval",
             step=step,
             total=self.total_steps,
-            eval_loss=significant(metrics["loss"]),
-            eval_accuracy=accuracy_digits(metrics["accuracy"]),
+            eval_loss=loss,
+            eval_accuracy=accuracy,
             eval_examples=int(count),
             phase=self._phase_after("eval", step),
         )

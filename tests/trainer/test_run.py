@@ -107,6 +107,15 @@ def test_run_job_succeeds_and_writes_run_dir(tiny_run):
     # eval.batches 2 of 32 read 64 of the 102 held-out examples: said, not left to guess.
     assert result["eval"]["examples"] == 64
     assert result["eval"]["step"] == 40  # the final eval's (a stop in it leaves an earlier)
+    # Rounded as its eval line, the API's eval series' last point (2.2160538148239564 was
+    # the result's where the line said 2.21605).
+    lines = [json.loads(line) for line in (job_dir / "progress.jsonl").read_text().splitlines()]
+    last_eval = [line for line in lines if line["event"] == "eval"][-1]
+    assert last_eval["step"] == 40
+    assert (result["eval"]["loss"], result["eval"]["accuracy"]) == (
+        last_eval["eval_loss"],
+        last_eval["eval_accuracy"],
+    )
     log = (job_dir / "worker.log").read_text()
     assert "eval: each eval reads the first 64 of the 102 eval examples (eval.batches 2 of " in log
     assert "batch_size 32); give eval.batches 4 to read them all" in log

@@ -532,6 +532,10 @@ def _walk_records(stream: BinaryIO, size: int | None, path: Path, chunk: int) ->
         if not head:
             return index  # the stream ends where a record does
         if len(head) < TFRECORD_HEADER_BYTES:
+            if last is not None and last[1][8:] != _masked_crc32c(last[1][:8]):
+                # The walk came here by a length no checksum vouched for (a damaged header
+                # that claimed less than the file holds, or one past it): TensorFlow's.
+                return index - 1
             raise DataFilesError(
                 unreadable_tfrecord(
                     f"{index} whole records end at byte {at:,} of {at + len(head):,}"

@@ -490,6 +490,16 @@ def test_check_tfrecord_framing_leaves_a_header_that_fails_its_checksum_to_tenso
     for chunk in CHUNKS:
         assert check_tfrecord_framing(path, chunk) == len(LENGTHS), chunk
 
+    # A damaged length that claims less than the file holds leads the walk to bytes that
+    # are no header: landing 5 bytes before the end, it said "6 whole records end at byte
+    # N, then 5 bytes that are no whole record", where TensorFlow says "corrupted record".
+    damaged = bytearray(_records(path))
+    at = sum(12 + length + 4 for length in LENGTHS[:6])
+    damaged[at : at + 8] = (len(damaged) - 5 - at - 16).to_bytes(8, "little")  # checksum stale
+    path.write_bytes(gzip.compress(damaged) if name.endswith(".gz") else damaged)
+    for chunk in CHUNKS:
+        assert check_tfrecord_framing(path, chunk) == 6, chunk
+
 
 def test_check_tfrecord_framing_of_a_gzip_bomb_holds_one_piece(tmp_path: Path) -> None:
     # TensorFlow's gzip reader held what the stream had left behind such a header (2 GiB

@@ -162,6 +162,29 @@ function keptIndices(data, buckets) {
   return kept;
 }
 
+/** What the pointer at step index `idx` of `data` (aligned) is over, a line each: "step
+ *  1,500", then each series at its nearest point `idxs[k + 1]` (uPlot's cursor), with that
+ *  point's step where it is not `idx`'s ("eval 0.019 at 1,000"); none with no index (the
+ *  pointer has left the plot). */
+export function readoutLines(series, data, idx, idxs) {
+  if (idx === null || idx === undefined || !data[0] || data[0][idx] === undefined) return [];
+  const steps = data[0];
+  const lines = [`step ${STEP_LABEL(steps[idx])}`];
+  series.forEach((s, k) => {
+    const i = idxs ? idxs[k + 1] : idx;
+    const v = i === null || i === undefined ? null : data[k + 1][i];
+    if (v === null || v === undefined) return;
+    lines.push(`${s.label} ${pointText(v)}${i === idx ? "" : ` at ${STEP_LABEL(steps[i])}`}`);
+  });
+  return lines;
+}
+
+/** A value as the readout says it: five significant digits, and a small one (a loss near
+ *  1e-6) as 1.1418e-6, not 0.0000011418, which is read by counting its zeros. */
+function pointText(v) {
+  return v !== 0 && Math.abs(v) < 1e-3 ? v.toExponential(4).replace(/\.?0+e/, "e") : valueText(v);
+}
+
 /** A value as the legend and the summary say it: five significant digits. */
 function valueText(v) {
   return v === null || v === undefined ? "—" : Number(v.toPrecision(5)).toString();
@@ -187,7 +210,9 @@ export class LineChart {
       width: this.width(),
       height: HEIGHT,
       legend: { show: true, live: false },
-      cursor: { drag: { x: true, y: false } },
+      // The pointer finds each series' nearest point, past the steps where it has none (an
+      // eval series has a point every `eval.every_steps` alone).
+      cursor: { drag: { x: true, y: false }, hover: { skip: [null, undefined] } },
       scales: yRange
         ? { x: { time: false, range: stepRange }, y: { range: yRange } }
         : { x: { time: false, range: stepRange } },
@@ -218,9 +243,12 @@ export class LineChart {
         },
       ],
       // data-x-range: the step axis's span, as drawn.
-      hooks: { setScale: [(u, key) => {
-        if (key === "x") this.root.dataset.xRange = `${u.scales.x.min}..${u.scales.x.max}`;
-      }] },
+      hooks: {
+        setScale: [(u, key) => {
+          if (key === "x") this.root.dataset.xRange = `${u.scales.x.min}..${u.scales.x.max}`;
+        }],
+        setCursor: [(u) => this.showReadout(u)],
+      },
       series: [
         { label: "step" },
         ...series.map((s) => ({
@@ -234,10 +262,35 @@ export class LineChart {
         })),
       ],
     };
+    // What the pointer is over: the step and each series' value there (its nearest point,
+    // with its own step where that is another), beside the pointer in the plot, as
+    // TensorBoard shows it; hidden while the pointer is elsewhere. For the eye only, as the
+    // plot is (the summary says the values in words). The legend says none (it jumped as
+    // they changed), and without this a value could only be guessed from the axis.
+    this.readout = h("div", { class: "chart-readout small", hidden: true });
     this.resizer = new ResizeObserver(() => {
       if (this.plot) this.plot.setSize({ width: this.width(), height: HEIGHT });
     });
     this.resizer.observe(this.root);
+  }
+
+  /** Show what the pointer is over (readoutLines) beside it, on the side with room; hide
+   *  it once the pointer has left. */
+  showReadout(u) {
+    const lines = readoutLines(this.series, u.data, u.cursor.idx, u.cursor.idxs);
+    const tip = this.readout;
+    if (lines.length === 0 || u.cursor.left < 0) {
+      if (!tip.hidden) tip.hidden = true;
+      return;
+    }
+    const text = lines.join("\n");
+    if (tip.textContent !== text) tip.textContent = text;
+    tip.hidden = false;
+    const gap = 12;
+    const { left, top } = u.cursor;
+    const right = left + gap + tip.offsetWidth <= u.over.clientWidth;
+    tip.style.left = `${right ? left + gap : Math.max(0, left - gap - tip.offsetWidth)}px`;
+    tip.style.top = `${Math.max(0, Math.min(top + gap, u.over.clientHeight - tip.offsetHeight))}px`;
   }
 
   /** What the chart says while it has no point ("No data yet" while more may come). */
@@ -274,6 +327,7 @@ export class LineChart {
     if (!this.plot) {
       this.options.width = this.width();
       this.plot = new uPlot(this.options, drawn, this.canvas); // eslint-disable-line no-undef
+      this.plot.over.append(this.readout);
     } else {
       this.plot.setData(drawn);
     }

@@ -128,6 +128,30 @@ def test_chart_of_two_steps_spans_them(session: Session, service: Service) -> No
     assert session.errors == []
 
 
+def test_pointer_on_a_chart_reads_its_values(session: Session, service: Service) -> None:
+    """The legend says no values: the pointer over a plot shows the step under it and each
+    series' value there, beside it, and nothing once it has left."""
+    page = session.page
+    open_job(page, finished(service, "steps-100-300"))
+    for chart, value in (("loss", "train 0.5"), ("examples/sec", "examples/s 1234")):
+        figure = page.locator(f'figure[data-chart="{chart}"]')
+        readout = figure.locator(".chart-readout")
+        over = figure.locator(".u-over")
+        box = over.bounding_box()
+        assert box is not None
+        page.mouse.move(box["x"] + box["width"] - 2, box["y"] + box["height"] / 2)
+        expect(readout).to_be_visible()
+        expect(readout).to_have_text(f"step 300\n{value}")
+        page.mouse.move(box["x"] + 2, box["y"] + box["height"] / 2)
+        expect(readout).to_have_text(f"step 100\n{value}")
+        tip = readout.bounding_box()
+        assert tip is not None  # inside the plot, whichever side of the pointer it took
+        assert box["x"] <= tip["x"] and tip["x"] + tip["width"] <= box["x"] + box["width"] + 1
+        page.mouse.move(1, 1)
+        expect(readout).to_be_hidden()
+    assert session.errors == []
+
+
 def test_tensorboard_line_says_when_it_runs(session: Session, service: Service) -> None:
     """The line says TensorBoard starts, then runs, with a link to it; then it is left
     alone while that stays so. It is a live region, and was rewritten with the same words

@@ -303,9 +303,15 @@ export function mountJob(view, jobId) {
     set("loss", num(p.loss));
     set("accuracy", percent(p.accuracy));
     set("eval_loss", num(e.loss));
-    // Over how many examples: `eval.batches` may read only the first of the eval set.
-    set("eval_accuracy", typeof e.examples === "number" && e.accuracy != null
-      ? `${percent(e.accuracy)} on ${e.examples.toLocaleString("en-US")}` : percent(e.accuracy));
+    // Over how many examples: `eval.batches` may read only the first of the eval set. Said
+    // as such, small, under the value: a bare "on 640" named no unit.
+    const evalStat = stats.querySelector('[data-stat="eval_accuracy"]');
+    const over = typeof e.examples === "number" && e.accuracy != null
+      ? ` on ${e.examples.toLocaleString("en-US")} example${e.examples === 1 ? "" : "s"}` : "";
+    if (evalStat.textContent !== percent(e.accuracy) + over) {
+      evalStat.replaceChildren(percent(e.accuracy),
+        ...(over ? [h("span", { class: "stat-sub" }, over)] : []));
+    }
     set("examples_per_sec", rate(p.examples_per_sec));
     set("eta", eta(job));
     set("learning_rate", num(p.learning_rate, 6));

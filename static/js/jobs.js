@@ -96,7 +96,7 @@ export function applyProgressEvent(job, event) {
   if (event.event === "eval") {
     updated.eval = {
       step: event.step, loss: event.eval_loss ?? null, accuracy: event.eval_accuracy ?? null,
-      // Over how many examples (the job page's "97.3% on 640"), as the service folds it.
+      // Over how many examples (the job page's "97.3% on 640 examples"), as the service folds it.
       examples: Number.isInteger(event.eval_examples) ? event.eval_examples : null,
     };
   }

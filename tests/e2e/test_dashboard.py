@@ -210,7 +210,7 @@ def test_submit_job_through_form_until_succeeded(
     expect(page.locator(".bar-large")).to_have_attribute("aria-valuenow", "100.0")
     expect(page.locator("#job-progress-text")).to_contain_text("1500 / 1500")
     expect(page.locator('[data-stat="eval_accuracy"]')).to_have_text(
-        re.compile(r"^\d+\.\d% on [\d,]+$")  # over how many examples
+        re.compile(r"^\d+\.\d% on [\d,]+ examples$")  # over how many examples
     )
     expect(page.locator("#spec")).to_contain_text('"steps": 1500')
     expect(page.locator("#cancel-job")).to_be_hidden()

@@ -1,5 +1,5 @@
 """A running job's eval, as its page shows it live: the accuracy and the examples it is
-over ("97.3% on 640"), from the event stream, as a read of the job shows them."""
+over ("97.3% on 640 examples"), from the event stream, as a read of the job shows them."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_live_eval_says_how_many_examples(session: Session, service: Service) ->
     # The page follows the stream now: the eval comes on it, not in the read it made.
     (Path(service.data_dir) / "runs" / job["id"] / "go").touch()
     stat = page.locator('[data-stat="eval_accuracy"]')
-    expect(stat).to_have_text("97.3% on 640")
+    expect(stat).to_have_text("97.3% on 640 examples")
     assert service.job(job["id"])["eval"]["examples"] == 640
     service.client.post(f"/api/v1/jobs/{job['id']}/cancel")
     service.wait_state(job["id"], "cancelled", "failed", "succeeded")

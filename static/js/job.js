@@ -59,8 +59,8 @@ function mib(value) {
   return `${value.toFixed(1)} MiB`;
 }
 
-function stat(label, key) {
-  return h("div", { class: "stat" }, h("span", { class: "stat-label" }, label),
+function stat(label, key, wide = false) {
+  return h("div", { class: wide ? "stat stat-wide" : "stat" }, h("span", { class: "stat-label" }, label),
     h("span", { class: "stat-value", dataset: { stat: key } }, "—"));
 }
 
@@ -142,7 +142,7 @@ export function mountJob(view, jobId) {
     stat("Loss", "loss"), stat("Accuracy", "accuracy"), stat("Eval loss", "eval_loss"),
     stat("Eval accuracy", "eval_accuracy"), stat("Examples/s", "examples_per_sec"),
     stat("ETA", "eta"), stat("Learning rate", "learning_rate"), stat("Devices", "devices"),
-    stat("Data", "data"));
+    stat("Data", "data", true));
   const chartGrid = h("div", { class: "charts" });
   const towers = h("div", { class: "towers", id: "towers" });
   // Each tower's GPU's peak memory: what the column beside each tower's time is, or each

@@ -24,7 +24,8 @@ from tests.service.harness import Service, job_spec
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
 
 # `python -m points_worker run --job-dir DIR`: reports the steps its spec's name lists
-# ("steps-300" reports step 300; "steps-100-300" steps 100 and 300), then succeeds.
+# ("steps-300" reports step 300; "steps-100-300" steps 100 and 300), then succeeds. Its
+# start says what it trains on, as a worker's does.
 POINTS_WORKER = """\
 import json, sys, time
 from pathlib import Path
@@ -38,7 +39,9 @@ def progress(**line):
         f.write(json.dumps({"time": time.time(), **line}) + "\\n")
 
 
-progress(event="start", step=0, total=1000, phase="starting")
+progress(event="start", step=0, total=1000, phase="starting", towers=1,
+         data={"train_examples": 3277, "eval_examples": 819, "classes": 10,
+               "image_shape": [28, 28, 1]})
 for step in name.split("-")[1:]:
     progress(event="progress", step=int(step), total=1000, loss=0.5, accuracy=0.8,
              examples_per_sec=1234.0)
@@ -149,6 +152,19 @@ def test_pointer_on_a_chart_reads_its_values(session: Session, service: Service)
         assert box["x"] <= tip["x"] and tip["x"] + tip["width"] <= box["x"] + box["width"] + 1
         page.mouse.move(1, 1)
         expect(readout).to_be_hidden()
+    assert session.errors == []
+
+
+def test_data_card_is_two_cards_wide(session: Session, service: Service) -> None:
+    """What a job trains on is a long line: in one card's width it took four lines."""
+    page = session.page
+    open_job(page, finished(service, "steps-100"))
+    value = page.locator('[data-stat="data"]')
+    expect(value).to_have_text("3,277 train · 819 eval · 10 classes · 28×28×1")
+    data = page.locator(".stat", has=value).bounding_box()
+    loss = page.locator(".stat", has=page.locator('[data-stat="loss"]')).bounding_box()
+    assert data is not None and loss is not None
+    assert data["width"] > 1.9 * loss["width"], (data, loss)
     assert session.errors == []
 
 

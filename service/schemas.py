@@ -180,7 +180,8 @@ class JobPublic(BaseModel):
 
 
 class JobsPublic(BaseModel):
-    """A page of jobs, newest first; pass `next_cursor` as `cursor` for the next page."""
+    """A page of jobs, newest first (the queued jobs alone: in the order they start); pass
+    `next_cursor` as `cursor` for the next page."""
 
     data: list[JobPublic]
     count: int = Field(description="Jobs matching the filter, over all pages.")

@@ -119,6 +119,28 @@ class QueueEntry:
 
 
 @dataclass(frozen=True)
+class QueuePlace:
+    """Where a queued job stands in the queue's order (`_QUEUE_ORDER`): its priority, when
+    it joined the queue, and its seq for a tie. A page of the queue's jobs (`page`) reads
+    on after the last one's."""
+
+    priority: int
+    since: float
+    seq: int
+
+    @classmethod
+    def of(cls, job: JobRecord) -> QueuePlace:
+        since = job.queued_at if job.queued_at is not None else job.created_at
+        return cls(job.priority, since, job.seq)
+
+
+def in_run_order(states: Iterable[str]) -> bool:
+    """Whether `page` lists jobs of these states in the order they start rather than newest
+    first: the queued jobs alone (their order is the one people look for among them)."""
+    return set(states) == {JobState.QUEUED}
+
+
+@dataclass(frozen=True)
 class MetricPoint:
     name: str
     step: int
@@ -188,6 +210,10 @@ DROP INDEX IF EXISTS jobs_queue;
 DROP INDEX IF EXISTS jobs_by_state;
 """
 _QUEUE = f"SELECT id, {_TOWERS} FROM jobs WHERE state = 'queued'"
+# Past a queued job's place (`QueuePlace`) in `_QUEUE_ORDER`: `priority <= ?` lets SQLite
+# start its walk of `jobs_queued` at that priority.
+_SINCE = "COALESCE(queued_at, created_at)"
+_AFTER_PLACE = f"priority <= ? AND (priority < ? OR {_SINCE} > ? OR ({_SINCE} = ? AND seq > ?))"
 # The queue's view (`queue_entries`): the same walk of the index, a few columns more.
 _QUEUE_ENTRIES = (
     f"SELECT id, name, priority, {_TOWERS}, COALESCE(queued_at, created_at) FROM jobs"
@@ -394,17 +420,25 @@ class JobStore:
         name: str | None = None,
         limit: int = 50,
         before_seq: int | None = None,
+        after_place: QueuePlace | None = None,
     ) -> tuple[list[JobRecord], int]:
         """Newest first; jobs with seq below `before_seq` when given; with `name`, jobs
-        whose name holds it, in any case (ASCII). Returns (page, count)."""
+        whose name holds it, in any case (ASCII). The queued jobs alone (`in_run_order`)
+        come in the order they start instead, as `queue` has them, and those past
+        `after_place` when given (`before_seq` is not for them). Returns (page, count)."""
         if name and "\x00" in name:
             # No name holds one (the spec refuses control characters), and SQLite's LIKE
             # ends its pattern at a NUL: `?name=%00` listed every job.
             return [], 0
         where: list[str] = []
-        params: list[str | int] = []
+        params: list[str | float] = []
         state_values = [state.value for state in states]
-        if state_values:
+        run_order = in_run_order(state_values)
+        if run_order:
+            # As the queue's partial index (`jobs_queued`) names it: with `state IN (?)`,
+            # SQLite walked `jobs_by_state_seq` and sorted the queue.
+            where.append("state = 'queued'")
+        elif state_values:
             where.append(f"state IN ({','.join('?' * len(state_values))})")
             params.extend(state_values)
         if name:
@@ -414,6 +448,15 @@ class JobStore:
         filter_sql = f"WHERE {' AND '.join(where)}" if where else ""
         conn = self._reader()
         count = conn.execute(f"SELECT COUNT(*) FROM jobs {filter_sql}", params).fetchone()[0]
+        if run_order:
+            # The queue's order, walked in its index from the place given.
+            if after_place is not None:
+                place = after_place
+                where.append(_AFTER_PLACE)
+                params += [place.priority, place.priority, place.since, place.since, place.seq]
+            where_sql = " AND ".join(where)
+            select = f"SELECT * FROM jobs WHERE {where_sql} ORDER BY {_QUEUE_ORDER} LIMIT ?"
+            return self._records(select, [*params, limit]), count
         if before_seq is not None:
             where.append("seq < ?")
             params.append(before_seq)

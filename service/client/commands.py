@@ -100,7 +100,8 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
         "--limit",
         type=_count(100_000),  # None when not given: `status ID` refuses it, as it lists none
         metavar="N",
-        help=f"most jobs to list, newest first (default {DEFAULT_LIMIT})",
+        help=f"most jobs to list, newest first; queued ones alone, first to start first "
+        f"(default {DEFAULT_LIMIT})",
     )
     p.add_argument(
         "--name", metavar="TEXT", help="only jobs whose name contains TEXT, in any case of A-Z"

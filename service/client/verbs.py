@@ -202,7 +202,8 @@ _PAGE_MOST = 200  # the API's largest page
 
 
 def _jobs(client: Client, limit: int, states: list[str], name: str | None) -> dict[str, Any]:
-    """The newest `limit` jobs as one page of the API's shape, read a page at a time."""
+    """The first `limit` jobs as one page of the API's shape, read a page at a time: the
+    newest, or of the queued jobs alone the first to start."""
     data: list[dict[str, Any]] = []
     cursor: str | None = None
     while True:
@@ -334,7 +335,9 @@ def _place_in_queue(client: Client, job_id: str) -> str:
 
 
 def _status_table(client: Client, args: argparse.Namespace) -> int:
-    """The jobs, newest first, a row each (`--limit`, `--state`, `--name`)."""
+    """The jobs, newest first, a row each (`--limit`, `--state`, `--name`). The queued jobs
+    alone (`--state queued`) come in the order they start, as the API lists them, each
+    with its place in the queue (POS, as `queue` says it) unless `--name` leaves some out."""
     page = _jobs(client, args.limit or DEFAULT_LIMIT, args.state or [], args.name)
     if args.json:
         _out(json.dumps(page, indent=2) + "\n")
@@ -355,6 +358,9 @@ def _status_table(client: Client, args: argparse.Namespace) -> int:
             show.step_or_phase(job), show.number(p.get("loss")), show.percent(p.get("accuracy")),
             show.rate(p.get("examples_per_sec")), show.eta(job), show.devices(job), show.age(job["created_at"]),
         ])  # fmt: skip
+    # The whole queue from its head, in its order: each row's place is its line's.
+    if set(args.state or []) == {"queued"} and not args.name:
+        rows = [["POS", *rows[0]]] + [[str(n), *row] for n, row in enumerate(rows[1:], 1)]
     # Why a job failed or was cancelled, so the table answers that as the dashboard's does
     # (`status ID` gives the whole reason and the log's end): a last column where a job on
     # this page has one, cut to the terminal's width on one (whole down a pipe).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 import threading
@@ -63,7 +64,7 @@ from service.schemas import (
 )
 from service.series import Row
 from service.settings import Settings
-from service.store import ATTEMPT_FIELDS, JobRecord, JobState
+from service.store import ATTEMPT_FIELDS, JobRecord, JobState, QueuePlace, in_run_order
 from service.workers import worker_pythonpath
 from trainer.rundir import RunDir, json_object, write_json_atomic
 from trainer.spec import field_errors, options_not_read, shown_value, without_unread
@@ -77,6 +78,31 @@ _JSON = "application/json"
 # A cursor is a job's seq: plain ASCII digits ("²".isdigit() is true, int() refuses it),
 # few enough to bind as SQLite's 64-bit integer.
 _CURSOR = re.compile(r"[0-9]{1,18}")
+# The queued jobs alone, listed in the order they start, read on after a place in the
+# queue (`QueuePlace`): the last job's priority, when it joined the queue (its time as
+# Python's repr writes it, which reads back as the same float) and its seq.
+_PLACE_CURSOR = re.compile(
+    r"(-?[0-9]{1,4})_([0-9]{1,20}(?:\.[0-9]{1,20})?(?:e[+-]?[0-9]{1,3})?)_([0-9]{1,18})"
+)
+
+
+def _cursor_after(job: JobRecord, run_order: bool) -> str:
+    """The `next_cursor` of a page whose last job is `job`."""
+    if not run_order:
+        return str(job.seq)
+    place = QueuePlace.of(job)
+    return f"{place.priority}_{place.since!r}_{place.seq}"
+
+
+def _read_cursor(cursor: str, run_order: bool) -> int | QueuePlace | None:
+    """The seq a newest-first page reads on below, or the place in the queue a page of the
+    queued jobs reads on after; None for a cursor that is no `next_cursor` of such a page."""
+    if not run_order:
+        return int(cursor) if _CURSOR.fullmatch(cursor) else None
+    found = _PLACE_CURSOR.fullmatch(cursor)
+    if not found or not math.isfinite(since := float(found[2])):
+        return None
+    return QueuePlace(int(found[1]), since, int(found[3]))
 
 
 def _run(settings: Settings, job: JobRecord) -> RunDir:
@@ -177,13 +203,18 @@ def read_jobs(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page")] = None,
 ) -> Response:
-    """Jobs, newest first, a page at a time (`count`: how many match in all)."""
+    """Jobs, newest first, a page at a time (`count`: how many match in all). The queued
+    jobs alone (`state=queued`, with or without `name`) come in the order they start
+    instead, as `GET /api/v1/queue` lists them: highest priority first, then by when each
+    joined the queue."""
     # A plain def, each job rendered apart: a page carries every job's spec, and a custom
     # model's `params` may fill a body's 1 MiB, so a page of 200 jobs can be 200 MB. Read
     # and rendered whole on the event loop, it held up every other request for seconds.
-    before = None
+    run_order = in_run_order(state)
+    after: int | QueuePlace | None = None
     if cursor is not None:
-        if not _CURSOR.fullmatch(cursor):
+        after = _read_cursor(cursor, run_order)
+        if after is None:
             raise FieldErrors(
                 [
                     {
@@ -193,14 +224,19 @@ def read_jobs(
                     }
                 ]
             )
-        before = int(cursor)
     # One more than asked tells whether there is a next page.
-    jobs, count = runtime.store.page(states=state, name=name, limit=limit + 1, before_seq=before)
+    jobs, count = runtime.store.page(
+        states=state,
+        name=name,
+        limit=limit + 1,
+        before_seq=after if isinstance(after, int) else None,
+        after_place=after if isinstance(after, QueuePlace) else None,
+    )
     more = len(jobs) > limit
     jobs = jobs[:limit]
     # `JobsPublic(...).model_dump_json()`, byte for byte, a job at a time: pydantic holds
     # the GIL for a whole call, the event loop's thread included.
-    next_cursor = _JSON_STR.dump_json(str(jobs[-1].seq)) if more else b"null"
+    next_cursor = _JSON_STR.dump_json(_cursor_after(jobs[-1], run_order)) if more else b"null"
     body = b"".join(
         [
             b'{"data":[',

@@ -179,3 +179,107 @@ def test_a_worker_still_exiting_holds_its_device_and_a_job_past_the_page(
 
         service.release(head.id)  # its worker exits: the next job starts on its GPU
         _wait_queue(service, lambda queue: queue["count"] == 1000, "the next job's start")
+
+
+def _listed(service: Service, **params: Any) -> dict[str, Any]:
+    response = service.client.get("/api/v1/jobs", params=params)
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def _ids(answer: dict[str, Any]) -> list[str]:
+    return [job["id"] for job in answer["data"]]
+
+
+def test_queued_jobs_are_listed_in_the_order_they_start(tmp_path: Path) -> None:
+    # `GET /api/v1/jobs?state=queued` and `towerboard status --state queued` listed the
+    # queued jobs newest first: the top row was the last to start.
+    with stand_in_service(tmp_path) as service:  # one job slot (CPU-only)
+        running = service.submit(job_spec(name="holds-the-slot"))  # runs until cancelled
+        service.wait_state(running["id"], "running")
+        resumed = service.submit(job_spec(name="resumed-late"))
+        urgent = service.submit(job_spec(name="urgent", priority=5))
+        plain = service.submit(job_spec(name="plain"))
+        assert service.client.post(f"/api/v1/jobs/{resumed['id']}/cancel").status_code == 200
+        assert service.client.post(f"/api/v1/jobs/{resumed['id']}/resume").status_code == 200
+        last = service.submit(job_spec(name="last-in"))
+        order = [urgent["id"], plain["id"], resumed["id"], last["id"]]
+        newest_first = [last["id"], plain["id"], urgent["id"], resumed["id"]]
+        assert [row["id"] for row in _queue(service)["data"]] == order
+
+        listed = _listed(service, state="queued")
+        assert _ids(listed) == order
+        assert listed["count"] == 4 and listed["next_cursor"] is None
+        assert _ids(_listed(service, state=["queued", "queued"])) == order
+        # A page at a time, each from the last one's `next_cursor`.
+        read: list[str] = []
+        cursor = None
+        while True:
+            after: dict[str, str] = {"cursor": cursor} if cursor else {}
+            page = _listed(service, state="queued", limit=1, **after)
+            assert page["count"] == 4
+            read += _ids(page)
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        assert read == order
+        # With a name, the queued jobs whose names hold it, in the same order.
+        named_l = _listed(service, state="queued", name="L")
+        assert _ids(named_l) == [plain["id"], resumed["id"], last["id"]]
+        # Every other listing is as it was: newest first, its cursor a job's seq.
+        assert _ids(_listed(service, state=["queued", "running"])) == [*newest_first, running["id"]]
+        assert _ids(_listed(service))[:5] == [*newest_first, running["id"]]
+        newest = _listed(service, limit=2)
+        assert re.fullmatch(r"[0-9]+", newest["next_cursor"]), newest
+        # One listing's cursor is no cursor of the other.
+        first = _listed(service, state="queued", limit=2)
+        assert re.fullmatch(r"0_[0-9]+\.[0-9]+_[0-9]+", first["next_cursor"]), first  # `plain`
+        for params in (
+            {"state": "queued", "cursor": newest["next_cursor"]},
+            {"state": "running", "cursor": first["next_cursor"]},
+            {"cursor": first["next_cursor"]},
+            # Nor is a place that no page of the queue writes.
+            {"state": "queued", "cursor": "0_1e999_1"},  # past a float: infinity
+            {"state": "queued", "cursor": "0_nan_1"},
+            {"state": "queued", "cursor": "12345_1.5_1"},  # no priority is that high
+            {"state": "queued", "cursor": "0_1.5"},
+        ):
+            refused = service.client.get("/api/v1/jobs", params=params)
+            assert refused.status_code == 422, (params, refused.text)
+            assert refused.json()["errors"][0]["field"] == "query.cursor"
+
+        table = towerboard("status", "--state", "queued", url=service.base_url)
+        assert table.returncode == 0, table.stderr
+        lines = table.stdout.splitlines()
+        assert lines[0].split()[:4] == ["POS", "ID", "NAME", "STATE"]
+        assert [line.split()[:3] for line in lines[1:]] == [
+            ["1", urgent["id"], "urgent"],
+            ["2", plain["id"], "plain"],
+            ["3", resumed["id"], "resumed-late"],
+            ["4", last["id"], "last-in"],
+        ]
+        limited = towerboard("status", "--state", "queued", "--limit", "3", url=service.base_url)
+        assert [line.split()[:2] for line in limited.stdout.splitlines()[1:4]] == [
+            ["1", urgent["id"]], ["2", plain["id"]], ["3", resumed["id"]]
+        ]  # fmt: skip
+        assert limited.stdout.splitlines()[4:] == ["... 1 more (use --limit)"]
+        # A name leaves jobs out, so no place is given; the order is the queue's.
+        named = towerboard("status", "--state", "queued", "--name", "L", url=service.base_url)
+        assert named.stdout.splitlines()[0].split()[0] == "ID"
+        assert [line.split()[0] for line in named.stdout.splitlines()[1:]] == order[1:]
+        every = towerboard("status", url=service.base_url)
+        assert every.stdout.splitlines()[0].split()[0] == "ID"
+        listed_ids = [line.split()[0] for line in every.stdout.splitlines()[1:6]]
+        assert listed_ids == [*newest_first, running["id"]]
+
+        # Past the first page, the head of the queue starts: the next page reads on after
+        # the last job read, skipping none and repeating none.
+        first = _listed(service, state="queued", limit=2)
+        assert _ids(first) == order[:2]
+        assert service.client.post(f"/api/v1/jobs/{running['id']}/cancel").status_code == 202
+        service.wait_state(urgent["id"], "running")
+        rest = _listed(service, state="queued", cursor=first["next_cursor"])
+        assert _ids(rest) == order[2:] and rest["count"] == 3
+        for job in (urgent, plain, resumed, last):
+            service.client.post(f"/api/v1/jobs/{job['id']}/cancel")

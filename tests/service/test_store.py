@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from service.store import JobState, JobStore, MetricPoint
+from service.store import JobState, JobStore, MetricPoint, QueuePlace
 
 SPEC = {"name": "j", "priority": 0, "towers": 1}
 
@@ -72,6 +72,62 @@ def test_read_page_newest_first_with_cursor(store: JobStore) -> None:
     store.cancel_queued(ids[0])
     page, count = store.page(states=[JobState.CANCELLED])
     assert [j.id for j in page] == [ids[0]] and count == 1
+
+
+def test_read_page_of_queued_jobs_in_the_order_they_start(store: JobStore) -> None:
+    # The queued jobs alone were listed newest first, the last to start on top.
+    low = store.create({**SPEC, "name": "low", "priority": -1})
+    first = store.create({**SPEC, "name": "first"})
+    urgent = store.create({**SPEC, "name": "urgent", "priority": 5})
+    resumed = store.create({**SPEC, "name": "resumed"})
+    second = store.create({**SPEC, "name": "second"})
+    assert store.cancel_queued(resumed.id) and store.resume(resumed.id)  # behind `second`
+    assert store.mark_running(store.create(SPEC).id, devices=["cpu:0"])  # not queued
+    order = [urgent.id, first.id, second.id, resumed.id, low.id]
+    assert [job.id for job in store.queue()] == order
+
+    page, count = store.page(states=[JobState.QUEUED], limit=10)
+    assert [job.id for job in page] == order and count == 5
+    # A page at a time, each read on after the last job's place.
+    read: list[str] = []
+    after = None
+    while True:
+        page, count = store.page(states=[JobState.QUEUED], limit=2, after_place=after)
+        assert count == 5
+        read += [job.id for job in page]
+        if len(page) < 2:
+            break
+        after = QueuePlace.of(page[-1])
+    assert read == order
+    # Past the first page, `second` starts and a job of a higher priority is submitted: the
+    # next page reads on after `first`, neither skipping nor repeating a job.
+    page, _ = store.page(states=[JobState.QUEUED], limit=2)
+    assert store.mark_running(second.id, devices=["cpu:1"])
+    store.create({**SPEC, "priority": 9})  # ahead of the rows already read
+    page, count = store.page(states=[JobState.QUEUED], limit=2, after_place=QueuePlace.of(page[-1]))
+    assert [job.id for job in page] == [resumed.id, low.id] and count == 5
+    # With a name, the queued jobs whose names hold it, in the same order.
+    named, count = store.page(states=[JobState.QUEUED], name="R")
+    assert [job.id for job in named] == [urgent.id, first.id, resumed.id] and count == 3
+    # Other states, several states among them queued, and every job: newest first still.
+    both, _ = store.page(states=[JobState.QUEUED, JobState.RUNNING])
+    assert [job.seq for job in both] == sorted((job.seq for job in both), reverse=True)
+    assert len(both) == 7
+    every, _ = store.page()
+    assert [job.seq for job in every] == sorted((job.seq for job in every), reverse=True)
+
+
+def test_jobs_queued_at_one_time_page_by_seq(store: JobStore, tmp_path: Path) -> None:
+    # Jobs that joined the queue in the same instant (a clock's resolution, or written in
+    # bulk) stand in the order of their seq, and a page past one of them finds the rest.
+    ids = [store.create(SPEC).id for _ in range(5)]
+    with contextlib.closing(sqlite3.connect(tmp_path / "jobs.db")) as db, db:
+        db.execute("UPDATE jobs SET created_at = 1000.5")
+    page, _ = store.page(states=[JobState.QUEUED], limit=2)
+    assert [job.id for job in page] == ids[:2]
+    assert QueuePlace.of(page[-1]) == QueuePlace(0, 1000.5, page[-1].seq)
+    rest, _ = store.page(states=[JobState.QUEUED], after_place=QueuePlace.of(page[-1]))
+    assert [job.id for job in rest] == ids[2:]
 
 
 def test_cancel_queued_only_once_and_not_when_running(store: JobStore) -> None:

@@ -13,6 +13,10 @@
 // exiting, at the stream's `exited`: the devices panel (app.js) is told each time.
 // The name search asks the API (`?name=`) and keeps the stream's new jobs to those whose
 // names hold the text as the API matches them (SQLite's LIKE: any case, ASCII only).
+// The Queued filter lists the jobs in the order they start, as the API lists the queued
+// jobs alone, each (with no search) with its place: 1st, 2nd, ... A job entering the queue
+// goes where the next read puts it (a resumed one behind those of its priority, one of a
+// higher priority ahead of them), not on top.
 
 import { STATES, TERMINAL, followAllJobs, getJSON } from "./api.js";
 import {
@@ -20,6 +24,7 @@ import {
   progressBar, rate, setProgress, setText, stateBadge, stepText, withCode,
 } from "./format.js";
 import { arrangeInPlace } from "./inplace.js";
+import { ordinal } from "./queue.js";
 
 const POLL_MS = 15000;
 const PAGE = 50;
@@ -169,6 +174,7 @@ export function fresher(known, streamedAt, snapshot, askedAt) {
 
 export function mountJobs(view, query) {
   const filter = STATES.includes(query.get("state")) ? query.get("state") : "";
+  const runOrder = filter === "queued"; // the order they start in, not newest first
   let search = (query.get("name") || "").trim().slice(0, MAX_NAME); // "" for none
   listHash = listAddress(filter, search);
   let jobs = new Map(); // id -> job, in list order
@@ -302,6 +308,8 @@ export function mountJobs(view, query) {
       // "Progress" for every row. (A job's name never changes.)
       bar.setAttribute("aria-label", `Progress of ${job.name}`);
       cells.progress.append(bar, h("span", { class: "step" }));
+      // Its place in the queue, under the Queued filter (`render` writes it).
+      cells.state.append(h("span", { class: "queue-place", hidden: true }));
       const tr = h("tr", { dataset: { job: job.id } }, Object.values(cells));
       entry = { tr, cells, bar };
       rows.set(job.id, entry);
@@ -325,7 +333,9 @@ export function mountJobs(view, query) {
       why.title = why.textContent; // as it reads, backticks and all gone
       why.hidden = !reason;
     }
-    if (cells.state.textContent !== job.state) cells.state.replaceChildren(stateBadge(job.state));
+    const badge = cells.state.querySelector(".state");
+    if (!badge) cells.state.prepend(stateBadge(job.state));
+    else if (badge.textContent !== job.state) badge.replaceWith(stateBadge(job.state));
     setProgress(bar, job);
     setText(cells.progress.lastChild, stepText(job));
     setText(cells.loss, num(p.loss));
@@ -344,6 +354,16 @@ export function mountJobs(view, query) {
     arrangeInPlace(tbody, order.map(row),
       { focusIn: (tr) => tr.querySelector(".job-name"), fallback: summary });
     for (const id of rows.keys()) if (!jobs.has(id)) rows.delete(id);
+    // The rows are the queue from its head as last read: each queued one's place is its
+    // count among the queued rows down to it (one known to have started since counts
+    // none). A search leaves jobs out, so there the places are not known.
+    let place = 0;
+    for (const job of order) {
+      const el = rows.get(job.id).cells.state.querySelector(".queue-place");
+      const shown = runOrder && !search && job.state === "queued";
+      setText(el, shown ? ordinal(++place) : "");
+      if (el.hidden === shown) el.hidden = !shown;
+    }
     empty.hidden = order.length > 0;
     table.hidden = order.length === 0;
     emptyText.textContent = search ? `No ${filter ? `${filter} ` : ""}jobs match “${search}”.`
@@ -352,7 +372,8 @@ export function mountJobs(view, query) {
     const shown = order.length;
     const matching = search ? ` matching “${search}”` : "";
     summary.textContent =
-      `${shown} of ${count} job${count === 1 ? "" : "s"}${filter ? ` ${filter}` : ""}${matching}`;
+      `${shown} of ${count} job${count === 1 ? "" : "s"}${filter ? ` ${filter}` : ""}${matching}` +
+      (runOrder && shown ? ", in the order they start" : "");
     more.hidden = !nextCursor;
     for (const button of chips.children) {
       button.setAttribute("aria-pressed", String(button.dataset.state === filter));
@@ -374,7 +395,8 @@ export function mountJobs(view, query) {
     soon = setTimeout(() => { soon = null; refresh(); }, wait);
   }
 
-  /** Whether `job` came after `other` (the list is newest first). */
+  /** Whether `job` came after `other` (the list is newest first; not used under the
+   *  Queued filter, whose rows are in the queue's order). */
   const newer = (job, other) => Date.parse(job.created_at) > Date.parse(other.created_at);
 
   /** Whether a job's `state` event may change who holds a device: the job starts, or
@@ -427,8 +449,10 @@ export function mountJobs(view, query) {
         return;
       }
       // Newer than every row (just submitted): it goes on top, as the list would have it.
+      // In the queue's order, where it goes (at the end, or ahead of the jobs of a lower
+      // priority) the read below says.
       const first = jobs.values().next().value;
-      if (!first || newer(job, first)) {
+      if (!runOrder && (!first || newer(job, first))) {
         jobs = new Map([[job.job_id, job], ...jobs]);
         streamed.set(job.job_id, mark());
         arrived.set(job.job_id, streamed.get(job.job_id));
@@ -522,10 +546,14 @@ export function mountJobs(view, query) {
       // What the stream said before the first read answered: its copy where it is newer,
       // and one the read lacks goes on top (below), as one the stream adds meanwhile does.
       const waiting = new Map(); // id -> job, of those the read lacks
+      let again = false; // one the read lacks, in the queue's order: where it goes, a read says
       for (const [job, { job: said, at }] of early) {
         if (deleted.has(job)) continue;
         if (next.has(job)) next.set(job, fresher(said, at, next.get(job), asked));
-        else if (shows(said)) {
+        else if (shows(said) && runOrder) {
+          again = true;
+          continue;
+        } else if (shows(said)) {
           waiting.set(job, said);
           arrived.set(job, at);
         } else continue;
@@ -548,6 +576,7 @@ export function mountJobs(view, query) {
       error.hidden = true;
       if (streamEnded) notice.error(EventSource.CLOSED);
       render();
+      if (again) refreshSoon();
       if (scrollBack !== null) {
         window.scrollTo(0, scrollBack);
         scrollBack = null;

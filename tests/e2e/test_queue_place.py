@@ -1,16 +1,18 @@
 """A queued job's page says its place in the queue, as `towerboard status ID` does, and
-keeps it current as the jobs ahead start, end or are cancelled: headless Chromium against
+keeps it current as the jobs ahead start, end or are cancelled; the jobs table's Queued
+filter lists the queued jobs in the order they start, each with its place: headless Chromium against
 a real service with one job slot (CPU-only) whose worker is the harness's stand-in, which
 runs until cancelled. No model is trained here, so none of it is marked slow."""
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, expect
+from playwright.sync_api import Browser, Page, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import LAPTOP, Session, open_session
@@ -111,6 +113,137 @@ def test_a_job_past_the_first_1000_says_so(browser: Browser, tmp_path: Path) -> 
             expect(page.locator("#queue-place")).to_have_text(
                 "after the first 1000 of 1001 in the queue"
             )
+            assert session.errors == []
+        finally:
+            session.context.close()
+
+
+# The jobs table's rows, top down: each one's job id and its place ("-" for none shown).
+ROWS = """() => [...document.querySelectorAll("#jobs-table tbody tr")].map((tr) => {
+  const place = tr.querySelector(".queue-place");
+  return `${tr.dataset.job} ${place.hidden ? "-" : place.textContent}`;
+})"""
+
+
+# From now on, window.rowOrders holds the rows (as ROWS gives them) after each change to
+# the table's body: an order shown for a moment, and put right by a later read, is in it.
+WATCH_ROWS = f"""() => {{
+  const rows = {ROWS};
+  window.rowOrders = [rows()];
+  new MutationObserver(() => window.rowOrders.push(rows())).observe(
+    document.querySelector("#jobs-table tbody"),
+    {{ childList: true, subtree: true, characterData: true, attributes: true }});
+}}"""
+
+
+def ordinal(n: int) -> str:
+    return f"{n}" + ("th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th"))
+
+
+def rows_become(page: Page, *want: str, timeout: float = 20.0) -> None:
+    """Wait until the table's rows are `want` ("ID PLACE"), in that order."""
+    deadline = time.monotonic() + timeout
+    while (rows := page.evaluate(ROWS)) != list(want):
+        assert time.monotonic() < deadline, f"rows {rows}, expected {list(want)}"
+        page.wait_for_timeout(100)
+
+
+def test_the_queued_filter_lists_jobs_in_the_order_they_start(
+    session: Session, service: Service
+) -> None:
+    """The Queued filter listed the queued jobs newest first: its top row was the last to
+    start. Its rows are in the order they start, each with its place, and stay so as jobs
+    join the queue (at its end, or ahead of those of a lower priority), leave it and start."""
+    running = service.submit(job_spec(name="holds-the-slot"))  # runs until cancelled
+    service.wait_state(running["id"], "running")
+    first = service.submit(job_spec(name="first-in"))
+    urgent = service.submit(job_spec(name="urgent", priority=5))
+    second = service.submit(job_spec(name="second-in"))
+    later: list[dict[str, object]] = []
+    page = session.page
+    try:
+        page.goto("/#/?state=queued")
+        rows_become(page, f"{urgent['id']} 1st", f"{first['id']} 2nd", f"{second['id']} 3rd")
+        expect(page.locator("#jobs-summary")).to_have_text(
+            "3 of 3 jobs queued, in the order they start"
+        )
+        expect(page.locator(f'tr[data-job="{urgent["id"]}"] td.col-state')).to_have_text(
+            "queued1st"
+        )
+
+        # Submitted now: last in line (it went on top), and one of priority 3 ahead of
+        # the jobs of priority 0. Neither is shown anywhere else, even for a moment.
+        page.evaluate(WATCH_ROWS)
+        later.append(last := service.submit(job_spec(name="last-in")))
+        rows_become(
+            page, f"{urgent['id']} 1st", f"{first['id']} 2nd", f"{second['id']} 3rd",
+            f"{last['id']} 4th",
+        )  # fmt: skip
+        later.append(soon := service.submit(job_spec(name="soon", priority=3)))
+        rows_become(
+            page, f"{urgent['id']} 1st", f"{soon['id']} 2nd", f"{first['id']} 3rd",
+            f"{second['id']} 4th", f"{last['id']} 5th",
+        )  # fmt: skip
+        shown = [[row.split()[0] for row in rows] for rows in page.evaluate("window.rowOrders")]
+        assert all(
+            rows[:3] == [urgent["id"], first["id"], second["id"]]
+            or rows[:2] == [urgent["id"], soon["id"]]
+            for rows in shown
+        ), shown
+
+        cancel(service, first)  # leaves the queue: those behind it move up
+        rows_become(
+            page, f"{urgent['id']} 1st", f"{soon['id']} 2nd", f"{second['id']} 3rd",
+            f"{last['id']} 4th",
+        )  # fmt: skip
+        cancel(service, running)  # the slot frees: the first in line starts
+        service.wait_state(urgent["id"], "running")
+        rows_become(page, f"{soon['id']} 1st", f"{second['id']} 2nd", f"{last['id']} 3rd")
+
+        # A search leaves jobs out: the order stays the queue's, and no place is said.
+        page.fill("#jobs-search", "in")
+        rows_become(page, f"{second['id']} -", f"{last['id']} -")
+        # Every job, and any other filter: newest first, no place.
+        page.locator('.chip[data-state=""]').click()
+        page.fill("#jobs-search", "")
+        expect(page.locator("#jobs-table tbody tr").first).to_have_attribute("data-job", soon["id"])
+        assert page.locator("#jobs-table tbody tr").first.locator(".queue-place").is_hidden()
+        assert session.errors == []
+    finally:
+        cancel(service, running, first, urgent, second, *later)
+
+
+def test_show_more_reads_on_down_the_queue(browser: Browser, tmp_path: Path) -> None:
+    """Past its first page (50 rows), the Queued filter's Show more reads on in the queue's
+    order, the places counting on: the API's cursor of a page of the queue."""
+    from service.store import JobStore
+    from trainer.spec import JobSpec
+
+    data = tmp_path / "data"
+    data.mkdir()
+    store = JobStore(data / "towerboard.db")
+    spec = JobSpec.model_validate(job_spec(name="holds-the-slot")).model_dump(mode="json")
+    head = store.create({**spec, "priority": 2})  # starts first, runs until the service stops
+    store.close()
+    queue_in_bulk(data / "towerboard.db", spec, 55)  # q000000000 ... q000000054, one time
+    store = JobStore(data / "towerboard.db")
+    ahead = store.create({**spec, "name": "ahead", "priority": 1})  # the newest, first in line
+    store.close()
+    with stand_in_service(tmp_path) as service:
+        service.wait_state(head.id, "running")
+        session = open_session(browser, service, LAPTOP)
+        try:
+            page = session.page
+            page.goto("/#/?state=queued")
+            bulk = [f"q{n:09d}" for n in range(55)]
+            order = [f"{job} {ordinal(n)}" for n, job in enumerate([ahead.id, *bulk], 1)]
+            rows_become(page, *order[:50])
+            expect(page.locator("#jobs-summary")).to_have_text(
+                "50 of 56 jobs queued, in the order they start"
+            )
+            page.get_by_role("button", name="Show more").click()
+            rows_become(page, *order)
+            expect(page.get_by_role("button", name="Show more")).to_be_hidden()
             assert session.errors == []
         finally:
             session.context.close()

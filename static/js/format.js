@@ -70,11 +70,12 @@ export function age(iso, now = serverNow()) {
  *  save): counted on, the ETA would reach 0 and say the job is nearly done. As the CLI. */
 export const QUIET_SECONDS = 60;
 
-/** A running job's time left: the worker's ETA, counted down since it was reported. */
+/** A running job's time left: the worker's ETA, counted down since it was reported. A job
+ *  not running has none, as `towerboard status` says: a succeeded one's "0s" (its folded
+ *  `eta_seconds` is 0) read as a job about to end. */
 export function eta(job, now = serverNow()) {
   const p = job.progress;
-  if (!p || !isNum(p.eta_seconds)) return DASH;
-  if (job.state !== "running") return job.state === "succeeded" ? duration(0) : DASH;
+  if (job.state !== "running" || !p || !isNum(p.eta_seconds)) return DASH;
   const at = seconds(p.updated_at);
   const quiet = at === null ? 0 : Math.max(0, now - at);
   if (quiet > QUIET_SECONDS) return `? (no report for ${duration(quiet)})`;

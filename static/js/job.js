@@ -210,7 +210,7 @@ export function mountJob(view, jobId) {
     new LineChart(chartGrid, { title: "Accuracy", yRange: [0, 1], series: [
       { key: "accuracy", label: "train", stroke: "#2f6fdb" },
       { key: "eval_accuracy", label: "eval", stroke: "#e06c1f", dash: [6, 4] }] }),
-    new LineChart(chartGrid, { title: "Examples/sec", yDigits: 5, series: [
+    new LineChart(chartGrid, { title: "Examples/s", yDigits: 5, series: [
       { key: "examples_per_sec", label: "examples/s", stroke: "#1c9a6c" }] }),
   ];
 

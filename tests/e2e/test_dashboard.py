@@ -247,7 +247,7 @@ def test_charts_grow_while_running(session: Session, submitted: dict[str, Any]) 
     assert int(accuracy.get_attribute("data-points-eval_accuracy") or 0) == 3
     assert int(loss.get_attribute("data-points-loss") or 0) >= 2
     assert int(accuracy.get_attribute("data-points-accuracy") or 0) >= 2
-    for chart in ("loss", "accuracy", "examples/sec"):
+    for chart in ("loss", "accuracy", "examples/s"):
         expect(session.page.locator(f'figure[data-chart="{chart}"] canvas')).to_be_visible()
 
 

@@ -758,7 +758,8 @@ def test_eta_is_unknown_once_the_worker_goes_quiet(session: Session) -> None:
       return [eta(job(10), now), eta(job(59), now), eta(job(130), now),
               eta({ ...job(130), state: "succeeded" }, now)];
     }""")
-    assert shown == ["4m 50s", "4m 01s", "? (no report for 2m 10s)", "0s"]
+    # An ended job has no ETA, as `towerboard status` says ("-"), not "0s".
+    assert shown == ["4m 50s", "4m 01s", "? (no report for 2m 10s)", "—"]
     assert session.errors == []
 
 

@@ -47,7 +47,7 @@ for step in name.split("-")[1:]:
              examples_per_sec=1234.0)
 (job_dir / "result.json").write_text(json.dumps({"outcome": "succeeded", "message": name}))
 """
-CHARTS = ("loss", "accuracy", "examples/sec")
+CHARTS = ("loss", "accuracy", "examples/s")
 RUNNING_POLL_MS = 5_000  # how often the line asks after a running TensorBoard (tensorboard.js)
 STARTING = "TensorBoard is starting: open it."
 RUNNING = "TensorBoard is running: open it."
@@ -136,7 +136,7 @@ def test_pointer_on_a_chart_reads_its_values(session: Session, service: Service)
     series' value there, beside it, and nothing once it has left."""
     page = session.page
     open_job(page, finished(service, "steps-100-300"))
-    for chart, value in (("loss", "train 0.5"), ("examples/sec", "examples/s 1234")):
+    for chart, value in (("loss", "train 0.5"), ("examples/s", "examples/s 1234")):
         figure = page.locator(f'figure[data-chart="{chart}"]')
         readout = figure.locator(".chart-readout")
         over = figure.locator(".u-over")

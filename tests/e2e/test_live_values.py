@@ -78,7 +78,7 @@ SELECT = """([selector, text]) => {
   return null;
 }"""
 SELECTED = "() => getSelection().toString()"
-CHARTS = ("loss", "accuracy", "examples/sec")
+CHARTS = ("loss", "accuracy", "examples/s")
 
 
 def steps_on(page: Page, selector: str, steps: int) -> None:

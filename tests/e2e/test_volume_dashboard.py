@@ -90,7 +90,7 @@ def test_a_job_of_many_reports_draws_a_bounded_chart(
         "?.getAttribute('data-points-loss')) >= 1500",
         timeout=60_000,
     )
-    for chart in ("loss", "accuracy", "examples/sec"):
+    for chart in ("loss", "accuracy", "examples/s"):
         figure = page.locator(f'figure[data-chart="{chart}"]')
         assert int(figure.get_attribute("data-points") or 0) >= 1500
         drawn = int(figure.get_attribute("data-drawn") or 0)
@@ -196,7 +196,7 @@ def test_a_page_left_open_on_a_long_job_holds_a_bounded_series(
     assert max(held) > 2 * CHART_POINTS, held
     assert max(held) <= HELD_POINTS, max(held)
     assert any(later < earlier for earlier, later in zip(held, held[1:], strict=False)), held
-    for chart in ("loss", "accuracy", "examples/sec"):
+    for chart in ("loss", "accuracy", "examples/s"):
         figure = page.locator(f'figure[data-chart="{chart}"]')
         assert 0 < int(figure.get_attribute("data-points") or 0) <= 2 * HELD_POINTS
     drawn = page.evaluate(DRAWN_LOSS)

@@ -23,6 +23,27 @@ const STEP_LABEL = new Intl.NumberFormat().format; // as uPlot writes numbers
 const LABEL_GAP = 12; // px, at least, between two step labels
 const VALUE_AXIS_MIN = 56; // px: the value axes of most charts line up
 const RIGHT_PAD_MIN = 25; // px: uPlot's own, past the plot's right edge
+// A log value axis labels a power of ten at least every this many px (a label is about 12).
+const LOG_LABEL_SPACE = 18;
+// Where a chart's scale ("log" or "linear") is remembered, per chart (data-chart: "loss").
+const SCALE_KEY = "towerboard.chart-scale.";
+
+/** Whether chart `kind` was last set to a log scale (false where storage is refused). */
+function storedLog(kind) {
+  try {
+    return localStorage.getItem(SCALE_KEY + kind) === "log";
+  } catch {
+    return false;
+  }
+}
+
+function storeLog(kind, log) {
+  try {
+    localStorage.setItem(SCALE_KEY + kind, log ? "log" : "linear");
+  } catch {
+    // Not remembered (storage refused): the page still switches.
+  }
+}
 
 /** How wide `text` is drawn in axis `axisIdx`'s font, in CSS pixels. */
 function labelWidth(u, axisIdx, text) {
@@ -185,37 +206,128 @@ function pointText(v) {
   return v !== 0 && Math.abs(v) < 1e-3 ? v.toExponential(4).replace(/\.?0+e/, "e") : valueText(v);
 }
 
+/** A log axis's label: as the readout writes a value (0.01, 1, 10; 1e-4, 2e-7 below 1e-3). */
+export function logTickText(v) {
+  return v < 1e-3 ? v.toExponential(0) : Number(v.toPrecision(4)).toString();
+}
+
+/** Which of a log axis's `splits` (uPlot's 1 to 9 times each power of ten in view, from
+ *  one power to another) it labels, the rest null: each power of ten, or every 2nd, 3rd...
+ *  down from the top where the decades are too short for a label each, and 2 and 5 as
+ *  well in a decade tall enough for them. Its grid lines and ticks are these too: at
+ *  every split, eight decades were a grey wash. */
+function logLabelled(u, splits, axisIdx) {
+  const scale = u.axes[axisIdx].scale;
+  const decade = Math.abs(u.valToPos(1, scale) - u.valToPos(10, scale)) || 1; // CSS px
+  const every = Math.ceil(LOG_LABEL_SPACE / decade);
+  const mids = decade >= 3 * LOG_LABEL_SPACE;
+  const top = Math.round(Math.log10(u.scales[scale].max));
+  return splits.map((v) => {
+    if (v === null || !(v > 0)) return null;
+    const e = Math.floor(Math.log10(v) + 1e-9);
+    const m = Math.round(v / 10 ** e); // 1 to 9
+    if (m === 1) return (top - e) % every === 0 ? v : null;
+    return mids && (m === 2 || m === 5) ? v : null;
+  });
+}
+
+/** A log axis's span: from the power of ten at or below the least value to the one at or
+ *  above the greatest (1e-7 to 10 for a loss from 5e-7 to 2), so that its ends are labelled;
+ *  uPlot's own began at the least value (5e-7), unlabelled. 0.1 to 1 with no value drawn. */
+function logRange(u, min, max) {
+  if (!(min > 0) || !(max > 0)) return [0.1, 1];
+  return uPlot.rangeLog(min, max, 10, true); // eslint-disable-line no-undef
+}
+
+/** `data` (aligned) as a log scale draws it: a value at or below 0 has no place on it, so
+ *  it is not drawn (null: the line spans it as it spans an eval's missing steps), rather
+ *  than clamped to a floor that would read as a value. The chart says how many (update). */
+export function positiveOnly(data) {
+  return data.map((column, k) =>
+    k === 0 ? column : column.map((y) => (y === null || y === undefined || y > 0 ? y : null)));
+}
+
 /** A value as the legend and the summary say it: five significant digits. */
 function valueText(v) {
   return v === null || v === undefined ? "—" : Number(v.toPrecision(5)).toString();
 }
 
 export class LineChart {
-  /** `series`: [{key, label, stroke, dash?}] read from the map given to update(). */
-  constructor(container, { title, series, yDigits = 4, yRange = null }) {
+  /** `series`: [{key, label, stroke, dash?}] read from the map given to update().
+   *  `logScale`: it has a Log scale switch (a chart of a value that falls by decades, as a
+   *  loss does: on a linear axis a loss from 2 to 5e-7 lay on the floor after its first few
+   *  hundred steps), remembered per chart in localStorage; `yRange` is for its linear scale. */
+  constructor(container, { title, series, yDigits = 4, yRange = null, logScale = false }) {
     this.series = series;
+    this.yDigits = yDigits;
+    this.yRange = yRange;
+    this.kind = title.toLowerCase();
+    this.log = logScale && storedLog(this.kind);
     this.plot = null;
     this.points = 0;
+    this.drawn = null; // the data drawn (thinned), every value as reported
     // Named by its caption (a figure is); the plot, canvas and legend, is for the eye only:
     // the summary says it in words, changed only when a value it says changes (not a live
     // region: a running job's charts change every report).
-    this.root = h("figure", { class: "chart", dataset: { chart: title.toLowerCase(), points: "0" } },
-      h("figcaption", {}, title),
+    this.root = h("figure", { class: "chart", dataset: { chart: this.kind, points: "0" } },
+      h("figcaption", {}, title));
+    // A checkbox by the caption: reached by Tab, switched by Space, and named by its label.
+    if (logScale) {
+      this.logBox = h("input", { type: "checkbox", class: "chart-scale-box" });
+      this.logBox.checked = this.log;
+      this.logBox.addEventListener("change", () => this.setLog(this.logBox.checked));
+      this.root.append(h("label", { class: "chart-scale small muted" }, this.logBox, "Log scale"));
+    }
+    this.root.dataset.scale = this.log ? "log" : "linear";
+    this.root.append(
       (this.canvas = h("div", { class: "chart-plot", "aria-hidden": "true" })),
       (this.summary = h("p", { class: "chart-summary visually-hidden" })),
       (this.empty = h("p", { class: "chart-empty muted" }, "No data yet")),
-      (this.single = h("p", { class: "chart-note muted small", hidden: true })));
+      (this.single = h("p", { class: "chart-note muted small", hidden: true })),
+      (this.unplotted = h("p", { class: "chart-unplotted muted small", hidden: true })));
     container.append(this.root);
-    this.options = {
+    // What the pointer is over: the step and each series' value there (its nearest point,
+    // with its own step where that is another), beside the pointer in the plot, as
+    // TensorBoard shows it; hidden while the pointer is elsewhere. For the eye only, as the
+    // plot is (the summary says the values in words). The legend says none (it jumped as
+    // they changed), and without this a value could only be guessed from the axis.
+    this.readout = h("div", { class: "chart-readout small", hidden: true });
+    this.resizer = new ResizeObserver(() => {
+      if (this.plot) this.plot.setSize({ width: this.width(), height: HEIGHT });
+    });
+    this.resizer.observe(this.root);
+  }
+
+  /** uPlot's options for the scale the chart is on now (a plot's scale is fixed when it is
+   *  made: setLog makes a new one). */
+  plotOptions() {
+    const yDigits = this.yDigits;
+    const valueAxis = this.log
+      ? {
+          values: (u, ticks) => {
+            const labels = ticks.map((v) => (v === null ? null : logTickText(v)));
+            this.noteTicks(labels);
+            return labels;
+          },
+          filter: logLabelled,
+        }
+      : {
+          values: (u, ticks) => {
+            const labels = ticks.map((v) => Number(v.toPrecision(yDigits)).toString());
+            this.noteTicks(labels);
+            return labels;
+          },
+        };
+    const y = this.log ? { distr: 3, log: 10, range: logRange }
+      : this.yRange ? { range: this.yRange } : {};
+    return {
       width: this.width(),
       height: HEIGHT,
       legend: { show: true, live: false },
       // The pointer finds each series' nearest point, past the steps where it has none (an
       // eval series has a point every `eval.every_steps` alone).
       cursor: { drag: { x: true, y: false }, hover: { skip: [null, undefined] } },
-      scales: yRange
-        ? { x: { time: false, range: stepRange }, y: { range: yRange } }
-        : { x: { time: false, range: stepRange } },
+      scales: { x: { time: false, range: stepRange }, y },
       // Half the last step label goes past the plot's right edge.
       padding: [null, (u) => Math.max(RIGHT_PAD_MIN,
         Math.ceil(widestStep(u, u.scales.x.min, u.scales.x.max) / 2) + 2), null, null],
@@ -234,12 +346,12 @@ export class LineChart {
           size: (u, values, axisIdx, cycle) => {
             const axis = u.axes[axisIdx];
             if (cycle > 1) return axis._size;
-            const widest = Math.max(0, ...(values || []).map((v) => labelWidth(u, axisIdx, v)));
+            const widest = Math.max(0, ...(values || []).map((v) => (v ? labelWidth(u, axisIdx, v) : 0)));
             return Math.max(VALUE_AXIS_MIN, Math.ceil(axis.ticks.size + axis.gap + widest + 2));
           },
-          grid: { stroke: "#e7e9ee" },
-          ticks: { stroke: "#d7dae0" },
-          values: (u, ticks) => ticks.map((v) => Number(v.toPrecision(yDigits)).toString()),
+          grid: { stroke: "#e7e9ee", ...(this.log ? { filter: logLabelled } : {}) },
+          ticks: { stroke: "#d7dae0", ...(this.log ? { filter: logLabelled } : {}) },
+          ...valueAxis,
         },
       ],
       // data-x-range: the step axis's span, as drawn.
@@ -251,7 +363,7 @@ export class LineChart {
       },
       series: [
         { label: "step" },
-        ...series.map((s) => ({
+        ...this.series.map((s) => ({
           label: s.label,
           stroke: s.stroke,
           width: 2,
@@ -262,22 +374,38 @@ export class LineChart {
         })),
       ],
     };
-    // What the pointer is over: the step and each series' value there (its nearest point,
-    // with its own step where that is another), beside the pointer in the plot, as
-    // TensorBoard shows it; hidden while the pointer is elsewhere. For the eye only, as the
-    // plot is (the summary says the values in words). The legend says none (it jumped as
-    // they changed), and without this a value could only be guessed from the axis.
-    this.readout = h("div", { class: "chart-readout small", hidden: true });
-    this.resizer = new ResizeObserver(() => {
-      if (this.plot) this.plot.setSize({ width: this.width(), height: HEIGHT });
-    });
-    this.resizer.observe(this.root);
+  }
+
+  /** data-y-ticks: the value axis's labels, as drawn ("1e-6 1e-4 0.01 1"), bottom up. */
+  noteTicks(labels) {
+    const said = labels.filter((label) => label).join(" ");
+    if (this.root.dataset.yTicks !== said) this.root.dataset.yTicks = said;
+  }
+
+  /** Switch to a log scale (or back), remembered for this chart on every job's page. */
+  setLog(log) {
+    if (log === this.log) return;
+    this.log = log;
+    storeLog(this.kind, log);
+    this.root.dataset.scale = log ? "log" : "linear";
+    if (this.logBox) this.logBox.checked = log;
+    if (this.plot) {
+      this.plot.destroy();
+      this.plot = null;
+    }
+    this.draw();
   }
 
   /** Show what the pointer is over (readoutLines) beside it, on the side with room; hide
-   *  it once the pointer has left. */
+   *  it once the pointer has left. On a log scale it says a value that is not drawn (0 at
+   *  a step the pointer is on) from the data as reported. */
   showReadout(u) {
-    const lines = readoutLines(this.series, u.data, u.cursor.idx, u.cursor.idxs);
+    const data = this.drawn || u.data;
+    const idx = u.cursor.idx;
+    const idxs = u.cursor.idxs && this.log && idx !== null && idx !== undefined
+      ? u.cursor.idxs.map((i, k) => (k > 0 && data[k][idx] !== null ? idx : i))
+      : u.cursor.idxs;
+    const lines = readoutLines(this.series, data, idx, idxs);
     const tip = this.readout;
     if (lines.length === 0 || u.cursor.left < 0) {
       if (!tip.hidden) tip.hidden = true;
@@ -320,16 +448,30 @@ export class LineChart {
     this.single.textContent = steps.length === 1 ? `One report so far, at step ${steps[0]}.` : "";
     const said = summarize(this.series, data, valueText);
     if (this.summary.textContent !== said) this.summary.textContent = said;
-    const drawn = thin(data);
-    this.root.dataset.drawn = String(drawn.slice(1)
-      .reduce((n, ys) => n + ys.filter((y) => y !== null).length, 0));
+    this.drawn = thin(data);
+    this.draw();
+  }
+
+  /** Draw the data kept by update() on the scale the chart is on. */
+  draw() {
+    if (!this.drawn) return;
+    const data = this.log ? positiveOnly(this.drawn) : this.drawn;
+    const count = (columns) => columns.slice(1)
+      .reduce((n, ys) => n + ys.filter((y) => y !== null && y !== undefined).length, 0);
+    const drawn = count(data);
+    this.root.dataset.drawn = String(drawn);
+    // What a log scale leaves out is said under it, not left to be noticed as a gap.
+    const left = count(this.drawn) - drawn;
+    this.unplotted.hidden = left === 0;
+    const note = left === 0 ? "" : `${left === 1 ? "1 value" : `${left} values`} at or below 0 ` +
+      "not drawn on the log scale.";
+    if (this.unplotted.textContent !== note) this.unplotted.textContent = note;
     if (this.points === 0 || typeof uPlot === "undefined") return;
     if (!this.plot) {
-      this.options.width = this.width();
-      this.plot = new uPlot(this.options, drawn, this.canvas); // eslint-disable-line no-undef
+      this.plot = new uPlot(this.plotOptions(), data, this.canvas); // eslint-disable-line no-undef
       this.plot.over.append(this.readout);
     } else {
-      this.plot.setData(drawn);
+      this.plot.setData(data);
     }
   }
 

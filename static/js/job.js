@@ -204,7 +204,7 @@ export function mountJob(view, jobId) {
   );
 
   const charts = [
-    new LineChart(chartGrid, { title: "Loss", series: [
+    new LineChart(chartGrid, { title: "Loss", logScale: true, series: [
       { key: "loss", label: "train", stroke: "#2f6fdb" },
       { key: "eval_loss", label: "eval", stroke: "#e06c1f", dash: [6, 4] }] }),
     new LineChart(chartGrid, { title: "Accuracy", yRange: [0, 1], series: [

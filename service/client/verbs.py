@@ -282,7 +282,7 @@ def _status_of_job(client: Client, args: argparse.Namespace) -> int:
         ["accuracy", show.percent(p.get("accuracy"))],
         ["eval loss", show.number(evaluation.get("loss"))],
         ["eval accuracy", show.percent(evaluation.get("accuracy"))],
-        ["examples/sec", show.rate(p.get("examples_per_sec"))],
+        ["examples/s", show.rate(p.get("examples_per_sec"))],
         ["eta", show.eta(job, why=True)],
         ["tower ms", _tower_ms(p)],
         *_memory(p),

@@ -12,12 +12,14 @@ so the pipelines share the loaded images and a job holds them once, from its sta
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
+import os
 import re
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, cast
@@ -47,6 +49,7 @@ from trainer.datafiles import (
 )
 from trainer.errors import op_reason
 from trainer.memory import NotEnoughMemory, available_bytes, check_read
+from trainer.preparing import JOINING, LOADING, Preparation
 from trainer.spec import AugmentSpec, DataSpec, SyntheticParams
 
 log = logging.getLogger(__name__)
@@ -116,11 +119,18 @@ class Arrays:
         )
 
 
-def load_arrays(data: DataSpec, seed: int) -> Arrays:
+def load_arrays(data: DataSpec, seed: int, preparation: Preparation | None = None) -> Arrays:
     """Reads (or, for synthetic data, generates from `seed`) the examples `data` names.
 
     Where the files give no eval data, the last `eval_fraction` of the train examples,
     in file order, is held out: floor(N * eval_fraction), and always leaving one to train.
+
+    `preparation` is told the stages and how far each is (`_Meter`): `loading data`,
+    bytes of the files on disk, from 0 as each file's arrays or records are read (every
+    16 MiB of an array, every 256 records) to the whole once every file is read; then,
+    where several files' examples are joined into one array, `joining data`, bytes of
+    their images copied (every 64 MiB). Its `amount` is called that often, and writes a
+    line at most once a second.
 
     Raises:
         DataFilesError: the path names no usable files (see `trainer.datafiles`).
@@ -130,16 +140,20 @@ def load_arrays(data: DataSpec, seed: int) -> Arrays:
             job's fault: `trainer.run` fails it with exit 1, not 2).
     """
     if data.format == "synthetic":
+        if preparation is not None:
+            preparation.stage(LOADING)
         arrays = _synthetic(SyntheticParams.model_validate(data.params), data.eval_fraction, seed)
         _log_loaded(arrays, "synthetic data", None, data.eval_fraction)
         return arrays
     files = resolve_files(data)
-    train, evals = _read_files(data.format, files)
+    meter = _Meter(files, preparation)
+    train, evals = _read_files(data.format, files, meter)
     train_files = len(train)
     eval_sources = [chunk.source for chunk in evals] if evals else None
-    x_train, y_train = _concatenate(train)  # empties `train`, and `evals` below
+    meter.joining(train, evals)
+    x_train, y_train = _concatenate(train, meter)  # empties `train`, and `evals` below
     if eval_sources is not None:
-        x_eval, y_eval = _concatenate(evals)
+        x_eval, y_eval = _concatenate(evals, meter)
         if x_eval.shape[1:] != x_train.shape[1:]:
             raise DataError(
                 "Expected eval images of the train image shape "
@@ -506,7 +520,63 @@ def _held_out_count(n: int, fraction: float) -> int:
     return min(max(n - 1, 0), math.floor(round(n * fraction, 6)))
 
 
-def _read_files(fmt: str, files: DataFiles) -> tuple[list[_Chunk], list[_Chunk]]:
+class _Meter:
+    """A load's way, told to a `Preparation`: through its files, in their bytes on disk
+    (`LOADING`: the files read so far, and of the one being read the share its reader
+    says it has read, of its arrays' bytes or of its records, so a gzip'd file moves at
+    the pace of its inflated data); then through the join of several files' examples
+    (`JOINING`: bytes of their images copied). Without a `Preparation` it does nothing."""
+
+    def __init__(self, files: DataFiles, preparation: Preparation | None) -> None:
+        self._preparation = preparation
+        self._sizes: dict[Path, int] = {}
+        self._before = 0  # bytes of the files read, or of the images joined
+        self._size = 0  # of the file being read
+        if preparation is not None:
+            for path in [*files.train, *files.eval]:
+                for each in (path, files.pairs.get(path)):
+                    if each is not None:
+                        with contextlib.suppress(OSError):  # gone: its reader says so
+                            self._sizes[each] = os.stat(each).st_size
+        self._total = sum(self._sizes.values())
+        if preparation is not None:
+            preparation.stage(LOADING, 0, self._total)
+
+    @contextlib.contextmanager
+    def file(self, path: Path) -> Iterator[None]:
+        """`path` is read inside this; its bytes count as read once it is."""
+        self._size = self._sizes.get(path, 0)
+        yield
+        self._before += self._size
+        self._size = 0
+        self._amount(self._before)
+
+    def part(self, done: int, of: int) -> None:
+        """`done` of `of` of the file being read (bytes of its arrays, or its records)."""
+        if of > 0:
+            self._amount(self._before + self._size * min(done, of) // of)
+
+    def joining(self, *chunk_lists: list[_Chunk]) -> None:
+        """The join of these chunks begins: the images of each list of several."""
+        self._before = 0
+        self._total = sum(c.x.nbytes for chunks in chunk_lists if len(chunks) > 1 for c in chunks)
+        if self._preparation is not None and self._total:
+            self._preparation.stage(JOINING, 0, self._total)
+
+    def joined(self, done: int) -> None:
+        """`done` more bytes of images joined."""
+        self._before += done
+        self._amount(self._before)
+
+    def _amount(self, done: int) -> None:
+        if self._preparation is not None:
+            self._preparation.amount(min(done, self._total), self._total)
+
+
+_NO_METER = _Meter(DataFiles([], []), None)
+
+
+def _read_files(fmt: str, files: DataFiles, meter: _Meter) -> tuple[list[_Chunk], list[_Chunk]]:
     """Train and eval chunks of every file, in order."""
     train: list[_Chunk] = []
     evals: list[_Chunk] = []
@@ -515,25 +585,33 @@ def _read_files(fmt: str, files: DataFiles) -> tuple[list[_Chunk], list[_Chunk]]
     empty: list[Path] = []
     for path in files.train:
         if fmt == "idx":
-            train.append(_read_idx_pair(path, files.pairs[path]))
+            train.append(_read_idx_pair(path, files.pairs[path], meter))
         elif fmt == "npz":
-            chunk, eval_chunk = _read_npz(path)
+            with meter.file(path):
+                chunk, eval_chunk = _read_npz(path, meter)
             train.append(chunk)
             if eval_chunk is not None:
                 evals.append(eval_chunk)
-        elif (record_chunk := _read_tfrecord(path)) is not None:
-            train.append(record_chunk)
         else:
-            empty.append(path)
+            with meter.file(path):
+                record_chunk = _read_tfrecord(path, meter)
+            if record_chunk is not None:
+                train.append(record_chunk)
+            else:
+                empty.append(path)
     if not train:
         raise DataError(no_records(empty))
     for path in files.eval:
         if fmt == "idx":
-            evals.append(_read_idx_pair(path, files.pairs[path]))
+            evals.append(_read_idx_pair(path, files.pairs[path], meter))
         elif fmt == "npz":
-            evals.extend(chunk for chunk in _read_npz(path) if chunk is not None)
-        elif (record_chunk := _read_tfrecord(path)) is not None:
-            evals.append(record_chunk)
+            with meter.file(path):
+                evals.extend(chunk for chunk in _read_npz(path, meter) if chunk is not None)
+        else:
+            with meter.file(path):
+                record_chunk = _read_tfrecord(path, meter)
+            if record_chunk is not None:
+                evals.append(record_chunk)
     if files.eval and not evals:
         # Eval files that hold no records: no eval, as with empty `x_eval` arrays (not a
         # hold-out of the training examples, which the user did not ask for). Copies of
@@ -543,7 +621,7 @@ def _read_files(fmt: str, files: DataFiles) -> tuple[list[_Chunk], list[_Chunk]]
     return train, evals
 
 
-def _concatenate(chunks: list[_Chunk]) -> tuple[np.ndarray, np.ndarray]:
+def _concatenate(chunks: list[_Chunk], meter: _Meter = _NO_METER) -> tuple[np.ndarray, np.ndarray]:
     """Every chunk's examples, in order, in one pair of arrays. Empties `chunks`: each file's
     arrays go once copied, so joining files holds their images about once, not twice."""
     shapes = {chunk.x.shape[1:] for chunk in chunks}
@@ -556,7 +634,7 @@ def _concatenate(chunks: list[_Chunk]) -> tuple[np.ndarray, np.ndarray]:
         return xs[0], ys[0]
     if len({x.dtype for x in xs}) > 1:
         xs = [_as_float(x) for x in xs]
-    return hostarrays.concatenate(xs), hostarrays.concatenate(ys)
+    return hostarrays.concatenate(xs, meter.joined), hostarrays.concatenate(ys)
 
 
 def _as_float(x: np.ndarray) -> np.ndarray:
@@ -651,18 +729,22 @@ _IDX_DTYPES: dict[int, np.dtype] = {
 }
 
 
-def read_idx(path: Path) -> np.ndarray:
+def read_idx(path: Path, meter: _Meter = _NO_METER) -> np.ndarray:
     """One IDX file (gzip-compressed or plain, told by its first bytes) as a numpy array,
     read straight into an aligned one (`trainer.hostarrays`): no copy of it on the way."""
     try:
         with open_idx(path) as (stream, size, at_most):
-            return _read_idx_stream(cast(_Stream, stream), path, size, at_most)
+            return _read_idx_stream(cast(_Stream, stream), path, size, at_most, meter)
     except DataFilesError as error:  # a header that is none, or a damaged gzip stream
         raise DataError(str(error)) from None
 
 
 def _read_idx_stream(
-    stream: _Stream, path: Path, size: int | None, at_most: int | None = None
+    stream: _Stream,
+    path: Path,
+    size: int | None,
+    at_most: int | None = None,
+    meter: _Meter = _NO_METER,
 ) -> np.ndarray:
     """The IDX array `stream` holds; `size`: its bytes, where known before reading;
     `at_most`: a bound on them where that alone is known (a gzip file's)."""
@@ -687,7 +769,8 @@ def _read_idx_stream(
         array: np.ndarray | None = hostarrays.empty(dims, dtype)
     except MemoryError:  # more than this host could ever hold: say what the file holds
         array = None
-    received = (0 if array is None else _read_into(stream, array)) + _count_rest(stream)
+    read = 0 if array is None else _read_into(stream, array, meter.part)
+    received = read + _count_rest(stream)
     if received != expected:
         raise wrong_size(received)
     if array is None:
@@ -708,14 +791,19 @@ class _Stream(Protocol):
     def readinto(self, buffer: memoryview, /) -> int | None: ...
 
 
-def _read_into(stream: _Stream, array: np.ndarray) -> int:
-    """Fill `array` (C-contiguous) from `stream`; the bytes read, fewer if it ended first."""
+def _read_into(
+    stream: _Stream, array: np.ndarray, told: Callable[[int, int], None] | None = None
+) -> int:
+    """Fill `array` (C-contiguous) from `stream`; the bytes read, fewer if it ended first.
+    `told(done, of)` after each piece: the bytes read so far of the array's."""
     view = array.reshape(-1).view(np.uint8).data
     done = 0
     # In pieces of 16 MiB: a zip member's or gzip stream's `readinto` reads into bytes of
     # the size asked for and copies them over, so a piece is a temporary of its size.
     while done < len(view) and (n := stream.readinto(view[done : done + (16 << 20)])):
         done += n
+        if told is not None:
+            told(done, len(view))
     return done
 
 
@@ -724,14 +812,17 @@ def _count_rest(stream: _Stream) -> int:
     return sum(len(piece) for piece in iter(lambda: stream.read(1 << 20), b""))
 
 
-def _read_idx_pair(images_path: Path, labels_path: Path) -> _Chunk:
-    images, labels = read_idx(images_path), read_idx(labels_path)
+def _read_idx_pair(images_path: Path, labels_path: Path, meter: _Meter = _NO_METER) -> _Chunk:
+    with meter.file(images_path):
+        images = read_idx(images_path, meter)
+    with meter.file(labels_path):
+        labels = read_idx(labels_path, meter)
     if problem := idx_pair_problem(images.shape, labels.shape, images_path, labels_path):
         raise DataError(problem)
     return _checked(images, labels, f"{images_path}, {labels_path}", names=("images", "labels"))
 
 
-def _read_npz(path: Path) -> tuple[_Chunk, _Chunk | None]:
+def _read_npz(path: Path, meter: _Meter = _NO_METER) -> tuple[_Chunk, _Chunk | None]:
     """`x`, `y` and, if present, its eval pair (`npz_array_names`) of one .npz file."""
     try:
         train_names, eval_names = npz_array_names(path)
@@ -743,7 +834,16 @@ def _read_npz(path: Path) -> tuple[_Chunk, _Chunk | None]:
             members = {name.removesuffix(".npy"): name for name in archive.namelist()}
             # These alone: another array in the file costs no memory.
             wanted = [*train_names, *(eval_names or ())]
-            arrays = {name: _npy(archive, members[name]) for name in wanted}
+            # How far the file is read: each array's share of it as its stored bytes'.
+            shares = [archive.getinfo(members[name]).compress_size for name in wanted]
+            arrays = {}
+            for index, name in enumerate(wanted):
+                before, share = sum(shares[:index]), shares[index]
+
+                def told(done: int, of: int, before: int = before, share: int = share) -> None:
+                    meter.part(before + share * done // of, sum(shares))
+
+                arrays[name] = _npy(archive, members[name], told)
     except NotEnoughMemory:  # a RuntimeError, and no damage: said as it is
         raise
     except ZIP_READ_ERRORS as error:
@@ -767,7 +867,9 @@ def _read_npz(path: Path) -> tuple[_Chunk, _Chunk | None]:
     return chunk, replace(eval_chunk, source=f"{', '.join(eval_names)} of {path}")
 
 
-def _npy(archive: zipfile.ZipFile, name: str) -> np.ndarray:
+def _npy(
+    archive: zipfile.ZipFile, name: str, told: Callable[[int, int], None] | None = None
+) -> np.ndarray:
     """One .npy member, as `np.load(allow_pickle=False)` reads it, but read straight into
     an aligned array (`trainer.hostarrays`) where it is in C order: numpy's own copy would
     be copied again into TensorFlow's memory."""
@@ -794,7 +896,7 @@ def _npy(archive: zipfile.ZipFile, name: str) -> np.ndarray:
         nbytes = math.prod(shape) * dtype.itemsize
         check_read(nbytes, f"{archive.filename} ({name}, shape {shape})", available_bytes())
         array = hostarrays.empty(shape, dtype)
-        if (received := _read_into(member, array)) != array.nbytes:
+        if (received := _read_into(member, array, told)) != array.nbytes:
             raise ValueError(
                 f"EOF: reading array data, expected {array.nbytes} bytes got {received}"
             )
@@ -811,7 +913,7 @@ _TFRECORD_FEATURES = {
 }
 
 
-def _read_tfrecord(path: Path) -> _Chunk | None:
+def _read_tfrecord(path: Path, meter: _Meter = _NO_METER) -> _Chunk | None:
     """All examples of one TFRecord file (GZIP if named `.gz`); None if it has none.
 
     This holds the whole file in memory, as every format here does: the pipeline then
@@ -822,7 +924,7 @@ def _read_tfrecord(path: Path) -> _Chunk | None:
         # Before TensorFlow reads it: a header claiming 2^40 bytes killed the worker
         # (SIGSEGV) as TensorFlow allocated them, and a file that ends inside a header
         # read as one that ends before it, dropping the rest without a word.
-        check_tfrecord_framing(path)
+        records = check_tfrecord_framing(path)
     except DataFilesError as error:
         raise DataError(str(error)) from None
     dataset = (
@@ -861,6 +963,7 @@ def _read_tfrecord(path: Path) -> _Chunk | None:
             images.append(hostarrays.cast(joined, np.uint8))
             labels.append(batch["label"])
             first += len(raw)
+            meter.part(first, records)
     except tf.errors.DataLossError as error:
         reason = f"{_op_reason(error)}{tfrecord_hint(path, compressed)}"
         raise DataError(unreadable_tfrecord(reason, path)) from None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import mmap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -57,17 +57,23 @@ def cast(x: np.ndarray, dtype: np.dtype | type) -> np.ndarray:
     return out
 
 
-def concatenate(arrays: list[np.ndarray]) -> np.ndarray:
+def concatenate(arrays: list[np.ndarray], told: Callable[[int], None] | None = None) -> np.ndarray:
     """`np.concatenate(arrays)` (of one dtype), into an aligned array. Empties `arrays`,
     dropping each once it is copied: where the list holds the only reference, the join
     holds the data about once (the output's pages are taken as they are written), not
-    twice."""
+    twice. `told(n)` after each 64 MiB or so copied, `n` the bytes of it (the input's)."""
     out = empty((sum(len(x) for x in arrays), *arrays[0].shape[1:]), arrays[0].dtype)
     at = 0
     arrays.reverse()  # popped from the end: the first array first
     while arrays:
         part = arrays.pop()
-        out[at : at + len(part)] = part
+        row = part[:1].nbytes
+        rows = max(1, (64 << 20) // max(1, row))
+        for first in range(0, len(part), rows):
+            last = min(first + rows, len(part))
+            out[at + first : at + last] = part[first:last]  # no view kept: `part` goes
+            if told is not None:
+                told((last - first) * row)
         at += len(part)
     return out
 

@@ -2,7 +2,9 @@
 
 `run_job` returns the process exit code (`trainer.rundir.ExitCode`). Everything that can
 be wrong with a job before training starts is checked first, and a job that cannot start
-ends with a result.json saying why and nothing else written: exit 2 where the job itself
+ends with a result.json saying why and nothing else written but its preparation's
+progress lines (`trainer.preparing`: the stages it reached, from TensorFlow's import on,
+after the spec and its data files are checked): exit 2 where the job itself
 is at fault (the spec, its data, its model, the devices it asks for), exit 1 where it is
 not (too little memory for the data, a cluster's workers given different jobs, a crash
 while preparing). A task refused its place in a cluster (`TF_CONFIG` it cannot use, its
@@ -40,6 +42,7 @@ from trainer.cluster import (
 from trainer.duplicate_keys import DuplicateKeyError
 from trainer.errors import one_line
 from trainer.memory import NotEnoughMemory
+from trainer.preparing import BUILDING, IMPORTING, RESTORING, Preparation
 from trainer.rundir import (
     OUTCOME_EXIT_CODES,
     ExitCode,
@@ -153,13 +156,19 @@ def run_job(
     # which the service would take for a crash and run again.
     stop = stop or threading.Event()
     _stop_on_signals(stop)
+    # Its stages as progress lines, from TensorFlow's import on (`trainer.preparing`).
+    preparation = Preparation(rundir)
     try:
         spec = load_spec(spec_path)
         # A spec file as a person wrote it (spec.json may be one stored with defaults).
         from_file = spec_path.resolve() != rundir.spec.resolve()
         if from_file and (unread := options_not_read(spec)):
             raise InvalidJob(f"Invalid job spec:\n{format_errors(unread)}", unread)
-        prepared = _prepare(spec, cluster, stop)
+        try:
+            prepared = _prepare(spec, cluster, stop, preparation)
+        except BaseException:
+            preparation.close()  # the lines it wrote stay; nothing trains to write on
+            raise
     except ClusterError as e:
         return _cluster_refused(e)
     except InvalidJob as e:
@@ -198,7 +207,7 @@ def run_job(
         return _write_result(rundir, Outcome.FAILED, message)
     if from_file:
         write_json_atomic(rundir.spec, without_unread(spec.model_dump(mode="json")))
-    return _train(spec, prepared, rundir, stop, cluster)
+    return _train(spec, prepared, rundir, stop, cluster, preparation)
 
 
 # What the OS says when a run directory cannot be written, in an OSError or TensorFlow's
@@ -268,8 +277,12 @@ class _Prepared:
     strategy: tf.distribute.Strategy | None  # a cluster's, else None
 
 
-def _prepare(spec: JobSpec, cluster: Cluster, stop: threading.Event) -> _Prepared:
-    """Everything that can reject the job, before anything is written."""
+def _prepare(
+    spec: JobSpec, cluster: Cluster, stop: threading.Event, preparation: Preparation
+) -> _Prepared:
+    """Everything that can reject the job, before anything is written but the stages it
+    reaches (`preparation`), from TensorFlow's import on: the spec and its data files are
+    checked first, so a job refused for them writes nothing but its result.json."""
     from trainer.datafiles import (
         DataFilesError,
         check_under_roots,
@@ -296,7 +309,11 @@ def _prepare(spec: JobSpec, cluster: Cluster, stop: threading.Event) -> _Prepare
             raise InvalidJob(str(e), [{"field": "data.path", "message": str(e)}]) from e
 
     # TensorFlow only now: a spec error above is reported without paying its import. In a
-    # cluster, with SIGTERM and Ctrl-C held until the strategy is made (see there).
+    # cluster, with SIGTERM and Ctrl-C held until the strategy is made (see there), and
+    # without a line until then: a second copy of a running task, refused as its port is
+    # taken, must write nothing to the directory, which is that task's.
+    if not cluster.is_multi_worker:
+        preparation.stage(IMPORTING)
     with signals_held(stop) if cluster.is_multi_worker else contextlib.nullcontext():
         devices, strategy = _devices_and_strategy(spec, cluster, stop)
     from trainer.data import DataError, load_arrays
@@ -305,7 +322,7 @@ def _prepare(spec: JobSpec, cluster: Cluster, stop: threading.Event) -> _Prepare
     from trainer.models import ModelError, build_model
 
     try:
-        arrays = load_arrays(spec.data, spec.seed)
+        arrays = load_arrays(spec.data, spec.seed, preparation)  # its stages: `loading data`...
     except NotEnoughMemory:
         raise  # not the spec's fault: a failed job (exit 1) to resume where there is room
     except Exception as e:  # noqa: BLE001 - a corrupt file can raise anything (zlib.error, EOFError, MemoryError)
@@ -335,6 +352,7 @@ def _prepare(spec: JobSpec, cluster: Cluster, stop: threading.Event) -> _Prepare
             data_fingerprint(arrays),
         )
 
+    preparation.stage(BUILDING)  # the model, then (`_train`) the trainer and the pipelines
     import keras
     import tensorflow as tf
 
@@ -390,7 +408,12 @@ def _devices_and_strategy(
 
 
 def _train(
-    spec: JobSpec, prepared: _Prepared, rundir: RunDir, stop: threading.Event, cluster: Cluster
+    spec: JobSpec,
+    prepared: _Prepared,
+    rundir: RunDir,
+    stop: threading.Event,
+    cluster: Cluster,
+    preparation: Preparation,
 ) -> ExitCode:
     import tensorflow as tf
 
@@ -431,7 +454,7 @@ def _train(
     strategy = prepared.strategy
     progress: ProgressWriter | None = None
     try:
-        progress = ProgressWriter(rundir.progress)
+        progress = preparation.progress  # the preparation's lines' writer, or a new one
         # Keras ties an optimizer to the strategy it is made under.
         with strategy.scope() if strategy else contextlib.nullcontext():
             optimizer = make_optimizer(spec.optimizer)
@@ -472,6 +495,8 @@ def _train(
                 math.ceil(arrays.num_eval / spec.batch_size),
             )
         checkpointer = Checkpointer(rundir.checkpoints, trainer, batches, spec.checkpoint)
+        if checkpointer.steps():  # a large model's takes seconds; none to restore, none
+            preparation.stage(RESTORING)
         if cluster_trainer is not None:
             # The same checkpoint restored on every worker (`same_job` checked the job).
             resumed = start_together(cluster_trainer.gather, cluster, checkpointer)

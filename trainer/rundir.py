@@ -194,8 +194,11 @@ class ProgressWriter:
     Every line carries `time` (unix seconds) and `event` (`start`, `progress`, `phase`,
     `eval`, `checkpoint`, `trace`, `end`); the rest are the fields the event has, among them
     step, total, loss, accuracy, examples_per_sec, eta_seconds, phase, checkpoint,
-    learning_rate, tower_ms, eval_loss, eval_accuracy; and phase_done of phase_total on
-    the `phase` lines of a phase that reports how far it is (eval: batches, every 2 s).
+    learning_rate, tower_ms, eval_loss, eval_accuracy; phase_done of phase_total on
+    the `phase` lines of a phase that reports how far it is (eval: batches, every 2 s);
+    and before the `start` line, `phase` lines of phase `preparing` naming the `stage` the
+    worker is in, with stage_done of stage_total where it says how far (bytes; see
+    `trainer.preparing`).
     """
 
     def __init__(self, path: Path) -> None:

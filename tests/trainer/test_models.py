@@ -334,7 +334,11 @@ def test_worker_with_a_softmax_model_exits_2_naming_the_layer(tmp_path):
     assert code == 2, log
     assert result["message"].endswith("already passed through softmax (from layer 'probs')")
     assert result["errors"][0]["field"] == "model"
-    assert sorted(p.name for p in (tmp_path / "job").iterdir()) == ["result.json", "spec.json"]
+    assert sorted(p.name for p in (tmp_path / "job").iterdir()) == [
+        "progress.jsonl",  # its preparation's lines (tests/trainer/test_run.py)
+        "result.json",
+        "spec.json",
+    ]
 
 
 def test_custom_builder_that_calls_sys_exit_is_a_model_error(custom):
@@ -401,7 +405,11 @@ def test_worker_with_a_builder_that_exits_ends_with_exit_2_and_a_result(tmp_path
     )
     assert code == 2, log
     assert result["message"] == "Model 'quitter:build' failed to build: SystemExit: 5"
-    assert sorted(p.name for p in (tmp_path / "job").iterdir()) == ["result.json", "spec.json"]
+    assert sorted(p.name for p in (tmp_path / "job").iterdir()) == [
+        "progress.jsonl",  # its preparation's lines (tests/trainer/test_run.py)
+        "result.json",
+        "spec.json",
+    ]
 
 
 def test_worker_log_has_the_traceback_of_a_builder_that_raises(tmp_path):

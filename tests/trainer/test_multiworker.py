@@ -217,8 +217,15 @@ def test_the_chief_writes_the_run_dir_and_the_other_workers_their_own(cluster_ru
     assert {"activations/logits", "activations/stem_relu"} <= tags["histograms"]
     assert "zero_fraction/stem_relu" in tags["scalars"]
     assert "graph" in tags
-    start = json.loads((cluster_run / "progress.jsonl").read_text().splitlines()[0])
-    assert (start["towers"], start["workers"]) == (2, 2)
+    lines = [json.loads(line) for line in (cluster_run / "progress.jsonl").read_text().splitlines()]
+    start = next(i for i, line in enumerate(lines) if line["event"] == "start")
+    assert (lines[start]["towers"], lines[start]["workers"]) == (2, 2)
+    # Its preparation's stages, from the cluster's forming on (before it, a second copy of
+    # a task, refused its port, must write nothing: the directory is the running task's).
+    assert [(line["phase"], line["stage"]) for line in lines[:start]] == [
+        ("preparing", "loading data"),
+        ("preparing", "building the model"),
+    ]
 
     other = cluster_run / "workers" / "worker-1"
     steps = [sorted(d.glob("checkpoints/ckpt-*.index")) for d in (cluster_run, other)]

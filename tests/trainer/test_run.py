@@ -74,6 +74,18 @@ def run_worker(job_dir: Path, spec: dict | None = None, **kw) -> tuple[int, dict
     return proc.returncode, json.loads((job_dir / "result.json").read_text()), log
 
 
+def stages_reached(job_dir: Path) -> list[str]:
+    """The stages of a job that ended while preparing, in the order its progress.jsonl
+    names them: it holds nothing else (no `start`, nothing trained)."""
+    lines = progress_lines(job_dir / "progress.jsonl")
+    assert all(line["event"] == "phase" and line["phase"] == "preparing" for line in lines)
+    return list(dict.fromkeys(line["stage"] for line in lines))
+
+
+# The stages a worker of a job on synthetic data goes through before its `start` line.
+STAGES = ["importing TensorFlow", "loading data", "building the model"]
+
+
 def tags_by_plugin(logdir: Path) -> dict[str, set[str]]:
     acc = event_accumulator.EventAccumulator(
         str(logdir), size_guidance={event_accumulator.TENSORS: 0}
@@ -148,8 +160,16 @@ def test_run_job_log_has_no_line_per_checkpoint_save(tiny_run):
 def test_run_job_reports_progress(tiny_run):
     job_dir, _, _ = tiny_run
     events = progress_lines(job_dir / "progress.jsonl")
+    # Its preparation first, a line a stage (synthetic data says no amounts), then `start`.
+    preparing = events[: len(STAGES)]
+    assert [(e["event"], e["phase"], e["stage"]) for e in preparing] == [
+        ("phase", "preparing", stage) for stage in STAGES
+    ]
+    assert not any("stage_done" in e for e in preparing)
+    events = events[len(STAGES) :]
     kinds = [e["event"] for e in events]
     assert kinds[0] == "start" and kinds[-1] == "end"
+    assert not any("stage" in e for e in events)
     assert {"progress", "eval", "checkpoint", "trace"} <= set(kinds)
     # What it trains on, in its start line (it was in its log alone): 512 examples, a fifth
     # held out.
@@ -716,7 +736,11 @@ def test_run_job_bad_spec_exits_2(tmp_path, case):
     assert code == 2, log
     assert result["outcome"] == "invalid_spec" and result["exit_code"] == 2
     assert expected in result["message"]
-    assert sorted(p.name for p in job_dir.iterdir()) == ["result.json"]
+    if case == "custom_model_not_importable":  # refused as its model is built
+        assert sorted(p.name for p in job_dir.iterdir()) == ["progress.jsonl", "result.json"]
+        assert stages_reached(job_dir) == STAGES
+    else:  # the spec and its data files are checked before TensorFlow is imported
+        assert sorted(p.name for p in job_dir.iterdir()) == ["result.json"]
 
 
 def test_run_job_spec_json_giving_a_key_twice_exits_2_naming_it(tmp_path):
@@ -847,7 +871,12 @@ def test_run_job_crop_padding_larger_than_the_images_exits_2(tmp_path):
             "about 15% of the training images blank",
         }
     ]
-    assert sorted(p.name for p in job_dir.iterdir()) == ["result.json", "spec.json"]
+    assert sorted(p.name for p in job_dir.iterdir()) == [
+        "progress.jsonl",
+        "result.json",
+        "spec.json",
+    ]
+    assert stages_reached(job_dir) == ["importing TensorFlow", "loading data"]
 
 
 def test_run_job_on_data_larger_than_memory_fails_before_reading_it(tmp_path):
@@ -861,7 +890,12 @@ def test_run_job_on_data_larger_than_memory_fails_before_reading_it(tmp_path):
         "Not enough memory for the data: Expected room in memory for 1024.0 GiB more: "
         f"{data / 'train-images-idx3-ubyte'} (dims (1048576, 1024, 1024)) holds that much to read."
     ), result["message"]
-    assert sorted(p.name for p in job_dir.iterdir()) == ["result.json", "spec.json"]
+    assert sorted(p.name for p in job_dir.iterdir()) == [
+        "progress.jsonl",
+        "result.json",
+        "spec.json",
+    ]
+    assert stages_reached(job_dir) == ["importing TensorFlow", "loading data"]
 
 
 # --- runs started beside each other ----------------------------------------------------
@@ -1274,7 +1308,12 @@ def test_run_job_custom_model_with_integer_output_exits_2(run):
     assert result["message"] == (
         "Expected model 'intout:build' to output floating-point logits. Received: int32"
     )
-    assert sorted(p.name for p in (folder / "job").iterdir()) == ["result.json", "spec.json"]
+    assert sorted(p.name for p in (folder / "job").iterdir()) == [
+        "progress.jsonl",
+        "result.json",
+        "spec.json",
+    ]
+    assert stages_reached(folder / "job") == STAGES
 
 
 @beside_run("test_run_job_custom_model_that_cannot_run_exits_2")
@@ -1293,7 +1332,12 @@ def test_run_job_custom_model_that_cannot_run_exits_2(run):
     code, result, log, folder = run
     assert code == 2, log
     assert result["message"].startswith("Model 'broken:build' failed on a batch of shape (1, ")
-    assert sorted(p.name for p in (folder / "job").iterdir()) == ["result.json", "spec.json"]
+    assert sorted(p.name for p in (folder / "job").iterdir()) == [
+        "progress.jsonl",
+        "result.json",
+        "spec.json",
+    ]
+    assert stages_reached(folder / "job") == STAGES
 
 
 USER_BUGS = {
@@ -1320,7 +1364,12 @@ def test_run_job_custom_model_errors_exit_2_with_a_result(run, case):
     assert code == 2, log
     assert result["outcome"] == "invalid_spec"
     assert result["message"].startswith(message), result["message"]
-    assert sorted(p.name for p in (folder / "job").iterdir()) == ["result.json", "spec.json"]
+    assert sorted(p.name for p in (folder / "job").iterdir()) == [
+        "progress.jsonl",
+        "result.json",
+        "spec.json",
+    ]
+    assert stages_reached(folder / "job") == STAGES
 
 
 @beside_run("test_run_job_crash_in_training_reports_its_step")

@@ -1,0 +1,208 @@
+"""A worker's preparation as progress lines (`trainer.preparing`): the stages, how far a
+data load is through its files, at most a line a second, and a real worker's lines."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.tfrecords import write_tfrecord
+from tests.trainer.progress_lines import progress_lines
+from trainer.data import load_arrays
+from trainer.preparing import BUILDING, IMPORTING, JOINING, LOADING, RESTORING, Preparation
+from trainer.rundir import RunDir
+from trainer.spec import DataSpec
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def lines_of(folder: Path) -> list[tuple[str, int | None, int | None]]:
+    lines = progress_lines(folder / "progress.jsonl")
+    assert all(line["event"] == "phase" and line["phase"] == "preparing" for line in lines)
+    return [(line["stage"], line.get("stage_done"), line.get("stage_total")) for line in lines]
+
+
+def test_a_stages_amounts_are_said_at_most_once_a_second_and_as_it_ends(tmp_path: Path) -> None:
+    clock = Clock()
+    preparation = Preparation(RunDir(tmp_path), clock=clock)
+    preparation.stage(IMPORTING)
+    preparation.amount(1, 10)  # the stage's first amounts: at once, though 0 s have passed
+    for done in range(2, 10):  # a call a piece: none said within the second
+        clock.now += 0.1
+        preparation.amount(done, 10)
+    clock.now += 0.25  # over a second after the last line
+    preparation.amount(9, 10)  # the same as the last call: said, as the last line was of 1
+    clock.now += 0.1
+    preparation.amount(10, 10)  # through: at once
+    preparation.amount(10, 10)  # said already
+    preparation.stage(LOADING, 0, 5)
+    preparation.amount(1, 5)  # within the second of the stage's line, which had amounts
+    preparation.stage(BUILDING)
+    assert lines_of(tmp_path) == [
+        (IMPORTING, None, None),
+        (IMPORTING, 1, 10),
+        (IMPORTING, 9, 10),
+        (IMPORTING, 10, 10),
+        (LOADING, 0, 5),
+        (BUILDING, None, None),
+    ]
+
+
+def test_a_line_that_cannot_be_written_gives_up_the_rest_without_failing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A full disk, a read-only run dir: the load goes on; its `start` line says the rest.
+    (tmp_path / "progress.jsonl").mkdir()
+    preparation = Preparation(RunDir(tmp_path))
+    preparation.stage(IMPORTING)
+    preparation.stage(LOADING, 0, 10)
+    preparation.amount(10, 10)
+    preparation.close()
+    warnings = [r.message for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "could not write the preparation's progress lines" in warnings[0]
+
+
+def write_idx(path: Path, array: np.ndarray, gz: bool = False) -> None:
+    head = bytes([0, 0, 0x08, array.ndim]) + b"".join(struct.pack(">I", d) for d in array.shape)
+    with (gzip.open if gz else open)(path, "wb") as f:
+        f.write(head + array.tobytes())
+
+
+def data_set(folder: Path, fmt: str, files: int = 3, per_file: int = 300) -> DataSpec:
+    """`files` train files of `per_file` 8x8 images each, in `fmt` (IDX pairs gzip'd)."""
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(files):
+        x = rng.integers(0, 256, (per_file, 8, 8), np.uint8)
+        y = rng.integers(0, 4, per_file).astype(np.uint8)
+        if fmt == "npz":
+            np.savez(folder / f"part-{i}.npz", x=x, y=y)
+        elif fmt == "idx":
+            write_idx(folder / f"part{i}-images-idx3-ubyte.gz", x, gz=True)
+            write_idx(folder / f"part{i}-labels-idx1-ubyte.gz", y, gz=True)
+        else:
+            write_tfrecord(folder / f"part-{i}.tfrecord", x[..., None], y)
+    return DataSpec(format=fmt, path=str(folder))
+
+
+@pytest.mark.parametrize("fmt", ["npz", "idx", "tfrecord"])
+def test_a_load_says_each_file_it_has_read_of_the_files_bytes(tmp_path: Path, fmt: str) -> None:
+    """Lines as often as the load tells them (no second between them here): the bytes of
+    the files, on disk, from 0 to the whole, each file's own counted once it is read; then
+    the join of their examples, bytes of their images."""
+    spec = data_set(tmp_path / "data", fmt)
+    sizes = [file.stat().st_size for file in sorted((tmp_path / "data").iterdir())]
+    run = tmp_path / "run"
+    arrays = load_arrays(spec, 0, Preparation(RunDir(run), every=0))
+    lines = lines_of(run)
+    loading = [(done, total) for stage, done, total in lines if stage == LOADING]
+    joining = [(done, total) for stage, done, total in lines if stage == JOINING]
+    assert [stage for stage, _, _ in lines] == [LOADING] * len(loading) + [JOINING] * len(joining)
+    total = sum(sizes)
+    assert loading[0] == (0, total) and loading[-1] == (total, total)
+    assert all(of == total for _, of in loading)
+    done = [d for d, _ in loading]
+    assert done == sorted(done)
+    # Each file, once read (an IDX pair: its images, then its labels file).
+    ends = set(np.cumsum(sizes).tolist())
+    assert ends <= set(done), (ends, done)
+    images = (arrays.num_train + arrays.num_eval) * 8 * 8  # uint8: a byte a pixel
+    assert joining[0] == (0, images) and joining[-1] == (images, images)
+
+
+def test_a_load_of_one_file_joins_nothing(tmp_path: Path) -> None:
+    spec = data_set(tmp_path / "data", "npz", files=1)
+    load_arrays(spec, 0, Preparation(RunDir(tmp_path / "run"), every=0))
+    size = (tmp_path / "data" / "part-0.npz").stat().st_size
+    assert lines_of(tmp_path / "run")[0] == (LOADING, 0, size)
+    assert {stage for stage, _, _ in lines_of(tmp_path / "run")} == {LOADING}
+
+
+def test_synthetic_data_is_a_stage_without_amounts(tmp_path: Path) -> None:
+    load_arrays(DataSpec(format="synthetic"), 0, Preparation(RunDir(tmp_path)))
+    assert lines_of(tmp_path) == [(LOADING, None, None)]
+
+
+def run_worker(job_dir: Path, spec: dict) -> subprocess.CompletedProcess[str]:
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / "spec.json").write_text(json.dumps(spec))
+    return subprocess.run(
+        [sys.executable, "-m", "trainer", "run", "--job-dir", str(job_dir)],
+        cwd=REPO,
+        env=os.environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_a_worker_says_each_stage_of_its_preparation_and_how_far_its_load_is(
+    tmp_path: Path,
+) -> None:
+    """A real worker on three .npz files: its lines before `start` name each stage, the
+    load's from 0 to the files' bytes, the join's to their images'; its resume restores."""
+    spec_data = data_set(tmp_path / "data", "npz")
+    total = sum(file.stat().st_size for file in (tmp_path / "data").iterdir())
+    spec = {
+        "name": "prepared",
+        "model": {"name": "mlp", "params": {"hidden": [8]}},
+        "data": spec_data.model_dump(mode="json", exclude_defaults=True),
+        "towers": 1,
+        "batch_size": 32,
+        "steps": 2,
+        "eval": {"every_steps": 0},
+        "summaries": {"trace_steps": [], "histograms_every": 0, "images_every": 0},
+    }
+    job_dir = tmp_path / "job"
+    first = run_worker(job_dir, spec)
+    assert first.returncode == 0, first.stderr
+    lines = progress_lines(job_dir / "progress.jsonl")
+    start = next(i for i, line in enumerate(lines) if line["event"] == "start")
+    preparing = lines[:start]
+    assert all(line["event"] == "phase" and line["phase"] == "preparing" for line in preparing)
+    stages = [line["stage"] for line in preparing]
+    assert list(dict.fromkeys(stages)) == [IMPORTING, LOADING, JOINING, BUILDING]
+
+    def amounts(stage: str) -> list[tuple[int, int]]:
+        return [
+            (line["stage_done"], line["stage_total"])
+            for line in preparing
+            if line["stage"] == stage
+        ]
+
+    loading, joining = amounts(LOADING), amounts(JOINING)
+    assert loading[0] == (0, total) and loading[-1] == (total, total)
+    images = 3 * 300 * 8 * 8  # the train and held-out examples of the three files
+    assert joining[0] == (0, images) and joining[-1] == (images, images)
+    # At most a line a second between a stage's first and its last (a load of
+    # milliseconds says those two alone).
+    for stage in (LOADING, JOINING):
+        times = [line["time"] for line in preparing if line["stage"] == stage][:-1]
+        assert all(b - a >= 0.9 for a, b in zip(times, times[1:], strict=False)), (stage, times)
+    assert not any(key.startswith("stage") for key in lines[start])
+
+    # Trained on: its worker restores the checkpoint, and says so.
+    again = run_worker(job_dir, {**spec, "steps": 4})
+    assert again.returncode == 0, again.stderr
+    lines = progress_lines(job_dir / "progress.jsonl")
+    starts = [i for i, line in enumerate(lines) if line["event"] == "start"]
+    assert len(starts) == 2
+    resumed = [line["stage"] for line in lines[starts[0] : starts[1]] if "stage" in line]
+    assert list(dict.fromkeys(resumed)) == [IMPORTING, LOADING, JOINING, BUILDING, RESTORING]
+    assert lines[starts[1] - 1]["stage"] == RESTORING  # up to the start line

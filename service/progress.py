@@ -127,19 +127,58 @@ def _fold_any(snapshot: dict[str, Any], line: dict[str, Any], step: Any, when: f
         snapshot["step"] = step_after(snapshot.get("step"), line.get("event"), step)
     if isinstance(line.get("total"), int):
         snapshot["total"] = line["total"]
-    if isinstance(line.get("phase"), str):
-        snapshot["phase"] = line["phase"]
-        # How far into the phase (eval batches, say), when the line says; a line that
-        # sets the phase without it clears it.
-        done, of = line.get("phase_done"), line.get("phase_total")
-        if isinstance(done, int) and isinstance(of, int):
-            snapshot["phase_done"], snapshot["phase_total"] = done, of
-        else:
-            snapshot.pop("phase_done", None)
-            snapshot.pop("phase_total", None)
+    fold_phase(snapshot, line)
     snapshot["updated_at"] = when
     if (tower_ms := _numbers(line.get("tower_ms"))) is not None:
         snapshot["tower_ms"] = tower_ms
+
+
+def fold_phase(snapshot: dict[str, Any], line: dict[str, Any]) -> None:
+    """A line that sets the phase: the phase, how far into it (eval batches, say) when the
+    line says, and the stage of a preparation (`fold_stage`); a line that sets the phase
+    without them clears them. The CLI folds a stream's events with this too."""
+    if not isinstance(line.get("phase"), str):
+        return
+    snapshot["phase"] = line["phase"]
+    done, of = line.get("phase_done"), line.get("phase_total")
+    if isinstance(done, int) and isinstance(of, int):
+        snapshot["phase_done"], snapshot["phase_total"] = done, of
+    else:
+        snapshot.pop("phase_done", None)
+        snapshot.pop("phase_total", None)
+    fold_stage(snapshot, line)
+
+
+# What a worker's preparation says of its stage (`trainer.preparing`); an attempt's alone.
+STAGE_FIELDS = ("stage", "stage_done", "stage_total", "stage_percent")
+
+
+def fold_stage(snapshot: dict[str, Any], line: dict[str, Any]) -> None:
+    """A line that sets the phase: the stage of the worker's preparation it names (`loading
+    data`), with how far that is where it says (`stage_done` of `stage_total` bytes, and
+    their `stage_percent`, rounded as `percent`). A line that sets a phase without a stage
+    (the `start` line's `starting`) ends it; a worker that writes none (an older one, a
+    stand-in) leaves the job `preparing` alone, as before."""
+    stage = line.get("stage")
+    if not isinstance(stage, str):
+        for key in STAGE_FIELDS:
+            snapshot.pop(key, None)
+        return
+    snapshot["stage"] = stage
+    done, of = line.get("stage_done"), line.get("stage_total")
+    if (
+        isinstance(done, int)
+        and isinstance(of, int)
+        and not isinstance(done, bool)
+        and not isinstance(of, bool)
+        and 0 <= done <= of
+        and of > 0
+    ):
+        snapshot["stage_done"], snapshot["stage_total"] = done, of
+        snapshot["stage_percent"] = percent_done(done, of)
+    else:
+        for key in STAGE_FIELDS[1:]:
+            snapshot.pop(key, None)
 
 
 def _fold_start(folded: _Folded, line: dict[str, Any], step: Any, when: float) -> None:

@@ -63,14 +63,35 @@ class ProgressPublic(BaseModel):
     percent: float | None = None
     phase: str | None = Field(
         None,
-        description="What the worker is doing: `preparing` (from its start until its first "
-        "line: TensorFlow's import, the data, the model), `starting` (its first step), "
-        "`training`, `eval`, `checkpoint`, `exporting`, `done`.",
+        description="What the worker is doing: `preparing` (from its start until its `start` "
+        "line: TensorFlow's import, the data, the model, the checkpoint; `stage` says which), "
+        "`starting` (its first step), `training`, `eval`, `checkpoint`, `exporting`, `done`.",
     )
     phase_done: int | None = Field(
         None, description="How much of the phase is done (eval: batches)."
     )
     phase_total: int | None = Field(None, description="How much the phase has to do.")
+    stage: str | None = Field(
+        None,
+        description="While `preparing`, which stage of it the worker is in, as it last said: "
+        "`importing TensorFlow`, `loading data`, `joining data` (several files' examples "
+        "copied into one array), `building the model` (and the input pipelines), "
+        "`restoring checkpoint`. None from its `start` line on, and while a worker that "
+        "says none prepares (an older one): then only `preparing` is known.",
+    )
+    stage_done: int | None = Field(
+        None,
+        description="How far the stage is, where it says (`loading data`: bytes of the data "
+        "files read, as they are on disk; `joining data`: bytes of the images copied). "
+        "Said at most about once a second, and as the stage ends.",
+    )
+    stage_total: int | None = Field(
+        None, description="What the stage has to do, in `stage_done`'s unit (bytes)."
+    )
+    stage_percent: float | None = Field(
+        None,
+        description="`stage_done` of `stage_total` in percent, to one decimal, as `percent`.",
+    )
     loss: float | None = None
     accuracy: float | None = None
     examples_per_sec: float | None = None

@@ -45,7 +45,18 @@ PREPARING = "preparing"
 # requeued for another attempt drops them (the API and the page showed a queued job, its
 # worker dead, "training" with an ETA and a speed), as does one resumed by a user
 # (`routes/jobs.py`); a started attempt is `preparing` until its worker reports.
-ATTEMPT_FIELDS = ("phase", "phase_done", "phase_total", "eta_seconds", "examples_per_sec")
+ATTEMPT_FIELDS = (
+    "phase",
+    "phase_done",
+    "phase_total",
+    "eta_seconds",
+    "examples_per_sec",
+    # The stage of its preparation (`service.progress.fold_stage`).
+    "stage",
+    "stage_done",
+    "stage_total",
+    "stage_percent",
+)
 _ATTEMPT_PATHS = ", ".join(f"'$.{key}'" for key in ATTEMPT_FIELDS)
 
 # Short, URL-safe, unambiguous (no 0/o, 1/l) and never starting with '-'.
@@ -686,10 +697,11 @@ class JobStore:
     def mark_running(self, job_id: str, *, devices: list[str]) -> bool:
         """Queued -> running, holding `devices`; the worker is recorded once it exists.
 
-        The phase is `preparing` until the worker's first line: it imports TensorFlow,
+        The phase is `preparing` until the worker's `start` line: it imports TensorFlow,
         loads the data, builds the model and restores a checkpoint first, seconds to
-        minutes with nothing to show. It was blank, or the phase of the attempt a crash
-        ended ("training") while the next one had not started."""
+        minutes, its lines meanwhile saying which (`stage`, and how far where it knows). It
+        was blank, or the phase of the attempt a crash ended ("training") while the next
+        one had not started. The last attempt's stage goes with its phase."""
         return self._update(
             job_id,
             JobState.QUEUED,

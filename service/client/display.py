@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import time
@@ -10,7 +11,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
 from service.client.common import EXIT_NO_ANSWER, EXIT_UNREACHABLE, TERMINAL, ClientError
-from service.progress import fold_memory, fold_trace_line, percent_done, step_after
+from service.progress import fold_memory, fold_phase, fold_trace_line, percent_done, step_after
+from service.store import PREPARING
 
 if TYPE_CHECKING:
     from service.client.api import Client
@@ -99,10 +101,18 @@ def step_or_phase(job: dict[str, Any]) -> str:
 
 
 def phase(progress: dict[str, Any]) -> str:
-    """`eval 3/20` while a phase reports how far it is, else the phase's name ('' if none)."""
+    """`eval 3/20` while a phase reports how far it is, else the phase's name ('' if none);
+    while `preparing`, the stage its worker says it is in, `loading data 42%` where it says
+    how far (a whole percent, never 100 before it is through), as the dashboard says it."""
     phase, done, of = progress.get("phase"), progress.get("phase_done"), progress.get("phase_total")
     if not phase:
         return ""
+    stage = progress.get("stage")
+    if phase == PREPARING and isinstance(stage, str) and stage:
+        part = progress.get("stage_percent")
+        if isinstance(part, int | float) and not isinstance(part, bool):
+            return f"{stage} {math.floor(part)}%"
+        return stage
     return f"{phase} {done}/{of}" if isinstance(done, int) and isinstance(of, int) else str(phase)
 
 
@@ -203,9 +213,12 @@ def fold_event(job: dict[str, Any], name: str, data: dict[str, Any]) -> dict[str
         return data
     job = dict(job)
     p = dict(job.get("progress") or {})
-    for key in ("total", "phase", "tower_ms", "checkpoint"):
+    for key in ("total", "tower_ms", "checkpoint"):
         if key in data:
             p[key] = data[key]
+    # With how far into it, and a preparation's stage, as the service folds it: a phase
+    # copied alone kept the eval's "3/20" on the training after it.
+    fold_phase(p, data)
     # A trace's step is the trace's, a lower bound of where the job is (as the service
     # folds it); the trace's line says which trace the times are from, or why it gave none.
     if "step" in data:
@@ -313,9 +326,11 @@ class ProgressLine:
         # A log file gets a line per state change and per phase first seen, else one per
         # 10 s: a job that checkpoints often goes from training to checkpoint and back
         # a few times a second, and a line for each would bury the rest.
-        state, phase = job.get("state"), (job.get("progress") or {}).get("phase")
+        # A preparation's stages count as phases of their own (`loading data` and on).
+        p = job.get("progress") or {}
+        state, phase = job.get("state"), (p.get("phase"), p.get("stage"))
         now = time.monotonic()
-        new = state != self.last_state or (phase is not None and phase not in self.phases_seen)
+        new = state != self.last_state or (phase[0] is not None and phase not in self.phases_seen)
         if new or now - self.last_line_at >= 10.0:
             self.out.write(text + "\n")
             self.out.flush()

@@ -273,8 +273,13 @@ export function jobLink(job) {
   return `#/jobs/${encodeURIComponent(job.id)}`;
 }
 
-/** The phase, with how far it is when the worker says (`eval 3/20`). */
+/** The phase, with how far it is when the worker says (`eval 3/20`); while `preparing`,
+ *  the stage its worker says it is in, `loading data 42%` where it says how far (a whole
+ *  percent, never 100 before it is through), as `towerboard status` says it. */
 export function phaseText(progress) {
-  const { phase, phase_done: done, phase_total: of } = progress;
+  const { phase, phase_done: done, phase_total: of, stage, stage_percent: part } = progress;
+  if (phase === "preparing" && typeof stage === "string" && stage) {
+    return isNum(part) ? `${stage} ${Math.floor(part)}%` : stage;
+  }
   return Number.isInteger(done) && Number.isInteger(of) ? `${phase} ${done}/${of}` : phase;
 }

@@ -55,6 +55,16 @@ export function applyProgressEvent(job, event) {
     const known = Number.isInteger(event.phase_done) && Number.isInteger(event.phase_total);
     p.phase_done = known ? event.phase_done : null;
     p.phase_total = known ? event.phase_total : null;
+    // A preparation's stage, with how far it is where it says; a phase without one ends it.
+    const stage = typeof event.stage === "string" ? event.stage : null;
+    const done = event.stage_done;
+    const of = event.stage_total;
+    const far = stage !== null && Number.isInteger(done) && Number.isInteger(of) && of > 0
+      && done >= 0 && done <= of;
+    p.stage = stage;
+    p.stage_done = far ? done : null;
+    p.stage_total = far ? of : null;
+    p.stage_percent = far ? Math.round((1000 * done) / of) / 10 : null;
   }
   if (event.event === "progress") {
     for (const key of ["loss", "accuracy", "examples_per_sec", "eta_seconds", "learning_rate"]) {

@@ -247,6 +247,28 @@ def test_a_job_whose_worker_is_preparing_says_so(session: Session, service: Serv
     assert session.errors == []
 
 
+def test_a_preparing_jobs_row_and_page_say_its_stage_and_how_far(
+    session: Session, service: Service
+) -> None:
+    """A worker that says the stages of its preparation (trainer/preparing.py): the row
+    and the page say which, and how far its data load is, as it goes."""
+    job = service.submit(job_spec(name="loading"))  # held at 845 of 2000 bytes
+    page = session.page
+    page.goto("/#/jobs")
+    row = page.locator(f'tr[data-job="{job["id"]}"]')
+    expect(row.locator(".col-progress")).to_have_text("loading data 42%")
+    page.goto(f"/#/jobs/{job['id']}")
+    text = page.locator("#job-progress-text")
+    expect(text).to_have_text("loading data 42%")
+    expect(page.locator(".bar-large")).to_have_attribute("aria-valuetext", "loading data 42%")
+    service.release(job["id"])  # on its stream: the load through, then the model
+    expect(text).to_have_text("building the model")
+    assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+    expect(page.locator(".job-heading .state")).to_have_text("cancelled", timeout=30_000)
+    expect(text).to_have_text("—")  # over: no stage
+    assert session.errors == []
+
+
 def test_devices_panel_frees_a_device_as_its_worker_exits(
     session: Session, service: Service, screenshots: Path
 ) -> None:

@@ -91,7 +91,7 @@ def build(input_shape, num_classes):  # what a job's custom model may name: the 
 
 def end(outcome, code):
     # As the trainer ends: its end line, then result.json; none before its start line.
-    if behaviour != "preparing":
+    if behaviour not in ("preparing", "loading"):
         progress(event="end", outcome=outcome, phase="done")
     (job_dir / "result.json").write_text(json.dumps({"outcome": outcome, "message": behaviour}))
     sys.exit(code)
@@ -102,6 +102,21 @@ if behaviour == "deaf":  # ignores SIGTERM: only SIGKILL ends it
 else:  # stops on SIGTERM like the trainer: exit 3, outcome cancelled
     signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
 if behaviour == "preparing":  # cancelled before its first line, as while loading data
+    while not stopped:
+        time.sleep(0.05)
+    end("cancelled", 3)
+if behaviour == "loading":  # its preparation's lines (trainer/preparing.py), held at 42%
+    def stage(name, **amounts):
+        progress(event="phase", phase="preparing", stage=name, **amounts)
+
+    stage("importing TensorFlow")
+    stage("loading data", stage_done=0, stage_total=2000)
+    stage("loading data", stage_done=845, stage_total=2000)
+    while not stopped and not (job_dir / "release").exists():  # Service.release
+        time.sleep(0.05)
+    if not stopped:
+        stage("loading data", stage_done=2000, stage_total=2000)
+        stage("building the model")
     while not stopped:
         time.sleep(0.05)
     end("cancelled", 3)
@@ -385,7 +400,7 @@ class Service:
         )
 
     def release(self, job_id: str) -> None:
-        """Let the job's "linger" stand-in exit."""
+        """Let the job's "linger" stand-in exit, or its "loading" one load on."""
         (self.data_dir / "runs" / job_id / "release").touch()
 
     def wait_exited(self, job_id: str, timeout: float = 60.0) -> None:

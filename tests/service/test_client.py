@@ -1193,6 +1193,30 @@ def test_phase_shows_how_far_a_phase_is() -> None:
     assert phase({"phase": "eval", "phase_done": 31, "phase_total": 50}) == "eval 31/50"
     assert phase({"phase": "training"}) == "training"
     assert phase({}) == ""
+    # A preparing worker's stage, as far as it says in whole percents (never 100 early).
+    loading = {"phase": "preparing", "stage": "loading data", "stage_percent": 99.96}
+    assert phase(loading) == "loading data 99%"
+    assert phase({**loading, "stage_percent": 100.0}) == "loading data 100%"
+    assert phase({"phase": "preparing", "stage": "building the model"}) == "building the model"
+    assert phase({"phase": "preparing"}) == "preparing"  # a worker that says no stage
+
+
+def test_watch_folds_a_phase_with_how_far_it_is_and_a_stage() -> None:
+    # The stream's events folded as the service folds them: the eval's "3/20" stayed on
+    # the training after it, and a preparation's stage showed only as "preparing".
+    from service.client.display import fold_event, phase
+
+    job: dict[str, Any] = {"state": "running", "progress": {"phase": "preparing"}}
+    job = fold_event(job, "phase", {"phase": "preparing", "stage": "loading data",
+                                    "stage_done": 420, "stage_total": 1000})  # fmt: skip
+    assert phase(job["progress"]) == "loading data 42%"
+    job = fold_event(job, "start", {"step": 0, "total": 9, "phase": "starting"})
+    assert phase(job["progress"]) == "starting"
+    assert not any(key.startswith("stage") for key in job["progress"])
+    job = fold_event(job, "phase", {"step": 5, "phase": "eval", "phase_done": 3, "phase_total": 20})
+    assert phase(job["progress"]) == "eval 3/20"
+    job = fold_event(job, "progress", {"step": 6, "phase": "training", "loss": 1.0})
+    assert phase(job["progress"]) == "training"
 
 
 def test_eta_counts_down_then_is_unknown_once_the_worker_goes_quiet() -> None:

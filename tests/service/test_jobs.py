@@ -28,6 +28,7 @@ from service.schemas import MetricsPublic
 from service.settings import Settings
 from service.store import JobStore
 from tests.service.harness import ROOT, Service, fake_worker_env, job_spec, long_job
+from tests.service.test_client import towerboard
 from tests.tfrecords import write_examples, write_tfrecord
 from trainer.spec import JobSpec
 
@@ -698,6 +699,79 @@ def test_create_job_custom_model_function_missing(service: Service) -> None:
         "'json:nosuchfn', but "
     )
     assert error["message"].endswith("json/__init__.py defines no 'nosuchfn' at its top level")
+
+
+# A model whose build waits for a file beside its module: a worker held in its preparation.
+HELD_MODEL = """\
+import time
+from pathlib import Path
+
+
+def build(input_shape, num_classes):
+    import keras
+
+    until = time.time() + 120
+    while not Path(__file__).with_name("release").exists() and time.time() < until:
+        time.sleep(0.05)
+    inputs = keras.Input(input_shape)
+    return keras.Model(inputs, keras.layers.Dense(num_classes)(keras.layers.Flatten()(inputs)))
+"""
+
+
+def test_a_preparing_workers_stages_reach_the_api_its_streams_and_status(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    """A real worker on three .npz files: its preparation's stages, and how far its load
+    is, reach the stream of every job as it writes them, and the job's status (in the API
+    and `towerboard status`) says the stage it is in until its `start` line ends it."""
+    roots, modules = tmp_path / "roots", tmp_path / "modules"
+    (roots / "parts").mkdir(parents=True)
+    modules.mkdir()
+    (modules / "held_model.py").write_text(HELD_MODEL)
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        x, y = rng.integers(0, 256, (300, 8, 8), np.uint8), rng.integers(0, 4, 300)
+        np.savez(roots / "parts" / f"part-{i}.npz", x=x, y=y)
+    total = sum(file.stat().st_size for file in (roots / "parts").iterdir())
+    path = os.pathsep.join(filter(None, [str(modules), os.environ.get("PYTHONPATH")]))
+    service = make_service(env={"TOWERBOARD_DATA_ROOTS": str(roots), "PYTHONPATH": path})
+    service.start()
+
+    def ended(event: dict[str, Any]) -> bool:
+        return event["event"] == "state" and event["data"]["state"] in ("succeeded", "failed")
+
+    reader, every = following(service.client, "/api/v1/events", ended)
+    spec = job_spec(
+        name="held",
+        model={"name": "held_model:build"},
+        data={"format": "npz", "path": str(roots / "parts")},
+        steps=2,
+    )
+    job_id = service.submit(spec)["id"]
+    held = service.wait_for(
+        job_id,
+        lambda job: (job["progress"] or {}).get("stage") == "building the model",
+        what="the stage `building the model`",
+    )
+    progress = held["progress"]
+    assert progress["phase"] == "preparing" and progress["stage_percent"] is None, progress
+    status = towerboard("status", job_id, url=service.base_url)
+    assert re.search(r"^phase\s+building the model$", status.stdout, re.M), status.stdout
+    (modules / "release").touch()
+    done = service.wait_state(job_id, "succeeded", "failed", "cancelled")
+    assert done["state"] == "succeeded", done
+    assert done["progress"]["phase"] == "done" and done["progress"]["stage"] is None
+    reader.join(timeout=30)
+
+    lines = [e["data"] for e in every if e["data"].get("job_id") == job_id]
+    start = next(i for i, line in enumerate(lines) if line.get("event") == "start")
+    stages = [line for line in lines[:start] if line.get("event") == "phase"]
+    assert all(line["phase"] == "preparing" for line in stages)
+    names = list(dict.fromkeys(line["stage"] for line in stages))
+    assert names == ["importing TensorFlow", "loading data", "joining data", "building the model"]
+    loading = [(line["stage_done"], line["stage_total"]) for line in stages
+               if line["stage"] == "loading data"]  # fmt: skip
+    assert loading[0] == (0, total) and loading[-1] == (total, total)
 
 
 def test_create_job_custom_model_module_on_pythonpath(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from service.progress import PROGRESS_READ_BYTES, fold_progress, read_progress_chunk
-from service.schemas import JobPublic
+from service.schemas import JobPublic, ProgressPublic
 from service.store import JobStore, MetricPoint
 
 
@@ -129,6 +129,49 @@ def test_fold_progress_phase_says_how_far_until_the_phase_changes() -> None:
         ],
     )
     assert progress is not None and "phase_done" not in progress and "phase_total" not in progress
+
+
+def test_fold_progress_keeps_the_stage_a_preparing_worker_says_until_its_start() -> None:
+    """A worker's preparation (`trainer.preparing`): the stage it is in, with how far where
+    it says, in percent as `percent` rounds it; a stage without amounts drops the last
+    one's; the `start` line (a phase, no stage) ends it."""
+
+    def stage(at: float, name: str, **amounts: int) -> dict:
+        return {"time": at, "event": "phase", "phase": "preparing", "stage": name, **amounts}
+
+    progress, _, points = fold_progress(
+        {"phase": "preparing", "step": 40, "total": 100},  # a resumed job's, as it starts
+        None,
+        [stage(1.0, "importing TensorFlow"), stage(3.0, "loading data", stage_done=0, stage_total=2000),
+         stage(4.0, "loading data", stage_done=845, stage_total=2000)],
+    )  # fmt: skip
+    assert progress is not None and points == []
+    assert {k: v for k, v in progress.items() if k != "updated_at"} == {
+        "phase": "preparing",
+        "stage": "loading data",
+        "stage_done": 845,
+        "stage_total": 2000,
+        "stage_percent": 42.3,  # 42.25, a half rounded up as `percent` rounds
+        "step": 40,
+        "total": 100,
+        "percent": 40.0,
+    }
+    shown = ProgressPublic.model_validate(progress)  # as the API shows them
+    assert (shown.stage, shown.stage_done, shown.stage_total) == ("loading data", 845, 2000)
+    progress, _, _ = fold_progress(progress, None, [stage(5.0, "building the model")])
+    assert progress is not None and progress["stage"] == "building the model"
+    assert not {"stage_done", "stage_total", "stage_percent"} & set(progress)
+    # Amounts that are no count of anything (a hand-written line) say no fraction.
+    for odd in ({"stage_done": 5, "stage_total": 0}, {"stage_done": -1, "stage_total": 9},
+                {"stage_done": True, "stage_total": 9}, {"stage_done": 10, "stage_total": 9},
+                {"stage_done": 1.5, "stage_total": 9}):  # fmt: skip
+        folded, _, _ = fold_progress(progress, None, [stage(6.0, "loading data", **odd)])
+        assert folded is not None and folded["stage"] == "loading data", odd
+        assert "stage_percent" not in folded, odd
+    start = {"time": 7.0, "event": "start", "step": 40, "total": 100, "phase": "starting"}
+    progress, _, _ = fold_progress(progress, None, [start])
+    assert progress is not None and progress["phase"] == "starting"
+    assert not any(key.startswith("stage") for key in progress)
 
 
 def test_fold_progress_continues_and_ends() -> None:

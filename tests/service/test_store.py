@@ -308,6 +308,14 @@ def test_a_started_attempt_is_preparing_not_where_the_last_one_was(store: JobSto
     assert again is not None
     assert again.progress == {"step": 40, "total": 100, "loss": 0.5, "phase": "preparing"}
 
+    # A worker that died loading its data: the next attempt's stage is its own, to come.
+    loading = {"stage": "loading data", "stage_done": 5, "stage_total": 9, "stage_percent": 55.6}
+    store.record_progress(job.id, offset=20, progress={**progress, "phase": "preparing", **loading},
+                          eval=None, points=[])  # fmt: skip
+    assert store.requeue(job.id, crashed=True)
+    store.mark_running(job.id, devices=["cpu:0"])
+    assert store.get(job.id).progress == again.progress  # type: ignore[union-attr]
+
 
 def test_record_progress_replaces_repeated_steps(store: JobStore) -> None:
     job = store.create(SPEC)

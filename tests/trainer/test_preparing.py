@@ -117,7 +117,7 @@ def test_a_load_says_each_file_it_has_read_of_the_files_bytes(tmp_path: Path, fm
     total = sum(sizes)
     assert loading[0] == (0, total) and loading[-1] == (total, total)
     assert all(of == total for _, of in loading)
-    done = [d for d, _ in loading]
+    done = [d or 0 for d, _ in loading]  # each a count (the first line's checked above)
     assert done == sorted(done)
     # Each file, once read (an IDX pair: its images, then its labels file).
     ends = set(np.cumsum(sizes).tolist())

@@ -148,8 +148,12 @@ def test_stream_job_events_live_until_the_end(finished: dict[str, Any]) -> None:
     lags = sorted(e["arrived"] - e["data"]["time"] for e in worker_lines)
     assert lags[len(lags) // 2] < 2.0, lags
     ended_at = next(e["data"]["time"] for e in worker_lines if e["event"] == "end")
-    early = [e["event"] for e in worker_lines if e["arrived"] < ended_at]
-    assert early[:1] == ["start"], (early, lags)  # here before the worker wrote its end
+    early = [e["data"] for e in worker_lines if e["arrived"] < ended_at]
+    # Here before the worker wrote its end: from its preparation's first stage on.
+    assert [(e["event"], e.get("stage")) for e in early[:1]] == [
+        ("phase", "importing TensorFlow")
+    ], (early, lags)
+    assert "start" in [e["event"] for e in early], (early, lags)
 
 
 def test_stream_of_every_job_has_the_job_from_submission_to_end(finished: dict[str, Any]) -> None:

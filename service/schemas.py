@@ -77,7 +77,8 @@ class ProgressPublic(BaseModel):
         "`importing TensorFlow`, `loading data`, `joining data` (several files' examples "
         "copied into one array), `building the model` (and the input pipelines), "
         "`restoring checkpoint`. None from its `start` line on, and while a worker that "
-        "says none prepares (an older one): then only `preparing` is known.",
+        "says none prepares (an older one): then only `preparing` is known. A job that "
+        "ended while preparing keeps the stage it ended in.",
     )
     stage_done: int | None = Field(
         None,

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import re
 import shutil
 import time
 import unicodedata
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, TypeGuard
 
 from service.client.common import EXIT_NO_ANSWER, EXIT_UNREACHABLE, TERMINAL, ClientError
 from service.progress import fold_memory, fold_phase, fold_trace_line, percent_done, step_after
@@ -109,11 +108,18 @@ def phase(progress: dict[str, Any]) -> str:
         return ""
     stage = progress.get("stage")
     if phase == PREPARING and isinstance(stage, str) and stage:
-        part = progress.get("stage_percent")
-        if isinstance(part, int | float) and not isinstance(part, bool):
-            return f"{stage} {math.floor(part)}%"
+        # Floored from the amounts, not `stage_percent`: rounded to a tenth, that is 100.0
+        # from 99.95% on, while the stage is not through.
+        part, whole = progress.get("stage_done"), progress.get("stage_total")
+        if _count(part) and _count(whole) and 0 <= part <= whole and whole > 0:
+            return f"{stage} {part * 100 // whole}%"
         return stage
     return f"{phase} {done}/{of}" if isinstance(done, int) and isinstance(of, int) else str(phase)
+
+
+def _count(value: Any) -> TypeGuard[int]:
+    """Whether `value` is an integer amount (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # Seconds without a progress report after which a running job's time left is unknown. A

@@ -277,9 +277,14 @@ export function jobLink(job) {
  *  the stage its worker says it is in, `loading data 42%` where it says how far (a whole
  *  percent, never 100 before it is through), as `towerboard status` says it. */
 export function phaseText(progress) {
-  const { phase, phase_done: done, phase_total: of, stage, stage_percent: part } = progress;
+  const { phase, phase_done: done, phase_total: of, stage } = progress;
   if (phase === "preparing" && typeof stage === "string" && stage) {
-    return isNum(part) ? `${stage} ${Math.floor(part)}%` : stage;
+    // Floored from the amounts, not `stage_percent`: rounded to a tenth, that is 100.0 from
+    // 99.95% on, while the stage is not through.
+    const { stage_done: part, stage_total: whole } = progress;
+    const far = Number.isInteger(part) && Number.isInteger(whole) && whole > 0
+      && part >= 0 && part <= whole;
+    return far ? `${stage} ${Math.floor((100 * part) / whole)}%` : stage;
   }
   return Number.isInteger(done) && Number.isInteger(of) ? `${phase} ${done}/${of}` : phase;
 }

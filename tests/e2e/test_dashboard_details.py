@@ -261,7 +261,11 @@ def test_a_preparing_jobs_row_and_page_say_its_stage_and_how_far(
     text = page.locator("#job-progress-text")
     expect(text).to_have_text("loading data 42%")
     expect(page.locator(".bar-large")).to_have_attribute("aria-valuetext", "loading data 42%")
-    service.release(job["id"])  # on its stream: the load through, then the model
+    # On its stream: 1999 of 2000, whose `stage_percent` (a tenth, rounded) is 100.0; the
+    # page said "loading data 100%" with the load not through.
+    service.release(job["id"])
+    expect(text).to_have_text("loading data 99%")
+    service.release(job["id"])  # the load through, then the model
     expect(text).to_have_text("building the model")
     assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
     expect(page.locator(".job-heading .state")).to_have_text("cancelled", timeout=30_000)

@@ -105,7 +105,7 @@ if behaviour == "preparing":  # cancelled before its first line, as while loadin
     while not stopped:
         time.sleep(0.05)
     end("cancelled", 3)
-if behaviour == "loading":  # its preparation's lines (trainer/preparing.py), held at 42%
+if behaviour == "loading":  # its preparation's lines (trainer/preparing.py), held at 42%, 99%
     def stage(name, **amounts):
         progress(event="phase", phase="preparing", stage=name, **amounts)
 
@@ -113,6 +113,11 @@ if behaviour == "loading":  # its preparation's lines (trainer/preparing.py), he
     stage("loading data", stage_done=0, stage_total=2000)
     stage("loading data", stage_done=845, stage_total=2000)
     while not stopped and not (job_dir / "release").exists():  # Service.release
+        time.sleep(0.05)
+    if not stopped:  # then at 1999 of 2000 (99.95%, a tenth rounded up: 100.0), till again
+        (job_dir / "release").unlink()
+        stage("loading data", stage_done=1999, stage_total=2000)
+    while not stopped and not (job_dir / "release").exists():
         time.sleep(0.05)
     if not stopped:
         stage("loading data", stage_done=2000, stage_total=2000)

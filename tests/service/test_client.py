@@ -1189,14 +1189,27 @@ def test_status_lists_more_than_one_page(make_service: Callable[..., Service]) -
 
 def test_phase_shows_how_far_a_phase_is() -> None:
     from service.client.display import phase
+    from service.progress import fold_progress
 
     assert phase({"phase": "eval", "phase_done": 31, "phase_total": 50}) == "eval 31/50"
     assert phase({"phase": "training"}) == "training"
     assert phase({}) == ""
-    # A preparing worker's stage, as far as it says in whole percents (never 100 early).
-    loading = {"phase": "preparing", "stage": "loading data", "stage_percent": 99.96}
-    assert phase(loading) == "loading data 99%"
-    assert phase({**loading, "stage_percent": 100.0}) == "loading data 100%"
+
+    # A preparing worker's stage, as far as it says in whole percents (never 100 early):
+    # its amounts folded as the service folds them, whose `stage_percent` (a tenth, rounded)
+    # is 100.0 at 9,996 of 10,000, which said "100%" before the load was through.
+    def loading(done: int) -> dict[str, Any]:
+        line = {"time": 1.0, "event": "phase", "phase": "preparing", "stage": "loading data"}
+        folded, _, _ = fold_progress(
+            None, None, [{**line, "stage_done": done, "stage_total": 10_000}]
+        )
+        assert folded is not None
+        return folded
+
+    assert loading(9_996)["stage_percent"] == 100.0
+    assert phase(loading(9_996)) == "loading data 99%"
+    assert phase(loading(4_299)) == "loading data 42%"
+    assert phase(loading(10_000)) == "loading data 100%"
     assert phase({"phase": "preparing", "stage": "building the model"}) == "building the model"
     assert phase({"phase": "preparing"}) == "preparing"  # a worker that says no stage
 

@@ -559,7 +559,7 @@ class _Meter:
     def joining(self, *chunk_lists: list[_Chunk]) -> None:
         """The join of these chunks begins: the images of each list of several."""
         self._before = 0
-        self._total = sum(c.x.nbytes for chunks in chunk_lists if len(chunks) > 1 for c in chunks)
+        self._total = sum(_joined_bytes(chunks) for chunks in chunk_lists)
         if self._preparation is not None and self._total:
             self._preparation.stage(JOINING, 0, self._total)
 
@@ -635,6 +635,18 @@ def _concatenate(chunks: list[_Chunk], meter: _Meter = _NO_METER) -> tuple[np.nd
     if len({x.dtype for x in xs}) > 1:
         xs = [_as_float(x) for x in xs]
     return hostarrays.concatenate(xs, meter.joined), hostarrays.concatenate(ys)
+
+
+def _joined_bytes(chunks: list[_Chunk]) -> int:
+    """The bytes of images `_concatenate` copies to join `chunks`: none for one; where their
+    dtypes differ, the uint8 ones' as `_as_float` makes them (float32, 4 bytes a pixel)."""
+    if len(chunks) < 2:
+        return 0
+    mixed = len({chunk.x.dtype for chunk in chunks}) > 1
+    return sum(
+        chunk.x.size * 4 if mixed and chunk.x.dtype == np.uint8 else chunk.x.nbytes
+        for chunk in chunks
+    )
 
 
 def _as_float(x: np.ndarray) -> np.ndarray:

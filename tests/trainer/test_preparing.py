@@ -206,3 +206,22 @@ def test_a_worker_says_each_stage_of_its_preparation_and_how_far_its_load_is(
     resumed = [line["stage"] for line in lines[starts[0] : starts[1]] if "stage" in line]
     assert list(dict.fromkeys(resumed)) == [IMPORTING, LOADING, JOINING, BUILDING, RESTORING]
     assert lines[starts[1] - 1]["stage"] == RESTORING  # up to the start line
+
+
+def test_a_join_of_files_of_two_dtypes_counts_the_float_images_it_copies(tmp_path: Path) -> None:
+    """Files of uint8 and of float32 images are joined as float32 (the uint8 ones cast
+    first): the join's total is the bytes it copies, so it is not through before it is.
+    Counted in the uint8 files' own bytes, it said 96,000 of 96,000 a quarter into the
+    second file and held there, its lines' amounts clamped to a total they ran past."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (300, 8, 8), np.uint8)
+    np.savez(folder / "part-0.npz", x=x, y=rng.integers(0, 4, 300).astype(np.uint8))
+    floats = (rng.integers(0, 256, (300, 8, 8)) / 255).astype(np.float32)
+    np.savez(folder / "part-1.npz", x=floats, y=rng.integers(0, 4, 300).astype(np.uint8))
+    run = tmp_path / "run"
+    load_arrays(DataSpec(format="npz", path=str(folder)), 0, Preparation(RunDir(run), every=0))
+    joining = [(done, total) for stage, done, total in lines_of(run) if stage == JOINING]
+    images = 2 * 300 * 8 * 8 * 4  # both files' images, as float32
+    assert joining == [(0, images), (images // 2, images), (images, images)]

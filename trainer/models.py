@@ -19,6 +19,7 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
+from keras.src.models.functional import Functional  # a functional model's class (no public name)
 
 from trainer.errors import one_line
 from trainer.modelsize import too_large
@@ -264,6 +265,8 @@ def _check_input_dtype(name: str, model: keras.Model) -> None:
 
 # The names TensorFlow's SavedModel writer takes for a variable (its root name scope).
 _EXPORTABLE_NAME = re.compile(r"[A-Za-z0-9.][A-Za-z0-9_.\\/>-]*")
+# The names TensorFlow takes for a scope inside another (a `_` first is fine there).
+_NESTED_NAME = re.compile(r"[A-Za-z0-9_.\\/>-]*")
 
 
 def _check_variable_names(name: str, model: keras.Model) -> None:
@@ -273,7 +276,11 @@ def _check_variable_names(name: str, model: keras.Model) -> None:
     did every resume; a name with a space failed its first step with TensorFlow's message.
     The layers' own names too, the model's included: a subclassed model's `_hidden` layer
     has variables under the model's name (`sub/_hidden/kernel`), and a functional model
-    named `_m` none under its own, yet the export enters each as a root scope and failed."""
+    named `_m` none under its own, yet the export enters each as a root scope and failed.
+    Only those are root scopes: a functional or Sequential model calls its layers inside
+    its own scope, as a layer does its own (a functional model's `Input(name="_images")` or
+    variable-less `Flatten(name="_flat")` exports, and was refused), where a name needs no
+    more than TensorFlow's rule for a nested scope (no spaces: that failed the first step)."""
     expected = (
         f"Expected model {name!r} to name its layers as TensorFlow can save them in the "
         "exported model: a letter, digit or '.' first, then letters, digits and '_', '.', "
@@ -286,8 +293,13 @@ def _check_variable_names(name: str, model: keras.Model) -> None:
             raise ModelError(
                 f"{expected}a variable named {path!r}: give its layer another name {renamed}"
             )
+    subclassed = not isinstance(model, Functional | keras.Sequential)
+    roots = {id(model)}
+    if subclassed:
+        roots |= {id(layer) for layer in model._flatten_layers(include_self=False, recursive=False)}
     for layer in model._flatten_layers(include_self=True, recursive=True):
-        if not _EXPORTABLE_NAME.fullmatch(layer.name):
+        rule = _EXPORTABLE_NAME if id(layer) in roots else _NESTED_NAME
+        if not rule.fullmatch(layer.name):
             what = "the model itself, named" if layer is model else "a layer named"
             raise ModelError(f"{expected}{what} {layer.name!r}: give it another name {renamed}")
 

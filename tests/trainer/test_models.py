@@ -190,6 +190,27 @@ def model_named(input_shape, num_classes, name):
     inputs = keras.Input(input_shape)
     logits = keras.layers.Dense(num_classes)(keras.layers.Flatten()(inputs))
     return keras.Model(inputs, logits, name=name)
+
+def nested_underscores(input_shape, num_classes):
+    inputs = keras.Input(input_shape, name="_images")
+    logits = keras.layers.Dense(num_classes)(keras.layers.Flatten(name="_flat")(inputs))
+    return keras.Model(inputs, logits)
+
+def functional_layer_named(input_shape, num_classes, name):
+    inputs = keras.Input(input_shape)
+    logits = keras.layers.Dense(num_classes)(keras.layers.Flatten(name=name)(inputs))
+    return keras.Model(inputs, logits)
+
+class Wraps(keras.Model):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def call(self, x, training=False):
+        return self.inner(x)
+
+def wraps_hidden_inside(input_shape, num_classes):
+    return Wraps(HiddenInside(num_classes))
 """
 
 
@@ -568,3 +589,18 @@ def test_custom_model_whose_layer_names_the_export_cannot_save_is_refused(custom
         refused(tf.zeros((1, 4, 4, 1)))
         with pytest.raises(ValueError, match="not a valid root scope name"):
             tf.saved_model.save(refused, str(tmp_path / f"refused-{refused.name}"))
+
+
+def test_layer_names_in_a_scope_of_their_own_need_only_its_rule(custom, tmp_path):
+    # A functional model calls its layers inside its own scope, as a subclassed model does
+    # its layers' layers: a `_` first is fine there (TensorFlow saves them), and was refused.
+    module = importlib.import_module("qa_custom")
+    for name in ("nested_underscores", "wraps_hidden_inside"):
+        build_model(ModelSpec(name=f"qa_custom:{name}"), (4, 4, 1), 3)
+        accepted = getattr(module, name)((4, 4, 1), 3)
+        accepted(tf.zeros((1, 4, 4, 1)))
+        tf.saved_model.save(accepted, str(tmp_path / name))
+    # A space is no nested scope's name either: refused, as its first step failed.
+    assert "Received: a layer named 'flat x': give it" in refusal(
+        "functional_layer_named", {"name": "flat x"}
+    )

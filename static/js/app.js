@@ -271,6 +271,17 @@ if (getToken()) {
   setToken(getToken()); // refresh the cookie, which may have expired with the session
 }
 
+// "Skip to content", the first stop of the keyboard: the focus goes to the view, and the
+// next Tab to its first control, past the top bar's links. Not by its href: the address's
+// hash is the router's ("#view" would open the jobs list). The view takes the focus only
+// then (no tabindex of its own, so a click on it leaves the focus where it was).
+document.getElementById("skip-link").addEventListener("click", (event) => {
+  event.preventDefault();
+  view.tabIndex = -1;
+  view.focus();
+});
+view.addEventListener("blur", () => view.removeAttribute("tabindex"));
+
 window.addEventListener("hashchange", route);
 route();
 refreshDevices();

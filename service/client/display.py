@@ -147,12 +147,19 @@ def devices(job: dict[str, Any]) -> str:
     return ",".join(job.get("devices") or []) or "-"
 
 
-def devices_and_towers(job: dict[str, Any]) -> str:
-    """`devices`, or "none yet" for a queued job, and the towers the job asked for."""
+def devices_and_towers(job: dict[str, Any], gpus: bool | None = None) -> str:
+    """`devices`, and the towers the job asked for; for a queued job, what it waits for in
+    the units its place in the queue is said in: a GPU a tower on a GPU host (`gpus`), one
+    job slot on a CPU-only one whatever its towers ("waiting for 1 job slot (2 towers)", as
+    the dashboard says it); "none yet" where the host's kind is not given."""
     held = devices(job)
+    towers = (job.get("spec") or {}).get("towers")
     if held == "-" and job.get("state") == "queued":
         held = "none yet"
-    towers = (job.get("spec") or {}).get("towers")
+        if gpus is not None and isinstance(towers, int):
+            needed = towers if gpus else 1
+            noun = "GPU" if gpus else "job slot"
+            held = f"waiting for {needed} {noun}{'' if needed == 1 else 's'}"
     return f"{held} ({towers} tower{'' if towers == 1 else 's'})" if towers else held
 
 

@@ -286,7 +286,7 @@ def _status_of_job(client: Client, args: argparse.Namespace) -> int:
         ["eta", show.eta(job, why=True)],
         ["tower ms", _tower_ms(p)],
         *_memory(p),
-        ["devices", show.devices_and_towers(job)],
+        ["devices", show.devices_and_towers(job, _host_gpus(client) if job["state"] == "queued" else None)],
         ["data", show.data(p)],
         ["priority", str(job["priority"])],
         ["attempts", str(job["attempts"])],
@@ -313,6 +313,12 @@ def _ordinal(n: int) -> str:
     """1st, 2nd, 3rd, 4th, 11th, 12th, 21st, ..."""
     suffix = "th" if n % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
+
+
+def _host_gpus(client: Client) -> bool:
+    """Whether the service gives its jobs GPUs (one a tower) rather than CPU job slots (one
+    a job): what a queued job waits for is said in those units."""
+    return any(device["kind"] == "gpu" for device in client.get("/api/v1/devices")["data"])
 
 
 def _place_in_queue(client: Client, job_id: str) -> str:

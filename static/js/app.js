@@ -6,6 +6,7 @@
 
 import { getJSON, getToken, setToken } from "./api.js";
 import { h, jobLink } from "./format.js";
+import { setHostGpus } from "./host.js";
 import { arrangeInPlace } from "./inplace.js";
 import { mountJob } from "./job.js";
 import { mountJobs } from "./jobs.js";
@@ -183,7 +184,9 @@ async function refreshDevices() {
   try {
     const devices = await getJSON("/api/v1/devices");
     showDevices(devices.data);
-    const kind = devices.data.some((d) => d.kind === "gpu") ? "GPU" : "CPU-only";
+    const gpus = devices.data.some((d) => d.kind === "gpu");
+    setHostGpus(gpus); // what a queued job waits for: GPUs, or a job slot
+    const kind = gpus ? "GPU" : "CPU-only";
     const note = `${kind} host · up to ${devices.max_towers} towers a job`;
     if (devicesNote.textContent !== note) devicesNote.textContent = note;
   } catch (error) {

@@ -1,5 +1,7 @@
 // Small formatters and DOM helpers. Every formatter takes null or undefined and shows "—".
 
+import { hostGpus } from "./host.js";
+
 export const DASH = "—";
 
 const isNum = (v) => typeof v === "number" && Number.isFinite(v);
@@ -198,13 +200,20 @@ export function setProgress(bar, job, value = progressPercent(job)) {
 }
 
 /** The devices a job holds ("gpu:0, gpu:1", or "cpu:0 (2 towers)" where one CPU slot runs
- *  every tower); a queued job's wait for them; "—" once it has ended (they are freed). */
+ *  every tower); what a queued job waits for, in the units its queue line and `towerboard
+ *  status ID` say it ("waiting for 2 GPUs (2 towers)", or on a CPU-only host "waiting for
+ *  1 job slot (2 towers)": a slot runs every tower of a job), "waiting for devices" until
+ *  the host's kind is known (host.js); "—" once it has ended (they are freed). */
 export function devicesText(job) {
   const towers = job.spec && job.spec.towers;
   const count = isNum(towers) ? ` (${towers} tower${towers === 1 ? "" : "s"})` : "";
   const held = Array.isArray(job.devices) ? job.devices : [];
   if (held.length) return held.join(", ") + (isNum(towers) && held.length !== towers ? count : "");
-  return job.state === "queued" ? `waiting for devices${count}` : DASH;
+  if (job.state !== "queued") return DASH;
+  const gpus = hostGpus();
+  if (gpus === null || !isNum(towers)) return `waiting for devices${count}`;
+  const needed = gpus ? towers : 1;
+  return `waiting for ${needed} ${gpus ? "GPU" : "job slot"}${needed === 1 ? "" : "s"}${count}`;
 }
 
 /** What a job trains on, as its worker loaded it ("205 train · 51 eval · 4 classes ·

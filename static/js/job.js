@@ -912,6 +912,12 @@ export function mountJob(view, jobId) {
     }
   }
 
+  // The host's kind, first known (or changed): a queued job's wait is said in its units.
+  const hostKnown = () => {
+    if (job) setText(stats.querySelector('[data-stat="devices"]'), devicesText(job));
+  };
+  window.addEventListener("towerboard:host", hostKnown);
+
   ticker = setInterval(() => {
     if (!job) return;
     renderMeta(); // "submitted 3m 05s ago" counts on
@@ -932,6 +938,7 @@ export function mountJob(view, jobId) {
     clearTimeout(cancelTimer);
     clearTimeout(deleteTimer);
     clearInterval(ticker);
+    window.removeEventListener("towerboard:host", hostKnown);
     logResized.disconnect();
     tensorBoard.destroy();
     profile.destroy();

@@ -651,10 +651,20 @@ export function mountJobs(view, query) {
     }
   }, 1000);
 
+  // The host's kind, first known (or changed): a queued job's wait is said in its units.
+  const hostKnown = () => {
+    for (const [id, job] of jobs) {
+      const entry = rows.get(id);
+      if (entry) setText(entry.cells.devices, devicesText(job));
+    }
+  };
+  window.addEventListener("towerboard:host", hostKnown);
+
   refresh();
   return () => {
     stopped = true;
     window.removeEventListener("scroll", keepPlaceSoon);
+    window.removeEventListener("towerboard:host", hostKnown);
     clearTimeout(placeTimer);
     clearTimeout(timer);
     clearTimeout(soon);

@@ -409,7 +409,7 @@ def test_job_without_metrics_and_cancel(
         expect(empty).to_be_visible()
     expect(page.locator('[data-stat="loss"]')).to_have_text("—")
     expect(page.locator('[data-stat="eta"]')).to_have_text("—")
-    expect(page.locator('[data-stat="devices"]')).to_have_text("waiting for devices (1 tower)")
+    expect(page.locator('[data-stat="devices"]')).to_have_text("waiting for 1 job slot (1 tower)")
     expect(page.locator('[data-stat="data"]')).to_have_text("—")  # no worker has loaded it
     expect(page.locator("#checkpoints")).to_contain_text("No checkpoint yet")
     expect(page.locator("#towers")).to_contain_text("No device trace")
@@ -462,7 +462,7 @@ def test_job_without_metrics_and_cancel(
     late = service.submit(job_spec(name="late"))
     late_row = page.locator(f'tr[data-job="{late["id"]}"]')
     expect(late_row.locator(".state")).to_have_text("queued")  # a list read: `reads` says
-    expect(late_row.locator(".col-devices")).to_have_text("waiting for devices (1 tower)")
+    expect(late_row.locator(".col-devices")).to_have_text("waiting for 1 job slot (1 tower)")
     expect(page.locator("tbody tr").first).to_have_attribute("data-job", late["id"])
     assert service.client.post(f"/api/v1/jobs/{late['id']}/cancel").status_code == 200
     expect(late_row.locator(".state")).to_have_text("cancelled")

@@ -2,10 +2,13 @@
 Chromium against a real service whose worker is the harness's stand-in (it runs until
 cancelled): the page comes before the devices panel at every width, in the page, on the
 screen and to the keyboard; "Skip to content" is the keyboard's first stop and takes it
-to the page. No model is trained here, so none of it is marked slow."""
+to the page; a queued job's wait is said in one unit (a CPU host's job slot, a GPU host's
+GPUs) in the jobs table, on its page and by `towerboard status ID`. No model is trained
+here, so none of it is marked slow."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,7 @@ from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import LAPTOP, PHONE, Session, open_session
 from tests.e2e.test_jobs_table_live import cancel
 from tests.service.harness import Service, job_spec, stand_in_service
+from tests.service.test_client import towerboard
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
 
@@ -197,3 +201,57 @@ def test_skip_to_content_is_the_first_stop_and_takes_the_keyboard_to_the_page(
     page.keyboard.press("Tab")
     expect(page.get_by_role("link", name="New job")).to_be_focused()
     assert session.errors == []
+
+
+def status_row(job_id: str, url: str, key: str) -> str:
+    shown = towerboard("status", job_id, url=url)
+    assert shown.returncode == 0, shown.stderr
+    found = re.search(rf"^{key}\s{{2,}}(.*)$", shown.stdout, re.M)
+    assert found, shown.stdout
+    return found[1]
+
+
+def says_the_wait(
+    page: Page, service: Service, queued: dict[str, Any], wait: str, place: str
+) -> None:
+    """The queued job's wait is `wait` in the jobs table, on its page's Devices card and in
+    `towerboard status ID`'s devices row, and its page's queue line says `place`, in the
+    same unit."""
+    page.goto("/#/")
+    expect(page.locator(f'tr[data-job="{queued["id"]}"] .col-devices')).to_have_text(wait)
+    page.goto(f"/#/jobs/{queued['id']}")
+    expect(page.locator('[data-stat="devices"]')).to_have_text(wait)
+    expect(page.locator("#queue-place")).to_have_text(place)
+    assert status_row(queued["id"], service.base_url, "devices") == wait
+
+
+def test_a_queued_jobs_wait_is_said_in_job_slots_on_a_cpu_host(
+    session: Session, service: Service, jobs: dict[str, dict[str, Any]]
+) -> None:
+    """On a CPU-only host a queued job's Devices said "waiting for devices (2 towers)" and
+    its queue line "1 job slot; 0 free" on the same page: it waits for one job slot,
+    whatever its towers, and both say so, as `towerboard status ID` does."""
+    says_the_wait(
+        session.page, service, jobs["queued"], "waiting for 1 job slot (2 towers)",
+        "Next to start: it waits for 1 job slot; 0 free",
+    )  # fmt: skip
+    assert session.errors == []
+
+
+def test_a_queued_jobs_wait_is_said_in_gpus_on_a_gpu_host(browser: Browser, tmp_path: Path) -> None:
+    """On a GPU host (two stand-in GPUs: the worker touches none) a job holds a GPU a
+    tower: the queued job of two towers waits for two, said so everywhere."""
+    with stand_in_service(tmp_path, TOWERBOARD_GPUS="0,1") as service:
+        running = service.submit(job_spec(name="holds-gpu-0"))
+        service.wait_state(running["id"], "running")
+        queued = service.submit(job_spec(name="two-towers", towers=2))
+        session = open_session(browser, service, LAPTOP)
+        try:
+            says_the_wait(
+                session.page, service, queued, "waiting for 2 GPUs (2 towers)",
+                "Next to start: it waits for 2 GPUs; 1 free",
+            )  # fmt: skip
+            assert session.errors == []
+        finally:
+            session.context.close()
+            cancel(service, queued, running)

@@ -129,10 +129,18 @@ def test_queue_in_run_order_with_places_and_what_the_first_waits_for(tmp_path: P
             resumed["id"]: "4th of 4 (3 jobs ahead)",
             running["id"]: None,  # running: no place in the queue
         }
+        # What each holds, or waits for: in the units its place says it, a GPU a tower.
+        held = {
+            big["id"]: "waiting for 2 GPUs (2 towers)",
+            small["id"]: "waiting for 1 GPU (1 tower)",
+            resumed["id"]: "waiting for 1 GPU (1 tower)",
+            running["id"]: "gpu:0 (1 tower)",
+        }
         for job_id, place in places.items():
             shown = towerboard("status", job_id, url=service.base_url)
             assert shown.returncode == 0, shown.stderr
             assert _row(shown.stdout, "queue") == place, shown.stdout
+            assert _row(shown.stdout, "devices") == held[job_id], shown.stdout
 
         # The running job cancelled, the first starts on both GPUs: every device is held.
         assert service.client.post(f"/api/v1/jobs/{running['id']}/cancel").status_code == 202

@@ -222,6 +222,17 @@ def custom(tmp_path, monkeypatch):
     sys.modules.pop("qa_custom", None)
 
 
+@pytest.fixture
+def saves_keras_models():
+    """For a test that saves subclassed Keras models with `tf.saved_model.save`: a save
+    leaves Keras's name scopes entered (one that fails, and some that do not), and every
+    variable the process made after it was named under them (`hidden_inside/_m/wraps/
+    wraps_1/dense_55/kernel`), so a later test in the same worker found no `logits/kernel`.
+    Keras's own reset of its global state closes them."""
+    yield
+    keras.backend.clear_session()
+
+
 def refusal(name: str, params: dict | None = None) -> str:
     with pytest.raises(ModelError) as error:
         build_model(ModelSpec(name=f"qa_custom:{name}", params=params or {}), (4, 4, 1), 3)
@@ -570,7 +581,9 @@ def test_custom_model_whose_variables_the_export_cannot_save_is_refused(custom, 
         tf.saved_model.save(refused, str(tmp_path / "refused"))
 
 
-def test_custom_model_whose_layer_names_the_export_cannot_save_is_refused(custom, tmp_path):
+def test_custom_model_whose_layer_names_the_export_cannot_save_is_refused(
+    custom, saves_keras_models, tmp_path
+):
     # Names no variable path begins with: a subclassed model's `_hidden` layer holds
     # `hidden_inside/_hidden/kernel`, a functional model named `_m` holds `dense/kernel`.
     # Both passed the variables' check, trained every step, and failed in their export.
@@ -591,7 +604,9 @@ def test_custom_model_whose_layer_names_the_export_cannot_save_is_refused(custom
             tf.saved_model.save(refused, str(tmp_path / f"refused-{refused.name}"))
 
 
-def test_layer_names_in_a_scope_of_their_own_need_only_its_rule(custom, tmp_path):
+def test_layer_names_in_a_scope_of_their_own_need_only_its_rule(
+    custom, saves_keras_models, tmp_path
+):
     # A functional model calls its layers inside its own scope, as a subclassed model does
     # its layers' layers: a `_` first is fine there (TensorFlow saves them), and was refused.
     module = importlib.import_module("qa_custom")

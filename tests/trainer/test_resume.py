@@ -96,6 +96,22 @@ def test_a_full_disk_fails_the_job_in_one_line_naming_the_file(small_disk):
     assert "resumed from step" in log and result["step"] == 300
 
 
+def _remount_read_only(mount: Path) -> None:
+    """Make the bind mount at `mount` read-only. The kernel refuses (EBUSY, "mount point
+    is busy") while a file is open for writing through it, as one of the worker's saves
+    every 10 steps has: a CI run under load met one. Tried again until a moment between
+    saves, for up to 10 s."""
+    deadline = time.monotonic() + 10
+    while True:
+        done = subprocess.run(
+            ["mount", "-o", "remount,bind,ro", str(mount)], capture_output=True, text=True
+        )
+        if done.returncode == 0:
+            return
+        assert "busy" in done.stderr and time.monotonic() < deadline, done.stderr
+        time.sleep(0.005)
+
+
 def test_a_run_dir_made_read_only_fails_the_job_in_one_line(small_disk):
     # The run dir goes read-only mid-run (a remount after disk errors): here a read-only
     # bind mount over it, so files the worker holds open stay writable and the next
@@ -108,7 +124,7 @@ def test_a_run_dir_made_read_only_fails_the_job_in_one_line(small_disk):
         time.sleep(0.01)
     subprocess.run(["mount", "--bind", str(job_dir), str(job_dir)], check=True)
     try:
-        subprocess.run(["mount", "-o", "remount,bind,ro", str(job_dir)], check=True)
+        _remount_read_only(job_dir)
         log, _ = proc.communicate(timeout=120)
     finally:
         subprocess.run(["umount", "-l", str(job_dir)], check=False)

@@ -29,8 +29,15 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
 
 
 def press(page: Page, selector: str) -> None:
-    """Press the control with the keyboard, as a keyboard user does."""
-    page.focus(selector)
+    """Press the control with the keyboard, as a keyboard user does. A control the page
+    shows only once the job's state is read (Trace next 5 steps is hidden until the job is
+    read as running) cannot take the focus before then, and page.focus waits only for the
+    element, not for it to be shown: focusing it early left the focus on <body> and the
+    Enter went nowhere."""
+    control = page.locator(selector)
+    expect(control).to_be_visible()
+    control.focus()
+    expect(control).to_be_focused()
     page.keyboard.press("Enter")
 
 

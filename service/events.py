@@ -50,6 +50,8 @@ _QUEUE_SIZE = 1024
 # 5 s uvicorn gives open connections): ended, its client sees a complete response.
 _SHUTDOWN_GRACE_SECONDS = 1.0
 _PING_SECONDS = 15
+# The most events one write of a stream holds (`ready_events`).
+_EVENTS_A_WRITE = 256
 
 
 @dataclass(frozen=True)
@@ -196,7 +198,9 @@ def sse_response(
     )
 
 
-def ready_events(queue: asyncio.Queue[JobEvent], first: JobEvent, most: int) -> list[JobEvent]:
+def ready_events(
+    queue: asyncio.Queue[JobEvent], first: JobEvent, most: int = _EVENTS_A_WRITE
+) -> list[JobEvent]:
     """`first` and the events already waiting behind it, `most` in all: a stream sends them
     as one write, where a burst (a progress.jsonl read on, thousands of lines) took one
     write per event and listener, and kept the loop from answering anything else."""

@@ -16,8 +16,6 @@ from service.deps import RuntimeDep
 from service.events import next_event, ready_events, sse_response
 
 router = APIRouter(prefix="/events", tags=["jobs"])
-# The most events one write of the stream holds.
-_EVENTS_A_WRITE = 256
 
 
 @router.get(
@@ -49,7 +47,7 @@ async def stream_all_events(runtime: RuntimeDep) -> EventSourceResponse:
             while (event := await next_event(queue, stopping)) is not None:
                 # What is already waiting goes in the same write (sse_starlette sends bytes
                 # as they are).
-                events = ready_events(queue, event, _EVENTS_A_WRITE)
+                events = ready_events(queue, event)
                 yield b"".join(event.all_jobs_sse for event in events)
 
     return sse_response(events)

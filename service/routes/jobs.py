@@ -700,7 +700,7 @@ async def stream_job_events(job: JobDep, runtime: RuntimeDep) -> EventSourceResp
                 return
             while (event := await next_event(queue, stopping)) is not None:
                 # What is already waiting goes in one write, up to the job's end.
-                events = ready_events(queue, event, _EVENTS_A_WRITE)
+                events = ready_events(queue, event)
                 ends = [
                     e.event == "state" and JobState(e.data["state"]).is_terminal for e in events
                 ]
@@ -714,9 +714,6 @@ async def stream_job_events(job: JobDep, runtime: RuntimeDep) -> EventSourceResp
 
     return sse_response(events)
 
-
-# The most events one write of a job's stream holds.
-_EVENTS_A_WRITE = 256
 
 LOG_OFFSET_HEADER = "X-Log-Offset"
 _LOG_READ_BYTES = 1024 * 1024

@@ -293,7 +293,7 @@ class Client:
             try:
                 answer = call()
             except ClientError as error:
-                if error.code not in (EXIT_UNREACHABLE, EXIT_NO_ANSWER):
+                if not error.unanswered:
                     raise
                 if deadline is None:
                     deadline = time.monotonic() + RECONNECT_SECONDS

@@ -43,6 +43,12 @@ class ClientError(Exception):
         self.status = status
         self.errors = errors or []
 
+    @property
+    def unanswered(self) -> bool:
+        """No answer came (EXIT_UNREACHABLE, EXIT_NO_ANSWER): the service is gone or quiet,
+        where a refusal is its answer. A follower waits for it; a batch stops there."""
+        return self.code in (EXIT_UNREACHABLE, EXIT_NO_ANSWER)
+
 
 class OutputLost(Exception):
     """A write to standard output failed: its reader went away (`error` is a

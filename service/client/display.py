@@ -9,7 +9,7 @@ import unicodedata
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO, TypeGuard
 
-from service.client.common import EXIT_NO_ANSWER, EXIT_UNREACHABLE, TERMINAL, ClientError
+from service.client.common import TERMINAL, ClientError
 from service.progress import fold_memory, fold_phase, fold_trace_line, percent_done, step_after
 from service.store import PREPARING
 
@@ -381,7 +381,7 @@ def watch(client: Client, job_id: str, out: TextIO) -> dict[str, Any]:
                     if job["state"] in TERMINAL:
                         break
             except ClientError as error:
-                if error.code not in (EXIT_UNREACHABLE, EXIT_NO_ANSWER):
+                if not error.unanswered:
                     raise
                 # The service restarted, or went quiet, or a proxy cut the stream: follow on.
                 time.sleep(1.0)

@@ -28,9 +28,7 @@ from service.client.common import (
     EXIT_BROKEN_PIPE,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
-    EXIT_NO_ANSWER,
     EXIT_OK,
-    EXIT_UNREACHABLE,
     EXIT_USAGE,
     LOG_OFFSET_HEADER,
     QUEUE_MOST,
@@ -449,7 +447,7 @@ def cancel(client: Client, args: argparse.Namespace) -> int:
         except KeyboardInterrupt as interrupt:
             raise _not_tried(interrupt, rest) from interrupt
         except ClientError as error:
-            if error.code in (EXIT_UNREACHABLE, EXIT_NO_ANSWER):
+            if error.unanswered:
                 # The rest would meet the same service: they are left, and said to be.
                 if rest:
                     error.message += f" (not tried: {' '.join(rest)})"
@@ -484,7 +482,7 @@ def _cancel_one(
             check_with=_command(args, "status", job_id),
         )
     except ClientError as refused:
-        if not args.wait or refused.code in (EXIT_UNREACHABLE, EXIT_NO_ANSWER):
+        if not args.wait or refused.unanswered:
             raise
         # `--wait` asks for a stopped job: one that ended already (cancelled by someone
         # else, or finished meanwhile) is that, and a script waiting on it goes on.
@@ -517,7 +515,7 @@ def _wait_stopped(client: Client, ids: list[str], *, several: bool) -> list[int]
                 try:
                     job = client.patiently(partial(client.job, job_id), _note)
                 except ClientError as error:
-                    if error.code in (EXIT_UNREACHABLE, EXIT_NO_ANSWER):
+                    if error.unanswered:
                         if several:
                             error.message += f" (not seen to stop: {' '.join(pending)})"
                         raise
@@ -637,7 +635,7 @@ def delete(client: Client, args: argparse.Namespace) -> int:
                 interrupted.message += f" (not tried: {' '.join(rest)})"
             raise
         except ClientError as error:
-            if error.code in (EXIT_UNREACHABLE, EXIT_NO_ANSWER):
+            if error.unanswered:
                 # The rest would meet the same service: they are left, and said to be.
                 if rest := ids[index + 1 :]:
                     error.message += f" (not tried: {' '.join(rest)})"

@@ -83,13 +83,17 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
         parser.set_defaults(handler=_handler(name))
         return parser
 
+    def add_watch(parser: argparse.ArgumentParser) -> None:
+        """--watch, as submit and resume take it: both follow the job the same way."""
+        parser.add_argument(
+            "--watch",
+            action="store_true",
+            help="show a live progress bar until the job ends; exit 0 only if it succeeded",
+        )
+
     p = verb("submit", "submit a job spec (a JSON file, or - for stdin)")
     p.add_argument("spec", metavar="SPEC.json")
-    p.add_argument(
-        "--watch",
-        action="store_true",
-        help="show a live progress bar until the job ends; exit 0 only if it succeeded",
-    )
+    add_watch(p)
 
     p = verb("status", "list jobs, or show one job")
     p.add_argument("id", nargs="?", type=_job_id, metavar="ID")
@@ -158,11 +162,7 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
         help="end a cancelled or failed job at its latest checkpoint, training no step: "
         "its final eval and export (--steps of that checkpoint's step)",
     )
-    p.add_argument(
-        "--watch",
-        action="store_true",
-        help="show a live progress bar until the job ends; exit 0 only if it succeeded",
-    )
+    add_watch(p)
 
     p = verb("delete", "delete ended jobs for good: record, log, checkpoints and export")
     p.add_argument("ids", nargs="+", type=_job_id, metavar="ID")

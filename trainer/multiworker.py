@@ -277,23 +277,23 @@ class ClusterTrainer(TowerTrainer):
                     # This tower's copy; every tower assigns the same.
                     var.assign(state_from_sum(var, total, before))
             grads, averaged, norm = self._finish_gradients(grads)
-            learning_rate = self.current_learning_rate()
-            loss, accuracy = numbers[0] / batch_f, numbers[1] / batch_f
-            tower_loss = numbers[2 : 2 + towers] / tf.maximum(tf.cast(sizes, tf.float32), 1.0)
-            grad_norm, scalars = self._step_scalars(
-                with_scalars, averaged, norm, loss, accuracy, learning_rate, tower_loss, scale
+            report = self._step_report(
+                with_scalars,
+                averaged,
+                norm,
+                loss_sum=numbers[0],
+                correct_sum=numbers[1],
+                tower_loss_sums=numbers[2 : 2 + towers],
+                sizes=sizes,
+                batch_f=batch_f,
+                learning_rate=self.current_learning_rate(),
+                scale=scale,
             )
         return {
             **({} if finite is None else {"finite": finite}),
             "grads": grads,
             "averaged": averaged,
-            "loss": loss,
-            "accuracy": accuracy,
-            "tower_loss": tower_loss,
-            "tower_examples": sizes,
-            "grad_norm": grad_norm,
-            "learning_rate": learning_rate,
-            "scalars": scalars,
+            **report,
             "requests": tf.cast(numbers[2 + towers :] > 0, tf.int32),
         }
 

@@ -504,21 +504,20 @@ class TowerTrainer:
             self.step.assign_add(1)
             if self.ema is not None:
                 self.ema.update(self.step)
-            tower_counts = tf.maximum(tf.cast(sizes, tf.float32), 1.0)
-            loss = tf.add_n(loss_sums) / batch_f
-            accuracy = tf.add_n(correct_sums) / batch_f
-            tower_loss = tf.stack(loss_sums) / tower_counts
-            grad_norm, scalars = self._step_scalars(
-                with_scalars, averaged, norm, loss, accuracy, learning_rate, tower_loss, scale
+            report = self._step_report(
+                with_scalars,
+                averaged,
+                norm,
+                loss_sum=tf.add_n(loss_sums),
+                correct_sum=tf.add_n(correct_sums),
+                tower_loss_sums=tf.stack(loss_sums),
+                sizes=sizes,
+                batch_f=batch_f,
+                learning_rate=learning_rate,
+                scale=scale,
             )
             return {
-                "loss": loss,
-                "accuracy": accuracy,
-                "tower_loss": tower_loss,
-                "tower_examples": sizes,
-                "grad_norm": grad_norm,
-                "learning_rate": learning_rate,
-                "scalars": scalars,
+                **report,
                 # For histograms; unused outputs cost nothing beyond keeping them alive.
                 "grads": averaged,
                 # One process: what it asked for is what is agreed (trainer.multiworker).
@@ -587,6 +586,40 @@ class TowerTrainer:
         norm = _global_norm(grads)
         grads, _ = tf.clip_by_global_norm(grads, self.clip_norm, use_norm=norm)
         return grads, averaged, norm
+
+    def _step_report(
+        self,
+        with_scalars: tf.Tensor,
+        averaged: list[tf.Tensor],
+        clipping_norm: tf.Tensor | None,
+        *,
+        loss_sum: tf.Tensor,
+        correct_sum: tf.Tensor,
+        tower_loss_sums: tf.Tensor,
+        sizes: tf.Tensor,
+        batch_f: tf.Tensor,
+        learning_rate: tf.Tensor,
+        scale: tf.Tensor | None,
+    ) -> dict[str, tf.Tensor]:
+        """What a train step reports of itself, on one machine or a cluster: the batch's
+        mean loss and accuracy (`loss_sum`, `correct_sum` over its `batch_f` examples), each
+        tower's mean loss (its part of `tower_loss_sums` over its `sizes` examples; a
+        stand-in shard's over 1), its examples, the learning rate, and `_step_scalars`."""
+        loss = loss_sum / batch_f
+        accuracy = correct_sum / batch_f
+        tower_loss = tower_loss_sums / tf.maximum(tf.cast(sizes, tf.float32), 1.0)
+        grad_norm, scalars = self._step_scalars(
+            with_scalars, averaged, clipping_norm, loss, accuracy, learning_rate, tower_loss, scale
+        )
+        return {
+            "loss": loss,
+            "accuracy": accuracy,
+            "tower_loss": tower_loss,
+            "tower_examples": sizes,
+            "grad_norm": grad_norm,
+            "learning_rate": learning_rate,
+            "scalars": scalars,
+        }
 
     def _step_scalars(
         self,

@@ -113,7 +113,7 @@ export function mountJob(view, jobId) {
       actionStatus.textContent = text;
     },
     resumed: (data, asked, focused) => {
-      disarmDelete();
+      deletePresses.disarm();
       actionStatus.dataset.attempt = String(data.attempts); // renderResumed() says its end
       take(fresher(job, streamedAt, data, asked));
       // The control the keyboard was on is hidden now (maybe already, by the stream): it
@@ -323,10 +323,7 @@ export function mountJob(view, jobId) {
     const cancelFocused = document.activeElement === cancelButton;
     // Armed as the job ends, Cancel stayed armed while hidden: a resume within its 4 s
     // showed "Confirm cancel", and one press cancelled the new run.
-    if (ended && cancelButton.dataset.armed === "1") {
-      disarmCancel();
-      if (actionStatus.textContent === ARMED) actionStatus.textContent = "";
-    }
+    if (ended && cancelPresses.armed) cancelPresses.withdraw();
     cancelButton.hidden = ended;
     deleteButton.hidden = !ended;
     resume.render(job);
@@ -544,15 +541,44 @@ export function mountJob(view, jobId) {
 
   // Said in the status line as well as on the button: a screen reader announces the line
   // (role=status), not a button's new label.
-  const ARMED = "Press Confirm cancel within 4 s to stop this job.";
+  const cancelPresses = twoPresses(cancelButton, "Cancel", "Confirm cancel",
+    "Press Confirm cancel within 4 s to stop this job.");
 
   let cancelling = false; // this page's cancel is out
-  let cancelTimer = null;
 
-  function disarmCancel() {
-    clearTimeout(cancelTimer);
-    cancelButton.dataset.armed = "";
-    cancelButton.textContent = "Cancel";
+  /** A button that acts on its second press within CONFIRM_MS (Cancel, Delete job): the
+   *  first arms it, relabelled `armedLabel`, and says `armedLine` in the status line;
+   *  unconfirmed, it disarms itself and takes the line back. */
+  function twoPresses(button, label, armedLabel, armedLine) {
+    let timer = null;
+    function disarm() {
+      clearTimeout(timer);
+      button.dataset.armed = "";
+      button.textContent = label;
+    }
+    /** Disarmed, and its line taken back if it is still the one shown. */
+    function withdraw() {
+      disarm();
+      if (actionStatus.textContent === armedLine) actionStatus.textContent = "";
+    }
+    return {
+      disarm,
+      withdraw,
+      get armed() { return button.dataset.armed === "1"; },
+      /** This press: the second (true, and it is disarmed), or the first, which arms it. */
+      confirmed() {
+        if (button.dataset.armed === "1") {
+          disarm();
+          return true;
+        }
+        button.dataset.armed = "1";
+        button.textContent = armedLabel;
+        actionStatus.textContent = armedLine;
+        timer = setTimeout(withdraw, CONFIRM_MS);
+        return false;
+      },
+      stop() { clearTimeout(timer); }, // the page is gone
+    };
   }
 
   /** Cancel, pressed: the first press arms it, a second within CONFIRM_MS cancels. Sent,
@@ -560,17 +586,7 @@ export function mountJob(view, jobId) {
    *  its own, rather than confirmed by the next press or disarmed by the first's timer. */
   async function cancel() {
     if (dimmed(cancelButton)) return; // asked for already
-    if (cancelButton.dataset.armed !== "1") {
-      cancelButton.dataset.armed = "1";
-      cancelButton.textContent = "Confirm cancel";
-      actionStatus.textContent = ARMED;
-      cancelTimer = setTimeout(() => {
-        disarmCancel();
-        if (actionStatus.textContent === ARMED) actionStatus.textContent = "";
-      }, CONFIRM_MS);
-      return;
-    }
-    disarmCancel();
+    if (!cancelPresses.confirmed()) return;
     cancelling = true;
     dim(cancelButton, true);
     try {
@@ -601,15 +617,9 @@ export function mountJob(view, jobId) {
     }
   }
 
-  const DELETE_ARMED = "Press Confirm delete within 4 s to delete this job for good: its " +
-    "metrics, log, checkpoints and model.";
-  let deleteTimer = null;
-
-  function disarmDelete() {
-    clearTimeout(deleteTimer);
-    deleteButton.dataset.armed = "";
-    deleteButton.textContent = "Delete job";
-  }
+  const deletePresses = twoPresses(deleteButton, "Delete job", "Confirm delete",
+    "Press Confirm delete within 4 s to delete this job for good: its metrics, log, " +
+    "checkpoints and model.");
 
   /** Delete job, pressed: the first press arms it (said in the status line, which a screen
    *  reader announces), a second within CONFIRM_MS deletes. Deleted, the page goes back to
@@ -617,19 +627,11 @@ export function mountJob(view, jobId) {
    *  the service's reason is said here and nothing else changes. */
   async function remove() {
     if (exiting || deleting) return; // dimmed (aria-disabled), it keeps the focus but does nothing
-    if (deleteButton.dataset.armed !== "1") {
-      deleteButton.dataset.armed = "1";
-      deleteButton.textContent = "Confirm delete";
+    if (!deletePresses.confirmed()) {
       actionStatus.dataset.action = "delete"; // no longer the line of a cancel asked for
       actionStatus.classList.remove("error");
-      actionStatus.textContent = DELETE_ARMED;
-      deleteTimer = setTimeout(() => {
-        disarmDelete();
-        if (actionStatus.textContent === DELETE_ARMED) actionStatus.textContent = "";
-      }, CONFIRM_MS);
       return;
     }
-    disarmDelete();
     dim(deleteButton, true);
     actionStatus.textContent = "Deleting…";
     deleting = true;
@@ -734,7 +736,7 @@ export function mountJob(view, jobId) {
     exitingHint.hidden = !value;
     dim(deleteButton, value || deleting);
     if (value) {
-      disarmDelete();
+      deletePresses.disarm();
       deleteButton.setAttribute("aria-describedby", exitingHint.id);
     } else {
       deleteButton.removeAttribute("aria-describedby");
@@ -935,8 +937,8 @@ export function mountJob(view, jobId) {
     clearTimeout(checkpointTimer);
     clearTimeout(loadTimer);
     clearTimeout(exitingTimer);
-    clearTimeout(cancelTimer);
-    clearTimeout(deleteTimer);
+    cancelPresses.stop();
+    deletePresses.stop();
     clearInterval(ticker);
     window.removeEventListener("towerboard:host", hostKnown);
     logResized.disconnect();

@@ -386,7 +386,10 @@ def watch(client: Client, job_id: str, out: TextIO) -> dict[str, Any]:
                 # The service restarted, or went quiet, or a proxy cut the stream: follow on.
                 time.sleep(1.0)
             if job["state"] not in TERMINAL:
-                job = client.patiently(lambda: client.job(job_id), line.note)
+                # Prefixed as `logs --follow`'s notes are: the client's word, not the job's.
+                job = client.patiently(
+                    lambda: client.job(job_id), lambda text: line.note(f"towerboard: {text}")
+                )
                 line.update(job)
     except BaseException:
         if line.tty:

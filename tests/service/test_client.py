@@ -622,7 +622,10 @@ def test_followers_outlive_a_service_restart(
         "(the job goes on meanwhile)"
     )
     back = f"the service at {service.base_url} is back"
-    assert lost in err and back in err and err.index(lost) < err.index(back)
+    # Each on a line of its own, prefixed as the log follower's are.
+    lines = err.splitlines()
+    assert f"towerboard: {lost}" in lines and f"towerboard: {back}" in lines, err
+    assert err.index(lost) < err.index(back)
     assert err.strip().splitlines()[-1].startswith(f"{job_id} cancelled"), err
     assert follower.returncode == 0, logs_err
     assert logs_err == f"towerboard: {lost}\ntowerboard: {back}\n"

@@ -22,6 +22,10 @@ from service.checkpoints import INDEX_END
 from service.client.api import ReusedConnectionRetry
 
 ROOT = Path(__file__).resolve().parents[2]
+# How long a wait on a job's worker may take: one starts TensorFlow, which took over 100 s
+# to its first step on a 2-core host under a load of 14 (two pytest workers beside other
+# work). Only a failing wait runs this long.
+WORKER_WAIT = 300.0
 
 # The issue's tiny synthetic job: a few seconds of training, two checkpoints, two evals.
 TINY_JOB: dict[str, Any] = {
@@ -387,7 +391,7 @@ class Service:
         return job
 
     def wait_for(
-        self, job_id: str, predicate: Any, *, timeout: float = 120.0, what: str = ""
+        self, job_id: str, predicate: Any, *, timeout: float = WORKER_WAIT, what: str = ""
     ) -> dict[str, Any]:
         """Poll the job until `predicate(job)` holds."""
         deadline = time.monotonic() + timeout
@@ -399,7 +403,7 @@ class Service:
                 raise AssertionError(f"timed out waiting for {what or predicate}: {job}")
             time.sleep(0.1)
 
-    def wait_state(self, job_id: str, *states: str, timeout: float = 120.0) -> dict[str, Any]:
+    def wait_state(self, job_id: str, *states: str, timeout: float = WORKER_WAIT) -> dict[str, Any]:
         return self.wait_for(
             job_id, lambda job: job["state"] in states, timeout=timeout, what=f"state {states}"
         )
@@ -424,7 +428,7 @@ class Service:
             assert time.monotonic() < deadline, f"job {job_id}'s worker still exiting: {exiting}"
             time.sleep(0.05)
 
-    def wait_reported(self, job_id: str, timeout: float = 120.0) -> dict[str, Any]:
+    def wait_reported(self, job_id: str, timeout: float = WORKER_WAIT) -> dict[str, Any]:
         """Wait until the job's worker has written its first progress line (a step): from
         its start until then the job shows only the phase `preparing`. For a first
         attempt only: a later one shows the step its job had reached from the start."""
@@ -435,7 +439,7 @@ class Service:
             what="the worker's first report",
         )
 
-    def wait_checkpoint(self, job_id: str, timeout: float = 120.0) -> dict[str, Any]:
+    def wait_checkpoint(self, job_id: str, timeout: float = WORKER_WAIT) -> dict[str, Any]:
         """Wait until a running job has written a checkpoint (so it is past TF's start)."""
         return self.wait_for(
             job_id,

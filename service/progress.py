@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from service.store import MetricPoint
+from service.store import EVAL_SERIES, MetricPoint
 from trainer.rundir import json_object
 
 # The most of progress.jsonl one read takes: some 4,000 lines, a few hundred bytes each.
@@ -29,7 +29,7 @@ _TRAIN_SERIES = {
     "examples_per_sec": "examples_per_sec",
     "learning_rate": "learning_rate",
 }
-_EVAL_SERIES = {"eval_loss": "eval_loss", "eval_accuracy": "eval_accuracy"}
+_EVAL_SERIES = {name: name for name in EVAL_SERIES}  # its field and series: eval_loss, ...
 # Every series a job can have, in the order the API names them.
 SERIES = (*_TRAIN_SERIES.values(), *_EVAL_SERIES.values())
 _SNAPSHOT_FIELDS = ("loss", "accuracy", "examples_per_sec", "eta_seconds", "learning_rate")

@@ -25,6 +25,7 @@ from typing import Any
 
 from service import rollups
 from service.series import Row, Span, thin
+from trainer.spec import EvalSpec
 
 
 class JobState(enum.StrEnum):
@@ -280,12 +281,17 @@ def _row_to_record(row: sqlite3.Row) -> JobRecord:
 
 
 def _metrics_where(
-    conn: sqlite3.Connection, job_id: str, names: Sequence[str], after_step: int | None
+    conn: sqlite3.Connection,
+    job_id: str,
+    names: Sequence[str],
+    after_step: int | None,
+    before_step: int | None = None,
 ) -> tuple[str, list[Any]]:
     """The WHERE clause, and its arguments, of a read of the job's metric points (read on
-    `conn` in the transaction that reads the points, so the series named are all there).
-    Steps after `after_step` are read a series at a time, every series named: `step > ?`
-    alone walked every point of the job, 0.3 s to read on a long job's last 100 steps."""
+    `conn` in the transaction that reads the points, so the series named are all there):
+    steps after `after_step` and before `before_step`, each when given. Steps after
+    `after_step` are read a series at a time, every series named: `step > ?` alone walked
+    every point of the job, 0.3 s to read on a long job's last 100 steps."""
     where = " WHERE job_id = ?"
     args: list[Any] = [job_id]
     if after_step is not None and not names:
@@ -296,7 +302,77 @@ def _metrics_where(
     if after_step is not None:
         where += " AND step > ?"
         args.append(after_step)
+    if before_step is not None:
+        where += " AND step < ?"
+        args.append(before_step)
     return where, args
+
+
+# The series a worker's `eval` line adds (`service.progress`). It writes that line after
+# the `progress` line of the step it evaluates, a moment to seconds later (`trainer.
+# controller`: the eval of a step due one, and the final eval after the last step's line).
+EVAL_SERIES = ("eval_loss", "eval_accuracy")
+# A stored spec names its eval cadence (a model dump); one that does not has the default.
+_EVAL_EVERY = EvalSpec.model_fields["every_steps"].default
+# What `_held_step` reads of the job: whether it has ended, its eval cadence, its total
+# steps, and its eval examples (a start line's `data`; 0: it never evaluates).
+_EVAL_FACTS = (
+    "SELECT state IN ('succeeded', 'failed', 'cancelled'),"
+    " json_extract(spec, '$.eval.every_steps'), json_extract(progress, '$.total'),"
+    " json_extract(progress, '$.data.eval_examples') FROM jobs WHERE id = ?"
+)
+_EVAL_BETWEEN = (
+    f"SELECT 1 FROM metrics WHERE job_id = ? AND name IN ({', '.join('?' * len(EVAL_SERIES))})"
+    " AND step BETWEEN ? AND ? LIMIT 1"
+)
+
+
+def _newest_step(conn: sqlite3.Connection, job_id: str) -> int | None:
+    """The job's newest step with a point in any series: a seek of the key per series
+    (`MAX(step)` over the job alone walks every point it has, the key's next column being
+    the name)."""
+    sql = "SELECT MAX(step) FROM metrics WHERE job_id = ? AND name = ?"
+    steps = [
+        conn.execute(sql, (job_id, name)).fetchone()[0]
+        for name in rollups.series_names(conn, job_id)
+    ]
+    return max((step for step in steps if step is not None), default=None)
+
+
+def _held_step(conn: sqlite3.Connection, job_id: str, names: Sequence[str]) -> int | None:
+    """The step whose points an exact read of the job (`stream_metrics`) leaves out, or
+    None: its newest, while the job has not ended and an eval of that step may still come
+    with none stored yet. A client reads on after the last step it got (`after_step`), and
+    one that got a step before its eval line came never got that eval; left out, the
+    step comes whole in a later read, once a later step is stored or the job has ended.
+
+    An eval may come where the trainer runs one: at a step of the cadence (`eval.
+    every_steps`) and at the job's last step (its final eval); and on a resume from a
+    step past the last one of the cadence whose eval never ended (a stop during it), at
+    that step (`_evaluate_if_cut_short`). So: at the newest step N when it is the total,
+    else when no eval point lies from the cadence's last step at or before N through N.
+    Nothing is held for a read of no eval series, nor for a job that never evaluates
+    (cadence 0, or no eval examples). A few index seeks: no point is walked."""
+    if names and not set(names) & set(EVAL_SERIES):
+        return None
+    facts = conn.execute(_EVAL_FACTS, (job_id,)).fetchone()
+    if facts is None:
+        return None
+    ended, every, total, examples = facts
+    if ended or examples == 0:
+        return None
+    every = every if isinstance(every, int) else _EVAL_EVERY
+    newest = _newest_step(conn, job_id)
+    if every <= 0 or newest is None:
+        return None
+    total = total if isinstance(total, int) else None
+    if total is not None and newest > total:
+        return None  # of a run past a total resumed lower (`--finish`): none comes there
+    due = newest if newest == total else newest - newest % every
+    if due <= 0:
+        return None
+    stored = conn.execute(_EVAL_BETWEEN, (job_id, *EVAL_SERIES, due, newest)).fetchone()
+    return None if stored is not None else newest
 
 
 def _series_points(
@@ -621,13 +697,15 @@ class JobStore:
     ) -> Generator[Row, None, None]:
         """`metrics` without `most`, as (series, step, time, value) rows read as they are
         sent: a long job's millions of points, held whole, took GBs of the service's
-        memory (2.5 GB for 4 million). On a connection of its own, closed when the rows
-        run out or the iterator is closed, as no other read of this thread can share it
-        while it is open."""
+        memory (2.5 GB for 4 million). An exact read, which a client reads on from: less
+        the newest step while its eval may still come (`_held_step`). On a connection of
+        its own, closed when the rows run out or the iterator is closed, as no other read
+        of this thread can share it while it is open."""
         conn = self._connect()
         try:
-            conn.execute("BEGIN")  # the series named and their points: one snapshot
-            where, args = _metrics_where(conn, job_id, names, after_step)
+            conn.execute("BEGIN")  # the series named, the step held, the points: one snapshot
+            held = _held_step(conn, job_id, names)
+            where, args = _metrics_where(conn, job_id, names, after_step, held)
             yield from conn.execute(
                 f"SELECT name, step, time, value FROM metrics{where} ORDER BY name, step", args
             )

@@ -1,0 +1,336 @@
+"""Reading a job's metrics on (`GET /metrics?after_step=N`, `towerboard metrics
+--after-step N`): the worker writes a step's `progress` line, then evaluates that step
+and writes its `eval` line, a moment to seconds later. A read between the two must not
+give the step without its eval, or a client reading on after it never gets that eval."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.progress import fold_progress, restarted_at
+from service.store import JobState, JobStore, MetricPoint
+from tests.service.harness import job_spec, stand_in_service
+from tests.service.test_client import towerboard
+from trainer.spec import JobSpec
+
+# The tiny job's cadence: 40 steps, an eval every 20 (and the final one, at 40).
+SPEC = JobSpec.model_validate(job_spec()).model_dump(mode="json")
+
+Point = tuple[str, int, float]
+
+
+class Worker:
+    """Progress lines folded into the store as the supervisor folds a worker's."""
+
+    def __init__(self, store: JobStore, job_id: str) -> None:
+        self.store, self.job_id = store, job_id
+        self.progress: dict[str, Any] | None = None
+        self.eval: dict[str, Any] | None = None
+        self.offset = 0
+
+    def write(self, event: str, step: int, **fields: Any) -> None:
+        line = {"event": event, "step": step, "time": float(step), "total": 40, **fields}
+        progress, eval, points = fold_progress(self.progress, self.eval, [line])
+        self.offset += 1
+        self.store.record_progress(
+            self.job_id,
+            offset=self.offset,
+            progress=progress,
+            eval=eval,
+            points=points,
+            forget_after=restarted_at([line]),
+        )
+        self.progress, self.eval = progress, eval
+
+    def report(self, step: int, **fields: Any) -> None:
+        self.write("progress", step, loss=1 / step, accuracy=step / 100, **fields)
+
+    def evaluate(self, step: int, **fields: Any) -> None:
+        self.write("eval", step, eval_loss=2 / step, eval_accuracy=step / 200, **fields)
+
+
+def read(
+    store: JobStore, job_id: str, after: int | None = None, names: tuple[str, ...] = ()
+) -> list[Point]:
+    """An exact read, as `GET /metrics` without `points` reads: (series, step, value)."""
+    return [
+        (name, step, value)
+        for name, step, _, value in store.stream_metrics(job_id, names=names, after_step=after)
+    ]
+
+
+def steps(points: list[Point]) -> list[int]:
+    return sorted({step for _, step, _ in points})
+
+
+def running(store: JobStore, spec: dict[str, Any] = SPEC) -> tuple[str, Worker]:
+    job = store.create(spec)
+    assert store.mark_running(job.id, devices=["cpu:0"])
+    worker = Worker(store, job.id)
+    worker.write("start", 0, phase="starting")
+    return job.id, worker
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> JobStore:
+    return JobStore(tmp_path / "jobs.db")
+
+
+def test_a_step_due_an_eval_is_read_once_its_eval_is_in(store: JobStore) -> None:
+    job_id, worker = running(store)
+    worker.report(10)
+    assert steps(read(store, job_id)) == [10]  # no eval due at 10: not held
+    worker.report(20)  # an eval is due at 20, and has not come
+    assert steps(read(store, job_id)) == [10]
+    assert read(store, job_id, after=10) == []
+    assert steps(read(store, job_id, after=10, names=("eval_accuracy", "loss"))) == []
+    # A read of no eval series has nothing to wait for.
+    assert read(store, job_id, after=10, names=("loss",)) == [("loss", 20, 0.05)]
+    worker.evaluate(20)
+    assert sorted(read(store, job_id, after=10)) == [
+        ("accuracy", 20, 0.2), ("eval_accuracy", 20, 0.1), ("eval_loss", 20, 0.1),
+        ("loss", 20, 0.05),
+    ]  # fmt: skip
+    worker.report(30)  # not due: read at once
+    assert steps(read(store, job_id, after=20)) == [30]
+    worker.report(40)  # the last step: its final eval comes after it
+    assert steps(read(store, job_id, after=30)) == []
+    worker.evaluate(40)
+    assert steps(read(store, job_id, after=30)) == [40]
+    assert ("eval_loss", 40, 0.05) in read(store, job_id, after=30)
+
+
+def test_reading_on_after_every_line_misses_no_point(store: JobStore) -> None:
+    job_id, worker = running(store)
+    got: list[Point] = []
+    last: int | None = None
+
+    def read_on() -> None:
+        nonlocal last
+        more = read(store, job_id, after=last)
+        got.extend(more)
+        last = max(steps(more), default=last)
+
+    for step in range(1, 41):
+        worker.report(step)
+        read_on()
+        if step % 20 == 0:
+            worker.write("phase", step, phase="eval", phase_done=0, phase_total=2)
+            read_on()
+            worker.evaluate(step)
+            read_on()
+        if step % 20 == 0 and step < 40:
+            worker.write("checkpoint", step, checkpoint=f"checkpoints/ckpt-{step}")
+            read_on()
+    worker.write("end", 40, outcome="succeeded", phase="done")
+    read_on()
+    assert store.finish(job_id, JobState.SUCCEEDED, result={}, error=None)
+    read_on()
+    everything = read(store, job_id)
+    assert sorted(got) == sorted(everything)
+    assert [step for name, step, _ in everything if name == "eval_loss"] == [20, 40]
+
+
+@pytest.mark.parametrize("state", [JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED])
+def test_an_ended_job_holds_no_step_back(store: JobStore, state: JobState) -> None:
+    # Its eval never came (a stop during it, a crash): nothing more will.
+    job_id, worker = running(store)
+    worker.report(20)
+    assert steps(read(store, job_id)) == []
+    assert store.finish(job_id, state, result={}, error=None)
+    assert steps(read(store, job_id)) == [20]
+    assert steps(read(store, job_id, after=10)) == [20]
+
+
+def test_a_job_that_never_evaluates_holds_no_step_back(store: JobStore) -> None:
+    no_cadence = {**SPEC, "eval": {"every_steps": 0, "batches": 1}}
+    job_id, worker = running(store, no_cadence)
+    worker.report(20)
+    worker.report(40)
+    assert steps(read(store, job_id)) == [20, 40]
+    # No eval examples (its start line says 0): no eval comes either.
+    job_id, worker = running(store)
+    data = {"train_examples": 256, "eval_examples": 0, "classes": 4, "image_shape": [8, 8, 1]}
+    worker.write("start", 0, phase="starting", towers=1, data=data)
+    worker.report(20)
+    assert steps(read(store, job_id)) == [20]
+
+
+def test_an_eval_a_stop_cut_short_is_waited_for_on_the_resume(store: JobStore) -> None:
+    # The service stopped the worker during the eval of step 20 (one process: checkpoint
+    # at 20), and requeued the job. Its next attempt evaluates 20 first.
+    job_id, worker = running(store)
+    worker.report(20)
+    worker.write("checkpoint", 20, checkpoint="checkpoints/ckpt-20")
+    assert store.requeue(job_id)
+    assert steps(read(store, job_id)) == []  # queued, its eval still to come
+    assert store.mark_running(job_id, devices=["cpu:0"])
+    worker.write("start", 20, phase="starting")
+    assert steps(read(store, job_id)) == []
+    worker.evaluate(20)
+    assert steps(read(store, job_id)) == [20]
+    # A cluster stops after the next step: the eval cut short comes of that step, 21.
+    job_id, worker = running(store)
+    worker.report(20)
+    worker.report(21)
+    assert store.requeue(job_id)
+    assert steps(read(store, job_id)) == [20]
+    assert store.mark_running(job_id, devices=["cpu:0"])
+    worker.write("start", 21, phase="starting")
+    worker.evaluate(21)
+    assert steps(read(store, job_id, after=20)) == [21]
+    worker.report(22)  # evaluated in [20, 21]: 22 is not held
+    assert steps(read(store, job_id, after=21)) == [22]
+
+
+def test_a_resumed_job_is_not_held_for_ever(store: JobStore) -> None:
+    # Failed at 37 past its checkpoint at 30, then finished there (`resume --finish`):
+    # total 30, whose final eval comes once the new attempt starts.
+    job_id, worker = running(store)
+    for step in (20, 30, 37):
+        worker.report(step)
+        if step == 20:
+            worker.evaluate(20)
+    assert steps(read(store, job_id)) == [20, 30, 37]
+    assert store.finish(job_id, JobState.FAILED, result=None, error={"reason": "x"})
+    progress = {**(worker.progress or {}), "step": 30, "total": 30}
+    assert store.resume(job_id, spec={**SPEC, "steps": 30}, progress=progress)
+    assert steps(read(store, job_id)) == [20, 30, 37]  # 37, past its total, gets no eval
+    assert store.mark_running(job_id, devices=["cpu:0"])
+    worker.write("start", 30, phase="starting", total=30)
+    assert steps(read(store, job_id)) == [20]  # 30 is its last step now: the final eval
+    worker.evaluate(30, total=30)
+    assert steps(read(store, job_id, after=20)) == [30]
+    # Trained longer after it succeeded: its last step's eval is in, nothing held.
+    assert store.finish(job_id, JobState.SUCCEEDED, result={}, error=None)
+    progress = {**(worker.progress or {}), "total": 80}
+    assert store.resume(job_id, spec={**SPEC, "steps": 80}, progress=progress)
+    assert steps(read(store, job_id, after=20)) == [30]
+
+
+def test_the_step_held_is_found_without_walking_the_points(tmp_path: Path) -> None:
+    """The step held is found by a few seeks: the work of a read on of a running job's
+    last steps does not grow with the points before them (in SQLite's steps)."""
+
+    class Counted(JobStore):
+        ticks = 0
+
+        def _connect(self) -> Any:
+            conn = super()._connect()
+            conn.set_progress_handler(self._tick, 100)
+            return conn
+
+        def _tick(self) -> int:
+            self.ticks += 1
+            return 0  # go on
+
+    def work(reports: int) -> int:
+        store = Counted(tmp_path / f"{reports}.db")
+        job_id, _ = running(store)
+        for first in range(0, reports, 5000):
+            points = [
+                MetricPoint(name, step, float(step), 1.0)
+                for step in range(first + 1, first + 5001)
+                for name in ("loss", "accuracy")
+            ]
+            store.record_progress(
+                job_id, offset=first, progress={"total": 10**7}, eval=None, points=points
+            )
+        store.ticks = 0
+        held = read(store, job_id, after=reports - 5)
+        ticks = store.ticks
+        store.close()
+        assert steps(held) == list(range(reports - 4, reports))  # `reports` is due an eval
+        return ticks
+
+    few, many = work(10_000), work(100_000)
+    assert many < 1.5 * few, (few, many)
+
+
+# A stand-in worker that writes the tiny job's lines around its two evals, each eval line
+# only once the test releases it (`Service.release`): a client reads between the two lines
+# of step 20, and of step 40, as it may any time a real eval takes.
+EVALUATING_WORKER = """\
+import json, sys, time
+from pathlib import Path
+
+job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1])
+
+
+def progress(**line):
+    with open(job_dir / "progress.jsonl", "a") as f:
+        f.write(json.dumps({"time": time.time(), "total": 40, **line}) + "\\n")
+
+
+def released():
+    release = job_dir / "release"
+    while not release.exists():
+        time.sleep(0.05)
+    release.unlink()
+
+
+progress(event="start", step=0, phase="starting")
+for step in (10, 20, 30, 40):
+    progress(event="progress", step=step, loss=1 / step, phase="training")
+    if step % 20 == 0:
+        progress(event="phase", step=step, phase="eval", phase_done=0, phase_total=2)
+        released()
+        progress(event="eval", step=step, eval_loss=2 / step, eval_accuracy=step / 200,
+                 eval_examples=64, phase="training" if step < 40 else "eval")
+progress(event="end", step=40, outcome="succeeded", phase="done")
+(job_dir / "result.json").write_text(json.dumps({"outcome": "succeeded", "message": "done"}))
+"""
+
+
+def test_reading_on_between_a_steps_line_and_its_eval(tmp_path: Path) -> None:
+    worker = ("evaluating_worker", EVALUATING_WORKER)
+    with stand_in_service(tmp_path, worker) as service:
+        job_id = service.submit(job_spec(name="read-on"))["id"]
+        url = f"/api/v1/jobs/{job_id}/metrics"
+
+        def reached(step: int, evaluated: int | None) -> None:
+            def there(job: dict[str, Any]) -> bool:
+                at = (job["progress"] or {}).get("step")
+                return at == step and (job["eval"] or {}).get("step") == evaluated
+
+            service.wait_for(job_id, there, timeout=60, what=f"step {step}, eval {evaluated}")
+
+        def csv_rows(*args: str) -> list[list[str]]:
+            names = ("--name", "loss", "--name", "eval_accuracy")
+            result = towerboard("metrics", job_id, *names, *args, url=service.base_url)
+            assert result.returncode == 0, result.stderr
+            return list(csv.reader(io.StringIO(result.stdout)))
+
+        reached(20, None)  # the line of step 20 is in; its eval is not
+        series = service.client.get(url).json()["series"]
+        assert {name: [p["step"] for p in points] for name, points in series.items()} == {
+            "loss": [10]
+        }
+        assert service.client.get(url, params={"after_step": 10}).json()["series"] == {}
+        # `points` (a chart) reads every point there is.
+        charted = service.client.get(url, params={"points": 100}).json()["series"]
+        assert [p["step"] for p in charted["loss"]] == [10, 20]
+        got = csv_rows()
+        assert got == [["step", "loss", "eval_accuracy"], ["10", "0.1", ""]]
+        assert csv_rows("--after-step", "10", "--no-header") == []
+
+        service.release(job_id)
+        reached(40, 20)  # step 20's eval is in; step 40's final eval is not
+        more = csv_rows("--after-step", "10", "--no-header")
+        assert more == [["20", "0.05", "0.1"], ["30", repr(1 / 30), ""]]
+        got += more
+
+        service.release(job_id)
+        service.wait_state(job_id, "succeeded", timeout=60)
+        more = csv_rows("--after-step", "30", "--no-header")
+        assert more == [["40", "0.025", "0.2"]]
+        got += more
+        assert got == csv_rows()  # read on, line by line, as the whole read now
+        answer = json.loads(towerboard("metrics", job_id, "--json", url=service.base_url).stdout)
+        assert [p["step"] for p in answer["series"]["eval_loss"]] == [20, 40]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Locator, Page, expect
+from playwright.sync_api import Locator, Page, Route, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import Session
@@ -203,13 +203,31 @@ def test_tensorboard_line_says_when_it_runs(session: Session, service: Service) 
 def test_tensorboard_line_says_why_it_failed(session: Session, service: Service) -> None:
     service.client.delete("/api/v1/tensorboard")
     page = session.page
+    started: list[dict[str, Any]] = []
+
+    def kill_as_it_starts(route: Route) -> None:
+        # Killed before the page has the start's answer: still starting, for sure. Killed
+        # once the page said so, it had at times run already (a slow page, or a quick
+        # TensorBoard), and this test had nothing to show.
+        if route.request.method != "POST":
+            route.continue_()
+            return
+        response = route.fetch()
+        started.append(response.json())
+        os.kill(started[0]["pid"], signal.SIGKILL)
+        route.fulfill(response=response)
+
     open_job(page, finished(service, "steps-300"))
     status = tensorboard_line(page)
-    click_open(session)
-    expect(status).to_have_text(STARTING)
-    starting = tensorboard(service)
-    assert starting["state"] == "starting", starting
-    os.kill(starting["pid"], signal.SIGKILL)
+    page.route("**/api/v1/tensorboard", kill_as_it_starts)
+    try:
+        with page.expect_response(
+            lambda r: r.url.endswith("/api/v1/tensorboard") and r.request.method == "POST"
+        ):
+            click_open(session)
+    finally:
+        page.unroute("**/api/v1/tensorboard")
+    assert [tb["state"] for tb in started] == ["starting"], started
     stopped = wait_tensorboard(service, lambda tb: tb["state"] == "stopped")
     assert stopped["last_error"], stopped
     expect(status).to_have_text(f"TensorBoard failed to start: {stopped['last_error']}")

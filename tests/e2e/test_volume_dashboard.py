@@ -21,11 +21,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason
 REPORTS = 5_000
 LIVE_REPORTS = 20_000
 SPIKE, DIP = 12_345, 6_789  # the live job's highest and lowest loss
+# 2,000 reports a second: a stream that falls 1,024 events behind is ended (service/
+# events.py), and at 5,000 a second a page or a service held up for 0.2 s on a loaded host
+# fell that far behind (towerboard_event_streams_lagged_total 1); now it takes 0.5 s.
+LIVE_BATCH = 200
 # `python -m many_worker run --job-dir DIR`, by its spec's name: "many" writes REPORTS
 # progress lines at once, an eval every 500 steps, then succeeds; "live" writes its start
 # line, waits for a `go` file in its run directory, then reports steps 1 to LIVE_REPORTS,
-# 500 lines every 0.1 s (a read of the service's takes them a few hundred at a time, and
-# its event stream sends them on as they come), its loss a wave with one spike and one
+# LIVE_BATCH lines every 0.1 s (a read of the service's takes them a few hundred at a time,
+# and its event stream sends them on as they come), its loss a wave with one spike and one
 # dip, an eval every 1,000 steps, then succeeds.
 MANY_WORKER = f"""\
 import json, math, sys, time
@@ -39,9 +43,9 @@ if name == "live":
         f.write(json.dumps(dict(event="start", step=0, total={LIVE_REPORTS}, time=now)) + "\\n")
     while not (job_dir / "go").exists():
         time.sleep(0.05)
-    for first in range(1, {LIVE_REPORTS} + 1, 500):
+    for first in range(1, {LIVE_REPORTS} + 1, {LIVE_BATCH}):
         lines = []
-        for step in range(first, first + 500):
+        for step in range(first, first + {LIVE_BATCH}):
             loss = {{{SPIKE}: 50.0, {DIP}: 0.001}}.get(step, 1.0 + 0.5 * math.sin(step / 50))
             lines.append(dict(event="progress", step=step, total={LIVE_REPORTS}, time=now,
                               loss=loss, accuracy=0.5 + 0.4 * math.sin(step / 70),

@@ -37,19 +37,38 @@ function unescaped(segment) {
 // The view is no live region (its ages, ETAs and log tail tick): where a link led is said
 // here instead, once, from the new page's heading, after it has had a moment to fill in.
 // A page that shows a message in its place ("No job X.", its heading hidden) is said by
-// that message: its hidden heading (the bare job id) is not what the page shows.
+// that message: its hidden heading (the bare job id) is not what the page shows. A view
+// whose heading waits on a read (a job's page: its name) is `aria-busy` until it has it,
+// and is said once it is not: said at 400 ms alone, a read slower than that (a slow
+// network, a loaded host) had the bare id said, or "nosuch" for "No job nosuch.".
 const announcer = document.getElementById("route-announcer");
 let announceTimer = null;
+let announceWait = null; // the observer waiting for the view to be no longer busy
 let firstRoute = true;
 
 function announcePage() {
   clearTimeout(announceTimer);
+  if (announceWait) announceWait.disconnect();
+  announceWait = null;
   announcer.textContent = ""; // the same page again is a change too
-  announceTimer = setTimeout(() => {
+  const say = () => {
     const shown = (el) => el.getClientRects().length > 0; // neither it nor a parent hidden
     const said = [...view.querySelectorAll("h1")].find(shown) ||
       [...view.querySelectorAll('[role="alert"]')].find(shown);
     announcer.textContent = (said && said.textContent.trim()) || document.title;
+  };
+  announceTimer = setTimeout(() => {
+    if (view.getAttribute("aria-busy") !== "true") {
+      say();
+      return;
+    }
+    announceWait = new MutationObserver(() => {
+      if (view.getAttribute("aria-busy") === "true") return;
+      announceWait.disconnect();
+      announceWait = null;
+      say();
+    });
+    announceWait.observe(view, { attributes: true, attributeFilter: ["aria-busy"] });
   }, 400);
 }
 
@@ -58,6 +77,7 @@ function route() {
   firstRoute = false;
   unmount();
   view.replaceChildren();
+  view.removeAttribute("aria-busy"); // the view mounted next says whether it reads first
   const hash = location.hash.replace(/^#/, "") || "/";
   const [path, search = ""] = hash.split("?");
   const query = new URLSearchParams(search);

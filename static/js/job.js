@@ -876,6 +876,7 @@ export function mountJob(view, jobId) {
       snapshot = await getJSON(base);
     } catch (error) {
       if (stopped) return;
+      view.removeAttribute("aria-busy"); // what it says in the job's place is shown below
       closeStream();
       notice.clear(); // the message below says it all
       // No answer (the service is restarting, say) or a server error: it may answer soon,
@@ -894,6 +895,7 @@ export function mountJob(view, jobId) {
     // Only if the stream has said nothing newer meanwhile (it may have seen the job end).
     job = fresher(job, streamedAt, snapshot, asked);
     renderJob();
+    view.removeAttribute("aria-busy"); // its heading has its name: the page can be said
     if (TERMINAL.has(job.state)) checkExiting(); // ended just now, its worker may be exiting
     await Promise.all([loadMetrics(), loadCheckpoints(), loadLogs()]);
   }
@@ -949,6 +951,7 @@ export function mountJob(view, jobId) {
   }
 
   drawCharts();
+  view.setAttribute("aria-busy", "true"); // until the first read has filled the heading
   load();
   return () => {
     halt();

@@ -1038,6 +1038,43 @@ def test_a_page_switch_to_a_missing_job_says_what_the_page_shows(session: Sessio
     assert session.errors == []
 
 
+@pytest.mark.parametrize("name", ["quick", None])
+def test_a_page_switch_is_said_once_a_slow_read_has_filled_it(
+    session: Session, service: Service, name: str | None
+) -> None:
+    """The page switch was said 400 ms after it, whatever the page showed then: with the
+    job's read slower than that (a slow network, a loaded host), a job's page was said by
+    its bare id, not its name, and a missing job's by "nosuch", not "No job nosuch."."""
+    job_id = "nosuch"
+    if name is not None:
+        job = service.submit(job_spec(name=name, steps=1))
+        service.wait_state(job["id"], "succeeded", "failed", "cancelled")
+        job_id = str(job["id"])
+    page = session.page
+    page.goto("/")
+    expect(page.locator("#view h1")).to_have_text("Jobs")
+    held: list[Route] = []
+    read = re.compile(rf"/api/v1/jobs/{job_id}$")
+    # The job's read, answered only when the test says.
+    page.route(read, lambda route: held.append(route))
+    try:
+        with page.expect_request(read):
+            page.goto(f"/#/jobs/{job_id}")
+        announcer = page.locator("#route-announcer")
+        page.wait_for_timeout(1_000)  # well past the 400 ms the page gives itself
+        assert held, "the job's read was not held"
+        expect(announcer).to_have_text("")  # nothing said while the page is still blank
+        expect(page.locator("#view")).to_have_attribute("aria-busy", "true")
+        for route in held:  # the page's read, and any the stream's refusal asks for
+            route.continue_()
+    finally:
+        page.unroute(read)
+    said = name if name is not None else f"No job {job_id}."
+    expect(announcer).to_have_text(said)
+    expect(page.locator("#view")).not_to_have_attribute("aria-busy", "true")
+    assert session.errors == []
+
+
 def test_tensorboard_tab_is_closed_when_its_page_goes_first(
     session: Session, service: Service
 ) -> None:

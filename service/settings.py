@@ -209,6 +209,7 @@ OTHER_VARIABLES = {
     "(service/guarded_tensorboard.py)",
     "TOWERBOARD_SCREENSHOTS": "the dashboard tests: where their screenshots go",
     "TOWERBOARD_CHROMIUM": "the dashboard tests: the browser they drive",
+    "TOWERBOARD_SLOW_BROWSER": "the dashboard tests: a slowed browser, to bring out races",
 }
 
 

@@ -5,6 +5,7 @@ Playwright cannot download its own browser builds here, so it launches /usr/bin/
 (`scripts/e2e-deps.sh` installs it). Without it each test module here skips, saying so.
 Screenshots go to build/screenshots/, or to $TOWERBOARD_SCREENSHOTS (for example
 `TOWERBOARD_SCREENSHOTS=docs/screenshots` to refresh the README's pictures).
+`TOWERBOARD_SLOW_BROWSER=net,cpu` slows the browser, to bring out races (tests/e2e/slow.py).
 """
 
 from __future__ import annotations

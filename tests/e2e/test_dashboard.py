@@ -22,6 +22,7 @@ from playwright.sync_api import Browser, BrowserContext, Page, Request, Viewport
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
+from tests.e2e.slow import slow_down
 from tests.service.harness import (
     Service,
     fake_worker_env,
@@ -62,6 +63,7 @@ def open_session(browser: Browser, service: Service, viewport: ViewportSize) -> 
         viewport=viewport, base_url=service.base_url, accept_downloads=True
     )
     context.set_default_timeout(30_000)
+    slow_down(context)  # TOWERBOARD_SLOW_BROWSER: off unless asked for
     session = Session(context, context.new_page())
     # Uncaught exceptions in the page's scripts: none is acceptable.
     context.on("page", lambda page: page.on("pageerror", lambda e: session.errors.append(str(e))))

@@ -1,0 +1,79 @@
+"""An opt-in slow browser, to bring out races between a test and the dashboard's
+asynchronous rendering before CI's loaded machine does: `TOWERBOARD_SLOW_BROWSER`, a comma-
+separated list of
+
+- `net`: every answer of the dashboard's `fetch` (its /api/v1 reads and actions) reaches
+  the page 300-1500 ms late, each its own random delay, so answers can arrive out of order;
+  each event of an EventSource (the job and all-jobs streams) is handed on as late, in
+  the order it came;
+- `cpu` (or `cpu=N`): Chromium's CPU throttled N times (4 unless told), through CDP.
+
+Unset (the default), nothing changes and it costs nothing. For example:
+`TOWERBOARD_SLOW_BROWSER=net,cpu pytest -n 0 tests/e2e/test_job_page.py`. The delays are
+made in the page with the timer functions it had before any `page.clock.install()`, so a
+test that moves the page's clock on does not skip them. The answers are held in the page,
+after the network: a test that waits for a response (`page.expect_response`) and then
+only a moment before it looks at the page can see it before it had the answer.
+"""
+
+from __future__ import annotations
+
+import os
+
+from playwright.sync_api import BrowserContext, Page
+
+SLOW = {
+    part.split("=")[0].strip(): part.partition("=")[2].strip()
+    for part in os.environ.get("TOWERBOARD_SLOW_BROWSER", "").split(",")
+    if part.strip()
+}
+if SLOW.keys() - {"net", "cpu"}:
+    raise ValueError(f"TOWERBOARD_SLOW_BROWSER: expected net, cpu or cpu=N; got {SLOW}")
+
+SLOW_NETWORK = """(() => {
+  // The timers as they are before any clock install replaces them.
+  const later = window.setTimeout.bind(window);
+  const now = Date.now.bind(Date);
+  const delay = () => 300 + Math.random() * 1200;
+  const sleep = (ms) => new Promise((resolve) => later(resolve, ms));
+  const realFetch = window.fetch.bind(window);
+  window.fetch = async (input, init) => {
+    const response = await realFetch(input, init);
+    await sleep(delay());
+    if (init && init.signal && init.signal.aborted) {
+      throw new DOMException("The operation was aborted.", "AbortError");
+    }
+    return response;
+  };
+  const RealEventSource = window.EventSource;
+  window.EventSource = class extends RealEventSource {
+    constructor(...args) {
+      super(...args);
+      this._due = 0;
+    }
+    addEventListener(type, listener, options) {
+      if (type === "open" || type === "error" || typeof listener !== "function") {
+        return super.addEventListener(type, listener, options);
+      }
+      return super.addEventListener(type, (event) => {
+        // Each as late, but in order: no earlier than the one before it.
+        this._due = Math.max(this._due, now() + delay());
+        later(() => listener.call(this, event), this._due - now());
+      }, options);
+    }
+  };
+})();"""
+
+
+def slow_down(context: BrowserContext) -> None:
+    """Slow the context's pages as TOWERBOARD_SLOW_BROWSER says (see the module's docstring);
+    call it before the context opens a page."""
+    if "net" in SLOW:
+        context.add_init_script(SLOW_NETWORK)
+    if "cpu" in SLOW:
+        rate = float(SLOW["cpu"] or 4)
+
+        def throttle(page: Page) -> None:
+            context.new_cdp_session(page).send("Emulation.setCPUThrottlingRate", {"rate": rate})
+
+        context.on("page", throttle)

@@ -578,6 +578,7 @@ export function mountJobs(view, query) {
       const added = [...arrived].filter(([job, at]) => at > asked && !next.has(job) &&
         copy(job) && shows(copy(job)) && (!top || newer(copy(job), top)))
         .sort(([a], [b]) => Date.parse(copy(b).created_at) - Date.parse(copy(a).created_at));
+      const shown = [...jobs.keys()];
       jobs = new Map([...added.map(([job]) => [job, copy(job)]), ...next]);
       for (const job of streamed.keys()) if (!jobs.has(job)) streamed.delete(job);
       for (const [job, at] of arrived) if (at <= asked) arrived.delete(job);
@@ -585,7 +586,13 @@ export function mountJobs(view, query) {
       nextCursor = page.nextCursor;
       error.hidden = true;
       if (streamEnded) notice.error(EventSource.CLOSED);
+      const onMore = document.activeElement === more;
       render();
+      // A Show more overlapped by this read (a poll, the stream reconnecting) is dropped,
+      // and this read brings its rows: the keyboard goes on from the first of them, as
+      // after Show more's own read, not from the page's top (<body>), where it fell once
+      // the button hid.
+      if (onMore && more.hidden) offMore(shown);
       if (again) refreshSoon();
       if (scrollBack !== null) {
         window.scrollTo(0, scrollBack);
@@ -607,6 +614,18 @@ export function mountJobs(view, query) {
       clearTimeout(timer); // one poll pending, however many reads overlapped
       if (!stopped) timer = setTimeout(refresh, POLL_MS);
     }
+  }
+
+  /** The keyboard, on Show more as it hides, goes on from the first row below those that
+   *  were `shown` (ids, in order) before: the first the read brought. */
+  function offMore(shown) {
+    const before = new Set(shown);
+    const ids = [...jobs.keys()];
+    let last = -1; // the last row that was shown before
+    ids.forEach((id, i) => { if (before.has(id)) last = i; });
+    const first = ids.slice(last + 1).find((id) => !before.has(id));
+    const entry = first ? rows.get(first) : null;
+    (entry ? entry.tr.querySelector(".job-name") : summary).focus({ preventScroll: true });
   }
 
   async function showMore() {

@@ -7,13 +7,14 @@ top."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Page, Route, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
-from tests.e2e.test_dashboard import Session
+from tests.e2e.test_dashboard import LIST_POLL_MS, LIST_READ, Session
 from tests.e2e.test_live_values import live_job, reader_service, stop
 from tests.service.harness import Service, job_spec
 
@@ -56,6 +57,42 @@ def test_show_more_hands_the_keyboard_to_the_rows_it_brought(
     expect(more).to_be_hidden()  # every job is shown
     # The one row it brought (the oldest job): the keyboard goes on from there.
     expect(page.locator("#jobs-table tbody tr").last.locator("a.job-name")).to_be_focused()
+    assert session.errors == []
+
+
+def test_show_more_overlapped_by_a_poll_hands_the_keyboard_to_the_rows_it_brought(
+    session: Session, service: Service
+) -> None:
+    """A re-read of the list (its 15 s poll, the stream reconnecting) that started while
+    Show more's read was out dropped that read, and showed its rows itself: the button hid
+    under the keyboard, and the focus fell to <body>. Seen with the dashboard's answers
+    slowed (TOWERBOARD_SLOW_BROWSER=net); here Show more's read is held until the poll has
+    answered."""
+    for i in range(PAGE + 1):
+        job = service.submit(job_spec(name=f"overlap-{i}"))
+        service.client.post(f"/api/v1/jobs/{job['id']}/cancel").raise_for_status()
+    page = session.page
+    page.clock.install()  # before the page loads: its poll is the clock's, had below
+    page.goto("/#/?name=overlap-")
+    rows = page.locator("#jobs-table tbody tr")
+    expect(rows).to_have_count(PAGE)
+    more_read = re.compile(r"/api/v1/jobs\?.*cursor=")
+    held: list[Route] = []
+    page.route(more_read, lambda route: held.append(route))
+    try:
+        with page.expect_request(more_read):
+            press(page, "button.more")
+        with page.expect_response(
+            lambda r: LIST_READ.search(r.url) is not None and "cursor=" not in r.url
+        ):
+            page.clock.fast_forward(LIST_POLL_MS)  # the list's poll, now
+        expect(rows).to_have_count(PAGE + 1)
+        expect(page.locator("button.more")).to_be_hidden()
+        for route in held:
+            route.continue_()  # answered late: dropped, a newer read having begun
+    finally:
+        page.unroute(more_read)
+    expect(rows.last.locator("a.job-name")).to_be_focused()
     assert session.errors == []
 
 

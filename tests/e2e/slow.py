@@ -10,10 +10,11 @@ separated list of
 
 Unset (the default), nothing changes and it costs nothing. For example:
 `TOWERBOARD_SLOW_BROWSER=net,cpu pytest -n 0 tests/e2e/test_job_page.py`. The delays are
-made in the page with the timer functions it had before any `page.clock.install()`, so a
-test that moves the page's clock on does not skip them. The answers are held in the page,
-after the network: a test that waits for a response (`page.expect_response`) and then
-only a moment before it looks at the page can see it before it had the answer.
+made in the page with the timer it had before any `page.clock.install()` (its init script
+runs after this one): a test that moves the page's clock on does not skip them, nor does
+a paused clock hold them. The answers are held in the page, after the network: a test
+that waits for a response (`page.expect_response`) and then only a moment before it
+looks at the page can see it before it had the answer.
 """
 
 from __future__ import annotations
@@ -31,11 +32,10 @@ if SLOW.keys() - {"net", "cpu"}:
     raise ValueError(f"TOWERBOARD_SLOW_BROWSER: expected net, cpu or cpu=N; got {SLOW}")
 
 SLOW_NETWORK = """(() => {
-  // The timers as they are before any clock install replaces them.
+  // The real timer: a page clock (page.clock.install) replaces it after this has run.
   const later = window.setTimeout.bind(window);
-  const now = Date.now.bind(Date);
-  const delay = () => 300 + Math.random() * 1200;
   const sleep = (ms) => new Promise((resolve) => later(resolve, ms));
+  const delay = () => 300 + Math.random() * 1200;
   const realFetch = window.fetch.bind(window);
   window.fetch = async (input, init) => {
     const response = await realFetch(input, init);
@@ -49,7 +49,7 @@ SLOW_NETWORK = """(() => {
   window.EventSource = class extends RealEventSource {
     constructor(...args) {
       super(...args);
-      this._due = 0;
+      this._handed = Promise.resolve();
     }
     addEventListener(type, listener, options) {
       if (type === "open" || type === "error" || typeof listener !== "function") {
@@ -57,8 +57,8 @@ SLOW_NETWORK = """(() => {
       }
       return super.addEventListener(type, (event) => {
         // Each as late, but in order: no earlier than the one before it.
-        this._due = Math.max(this._due, now() + delay());
-        later(() => listener.call(this, event), this._due - now());
+        const late = sleep(delay());
+        this._handed = Promise.all([this._handed, late]).then(() => listener.call(this, event));
       }, options);
     }
   };

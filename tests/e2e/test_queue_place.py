@@ -207,7 +207,7 @@ def test_the_queued_filter_lists_jobs_in_the_order_they_start(
         page.locator('.chip[data-state=""]').click()
         page.fill("#jobs-search", "")
         expect(page.locator("#jobs-table tbody tr").first).to_have_attribute("data-job", soon["id"])
-        assert page.locator("#jobs-table tbody tr").first.locator(".queue-place").is_hidden()
+        expect(page.locator("#jobs-table tbody tr").first.locator(".queue-place")).to_be_hidden()
         assert session.errors == []
     finally:
         cancel(service, running, first, urgent, second, *later)

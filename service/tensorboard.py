@@ -347,7 +347,15 @@ def _command(python: str, logdir: Path, port: int) -> list[str]:
         # TensorBoard keeps a random 1,000 points of each scalar series a run: a
         # 200,000-step job showed (and its CSV download held) 1,000 of 20,000. 5,000
         # costs some 100 KB a series in the shared TensorBoard.
-        "--samples_per_plugin", "scalars=5000",
+        # Images: it keeps 10 steps of a tag a run (a seeded random pick, and the newest),
+        # so a 50,000-step job's 100 image steps (`images_every` 500) showed as the same 10
+        # at every load (its 4th, 21st, ... 68th and 100th), never step 1. 100 shows them
+        # all; a longer job's are a random 100. A kept step is its PNGs (`max_images` a
+        # tower): 2-7 KB at 28x28, 23 KB at 32x32x3, 1 MB at 224x224x3 (noise, PNG's
+        # worst), so a 4-tower job of 224x224x3 inputs holds 420 MiB here, against 42 MiB
+        # at 10 (docs/benchmarks.md). Histograms keep TensorBoard's 500: 250,000 steps at
+        # `histograms_every` 500, some 1 KB a tag a step.
+        "--samples_per_plugin", "scalars=5000,images=100",
         # Not the Rust data server (`auto` starts it where its package is installed):
         # it serves the runs over gRPC on a loopback port of its own with no auth,
         # which the service's secret cannot guard. The Python loader reads the same runs.

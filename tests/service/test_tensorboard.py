@@ -237,6 +237,27 @@ def test_tensorboard_shows_every_kind_of_summary_a_job_writes(
     assert last[("train", "loss")]["trainingStep"] == 40
 
 
+def test_tensorboard_shows_every_image_step_of_a_job(service: Service) -> None:
+    """TensorBoard keeps 10 steps of an image tag a run by default (a seeded random pick,
+    and the newest): a job's Images tab showed 10 of its 100 image steps, never step 1.
+    The service's keeps them all, up to its count (`service.tensorboard`)."""
+    job = service.submit(job_spec(name="pictured", summaries={"images_every": 2}))
+    assert service.wait_state(job["id"], "succeeded", "failed")["state"] == "succeeded"
+    written = [1, *range(2, 41, 2)]  # every 2 steps, and the first: 21 steps
+    service.client.post("/api/v1/tensorboard", json={"job_ids": [job["id"]], "merge": True})
+
+    def steps() -> Any:
+        reply = service.client.get(
+            "/tensorboard/data/plugin/images/images",
+            params={"run": f"{_folder(job)}/train", "tag": "tower_0/inputs"},
+        )
+        shown = reply.json() if reply.status_code == 200 else []
+        # The newest step is always kept: once it shows, the run is loaded.
+        return shown and shown[-1]["step"] == 40 and [each["step"] for each in shown]
+
+    assert _wait(steps, 120, "the job's images through the proxy") == written
+
+
 def test_start_tensorboard_same_selection_reused(
     service: Service, traced_job: dict[str, Any]
 ) -> None:
@@ -480,10 +501,11 @@ def _runs(service: Service) -> list[str]:
 
 
 def _running_over(service: Service, job_id: str) -> dict[str, Any]:
-    """TensorBoard running over `job_id` alone: the one an earlier test left running when it
-    is that (a start costs seconds: it imports TensorFlow), else one started afresh."""
+    """TensorBoard running over `job_id` alone, replacing none: the one an earlier test left
+    running when it is that (a start costs seconds: it imports TensorFlow), else one
+    started afresh."""
     status = service.client.get("/api/v1/tensorboard").json()
-    if status["state"] != "running" or status["job_ids"] != [job_id]:
+    if status["state"] != "running" or status["job_ids"] != [job_id] or status["replaced"]:
         service.client.delete("/api/v1/tensorboard")
         started = service.client.post("/api/v1/tensorboard", json={"job_ids": [job_id]})
         assert started.status_code == 201, started.text

@@ -83,6 +83,10 @@ export function mountJob(view, jobId) {
   let ticker = null;
   let drawQueued = false;
   const series = Object.fromEntries(SERIES.map((key) => [key, []]));
+  // The metrics reads out, each with the stream's events since it was asked (loadMetrics).
+  const metricReads = new Set();
+  let metricsAsked = 0;
+  let metricsShown = 0; // the latest read whose answer the charts show
 
   const title = h("h1", { class: "job-title" }, jobId);
   let badge = h("span", { class: "state" });
@@ -516,6 +520,14 @@ export function mountJob(view, jobId) {
 
   function addPoints(name, event) {
     if (!Number.isInteger(event.step)) return;
+    for (const read of metricReads) read.since.push([name, event]); // its answer may lack it
+    fold(name, event);
+    for (const key of SERIES) hold(key);
+    drawCharts();
+  }
+
+  /** A stream's event into the series held: its points, and a `start`'s drop. */
+  function fold(name, event) {
     if (name === "start") {
       // A run starting at this step (a resume, from its checkpoint): what the last run
       // reported past it was lost with it, and this run reports those steps again. The
@@ -525,11 +537,22 @@ export function mountJob(view, jobId) {
       }
     }
     for (const key of SERIES) {
-      if (typeof event[key] !== "number") continue;
-      series[key].push({ step: event.step, value: event[key] });
-      hold(key);
+      if (typeof event[key] === "number") put(series[key], { step: event.step, value: event[key] });
     }
-    drawCharts();
+  }
+
+  /** `point` into `list` (in step order, one point a step): a step it has (the `end` line
+   *  repeats its last step's numbers; a read's answer may hold what the stream brings
+   *  again) takes the newer value. */
+  function put(list, point) {
+    const last = list[list.length - 1];
+    if (!last || last.step < point.step) {
+      list.push(point);
+      return;
+    }
+    const i = list.findIndex((p) => p.step >= point.step);
+    if (list[i].step === point.step) list[i] = point;
+    else list.splice(i, 0, point);
   }
 
   /** Series `key` kept to HELD_POINTS: past it, thinned to about 2 × CHART_POINTS, in step
@@ -777,17 +800,23 @@ export function mountJob(view, jobId) {
   /** Take `next` as the job. If that ends it while this page watches, read what it wrote
    *  last (a job that had ended before the page opened is read once, by load()). If it
    *  was ended and is not (resumed), follow it live again. */
-  function take(next) {
+  function take(next, { reread = false } = {}) {
     const ended = job && !TERMINAL.has(job.state) && TERMINAL.has(next.state);
     const resumed = job && TERMINAL.has(job.state) && !TERMINAL.has(next.state);
+    // Another attempt (from the resume's answer, the stream of every job, or a read): its
+    // run drops the points past the step it starts at, and this page may have missed its
+    // `start` (its own stream reopened only once it knew, maybe after that).
+    const attempt = job && next.attempts !== job.attempts;
     if (job && job.state !== next.state) window.dispatchEvent(new CustomEvent("towerboard:devices"));
     job = next;
     if (resumed) unwatchEnded(); // before renderJob(), which watches an ended job
     renderJob();
+    // A job followed again reads them once its new stream has said its first state
+    // (follow): the stream is then subscribed, so a `start` the read misses, it brings.
+    if (ended || reread || (attempt && !resumed)) loadMetrics();
     if (ended) {
       loadLogs();
       loadCheckpoints();
-      loadMetrics();
       checkExiting();
     }
     if (resumed) {
@@ -795,6 +824,7 @@ export function mountJob(view, jobId) {
       // Its own stream ended with the last attempt: a new one says this attempt's state
       // first, then its progress. The log is polled again while the job is live.
       closeStream();
+      rereadAtState = true;
       follow();
       loadLogs();
       checkpointsSoon();
@@ -802,6 +832,11 @@ export function mountJob(view, jobId) {
   }
 
   let interrupted = false; // the stream dropped: what it missed is re-read once it is back
+  // The charts are read again whole at the stream's next `state`, its first on a connection
+  // (a job followed again after a resume, a stream back after a drop): the service sends
+  // it once it has subscribed the stream, so every change to the job's metrics after that
+  // read comes on the stream too, in order (loadMetrics).
+  let rereadAtState = false;
 
   function follow() {
     closeStream = followJob(jobId, {
@@ -809,7 +844,7 @@ export function mountJob(view, jobId) {
         notice.clear();
         if (interrupted) {
           interrupted = false;
-          loadMetrics();
+          rereadAtState = true;
           checkpointsSoon();
         }
       },
@@ -822,7 +857,9 @@ export function mountJob(view, jobId) {
       },
       state: (data) => {
         streamedAt = mark();
-        take(data);
+        const reread = rereadAtState;
+        rereadAtState = false;
+        take(data, { reread });
       },
       any: (name, event) => {
         if (name === "state" || name === "deleted" || name === "exited" || !job) return;
@@ -900,19 +937,29 @@ export function mountJob(view, jobId) {
     await Promise.all([loadMetrics(), loadCheckpoints(), loadLogs()]);
   }
 
+  /** The charts made the job's series as the service holds them: its answer, then what
+   *  the stream brought since the read was asked, in order (each point and `start`, which
+   *  may or may not be in the answer). Not merged into the points held: a resumed job's
+   *  series lose the steps past where its new attempt started, which a `start` this page
+   *  missed would not have taken away. An answer to a read older than one already shown
+   *  is dropped. */
   async function loadMetrics() {
+    const read = { id: ++metricsAsked, since: [] };
+    metricReads.add(read);
     try {
       const metrics = await getJSON(`${base}/metrics?points=${CHART_POINTS}`);
-      if (stopped) return;
+      if (stopped || read.id < metricsShown) return;
+      metricsShown = read.id;
       for (const key of SERIES) {
-        const known = new Map(series[key].map((point) => [point.step, point]));
-        for (const point of metrics.series[key] || []) known.set(point.step, point);
-        series[key] = [...known.values()].sort((a, b) => a.step - b.step);
-        hold(key);
+        series[key] = [...(metrics.series[key] || [])].sort((a, b) => a.step - b.step);
       }
+      for (const [name, event] of read.since) fold(name, event);
+      for (const key of SERIES) hold(key);
       drawCharts();
     } catch {
-      // The charts keep what the stream gave them.
+      // The charts keep what they had, and what the stream gives them.
+    } finally {
+      metricReads.delete(read);
     }
   }
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Page, Route, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import LAPTOP, PHONE, TERMINAL, Session, no_overflow, open_session
@@ -34,8 +35,9 @@ pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
 # from its latest checkpoint (the files a CheckpointManager writes, which the service
 # lists), a step every 0.1 s, reporting each (loss 1/step) and checkpointing every 10. It
 # stops on SIGTERM (cancelled, exit 3). "fail-at-N" fails at step N when it started at
-# step 0. A run that starts past step 0 (a resume) waits 1.5 s before its first step, so
-# the page is seen between the start line and the next report.
+# step 0. A run that starts past step 0 (a resume) waits 5 s before its first step, so
+# the page is seen between the start line and the next report (a slowed browser,
+# TOWERBOARD_SLOW_BROWSER=net, may take 4.5 s to learn of the resume and read the charts).
 STEPS_WORKER = """\
 import json, signal, sys, time
 from pathlib import Path
@@ -65,7 +67,7 @@ def end(outcome, code):
 fail_at = int(name[8:]) if name.startswith("fail-at-") and step == 0 else None
 progress(event="start", phase="starting")
 if step:
-    time.sleep(1.5)
+    time.sleep(5)
 while step < total:
     if stopped:
         end("cancelled", 3)
@@ -422,20 +424,34 @@ def test_job_resumed_elsewhere_is_followed_again(session: Session, service: Serv
     assert session.errors == []
 
 
-def failed_at_25(browser: Browser, stepping: Service) -> tuple[dict[str, Any], Session]:
+def failed_at_25(
+    browser: Browser, stepping: Service, before: Callable[[Page], None] | None = None
+) -> tuple[dict[str, Any], Session]:
     """A STEPS_WORKER job of 30 steps that failed at step 25 (its checkpoints at 10 and 20),
-    its worker gone, and a session open on its page."""
+    its worker gone, and a session open on its page (`before(page)` run before it opens)."""
     job = stepping.submit(job_spec(name="fail-at-25", steps=30))
     failed = stepping.wait_state(job["id"], *TERMINAL)
     assert failed["state"] == "failed" and failed["progress"]["step"] == 25, failed
     stepping.wait_exited(job["id"])
     session = open_session(browser, stepping, LAPTOP)
     try:
+        if before is not None:
+            before(session.page)
         open_job(session.page, job["id"], "failed")
     except BaseException:
         session.context.close()
         raise
     return job, session
+
+
+# Every loss point count the job page's chart shows from now on, in order, in
+# window.lossCounts.
+COUNT_LOSS_POINTS = """() => {
+  const figure = document.querySelector('figure[data-chart="loss"]');
+  window.lossCounts = [];
+  new MutationObserver(() => window.lossCounts.push(Number(figure.dataset.pointsLoss)))
+    .observe(figure, { attributes: true, attributeFilter: ["data-points-loss"] });
+}"""
 
 
 def test_resumed_attempt_charts_and_progress_go_on(browser: Browser, stepping: Service) -> None:
@@ -450,13 +466,7 @@ def test_resumed_attempt_charts_and_progress_go_on(browser: Browser, stepping: S
         expect(loss).to_have_attribute("data-points-loss", "25")
         expect(page.locator("#checkpoints a.download")).to_have_count(2)  # steps 10 and 20
         expect(page.locator(".job-error")).to_be_visible()  # "Failed: …"
-        # Every loss point count the chart shows from now on, in order.
-        page.evaluate("""() => {
-          const figure = document.querySelector('figure[data-chart="loss"]');
-          window.lossCounts = [];
-          new MutationObserver(() => window.lossCounts.push(Number(figure.dataset.pointsLoss)))
-            .observe(figure, { attributes: true, attributeFilter: ["data-points-loss"] });
-        }""")
+        page.evaluate(COUNT_LOSS_POINTS)
         page.locator("#resume-job").click()
         expect(page.locator("#action-status")).to_have_text(
             "Resumed as attempt 2: it trains on from its latest checkpoint."
@@ -526,6 +536,66 @@ def test_finish_a_failed_job_at_its_latest_checkpoint(browser: Browser, stepping
         expect(page.locator("#finish-job")).to_be_hidden()
         done = stepping.job(job["id"])
         assert done["spec"]["steps"] == 20 and done["result"]["outcome"] == "succeeded"
+        assert session.errors == []
+    finally:
+        session.context.close()
+
+
+def loss_steps(service: Service, job_id: str) -> list[int]:
+    """The steps of the job's loss series as the service holds them."""
+    answer = service.client.get(f"/api/v1/jobs/{job_id}/metrics", params={"name": "loss"})
+    assert answer.status_code == 200, answer.text
+    return [point["step"] for point in answer.json()["series"].get("loss", [])]
+
+
+@pytest.mark.parametrize("button", ["#resume-job", "#finish-job"])
+def test_charts_drop_lost_steps_when_the_resume_is_learnt_late(
+    browser: Browser, stepping: Service, button: str
+) -> None:
+    """A page that learns of the resume only after its attempt has started (its answer
+    held here until the service has dropped the steps past 20, the stream of every job held
+    too, as a slow network or a loaded host may have it) opens the job's stream past the
+    new attempt's `start`: its charts, read whole again, drop the lost steps 21-25 all the
+    same (they kept them, the read only adding points), then go on to the attempt's end."""
+    held: list[Route] = []
+
+    def hold(page: Page) -> None:
+        page.route(re.compile(r"/api/v1/events$"), lambda route: None)  # no `state` comes
+        page.route(re.compile(r"/resume$"), lambda route: held.append(route))
+
+    job, session = failed_at_25(browser, stepping, hold)
+    try:
+        page = session.page
+        loss = page.locator('figure[data-chart="loss"]')
+        expect(loss).to_have_attribute("data-points-loss", "25")
+        page.evaluate(COUNT_LOSS_POINTS)
+        page.locator(button).click()
+        for _ in range(200):
+            if held:
+                break
+            page.wait_for_timeout(50)
+        assert len(held) == 1, held
+        answer = held[0].fetch()  # the resume, made; its answer not yet given to the page
+        assert answer.status == 200, answer.text()
+        deadline = time.monotonic() + 30
+        while max(loss_steps(stepping, job["id"])) != 20:  # the new attempt has started
+            assert time.monotonic() < deadline, loss_steps(stepping, job["id"])
+            time.sleep(0.05)
+        expect(badge(page)).to_have_text("failed")  # it knows nothing of it yet
+        held[0].fulfill(response=answer)
+
+        expect(page.locator(".meta")).to_contain_text("attempt 2")
+        expect(badge(page)).to_have_text("succeeded", timeout=30_000)
+        end = 30 if button == "#resume-job" else 20
+        expect(loss).to_have_attribute("data-points-loss", str(end))
+        assert loss_steps(stepping, job["id"]) == list(range(1, end + 1))
+        counts = page.evaluate("window.lossCounts")
+        # The lost 21-25 went (before 21-30 came again; a finish trains none).
+        assert 20 in counts, counts
+        if end == 20:
+            assert set(counts[counts.index(20) :]) == {20}, counts
+        else:
+            assert counts.index(20) < counts.index(30) and max(counts) <= 30, counts
         assert session.errors == []
     finally:
         session.context.close()

@@ -49,6 +49,12 @@ const EXITING_RECHECK_MS = 3000;
 // The series the charts draw (the learning rate is a stat, not a chart).
 const SERIES = ["loss", "accuracy", "examples_per_sec", "eval_loss", "eval_accuracy"];
 
+/** Whether a failed read may succeed if asked again: no answer (a dropped connection, the
+ *  service restarting) or a server error; not a refusal (401, 404). */
+function mayPass(error) {
+  return error.status === 0 || error.status >= 500;
+}
+
 /** "step 5", "steps 20, 21, 22". */
 function stepsText(steps) {
   return `step${steps.length === 1 ? "" : "s"} ${steps.join(", ")}`;
@@ -76,6 +82,7 @@ export function mountJob(view, jobId) {
   let logTimer = null;
   let checkpointTimer = null;
   let loadTimer = null;
+  let metricsTimer = null; // reads the series again after a failed read
   let exitingTimer = null;
   let exiting = false; // the job has ended and its worker is still exiting
   let exitingAsk = 0; // the latest checkExiting(), or `exited`: an older answer is not acted on
@@ -410,28 +417,45 @@ export function mountJob(view, jobId) {
     if (tail) tail.scrollTop = tail.scrollHeight;
   }
 
+  // Reads of the log and of the checkpoints may overlap (a poll's, and the one made as the
+  // job ends) and, on a slow network, be answered out of order: an answer older than one
+  // shown is dropped. Shown last, a poll's answer from before the end hid the log's last
+  // lines and the final checkpoint for good (nothing reads an ended job's again).
+  let logAsks = 0;
+  let logShown = 0;
+  let checkpointAsks = 0;
+  let checkpointShown = 0;
+
   async function loadLogs() {
     clearTimeout(logTimer);
+    const ask = ++logAsks;
+    let failure = null;
     try {
       const text = await getJSON(`${base}/logs?tail=${LOG_LINES}`);
-      if (stopped) return;
+      if (stopped || ask < logShown) return;
+      logShown = ask;
       const next = text || (job && TERMINAL.has(job.state) ? "(no output)" : "(no output yet)");
       // Unchanged, it is left alone: rewriting it would drop a selection being copied.
       if (logs.textContent !== next) logs.textContent = next;
       if (followLog) logs.scrollTop = logs.scrollHeight;
       if (!logError.hidden) logError.hidden = true;
     } catch (error) {
-      if (!stopped) {
-        // No answer (a restart, say): what was read stays, for the user reading it. The
-        // line (a live region) is written only when it changes: rewritten at each 3 s poll,
-        // a screen reader said it again and again while the service was down.
-        const text = `Could not read the log: ${error.message}` +
-          (logs.textContent ? " The lines below are from the last read." : "");
-        if (logError.textContent !== text) logError.textContent = text;
-        if (logError.hidden) logError.hidden = false;
-      }
+      if (stopped || ask < logShown) return;
+      failure = error;
+      // No answer (a restart, say): what was read stays, for the user reading it. The
+      // line (a live region) is written only when it changes: rewritten at each 3 s poll,
+      // a screen reader said it again and again while the service was down.
+      const text = `Could not read the log: ${error.message}` +
+        (logs.textContent ? " The lines below are from the last read." : "");
+      if (logError.textContent !== text) logError.textContent = text;
+      if (logError.hidden) logError.hidden = false;
     }
-    if (!stopped && job && !TERMINAL.has(job.state)) logTimer = setTimeout(loadLogs, LOG_POLL_MS);
+    // The latest read alone asks again: every LOG_POLL_MS while the job is live; an ended
+    // job's log, polled no more, until it has been read (the failure stayed, over the lines
+    // from before the end, until the page was reloaded).
+    if (stopped || ask !== logAsks || !job) return;
+    if (!TERMINAL.has(job.state)) logTimer = setTimeout(loadLogs, LOG_POLL_MS);
+    else if (failure && mayPass(failure)) logTimer = setTimeout(loadLogs, LOAD_RETRY_MS);
   }
 
   // The checkpoints table, made once and then updated in place, a row per step: rebuilt
@@ -499,17 +523,25 @@ export function mountJob(view, jobId) {
   }
 
   async function loadCheckpoints() {
+    clearTimeout(checkpointTimer); // this read answers for a read asked soon, or again
+    const ask = ++checkpointAsks;
     try {
       const list = await getJSON(`${base}/checkpoints`);
-      if (stopped) return;
+      if (stopped || ask < checkpointShown) return;
+      checkpointShown = ask;
       // Where a resume trains on from: Train longer's hint and least step.
       resume.checkpoint(list.data.length ? Math.max(...list.data.map((c) => c.step)) : null);
       showCheckpoints(list.data);
       noteCheckpoints(list.data.length ? ""
         : job && TERMINAL.has(job.state) ? "No checkpoint was saved." : "No checkpoint yet.");
     } catch (error) {
-      // The rows already read stay (the keyboard may be on one), the failure said above them.
-      if (!stopped) noteCheckpoints(error.message, true);
+      if (stopped || ask < checkpointShown) return;
+      // The rows already read stay (the keyboard may be on one), the failure said above them,
+      // and they are read again: an ended job's would be read no more, and the note stayed.
+      noteCheckpoints(error.message, true);
+      if (ask === checkpointAsks && mayPass(error)) {
+        checkpointTimer = setTimeout(loadCheckpoints, LOAD_RETRY_MS);
+      }
     }
   }
 
@@ -918,7 +950,7 @@ export function mountJob(view, jobId) {
       notice.clear(); // the message below says it all
       // No answer (the service is restarting, say) or a server error: it may answer soon,
       // so the page tries again rather than stay blank until the user reloads it.
-      const again = error.status === 0 || error.status >= 500;
+      const again = mayPass(error);
       // Refused for want of a token: the token bar asks for it, and this says so once (it
       // showed the 401's own "Expected header 'Authorization: Bearer …'"), as the jobs do.
       showOnly(error.status === 404 ? `No job ${jobId}.`
@@ -944,6 +976,7 @@ export function mountJob(view, jobId) {
    *  missed would not have taken away. An answer to a read older than one already shown
    *  is dropped. */
   async function loadMetrics() {
+    clearTimeout(metricsTimer);
     const read = { id: ++metricsAsked, since: [] };
     metricReads.add(read);
     try {
@@ -956,8 +989,13 @@ export function mountJob(view, jobId) {
       for (const [name, event] of read.since) fold(name, event);
       for (const key of SERIES) hold(key);
       drawCharts();
-    } catch {
-      // The charts keep what they had, and what the stream gives them.
+    } catch (error) {
+      // The charts keep what they had, and what the stream gives them, and the latest read
+      // is asked again: unread, an ended job's charts said "No data reported." and a live
+      // one's lacked every point from before the page opened, until the page was reloaded.
+      if (!stopped && read.id === metricsAsked && mayPass(error)) {
+        metricsTimer = setTimeout(loadMetrics, LOAD_RETRY_MS);
+      }
     } finally {
       metricReads.delete(read);
     }
@@ -985,6 +1023,7 @@ export function mountJob(view, jobId) {
     clearTimeout(logTimer);
     clearTimeout(checkpointTimer);
     clearTimeout(loadTimer);
+    clearTimeout(metricsTimer);
     clearTimeout(exitingTimer);
     cancelPresses.stop();
     deletePresses.stop();

@@ -1,0 +1,130 @@
+"""A job's page on a lossy, slow network, in headless Chromium against a real service whose
+worker is a stand-in that steps until it is cancelled: an ended job's log, checkpoints and
+series are read again after a read that got no answer (nothing else reads them again), and
+a read of the log answered late, after a later one, does not take its place."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Response, Route, expect
+
+from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
+from tests.e2e.test_dashboard import Session
+from tests.service.harness import Service, long_job, stepping_worker_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
+
+LOG_READ = re.compile(r"/api/v1/jobs/[^/]+/logs\?")
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    folder = tmp_path_factory.mktemp("stepping")
+    svc = Service(folder / "data", stepping_worker_env(folder))
+    svc.start()
+    yield svc
+    svc.close()
+
+
+def cancelled_job(service: Service, name: str) -> str:
+    """A job of the stepping stand-in that reported some steps, then was cancelled; its id."""
+    job_id = str(service.submit(long_job(name=name))["id"])
+    service.wait_for(job_id, lambda job: ((job["progress"] or {}).get("step") or 0) >= 3)
+    assert service.client.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 202
+    assert service.wait_state(job_id, "succeeded", "failed", "cancelled")["state"] == "cancelled"
+    return job_id
+
+
+def test_ended_job_reads_again_what_got_no_answer(
+    session: Session, service: Service, screenshots: Path
+) -> None:
+    """The first reads of an ended job's series, checkpoints and log get no answer (a lossy
+    network): each is read again, and the page shows them once the network is back. The
+    charts said "No data reported." and the log and checkpoints their failures until the
+    page was reloaded."""
+    job_id = cancelled_job(service, "lossy-reads")
+    page = session.page
+    failed: list[str] = []
+
+    def fail_first(route: Route) -> None:
+        kind = re.sub(r"\?.*", "", route.request.url).rsplit("/", 1)[-1]
+        if kind not in failed:
+            failed.append(kind)
+            route.abort()
+        else:
+            route.continue_()
+
+    page.route(re.compile(r"/api/v1/jobs/[^/]+/(metrics|checkpoints|logs)(\?.*)?$"), fail_first)
+    try:
+        page.goto(f"/#/jobs/{job_id}")
+        expect(page.locator(".job-heading .state")).to_have_text("cancelled")
+        figure = page.locator('figure[data-chart="loss"]')
+        expect(figure).not_to_have_attribute("data-points", "0")
+        expect(page.locator("#checkpoints p")).to_have_text("No checkpoint was saved.")
+        expect(page.locator("#checkpoints p")).not_to_have_class(re.compile(r"\berror\b"))
+        expect(page.locator("#log-error")).to_be_hidden()
+        expect(page.locator("#log")).to_contain_text(f"attempt 1 of job {job_id}")
+        assert sorted(failed) == ["checkpoints", "logs", "metrics"]
+        page.screenshot(path=screenshots / "dashboard-reads-again.png")
+    finally:
+        page.unroute("**/*")
+    assert session.errors == []
+
+
+def test_late_log_read_does_not_replace_a_later_one(session: Session, service: Service) -> None:
+    """A poll of a running job's log is answered only after the job has ended and the
+    page's read of the ended job's log has been answered (a slow network answers out of
+    order): the late answer, older, is dropped. Shown, it hid the log's last lines for good,
+    as an ended job's log is read no more."""
+    job_id = str(service.submit(long_job(name="late-log"))["id"])
+    service.wait_reported(job_id)
+    page = session.page
+    held: list[Route] = []
+
+    def hold_first(route: Route) -> None:
+        if not held:
+            held.append(route)  # answered below, with what the log said before the end
+        else:
+            route.continue_()
+
+    page.goto(f"/#/jobs/{job_id}")
+    expect(page.locator(".job-heading .state")).to_have_text("running")
+    banner = f"attempt 1 of job {job_id}"  # the service's line atop the log
+    expect(page.locator("#log")).to_contain_text(banner)  # the first read's
+    page.route(LOG_READ, hold_first)
+    answered: list[str] = []  # the log reads answered from now on (the held one is not)
+
+    def on_response(response: Response) -> None:
+        if LOG_READ.search(response.url):
+            answered.append(response.url)
+
+    page.on("response", on_response)
+    try:
+        for _ in range(100):  # the next poll (every 3 s), held
+            if held:
+                break
+            page.wait_for_timeout(100)
+        assert held, "no poll of the log came to hold"
+        assert service.client.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 202
+        expect(page.locator(".job-heading .state")).to_have_text("cancelled")
+        # The ended job's own read, answered (it is not held): the log as it ended.
+        for _ in range(100):
+            if answered:
+                break
+            page.wait_for_timeout(100)
+        assert answered, "the ended job's log was not read"
+        page.wait_for_timeout(500)  # past the page's handling of it
+        expect(page.locator("#log")).to_contain_text(banner)
+        with page.expect_event("requestfinished"):
+            held[0].fulfill(status=200, content_type="text/plain", body="an older read")
+        page.wait_for_timeout(500)
+        expect(page.locator("#log")).to_contain_text(banner)
+        expect(page.locator("#log")).not_to_contain_text("an older read")
+    finally:
+        page.remove_listener("response", on_response)
+        page.unroute(LOG_READ)
+    assert session.errors == []

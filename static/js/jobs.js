@@ -447,7 +447,11 @@ export function mountJobs(view, query) {
         jobs.set(job.job_id, job);
         streamed.set(job.job_id, mark());
         // Left the filter: a row from further down may take its place, as the list says.
+        // Until it has said (a slow read, or a failed one: the next poll's, 15 s on), the
+        // row shows its new state, and under the Queued filter those still queued their
+        // places: one that started read "running 1st" and the rows below it a place too far.
         if (filter && job.state !== filter) refreshSoon();
+        if (runOrder) render();
         else row(job);
         return;
       }

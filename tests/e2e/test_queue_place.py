@@ -213,6 +213,33 @@ def test_the_queued_filter_lists_jobs_in_the_order_they_start(
         cancel(service, running, first, urgent, second, *later)
 
 
+def test_a_job_that_starts_loses_its_place_before_the_list_is_read(
+    session: Session, service: Service
+) -> None:
+    """Under the Queued filter, the job at the head of the queue starts while the list's
+    reads fail (a lossy network): its row says it runs, with no place, and the one behind
+    it is 1st, from the stream alone. It read "running 1st", the next "queued 2nd", until a
+    read got through (the next poll, 15 s on)."""
+    running = service.submit(job_spec(name="holds-the-slot"))  # runs until cancelled
+    service.wait_state(running["id"], "running")
+    first = service.submit(job_spec(name="first-in"))
+    second = service.submit(job_spec(name="second-in"))
+    page = session.page
+    list_read = re.compile(r"/api/v1/jobs\?")
+    try:
+        page.goto("/#/?state=queued")
+        rows_become(page, f"{first['id']} 1st", f"{second['id']} 2nd")
+        page.route(list_read, lambda route: route.abort())
+        cancel(service, running)  # the slot frees: the first in line starts
+        service.wait_state(first["id"], "running")
+        expect(page.locator(f'tr[data-job="{first["id"]}"] .state')).to_have_text("running")
+        rows_become(page, f"{first['id']} -", f"{second['id']} 1st")
+        assert session.errors == []
+    finally:
+        page.unroute(list_read)
+        cancel(service, running, first, second)
+
+
 def test_show_more_reads_on_down_the_queue(browser: Browser, tmp_path: Path) -> None:
     """Past its first page (50 rows), the Queued filter's Show more reads on in the queue's
     order, the places counting on: the API's cursor of a page of the queue."""

@@ -66,6 +66,7 @@ export function mountSubmit(view, query) {
         h("p", {}, "data.path must be inside the service's data roots."))));
 
   view.append(h("div", { class: "view-head" }, h("h1", {}, "Submit a job")), form);
+  let stopped = false; // the form has been left
 
   const presetText = (preset) => JSON.stringify(preset.spec, null, 2);
 
@@ -164,7 +165,9 @@ export function mountSubmit(view, query) {
       const { data: job } = await api("/api/v1/jobs", { method: "POST", json: text });
       // Submitted: the job's page has it, and Edit & resubmit brings it back.
       for (const key of [DRAFT_KEY, EDIT_KEY, FROM_KEY]) sessionStorage.removeItem(key);
-      location.hash = jobLink(job);
+      // Left meanwhile (a slow answer), the page the user went to stays: it took them off
+      // it to the job's page. The job is in the jobs list.
+      if (!stopped) location.hash = jobLink(job);
     } catch (error) {
       showErrors(error.status === 422 ? "The service rejected this spec:" : error.detail,
         error.errors || []);
@@ -175,7 +178,6 @@ export function mountSubmit(view, query) {
   });
 
   const from = query.get("from");
-  let stopped = false;
   showDraftOption();
   if (from) {
     fromOption.textContent = `From job ${from}`;

@@ -1,10 +1,12 @@
-"""A job's page on a lossy, slow network, in headless Chromium against a real service whose
+"""The dashboard on a lossy, slow network, in headless Chromium against a real service whose
 worker is a stand-in that steps until it is cancelled: an ended job's log, checkpoints and
-series are read again after a read that got no answer (nothing else reads them again), and
-a read of the log answered late, after a later one, does not take its place."""
+series are read again after a read that got no answer (nothing else reads them again); a
+read of the log answered late, after a later one, does not take its place; a submit
+answered after the user left the form does not take them off the page they went to."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,3 +130,44 @@ def test_late_log_read_does_not_replace_a_later_one(session: Session, service: S
         page.remove_listener("response", on_response)
         page.unroute(LOG_READ)
     assert session.errors == []
+
+
+def test_a_late_submit_answer_leaves_the_user_where_they_went(
+    session: Session, service: Service
+) -> None:
+    """Submit job, then the Jobs link before the service answers (a slow network): the
+    answer, when it comes, took the user off the jobs list to the new job's page. They stay
+    on the list, which shows the job."""
+    page = session.page
+    held: list[Route] = []
+    submits = re.compile(r"/api/v1/jobs$")
+
+    def hold_post(route: Route) -> None:
+        if route.request.method == "POST":
+            held.append(route)
+        else:
+            route.continue_()
+
+    page.goto("/#/submit")
+    page.fill("#spec", json.dumps(long_job(name="submitted-then-left")))
+    page.route(submits, hold_post)
+    try:
+        page.click("#submit-job")
+        for _ in range(100):
+            if held:
+                break
+            page.wait_for_timeout(100)
+        assert held, "the submit was not held"
+        page.click('a[data-nav="jobs"]')
+        expect(page.locator("#jobs-summary")).not_to_have_text("Loading…")
+        with page.expect_response(submits) as answer:
+            held[0].continue_()
+        job = answer.value.json()
+        expect(page.locator(f'tr[data-job="{job["id"]}"]')).to_be_visible()  # the stream's
+        page.wait_for_timeout(500)  # past the page's handling of the answer
+        assert page.evaluate("location.hash") == "#/"
+        assert session.errors == []
+    finally:
+        page.unroute(submits)
+        for job in service.client.get("/api/v1/jobs?state=running").json()["data"]:
+            service.client.post(f"/api/v1/jobs/{job['id']}/cancel")

@@ -70,13 +70,14 @@ export async function api(path, { method = "GET", body, json, signal } = {}) {
     init.body = JSON.stringify(body);
   }
   let response;
+  const sent = Date.now(); // the service stamps its answer after this (noteServerDate)
   try {
     response = await fetch(path, init);
   } catch (error) {
     if (error.name === "AbortError") throw error;
     throw new ApiError(0, `The service did not answer (${error.message}).`);
   }
-  noteServerDate(response.headers.get("date")); // ages and ETAs count by the service's clock
+  noteServerDate(response.headers.get("date"), sent); // ages and ETAs count by the service's clock
   if (response.status === 401) {
     window.dispatchEvent(new CustomEvent("towerboard:unauthorized"));
   }

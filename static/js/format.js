@@ -45,15 +45,26 @@ export function seconds(iso) {
 // updated_at) are by the service's clock: counted against a browser clock a minute or two
 // off, a job reporting every 2 s said "no report for 1m 30s", and ages stuck at 0s.
 let clockOffsetMs = 0;
+// What every answer so far says of that offset: at least `low`, below `high` (ms).
+let low = -Infinity;
+let high = Infinity;
 
-/** Take an answer's `Date` header, received at `receivedMs` by this browser's clock. The
- *  header has whole seconds (its mid-second is taken), so the offset moves only when an
- *  answer puts it over a second away: ages would otherwise step back and forth by one. */
-export function noteServerDate(header, receivedMs = Date.now()) {
+/** Take an answer's `Date` header, its request sent at `sentMs` and the answer received at
+ *  `receivedMs` by this browser's clock. The service read its clock somewhere in between,
+ *  and the header has it in whole seconds: so the offset is at least `date - receivedMs`
+ *  and below `date + 1000 - sentMs`. Taken as the answer's arrival alone (its mid-second),
+ *  an answer 3 s in transit (a slow network, a busy page) set the clock 3 s back; kept as
+ *  bounds that each answer narrows, a late answer's wide ones change nothing, and a prompt
+ *  one's pin it within a second. The offset is their middle, so it moves only as they
+ *  narrow (ages do not step back and forth by one); an answer they do not fit (either
+ *  clock was set anew) starts them again from its own. */
+export function noteServerDate(header, sentMs, receivedMs = Date.now()) {
   const date = Date.parse(header || "");
   if (Number.isNaN(date)) return;
-  const measured = date + 500 - receivedMs;
-  if (Math.abs(measured - clockOffsetMs) > 1000) clockOffsetMs = measured;
+  const [least, below] = [date - receivedMs, date + 1000 - sentMs];
+  if (least >= high || below <= low) [low, high] = [-Infinity, Infinity];
+  [low, high] = [Math.max(low, least), Math.min(high, below)];
+  clockOffsetMs = (low + high) / 2;
 }
 
 /** Now by the service's clock, in seconds. */

@@ -920,6 +920,39 @@ def test_ages_and_etas_count_by_the_services_clock(browser: Browser, service: Se
             session.context.close()
 
 
+def test_a_late_answer_does_not_set_the_services_clock_back(
+    session: Session, service: Service
+) -> None:
+    """The page took the service's clock to be an answer's `Date` header as it arrived: an
+    answer 3 s in transit (a slow network, a busy page) set it 3 s back, and every age read
+    3 s short, every ETA 3 s long. An answer is stamped between its request and its
+    arrival, and the page keeps what all its answers say of the clock."""
+    page = session.page
+    page.goto("/")
+    expect(page.locator("#devices .device")).not_to_have_count(0)  # prompt answers came
+
+    def late(route: Route) -> None:
+        # Stamped now, by the service (asked without the query that marks the test's read).
+        answer = route.fetch(url=route.request.url.removesuffix("?late"))
+        time.sleep(3.0)
+        route.fulfill(response=answer)
+
+    # Only the test's read: the page's own devices reads go on unheld.
+    page.route(re.compile(r"/api/v1/devices\?late$"), late)
+    ages = page.evaluate(
+        """async () => {
+          const { getJSON } = await import("/static/js/api.js");
+          const { age } = await import("/static/js/format.js");
+          await getJSON("/api/v1/devices?late");  // answered 3 s after the service stamped it
+          // The service's clock is this browser's: the same host's.
+          const at = (ago) => new Date(Date.now() - ago * 1000).toISOString();
+          return [age(at(30))];
+        }"""
+    )
+    assert ages[0] in ("29s", "30s", "31s"), ages
+    assert session.errors == []
+
+
 # Parts of the pages that change every second or every few (ages, ETAs, progress, the
 # log tail): none may sit in a live region, or a screen reader reads each change out.
 TICKING = ".col-age, .col-eta, .col-progress, .meta, [data-stat], #job-progress-text, #log"

@@ -11,6 +11,9 @@ const TOKEN_KEY = "towerboard.token";
 const COOKIE = "towerboard_token";
 export const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 export const STATES = ["queued", "running", "succeeded", "failed", "cancelled"];
+// A read that got no answer (or a server error) is asked again this often, by the jobs
+// list and a job's page alike (see mayPass).
+export const RETRY_MS = 3000;
 
 export function getToken() {
   return localStorage.getItem(TOKEN_KEY) || "";
@@ -38,6 +41,12 @@ export class ApiError extends Error {
     this.detail = detail;
     this.errors = errors;
   }
+}
+
+/** Whether a failed call may succeed if asked again: no answer (a dropped connection, the
+ *  service restarting) or a server error; not a refusal (401, 404, 409). */
+export function mayPass(error) {
+  return error.status === 0 || error.status >= 500;
 }
 
 async function errorOf(response) {

@@ -8,7 +8,7 @@
 // and Delete job wait for it). A job resumed, here or elsewhere, is followed live again: its
 // stream, log and charts.
 
-import { TERMINAL, api, followAllJobs, followJob, getJSON } from "./api.js";
+import { RETRY_MS, TERMINAL, api, followAllJobs, followJob, getJSON, mayPass } from "./api.js";
 import { LineChart, thinPoints } from "./charts.js";
 import { applyProgressEvent, fresher, jobsListHash, mark, noticeOnJobs } from "./jobs.js";
 import { profileControl } from "./profile.js";
@@ -38,7 +38,6 @@ const CHART_POINTS = 2000;
 // one pixel column in ten by a few pixels.
 const HELD_POINTS = 4 * CHART_POINTS;
 const LOG_POLL_MS = 3000;
-const LOAD_RETRY_MS = 3000; // a job page that got no answer asks again this often
 const CONFIRM_MS = 4000; // Cancel and Delete job wait this long for the second press
 // An ended job's worker may still be exiting (TensorFlow's teardown: a second or so, more
 // on a busy host), and until it has gone the service refuses a resume or a delete (409,
@@ -48,12 +47,6 @@ const CONFIRM_MS = 4000; // Cancel and Delete job wait this long for the second 
 const EXITING_RECHECK_MS = 3000;
 // The series the charts draw (the learning rate is a stat, not a chart).
 const SERIES = ["loss", "accuracy", "examples_per_sec", "eval_loss", "eval_accuracy"];
-
-/** Whether a failed read may succeed if asked again: no answer (a dropped connection, the
- *  service restarting) or a server error; not a refusal (401, 404). */
-function mayPass(error) {
-  return error.status === 0 || error.status >= 500;
-}
 
 /** "step 5", "steps 20, 21, 22". */
 function stepsText(steps) {
@@ -455,7 +448,7 @@ export function mountJob(view, jobId) {
     // from before the end, until the page was reloaded).
     if (stopped || ask !== logAsks || !job) return;
     if (!TERMINAL.has(job.state)) logTimer = setTimeout(loadLogs, LOG_POLL_MS);
-    else if (failure && mayPass(failure)) logTimer = setTimeout(loadLogs, LOAD_RETRY_MS);
+    else if (failure && mayPass(failure)) logTimer = setTimeout(loadLogs, RETRY_MS);
   }
 
   // The checkpoints table, made once and then updated in place, a row per step: rebuilt
@@ -540,7 +533,7 @@ export function mountJob(view, jobId) {
       // and they are read again: an ended job's would be read no more, and the note stayed.
       noteCheckpoints(error.message, true);
       if (ask === checkpointAsks && mayPass(error)) {
-        checkpointTimer = setTimeout(loadCheckpoints, LOAD_RETRY_MS);
+        checkpointTimer = setTimeout(loadCheckpoints, RETRY_MS);
       }
     }
   }
@@ -956,7 +949,7 @@ export function mountJob(view, jobId) {
       showOnly(error.status === 404 ? `No job ${jobId}.`
         : error.status === 401 ? "Enter the service's token above to see this job."
           : again ? `Could not load job ${jobId}: ${error.message} Trying again…` : error.message);
-      if (again) loadTimer = setTimeout(load, LOAD_RETRY_MS);
+      if (again) loadTimer = setTimeout(load, RETRY_MS);
       return;
     }
     if (stopped) return;
@@ -994,7 +987,7 @@ export function mountJob(view, jobId) {
       // is asked again: unread, an ended job's charts said "No data reported." and a live
       // one's lacked every point from before the page opened, until the page was reloaded.
       if (!stopped && read.id === metricsAsked && mayPass(error)) {
-        metricsTimer = setTimeout(loadMetrics, LOAD_RETRY_MS);
+        metricsTimer = setTimeout(loadMetrics, RETRY_MS);
       }
     } finally {
       metricReads.delete(read);

@@ -18,7 +18,7 @@
 // goes where the next read puts it (a resumed one behind those of its priority, one of a
 // higher priority ahead of them), not on top.
 
-import { STATES, TERMINAL, followAllJobs, getJSON } from "./api.js";
+import { RETRY_MS, STATES, TERMINAL, followAllJobs, getJSON, mayPass } from "./api.js";
 import {
   age, devicesText, dim, dimmed, endReason, eta, h, jobLink, liveNotice, num, percent,
   progressBar, rate, setProgress, setText, stateBadge, stepText, withCode,
@@ -550,6 +550,7 @@ export function mountJobs(view, query) {
     soon = null;
     lastRead = Date.now();
     const id = ++reads;
+    let retry = false; // failed, and may pass if asked again soon (RETRY_MS, not POLL_MS)
     try {
       const asked = mark();
       const page = await read(id, wanted, null);
@@ -607,16 +608,20 @@ export function mountJobs(view, query) {
       // Refused for want of a token (a first visit to a service that needs one, or one
       // changed under the page): the token bar asks for it, and this says so once, with
       // none of the refusal's wording. Once it is given, the view is mounted anew.
+      // No answer (a lossy network, the service restarting) or a server error: read again
+      // in RETRY_MS, as a job's page does, not at the next poll (15 s of the error over a
+      // list that may be empty, when the stream's reconnecting read failed too).
       const unauthorized = e.status === 401;
+      retry = mayPass(e);
       error.textContent = unauthorized ? "Enter the service's token above to see its jobs."
-        : `Could not load jobs: ${e.message}`;
+        : `Could not load jobs: ${e.message}${retry ? " Trying again…" : ""}`;
       error.hidden = false;
       if (unauthorized) notice.clear();
       else if (streamEnded) notice.error(EventSource.CLOSED);
       if (summary.textContent === "Loading…") summary.textContent = ""; // it is not loading
     } finally {
       clearTimeout(timer); // one poll pending, however many reads overlapped
-      if (!stopped) timer = setTimeout(refresh, POLL_MS);
+      if (!stopped) timer = setTimeout(refresh, retry ? RETRY_MS : POLL_MS);
     }
   }
 

@@ -21,6 +21,7 @@ from tests.service.harness import Service, long_job, stepping_worker_env
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
 
 LOG_READ = re.compile(r"/api/v1/jobs/[^/]+/logs\?")
+LIST_READ = re.compile(r"/api/v1/jobs\?")
 
 
 @pytest.fixture(scope="module")
@@ -171,3 +172,39 @@ def test_a_late_submit_answer_leaves_the_user_where_they_went(
         page.unroute(submits)
         for job in service.client.get("/api/v1/jobs?state=running").json()["data"]:
             service.client.post(f"/api/v1/jobs/{job['id']}/cancel")
+
+
+def test_jobs_list_reads_again_what_got_no_answer(session: Session, service: Service) -> None:
+    """The jobs list's first read and the stream's re-read at its opening get no answer (a
+    lossy network): the list is read again 3 s on, as a job's page reads again, and shows
+    the jobs. It said "Could not load jobs" over no table until its 15 s poll."""
+    job_id = cancelled_job(service, "lossy-list")
+    page = session.page
+    lost: list[str] = []
+    losing = [True]
+
+    def lose(route: Route) -> None:
+        if losing[0]:
+            lost.append(route.request.url)
+            route.abort()
+        else:
+            route.continue_()
+
+    page.route(LIST_READ, lose)
+    try:
+        page.goto("/#/")
+        error = page.locator("#view p.error[role=alert]")
+        expect(error).to_contain_text("Could not load jobs")
+        expect(error).to_contain_text("Trying again")
+        for _ in range(100):  # the stream's re-read at its opening, lost too
+            if len(lost) >= 2:
+                break
+            page.wait_for_timeout(50)
+        assert len(lost) >= 2, lost
+        losing[0] = False
+        # Within a retry (3 s) and a slow host's margin; the poll would come 15 s on.
+        expect(page.locator(f'tr[data-job="{job_id}"]')).to_be_visible(timeout=9_000)
+        expect(error).to_be_hidden()
+    finally:
+        page.unroute(LIST_READ)
+    assert session.errors == []

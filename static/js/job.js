@@ -336,6 +336,7 @@ export function mountJob(view, jobId) {
     if (TERMINAL.has(job.state)) notice.clear(); // no more live updates to miss
     dim(cancelButton, cancelling || Boolean(job.cancel_requested));
     renderError();
+    renderCancelTook();
     renderCancelled();
     if (cancelFocused && ended) {
       (actionStatus.textContent ? actionStatus : deleteButton).focus({ preventScroll: true });
@@ -360,6 +361,17 @@ export function mountJob(view, jobId) {
     metaRest.textContent = ` · submitted ${age(job.created_at)} ago${started}${ran}` +
       ` · priority ${job.priority} · attempt ${job.attempts}` +
       (job.cancel_requested && !TERMINAL.has(job.state) ? " · cancel requested" : "");
+  }
+
+  /** A cancel of this page's that failed, seen to have been taken all the same (the job
+   *  says cancel_requested, or has been cancelled): a lost answer (a lossy network) of a
+   *  cancel that reached the service, say. "Could not cancel" stayed beside the cancelled
+   *  job; the line is now a cancel's asked for, which says where the job stopped at its end. */
+  function renderCancelTook() {
+    if (actionStatus.dataset.action !== "cancel-failed") return;
+    if (!job.cancel_requested && job.state !== "cancelled") return;
+    actionStatus.dataset.action = "cancel";
+    actionStatus.textContent = "Cancel requested: the worker checkpoints and stops.";
   }
 
   /** A cancel asked for on this page, once the job has ended: the line under Cancel said
@@ -659,7 +671,9 @@ export function mountJob(view, jobId) {
       take(next);
     } catch (error) {
       actionStatus.textContent = `Could not cancel: ${error.message}`;
+      actionStatus.dataset.action = "cancel-failed";
       dim(cancelButton, false);
+      if (job && !stopped) renderCancelTook(); // the stream may have said so already
     } finally {
       cancelling = false;
     }

@@ -208,3 +208,37 @@ def test_jobs_list_reads_again_what_got_no_answer(session: Session, service: Ser
     finally:
         page.unroute(LIST_READ)
     assert session.errors == []
+
+
+def test_a_cancel_whose_answer_is_lost_says_the_job_cancelled(
+    session: Session, service: Service
+) -> None:
+    """Cancel, twice, on a running job's page: the cancel reaches the service, its answer
+    is lost (a lossy network). The job stops; the line under the buttons says so, not
+    "Could not cancel", which stayed beside the cancelled job."""
+    job_id = str(service.submit(long_job(name="cancel-answer-lost"))["id"])
+    service.wait_reported(job_id)
+    page = session.page
+    cancels = re.compile(r"/api/v1/jobs/[^/]+/cancel$")
+    sent: list[int] = []
+
+    def lose_answer(route: Route) -> None:
+        sent.append(route.fetch().status)  # the service has it
+        route.abort()
+
+    page.goto(f"/#/jobs/{job_id}")
+    expect(page.locator(".job-heading .state")).to_have_text("running")
+    page.route(cancels, lose_answer)
+    try:
+        page.click("#cancel-job")
+        expect(page.locator("#cancel-job")).to_have_text("Confirm cancel")
+        page.click("#cancel-job")
+        expect(page.locator(".job-heading .state")).to_have_text("cancelled")
+        assert sent == [202]
+        status = page.locator("#action-status")
+        expect(status).to_have_text(re.compile(r"^Cancelled at step \d+\.$"))
+        page.wait_for_timeout(500)  # nothing later takes it back
+        expect(status).to_have_text(re.compile(r"^Cancelled at step \d+\.$"))
+    finally:
+        page.unroute(cancels)
+    assert session.errors == []

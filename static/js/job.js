@@ -126,8 +126,13 @@ export function mountJob(view, jobId) {
       if (focused && lost) actionStatus.focus({ preventScroll: true });
     },
     missing: () => showDeleted(),
-    refused: (error) => {
+    refused: (error, attempt) => {
       if (error.status === 409) checkExiting();
+      // No answer, or a server error: it may have reached the service all the same.
+      if (!mayPass(error)) return;
+      actionStatus.dataset.action = "resume-failed";
+      actionStatus.dataset.attempt = String(attempt);
+      if (job) renderResumeTook(); // the stream may have said so already
     },
   });
   // Said while the job's worker is still exiting, and named by the controls that wait for
@@ -341,6 +346,7 @@ export function mountJob(view, jobId) {
     if (cancelFocused && ended) {
       (actionStatus.textContent ? actionStatus : deleteButton).focus({ preventScroll: true });
     }
+    renderResumeTook();
     renderResumed();
     profile.render(job);
     // Ended, a job reports nothing more: "yet" would promise what will not come.
@@ -383,6 +389,18 @@ export function mountJob(view, jobId) {
       ? ` at step ${job.progress.step}` : "";
     setText(actionStatus, job.state === "cancelled"
       ? `Cancelled${step}.` : `The job ${job.state}${step} before the cancel took effect.`);
+  }
+
+  /** A resume of this page's that got no answer (or a 5xx), seen to have been taken all
+   *  the same: the job is on a later attempt than when it was asked. "Could not resume:
+   *  The service did not answer", in red, stayed beside the job training on. */
+  function renderResumeTook() {
+    if (actionStatus.dataset.action !== "resume-failed") return;
+    if (job.attempts <= Number(actionStatus.dataset.attempt)) return;
+    actionStatus.dataset.action = "resume";
+    actionStatus.dataset.attempt = String(job.attempts); // renderResumed() says its end
+    actionStatus.classList.remove("error");
+    actionStatus.textContent = `Resumed as attempt ${job.attempts}.`;
   }
 
   /** A resume asked for on this page, once that attempt has ended: the line said it

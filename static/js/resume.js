@@ -26,7 +26,8 @@ function trainsOn(latest, to) {
  *  `say(action, text, isError)` writes the page's action status line; `resumed(job, asked,
  *  focused)` takes the service's answer (the job, queued again) to a request begun at
  *  mark() `asked`, pressed with the keyboard on these controls if `focused`; `missing()`
- *  runs when the job is no more (404), `refused(error)` on any other refusal. `render(job)`
+ *  runs when the job is no more (404), `refused(error, attempt)` on any other failure
+ *  (`attempt`: the job's attempts when the resume was asked). `render(job)`
  *  shows what fits the job's state; `checkpoint(step)` takes the latest checkpoint's step
  *  (null: none was saved); `waitForExit(hintId)` dims the controls, described by the
  *  element `hintId`, until it is called with null. */
@@ -170,6 +171,7 @@ export function resumeControl(jobId, { say, resumed, missing, refused = () => {}
     // cancelled or failed job there. Read before the answer, which the stream may beat
     // (the job queued again).
     const finishes = body && body.steps === latest && stoppedShort();
+    const attempt = job.attempts; // a later one seen after a failure: the resume took
     const asked = mark();
     try {
       const { data } = await api(`${base}/resume`, { method: "POST", body });
@@ -200,7 +202,7 @@ export function resumeControl(jobId, { say, resumed, missing, refused = () => {}
       } else {
         say("resume", `Could not resume: ${error.detail || error.message}`, true);
       }
-      refused(error);
+      refused(error, attempt);
     } finally {
       if (!gone) setBusy(false);
     }

@@ -242,3 +242,34 @@ def test_a_cancel_whose_answer_is_lost_says_the_job_cancelled(
     finally:
         page.unroute(cancels)
     assert session.errors == []
+
+
+def test_a_resume_whose_answer_is_lost_says_the_job_resumed(
+    session: Session, service: Service
+) -> None:
+    """Resume on a cancelled job's page: the resume reaches the service, its answer is
+    lost (a lossy network). The job trains on as attempt 2; the line says so, not "Could
+    not resume: The service did not answer", in red, which stayed beside it."""
+    job_id = cancelled_job(service, "resume-answer-lost")
+    page = session.page
+    resumes = re.compile(r"/api/v1/jobs/[^/]+/resume$")
+    sent: list[int] = []
+
+    def lose_answer(route: Route) -> None:
+        sent.append(route.fetch().status)  # the service has it
+        route.abort()
+
+    page.goto(f"/#/jobs/{job_id}")
+    expect(page.locator(".job-heading .state")).to_have_text("cancelled")
+    page.route(resumes, lose_answer)
+    try:
+        page.click("#resume-job")
+        expect(page.locator(".job-heading .state")).to_have_text(re.compile("queued|running"))
+        assert sent == [200]
+        status = page.locator("#action-status")
+        expect(status).to_have_text("Resumed as attempt 2.")
+        expect(status).not_to_have_class(re.compile(r"\berror\b"))
+    finally:
+        page.unroute(resumes)
+        service.client.post(f"/api/v1/jobs/{job_id}/cancel")
+    assert session.errors == []

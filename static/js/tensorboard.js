@@ -3,7 +3,7 @@
 // its status: starting, running, why it failed, and whether another start replaced it
 // with one that no longer shows this job.
 
-import { api, getJSON } from "./api.js";
+import { api, getJSON, mayPass } from "./api.js";
 import { h } from "./format.js";
 
 const STARTING_POLL_MS = 1000; // until it answers (it imports TensorFlow: seconds)
@@ -110,7 +110,26 @@ export function tensorBoardControl(jobId) {
     }
   }
 
+  let asks = 0; // starts asked from this page: a check of an older one's outcome is dropped
+
+  /** A start that got no answer (or a 5xx) may have reached the service all the same:
+   *  if its TensorBoard shows this job, the line says so, with the link, and follows it.
+   *  It said "Could not start TensorBoard" beside a TensorBoard running for this job. */
+  async function checkStarted(ask) {
+    let tb;
+    try {
+      tb = await getJSON("/api/v1/tensorboard");
+    } catch {
+      return; // the line keeps the failure
+    }
+    if (gone || ask !== asks || tb.state === "stopped" || !shows(tb, jobId)) return;
+    pid = tb.pid;
+    wasRunning = false;
+    show(tb);
+  }
+
   async function open() {
+    const ask = ++asks;
     // Opened now, inside the click, so a popup blocker lets it through; pointed at
     // TensorBoard once it shows this job. The proxy holds the first request until
     // TensorBoard has loaded.
@@ -135,7 +154,9 @@ export function tensorBoardControl(jobId) {
     } catch (error) {
       waiting.delete(tab);
       if (tab) tab.close();
+      if (gone || ask !== asks) return;
       say("failed", `Could not start TensorBoard: ${error.message}`);
+      if (mayPass(error)) checkStarted(ask);
     }
   }
 

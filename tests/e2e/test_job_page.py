@@ -270,3 +270,36 @@ def test_tensorboard_replaced_by_another_start_says_so(
     assert shared["pid"] == other.json()["pid"]
     assert shared["job_ids"] == sorted([mine, theirs])
     assert session.errors == []
+
+
+def test_tensorboard_start_whose_answer_is_lost_says_it_runs(
+    session: Session, service: Service
+) -> None:
+    """Open in TensorBoard: the start reaches the service, its answer is lost (a lossy
+    network). TensorBoard runs, showing this job, and the line says so with its link; it
+    said "Could not start TensorBoard: The service did not answer" beside it."""
+    service.client.delete("/api/v1/tensorboard")
+    page = session.page
+    open_job(page, finished(service, "steps-300"))
+    status = tensorboard_line(page)
+    sent: list[int] = []
+
+    def lose_answer(route: Route) -> None:
+        if route.request.method != "POST":
+            route.continue_()
+            return
+        sent.append(route.fetch().status)  # the service has it
+        route.abort()
+
+    page.route("**/api/v1/tensorboard", lose_answer)
+    try:
+        with page.expect_event("requestfailed"):
+            page.click("#open-tensorboard")  # its tab, waiting, is closed on the failure
+        assert sent == [201]
+        expect(status).to_have_text(re.compile(f"^({STARTING}|{RUNNING})$"))
+        expect(status).not_to_have_class(re.compile(r"\berror\b"))
+        expect(status).to_have_text(RUNNING, timeout=120_000)
+    finally:
+        page.unroute("**/api/v1/tensorboard")
+        service.client.delete("/api/v1/tensorboard")
+    assert session.errors == []

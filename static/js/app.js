@@ -4,7 +4,7 @@
 //   #/jobs/<id>        one job
 //   #/submit           submit form (#/submit?preset=mnist-cnn, #/submit?from=<id>)
 
-import { getJSON, getToken, setToken } from "./api.js";
+import { RETRY_MS, getJSON, getToken, mayPass, setToken } from "./api.js";
 import { h, jobLink } from "./format.js";
 import { setHostGpus } from "./host.js";
 import { arrangeInPlace } from "./inplace.js";
@@ -106,6 +106,7 @@ let devicesReading = false; // a read is out
 let devicesAgain = false; // something changed while it was out: read once more after it
 let devicesReadAt = -Infinity; // Date.now() when the latest read began
 let devicesSoonTimer = null;
+let devicesRetryTimer = null; // a read that got no answer is made again
 
 const EXITING_TITLE =
   "The job has ended and its worker process is exiting; the device is given out once it is gone.";
@@ -210,10 +211,20 @@ async function refreshDevices() {
     const note = `${kind} host · up to ${devices.max_towers} towers a job`;
     if (devicesNote.textContent !== note) devicesNote.textContent = note;
   } catch (error) {
-    // Refused for want of a token, they are not unavailable: the token bar asks for it,
-    // and the jobs view says so.
-    devicesSay(error.status === 401 ? "—" : `Unavailable: ${error.message}`);
-    devicesNote.textContent = "";
+    // No answer (a lossy network, the service restarting) or a server error, with devices
+    // shown: they stay, the note says they are not up to date, and the read is made again
+    // in RETRY_MS, as the jobs list's is. One lost read replaced them with "Unavailable"
+    // until the next poll. Refused for want of a token, they are not unavailable: the
+    // token bar asks for it, and the jobs view says so.
+    const shown = devicesList.querySelector("[data-device]") !== null;
+    if (mayPass(error) && shown) {
+      devicesNote.textContent = `Not up to date: ${error.message}`;
+      clearTimeout(devicesRetryTimer);
+      devicesRetryTimer = setTimeout(refreshDevicesSoon, RETRY_MS);
+    } else {
+      devicesSay(error.status === 401 ? "—" : `Unavailable: ${error.message}`);
+      devicesNote.textContent = "";
+    }
   } finally {
     devicesReading = false;
     if (devicesAgain) {

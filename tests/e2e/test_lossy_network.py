@@ -273,3 +273,40 @@ def test_a_resume_whose_answer_is_lost_says_the_job_resumed(
         page.unroute(resumes)
         service.client.post(f"/api/v1/jobs/{job_id}/cancel")
     assert session.errors == []
+
+
+def test_devices_panel_keeps_its_devices_through_a_lost_read(session: Session) -> None:
+    """A read of the devices gets no answer (a lossy network): the panel keeps the devices
+    it showed, says they are not up to date, and reads them again. One lost read replaced
+    them with "Unavailable: The service did not answer" until the next poll."""
+    page = session.page
+    devices = re.compile(r"/api/v1/devices$")
+    lost: list[str] = []
+
+    def lose_one(route: Route) -> None:
+        if not lost:
+            lost.append(route.request.url)
+            route.abort()
+        else:
+            route.continue_()
+
+    page.goto("/#/")
+    items = page.locator("#devices li[data-device]")
+    note = page.locator("#devices-note")
+    expect(items.first).to_be_visible()
+    shown = items.count()
+    expect(note).to_contain_text("host · up to")
+    page.route(devices, lose_one)
+    try:
+        for _ in range(150):  # the panel's next read (a poll every 5 s), lost
+            if lost:
+                break
+            page.wait_for_timeout(100)
+        assert lost, "no read of the devices came to lose"
+        expect(note).to_contain_text("Not up to date: The service did not answer")
+        expect(items).to_have_count(shown)
+        expect(page.locator("#devices")).not_to_contain_text("Unavailable")
+        expect(note).to_contain_text("host · up to")  # read again, answered
+    finally:
+        page.unroute(devices)
+    assert session.errors == []

@@ -71,6 +71,7 @@ export function mountJob(view, jobId) {
   let closeStream = null;
   let closeWatch = null; // the all-jobs stream, followed for this job's `deleted` and `state`
   let deleting = false; // this page's DELETE is out: its own `deleted` event is no news
+  let deletedMeanwhile = false; // ... but said while it was out: it was deleted, answer or not
   let gone = false; // deleted elsewhere while this page was open
   let logTimer = null;
   let checkpointTimer = null;
@@ -715,11 +716,18 @@ export function mountJob(view, jobId) {
     dim(deleteButton, true);
     actionStatus.textContent = "Deleting…";
     deleting = true;
+    deletedMeanwhile = false;
     try {
       await api(base, { method: "DELETE" });
     } catch (error) {
       deleting = false;
       if (stopped) return;
+      // Its answer lost (a lossy network), the delete was done all the same: the stream
+      // said so meanwhile. "Could not delete" stayed beside a job that was gone.
+      if (deletedMeanwhile) {
+        leaveDeleted();
+        return;
+      }
       dim(deleteButton, exiting);
       actionStatus.classList.add("error");
       actionStatus.textContent = `Could not delete: ${error.message}`;
@@ -728,9 +736,16 @@ export function mountJob(view, jobId) {
       // Its worker still exiting (the devices read that would have said so failed, say):
       // the button waits for it from now on.
       if (error.status === 409) checkExiting();
+      // No answer: it may have been done, and the stream say so no more (read, a 404 says).
+      if (mayPass(error)) checkStillThere();
       return;
     }
     if (stopped) return;
+    leaveDeleted();
+  }
+
+  /** Deleted by this page: back to the jobs list, which says so. */
+  function leaveDeleted() {
     const name = job && job.name !== jobId ? `${job.name} (${jobId})` : jobId;
     noticeOnJobs(`Job ${name} deleted.`);
     location.hash = jobsListHash();
@@ -759,7 +774,9 @@ export function mountJob(view, jobId) {
         if (exiting) checkExiting();
       },
       deleted: (event) => {
-        if (event.job_id === jobId && !deleting) showDeleted();
+        if (event.job_id !== jobId) return;
+        if (deleting) deletedMeanwhile = true;
+        else showDeleted();
       },
       exited: (event) => {
         window.dispatchEvent(new CustomEvent("towerboard:devices")); // any job's: the panel

@@ -310,3 +310,47 @@ def test_devices_panel_keeps_its_devices_through_a_lost_read(session: Session) -
     finally:
         page.unroute(devices)
     assert session.errors == []
+
+
+def test_a_delete_whose_answer_is_lost_goes_back_to_the_list(
+    session: Session, service: Service
+) -> None:
+    """Delete job, twice, on an ended job's page: the delete is done, the stream says the
+    job was deleted, and then the answer is lost (a lossy network). The page goes back to
+    the list, which says the job was deleted; it said "Could not delete: The service did
+    not answer" beside a job that was gone, and nothing more came to say otherwise."""
+    job_id = cancelled_job(service, "delete-answer-lost")
+    page = session.page
+    job_url = re.compile(r"/api/v1/jobs/[^/?]+$")
+    held: list[Route] = []
+
+    def hold_answer(route: Route) -> None:
+        if route.request.method != "DELETE":
+            route.continue_()
+            return
+        assert route.fetch().status == 204  # done
+        held.append(route)
+
+    page.goto(f"/#/jobs/{job_id}")
+    expect(page.locator(".job-heading .state")).to_have_text("cancelled")
+    expect(page.locator("#delete-job")).not_to_have_attribute("aria-disabled", "true")
+    page.route(job_url, hold_answer)
+    try:
+        page.click("#delete-job")
+        expect(page.locator("#delete-job")).to_have_text("Confirm delete")
+        page.click("#delete-job")
+        for _ in range(100):
+            if held:
+                break
+            page.wait_for_timeout(100)
+        assert held, "the delete was not held"
+        assert service.client.get(f"/api/v1/jobs/{job_id}").status_code == 404
+        page.wait_for_timeout(1000)  # the stream's `deleted`, to the page
+        held[0].abort()
+        expect(page.locator("#jobs-notice")).to_have_text(
+            f"Job delete-answer-lost ({job_id}) deleted."
+        )
+        assert page.evaluate("location.hash") == "#/"
+    finally:
+        page.unroute(job_url)
+    assert session.errors == []

@@ -614,6 +614,45 @@ def test_trace_asked_for_from_the_job_page(browser: Browser, tmp_path: Path) -> 
         expect(towers).to_contain_text(f"from the device trace that ended at step {step}.")
 
 
+def test_trace_asked_for_whose_answer_is_lost_says_when_it_is_taken(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """Trace next 5 steps: the request reaches the service, its answer is lost (a lossy
+    network). The worker takes the trace; the line says so once it has, where it said
+    "Could not ask for a trace: The service did not answer" beside the trace's times."""
+    (tmp_path / "trace_worker.py").write_text(TRACE_WORKER)
+    tracing = Service(
+        tmp_path / "data", {"TOWERBOARD_WORKER_MODULE": "trace_worker", "PYTHONPATH": str(tmp_path)}
+    )
+    tracing.start()
+    session = open_session(browser, tracing, LAPTOP)
+    sent: list[int] = []
+
+    def lose_answer(route: Route) -> None:
+        sent.append(route.fetch().status)  # the service has it
+        route.abort()
+
+    try:
+        page = session.page
+        job = tracing.submit(job_spec(name="traced-answer-lost"))
+        page.goto(f"/#/jobs/{job['id']}")
+        expect(page.locator(".job-heading .state")).to_have_text("running")
+        page.route(re.compile(r"/api/v1/jobs/[^/]+/profile$"), lose_answer)
+        page.locator("#profile-job").click()
+        status = page.locator("#profile-status")
+        expect(status).to_have_text(re.compile(r"^Traced up to step \d+: "), timeout=30_000)
+        assert sent == [202]
+        step = tracing.job(job["id"])["progress"]["trace_step"]
+        expect(status).to_contain_text(f"Traced up to step {step}: ")
+        expect(page.locator("#towers .tower-value")).to_have_text(["1.50 ms", "2.50 ms"])
+        assert tracing.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+        expect(page.locator(".job-heading .state")).to_have_text("cancelled", timeout=30_000)
+        assert session.errors == []
+    finally:
+        session.context.close()
+        tracing.close()
+
+
 # Why the trainer's trace gave no times on a GPU host whose profiler could not load CUPTI.
 NO_KERNELS = "Expected the trace to hold the towers' GPU kernels. Received: none"
 

@@ -668,6 +668,10 @@ export function mountJob(view, jobId) {
     if (!cancelPresses.confirmed()) return;
     cancelling = true;
     dim(cancelButton, true);
+    // Confirmed: on a slow network the line said "Press Confirm cancel within 4 s" until
+    // the answer came, beside a Cancel that did nothing more.
+    actionStatus.classList.remove("error");
+    actionStatus.textContent = "Cancelling…";
     try {
       const asked = mark();
       const { status, data } = await api(`${base}/cancel`, { method: "POST" });

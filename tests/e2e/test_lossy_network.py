@@ -354,3 +354,39 @@ def test_a_delete_whose_answer_is_lost_goes_back_to_the_list(
     finally:
         page.unroute(job_url)
     assert session.errors == []
+
+
+def test_a_cancel_confirmed_says_so_while_its_answer_is_out(
+    session: Session, service: Service
+) -> None:
+    """Cancel, twice, on a slow network: until the answer comes the line says the cancel
+    is out. It said "Press Confirm cancel within 4 s to stop this job." after it was."""
+    job_id = str(service.submit(long_job(name="cancel-slow"))["id"])
+    service.wait_reported(job_id)
+    page = session.page
+    cancels = re.compile(r"/api/v1/jobs/[^/]+/cancel$")
+    held: list[Route] = []
+    page.goto(f"/#/jobs/{job_id}")
+    expect(page.locator(".job-heading .state")).to_have_text("running")
+
+    def hold(route: Route) -> None:
+        held.append(route)
+
+    page.route(cancels, hold)
+    try:
+        page.click("#cancel-job")
+        page.click("#cancel-job")
+        for _ in range(100):
+            if held:
+                break
+            page.wait_for_timeout(100)
+        assert held, "the cancel was not held"
+        expect(page.locator("#action-status")).to_have_text("Cancelling…")
+        held[0].continue_()
+        expect(page.locator(".job-heading .state")).to_have_text("cancelled")
+        expect(page.locator("#action-status")).to_have_text(
+            re.compile(r"^Cancelled at step \d+\.$")
+        )
+    finally:
+        page.unroute(cancels)
+    assert session.errors == []

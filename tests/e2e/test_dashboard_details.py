@@ -20,6 +20,7 @@ import pytest
 from playwright.sync_api import Browser, Page, Request, Route, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
+from tests.e2e.lossy import answers_lost
 from tests.e2e.test_dashboard import LAPTOP, LOG_POLL_MS, PHONE, Session, open_session
 from tests.service.harness import (
     Service,
@@ -626,22 +627,16 @@ def test_trace_asked_for_whose_answer_is_lost_says_when_it_is_taken(
     )
     tracing.start()
     session = open_session(browser, tracing, LAPTOP)
-    sent: list[int] = []
-
-    def lose_answer(route: Route) -> None:
-        sent.append(route.fetch().status)  # the service has it
-        route.abort()
-
     try:
         page = session.page
         job = tracing.submit(job_spec(name="traced-answer-lost"))
         page.goto(f"/#/jobs/{job['id']}")
         expect(page.locator(".job-heading .state")).to_have_text("running")
-        page.route(re.compile(r"/api/v1/jobs/[^/]+/profile$"), lose_answer)
-        page.locator("#profile-job").click()
-        status = page.locator("#profile-status")
-        expect(status).to_have_text(re.compile(r"^Traced up to step \d+: "), timeout=30_000)
-        assert sent == [202]
+        with answers_lost(page, re.compile(r"/api/v1/jobs/[^/]+/profile$")) as sent:
+            page.locator("#profile-job").click()
+            status = page.locator("#profile-status")
+            expect(status).to_have_text(re.compile(r"^Traced up to step \d+: "), timeout=30_000)
+            assert sent == [202]
         step = tracing.job(job["id"])["progress"]["trace_step"]
         expect(status).to_contain_text(f"Traced up to step {step}: ")
         expect(page.locator("#towers .tower-value")).to_have_text(["1.50 ms", "2.50 ms"])

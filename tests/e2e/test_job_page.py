@@ -17,6 +17,7 @@ import pytest
 from playwright.sync_api import Locator, Page, Route, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
+from tests.e2e.lossy import answers_lost
 from tests.e2e.test_dashboard import Session
 from tests.e2e.test_dashboard_details import COUNT_WRITES
 from tests.service.harness import Service, job_spec
@@ -282,24 +283,14 @@ def test_tensorboard_start_whose_answer_is_lost_says_it_runs(
     page = session.page
     open_job(page, finished(service, "steps-300"))
     status = tensorboard_line(page)
-    sent: list[int] = []
-
-    def lose_answer(route: Route) -> None:
-        if route.request.method != "POST":
-            route.continue_()
-            return
-        sent.append(route.fetch().status)  # the service has it
-        route.abort()
-
-    page.route("**/api/v1/tensorboard", lose_answer)
     try:
-        with page.expect_event("requestfailed"):
-            page.click("#open-tensorboard")  # its tab, waiting, is closed on the failure
-        assert sent == [201]
-        expect(status).to_have_text(re.compile(f"^({STARTING}|{RUNNING})$"))
-        expect(status).not_to_have_class(re.compile(r"\berror\b"))
-        expect(status).to_have_text(RUNNING, timeout=120_000)
+        with answers_lost(page, "**/api/v1/tensorboard") as sent:
+            with page.expect_event("requestfailed"):
+                page.click("#open-tensorboard")  # its tab, waiting, is closed on the failure
+            assert sent == [201]
+            expect(status).to_have_text(re.compile(f"^({STARTING}|{RUNNING})$"))
+            expect(status).not_to_have_class(re.compile(r"\berror\b"))
+            expect(status).to_have_text(RUNNING, timeout=120_000)
     finally:
-        page.unroute("**/api/v1/tensorboard")
         service.client.delete("/api/v1/tensorboard")
     assert session.errors == []

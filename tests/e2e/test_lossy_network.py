@@ -15,6 +15,7 @@ import pytest
 from playwright.sync_api import Response, Route, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
+from tests.e2e.lossy import answers_lost
 from tests.e2e.test_dashboard import Session
 from tests.service.harness import Service, long_job, stepping_worker_env
 
@@ -219,17 +220,9 @@ def test_a_cancel_whose_answer_is_lost_says_the_job_cancelled(
     job_id = str(service.submit(long_job(name="cancel-answer-lost"))["id"])
     service.wait_reported(job_id)
     page = session.page
-    cancels = re.compile(r"/api/v1/jobs/[^/]+/cancel$")
-    sent: list[int] = []
-
-    def lose_answer(route: Route) -> None:
-        sent.append(route.fetch().status)  # the service has it
-        route.abort()
-
     page.goto(f"/#/jobs/{job_id}")
     expect(page.locator(".job-heading .state")).to_have_text("running")
-    page.route(cancels, lose_answer)
-    try:
+    with answers_lost(page, re.compile(r"/api/v1/jobs/[^/]+/cancel$")) as sent:
         page.click("#cancel-job")
         expect(page.locator("#cancel-job")).to_have_text("Confirm cancel")
         page.click("#cancel-job")
@@ -239,8 +232,6 @@ def test_a_cancel_whose_answer_is_lost_says_the_job_cancelled(
         expect(status).to_have_text(re.compile(r"^Cancelled at step \d+\.$"))
         page.wait_for_timeout(500)  # nothing later takes it back
         expect(status).to_have_text(re.compile(r"^Cancelled at step \d+\.$"))
-    finally:
-        page.unroute(cancels)
     assert session.errors == []
 
 
@@ -252,25 +243,18 @@ def test_a_resume_whose_answer_is_lost_says_the_job_resumed(
     not resume: The service did not answer", in red, which stayed beside it."""
     job_id = cancelled_job(service, "resume-answer-lost")
     page = session.page
-    resumes = re.compile(r"/api/v1/jobs/[^/]+/resume$")
-    sent: list[int] = []
-
-    def lose_answer(route: Route) -> None:
-        sent.append(route.fetch().status)  # the service has it
-        route.abort()
-
     page.goto(f"/#/jobs/{job_id}")
     expect(page.locator(".job-heading .state")).to_have_text("cancelled")
-    page.route(resumes, lose_answer)
     try:
-        page.click("#resume-job")
-        expect(page.locator(".job-heading .state")).to_have_text(re.compile("queued|running"))
-        assert sent == [200]
-        status = page.locator("#action-status")
-        expect(status).to_have_text("Resumed as attempt 2.")
-        expect(status).not_to_have_class(re.compile(r"\berror\b"))
+        with answers_lost(page, re.compile(r"/api/v1/jobs/[^/]+/resume$")) as sent:
+            page.click("#resume-job")
+            state = page.locator(".job-heading .state")
+            expect(state).to_have_text(re.compile("queued|running"))
+            assert sent == [200]
+            status = page.locator("#action-status")
+            expect(status).to_have_text("Resumed as attempt 2.")
+            expect(status).not_to_have_class(re.compile(r"\berror\b"))
     finally:
-        page.unroute(resumes)
         service.client.post(f"/api/v1/jobs/{job_id}/cancel")
     assert session.errors == []
 

@@ -4,6 +4,7 @@ service, which acts on it, and its answer is lost on the way back to the page.""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -14,18 +15,33 @@ from playwright.sync_api import Page, Route
 def answers_lost(page: Page, url: str | re.Pattern[str]) -> Iterator[list[int]]:
     """While inside, each POST to `url` from `page` is sent on to the service and its answer
     dropped (the page sees a failed request); yields the statuses the service answered, in
-    order. Other methods pass untouched."""
+    order, whole once the block is left. Other methods pass untouched.
+
+    Playwright's sync API runs a route's handler only while the test is inside one of its
+    calls, so the page can show what the service did (its stream is quicker) before the
+    handler has its answer: the statuses are read after the block, which waits for every
+    handler under way. Left with one still fetching, it finished on a later test's page
+    ("Route is already handled") and its status was missing here."""
     sent: list[int] = []
+    pending = 0  # handlers under way: each has sent its request to the service
 
     def lose_answer(route: Route) -> None:
+        nonlocal pending
         if route.request.method != "POST":
             route.continue_()
             return
-        sent.append(route.fetch().status)  # the service has it
-        route.abort()
+        pending += 1
+        try:
+            sent.append(route.fetch().status)  # the service has it
+            route.abort()
+        finally:
+            pending -= 1
 
     page.route(url, lose_answer)
     try:
         yield sent
     finally:
+        deadline = time.monotonic() + 30
+        while pending and time.monotonic() < deadline:
+            page.wait_for_timeout(50)
         page.unroute(url)

@@ -636,7 +636,7 @@ def test_trace_asked_for_whose_answer_is_lost_says_when_it_is_taken(
             page.locator("#profile-job").click()
             status = page.locator("#profile-status")
             expect(status).to_have_text(re.compile(r"^Traced up to step \d+: "), timeout=30_000)
-            assert sent == [202]
+        assert sent == [202]
         step = tracing.job(job["id"])["progress"]["trace_step"]
         expect(status).to_contain_text(f"Traced up to step {step}: ")
         expect(page.locator("#towers .tower-value")).to_have_text(["1.50 ms", "2.50 ms"])

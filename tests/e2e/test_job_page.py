@@ -287,10 +287,10 @@ def test_tensorboard_start_whose_answer_is_lost_says_it_runs(
         with answers_lost(page, "**/api/v1/tensorboard") as sent:
             with page.expect_event("requestfailed"):
                 page.click("#open-tensorboard")  # its tab, waiting, is closed on the failure
-            assert sent == [201]
             expect(status).to_have_text(re.compile(f"^({STARTING}|{RUNNING})$"))
             expect(status).not_to_have_class(re.compile(r"\berror\b"))
             expect(status).to_have_text(RUNNING, timeout=120_000)
+        assert sent == [201]
     finally:
         service.client.delete("/api/v1/tensorboard")
     assert session.errors == []

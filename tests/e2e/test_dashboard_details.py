@@ -983,7 +983,10 @@ def test_a_late_answer_does_not_set_the_services_clock_back(
           return [age(at(30))];
         }"""
     )
-    assert ages[0] in ("29s", "30s", "31s"), ages
+    # Within 2 s: the estimate is the middle of the narrowest bound the answers allow, as
+    # wide as a quick read's round trip, which took 2-3 s on a loaded CI host (28s seen).
+    # The late answer alone, as the page once took it, gave 26s.
+    assert ages[0] in ("28s", "29s", "30s", "31s", "32s"), ages
     assert session.errors == []
 
 

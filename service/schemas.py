@@ -161,7 +161,11 @@ class JobPublic(BaseModel):
     state: JobState
     priority: int
     spec: dict[str, Any]
-    devices: list[str]
+    devices: list[str] = Field(description="The devices it holds: only while it runs.")
+    ran_on: list[str] | None = Field(
+        description="The devices its latest attempt was given, kept after it ends and while "
+        "it waits for its next attempt; null before any attempt has started."
+    )
     attempts: int
     cancel_requested: bool
     created_at: datetime
@@ -188,6 +192,7 @@ class JobPublic(BaseModel):
             priority=job.priority,
             spec=without_unread(job.spec),  # a job stored before kept every option
             devices=job.devices,
+            ran_on=job.ran_on,
             attempts=job.attempts,
             cancel_requested=job.cancel_requested_at is not None,
             created_at=_time(job.created_at),

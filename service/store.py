@@ -107,6 +107,10 @@ class JobRecord:
     # spec, progress, result, error, crashes, finished_at, queued_at, cancel_requested_at),
     # for a cancel to put back.
     resumed_from: dict[str, Any] | None = None
+    # The devices its latest attempt was given as it started, kept once it ends and as it
+    # waits for its next attempt (`devices` holds them only while it runs). None: no
+    # attempt has started (or it ended before this column was kept).
+    ran_on: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -186,7 +190,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     version INTEGER NOT NULL DEFAULT 1,
     exiting TEXT,
     queued_at REAL,
-    resumed_from TEXT
+    resumed_from TEXT,
+    ran_on TEXT
 );
 -- A page of jobs in one state, newest first, walks this one instead of sorting them all.
 CREATE INDEX IF NOT EXISTS jobs_by_state_seq ON jobs (state, seq);
@@ -238,10 +243,12 @@ _ADDED_COLUMNS = {
     "exiting": "TEXT",
     "queued_at": "REAL",
     "resumed_from": "TEXT",
+    "ran_on": "TEXT",
 }
 
 _JSON_COLUMNS = (
-    "spec", "devices", "progress", "eval", "result", "error", "exiting", "resumed_from"
+    "spec", "devices", "progress", "eval", "result", "error", "exiting", "resumed_from",
+    "ran_on",
 )  # fmt: skip
 
 # What `resume` keeps of the ended job it queues again, for a cancel before the attempt
@@ -787,6 +794,7 @@ class JobStore:
             f"{_ATTEMPT_PATHS}), '$.phase', '{PREPARING}')",
             state=JobState.RUNNING,
             devices=devices,
+            ran_on=devices,
             pid=None,
             pid_started=None,
             cancel_requested_at=None,

@@ -151,10 +151,15 @@ def devices_and_towers(job: dict[str, Any], gpus: bool | None = None) -> str:
     """`devices`, and the towers the job asked for; for a queued job, what it waits for in
     the units its place in the queue is said in: a GPU a tower on a GPU host (`gpus`), one
     job slot on a CPU-only one whatever its towers ("waiting for 1 job slot (2 towers)", as
-    the dashboard says it); "none yet" where the host's kind is not given."""
+    the dashboard says it); "none yet" where the host's kind is not given; for an ended
+    job, the devices its last attempt ran on ("ran on gpu:0,gpu:1")."""
     held = devices(job)
     towers = (job.get("spec") or {}).get("towers")
-    if held == "-" and job.get("state") == "queued":
+    if held == "-" and job.get("state") in TERMINAL and job.get("ran_on"):
+        # Released at its end: which devices it ran on is still worth knowing (a slow or
+        # failing GPU), and `ran_on` keeps them.
+        held = f"ran on {','.join(job['ran_on'])}"
+    elif held == "-" and job.get("state") == "queued":
         held = "none yet"
         if gpus is not None and isinstance(towers, int):
             needed = towers if gpus else 1

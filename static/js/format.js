@@ -214,12 +214,18 @@ export function setProgress(bar, job, value = progressPercent(job)) {
  *  every tower); what a queued job waits for, in the units its queue line and `towerboard
  *  status ID` say it ("waiting for 2 GPUs (2 towers)", or on a CPU-only host "waiting for
  *  1 job slot (2 towers)": a slot runs every tower of a job), "waiting for devices" until
- *  the host's kind is known (host.js); "—" once it has ended (they are freed). */
-export function devicesText(job) {
+ *  the host's kind is known (host.js); "—" once it has ended (they are freed), or with
+ *  `ranOn` (a job's own page) the devices its last attempt ran on ("ran on gpu:0, gpu:1"),
+ *  worth knowing of a slow or failed job. */
+export function devicesText(job, { ranOn = false } = {}) {
   const towers = job.spec && job.spec.towers;
   const count = isNum(towers) ? ` (${towers} tower${towers === 1 ? "" : "s"})` : "";
   const held = Array.isArray(job.devices) ? job.devices : [];
   if (held.length) return held.join(", ") + (isNum(towers) && held.length !== towers ? count : "");
+  const ran = Array.isArray(job.ran_on) ? job.ran_on : [];
+  if (ranOn && ran.length && job.state !== "queued" && job.state !== "running") {
+    return `ran on ${ran.join(", ")}`;
+  }
   if (job.state !== "queued") return DASH;
   const gpus = hostGpus();
   if (gpus === null || !isNum(towers)) return `waiting for devices${count}`;

@@ -325,7 +325,7 @@ export function mountJob(view, jobId) {
     set("examples_per_sec", rate(p.examples_per_sec));
     set("eta", eta(job));
     set("learning_rate", num(p.learning_rate, 6));
-    set("devices", devicesText(job));
+    set("devices", devicesText(job, { ranOn: true }));
     set("data", dataText(p));
     renderMeta();
     // Hidden once the job has ended: the keyboard, if it was on it, goes on from the line
@@ -1049,7 +1049,7 @@ export function mountJob(view, jobId) {
 
   // The host's kind, first known (or changed): a queued job's wait is said in its units.
   const hostKnown = () => {
-    if (job) setText(stats.querySelector('[data-stat="devices"]'), devicesText(job));
+    if (job) setText(stats.querySelector('[data-stat="devices"]'), devicesText(job, { ranOn: true }));
   };
   window.addEventListener("towerboard:host", hostKnown);
 

@@ -216,8 +216,8 @@ def test_submit_job_through_form_until_succeeded(
     )
     expect(page.locator("#spec")).to_contain_text('"steps": 1500')
     expect(page.locator("#cancel-job")).to_be_hidden()
-    # Its devices were freed when it ended; nothing says it is still on the CPU.
-    expect(page.locator('[data-stat="devices"]')).to_have_text("—")
+    # Its devices were freed when it ended: the card says what it ran on, not what it holds.
+    expect(page.locator('[data-stat="devices"]')).to_have_text("ran on cpu:0")
     # What it trained on, as its worker loaded it (it was in the log alone).
     expect(page.locator('[data-stat="data"]')).to_have_text(
         "205 train · 51 eval · 4 classes · 8×8×1"
@@ -510,7 +510,7 @@ def test_job_cancelled_while_starting_ends_cleanly(session: Session, service: Se
     page.goto(f"/#/jobs/{job['id']}")
     expect(page.locator(".job-heading .state")).to_have_text("cancelled")
     expect(page.locator(".job-error")).to_be_hidden()
-    expect(page.locator('[data-stat="devices"]')).to_have_text("—")
+    expect(page.locator('[data-stat="devices"]')).to_have_text("ran on cpu:0")
     expect(page.locator("#cancel-job")).to_be_hidden()
     expect(page.locator(".live-notice")).to_be_hidden()
     assert session.errors == []

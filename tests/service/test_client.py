@@ -119,7 +119,8 @@ def test_status_lists_and_shows_job(service: Service, watched: dict[str, Any]) -
     assert fields["state"] == "succeeded"
     assert fields["progress"] == "40/40 (100.0%)"
     assert fields["checkpoint"] == "checkpoints/ckpt-40"
-    assert fields["devices"] == "- (1 tower)"  # an ended job holds none
+    # An ended job holds none; what it ran on is still said.
+    assert fields["devices"] == "ran on cpu:0 (1 tower)"
     assert fields["phase"] == "-"  # nor is it in one (its progress says "done")
     # 256 synthetic examples of 8x8, a fifth held out: it was in worker.log alone.
     assert fields["data"] == "205 train, 51 eval examples, 4 classes, 8x8x1"

@@ -122,7 +122,7 @@ def test_create_job_returns_queued_job(finished: dict[str, Any]) -> None:
 def test_run_job_queued_running_succeeded(finished: dict[str, Any]) -> None:
     job = finished["job"]
     assert job["state"] == "succeeded", job
-    assert job["devices"] == []
+    assert job["devices"] == [] and job["ran_on"] == ["cpu:0"]  # freed, and still told
     assert job["progress"]["step"] == 40 and job["progress"]["total"] == 40
     assert job["progress"]["percent"] == 100.0
     assert job["progress"]["phase"] == "done"

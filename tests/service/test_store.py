@@ -186,10 +186,12 @@ def test_requeue_increments_attempts_and_frees_devices(store: JobStore) -> None:
     assert requeued is not None
     assert requeued.state is JobState.QUEUED and requeued.attempts == 2
     assert requeued.devices == [] and requeued.pid is None and requeued.crashes == 0
+    assert requeued.ran_on == ["gpu:0", "gpu:1"]  # the attempt it waits to run again after
     store.mark_running(job.id, devices=["gpu:0"])
     assert store.requeue(job.id, crashed=True)
     again = store.get(job.id)
     assert again is not None and again.attempts == 3 and again.crashes == 1
+    assert again.ran_on == ["gpu:0"]
 
 
 def test_requeue_refused_once_a_cancel_is_asked_for(store: JobStore) -> None:
@@ -216,13 +218,14 @@ def test_store_from_before_added_columns_gains_them(tmp_path: Path) -> None:
     conn.execute("ALTER TABLE jobs DROP COLUMN exiting")
     conn.execute("ALTER TABLE jobs DROP COLUMN queued_at")
     conn.execute("ALTER TABLE jobs DROP COLUMN resumed_from")
+    conn.execute("ALTER TABLE jobs DROP COLUMN ran_on")
     conn.commit()
     conn.close()
 
     reopened = JobStore(path)
     old = reopened.get(job.id)
     assert old is not None and old.crashes == 0 and old.exiting is None and old.spec == SPEC
-    assert old.resumed_from is None and old.queued_at is None
+    assert old.resumed_from is None and old.queued_at is None and old.ran_on is None
     # The queue's index, made once the column it names is there, in place of the old one.
     indexes = {row[0] for row in sqlite3.connect(path).execute("SELECT name FROM sqlite_master")}
     assert "jobs_queued" in indexes and "jobs_by_state" not in indexes
@@ -230,6 +233,7 @@ def test_store_from_before_added_columns_gains_them(tmp_path: Path) -> None:
     reopened.mark_running(job.id, devices=["cpu:0"])
     assert reopened.requeue(job.id, crashed=True)
     assert reopened.get(job.id).crashes == 1  # type: ignore[union-attr]
+    assert reopened.get(job.id).ran_on == ["cpu:0"]  # type: ignore[union-attr]
 
 
 def test_exiting_worker_kept_until_it_has_exited(store: JobStore) -> None:
@@ -249,6 +253,7 @@ def test_exiting_worker_kept_until_it_has_exited(store: JobStore) -> None:
 
 def test_finish_records_result_and_error(store: JobStore) -> None:
     job = store.create(SPEC)
+    assert store.get(job.id).ran_on is None  # type: ignore[union-attr]  # never started
     store.mark_running(job.id, devices=["cpu:0"])
     error = {"reason": "boom", "exit_code": 1, "signal": None, "log_tail": ["x"]}
     assert store.finish(job.id, JobState.FAILED, result=None, error=error)
@@ -256,6 +261,7 @@ def test_finish_records_result_and_error(store: JobStore) -> None:
     done = store.get(job.id)
     assert done is not None
     assert done.state is JobState.FAILED and done.error == error and done.devices == []
+    assert done.ran_on == ["cpu:0"]
     assert store.count_by_state()[JobState.FAILED] == 1
 
 

@@ -226,7 +226,21 @@ class MetricsPublic(BaseModel):
     eval_accuracy), each ordered by step."""
 
     job_id: str
+    revision: int = Field(
+        description="How many times a resumed attempt has replaced (or added to) points a "
+        "read could already have given: send it back as `revision` when reading on"
+    )
     series: dict[str, list[MetricPointPublic]]
+
+
+class RewoundPublic(ErrorPublic):
+    """A read on (`after_step`) whose points up to that step changed since the client's
+    `revision`: the points it holds after `read_again_after` are not the job's now."""
+
+    read_again_after: int = Field(
+        description="Drop the points held after this step, and read on from it"
+    )
+    revision: int = Field(description="The series' revision now: send it with that read")
 
 
 class CheckpointPublic(BaseModel):

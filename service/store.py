@@ -9,6 +9,7 @@ every connection, the readers other threads opened included.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import itertools
 import json
@@ -17,7 +18,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Generator, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,6 +112,13 @@ class JobRecord:
     # waits for its next attempt (`devices` holds them only while it runs). None: no
     # attempt has started (or it ended before this column was kept).
     ran_on: list[str] | None = None
+    # The job's rewinds (`_rewound_after`): each the step after which a later attempt
+    # replaced points a read may have given, or added to them; the series' revision is
+    # how many there are. None: none yet.
+    rewinds: list[int] | None = None
+    # The newest step a read may have given while the job had ended, as of its last resume
+    # (lowered to a rewind's step): all of an ended job's steps are read, none held back.
+    shown_through: int | None = None
 
 
 @dataclass(frozen=True)
@@ -191,7 +199,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     exiting TEXT,
     queued_at REAL,
     resumed_from TEXT,
-    ran_on TEXT
+    ran_on TEXT,
+    rewinds TEXT,
+    shown_through INTEGER
 );
 -- A page of jobs in one state, newest first, walks this one instead of sorting them all.
 CREATE INDEX IF NOT EXISTS jobs_by_state_seq ON jobs (state, seq);
@@ -244,11 +254,13 @@ _ADDED_COLUMNS = {
     "queued_at": "REAL",
     "resumed_from": "TEXT",
     "ran_on": "TEXT",
+    "rewinds": "TEXT",
+    "shown_through": "INTEGER",
 }
 
 _JSON_COLUMNS = (
     "spec", "devices", "progress", "eval", "result", "error", "exiting", "resumed_from",
-    "ran_on",
+    "ran_on", "rewinds",
 )  # fmt: skip
 
 # What `resume` keeps of the ended job it queues again, for a cancel before the attempt
@@ -275,6 +287,14 @@ _PUT_BACK = (
     "cancel_requested_at = CAST(json_extract(resumed_from, '$.cancel_requested_at') AS REAL), "
     "crashes = json_extract(resumed_from, '$.crashes'), "
     "attempts = attempts - 1, resumed_from = NULL"
+)
+
+
+# A rewind recorded (`record_progress`): the series a revision newer, and the job's ended
+# steps no longer shown past it (the points there are the new attempt's to come).
+_REWIND = (
+    "UPDATE jobs SET rewinds = json_insert(COALESCE(rewinds, '[]'), '$[#]', ?),"
+    " shown_through = MIN(COALESCE(shown_through, ?), ?) WHERE id = ?"
 )
 
 
@@ -382,6 +402,92 @@ def _held_step(conn: sqlite3.Connection, job_id: str, names: Sequence[str]) -> i
     return None if stored is not None else newest
 
 
+def _step_before(conn: sqlite3.Connection, job_id: str, step: int) -> int | None:
+    """The job's newest step before `step` with a point in any series: a seek per series."""
+    sql = "SELECT MAX(step) FROM metrics WHERE job_id = ? AND name = ? AND step < ?"
+    steps = [
+        conn.execute(sql, (job_id, name, step)).fetchone()[0]
+        for name in rollups.series_names(conn, job_id)
+    ]
+    return max((found for found in steps if found is not None), default=None)
+
+
+def _rewound_after(
+    conn: sqlite3.Connection, job_id: str, rows: Sequence[Row], forget_after: int | None
+) -> int | None:
+    """The step after which storing `rows` (and forgetting the points past `forget_after`
+    first) changes points a read may already have given, or None: a rewind, which makes
+    the job's series a revision newer (`record_progress`; read on the writer, in its
+    transaction, before the change).
+
+    A read may have given every step but the one `_held_step` holds now, and every step
+    of the job as it last ended (`shown_through`): a later attempt's points there are news
+    to a client that read on past them. So: `forget_after` when points it forgets were
+    shown (a resume from a checkpoint older than the newest step: its steps are trained
+    again); and the step before any point stored at a shown step where that series had
+    none or another value (a resumed attempt's eval of a step a cancelled job had shown,
+    whose eval the stop cut short; the final eval of a job finished at its checkpoint). A
+    point stored again with its value (a cancelled run's `end` line repeats its last
+    step's loss) changes nothing. A few index seeks, and none at all when every point is
+    past the newest step and nothing is forgotten, as for nearly every batch."""
+    newest = _newest_step(conn, job_id)
+    if newest is None or (forget_after is None and all(row[1] > newest for row in rows)):
+        return None
+    shown = conn.execute("SELECT shown_through FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    held = _held_step(conn, job_id, ())
+    readable = newest if held != newest else _step_before(conn, job_id, newest)
+    seen = max((step for step in (shown and shown[0], readable) if step is not None), default=None)
+    if seen is None:
+        return None
+    lowest = forget_after if forget_after is not None and seen > forget_after else None
+    value_at = "SELECT value FROM metrics WHERE job_id = ? AND name = ? AND step = ?"
+    for name, step, _, value in rows:
+        if step > seen or (lowest is not None and step > lowest):
+            continue  # news to every reader; or no lower than the rewind found already
+        stored = conn.execute(value_at, (job_id, name, step)).fetchone()
+        if stored is None or stored[0] != value:
+            lowest = max(step - 1, 0)
+    return lowest
+
+
+class Rewound(Exception):
+    """A read on past a step whose points have changed since the client's revision: its
+    points after `after` are not the ones it holds (`JobStore.stream_metrics`)."""
+
+    def __init__(self, job_id: str, since: int, after: int, revision: int) -> None:
+        super().__init__(job_id, since, after, revision)
+        self.job_id, self.since, self.after, self.revision = job_id, since, after, revision
+
+
+class UnknownRevision(ValueError):
+    """A read on from a revision the job's series has not reached (`revision`: its own)."""
+
+    def __init__(self, revision: int) -> None:
+        super().__init__(revision)
+        self.revision = revision
+
+
+def _revision(
+    conn: sqlite3.Connection, job_id: str, after_step: int | None, since: int | None
+) -> int:
+    """The job's series revision (how many rewinds it has had: `_rewound_after`), checked
+    against a read on after `after_step` by a client that holds revision `since` (0 when
+    not given: the series as first written): `Rewound` when a rewind since then reaches
+    back to or before `after_step`, whose points the client holds are no longer the job's;
+    `UnknownRevision` for one past the job's. One lookup of the job's row."""
+    row = conn.execute("SELECT rewinds FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    rewinds: list[int] = json.loads(row[0]) if row is not None and row[0] else []
+    if after_step is None:
+        return len(rewinds)
+    since = since or 0
+    if since > len(rewinds):
+        raise UnknownRevision(len(rewinds))
+    after = min(rewinds[since:], default=None)
+    if after is not None and after < after_step:
+        raise Rewound(job_id, since, after, len(rewinds))
+    return len(rewinds)
+
+
 def _series_points(
     conn: sqlite3.Connection, job_id: str, name: str, rest: str = "ORDER BY step", *args: Any
 ) -> list[Row]:
@@ -392,6 +498,35 @@ def _series_points(
 
 def _dumps(value: Any) -> str | None:
     return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
+class MetricRows:
+    """An exact read's points as (series, step, time, value) rows, read as they are
+    iterated, and the series' `revision` they are of (`JobStore.stream_metrics`). Its
+    connection is closed when the rows run out or `close` is called, whichever is first
+    (an answer whose client went away never iterates them all)."""
+
+    def __init__(self, conn: sqlite3.Connection, cursor: sqlite3.Cursor, revision: int) -> None:
+        self._conn: sqlite3.Connection | None = conn
+        self._cursor, self.revision = cursor, revision
+
+    def __iter__(self) -> Iterator[Row]:
+        try:
+            # Not `yield from`: closing this would close the cursor, on a closed database.
+            for row in self._cursor:  # noqa: UP028
+                yield row
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """The cursor first: a connection closed with a statement of its unfinished is
+        closed only once that statement is, and kept its read open (and the WAL from a
+        checkpoint past it) until the cursor was collected."""
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            with contextlib.suppress(sqlite3.ProgrammingError):  # closed already, elsewhere
+                self._cursor.close()
+            conn.close()
 
 
 class JobStore:
@@ -633,13 +768,28 @@ class JobStore:
         empty), only steps after `after_step` (all when None); with `most`, at most about
         that many a series (`service.series.thin`: each span's lowest and highest point,
         and the series' first and last), read as a stream rather than all held."""
+        return self.read_metrics(job_id, names=names, after_step=after_step, most=most)[1]
+
+    def read_metrics(
+        self,
+        job_id: str,
+        *,
+        names: Sequence[str] = (),
+        after_step: int | None = None,
+        most: int | None = None,
+        revision: int | None = None,
+    ) -> tuple[int, list[MetricPoint]]:
+        """`metrics`, and the series' revision they are of; refused, as `stream_metrics`
+        is, where the points up to `after_step` changed since the client's `revision`."""
         conn = self._reader()
         # One read transaction: every statement sees the same snapshot, so a series stored
         # between the spans' read and the points' (or a job deleted) cannot split them.
         conn.execute("BEGIN")
         try:
+            current = _revision(conn, job_id, after_step, revision)
             if most is not None and after_step is None and rollups.kept(conn, job_id):
-                return [MetricPoint(*row) for row in self._thinned(conn, job_id, names, most)]
+                thinned = self._thinned(conn, job_id, names, most)
+                return current, [MetricPoint(*row) for row in thinned]
             where, args = _metrics_where(conn, job_id, names, after_step)
             spans: dict[str, Span] = {}
             if most is not None:
@@ -654,7 +804,7 @@ class JobStore:
             rows = conn.execute(
                 f"SELECT name, step, time, value FROM metrics{where} ORDER BY name, step", args
             )
-            return [
+            return current, [
                 MetricPoint(*row) for row in (rows if most is None else thin(rows, spans, most))
             ]
         finally:
@@ -700,24 +850,33 @@ class JobStore:
         return tuple(first[0]), tuple(last[0])  # type: ignore[return-value]
 
     def stream_metrics(
-        self, job_id: str, *, names: Sequence[str] = (), after_step: int | None = None
-    ) -> Generator[Row, None, None]:
+        self,
+        job_id: str,
+        *,
+        names: Sequence[str] = (),
+        after_step: int | None = None,
+        revision: int | None = None,
+    ) -> MetricRows:
         """`metrics` without `most`, as (series, step, time, value) rows read as they are
         sent: a long job's millions of points, held whole, took GBs of the service's
         memory (2.5 GB for 4 million). An exact read, which a client reads on from: less
-        the newest step while its eval may still come (`_held_step`). On a connection of
-        its own, closed when the rows run out or the iterator is closed, as no other read
-        of this thread can share it while it is open."""
+        the newest step while its eval may still come (`_held_step`), and refused where
+        the points up to `after_step` changed since the client's `revision` (`_revision`:
+        `Rewound`, `UnknownRevision`). On a connection of its own, closed when the rows run
+        out or they are closed, as no other read of this thread can share it while open."""
         conn = self._connect()
         try:
             conn.execute("BEGIN")  # the series named, the step held, the points: one snapshot
+            current = _revision(conn, job_id, after_step, revision)
             held = _held_step(conn, job_id, names)
             where, args = _metrics_where(conn, job_id, names, after_step, held)
-            yield from conn.execute(
+            cursor = conn.execute(
                 f"SELECT name, step, time, value FROM metrics{where} ORDER BY name, step", args
             )
-        finally:
+        except BaseException:
             conn.close()
+            raise
+        return MetricRows(conn, cursor, current)
 
     # --- writes ------------------------------------------------------------------------
 
@@ -950,6 +1109,9 @@ class JobStore:
             changes["spec"] = spec
         if progress is not None:
             changes["progress"] = progress
+        # An ended job's reads have given every step it has: a later attempt's points
+        # there are a rewind (`_rewound_after`). It has no worker to add any meanwhile.
+        changes["shown_through"] = _newest_step(self._reader(), job_id)
         return self._update(
             job_id,
             ended,
@@ -981,11 +1143,17 @@ class JobStore:
     ) -> None:
         """Fold a batch of progress lines in: the latest snapshot, the offset read up to,
         and the scalar points (a step seen again after a resume is overwritten). With
-        `forget_after`, the points stored past that step go first: a run resumed from it."""
+        `forget_after`, the points stored past that step go first: a run resumed from it.
+        Where that changes points a read may have given, the job's series is a revision
+        newer, recorded with the step after which they changed (`_rewound_after`)."""
         # A step a batch holds twice stores its last value (as INSERT OR REPLACE would).
         rows = list({(p.name, p.step): (p.name, p.step, p.time, p.value) for p in points}.values())
         buckets = rollups.fold(rows)  # outside the lock: it is the Python part
         with self._transaction() as conn:
+            # Of the job as reads saw it: before its progress (its total) changes.
+            rewound = _rewound_after(conn, job_id, rows, forget_after)
+            if rewound is not None:
+                conn.execute(_REWIND, (rewound, rewound, rewound, job_id))
             conn.execute(
                 "UPDATE jobs SET progress = ?, eval = ?, progress_offset = ?, updated_at = ?,"
                 " version = version + 1 WHERE id = ?",

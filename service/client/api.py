@@ -184,7 +184,7 @@ class Client:
                 else "the service needs a token: set TOWERBOARD_TOKEN"
             )
             raise ClientError(f"{hint} ({said})", status=status, errors=errors)
-        raise ClientError(said, _exit_code(status), status=status, errors=errors)
+        raise ClientError(said, _exit_code(status), status=status, errors=errors, body=body)
 
     def _not_the_service(
         self, response: httpx.Response, check_with: str | None = None, again: str | None = None

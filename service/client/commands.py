@@ -230,6 +230,13 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
         help="only steps after N (the last one already read, to read on)",
     )
     p.add_argument(
+        "--revision",
+        type=_count(2**63 - 1, least=0),
+        metavar="R",
+        help="with --after-step: the series' revision the rows up to N were read at (default "
+        "0); a read on past rows a resume has replaced since then fails, saying what to run",
+    )
+    p.add_argument(
         "--no-header",
         action="store_true",
         help="no header row: to append a read on (--after-step, with --name for the columns)",

@@ -36,12 +36,14 @@ class ClientError(Exception):
         *,
         status: int | None = None,
         errors: list[dict[str, Any]] | None = None,
+        body: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
         self.status = status
         self.errors = errors or []
+        self.body = body or {}  # the service's error as it answered it, fields beyond those
 
     @property
     def unanswered(self) -> bool:

@@ -857,10 +857,25 @@ def metrics(client: Client, args: argparse.Namespace) -> int:
     """CSV on stdout, a row per step and a column per series (empty where a series has no
     point at that step: eval runs less often), or the API's JSON."""
     _refuse(["--no-header"] if args.json and args.no_header else [], "the CSV; --json has none")
+    _refuse(["--revision"] if args.revision is not None and args.after_step is None else [],
+            "--after-step, to read on")  # fmt: skip
     params: dict[str, Any] = {"name": args.name or []}
     if args.after_step is not None:
         params["after_step"] = args.after_step
-    answer = client.get(f"/api/v1/jobs/{args.id}/metrics", params=params)
+    if args.revision is not None:
+        params["revision"] = args.revision
+    try:
+        answer = client.get(f"/api/v1/jobs/{args.id}/metrics", params=params)
+    except ClientError as error:
+        raise _rewound(args, error) from None
+    revision = answer.get("revision", 0)
+    if revision != (args.revision or 0) and not args.json:
+        # Said while the command a script runs lacks it: a read on without it fails once
+        # a resume replaces rows at or before its step (each revision is such a resume).
+        sys.stderr.write(
+            f"job {args.id}'s series is at revision {revision} (a resume trained steps "
+            f"again): read on with --revision {revision}\n"
+        )
     if args.json:
         _out(json.dumps(answer, indent=2) + "\n")
         return EXIT_OK
@@ -887,6 +902,31 @@ def metrics(client: Client, args: argparse.Namespace) -> int:
         out.writerow([step, *(repr(rows[step][n]) if n in rows[step] else "" for n in series)])
     _out(text.getvalue())
     return EXIT_OK
+
+
+def _rewound(args: argparse.Namespace, error: ClientError) -> ClientError:
+    """A read on refused because rows it would follow were replaced since `--revision`
+    (the service's 409 with `read_again_after`), said with the command that reads them
+    again; any other error as it is. Nothing was written: stdout may be appended to a CSV,
+    and the rows to drop are in it already."""
+    after, revision = error.body.get("read_again_after"), error.body.get("revision")
+    if error.status != 409 or not isinstance(after, int) or not isinstance(revision, int):
+        return error
+    names = [word for name in args.name or [] for word in ("--name", name)]
+    header = ["--no-header"] if args.no_header else []
+    json_flag = ["--json"] if args.json else []
+    again = _command(
+        args, "metrics", args.id, *names, "--after-step", str(after),
+        "--revision", str(revision), *header, *json_flag,
+    )  # fmt: skip
+    return ClientError(
+        f"job {args.id}'s rows after step {after} were replaced since revision "
+        f"{args.revision or 0} (a resume trained those steps again, or added an eval of "
+        f"one): those you read are not the job's now. Drop your rows after step {after}, "
+        f"then read on with `{again}`",
+        EXIT_FAILED,
+        status=error.status,
+    )
 
 
 def profile(client: Client, args: argparse.Namespace) -> int:

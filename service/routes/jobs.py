@@ -15,7 +15,7 @@ from typing import Annotated, Any, TypeVar
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi import Path as FastAPIPath
-from fastapi.responses import PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import TypeAdapter, ValidationError
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -61,10 +61,19 @@ from service.schemas import (
     ProfileCreate,
     ProfilePublic,
     ResumeCreate,
+    RewoundPublic,
 )
 from service.series import Row
 from service.settings import Settings
-from service.store import ATTEMPT_FIELDS, JobRecord, JobState, QueuePlace, in_run_order
+from service.store import (
+    ATTEMPT_FIELDS,
+    JobRecord,
+    JobState,
+    QueuePlace,
+    Rewound,
+    UnknownRevision,
+    in_run_order,
+)
 from service.workers import worker_pythonpath
 from trainer.rundir import RunDir, json_object, write_json_atomic
 from trainer.spec import field_errors, options_not_read, shown_value, without_unread
@@ -836,7 +845,7 @@ _JSON_STR = TypeAdapter(str)
 _METRICS_CHUNK = 2000
 
 
-def _metrics_json(job_id: str, rows: Iterable[Row]) -> Iterator[bytes]:
+def _metrics_json(job_id: str, revision: int, rows: Iterable[Row]) -> Iterator[bytes]:
     """`MetricsPublic(job_id, series).model_dump_json()`, byte for byte, in parts of
     _METRICS_CHUNK points, from rows in series and step order: a long job has millions of
     points, pydantic holds the GIL for a whole call, and a part at a time the service
@@ -847,7 +856,7 @@ def _metrics_json(job_id: str, rows: Iterable[Row]) -> Iterator[bytes]:
         chunk = _METRIC_POINTS.validate_python(values)
         return (b"," if more else b"") + _METRIC_POINTS.dump_json(chunk)[1:-1]
 
-    yield b'{"job_id":' + _JSON_STR.dump_json(job_id) + b',"series":{'
+    yield b'{"job_id":%s,"revision":%d,"series":{' % (_JSON_STR.dump_json(job_id), revision)
     series: str | None = None
     batch: list[Row] = []
     sent = False  # whether the open series has sent points already
@@ -869,7 +878,14 @@ def _metrics_json(job_id: str, rows: Iterable[Row]) -> Iterator[bytes]:
 @router.get(
     "/{job_id}/metrics",
     response_model=MetricsPublic,
-    responses={**_NOT_FOUND, 422: {"model": ErrorPublic, "description": "An unknown series"}},
+    responses={
+        **_NOT_FOUND,
+        409: {
+            "model": RewoundPublic,
+            "description": "Reading on: the points up to `after_step` changed since `revision`",
+        },
+        422: {"model": ErrorPublic, "description": "An unknown series, or a revision to come"},
+    },
 )
 def read_job_metrics(
     job: JobDep,
@@ -896,6 +912,15 @@ def read_job_metrics(
             "series' first and last point (a series of no more points comes whole)",
         ),
     ] = None,
+    revision: Annotated[
+        int | None,
+        Query(
+            ge=0,
+            le=2**63 - 1,
+            description="With `after_step`: the `revision` of the answer the points up to it "
+            "came in (0 if not given): a 409 says where to read again from if they changed",
+        ),
+    ] = None,
 ) -> Response:
     """The job's scalar series, from its progress lines."""
     errors = [
@@ -910,17 +935,45 @@ def read_job_metrics(
         raise FieldErrors(errors)
     # A plain def: a long job's series take a while to render, on a worker thread rather
     # than the event loop every other request needs.
-    if points is None:  # every point: sent as read, never held whole
-        rows = runtime.store.stream_metrics(job.id, names=name, after_step=after_step)
-        # Closed once the answer is over, however it ended: Starlette leaves a body unclosed
-        # when its client goes away mid-stream, and its open read of the store kept SQLite
-        # from checkpointing the WAL (which grew with every write) until a cycle collection.
-        return StreamingResponse(
-            _metrics_json(job.id, rows), media_type=_JSON, background=BackgroundTask(rows.close)
+    if revision is not None and after_step is None:
+        raise FieldErrors([{"field": "query.revision", "message": "Expected after_step beside it"}])
+    try:
+        if points is None:  # every point: sent as read, never held whole
+            rows = runtime.store.stream_metrics(
+                job.id, names=name, after_step=after_step, revision=revision
+            )
+            # Closed once the answer is over, however it ended: Starlette leaves a body
+            # unclosed when its client goes away mid-stream, and its open read of the store
+            # kept SQLite from checkpointing the WAL (which grew with every write) until a
+            # cycle collection.
+            return StreamingResponse(
+                _metrics_json(job.id, rows.revision, rows),
+                media_type=_JSON,
+                background=BackgroundTask(rows.close),
+            )
+        current, read = runtime.store.read_metrics(
+            job.id, names=name, after_step=after_step, most=points, revision=revision
         )
-    read = runtime.store.metrics(job.id, names=name, after_step=after_step, most=points)
+    except Rewound as e:
+        return _rewound(e)
+    except UnknownRevision as e:
+        raise FieldErrors(
+            [{"field": "query.revision", "message": f"Expected at most {e.revision}"}]
+        ) from e
     thinned = ((p.name, p.step, p.time, p.value) for p in read)
-    return Response(b"".join(_metrics_json(job.id, thinned)), media_type=_JSON)
+    return Response(b"".join(_metrics_json(job.id, current, thinned)), media_type=_JSON)
+
+
+def _rewound(e: Rewound) -> JSONResponse:
+    """The 409 of a read on whose points have changed since the client's revision."""
+    detail = (
+        f"The points of job {e.job_id} after step {e.after} changed since revision {e.since}"
+        " (a resumed attempt trained those steps again, or added an eval of one): the ones"
+        f" held after step {e.after} are not the job's now. Drop them and read on with"
+        f" after_step={e.after}&revision={e.revision}."
+    )
+    body = RewoundPublic(detail=detail, read_again_after=e.after, revision=e.revision)
+    return JSONResponse(body.model_dump(mode="json"), status_code=409)
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointsPublic, responses=_NOT_FOUND)

@@ -1,7 +1,13 @@
 """Reading a job's metrics on (`GET /metrics?after_step=N`, `towerboard metrics
 --after-step N`): the worker writes a step's `progress` line, then evaluates that step
 and writes its `eval` line, a moment to seconds later. A read between the two must not
-give the step without its eval, or a client reading on after it never gets that eval."""
+give the step without its eval, or a client reading on after it never gets that eval.
+
+A resumed job can change steps a client has read: a resume from a checkpoint older than
+its newest step trains the steps after it again, and a resume after a stop during an eval
+adds that eval to a step a cancelled job had given without it. Each such change makes
+the series a revision newer, and a read on past it from an older revision is refused
+(`Rewound`, a 409), saying the step to read again after."""
 
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ from typing import Any
 import pytest
 
 from service.progress import fold_progress, restarted_at
-from service.store import JobState, JobStore, MetricPoint
+from service.store import JobState, JobStore, MetricPoint, Rewound, UnknownRevision
 from tests.service.harness import job_spec, stand_in_service
 from tests.service.test_client import towerboard
 from trainer.spec import JobSpec
@@ -56,13 +62,51 @@ class Worker:
 
 
 def read(
-    store: JobStore, job_id: str, after: int | None = None, names: tuple[str, ...] = ()
+    store: JobStore,
+    job_id: str,
+    after: int | None = None,
+    names: tuple[str, ...] = (),
+    revision: int | None = None,
 ) -> list[Point]:
     """An exact read, as `GET /metrics` without `points` reads: (series, step, value)."""
-    return [
-        (name, step, value)
-        for name, step, _, value in store.stream_metrics(job_id, names=names, after_step=after)
-    ]
+    rows = store.stream_metrics(job_id, names=names, after_step=after, revision=revision)
+    return [(name, step, value) for name, step, _, value in rows]
+
+
+class Reader:
+    """A client that reads on as the API says: after the last step it got, sending the
+    revision its last answer carried; refused for a rewind, it drops its points after the
+    step the refusal gives and reads on from there."""
+
+    def __init__(self, store: JobStore, job_id: str) -> None:
+        self.store, self.job_id = store, job_id
+        self.points: dict[tuple[str, int], float] = {}
+        self.after: int | None = None
+        self.revision: int | None = None
+        self.rewinds: list[tuple[int, int]] = []  # (step read again after, revision)
+
+    def read(self) -> None:
+        while True:
+            try:
+                rows = self.store.stream_metrics(
+                    self.job_id, after_step=self.after, revision=self.revision
+                )
+            except Rewound as e:
+                assert self.after is not None and e.after < self.after
+                self.points = {key: v for key, v in self.points.items() if key[1] <= e.after}
+                self.after, self.revision = e.after, e.revision
+                self.rewinds.append((e.after, e.revision))
+                continue
+            self.revision = rows.revision
+            for name, step, _, value in rows:
+                assert (name, step) not in self.points  # a point given once
+                self.points[(name, step)] = value
+                self.after = step if self.after is None else max(self.after, step)
+            return
+
+    def matches(self) -> bool:
+        whole = {(name, step): value for name, step, value in read(self.store, self.job_id)}
+        return self.points == whole
 
 
 def steps(points: list[Point]) -> list[int]:
@@ -214,6 +258,153 @@ def test_a_resumed_job_is_not_held_for_ever(store: JobStore) -> None:
     assert steps(read(store, job_id, after=20)) == [30]
 
 
+def test_a_resume_from_an_older_checkpoint_is_read_again(store: JobStore) -> None:
+    # The worker died at 35 (its eval of 20 in, its checkpoint at 20): the next attempt
+    # trains 21-35 again, to other values, which a client read on after 35 never reads.
+    job_id, worker = running(store)
+    reader = Reader(store, job_id)
+    for step in (10, 20, 30, 35):
+        worker.report(step)
+        if step == 20:
+            worker.evaluate(20)
+            worker.write("checkpoint", 20, checkpoint="checkpoints/ckpt-20")
+        reader.read()
+    assert reader.after == 35 and reader.revision == 0
+    assert store.requeue(job_id, crashed=True)
+    assert store.mark_running(job_id, devices=["cpu:0"])
+    worker.write("start", 20, phase="starting")
+    for revision in (None, 0):  # none given: the series as first written
+        with pytest.raises(Rewound) as refused:
+            read(store, job_id, after=35, revision=revision)
+        assert (refused.value.after, refused.value.revision) == (20, 1)
+    assert read(store, job_id, after=20, revision=0) == []  # not past the step: no change
+    with pytest.raises(UnknownRevision):
+        read(store, job_id, after=20, revision=2)
+    reader.read()
+    assert reader.rewinds == [(20, 1)] and reader.after == 20
+    for step in (30, 40):
+        worker.write("progress", step, loss=3 / step, accuracy=step / 300)
+        reader.read()
+    worker.evaluate(40)
+    reader.read()
+    assert reader.matches() and reader.rewinds == [(20, 1)]
+    assert ("loss", 30, 0.1) in read(store, job_id, after=20, revision=1)
+    # A client that began after the rewind reads on with its revision, unrefused.
+    assert steps(read(store, job_id, after=30, revision=1)) == [40]
+    assert store.get(job_id).rewinds == [20]  # type: ignore[union-attr]
+
+
+def test_an_eval_a_resume_adds_to_a_step_read_is_read_again(store: JobStore) -> None:
+    # Cancelled during the eval of step 20 (one process: checkpoint at 20): the ended job
+    # gives 20 without its eval, which its resumed attempt does first.
+    job_id, worker = running(store)
+    reader = Reader(store, job_id)
+    for step in (10, 20):
+        worker.report(step)
+        reader.read()
+    worker.write("phase", 20, phase="eval", phase_done=0, phase_total=2)
+    worker.write("checkpoint", 20, checkpoint="checkpoints/ckpt-20")
+    worker.write("end", 20, outcome="cancelled", loss=1 / 20, accuracy=20 / 100)  # as reported
+    assert store.finish(job_id, JobState.CANCELLED, result={}, error=None)
+    reader.read()
+    assert reader.after == 20 and ("eval_loss", 20) not in reader.points
+    assert store.resume(job_id)
+    assert store.mark_running(job_id, devices=["cpu:0"])
+    worker.write("start", 20, phase="starting")
+    reader.read()  # the eval of 20 is due again, and held: nothing new, nothing changed
+    assert reader.revision == 0 and reader.rewinds == []
+    worker.evaluate(20)
+    with pytest.raises(Rewound) as refused:
+        read(store, job_id, after=20, revision=0)
+    assert (refused.value.after, refused.value.revision) == (19, 1)
+    reader.read()
+    assert reader.rewinds == [(19, 1)] and reader.points[("eval_loss", 20)] == 0.1
+    for step in (30, 40):
+        worker.report(step)
+        reader.read()
+    worker.evaluate(40)
+    reader.read()
+    assert reader.matches() and reader.rewinds == [(19, 1)]
+
+
+def test_a_clusters_cut_short_eval_of_a_step_read_is_read_again(store: JobStore) -> None:
+    # A cluster stops after the step past the eval step: the eval comes as step 21.
+    job_id, worker = running(store)
+    reader = Reader(store, job_id)
+    for step in (20, 21):
+        worker.report(step)
+    worker.write("end", 21, outcome="cancelled", loss=1 / 21, accuracy=21 / 100)
+    assert store.finish(job_id, JobState.CANCELLED, result={}, error=None)
+    reader.read()
+    assert reader.after == 21
+    assert store.resume(job_id)
+    assert store.mark_running(job_id, devices=["cpu:0"])
+    worker.write("start", 21, phase="starting")
+    worker.evaluate(21)
+    worker.report(30)
+    reader.read()
+    assert reader.rewinds == [(20, 1)] and reader.matches()
+
+
+def test_a_resume_that_changes_no_step_read_keeps_the_revision(store: JobStore) -> None:
+    # Cancelled at 30, no eval due: resumed from its checkpoint at 30, it adds steps only.
+    job_id, worker = running(store)
+    reader = Reader(store, job_id)
+    for step in (10, 20, 30):
+        worker.report(step)
+        if step == 20:
+            worker.evaluate(20)
+        reader.read()
+    worker.write("checkpoint", 30, checkpoint="checkpoints/ckpt-30")
+    worker.write("end", 30, outcome="cancelled", loss=1 / 30, accuracy=30 / 100)
+    assert store.finish(job_id, JobState.CANCELLED, result={}, error=None)
+    reader.read()
+    assert store.resume(job_id)
+    assert store.mark_running(job_id, devices=["cpu:0"])
+    worker.write("start", 30, phase="starting")
+    worker.report(40)
+    worker.evaluate(40)
+    reader.read()
+    assert reader.revision == 0 and reader.rewinds == [] and reader.matches()
+    # Died during the eval of 20, nothing past it, resumed there: 20 was held, never read.
+    job_id, worker = running(store)
+    reader = Reader(store, job_id)
+    worker.report(10)
+    worker.report(20)
+    reader.read()
+    assert reader.after == 10
+    assert store.requeue(job_id, crashed=True)
+    assert store.mark_running(job_id, devices=["cpu:0"])
+    worker.write("start", 20, phase="starting")
+    worker.evaluate(20)
+    reader.read()
+    assert reader.revision == 0 and reader.after == 20 and reader.matches()
+
+
+def test_finishing_at_an_older_checkpoint_is_read_again(store: JobStore) -> None:
+    # Failed at 37 past its checkpoint at 30, then finished there: 31-37 go, and 30, read
+    # without an eval, gets its final one. Both are one refusal to a client at 37.
+    job_id, worker = running(store)
+    reader = Reader(store, job_id)
+    for step in (20, 30, 37):
+        worker.report(step)
+        if step == 20:
+            worker.evaluate(20)
+    assert store.finish(job_id, JobState.FAILED, result=None, error={"reason": "x"})
+    reader.read()
+    assert reader.after == 37
+    progress = {**(worker.progress or {}), "step": 30, "total": 30}
+    assert store.resume(job_id, spec={**SPEC, "steps": 30}, progress=progress)
+    assert store.mark_running(job_id, devices=["cpu:0"])
+    worker.write("start", 30, phase="starting", total=30)
+    worker.evaluate(30, total=30)
+    worker.write("end", 30, outcome="succeeded", loss=1 / 30, accuracy=30 / 100, total=30)
+    assert store.finish(job_id, JobState.SUCCEEDED, result={}, error=None)
+    reader.read()
+    assert reader.rewinds == [(29, 2)] and reader.matches()
+    assert store.get(job_id).rewinds == [30, 29]  # type: ignore[union-attr]
+
+
 def test_the_step_held_is_found_without_walking_the_points(tmp_path: Path) -> None:
     """The step held is found by a few seeks: the work of a read on of a running job's
     last steps does not grow with the points before them (in SQLite's steps)."""
@@ -230,7 +421,7 @@ def test_the_step_held_is_found_without_walking_the_points(tmp_path: Path) -> No
             self.ticks += 1
             return 0  # go on
 
-    def work(reports: int) -> int:
+    def work(reports: int) -> tuple[int, int]:
         store = Counted(tmp_path / f"{reports}.db")
         job_id, _ = running(store)
         for first in range(0, reports, 5000):
@@ -243,14 +434,22 @@ def test_the_step_held_is_found_without_walking_the_points(tmp_path: Path) -> No
                 job_id, offset=first, progress={"total": 10**7}, eval=None, points=points
             )
         store.ticks = 0
-        held = read(store, job_id, after=reports - 5)
+        held = read(store, job_id, after=reports - 5, revision=0)
         ticks = store.ticks
-        store.close()
         assert steps(held) == list(range(reports - 4, reports))  # `reports` is due an eval
-        return ticks
+        # Its eval stored: whether that changes a step read (`_rewound_after`) is seeks too.
+        store.ticks = 0
+        evaluated = [MetricPoint("eval_loss", reports, float(reports), 0.5)]
+        store.record_progress(
+            job_id, offset=reports, progress={"total": 10**7}, eval=None, points=evaluated
+        )
+        writes = store.ticks
+        store.close()
+        return ticks, writes
 
     few, many = work(10_000), work(100_000)
-    assert many < 1.5 * few, (few, many)
+    assert many[0] < 1.5 * few[0], (few, many)
+    assert many[1] < 1.5 * few[1], (few, many)
 
 
 # A stand-in worker that writes the tiny job's lines around its two evals, each eval line
@@ -334,3 +533,135 @@ def test_reading_on_between_a_steps_line_and_its_eval(tmp_path: Path) -> None:
         assert got == csv_rows()  # read on, line by line, as the whole read now
         answer = json.loads(towerboard("metrics", job_id, "--json", url=service.base_url).stdout)
         assert [p["step"] for p in answer["series"]["eval_loss"]] == [20, 40]
+
+
+# A stand-in worker whose second attempt changes steps its first gave (its job's name
+# says how): "crash" dies at step 30 (SIGKILL, so the service runs it again) and its next
+# attempt trains on from its checkpoint at 20, to other values; "cancel" is stopped during
+# its eval of step 20 and, resumed, does that eval first. Each waits at its step 30 or
+# eval of 20 until the test releases it, or stops it.
+RESUMING_WORKER = """\
+import json, os, signal, sys, time
+from pathlib import Path
+
+job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1])
+mode = json.loads((job_dir / "spec.json").read_text())["name"]
+again = (job_dir / "attempted").exists()
+(job_dir / "attempted").touch()
+stopped = []
+signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
+
+
+def progress(**line):
+    with open(job_dir / "progress.jsonl", "a") as f:
+        f.write(json.dumps({"time": time.time(), "total": 40, **line}) + "\\n")
+
+
+def released():
+    while not (job_dir / "release").exists() and not stopped:
+        time.sleep(0.05)
+
+
+def evaluate(step):
+    progress(event="eval", step=step, eval_loss=2 / step, eval_accuracy=step / 200,
+             eval_examples=64, phase="training")
+
+
+def loss(step):  # a crashed job's next attempt trains to other values
+    return 3 / step if mode == "crash" and again and step > 20 else 1 / step
+
+
+def end(outcome, step, code):  # its loss as the step's report said it
+    progress(event="end", step=step, outcome=outcome, loss=loss(step), phase="done")
+    (job_dir / "result.json").write_text(json.dumps({"outcome": outcome, "message": outcome}))
+    sys.exit(code)
+
+
+if not again:
+    progress(event="start", step=0, phase="starting")
+    for step in (10, 20):
+        progress(event="progress", step=step, loss=1 / step, phase="training")
+    if mode == "cancel":
+        progress(event="phase", step=20, phase="eval", phase_done=0, phase_total=2)
+        released()
+        progress(event="checkpoint", step=20, checkpoint="checkpoints/ckpt-20", phase="eval")
+        end("cancelled", 20, 3)
+    evaluate(20)
+    progress(event="checkpoint", step=20, checkpoint="checkpoints/ckpt-20", phase="training")
+    progress(event="progress", step=30, loss=1 / 30, phase="training")
+    released()
+    os.kill(os.getpid(), signal.SIGKILL)
+progress(event="start", step=20, phase="starting")
+if mode == "cancel":
+    evaluate(20)
+for step in (30, 40):
+    progress(event="progress", step=step, loss=loss(step), phase="training")
+evaluate(40)
+end("succeeded", 40, 0)
+"""
+
+
+def test_reading_on_through_a_resume_that_changed_the_steps_read(tmp_path: Path) -> None:
+    with stand_in_service(tmp_path, ("resuming_worker", RESUMING_WORKER)) as service:
+
+        def csv_rows(job_id: str, *args: str, code: int = 0) -> list[list[str]]:
+            names = ("--name", "loss", "--name", "eval_loss")
+            result = towerboard("metrics", job_id, *names, *args, url=service.base_url)
+            assert result.returncode == code, result.stderr
+            return list(csv.reader(io.StringIO(result.stdout)))
+
+        def refused(job_id: str, after: int, again: int) -> None:
+            result = towerboard(
+                "metrics", job_id, "--name", "loss", "--name", "eval_loss",
+                "--after-step", str(after), "--no-header", url=service.base_url,
+            )  # fmt: skip
+            assert (result.returncode, result.stdout) == (1, ""), result.stderr
+            command = (
+                f"towerboard metrics {job_id} --name loss --name eval_loss --after-step "
+                f"{again} --revision 1 --no-header"
+            )
+            assert f"Drop your rows after step {again}, then read on with `{command}`" in (
+                result.stderr
+            ), result.stderr
+            answer = service.client.get(
+                f"/api/v1/jobs/{job_id}/metrics", params={"after_step": after}
+            )
+            assert answer.status_code == 409
+            assert (answer.json()["read_again_after"], answer.json()["revision"]) == (again, 1)
+
+        # Case 2: the worker dies at 30; its next attempt trains 21-30 again, to 0.1.
+        crashed = service.submit(job_spec(name="crash"))["id"]
+        service.wait_for(crashed, lambda job: (job["progress"] or {}).get("step") == 30,
+                         timeout=60, what="step 30")  # fmt: skip
+        got = csv_rows(crashed)
+        assert got == [["step", "loss", "eval_loss"], ["10", "0.1", ""], ["20", "0.05", "0.1"],
+                       ["30", repr(1 / 30), ""]]  # fmt: skip
+        service.release(crashed)
+        job = service.wait_state(crashed, "succeeded", timeout=60)
+        assert job["attempts"] == 2
+        refused(crashed, 30, 20)
+        got = [row for row in got if row[0] == "step" or int(row[0]) <= 20]
+        got += csv_rows(crashed, "--after-step", "20", "--revision", "1", "--no-header")
+        assert got == csv_rows(crashed) and ["30", "0.1", ""] in got
+        assert csv_rows(crashed, "--after-step", "30", "--revision", "1", "--no-header") == [
+            ["40", "0.075", "0.05"]
+        ]
+
+        # Case 1: cancelled in its eval of 20, which its resumed attempt then does.
+        cancelled = service.submit(job_spec(name="cancel"))["id"]
+        service.wait_for(cancelled, lambda job: (job["progress"] or {}).get("phase") == "eval",
+                         timeout=60, what="the eval of 20")  # fmt: skip
+        assert service.client.post(f"/api/v1/jobs/{cancelled}/cancel").status_code == 202
+        service.wait_state(cancelled, "cancelled", timeout=60)
+        got = csv_rows(cancelled)  # ended: 20 is given, without the eval it never had
+        assert got[-1] == ["20", "0.05", ""]
+        service.wait_exited(cancelled)
+        assert service.client.post(f"/api/v1/jobs/{cancelled}/resume").status_code == 200
+        service.wait_state(cancelled, "succeeded", timeout=60)
+        refused(cancelled, 20, 19)
+        rows = csv_rows(cancelled, "--after-step", "19", "--revision", "1", "--no-header")
+        assert rows[0] == ["20", "0.05", "0.1"]
+        assert got[:-1] + rows == csv_rows(cancelled)
+        # A read as the job now is, without --revision, says the revision to read on with.
+        result = towerboard("metrics", cancelled, url=service.base_url)
+        assert "read on with --revision 1" in result.stderr, result.stderr

@@ -11,7 +11,8 @@
     towerboard checkpoints ID [--download STEP]    list checkpoints, or fetch one (.tar.gz)
     towerboard export ID [-o PATH]                 fetch the exported SavedModel (.tar.gz)
     towerboard tensorboard [--jobs ID ...] [--merge] [--open] [--stop]
-    towerboard metrics ID [--name SERIES] [--after-step N]   scalar series as CSV
+    towerboard metrics ID [--name SERIES] [--after-step N [--revision R]]
+                                                   scalar series as CSV
     towerboard profile ID [--steps N]              a device trace of a running job's next steps
     towerboard devices                             each device and the job holding it
     towerboard queue [--limit N]                   queued jobs in run order; what the first waits for

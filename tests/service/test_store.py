@@ -218,7 +218,8 @@ def test_store_from_before_added_columns_gains_them(tmp_path: Path) -> None:
     conn.execute("ALTER TABLE jobs DROP COLUMN exiting")
     conn.execute("ALTER TABLE jobs DROP COLUMN queued_at")
     conn.execute("ALTER TABLE jobs DROP COLUMN resumed_from")
-    conn.execute("ALTER TABLE jobs DROP COLUMN ran_on")
+    for column in ("ran_on", "rewinds", "shown_through"):
+        conn.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
     conn.commit()
     conn.close()
 
@@ -226,6 +227,7 @@ def test_store_from_before_added_columns_gains_them(tmp_path: Path) -> None:
     old = reopened.get(job.id)
     assert old is not None and old.crashes == 0 and old.exiting is None and old.spec == SPEC
     assert old.resumed_from is None and old.queued_at is None and old.ran_on is None
+    assert old.rewinds is None and old.shown_through is None
     # The queue's index, made once the column it names is there, in place of the old one.
     indexes = {row[0] for row in sqlite3.connect(path).execute("SELECT name FROM sqlite_master")}
     assert "jobs_queued" in indexes and "jobs_by_state" not in indexes

@@ -169,12 +169,20 @@ class JobPublic(BaseModel):
     attempts: int
     cancel_requested: bool
     created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
+    started_at: datetime | None = Field(
+        description="When its latest attempt started; null while it is queued (a resumed "
+        "or requeued job's next attempt has not started: `attempts` counts it)."
+    )
+    finished_at: datetime | None = Field(
+        description="When its latest attempt ended; null until then."
+    )
     updated_at: datetime
     progress: ProgressPublic | None
     eval: EvalPublic | None
-    result: dict[str, Any] | None = Field(description="The worker's result.json once it ends.")
+    result: dict[str, Any] | None = Field(
+        description="The worker's result.json once it ends, its `finished_at` as ISO-8601 "
+        "text, as every time here (the file holds Unix seconds)."
+    )
     error: JobErrorPublic | None
 
     @classmethod

@@ -89,6 +89,9 @@ class JobRecord:
     pid_started: int | None  # the worker's start time in clock ticks, from /proc/<pid>/stat
     cancel_requested_at: float | None
     created_at: float
+    # When its latest attempt started; None while it is queued (a resumed or requeued job
+    # waits for its next attempt, which has not started), as `finished_at` is None until
+    # that attempt ends.
     started_at: float | None
     finished_at: float | None
     updated_at: float
@@ -105,7 +108,8 @@ class JobRecord:
     # the jobs submitted before then, as a job submitted then would. None: never resumed.
     queued_at: float | None = None
     # A resumed job, until its attempt starts: how it was when it was resumed (its state,
-    # spec, progress, result, error, crashes, finished_at, queued_at, cancel_requested_at),
+    # spec, progress, result, error, crashes, started_at, finished_at, queued_at,
+    # cancel_requested_at),
     # for a cancel to put back.
     resumed_from: dict[str, Any] | None = None
     # The devices its latest attempt was given as it started, kept once it ends and as it
@@ -271,6 +275,7 @@ _EXACT = "CASE WHEN {0} IS NULL THEN NULL ELSE printf('%!.17g', {0}) END"
 _RESUMED_FROM = (
     "resumed_from = json_object('state', state, 'spec', json(spec), 'progress', "
     "json(progress), 'result', json(result), 'error', json(error), 'crashes', crashes, "
+    f"'started_at', {_EXACT.format('started_at')}, "
     f"'finished_at', {_EXACT.format('finished_at')}, 'queued_at', "
     f"{_EXACT.format('queued_at')}, 'cancel_requested_at', "
     f"{_EXACT.format('cancel_requested_at')})"
@@ -282,6 +287,9 @@ _PUT_BACK = (
     "progress = json(json_extract(resumed_from, '$.progress')), "
     "result = json(json_extract(resumed_from, '$.result')), "
     "error = json(json_extract(resumed_from, '$.error')), "
+    # (A job resumed before `resume` cleared its start kept it, and keeps it.)
+    "started_at = CASE WHEN json_type(resumed_from, '$.started_at') IS NULL THEN started_at"
+    " ELSE CAST(json_extract(resumed_from, '$.started_at') AS REAL) END, "
     "finished_at = CAST(json_extract(resumed_from, '$.finished_at') AS REAL), "
     "queued_at = CAST(json_extract(resumed_from, '$.queued_at') AS REAL), "
     "cancel_requested_at = CAST(json_extract(resumed_from, '$.cancel_requested_at') AS REAL), "
@@ -1073,7 +1081,8 @@ class JobStore:
     def requeue(self, job_id: str, *, crashed: bool = False) -> bool:
         """Running -> queued for another attempt (its worker is gone); attempts += 1, and
         crashes += 1 when its worker was killed. Its progress keeps the step it reached
-        and drops the dead attempt's phase, ETA and speed. False when the job is no longer
+        and drops the dead attempt's phase, ETA and speed, and its `started_at` goes until
+        the next attempt starts. False when the job is no longer
         running, or a cancel has been asked for: a cancel that came after the caller read
         the job was lost here (the next attempt's start clears the request), and the job
         trained on after a 202 that said it would end."""
@@ -1081,7 +1090,7 @@ class JobStore:
             return (
                 conn.execute(
                     "UPDATE jobs SET state = 'queued', devices = '[]', pid = NULL,"
-                    " pid_started = NULL, attempts = attempts + 1, crashes = crashes + ?,"
+                    " pid_started = NULL, started_at = NULL, attempts = attempts + 1, crashes = crashes + ?,"
                     f" progress = json_remove(progress, {_ATTEMPT_PATHS}),"
                     " updated_at = ?, version = version + 1"
                     " WHERE id = ? AND state = 'running' AND cancel_requested_at IS NULL",
@@ -1123,6 +1132,7 @@ class JobStore:
             pid=None,
             pid_started=None,
             cancel_requested_at=None,
+            started_at=None,  # the next attempt's, once it starts
             finished_at=None,
             result=None,
             error=None,

@@ -358,8 +358,9 @@ export function mountJob(view, jobId) {
   }
 
   function renderMeta() {
-    // Queued (again), its start is the last attempt's: beside "attempt 2" it read as this
-    // one's, which has not started.
+    // A queued job's `started_at` is null (a resumed or requeued one's next attempt has
+    // not started); one read before that was so kept the last attempt's, which beside
+    // "attempt 2" read as this one's.
     const started = job.started_at && job.state !== "queued"
       ? ` · started ${localTime(job.started_at)}` : "";
     const ran = job.started_at && job.finished_at

@@ -412,13 +412,14 @@ export function mountJobs(view, query) {
   /** Whether a job's `state` event may change who holds a device: the job starts, or
    *  stops, holding devices (the devices panel reads them again; a queued job's events,
    *  most of a queue's, change nothing there). A job not shown may have been running if it
-   *  has run: ended, or queued again after its worker was lost. */
+   *  has run: ended after a start, or queued again (its `started_at` then null) after an
+   *  attempt, whose worker may have been lost. */
   function movesDevices(known, job) {
     if (job.state === "running") {
       return known?.state !== "running" || String(known.devices) !== String(job.devices);
     }
     if (known) return known.state === "running";
-    return Boolean(job.started_at);
+    return job.state === "queued" ? job.attempts > 1 : Boolean(job.started_at);
   }
 
   // The stream was refused or ended for good (EventSource gives no reason): the re-read

@@ -64,17 +64,20 @@ def _checkpoint(service: Service, job_id: str, step: int) -> None:
 
 def test_resume_cancelled_job_runs_it_again_as_the_next_attempt(service: Service) -> None:
     job = _cancelled(service)
-    assert job["finished_at"] is not None
+    assert job["started_at"] is not None and job["finished_at"] is not None
 
     response = _resume(service, job["id"])
 
     assert response.status_code == 200, response.text
     resumed = response.json()
     assert resumed["state"] == "queued" and resumed["attempts"] == 2
+    # Its attempt 2 has not started: the start of attempt 1 read as its.
+    assert resumed["started_at"] is None
     assert resumed["finished_at"] is None and resumed["result"] is None
     assert resumed["spec"] == job["spec"]
     running = service.wait_state(job["id"], "running")
     assert running["attempts"] == 2
+    assert running["started_at"] is not None and running["started_at"] > job["finished_at"]
     # The job is marked running before its worker starts and writes the log's header.
     log = service.data_dir / "runs" / job["id"] / "worker.log"
     deadline = time.monotonic() + 30
@@ -376,7 +379,8 @@ def test_cancel_before_the_attempt_starts_takes_the_resume_back(service: Service
         assert answer.status_code == 200, answer.text
         back = answer.json()
         assert back == {**service.job(job["id"]), "updated_at": back["updated_at"]}
-        for key in ("state", "spec", "attempts", "result", "error", "finished_at", "progress"):
+        for key in ("state", "spec", "attempts", "result", "error", "started_at",
+                    "finished_at", "progress"):  # fmt: skip
             assert back[key] == job[key], key
     assert service.client.head(f"/api/v1/jobs/{done['id']}/export").status_code == 200
     # Said by the CLI too; and once an attempt has started, a cancel stops it as ever.

@@ -162,8 +162,9 @@ def test_cancel_before_a_resumed_attempt_starts_puts_the_job_back(store: JobStor
     assert store.cancel_queued(job.id)
     back = store.get(job.id)
     assert back is not None
-    for field in ("state", "spec", "progress", "result", "error", "finished_at", "queued_at",
-                  "attempts", "crashes", "cancel_requested_at"):  # fmt: skip
+    assert before.started_at is not None and resumed.started_at is None  # not started yet
+    for field in ("state", "spec", "progress", "result", "error", "started_at", "finished_at",
+                  "queued_at", "attempts", "crashes", "cancel_requested_at"):  # fmt: skip
         assert getattr(back, field) == getattr(before, field), field
     assert back.resumed_from is None and back.version > resumed.version
 
@@ -177,6 +178,33 @@ def test_cancel_before_a_resumed_attempt_starts_puts_the_job_back(store: JobStor
     assert store.get(job.id).state is JobState.CANCELLED  # type: ignore[union-attr]
 
 
+def test_cancel_of_a_job_resumed_before_resume_cleared_its_start_keeps_it(
+    tmp_path: Path,
+) -> None:
+    # Resumed by a version whose `resumed_from` held no started_at (the job kept its start
+    # while queued): put back, it keeps that start rather than lose it.
+    store = JobStore(tmp_path / "jobs.db")
+    job = store.create(SPEC)
+    store.mark_running(job.id, devices=["cpu:0"])
+    assert store.finish(job.id, JobState.CANCELLED, result=None, error=None)
+    started = store.get(job.id).started_at  # type: ignore[union-attr]
+    assert store.resume(job.id)
+    store.close()
+    conn = sqlite3.connect(tmp_path / "jobs.db")
+    with conn:
+        conn.execute(
+            "UPDATE jobs SET started_at = ?,"
+            " resumed_from = json_remove(resumed_from, '$.started_at') WHERE id = ?",
+            (started, job.id),
+        )
+    conn.close()
+    store = JobStore(tmp_path / "jobs.db")
+    assert store.cancel_queued(job.id)
+    back = store.get(job.id)
+    assert back is not None and back.state is JobState.CANCELLED
+    assert back.started_at == started
+
+
 def test_requeue_increments_attempts_and_frees_devices(store: JobStore) -> None:
     job = store.create(SPEC)
     store.mark_running(job.id, devices=["gpu:0", "gpu:1"])
@@ -187,7 +215,9 @@ def test_requeue_increments_attempts_and_frees_devices(store: JobStore) -> None:
     assert requeued.state is JobState.QUEUED and requeued.attempts == 2
     assert requeued.devices == [] and requeued.pid is None and requeued.crashes == 0
     assert requeued.ran_on == ["gpu:0", "gpu:1"]  # the attempt it waits to run again after
+    assert requeued.started_at is None  # its next attempt has not started
     store.mark_running(job.id, devices=["gpu:0"])
+    assert store.get(job.id).started_at is not None  # type: ignore[union-attr]
     assert store.requeue(job.id, crashed=True)
     again = store.get(job.id)
     assert again is not None and again.attempts == 3 and again.crashes == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from datetime import UTC, datetime
 from typing import Any
 
@@ -209,9 +210,21 @@ class JobPublic(BaseModel):
             updated_at=_time(job.updated_at),
             progress=ProgressPublic.model_validate(progress) if progress else None,
             eval=EvalPublic.model_validate(eval) if eval else None,
-            result=job.result,
+            result=_result(job.result),
             error=JobErrorPublic.model_validate(job.error) if job.error else None,
         )
+
+
+def _result(result: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A job's result.json as the API gives it: its `finished_at`, Unix seconds in the file
+    (which other readers take as it is), as a time, like every other time the API gives."""
+    if result is None:
+        return None
+    finished = result.get("finished_at")
+    if isinstance(finished, int | float) and not isinstance(finished, bool):
+        with contextlib.suppress(OverflowError, OSError, ValueError):  # not the trainer's
+            return {**result, "finished_at": _time(finished)}
+    return result
 
 
 class JobsPublic(BaseModel):

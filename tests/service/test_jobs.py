@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,13 @@ def test_run_job_queued_running_succeeded(finished: dict[str, Any]) -> None:
     assert job["eval"]["step"] == 40 and 0 <= job["eval"]["accuracy"] <= 1
     assert job["result"]["outcome"] == "succeeded"
     assert job["started_at"] <= job["finished_at"]
+    # The result's time is text, as every other time of the job (result.json's, Unix
+    # seconds, read as a number beside them); the worker writes it before the service
+    # sees the job end.
+    finished = job["result"]["finished_at"]
+    assert isinstance(finished, str) and finished.endswith("Z"), finished
+    times = [datetime.fromisoformat(job[key]) for key in ("started_at", "finished_at")]
+    assert times[0] <= datetime.fromisoformat(finished) <= times[1], (finished, times)
 
 
 def test_stream_job_events_live_until_the_end(finished: dict[str, Any]) -> None:

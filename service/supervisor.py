@@ -64,7 +64,7 @@ from service.scheduler import next_placements
 from service.settings import Settings
 from service.store import PREPARING, JobRecord, JobState, JobStore
 from service.workers import Worker, WorkerExit, adopt_worker, log_requeue, spawn_worker
-from trainer.rundir import OUTCOME_EXIT_CODES, Outcome, RunDir, finite_json
+from trainer.rundir import ENDED_PHASES, OUTCOME_EXIT_CODES, Outcome, RunDir, finite_json
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class _Tail:
             job.progress,
             job.eval,
             started=phase not in (None, PREPARING),
-            ended=phase == "done",
+            ended=phase in ENDED_PHASES,
         )
 
 

@@ -44,6 +44,7 @@ from trainer.errors import one_line
 from trainer.memory import NotEnoughMemory
 from trainer.preparing import BUILDING, IMPORTING, RESTORING, Preparation
 from trainer.rundir import (
+    END_PHASES,
     OUTCOME_EXIT_CODES,
     ExitCode,
     Outcome,
@@ -548,7 +549,7 @@ def _train(
             step=step,
             total=total,
             outcome=summary.outcome.value,
-            phase="done",
+            phase=END_PHASES[summary.outcome],
             loss=summary.metrics.get("loss"),
             accuracy=summary.metrics.get("accuracy"),
         )
@@ -627,6 +628,6 @@ def _end_failed(
             rundir,
             **at,
             total=total,
-            outcome="failed",
-            phase="done",
+            outcome=Outcome.FAILED.value,
+            phase=END_PHASES[Outcome.FAILED],
         )

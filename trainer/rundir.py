@@ -58,6 +58,17 @@ class Outcome(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
+# The phase a run's `end` line leaves the job in: what its worker did last. A run stopped
+# by SIGTERM (a cancel) did not train all its steps, and one that failed did not either:
+# "done" said so of both. Workers before these wrote "done" for every end.
+END_PHASES = {
+    Outcome.SUCCEEDED: "done",
+    Outcome.FAILED: "failed",
+    Outcome.INVALID_SPEC: "failed",
+    Outcome.CANCELLED: "stopped",
+}
+ENDED_PHASES = frozenset(END_PHASES.values())
+
 OUTCOME_EXIT_CODES = {
     Outcome.SUCCEEDED: ExitCode.SUCCEEDED,
     Outcome.FAILED: ExitCode.FAILED,

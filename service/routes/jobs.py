@@ -544,9 +544,9 @@ def _resumed_progress(
     step past it, which the next attempt trains again or, finishing there, never does."""
     if job.progress is None:
         return None
-    # The last attempt's phase ("done"), ETA and speed are not this one's: `status` and
-    # `--watch` would show the new attempt "running (done)" until its worker reports, and
-    # the page a speed for a job that is not running.
+    # The last attempt's phase ("done", "stopped", "failed"), ETA and speed are not this
+    # one's: `status` and `--watch` would show the new attempt "running (done)" until its
+    # worker reports, and the page a speed for a job that is not running.
     progress = {**job.progress, **dict.fromkeys(ATTEMPT_FIELDS)}
     step = progress.get("step")
     if last and isinstance(step, int) and step > last:

@@ -96,7 +96,8 @@ def build(input_shape, num_classes):  # what a job's custom model may name: the 
 def end(outcome, code):
     # As the trainer ends: its end line, then result.json; none before its start line.
     if behaviour not in ("preparing", "loading"):
-        progress(event="end", outcome=outcome, phase="done")
+        phase = {"succeeded": "done", "cancelled": "stopped"}.get(outcome, "failed")
+        progress(event="end", outcome=outcome, phase=phase)
     (job_dir / "result.json").write_text(json.dumps({"outcome": outcome, "message": behaviour}))
     sys.exit(code)
 

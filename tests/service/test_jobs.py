@@ -542,6 +542,8 @@ def test_cancel_job_queued_and_running(service: Service) -> None:
     assert job["state"] == "cancelled", job
     assert job["error"] is None
     assert job["result"]["outcome"] == "cancelled"
+    # Its last phase says it stopped: "done" read as if it had trained all its steps.
+    assert job["progress"]["phase"] == "stopped"
     step = job["result"]["step"]
     steps = [c["step"] for c in service.client.get(f"/api/v1/jobs/{running['id']}/checkpoints").json()["data"]]  # fmt: skip
     assert steps[-1] == step  # SIGTERM: finish the step, checkpoint, exit

@@ -38,6 +38,7 @@ from tests.service.harness import (
     wait_catching_sigterm,
     worker_env,
 )
+from trainer.rundir import END_PHASES, Outcome
 from trainer.spec import JobSpec
 
 pytestmark = pytest.mark.slow
@@ -1017,6 +1018,27 @@ def test_a_gone_workers_result_json_between_its_start_and_end_is_not_its_result(
     assert failed is not None and failed.state is JobState.FAILED
     assert failed.error is not None
     assert failed.error["reason"] == "The worker rejected the spec: No such data."
+    store.close()
+
+
+def test_a_gone_workers_result_after_its_stored_failed_end_line_ends_its_job(
+    tmp_path: Path,
+) -> None:
+    # The service stored a failed run's end line (its phase `failed`, not `done`), then
+    # stopped before the worker's result.json came. The next one reads that end as in:
+    # the result.json is the trainer's, and the job fails with its reason, not run again.
+    settings = Settings(data_dir=tmp_path / "data").resolved()
+    store = JobStore(settings.db_path)
+    end = {**_END, "outcome": "failed", "phase": END_PHASES[Outcome.FAILED]}
+    result = json.dumps({"outcome": "failed", "message": "Loss is NaN at step 5."})
+    job = _gone_worker(settings, store, "nan", result, lines=(_START, end))
+    size = (settings.runs_dir / job.id / "progress.jsonl").stat().st_size
+    stored = {"step": 5, "total": 5, "phase": end["phase"]}
+    store.record_progress(job.id, offset=size, progress=stored, eval=None, points=[])
+    in_process(settings, store).recover()
+    failed = store.get(job.id)
+    assert failed is not None and (failed.state, failed.attempts) == (JobState.FAILED, 1)
+    assert failed.error is not None and failed.error["reason"] == "Loss is NaN at step 5."
     store.close()
 
 

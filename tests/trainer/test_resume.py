@@ -246,6 +246,7 @@ def test_every_checkpoint_damaged_fails_saying_so_and_moves_nothing(run):
     # read none), where a 0 showed the job at step 0 beside its latest checkpoint.
     lines = progress_lines(job_dir / "progress.jsonl")
     assert lines[-1]["event"] == "end" and lines[-1]["outcome"] == "failed"
+    assert lines[-1]["phase"] == "failed", lines[-1]  # not "done": it trained nothing
     assert "step" not in lines[-1], lines[-1]
     assert result["step"] is None
 

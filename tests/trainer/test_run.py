@@ -169,6 +169,7 @@ def test_run_job_reports_progress(tiny_run):
     events = events[len(STAGES) :]
     kinds = [e["event"] for e in events]
     assert kinds[0] == "start" and kinds[-1] == "end"
+    assert events[-1]["phase"] == "done"  # it trained every step
     assert not any("stage" in e for e in events)
     assert {"progress", "eval", "checkpoint", "trace"} <= set(kinds)
     # What it trains on, in its start line (it was in its log alone): 512 examples, a fifth
@@ -449,6 +450,8 @@ def test_resume_after_sigterm_equals_uninterrupted(tmp_path):
     # last report was of an earlier step).
     end = progress_lines(interrupted / "progress.jsonl")[-1]
     assert end["event"] == "end" and end["step"] == stopped["step"]
+    # Its phase says it stopped short of its total: not "done".
+    assert (end["outcome"], end["phase"]) == ("cancelled", "stopped")
     assert end["loss"] == stopped["metrics"]["loss"]
     assert end["accuracy"] == stopped["metrics"]["accuracy"]
     # The log ends saying so too, not on whatever TensorFlow printed last.

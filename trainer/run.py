@@ -8,7 +8,9 @@ after the spec and its data files are checked): exit 2 where the job itself
 is at fault (the spec, its data, its model, the devices it asks for), exit 1 where it is
 not (too little memory for the data, a cluster's workers given different jobs, a crash
 while preparing). A task refused its place in a cluster (`TF_CONFIG` it cannot use, its
-port taken) exits 2 and writes nothing: the directory may be another worker's.
+port taken) exits 2 and writes nothing: the directory may be another worker's. So does a
+run whose `steps` its directory's checkpoints have passed: that directory's job (its
+spec.json, result.json, progress.jsonl) is not the refused run's to change.
 """
 
 from __future__ import annotations
@@ -165,6 +167,8 @@ def run_job(
         from_file = spec_path.resolve() != rundir.spec.resolve()
         if from_file and (unread := options_not_read(spec)):
             raise InvalidJob(f"Invalid job spec:\n{format_errors(unread)}", unread)
+        if (past := _past_the_end_already(spec, rundir, cluster)) is not None:
+            return _refused_past_the_end(past)
         try:
             prepared = _prepare(spec, cluster, stop, preparation)
         except BaseException:
@@ -206,9 +210,7 @@ def run_job(
 
             message = lost_worker(e, None) or message
         return _write_result(rundir, Outcome.FAILED, message)
-    if from_file:
-        write_json_atomic(rundir.spec, without_unread(spec.model_dump(mode="json")))
-    return _train(spec, prepared, rundir, stop, cluster, preparation)
+    return _train(spec, prepared, rundir, stop, cluster, preparation, write_spec=from_file)
 
 
 # What the OS says when a run directory cannot be written, in an OSError or TensorFlow's
@@ -253,6 +255,26 @@ def _cluster_refused(error: ClusterError) -> ExitCode:
     """Exit 2 for a task that cannot take its place in the cluster, writing nothing: the
     job dir is the chief's, and this task may be a second copy of a running one
     (trainer/cluster.py)."""
+    log.error("%s", error)
+    log.info("%s (exit %d): nothing written", Outcome.INVALID_SPEC.value, ExitCode.INVALID_SPEC)
+    return ExitCode.INVALID_SPEC
+
+
+def _past_the_end_already(spec: JobSpec, rundir: RunDir, cluster: Cluster) -> PastTheEnd | None:
+    """A run whose `steps` its run directory's newest checkpoint has passed, told from the
+    checkpoints' names before anything is written (`epochs` are steps only once the data
+    is loaded: `_train` tells those). A cluster's workers resume from the newest step
+    they all keep, which they agree on once it has formed."""
+    if cluster.is_multi_worker or spec.steps is None:
+        return None
+    latest = rundir.latest_checkpoint_step()
+    return PastTheEnd(latest, spec.steps, None) if latest and latest > spec.steps else None
+
+
+def _refused_past_the_end(error: PastTheEnd) -> ExitCode:
+    """Exit 2 for a run whose total its checkpoints have passed, writing nothing: its run
+    directory (its spec.json, result.json and progress.jsonl) stays as it was, the job it
+    holds untouched by a length it was never run with."""
     log.error("%s", error)
     log.info("%s (exit %d): nothing written", Outcome.INVALID_SPEC.value, ExitCode.INVALID_SPEC)
     return ExitCode.INVALID_SPEC
@@ -415,7 +437,11 @@ def _train(
     stop: threading.Event,
     cluster: Cluster,
     preparation: Preparation,
+    *,
+    write_spec: bool,
 ) -> ExitCode:
+    """Train the prepared job. `write_spec`: the spec came from a file of its own, and is
+    the run directory's spec.json once nothing refuses it."""
     import tensorflow as tf
 
     from trainer.checkpoints import Checkpointer
@@ -508,6 +534,8 @@ def _train(
         step = int(trainer.step.numpy())
         if step > total:  # the spec was shortened after this checkpoint was written
             raise PastTheEnd(step, total, spec.epochs)
+        if write_spec:  # the run's from here on: read again when it is started without one
+            write_json_atomic(rundir.spec, without_unread(spec.model_dump(mode="json")))
         controller = Controller(
             spec=spec,
             trainer=trainer,
@@ -569,7 +597,18 @@ def _train(
         log.error("%s", e)
         _end_failed(progress, rundir, e.step, total)
         return _write_result(rundir, Outcome.FAILED, str(e), step=e.step, total=total)
-    except (PastTheEnd, ClusterMismatch) as e:  # said in full: no traceback, no type name
+    except PastTheEnd as e:  # the spec's length: refused as an invalid spec (exit 2)
+        # Known only now: `epochs`, counted from the data, or a cluster's step, agreed on
+        # as it formed (`_past_the_end_already` refuses the rest before writing anything).
+        # Its spec.json is left as it was; the end line and result.json say why, for the
+        # service, whose resume refuses the same length once the end line gives its total.
+        log.error("%s", e)
+        _end_failed(progress, rundir, step, total)
+        errors = [{"field": e.field, "message": str(e)}]
+        return _write_result(
+            rundir, Outcome.INVALID_SPEC, str(e), errors=errors, step=step, total=total
+        )
+    except ClusterMismatch as e:  # said in full: no traceback, no type name
         log.error("%s", e)
         _end_failed(progress, rundir, step, total)
         return _write_result(rundir, Outcome.FAILED, str(e), step=step, total=total)
@@ -592,9 +631,11 @@ def _train(
 
 class PastTheEnd(RuntimeError):
     """The latest checkpoint lies past the spec's total steps: nothing is left to train,
-    and "succeeded at step 40 of 20" would say something false about the job."""
+    and "succeeded at step 40 of 20" would say something false about the job. The spec's
+    length is at fault (exit 2), in `field`."""
 
     def __init__(self, step: int, total: int, epochs: int | None) -> None:
+        self.field = "epochs" if epochs is not None else "steps"
         length = f"{epochs} epochs, {total} steps" if epochs is not None else f"{total} steps"
         super().__init__(
             f"Cannot resume: the latest checkpoint is at step {step}, past this job's total "

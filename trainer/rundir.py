@@ -30,6 +30,7 @@ import enum
 import json
 import math
 import os
+import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -40,6 +41,10 @@ from typing import Any
 # trace's size grows with its steps, and a whole trace is parsed for the towers' times).
 PROFILE_STEPS_DEFAULT = 3
 PROFILE_STEPS_MAX = 100
+
+
+# A checkpoint's index file, as tf.train.CheckpointManager names it (`checkpoints/`).
+_CHECKPOINT_INDEX = re.compile(r"ckpt-([0-9]+)\.index")
 
 
 class ExitCode(enum.IntEnum):
@@ -106,6 +111,16 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    def latest_checkpoint_step(self) -> int | None:
+        """The step of the newest checkpoint in `checkpoints/` (`ckpt-<step>.index`) by its
+        name alone, whole or not, without TensorFlow; None when there is none."""
+        try:
+            names = os.listdir(self.checkpoints)
+        except OSError:  # none yet (or no folder there)
+            return None
+        steps = (_CHECKPOINT_INDEX.fullmatch(name) for name in names)
+        return max((int(match[1]) for match in steps if match), default=None)
 
     @property
     def export(self) -> Path:

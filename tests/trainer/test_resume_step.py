@@ -1,4 +1,4 @@
-"""What a run does at the step it resumes from: past its total, it fails saying so; at an
+"""What a run does at the step it resumes from: past its total, it is refused saying so; at an
 eval step whose eval never ended, it evaluates first."""
 
 from __future__ import annotations
@@ -11,30 +11,84 @@ import pytest
 
 from tests.trainer.progress_lines import progress_lines
 from tests.trainer.test_resume import BASE, finished  # noqa: F401 - the shared fixture
-from tests.trainer.test_run import run_worker, with_
+from tests.trainer.test_run import run_worker, start_worker, with_
 
 
-def test_resume_past_the_total_fails_saying_so(finished, tmp_path):  # noqa: F811
+def files_of(job_dir: Path) -> dict[str, bytes]:
+    """Every file under `job_dir` with its bytes."""
+    return {
+        str(path.relative_to(job_dir)): path.read_bytes()
+        for path in sorted(job_dir.rglob("*"))
+        if path.is_file()
+    }
+
+
+PAST_20 = (
+    "Cannot resume: the latest checkpoint is at step 30, past this job's total of 20 steps. "
+    "Give a larger total (steps or epochs), or start a new job to train from the start."
+)
+
+
+@pytest.mark.parametrize("given", ["spec-file", "spec-json"])
+def test_a_run_past_the_total_is_refused_and_changes_nothing(finished, tmp_path, given):  # noqa: F811
+    # Run again by hand with fewer steps than its checkpoints have: the refusal replaced
+    # the finished job's spec.json with the refused spec and its succeeded result.json
+    # with a failure, and added lines to its progress.jsonl. Nothing is lost now.
+    job_dir = tmp_path / "job"
+    shutil.copytree(finished, job_dir)
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps(with_(BASE, steps=20)))
+    if given == "spec-json":  # its own spec.json says so (a hand edit, say)
+        shutil.copy(short, job_dir / "spec.json")
+    before = files_of(job_dir)
+    assert {"spec.json", "result.json", "progress.jsonl"} <= set(before)
+
+    proc = start_worker(job_dir, spec_file=short if given == "spec-file" else None)
+    log, _ = proc.communicate(timeout=300)
+
+    assert proc.returncode == 2, log
+    assert f"ERROR trainer: {PAST_20}" in log
+    assert log.rstrip().endswith("INFO trainer: invalid_spec (exit 2): nothing written"), log
+    assert "tensorflow" not in log.lower(), log  # refused before TensorFlow's import
+    after = files_of(job_dir)
+    assert sorted(after) == sorted(before)
+    assert [name for name in before if after[name] != before[name]] == []
+
+
+def test_a_run_of_fewer_epochs_than_trained_is_refused_keeping_its_spec(finished, tmp_path):  # noqa: F811
     # Its spec shortened after the fact (`epochs` lowered on resume, say): not "succeeded"
-    # at step 30 of 20.
+    # at step 30 of 12. An epoch's steps are known once the data is loaded: the refusal
+    # comes then, as the job's spec's (exit 2), with the result.json and end line the
+    # service reads it from (it removes the last result.json before a worker starts).
     job_dir = tmp_path / "job"
     shutil.copytree(finished, job_dir)
     (job_dir / "result.json").unlink()
+    spec_json = (job_dir / "spec.json").read_bytes()
     kept = sorted(path.name for path in (job_dir / "checkpoints").iterdir())
+    fewer = tmp_path / "fewer.json"
+    fewer.write_text(json.dumps(with_(BASE, steps=None, epochs=1)))
 
-    code, result, log = run_worker(job_dir, with_(BASE, steps=20))
+    proc = start_worker(job_dir, spec_file=fewer)
+    log, _ = proc.communicate(timeout=300)
 
-    assert code == 1, log
-    assert result["outcome"] == "failed"
-    assert result["message"] == (
-        "Cannot resume: the latest checkpoint is at step 30, past this job's total of 20 "
-        "steps. Give a larger total (steps or epochs), or start a new job to train from the "
-        "start."
+    assert proc.returncode == 2, log
+    result = json.loads((job_dir / "result.json").read_text())
+    assert result["outcome"] == "invalid_spec"
+    per_epoch = result["total"]
+    assert 0 < per_epoch < 30, result
+    message = (
+        f"Cannot resume: the latest checkpoint is at step 30, past this job's total of 1 "
+        f"epochs, {per_epoch} steps. Give a larger total (steps or epochs), or start a new "
+        "job to train from the start."
     )
-    assert (result["step"], result["total"]) == (30, 20)
+    assert result["message"] == message
+    assert result["errors"] == [{"field": "epochs", "message": message}]
+    assert result["step"] == 30
+    assert (job_dir / "spec.json").read_bytes() == spec_json  # the refused spec is not its
     assert sorted(path.name for path in (job_dir / "checkpoints").iterdir()) == kept
     end = json.loads((job_dir / "progress.jsonl").read_text().splitlines()[-1])
-    assert (end["event"], end["outcome"], end["step"], end["total"]) == ("end", "failed", 30, 20)
+    assert (end["event"], end["outcome"], end["phase"]) == ("end", "failed", "failed")
+    assert (end["step"], end["total"]) == (30, per_epoch)
 
 
 def eval_steps(job_dir: Path) -> list[int]:

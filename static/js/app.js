@@ -40,7 +40,10 @@ function unescaped(segment) {
 // that message: its hidden heading (the bare job id) is not what the page shows. A view
 // whose heading waits on a read (a job's page: its name) is `aria-busy` until it has it,
 // and is said once it is not: said at 400 ms alone, a read slower than that (a slow
-// network, a loaded host) had the bare id said, or "nosuch" for "No job nosuch.".
+// network, a loaded host) had the bare id said, or "nosuch" for "No job nosuch.". Busy
+// again later (a read that got no answer, made again), it is said again once it is not,
+// if it then shows something else: the job's name, once the read again is answered, which
+// was never said (the failure's "Could not load job …" had been, and stayed).
 const announcer = document.getElementById("route-announcer");
 let announceTimer = null;
 let announceWait = null; // the observer waiting for the view to be no longer busy
@@ -55,18 +58,14 @@ function announcePage() {
     const shown = (el) => el.getClientRects().length > 0; // neither it nor a parent hidden
     const said = [...view.querySelectorAll("h1")].find(shown) ||
       [...view.querySelectorAll('[role="alert"]')].find(shown);
-    announcer.textContent = (said && said.textContent.trim()) || document.title;
+    const text = (said && said.textContent.trim()) || document.title;
+    if (announcer.textContent !== text) announcer.textContent = text; // a failure again: once
   };
   announceTimer = setTimeout(() => {
-    if (view.getAttribute("aria-busy") !== "true") {
-      say();
-      return;
-    }
+    if (view.getAttribute("aria-busy") !== "true") say();
+    // Until the next page switch (announcePage disconnects it).
     announceWait = new MutationObserver(() => {
-      if (view.getAttribute("aria-busy") === "true") return;
-      announceWait.disconnect();
-      announceWait = null;
-      say();
+      if (view.getAttribute("aria-busy") !== "true") say();
     });
     announceWait.observe(view, { attributes: true, attributeFilter: ["aria-busy"] });
   }, 400);

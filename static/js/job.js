@@ -870,6 +870,7 @@ export function mountJob(view, jobId) {
     const focused = view.contains(document.activeElement);
     halt();
     showOnly("This job was deleted.");
+    view.removeAttribute("aria-busy"); // a read still out is dropped (halted): this is said
     notFound.classList.replace("error", "job-gone");
     document.title = `${job ? job.name : jobId} · deleted · Towerboard`;
     // The control the keyboard was on is hidden now: it goes on from the message.
@@ -985,6 +986,9 @@ export function mountJob(view, jobId) {
   }
 
   async function load() {
+    // Busy until this read has filled the heading or said why it could not: a read again,
+    // after one that got no answer, too, so that the page is said again once it is answered.
+    view.setAttribute("aria-busy", "true");
     follow(); // first, then read: nothing falls between the snapshot and the stream
     const asked = mark();
     let snapshot;
@@ -1084,7 +1088,6 @@ export function mountJob(view, jobId) {
   }
 
   drawCharts();
-  view.setAttribute("aria-busy", "true"); // until the first read has filled the heading
   load();
   return () => {
     halt();

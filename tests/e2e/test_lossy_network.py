@@ -374,3 +374,45 @@ def test_a_cancel_confirmed_says_so_while_its_answer_is_out(
     finally:
         page.unroute(cancels)
     assert session.errors == []
+
+
+def test_a_job_page_read_again_after_no_answer_is_said_by_its_name(
+    session: Session, service: Service
+) -> None:
+    """A link to a job's page whose first read of the job gets no answer (a lossy network):
+    the page switch is said by what the page shows, that it could not load the job and
+    tries again; once the read again is answered, it is said again, by the job's name. The
+    name was never said: the switch had been said, by the failure, and the read again that
+    filled the heading said nothing."""
+    job_id = cancelled_job(service, "read-again-said")
+    page = session.page
+    page.goto("/")
+    expect(page.locator("#view h1")).to_have_text("Jobs")
+    lost: list[str] = []
+
+    def lose_first(route: Route) -> None:
+        if not lost and route.request.method == "GET":
+            lost.append(route.request.url)
+            route.abort()
+        else:
+            route.continue_()
+
+    job_read = re.compile(rf"/api/v1/jobs/{job_id}$")
+    page.route(job_read, lose_first)
+    try:
+        page.goto(f"/#/jobs/{job_id}")
+        announcer = page.locator("#route-announcer")
+        failed = re.compile(
+            rf"^Could not load job {job_id}: The service did not answer .* Trying again…$"
+        )
+        expect(page.locator("#job-load-error")).to_have_text(failed)
+        expect(announcer).to_have_text(failed)
+        assert lost, "the job's first read was not lost"
+        # Read again 3 s on (RETRY_MS), answered.
+        expect(page.locator(".job-heading .state")).to_have_text("cancelled", timeout=10_000)
+        expect(page.locator("#job-load-error")).to_be_hidden()
+        expect(announcer).to_have_text("read-again-said")
+        expect(page.locator("#view")).not_to_have_attribute("aria-busy", "true")
+    finally:
+        page.unroute(job_read)
+    assert session.errors == []

@@ -562,20 +562,34 @@ def test_spec_that_is_a_json_string_is_sent_as_json(session: Session) -> None:
 
 
 @contextlib.contextmanager
-def traced_from_its_page(
+def trace_service(
     browser: Browser, tmp_path: Path, worker: str
-) -> Iterator[tuple[Service, Session, dict[str, Any], int]]:
-    """A service whose worker is `worker` (TRACE_WORKER or one made from it), and a running
-    job's page where "Trace next 5 steps" was clicked and answered: the service, the page's
-    session, the job and the step the answer says. The job is cancelled and the page closed
-    after."""
+) -> Iterator[tuple[Service, Session]]:
+    """A service whose worker is `worker` (TRACE_WORKER or one made from it), and a page's
+    session on it; both closed after."""
     (tmp_path / "trace_worker.py").write_text(worker)
     tracing = Service(
         tmp_path / "data", {"TOWERBOARD_WORKER_MODULE": "trace_worker", "PYTHONPATH": str(tmp_path)}
     )
     tracing.start()
-    session = open_session(browser, tracing, LAPTOP)
     try:
+        session = open_session(browser, tracing, LAPTOP)
+        try:
+            yield tracing, session
+        finally:
+            session.context.close()
+    finally:
+        tracing.close()
+
+
+@contextlib.contextmanager
+def traced_from_its_page(
+    browser: Browser, tmp_path: Path, worker: str
+) -> Iterator[tuple[Service, Session, dict[str, Any], int]]:
+    """A service whose worker is `worker` (trace_service), and a running job's page where
+    "Trace next 5 steps" was clicked and answered: the service, the page's session, the job
+    and the step the answer says. The job is cancelled and the page closed after."""
+    with trace_service(browser, tmp_path, worker) as (tracing, session):
         page = session.page
         job = tracing.submit(job_spec(name="traced"))
         page.goto(f"/#/jobs/{job['id']}")
@@ -592,9 +606,6 @@ def traced_from_its_page(
         expect(page.locator(".job-heading .state")).to_have_text("cancelled", timeout=30_000)
         expect(page.locator("#profile-job")).to_be_hidden()  # only a running job can be traced
         assert session.errors == []
-    finally:
-        session.context.close()
-        tracing.close()
 
 
 def test_trace_asked_for_from_the_job_page(browser: Browser, tmp_path: Path) -> None:
@@ -621,13 +632,7 @@ def test_trace_asked_for_whose_answer_is_lost_says_when_it_is_taken(
     """Trace next 5 steps: the request reaches the service, its answer is lost (a lossy
     network). The worker takes the trace; the line says so once it has, where it said
     "Could not ask for a trace: The service did not answer" beside the trace's times."""
-    (tmp_path / "trace_worker.py").write_text(TRACE_WORKER)
-    tracing = Service(
-        tmp_path / "data", {"TOWERBOARD_WORKER_MODULE": "trace_worker", "PYTHONPATH": str(tmp_path)}
-    )
-    tracing.start()
-    session = open_session(browser, tracing, LAPTOP)
-    try:
+    with trace_service(browser, tmp_path, TRACE_WORKER) as (tracing, session):
         page = session.page
         job = tracing.submit(job_spec(name="traced-answer-lost"))
         page.goto(f"/#/jobs/{job['id']}")
@@ -643,9 +648,6 @@ def test_trace_asked_for_whose_answer_is_lost_says_when_it_is_taken(
         assert tracing.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
         expect(page.locator(".job-heading .state")).to_have_text("cancelled", timeout=30_000)
         assert session.errors == []
-    finally:
-        session.context.close()
-        tracing.close()
 
 
 # Why the trainer's trace gave no times on a GPU host whose profiler could not load CUPTI.

@@ -23,6 +23,22 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason
 
 LOG_READ = re.compile(r"/api/v1/jobs/[^/]+/logs\?")
 LIST_READ = re.compile(r"/api/v1/jobs\?")
+# A page's init script, run after its context's (tests/e2e/slow.py's among them): each
+# event of the page's EventSources kept on `window.handedEvents` as it is handed to the
+# page's listener, after any delay TOWERBOARD_SLOW_BROWSER=net puts in. A test can then wait
+# until the page has had an event, not only until the browser has.
+HANDED_EVENTS = """
+window.handedEvents = [];
+window.EventSource = class HandedEventSource extends window.EventSource {
+  addEventListener(type, listener, options) {
+    if (typeof listener !== "function") return super.addEventListener(type, listener, options);
+    return super.addEventListener(type, function (event) {
+      window.handedEvents.push({ type, data: event.data });
+      return listener.call(this, event);
+    }, options);
+  }
+};
+"""
 
 
 @pytest.fixture(scope="module")
@@ -302,9 +318,13 @@ def test_a_delete_whose_answer_is_lost_goes_back_to_the_list(
     """Delete job, twice, on an ended job's page: the delete is done, the stream says the
     job was deleted, and then the answer is lost (a lossy network). The page goes back to
     the list, which says the job was deleted; it said "Could not delete: The service did
-    not answer" beside a job that was gone, and nothing more came to say otherwise."""
+    not answer" beside a job that was gone, and nothing more came to say otherwise. The
+    loss waits until the page has had the `deleted`: lost before (a slow network hands
+    events on late), the page reads the job, and its 404 says "This job was deleted." in
+    the job's place, as true but not what this test is about."""
     job_id = cancelled_job(service, "delete-answer-lost")
     page = session.page
+    page.add_init_script(HANDED_EVENTS)
     job_url = re.compile(r"/api/v1/jobs/[^/?]+$")
     held: list[Route] = []
 
@@ -318,6 +338,8 @@ def test_a_delete_whose_answer_is_lost_goes_back_to_the_list(
     page.goto(f"/#/jobs/{job_id}")
     expect(page.locator(".job-heading .state")).to_have_text("cancelled")
     expect(page.locator("#delete-job")).not_to_have_attribute("aria-disabled", "true")
+    # The page's listeners get the events through it (no init script ran after it).
+    assert page.evaluate("window.EventSource.name") == "HandedEventSource"
     page.route(job_url, hold_answer)
     try:
         page.click("#delete-job")
@@ -329,7 +351,12 @@ def test_a_delete_whose_answer_is_lost_goes_back_to_the_list(
             page.wait_for_timeout(100)
         assert held, "the delete was not held"
         assert service.client.get(f"/api/v1/jobs/{job_id}").status_code == 404
-        page.wait_for_timeout(1000)  # the stream's `deleted`, to the page
+        # The stream's `deleted`, had by the page (late on a slow network), then the loss.
+        page.wait_for_function(
+            """(id) => window.handedEvents.some((event) =>
+                 event.type === "deleted" && JSON.parse(event.data).job_id === id)""",
+            arg=job_id,
+        )
         held[0].abort()
         expect(page.locator("#jobs-notice")).to_have_text(
             f"Job delete-answer-lost ({job_id}) deleted."

@@ -16,19 +16,11 @@ a paused clock hold them. The answers are held in the page, after the network: a
 that waits for a response (`page.expect_response`) and then only a moment before it
 looks at the page can see it before it had the answer.
 
-Not every test holds under `net`: a few expect one order of events that the delays
-reorder, and then the page shows another true outcome. Under `net` on a 2-core host
-(2026-11-28), these four failed, and the rest of tests/e2e passed:
-- test_dashboard.py::test_job_without_metrics_and_cancel. A cancel answered after the job
-  ended goes from "Cancelling…" straight to "Cancelled at step N", with no "Cancel
-  requested" between.
-- test_lossy_network.py::test_a_delete_whose_answer_is_lost_goes_back_to_the_list. The
-  `deleted` event comes after the lost answer, so the page reads the job, and its 404
-  says "This job was deleted." there.
-- test_delete_job.py::test_deleted_jobs_keep_paging_whole. A list re-read after the delete
-  fills the page back to 50 rows.
-- test_delete_job.py::test_delete_waits_while_the_worker_exits. The devices are read twice
-  in a window that expects one read.
+Under `net`, tests/e2e passes. The delays reorder events, and the page then shows another
+true outcome: a test asserts what holds whatever the order (either true outcome, or the
+state that must come last), or waits until the page has had what must come first (a page
+init script can tell when its listeners have: tests/e2e/test_lossy_network.py's
+HANDED_EVENTS).
 """
 
 from __future__ import annotations

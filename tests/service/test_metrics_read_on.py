@@ -60,6 +60,11 @@ class Worker:
     def evaluate(self, step: int, **fields: Any) -> None:
         self.write("eval", step, eval_loss=2 / step, eval_accuracy=step / 200, **fields)
 
+    def restart(self, step: int, **fields: Any) -> None:
+        """The job's next attempt starts, its worker restoring the checkpoint of `step`."""
+        assert self.store.mark_running(self.job_id, devices=["cpu:0"])
+        self.write("start", step, phase="starting", **fields)
+
 
 def read(
     store: JobStore,
@@ -214,8 +219,7 @@ def test_an_eval_a_stop_cut_short_is_waited_for_on_the_resume(store: JobStore) -
     worker.write("checkpoint", 20, checkpoint="checkpoints/ckpt-20")
     assert store.requeue(job_id)
     assert steps(read(store, job_id)) == []  # queued, its eval still to come
-    assert store.mark_running(job_id, devices=["cpu:0"])
-    worker.write("start", 20, phase="starting")
+    worker.restart(20)
     assert steps(read(store, job_id)) == []
     worker.evaluate(20)
     assert steps(read(store, job_id)) == [20]
@@ -225,8 +229,7 @@ def test_an_eval_a_stop_cut_short_is_waited_for_on_the_resume(store: JobStore) -
     worker.report(21)
     assert store.requeue(job_id)
     assert steps(read(store, job_id)) == [20]
-    assert store.mark_running(job_id, devices=["cpu:0"])
-    worker.write("start", 21, phase="starting")
+    worker.restart(21)
     worker.evaluate(21)
     assert steps(read(store, job_id, after=20)) == [21]
     worker.report(22)  # evaluated in [20, 21]: 22 is not held
@@ -246,8 +249,7 @@ def test_a_resumed_job_is_not_held_for_ever(store: JobStore) -> None:
     progress = {**(worker.progress or {}), "step": 30, "total": 30}
     assert store.resume(job_id, spec={**SPEC, "steps": 30}, progress=progress)
     assert steps(read(store, job_id)) == [20, 30, 37]  # 37, past its total, gets no eval
-    assert store.mark_running(job_id, devices=["cpu:0"])
-    worker.write("start", 30, phase="starting", total=30)
+    worker.restart(30, total=30)
     assert steps(read(store, job_id)) == [20]  # 30 is its last step now: the final eval
     worker.evaluate(30, total=30)
     assert steps(read(store, job_id, after=20)) == [30]
@@ -271,8 +273,7 @@ def test_a_resume_from_an_older_checkpoint_is_read_again(store: JobStore) -> Non
         reader.read()
     assert reader.after == 35 and reader.revision == 0
     assert store.requeue(job_id, crashed=True)
-    assert store.mark_running(job_id, devices=["cpu:0"])
-    worker.write("start", 20, phase="starting")
+    worker.restart(20)
     for revision in (None, 0):  # none given: the series as first written
         with pytest.raises(Rewound) as refused:
             read(store, job_id, after=35, revision=revision)
@@ -309,8 +310,7 @@ def test_an_eval_a_resume_adds_to_a_step_read_is_read_again(store: JobStore) -> 
     reader.read()
     assert reader.after == 20 and ("eval_loss", 20) not in reader.points
     assert store.resume(job_id)
-    assert store.mark_running(job_id, devices=["cpu:0"])
-    worker.write("start", 20, phase="starting")
+    worker.restart(20)
     reader.read()  # the eval of 20 is due again, and held: nothing new, nothing changed
     assert reader.revision == 0 and reader.rewinds == []
     worker.evaluate(20)
@@ -338,8 +338,7 @@ def test_a_clusters_cut_short_eval_of_a_step_read_is_read_again(store: JobStore)
     reader.read()
     assert reader.after == 21
     assert store.resume(job_id)
-    assert store.mark_running(job_id, devices=["cpu:0"])
-    worker.write("start", 21, phase="starting")
+    worker.restart(21)
     worker.evaluate(21)
     worker.report(30)
     reader.read()
@@ -360,8 +359,7 @@ def test_a_resume_that_changes_no_step_read_keeps_the_revision(store: JobStore) 
     assert store.finish(job_id, JobState.CANCELLED, result={}, error=None)
     reader.read()
     assert store.resume(job_id)
-    assert store.mark_running(job_id, devices=["cpu:0"])
-    worker.write("start", 30, phase="starting")
+    worker.restart(30)
     worker.report(40)
     worker.evaluate(40)
     reader.read()
@@ -374,8 +372,7 @@ def test_a_resume_that_changes_no_step_read_keeps_the_revision(store: JobStore) 
     reader.read()
     assert reader.after == 10
     assert store.requeue(job_id, crashed=True)
-    assert store.mark_running(job_id, devices=["cpu:0"])
-    worker.write("start", 20, phase="starting")
+    worker.restart(20)
     worker.evaluate(20)
     reader.read()
     assert reader.revision == 0 and reader.after == 20 and reader.matches()
@@ -395,8 +392,7 @@ def test_finishing_at_an_older_checkpoint_is_read_again(store: JobStore) -> None
     assert reader.after == 37
     progress = {**(worker.progress or {}), "step": 30, "total": 30}
     assert store.resume(job_id, spec={**SPEC, "steps": 30}, progress=progress)
-    assert store.mark_running(job_id, devices=["cpu:0"])
-    worker.write("start", 30, phase="starting", total=30)
+    worker.restart(30, total=30)
     worker.evaluate(30, total=30)
     worker.write("end", 30, outcome="succeeded", loss=1 / 30, accuracy=30 / 100, total=30)
     assert store.finish(job_id, JobState.SUCCEEDED, result={}, error=None)

@@ -242,6 +242,20 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
         help="no header row: to append a read on (--after-step, with --name for the columns)",
     )
     p.add_argument("--json", action="store_true", help="print the API's JSON")
+    p.add_argument(
+        "--into",
+        metavar="FILE",
+        help="keep the CSV FILE in sync instead of printing: made whole if absent (the --name "
+        "series, else every one), else read on after its last row (in its own columns unless "
+        "--name) and appended to; rows a resume replaced are dropped and read again (its "
+        "revision is kept in FILE.revision)",
+    )
+    p.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="with --into: keep reading on every few seconds until the job ends",
+    )
 
     p = verb("profile", "ask a running job for a device trace of its next steps")
     p.add_argument("id", type=_job_id, metavar="ID")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import csv
 import io
 import json
 import logging
@@ -39,6 +38,7 @@ from service.client.common import (
 )
 from service.client.display import watch
 from service.client.downloads import RUN_AGAIN, download, download_to_stdout
+from service.client.metricsfile import MetricsFile, csv_rows, revision_path
 from trainer import duplicate_keys
 from trainer.duplicate_keys import DuplicateKeyError
 
@@ -855,7 +855,11 @@ def _unknown_jobs(client: Client, error: ClientError, ids: list[str]) -> ClientE
 
 def metrics(client: Client, args: argparse.Namespace) -> int:
     """CSV on stdout, a row per step and a column per series (empty where a series has no
-    point at that step: eval runs less often), or the API's JSON."""
+    point at that step: eval runs less often), or the API's JSON; or with `--into`, a CSV
+    file kept in sync (`_metrics_into`)."""
+    if args.into is not None:
+        return _metrics_into(client, args)
+    _refuse(["--follow"] if args.follow else [], "--into FILE, which it keeps in sync")
     _refuse(["--no-header"] if args.json and args.no_header else [], "the CSV; --json has none")
     _refuse(["--revision"] if args.revision is not None and args.after_step is None else [],
             "--after-step, to read on")  # fmt: skip
@@ -881,27 +885,126 @@ def metrics(client: Client, args: argparse.Namespace) -> int:
         return EXIT_OK
     # The columns: those asked for, in order, each kept with no points (so reads with
     # --after-step and --no-header append to one CSV); else the series that have points.
-    series = (
-        {name: answer["series"].get(name) or [] for name in dict.fromkeys(args.name)}
+    columns = (
+        list(dict.fromkeys(args.name))
         if args.name
-        else {name: points for name, points in answer["series"].items() if points}
+        else [name for name, points in answer["series"].items() if points]
     )
-    rows: dict[int, dict[str, float]] = {}
-    for name, points in series.items():
-        for point in points:
-            rows.setdefault(point["step"], {})[name] = point["value"]
+    rows, _ = csv_rows(answer["series"], columns)
     if not rows:
         after = " yet" if args.after_step is None else f" after step {args.after_step}"
         sys.stderr.write(f"job {args.id} has no metrics{after}\n")
         return EXIT_OK
-    text = io.StringIO()
-    out = csv.writer(text, lineterminator="\n")
-    if not args.no_header:
-        out.writerow(["step", *series])
-    for step in sorted(rows):
-        out.writerow([step, *(repr(rows[step][n]) if n in rows[step] else "" for n in series)])
-    _out(text.getvalue())
+    _out(("" if args.no_header else ",".join(["step", *columns]) + "\n") + rows)
     return EXIT_OK
+
+
+_METRICS_POLL_SECONDS = 2.0  # `metrics --into --follow`: a worker reports every 2 s or so
+
+
+def _metrics_into(client: Client, args: argparse.Namespace) -> int:
+    """`--into FILE`: FILE made whole where it is absent, else read on after its last row
+    and appended to, at the revision kept beside it; rows a resume replaced are dropped
+    and read again. `--follow`: again every few seconds until the job has ended, through
+    a service restart as `logs --follow` rides one out."""
+    given = [("--after-step", args.after_step is not None), ("--revision", args.revision is not None),
+             ("--no-header", args.no_header), ("--json", args.json)]  # fmt: skip
+    _refuse(
+        [option for option, set_ in given if set_],
+        "a read to standard output; --into FILE reads on after FILE's last row, at the "
+        f"revision kept in {revision_path(Path(args.into)).name}",
+    )
+    target = MetricsFile(args.into, args.id, args.name)
+    try:
+        target.open(existing=target.check())
+        if not args.follow:
+            before = target.last_step
+            written = _sync_into(client, args, target, patient=False)
+            sys.stderr.write(_synced(target, before, written) + "\n")
+            return EXIT_OK
+        return _follow_into(client, args, target)
+    except KeyboardInterrupt as interrupt:
+        following = f"stopped following the metrics of job {args.id}; " if args.follow else ""
+        raise Interrupted(f"{following}{target.holds()}") from interrupt
+    finally:
+        target.close()
+
+
+def _synced(target: MetricsFile, before: int | None, written: int | None) -> str:
+    """What a read into FILE did: "appended 12 rows to run.csv (to step 400)"."""
+    to = f"to step {target.last_step}" if target.last_step is not None else "no row yet"
+    if written is None:
+        return f"{target.given} is up to date ({to})"
+    rows = f"{written} row{'s' if written != 1 else ''}"
+    return f"{'wrote' if before is None else 'appended'} {rows} to {target.given} ({to})"
+
+
+def _follow_into(client: Client, args: argparse.Namespace, target: MetricsFile) -> int:
+    """`--into FILE --follow`: read on until the job has ended, then once more."""
+    job = client.job(args.id)  # a wrong --url, or job id, fails at once
+    patient = False
+    while True:
+        ended = job["state"] in TERMINAL
+        _sync_into(client, args, target, patient=patient)
+        if ended:  # read once more after the end, so its last rows are in
+            sys.stderr.write(f"job {args.id} {job['state']}: {target.holds()}\n")
+            return EXIT_OK
+        time.sleep(_METRICS_POLL_SECONDS)
+        patient = True
+        job = client.patiently(lambda: client.job(args.id), _note)
+
+
+def _sync_into(
+    client: Client, args: argparse.Namespace, target: MetricsFile, *, patient: bool
+) -> int | None:
+    """One read into FILE: its rows since its last one, or all of them into a FILE made
+    anew; how many were written (None: none were new). A read refused because a resume
+    replaced rows FILE holds drops them, says so, and reads on from where they begin.
+    `patient`: a service gone is waited for (`Client.patiently`), as followers wait."""
+    route = f"/api/v1/jobs/{args.id}/metrics"
+
+    def read(params: dict[str, Any]) -> dict[str, Any]:
+        call = partial(client.get, route, params=params)
+        answer: dict[str, Any] = client.patiently(call, _note) if patient else call()
+        return answer
+
+    while True:
+        params: dict[str, Any] = {"name": target.columns}
+        if not target.check():
+            answer = read(params)
+            rows, last = csv_rows(answer["series"], target.columns)
+            target.write_whole(rows, last, answer.get("revision", 0))
+            return rows.count("\n")
+        if target.last_step is not None:
+            params.update(after_step=target.last_step, revision=target.revision)
+        try:
+            answer = read(params)
+        except ClientError as error:
+            after, revision = error.body.get("read_again_after"), error.body.get("revision")
+            if error.status == 422 and any(
+                e.get("field") == "query.revision" for e in error.errors
+            ):
+                raise ClientError(
+                    f"{target.revision_path} says revision {target.revision}, which job "
+                    f"{args.id}'s series has not reached ({error.message}): it is not of this "
+                    "job's rows; remove it to read on from revision 0"
+                ) from None
+            if error.status != 409 or not isinstance(after, int) or not isinstance(revision, int):
+                raise
+            dropped = target.drop_after(after, revision)
+            done = (
+                f"rewrote {target.given} from there ({dropped} row{'s' if dropped != 1 else ''} "
+                "dropped, to read again)"
+                if dropped
+                else f"{target.given} has none after it"
+            )
+            sys.stderr.write(
+                f"job {args.id}: a resume replaced its rows after step {after}; {done}\n"
+            )
+            continue
+        rows, last = csv_rows(answer["series"], target.columns)
+        target.append(rows, last, answer.get("revision", 0))
+        return rows.count("\n") or None
 
 
 def _rewound(args: argparse.Namespace, error: ClientError) -> ClientError:

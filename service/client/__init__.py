@@ -13,6 +13,8 @@
     towerboard tensorboard [--jobs ID ...] [--merge] [--open] [--stop]
     towerboard metrics ID [--name SERIES] [--after-step N [--revision R]]
                                                    scalar series as CSV
+    towerboard metrics ID [--name SERIES] --into FILE [--follow]
+                                                   a CSV file kept in sync with the job
     towerboard profile ID [--steps N]              a device trace of a running job's next steps
     towerboard devices                             each device and the job holding it
     towerboard queue [--limit N]                   queued jobs in run order; what the first waits for
@@ -39,6 +41,7 @@ target that is already there is refused (exit 1) unless `--force` is given.
 Only httpx and the standard library: the client never imports TensorFlow. Its parts:
 `commands` (the verbs' arguments; imports no httpx, so `towerboard serve` does not pay
 for the client), `verbs` (what each verb does), `api` (the service's HTTP API),
-`display` (tables, progress lines), `downloads` (resumable archive downloads) and
-`common` (exit codes, job states, the one-line error).
+`display` (tables, progress lines), `downloads` (resumable archive downloads),
+`metricsfile` (the CSV file `metrics --into` keeps) and `common` (exit codes, job states,
+the one-line error).
 """

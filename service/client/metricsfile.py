@@ -410,6 +410,8 @@ class MetricsFile:
 
     def holds(self) -> str:
         """What FILE holds now, for a message: "run.csv holds job X's rows to step 400"."""
+        if not self.path.exists():
+            return f"nothing was written to {self.given}"
         if self.last_step is None:
             return f"{self.given} holds no row of job {self.job_id} yet"
         return f"{self.given} holds job {self.job_id}'s rows to step {self.last_step}"

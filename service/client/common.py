@@ -10,11 +10,6 @@ STATES = ("queued", "running", *TERMINAL)
 DEFAULT_LIMIT = 50  # the jobs `status` lists without --limit
 QUEUE_DEFAULT = 100  # the jobs `queue` lists without --limit: the API's default
 QUEUE_MOST = 1000  # the API's largest page of the queue
-# Every scalar series a job has, in the order the API names them: the columns `metrics
-# --into` gives a new CSV without --name (tests check them against the service's).
-SERIES = (
-    "loss", "accuracy", "examples_per_sec", "learning_rate", "eval_loss", "eval_accuracy",
-)  # fmt: skip
 
 EXIT_OK = 0
 EXIT_FAILED = 1

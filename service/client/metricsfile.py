@@ -30,7 +30,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from service.client.common import EXIT_USAGE, SERIES, ClientError
+from service.client.common import EXIT_USAGE, ClientError
+from service.progress import SERIES
 
 if sys.platform != "win32":
     import fcntl

@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from service.client.common import SERIES
-from service.progress import SERIES as SERVICE_SERIES
+from service.progress import SERIES
 from tests.service.harness import (
     Service,
     free_port,
@@ -59,10 +58,6 @@ def wait_until(what: str, done: Callable[[], bool], timeout: float = 60.0) -> No
     while not done():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
-
-
-def test_the_client_names_every_series_the_service_has() -> None:
-    assert SERIES == SERVICE_SERIES
 
 
 def test_a_file_kept_by_reading_on_is_the_whole_read(tmp_path: Path) -> None:

@@ -16,10 +16,13 @@ not restore is the job's own mismatch (`CheckpointMismatch`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import shutil
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import keras
@@ -64,6 +67,17 @@ def _damage(path: str) -> str | None:
     except Exception as e:  # noqa: BLE001 - a torn file raises OpErrors, IndexError, ...
         return _reason(e)
     return None
+
+
+def data_bytes(path: str) -> int:
+    """The bytes of the data files of the checkpoint at `path` (`ckpt-N.data-*-of-*`, beside
+    its `.index`): what its restore reads, but for the index's kilobytes."""
+    prefix = Path(path)
+    total = 0
+    for file in prefix.parent.glob(f"{prefix.name}.data-*"):
+        with contextlib.suppress(OSError):  # gone: the restore says so
+            total += file.stat().st_size
+    return total
 
 
 def _reason(error: Exception) -> str:
@@ -144,7 +158,11 @@ class Checkpointer:
         trainer: TowerTrainer,
         iterator: tf.data.Iterator,
         spec: CheckpointSpec,
+        *,
+        reading: Callable[[int], AbstractContextManager[None]] | None = None,
     ) -> None:
+        """`reading`: what each restore runs inside, given the bytes of the checkpoint's
+        data files (a preparation's `restoring checkpoint` stage, saying how far it is)."""
         items: dict[str, object] = {
             "model": trainer.model,
             "optimizer": trainer.optimizer,
@@ -177,6 +195,7 @@ class Checkpointer:
             _recover_state(directory)
         self.manager = self._manager()
         self._trainer = trainer
+        self._reading = reading
         self._last_step = -1
         self._last_time = time.monotonic()
 
@@ -229,8 +248,10 @@ class Checkpointer:
         """Restore the checkpoint of `step` (one of `steps()`); return the step restored."""
         path = self._kept()[step]
         name = f"{Path(path).parent.name}/{Path(path).name}"
+        reading = self._reading(data_bytes(path)) if self._reading else contextlib.nullcontext()
         try:
-            self._restorer(path, name).restore(path).assert_existing_objects_matched()
+            with reading:
+                self._restorer(path, name).restore(path).assert_existing_objects_matched()
         except Exception as e:
             damage = _damage(path)
             if damage is not None:

@@ -49,7 +49,7 @@ from trainer.datafiles import (
 )
 from trainer.errors import op_reason
 from trainer.memory import NotEnoughMemory, available_bytes, check_read
-from trainer.preparing import JOINING, LOADING, Preparation
+from trainer.preparing import CHECKING, JOINING, LOADING, Preparation
 from trainer.spec import AugmentSpec, DataSpec, SyntheticParams
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,12 @@ def load_arrays(data: DataSpec, seed: int, preparation: Preparation | None = Non
     Where the files give no eval data, the last `eval_fraction` of the train examples,
     in file order, is held out: floor(N * eval_fraction), and always leaving one to train.
 
-    `preparation` is told the stages and how far each is (`_Meter`): `loading data`,
+    TFRecord files have every record header walked (`check_tfrecord_framing`) before any
+    is loaded, so a damaged last file fails the job before minutes of loading the others.
+
+    `preparation` is told the stages and how far each is (`_Meter`): for TFRecord files,
+    `checking data`, bytes of the files on disk walked (after each 1 MiB piece the walk
+    reads, a gzip'd file's compressed bytes); `loading data`,
     bytes of the files on disk, from 0 as each file's arrays or records are read (every
     16 MiB of an array, every 256 records) to the whole once every file is read; then,
     where several files' examples are joined into one array, `joining data`, bytes of
@@ -147,7 +152,9 @@ def load_arrays(data: DataSpec, seed: int, preparation: Preparation | None = Non
         return arrays
     files = resolve_files(data)
     meter = _Meter(files, preparation)
-    train, evals = _read_files(data.format, files, meter)
+    framing = _check_framing(files, meter) if data.format == "tfrecord" else {}
+    meter.begin(LOADING)
+    train, evals = _read_files(data.format, files, meter, framing)
     train_files = len(train)
     eval_sources = [chunk.source for chunk in evals] if evals else None
     meter.joining(train, evals)
@@ -522,10 +529,12 @@ def _held_out_count(n: int, fraction: float) -> int:
 
 class _Meter:
     """A load's way, told to a `Preparation`: through its files, in their bytes on disk
-    (`LOADING`: the files read so far, and of the one being read the share its reader
-    says it has read, of its arrays' bytes or of its records, so a gzip'd file moves at
-    the pace of its inflated data); then through the join of several files' examples
-    (`JOINING`: bytes of their images copied). Without a `Preparation` it does nothing."""
+    (`CHECKING`, TFRecord files alone: the files walked so far, and of the one being
+    walked the bytes its walk has reached; `LOADING`: the files read so far, and of the one
+    being read the share its reader says it has read, of its arrays' bytes or of its
+    records, so a gzip'd file moves at the pace of its inflated data); then through the
+    join of several files' examples (`JOINING`: bytes of their images copied). Without a
+    `Preparation` it does nothing."""
 
     def __init__(self, files: DataFiles, preparation: Preparation | None) -> None:
         self._preparation = preparation
@@ -539,8 +548,12 @@ class _Meter:
                         with contextlib.suppress(OSError):  # gone: its reader says so
                             self._sizes[each] = os.stat(each).st_size
         self._total = sum(self._sizes.values())
-        if preparation is not None:
-            preparation.stage(LOADING, 0, self._total)
+
+    def begin(self, stage: str) -> None:
+        """A pass through the files begins (`CHECKING` or `LOADING`), from 0 of their bytes."""
+        self._before = 0
+        if self._preparation is not None:
+            self._preparation.stage(stage, 0, self._total)
 
     @contextlib.contextmanager
     def file(self, path: Path) -> Iterator[None]:
@@ -555,6 +568,10 @@ class _Meter:
         """`done` of `of` of the file being read (bytes of its arrays, or its records)."""
         if of > 0:
             self._amount(self._before + self._size * min(done, of) // of)
+
+    def at(self, byte: int) -> None:
+        """The file being walked is read up to `byte` of its bytes on disk."""
+        self._amount(self._before + min(byte, self._size))
 
     def joining(self, *chunk_lists: list[_Chunk]) -> None:
         """The join of these chunks begins: the images of each list of several."""
@@ -576,8 +593,42 @@ class _Meter:
 _NO_METER = _Meter(DataFiles([], []), None)
 
 
-def _read_files(fmt: str, files: DataFiles, meter: _Meter) -> tuple[list[_Chunk], list[_Chunk]]:
-    """Train and eval chunks of every file, in order."""
+@dataclass(frozen=True)
+class _Framed:
+    """What `check_tfrecord_framing` found of a file: its whole records, and the file's
+    size and modification time when it was walked (`_framed`)."""
+
+    records: int
+    size: int
+    mtime_ns: int
+
+
+def _framed(path: Path, reached: Callable[[int], None] | None = None) -> _Framed:
+    """`check_tfrecord_framing` of `path`, its failure a `DataError`."""
+    stat = os.stat(path)
+    try:
+        records = check_tfrecord_framing(path, reached=reached)
+    except DataFilesError as error:
+        raise DataError(str(error)) from None
+    return _Framed(records, stat.st_size, stat.st_mtime_ns)
+
+
+def _check_framing(files: DataFiles, meter: _Meter) -> dict[Path, _Framed]:
+    """Every TFRecord file's record headers walked (`check_tfrecord_framing`), train then
+    eval, before any is loaded: a damaged last file fails the job at once, not after the
+    others' minutes of loading. The `checking data` stage, in the files' bytes on disk."""
+    meter.begin(CHECKING)
+    framing = {}
+    for path in [*files.train, *files.eval]:
+        with meter.file(path):
+            framing[path] = _framed(path, meter.at)
+    return framing
+
+
+def _read_files(
+    fmt: str, files: DataFiles, meter: _Meter, framing: dict[Path, _Framed]
+) -> tuple[list[_Chunk], list[_Chunk]]:
+    """Train and eval chunks of every file, in order; `framing`: each TFRecord file's walk."""
     train: list[_Chunk] = []
     evals: list[_Chunk] = []
     # An empty TFRecord file is a valid one (a sharded writer leaves some when it has fewer
@@ -594,7 +645,7 @@ def _read_files(fmt: str, files: DataFiles, meter: _Meter) -> tuple[list[_Chunk]
                 evals.append(eval_chunk)
         else:
             with meter.file(path):
-                record_chunk = _read_tfrecord(path, meter)
+                record_chunk = _read_tfrecord(path, meter, framing.get(path))
             if record_chunk is not None:
                 train.append(record_chunk)
             else:
@@ -609,7 +660,7 @@ def _read_files(fmt: str, files: DataFiles, meter: _Meter) -> tuple[list[_Chunk]
                 evals.extend(chunk for chunk in _read_npz(path, meter) if chunk is not None)
         else:
             with meter.file(path):
-                record_chunk = _read_tfrecord(path, meter)
+                record_chunk = _read_tfrecord(path, meter, framing.get(path))
             if record_chunk is not None:
                 evals.append(record_chunk)
     if files.eval and not evals:
@@ -925,20 +976,24 @@ _TFRECORD_FEATURES = {
 }
 
 
-def _read_tfrecord(path: Path, meter: _Meter = _NO_METER) -> _Chunk | None:
+def _read_tfrecord(
+    path: Path, meter: _Meter = _NO_METER, framed: _Framed | None = None
+) -> _Chunk | None:
     """All examples of one TFRecord file (GZIP if named `.gz`); None if it has none.
+    `framed`: the file's walk (`_check_framing`), where it was walked before.
 
     This holds the whole file in memory, as every format here does: the pipeline then
     feeds by index, so its checkpoints hold positions instead of buffered records.
     """
     compressed = tfrecord_compressed(path)
-    try:
-        # Before TensorFlow reads it: a header claiming 2^40 bytes killed the worker
-        # (SIGSEGV) as TensorFlow allocated them, and a file that ends inside a header
-        # read as one that ends before it, dropping the rest without a word.
-        records = check_tfrecord_framing(path)
-    except DataFilesError as error:
-        raise DataError(str(error)) from None
+    # Walked before TensorFlow reads it: a header claiming 2^40 bytes killed the worker
+    # (SIGSEGV) as TensorFlow allocated them, and a file that ends inside a header read as
+    # one that ends before it, dropping the rest without a word. Walked again here where
+    # it changed since (its size or time): the walk vouches for the file it walked.
+    stat = os.stat(path)
+    if framed is None or (stat.st_size, stat.st_mtime_ns) != (framed.size, framed.mtime_ns):
+        framed = _framed(path)
+    records = framed.records
     dataset = (
         tf.data.TFRecordDataset([str(path)], compression_type="GZIP" if compressed else "")
         # 256 records a parse: one at a time is 10x slower, and a batch's strings are held

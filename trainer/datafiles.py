@@ -463,7 +463,9 @@ def record_runs_past(
 FRAMING_CHUNK = 2**20
 
 
-def check_tfrecord_framing(path: Path, chunk: int = FRAMING_CHUNK) -> int:
+def check_tfrecord_framing(
+    path: Path, chunk: int = FRAMING_CHUNK, reached: Callable[[int], None] | None = None
+) -> int:
     """Walks a TFRecord file's record headers before the worker's TensorFlow reads it, and
     returns how many whole records it holds (before any header TensorFlow refuses itself,
     below). Raises `DataFilesError` for a record whose header claims more bytes than the
@@ -489,23 +491,45 @@ def check_tfrecord_framing(path: Path, chunk: int = FRAMING_CHUNK) -> int:
 
     A header whose length's checksum does not hold claims nothing: the walk stops there,
     and TensorFlow, which checks it before it reads on, says "corrupted record" of it. A
-    gzip stream Python cannot inflate is refused, as the service refuses a first block."""
+    gzip stream Python cannot inflate is refused, as the service refuses a first block.
+
+    `reached`, where given, is told how far into the file the walk is after each piece it
+    reads, in the file's bytes on disk (a gzip'd file's: where its inflation has read the
+    compressed file to): a walk of gigabytes takes seconds, which a preparation's
+    `checking data` lines say as they go."""
     compressed = tfrecord_compressed(path)
     try:
         with path.open("rb") as file:
+            said = _nothing if reached is None else _telling(reached, file)
             if not compressed:
-                return _walk_records(file, os.fstat(file.fileno()).st_size, path, chunk)
+                return _walk_records(file, os.fstat(file.fileno()).st_size, path, chunk, said)
             with gzip.GzipFile(fileobj=file) as stream:
-                return _walk_records(cast(BinaryIO, stream), None, path, chunk)
+                return _walk_records(cast(BinaryIO, stream), None, path, chunk, said)
     except (OSError, EOFError, zlib.error) as error:  # zlib.error: damaged data
         if not compressed:
             raise
         raise DataFilesError(f"Expected a readable gzip file. Received: {error} ({path})") from None
 
 
-def _walk_records(stream: BinaryIO, size: int | None, path: Path, chunk: int) -> int:
+def _nothing() -> None:
+    pass
+
+
+def _telling(reached: Callable[[int], None], file: BinaryIO) -> Callable[[], None]:
+    """Tells `reached` where `file` is read to, when called."""
+
+    def said() -> None:
+        reached(file.tell())
+
+    return said
+
+
+def _walk_records(
+    stream: BinaryIO, size: int | None, path: Path, chunk: int, said: Callable[[], None]
+) -> int:
     """`check_tfrecord_framing` of `stream` at its start: `size` is a plain file's bytes,
-    None for a gzip'd file's inflated stream, whose end is found by reading to it."""
+    None for a gzip'd file's inflated stream, whose end is found by reading to it. `said`
+    is called after each piece read."""
     index = 0  # the next record's
     at = 0  # where its header begins
     buffer, start = b"", 0  # bytes of the stream in hand, and where they begin
@@ -518,7 +542,7 @@ def _walk_records(stream: BinaryIO, size: int | None, path: Path, chunk: int) ->
             else:
                 kept = b""
                 if size is None:
-                    skipped = _discard(stream, at - start - len(buffer), chunk)
+                    skipped = _discard(stream, at - start - len(buffer), chunk, said)
                     if (end := start + len(buffer) + skipped) < at:
                         assert last is not None  # the stream's start is never past its end
                         _refuse_past(index - 1, *last, end, path, compressed=True)
@@ -528,6 +552,7 @@ def _walk_records(stream: BinaryIO, size: int | None, path: Path, chunk: int) ->
             buffer, start = kept, at
             while len(buffer) < TFRECORD_HEADER_BYTES and (piece := stream.read(chunk)):
                 buffer += piece
+                said()
         head = buffer[at - start : at - start + TFRECORD_HEADER_BYTES]
         if not head:
             return index  # the stream ends where a record does
@@ -563,11 +588,13 @@ def _refuse_past(index: int, at: int, head: bytes, end: int, path: Path, compres
     raise DataFilesError(record_runs_past(index, at, length, held, path, compressed))
 
 
-def _discard(stream: BinaryIO, count: int, chunk: int) -> int:
-    """Reads and drops up to `count` bytes of `stream`; returns how many there were."""
+def _discard(stream: BinaryIO, count: int, chunk: int, said: Callable[[], None]) -> int:
+    """Reads and drops up to `count` bytes of `stream`; returns how many there were.
+    `said` is called after each piece."""
     done = 0
     while done < count and (piece := stream.read(min(count - done, chunk))):
         done += len(piece)
+        said()
     return done
 
 

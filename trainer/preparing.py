@@ -1,10 +1,11 @@
 """A worker's preparation as progress lines: which stage it is in, and how far a load is.
 
-Between its start and its `start` line a worker imports TensorFlow, loads the data, builds
-the model and restores the latest checkpoint: seconds on MNIST, minutes for gigabytes of
-data or a large model's checkpoint, all of which the service showed as `preparing`. Each
-stage is a `phase` line of phase `preparing` that names it in `stage` (`STAGES`); a stage
-that knows how far it is (the data load: bytes of its files, as on disk) says so in
+Between its start and its `start` line a worker imports TensorFlow, checks and loads the
+data, builds the model and restores the latest checkpoint: seconds on MNIST, minutes for
+gigabytes of data or a large model's checkpoint, all of which the service showed as
+`preparing`. Each stage is a `phase` line of phase `preparing` that names it in `stage`
+(`STAGES`); a stage that knows how far it is (the data's check and load: bytes of its
+files, as on disk; a restore: bytes read of the checkpoint's data files) says so in
 `stage_done` of `stage_total`, at its start, then at most once every `EVERY_SECONDS`,
 and when it is through. A line that sets a phase without a `stage` ends the stage (the
 `start` line does, with its phase `starting`).
@@ -17,10 +18,13 @@ fails it where the disk is full, saying where). No TensorFlow here.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Final
 
 from trainer.rundir import ProgressWriter, RunDir
@@ -31,15 +35,21 @@ log = logging.getLogger(__name__)
 # yet started (`service.store.PREPARING`), so a reader that knows no stage shows it as before.
 PREPARING: Final = "preparing"
 
-# The stages, in their order. The loads' say how far they are, in bytes: `loading data`
-# of the data files as on disk (`trainer.data`'s meter), `joining data` of the images of
-# several files copied into one array (only where there are several).
+# The stages, in their order. The data's and the checkpoint's say how far they are, in
+# bytes: `checking data` (TFRecord files alone: every record header walked before any file
+# is loaded) and `loading data` of the data files as on disk (`trainer.data`'s meter),
+# `joining data` of the images of several files copied into one array (only where there
+# are several), `restoring checkpoint` of its data files read (`Preparation.reads`).
 IMPORTING: Final = "importing TensorFlow"
+CHECKING: Final = "checking data"
 LOADING: Final = "loading data"
 JOINING: Final = "joining data"
 BUILDING: Final = "building the model"
 RESTORING: Final = "restoring checkpoint"
-STAGES: Final = (IMPORTING, LOADING, JOINING, BUILDING, RESTORING)
+STAGES: Final = (IMPORTING, CHECKING, LOADING, JOINING, BUILDING, RESTORING)
+
+# Where Linux counts the bytes a process has read (`read_bytes`).
+PROC_IO: Final = Path("/proc/self/io")
 
 # The most a stage's amounts are said, besides its first and last.
 EVERY_SECONDS = 1.0
@@ -99,6 +109,45 @@ class Preparation:
             return
         self._write(done, total)
 
+    @contextlib.contextmanager
+    def reads(self, name: str, total: int, *, io: Path = PROC_IO) -> Iterator[None]:
+        """Stage `name` while the body runs, said in `total` bytes the body is to read, as
+        far as this process's count of bytes read (`read_bytes`) has gone since it began:
+        at its start, then from a thread every `EVERY_SECONDS` (`min(read, total)`), and
+        `total` once the body has returned (not where it raised). For a read done by code
+        that says nothing of its way (TensorFlow's restore of a checkpoint): the count is
+        every read of every thread of the process, whatever it reads, so it is the body's
+        only where nothing else reads much meanwhile. Where the count is unreadable (no
+        Linux), or `total` is 0, the stage is said without amounts.
+
+        The body must write no line of its own: the thread writes them meanwhile."""
+        start = read_bytes(io)
+        if start is None or total <= 0:
+            if name != self._stage:
+                self.stage(name)
+            yield
+            return
+        self.stage(name, 0, total)
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.wait(self._every):
+                now = read_bytes(io)
+                if now is None:
+                    return
+                # Every `EVERY_SECONDS` already: not held back by `amount`'s clock.
+                if (done := min(now - start, total), total) != self._said:
+                    self._write(done, total)
+
+        sampler = threading.Thread(target=sample, name="preparation-reads", daemon=True)
+        sampler.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            sampler.join()
+        self.amount(total, total)
+
     def _write(self, done: int | None, total: int | None) -> None:
         if self._failed:
             return
@@ -115,3 +164,17 @@ class Preparation:
             return
         self._said_at = self._clock()
         self._said = None if done is None or total is None else (done, total)
+
+
+def read_bytes(io: Path = PROC_IO) -> int | None:
+    """The bytes this process has read so far, by Linux's count (`rchar` of `/proc/self/io`:
+    every read call's bytes, of files, the page cache's copies of them included, pipes and
+    sockets, by every thread), or None where it cannot be read."""
+    try:
+        with io.open("rb") as file:
+            for line in file:
+                if line.startswith(b"rchar:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

@@ -521,8 +521,20 @@ def _train(
                 spec.batch_size,
                 math.ceil(arrays.num_eval / spec.batch_size),
             )
-        checkpointer = Checkpointer(rundir.checkpoints, trainer, batches, spec.checkpoint)
-        if checkpointer.steps():  # a large model's takes seconds; none to restore, none
+        # A large model's restore takes seconds to minutes: said in bytes of its checkpoint's
+        # data files read (`Preparation.reads`, by the process's count of bytes read). It
+        # is about the restore's alone: the data was loaded (`_prepare`) before the model
+        # was built, the input pipelines feed from those arrays in memory, the summaries'
+        # writer writes, and nothing else of the worker reads meanwhile but a cluster's
+        # gathers (between restores) and the kilobytes of the checkpoint's index.
+        checkpointer = Checkpointer(
+            rundir.checkpoints,
+            trainer,
+            batches,
+            spec.checkpoint,
+            reading=lambda total: preparation.reads(RESTORING, total),
+        )
+        if checkpointer.steps():  # none to restore, no stage
             preparation.stage(RESTORING)
         if cluster_trainer is not None:
             # The same checkpoint restored on every worker (`same_job` checked the job).

@@ -1,5 +1,6 @@
 """A worker's preparation as progress lines (`trainer.preparing`): the stages, how far a
-data load is through its files, at most a line a second, and a real worker's lines."""
+data check and load are through its files, how far a restore has read its checkpoint, at
+most a line a second, and a real worker's lines."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +18,17 @@ import pytest
 
 from tests.tfrecords import write_tfrecord
 from tests.trainer.progress_lines import progress_lines
-from trainer.data import load_arrays
-from trainer.preparing import BUILDING, IMPORTING, JOINING, LOADING, RESTORING, Preparation
+from trainer.data import DataError, load_arrays
+from trainer.preparing import (
+    BUILDING,
+    CHECKING,
+    IMPORTING,
+    JOINING,
+    LOADING,
+    RESTORING,
+    Preparation,
+    read_bytes,
+)
 from trainer.rundir import RunDir
 from trainer.spec import DataSpec
 
@@ -111,17 +122,23 @@ def test_a_load_says_each_file_it_has_read_of_the_files_bytes(tmp_path: Path, fm
     run = tmp_path / "run"
     arrays = load_arrays(spec, 0, Preparation(RunDir(run), every=0))
     lines = lines_of(run)
+    # TFRecord files are walked first, every one, each record header (`checking data`).
+    checking = [(done, total) for stage, done, total in lines if stage == CHECKING]
     loading = [(done, total) for stage, done, total in lines if stage == LOADING]
     joining = [(done, total) for stage, done, total in lines if stage == JOINING]
-    assert [stage for stage, _, _ in lines] == [LOADING] * len(loading) + [JOINING] * len(joining)
+    assert [stage for stage, _, _ in lines] == (
+        [CHECKING] * len(checking) + [LOADING] * len(loading) + [JOINING] * len(joining)
+    )
+    assert bool(checking) == (fmt == "tfrecord")
     total = sum(sizes)
-    assert loading[0] == (0, total) and loading[-1] == (total, total)
-    assert all(of == total for _, of in loading)
-    done = [d or 0 for d, _ in loading]  # each a count (the first line's checked above)
-    assert done == sorted(done)
     # Each file, once read (an IDX pair: its images, then its labels file).
     ends = set(np.cumsum(sizes).tolist())
-    assert ends <= set(done), (ends, done)
+    for amounts in (checking, loading) if checking else (loading,):
+        assert amounts[0] == (0, total) and amounts[-1] == (total, total)
+        assert all(of == total for _, of in amounts)
+        done = [d or 0 for d, _ in amounts]  # each a count (the first line's checked above)
+        assert done == sorted(done)
+        assert ends <= set(done), (ends, done)
     images = (arrays.num_train + arrays.num_eval) * 8 * 8  # uint8: a byte a pixel
     assert joining[0] == (0, images) and joining[-1] == (images, images)
 
@@ -132,6 +149,103 @@ def test_a_load_of_one_file_joins_nothing(tmp_path: Path) -> None:
     size = (tmp_path / "data" / "part-0.npz").stat().st_size
     assert lines_of(tmp_path / "run")[0] == (LOADING, 0, size)
     assert {stage for stage, _, _ in lines_of(tmp_path / "run")} == {LOADING}
+
+
+def random_tfrecord(path: Path, count: int = 3000) -> Path:
+    """`count` records of 32x32 noise: a file of about 3 MiB, gzip'd or not, which the walk
+    reads in several 1 MiB pieces (and a gzip'd one's inflation in several reads)."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (count, 32, 32, 1), np.uint8)
+    return write_tfrecord(path, x, rng.integers(0, 4, count).tolist())
+
+
+@pytest.mark.parametrize("name", ["a.tfrecord", "a.tfrecord.gz"])
+def test_the_walk_of_a_tfrecord_file_says_how_far_it_is_inside_the_file(
+    tmp_path: Path, name: str
+) -> None:
+    """From inside the walk, not a file at a time: the bytes of the file it has reached
+    (a gzip'd one's compressed bytes), between 0 and the file's size, rising."""
+    (tmp_path / "data").mkdir()
+    size = random_tfrecord(tmp_path / "data" / name).stat().st_size
+    assert size > 2 * 2**20
+    run = tmp_path / "run"
+    load_arrays(
+        DataSpec(format="tfrecord", path=str(tmp_path / "data")),
+        0,
+        Preparation(RunDir(run), every=0),
+    )
+    checking = [(done, total) for stage, done, total in lines_of(run) if stage == CHECKING]
+    assert checking[0] == (0, size) and checking[-1] == (size, size)
+    done = [d or 0 for d, _ in checking]
+    assert done == sorted(done)
+    assert any(0 < d < size for d in done), done  # moved within the file
+
+
+def test_a_damaged_last_tfrecord_file_fails_before_any_file_is_loaded(tmp_path: Path) -> None:
+    """Every file walked before the first is loaded: the job fails at once, not after
+    minutes of loading the files before the damaged one."""
+    spec = data_set(tmp_path / "data", "tfrecord")
+    last = tmp_path / "data" / "part-2.tfrecord"
+    last.write_bytes(last.read_bytes() + bytes(5))  # ends inside a record's header
+    run = tmp_path / "run"
+    with pytest.raises(DataError, match=r"then 5 bytes that are no whole record .*part-2"):
+        load_arrays(spec, 0, Preparation(RunDir(run), every=0))
+    lines = lines_of(run)
+    assert {stage for stage, _, _ in lines} == {CHECKING}  # no `loading data` line
+    sizes = [(tmp_path / "data" / f"part-{i}.tfrecord").stat().st_size for i in range(3)]
+    # The first two walked whole, then the third to its end.
+    assert (sizes[0] + sizes[1], sum(sizes)) in [(d, t) for _, d, t in lines]
+
+
+def test_a_tfrecord_file_changed_after_its_walk_is_walked_again(tmp_path: Path) -> None:
+    """The walk vouches for the file it walked: one changed between its walk and its load
+    (size or time) is walked again before TensorFlow reads it."""
+    import trainer.data as data
+
+    path = random_tfrecord(tmp_path / "a.tfrecord", 10)
+    framed = data._framed(path)
+    assert framed.records == 10
+    assert data._read_tfrecord(path, framed=framed) is not None
+    path.write_bytes(path.read_bytes() + bytes(5))
+    with pytest.raises(DataError, match="then 5 bytes that are no whole record"):
+        data._read_tfrecord(path, framed=framed)
+
+
+def test_a_stages_reads_are_said_as_the_process_reads(tmp_path: Path) -> None:
+    """`reads`: the bytes this process reads while the body runs, sampled by a thread,
+    up to the total, and the total once the body is through."""
+    if read_bytes() is None:
+        pytest.skip("no /proc/self/io here")
+    big = tmp_path / "big"
+    big.write_bytes(os.urandom(8 * 2**20))
+    run = tmp_path / "run"
+    preparation = Preparation(RunDir(run), every=0.01)
+    with preparation.reads(RESTORING, 8 * 2**20), big.open("rb", buffering=0) as file:
+        while file.read(2**20):
+            time.sleep(0.03)  # a few samples a piece
+    amounts = [(done, total) for stage, done, total in lines_of(run) if stage == RESTORING]
+    assert amounts[0] == (0, 8 * 2**20) and amounts[-1] == (8 * 2**20, 8 * 2**20)
+    done = [d or 0 for d, _ in amounts]
+    assert done == sorted(done) and any(0 < d < 8 * 2**20 for d in done), done
+    # Within a piece of what was read (and the few bytes the samples read of /proc).
+    assert {d // 2**20 for d in done[1:-1]} <= set(range(1, 9)) | {0}
+
+
+def test_a_stages_reads_that_fail_end_without_their_total(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    preparation = Preparation(RunDir(run), every=0.01)
+    with pytest.raises(OSError), preparation.reads(RESTORING, 2**30):
+        raise OSError("a torn checkpoint")
+    amounts = [(done, total) for stage, done, total in lines_of(run) if stage == RESTORING]
+    assert amounts[0] == (0, 2**30) and (2**30, 2**30) not in amounts
+
+
+def test_a_stages_reads_where_the_count_is_unreadable_say_no_amounts(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    preparation = Preparation(RunDir(run), every=0.01)
+    with preparation.reads(RESTORING, 100, io=tmp_path / "no-such-file"):
+        time.sleep(0.05)
+    assert lines_of(run) == [(RESTORING, None, None)]
 
 
 def test_synthetic_data_is_a_stage_without_amounts(tmp_path: Path) -> None:
@@ -197,7 +311,9 @@ def test_a_worker_says_each_stage_of_its_preparation_and_how_far_its_load_is(
         assert all(b - a >= 0.9 for a, b in zip(times, times[1:], strict=False)), (stage, times)
     assert not any(key.startswith("stage") for key in lines[start])
 
-    # Trained on: its worker restores the checkpoint, and says so.
+    # Trained on: its worker restores the checkpoint, and says how far it has read it.
+    ckpt_bytes = sum(p.stat().st_size for p in (job_dir / "checkpoints").glob("ckpt-2.data-*"))
+    assert ckpt_bytes > 0
     again = run_worker(job_dir, {**spec, "steps": 4})
     assert again.returncode == 0, again.stderr
     lines = progress_lines(job_dir / "progress.jsonl")
@@ -206,6 +322,16 @@ def test_a_worker_says_each_stage_of_its_preparation_and_how_far_its_load_is(
     resumed = [line["stage"] for line in lines[starts[0] : starts[1]] if "stage" in line]
     assert list(dict.fromkeys(resumed)) == [IMPORTING, LOADING, JOINING, BUILDING, RESTORING]
     assert lines[starts[1] - 1]["stage"] == RESTORING  # up to the start line
+    restoring = [
+        (line.get("stage_done"), line.get("stage_total"))
+        for line in lines[starts[0] : starts[1]]
+        if line.get("stage") == RESTORING
+    ]
+    if read_bytes() is not None:  # Linux: the process's count of bytes read
+        assert restoring[0] == (None, None)  # the stage, before the restore's total is known
+        assert restoring[1] == (0, ckpt_bytes)
+        assert restoring[-1] == (ckpt_bytes, ckpt_bytes)
+        assert all(total == ckpt_bytes for _, total in restoring[1:])
 
 
 def test_a_join_of_files_of_two_dtypes_counts_the_float_images_it_copies(tmp_path: Path) -> None:

@@ -248,6 +248,50 @@ def test_a_stages_reads_where_the_count_is_unreadable_say_no_amounts(tmp_path: P
     assert lines_of(run) == [(RESTORING, None, None)]
 
 
+def test_a_restore_says_its_checkpoints_bytes_read_and_starts_again_for_an_older_one(
+    tmp_path: Path,
+) -> None:
+    """A real restore (`Checkpointer`, a small model): its stage in the bytes of the
+    checkpoint's data files, from 0 to their whole; a damaged newest one tried first ends
+    without its total, and the one before it is said from 0 of its own."""
+    if read_bytes() is None:
+        pytest.skip("no /proc/self/io here")
+    import tensorflow as tf
+
+    from tests.trainer.test_towers import batch, make_trainer
+    from trainer.checkpoints import Checkpointer
+    from trainer.spec import CheckpointSpec
+
+    def checkpointer(reading=None) -> Checkpointer:
+        trainer = make_trainer(1)
+        trainer.train_step(*batch(16))
+        data = iter(tf.data.Dataset.range(1))
+        spec = CheckpointSpec(every_steps=1, keep=5)
+        return Checkpointer(tmp_path / "ckpt", trainer, data, spec, reading=reading)
+
+    saving = checkpointer()
+    saving.save(1)
+    saving.save(2)
+    sizes = {
+        step: sum(p.stat().st_size for p in (tmp_path / "ckpt").glob(f"ckpt-{step}.data-*"))
+        for step in (1, 2)
+    }
+    os.truncate(tmp_path / "ckpt" / "ckpt-2.data-00000-of-00001", sizes[2] // 2)
+    run = tmp_path / "run"
+    preparation = Preparation(RunDir(run), every=0.001)
+    restoring = checkpointer(lambda total: preparation.reads(RESTORING, total))
+    assert restoring.restore_latest() == 1
+    amounts = [(done, total) for stage, done, total in lines_of(run) if stage == RESTORING]
+    newest, older = sizes[2] // 2, sizes[1]
+    assert amounts[0] == (0, newest)
+    again = amounts.index((0, older))  # its own stage line, from 0
+    assert all(total == newest for _, total in amounts[:again])
+    assert all(total == older for _, total in amounts[again:])
+    assert amounts[-1] == (older, older)
+    done = [d or 0 for d, _ in amounts[again:]]
+    assert done == sorted(done)
+
+
 def test_synthetic_data_is_a_stage_without_amounts(tmp_path: Path) -> None:
     load_arrays(DataSpec(format="synthetic"), 0, Preparation(RunDir(tmp_path)))
     assert lines_of(tmp_path) == [(LOADING, None, None)]

@@ -448,6 +448,11 @@ def test_check_tfrecord_framing_walks_every_header_whatever_its_pieces(
     data = _records(path)
     for chunk in CHUNKS:
         assert check_tfrecord_framing(path, chunk) == len(LENGTHS), chunk
+        # How far into the file it is, after each piece: rising, within the file.
+        reached: list[int] = []
+        assert check_tfrecord_framing(path, chunk, reached.append) == len(LENGTHS)
+        assert reached and reached == sorted(reached), chunk
+        assert 0 < reached[-1] <= path.stat().st_size, chunk
 
     # A record whose header claims more than follows it, at any record: its index and
     # where it begins (in a gzip'd file, in the inflated stream) are named.

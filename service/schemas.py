@@ -75,7 +75,8 @@ class ProgressPublic(BaseModel):
     stage: str | None = Field(
         None,
         description="While `preparing`, which stage of it the worker is in, as it last said: "
-        "`importing TensorFlow`, `loading data`, `joining data` (several files' examples "
+        "`importing TensorFlow`, `checking data` (TFRecord files: every record header walked "
+        "before any file is loaded), `loading data`, `joining data` (several files' examples "
         "copied into one array), `building the model` (and the input pipelines), "
         "`restoring checkpoint`. None from its `start` line on, and while a worker that "
         "says none prepares (an older one): then only `preparing` is known. A job that "
@@ -83,8 +84,9 @@ class ProgressPublic(BaseModel):
     )
     stage_done: int | None = Field(
         None,
-        description="How far the stage is, where it says (`loading data`: bytes of the data "
-        "files read, as they are on disk; `joining data`: bytes of the images copied). "
+        description="How far the stage is, where it says (`checking data`, `loading data`: "
+        "bytes of the data files walked or read, as they are on disk; `joining data`: bytes "
+        "of the images copied; `restoring checkpoint`: bytes of its data files read). "
         "Said at most about once a second, and as the stage ends.",
     )
     stage_total: int | None = Field(

@@ -7,7 +7,7 @@ headers (an .npz file's directory of arrays and their .npy headers, an IDX file'
 and size, a TFRecord file's first record header, and the first training and eval record,
 `trainer.tfexample`), never the rest of the data, so a check costs a directory listing and
 a few small reads of each file: the header readers here are the worker's own. The worker
-also walks every TFRecord header of a file before TensorFlow reads it
+also walks every TFRecord header of every file before it loads any
 (`check_tfrecord_framing`), which the service leaves to it.
 
 Rules (`data.path` may name a file, a folder (its own files, not its subfolders') or a

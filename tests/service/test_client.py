@@ -1219,6 +1219,15 @@ def test_phase_shows_how_far_a_phase_is() -> None:
     assert phase({"phase": "preparing", "stage": "building the model"}) == "building the model"
     assert phase({"phase": "preparing"}) == "preparing"  # a worker that says no stage
 
+    # Every stage a worker says, with its amounts (`checking data`, `restoring checkpoint`
+    # came after the rest): shown by its name, as far as it says.
+    from trainer.preparing import STAGES
+
+    for stage in STAGES:
+        line = {"time": 1.0, "event": "phase", "phase": "preparing", "stage": stage}
+        folded, _, _ = fold_progress(None, None, [{**line, "stage_done": 3, "stage_total": 10}])
+        assert folded is not None and phase(folded) == f"{stage} 30%"
+
 
 def test_watch_folds_a_phase_with_how_far_it_is_and_a_stage() -> None:
     # The stream's events folded as the service folds them: the eval's "3/20" stayed on

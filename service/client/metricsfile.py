@@ -12,7 +12,8 @@ rows, and an older revision is never wrong, only slower (the service may refuse 
 from it, and the rows after the step it names are then read again). While a command keeps
 FILE it holds a lock on FILE.revision, so two cannot interleave their rows.
 
-Standard library only: the client never imports more than httpx.
+Standard library only: the client never imports more than httpx. Its CSV, header and
+rows, is `service.metricscsv`'s, which the service's `metrics.csv` writes too.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from service.client.common import EXIT_USAGE, ClientError
+from service.metricscsv import header
 from service.progress import SERIES
 
 if sys.platform != "win32":
@@ -67,10 +69,6 @@ def _signals_held() -> Iterator[None]:
             signal.signal(kind, handler if handler is not None else signal.SIG_DFL)
         for number in dict.fromkeys(caught):
             signal.raise_signal(number)
-
-
-def _header(columns: list[str]) -> str:
-    return ",".join(["step", *columns]) + "\n"
 
 
 def _is_row(fields: list[str], width: int) -> bool:
@@ -144,13 +142,13 @@ class MetricsFile:
                 tail = file.read()
         except OSError as error:
             raise ClientError(f"cannot read {self.given}: {error.strerror or error}") from error
-        header = self._header(first)
+        fields = self._header(first)
         if self.names is None:
-            self.columns = header[1:]
-        elif header != ["step", *self.columns]:
+            self.columns = fields[1:]
+        elif fields != ["step", *self.columns]:
             raise ClientError(
-                f"{self.given} has the columns {','.join(header)!r}, not "
-                f"{_header(self.columns).strip()!r} as the --name options give: name the "
+                f"{self.given} has the columns {','.join(fields)!r}, not "
+                f"{header(self.columns).strip()!r} as the --name options give: name the "
                 f"series it was made with, or give --into another file"
             )
         self.last_step = self._last_step(tail, info.st_size, first)
@@ -306,7 +304,7 @@ class MetricsFile:
         """FILE made anew: its header and `rows`, of `revision`."""
         temporary = self._temporary()
         try:
-            self._fill(temporary, (_header(self.columns) + rows).encode("utf-8"))
+            self._fill(temporary, (header(self.columns) + rows).encode("utf-8"))
             with _signals_held():
                 self._write_revision(None)
                 self._replace(temporary)
@@ -429,19 +427,3 @@ def _sync_file(file: Any) -> None:
     FILE empty (a rename can reach the disk before the data)."""
     file.flush()
     os.fsync(file.fileno())
-
-
-def csv_rows(series: dict[str, list[dict[str, Any]]], columns: list[str]) -> tuple[str, int | None]:
-    """The CSV rows (no header) of the API's `series` in `columns`, a row per step and an
-    empty field where a series has no point there, and the last row's step."""
-    rows: dict[int, dict[str, float]] = {}
-    for name in columns:
-        for point in series.get(name) or []:
-            rows.setdefault(point["step"], {})[name] = point["value"]
-    text = []
-    for step in sorted(rows):
-        values = rows[step]
-        # Each value as Python's repr, which reads back exact; no field needs quoting.
-        fields = (repr(values[name]) if name in values else "" for name in columns)
-        text.append(",".join([str(step), *fields]) + "\n")
-    return "".join(text), max(rows, default=None)

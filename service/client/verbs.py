@@ -18,6 +18,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from service import metricscsv
 from service.client import display as show
 from service.client.api import Client
 from service.client.commands import parse_url
@@ -38,7 +39,7 @@ from service.client.common import (
 )
 from service.client.display import watch
 from service.client.downloads import RUN_AGAIN, download, download_to_stdout
-from service.client.metricsfile import MetricsFile, csv_rows, revision_path
+from service.client.metricsfile import MetricsFile, revision_path
 from trainer import duplicate_keys
 from trainer.duplicate_keys import DuplicateKeyError
 
@@ -885,17 +886,14 @@ def metrics(client: Client, args: argparse.Namespace) -> int:
         return EXIT_OK
     # The columns: those asked for, in order, each kept with no points (so reads with
     # --after-step and --no-header append to one CSV); else the series that have points.
-    columns = (
-        list(dict.fromkeys(args.name))
-        if args.name
-        else [name for name, points in answer["series"].items() if points]
-    )
-    rows, _ = csv_rows(answer["series"], columns)
+    present = [name for name, points in answer["series"].items() if points]
+    columns = metricscsv.columns_of(args.name or [], present)
+    rows, _ = metricscsv.csv_rows(answer["series"], columns)
     if not rows:
         after = " yet" if args.after_step is None else f" after step {args.after_step}"
         sys.stderr.write(f"job {args.id} has no metrics{after}\n")
         return EXIT_OK
-    _out(("" if args.no_header else ",".join(["step", *columns]) + "\n") + rows)
+    _out(("" if args.no_header else metricscsv.header(columns)) + rows)
     return EXIT_OK
 
 
@@ -972,7 +970,7 @@ def _sync_into(
         params: dict[str, Any] = {"name": target.columns}
         if not target.check():
             answer = read(params)
-            rows, last = csv_rows(answer["series"], target.columns)
+            rows, last = metricscsv.csv_rows(answer["series"], target.columns)
             target.write_whole(rows, last, answer.get("revision", 0))
             return rows.count("\n")
         if target.last_step is not None:
@@ -1002,7 +1000,7 @@ def _sync_into(
                 f"job {args.id}: a resume replaced its rows after step {after}; {done}\n"
             )
             continue
-        rows, last = csv_rows(answer["series"], target.columns)
+        rows, last = metricscsv.csv_rows(answer["series"], target.columns)
         target.append(rows, last, answer.get("revision", 0))
         return rows.count("\n") or None
 

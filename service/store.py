@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import heapq
 import itertools
 import json
 import re
@@ -512,28 +513,40 @@ class MetricRows:
     """An exact read's points as (series, step, time, value) rows, read as they are
     iterated, and the series' `revision` they are of (`JobStore.stream_metrics`). Its
     connection is closed when the rows run out or `close` is called, whichever is first
-    (an answer whose client went away never iterates them all)."""
+    (an answer whose client went away never iterates them all). `series`: the series
+    the read has points of, by name, where it was read in step order (`by_step`); else
+    None, as the rows say it as they come."""
 
-    def __init__(self, conn: sqlite3.Connection, cursor: sqlite3.Cursor, revision: int) -> None:
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        cursors: Sequence[sqlite3.Cursor],
+        revision: int,
+        rows: Iterable[Row] | None = None,
+        series: list[str] | None = None,
+    ) -> None:
         self._conn: sqlite3.Connection | None = conn
-        self._cursor, self.revision = cursor, revision
+        self._cursors, self.revision = cursors, revision
+        self._rows: Iterable[Row] = cursors[0] if rows is None else rows
+        self.series = series
 
     def __iter__(self) -> Iterator[Row]:
         try:
             # Not `yield from`: closing this would close the cursor, on a closed database.
-            for row in self._cursor:  # noqa: UP028
+            for row in self._rows:  # noqa: UP028
                 yield row
         finally:
             self.close()
 
     def close(self) -> None:
-        """The cursor first: a connection closed with a statement of its unfinished is
+        """The cursors first: a connection closed with a statement of its unfinished is
         closed only once that statement is, and kept its read open (and the WAL from a
         checkpoint past it) until the cursor was collected."""
         if self._conn is not None:
             conn, self._conn = self._conn, None
-            with contextlib.suppress(sqlite3.ProgrammingError):  # closed already, elsewhere
-                self._cursor.close()
+            for cursor in self._cursors:
+                with contextlib.suppress(sqlite3.ProgrammingError):  # closed already, elsewhere
+                    cursor.close()
             conn.close()
 
 
@@ -864,6 +877,7 @@ class JobStore:
         names: Sequence[str] = (),
         after_step: int | None = None,
         revision: int | None = None,
+        by_step: bool = False,
     ) -> MetricRows:
         """`metrics` without `most`, as (series, step, time, value) rows read as they are
         sent: a long job's millions of points, held whole, took GBs of the service's
@@ -871,12 +885,20 @@ class JobStore:
         the newest step while its eval may still come (`_held_step`), and refused where
         the points up to `after_step` changed since the client's `revision` (`_revision`:
         `Rewound`, `UnknownRevision`). On a connection of its own, closed when the rows run
-        out or they are closed, as no other read of this thread can share it while open."""
+        out or they are closed, as no other read of this thread can share it while open.
+
+        `by_step`: the rows in step order instead (a step's in series order), as a CSV's
+        rows are (`service.metricscsv`), and `MetricRows.series` the series that have
+        points in the read: each series is read in step order along the metrics' key by a
+        cursor of its own, and the cursors merged, one row of each held (an ORDER BY step
+        had SQLite sort every point of the job before the first came)."""
         conn = self._connect()
         try:
             conn.execute("BEGIN")  # the series named, the step held, the points: one snapshot
             current = _revision(conn, job_id, after_step, revision)
             held = _held_step(conn, job_id, names)
+            if by_step:
+                return self._by_step(conn, job_id, names, after_step, held, current)
             where, args = _metrics_where(conn, job_id, names, after_step, held)
             cursor = conn.execute(
                 f"SELECT name, step, time, value FROM metrics{where} ORDER BY name, step", args
@@ -884,7 +906,33 @@ class JobStore:
         except BaseException:
             conn.close()
             raise
-        return MetricRows(conn, cursor, current)
+        return MetricRows(conn, [cursor], current)
+
+    @staticmethod
+    def _by_step(
+        conn: sqlite3.Connection,
+        job_id: str,
+        names: Sequence[str],
+        after_step: int | None,
+        held: int | None,
+        revision: int,
+    ) -> MetricRows:
+        """`stream_metrics(by_step=True)`'s rows, on `conn` in its read transaction."""
+        cursors: list[sqlite3.Cursor] = []
+        parts: list[Iterable[Row]] = []
+        series: list[str] = []
+        for name in sorted(set(names) if names else rollups.series_names(conn, job_id)):
+            where, args = _metrics_where(conn, job_id, [name], after_step, held)
+            cursor = conn.execute(
+                f"SELECT name, step, time, value FROM metrics{where} ORDER BY step", args
+            )
+            cursors.append(cursor)
+            first = cursor.fetchone()
+            if first is not None:  # a series with no point in the read is no column of it
+                series.append(name)
+                parts.append(itertools.chain([first], cursor))
+        rows = heapq.merge(*parts, key=lambda row: row[1])  # ties in `parts`' order: by name
+        return MetricRows(conn, cursors, revision, rows, series)
 
     # --- writes ------------------------------------------------------------------------
 

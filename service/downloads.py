@@ -15,16 +15,42 @@ likewise; one whose start lies past the end gets 416 with `Content-Range: bytes 
 from __future__ import annotations
 
 import re
+from urllib.parse import quote
 
 from fastapi import HTTPException, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from service.archives import Archive, ArchiveHead
+from service.safename import safe_name
 
 MEDIA_TYPE = "application/gzip"
 _SPEC = re.compile(r"([0-9]*)-([0-9]*)")
 _HUGE = 10**30  # any position past every archive: the end of the list of digits is not read
+# What a file name saved on Windows cannot hold (besides `/` and `\\`, which `safe_name`
+# replaces), and in the ASCII `filename` a `%`, which some clients decode.
+_NOT_IN_FILE_NAMES = re.compile(r'[<>:"|?*]')
+_NOT_IN_ASCII_NAME = re.compile(r"[^\x20-\x7e]|%")
+
+
+def job_file_name(name: str | None, job_id: str, what: str) -> str:
+    """The name a download of a job's `what` is saved as: `<name>-<id>-<what>`, the job's
+    name made safe as its TensorBoard runs' folder is (`safe_name`: no `/`, controls or
+    bidi controls, at most 60 characters) and without what a Windows file name cannot
+    hold; the id alone before `what` where nothing of the name is left."""
+    safe = _NOT_IN_FILE_NAMES.sub("_", safe_name(name)) if name else ""
+    return f"{safe}-{job_id}-{what}" if safe else f"{job_id}-{what}"
+
+
+def attachment(filename: str) -> str:
+    """A Content-Disposition saving the answer as `filename` (RFC 6266): its `filename` in
+    printable ASCII, any other character and `"`, `\\` and `%` as `_` (a header is sent as
+    Latin-1, and a name of another script cannot be), and where that changed it,
+    `filename*` too, the name whole in UTF-8 %-encoded, which browsers take instead."""
+    plain = _NOT_IN_ASCII_NAME.sub("_", filename).replace('"', "_").replace("\\", "_")
+    if plain == filename:
+        return f'attachment; filename="{filename}"'
+    return f"attachment; filename=\"{plain}\"; filename*=UTF-8''{quote(filename, safe='')}"
 
 
 class Unsatisfiable(Exception):
@@ -76,7 +102,7 @@ def archive_response(request: Request, archive: ArchiveHead, filename: str) -> R
     the whole, or 206 with the one range asked for, or 416; the same headers either way,
     length and ETag included, so a HEAD tells what a GET would send."""
     tagged = {"ETag": archive.etag, "Accept-Ranges": "bytes"}
-    headers = {**tagged, "Content-Disposition": f'attachment; filename="{filename}"'}
+    headers = {**tagged, "Content-Disposition": attachment(filename)}
     whole = {**headers, "Content-Length": str(archive.size)}
     if not isinstance(archive, Archive):  # HEAD: Range is defined for GET only
         return Response(status_code=200, media_type=MEDIA_TYPE, headers=whole)

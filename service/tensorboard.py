@@ -46,7 +46,6 @@ import signal
 import socket
 import subprocess
 import time
-import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -56,6 +55,7 @@ from typing import Any
 from service.guard import Guard
 from service.guarded_tensorboard import SECRET_ENV, SECRET_HEADER
 from service.processes import is_same_process, signal_name, start_time
+from service.safename import safe_name
 from service.settings import Settings
 from service.upstream import Upstream
 from service.workers import child_environment
@@ -108,45 +108,13 @@ def _link(link: Path, target: Path) -> None:
 # first: the run selector sorts runs by name, and a user looks for a job by its name. The id
 # after the last separator, so it is read back from a folder (`job_of`) whatever the name.
 NAME_SEPARATOR = " · "
-# The name's share of the folder, at most: a run's name is shown whole in the run
-# selector, its id last; and a folder name has at most 255 bytes.
-_NAME_CHARS = 60
-_NAME_BYTES = 180
-# Characters that reorder how the text around them is shown (right-to-left overrides and
-# isolates): a name's could show its id, or another job's name, in another place.
-_BIDI_CONTROLS = frozenset(
-    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
-)
-
-
-def _folder_safe(name: str) -> str:
-    """`name` as part of one folder's name: no `/` (nor `\\`, which the proxy reads as one),
-    no control characters, line breaks or bidi controls, white space as one space, no
-    leading dot or space, and at most _NAME_CHARS characters (an ellipsis where cut).
-    Empty where nothing is left."""
-    kept = []
-    for char in name:
-        category = unicodedata.category(char)
-        if char in "/\\":
-            kept.append("_")
-        elif category in ("Cc", "Cs", "Zl", "Zp") or char in _BIDI_CONTROLS:
-            continue  # a lone surrogate (Cs) cannot even be written as a file name
-        else:
-            kept.append(char)
-    safe = " ".join("".join(kept).split()).lstrip(". ")
-    if len(safe) > _NAME_CHARS or len(safe.encode()) > _NAME_BYTES:
-        safe = safe[: _NAME_CHARS - 1]
-        while len(safe.encode()) > _NAME_BYTES - len("…".encode()):
-            safe = safe[:-1]
-        safe = safe.rstrip(" \u200d") + "…"  # nor a joiner left waiting for its emoji
-    return safe
 
 
 def view_name(job_id: str, name: str | None) -> str:
     """The folder of job `job_id`, named `name`, in the view: `<name> · <job_id>`, or
     the id alone where the job has no name (its spec unreadable) or nothing of it is left
-    (`_folder_safe`)."""
-    safe = _folder_safe(name) if name else ""
+    (`safe_name`)."""
+    safe = safe_name(name) if name else ""
     return f"{safe}{NAME_SEPARATOR}{job_id}" if safe else job_id
 
 

@@ -22,7 +22,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask, BackgroundTasks
 from typing_extensions import TypedDict  # pydantic needs it, not typing's, before 3.12
 
-from service import deletion
+from service import deletion, metricscsv
 from service.admission import admit
 from service.archives import ArchiveHead
 from service.checkpoints import (
@@ -40,7 +40,7 @@ from service.deps import (
     job_not_found,
     known_query,
 )
-from service.downloads import MEDIA_TYPE, archive_response
+from service.downloads import MEDIA_TYPE, archive_response, attachment, job_file_name
 from service.errors import FieldErrors
 from service.events import JobEvent, next_event, ready_events, sse_response
 from service.exports import describe_export, open_export
@@ -69,6 +69,7 @@ from service.store import (
     ATTEMPT_FIELDS,
     JobRecord,
     JobState,
+    MetricRows,
     QueuePlace,
     Rewound,
     UnknownRevision,
@@ -875,6 +876,24 @@ def _metrics_json(job_id: str, revision: int, rows: Iterable[Row]) -> Iterator[b
     yield b"]}}" if series is not None else b"}}"
 
 
+_CSV = "text/csv; charset=utf-8"
+_SERIES_NAMES = Query(description=f"Only these series (repeat it): {', '.join(SERIES)}")
+
+
+def _known_series(name: list[str]) -> None:
+    """A 422 naming each series in `name` that is none of SERIES."""
+    errors = [
+        {
+            "field": f"query.name.{index}",
+            "message": f"Expected one of {', '.join(SERIES)}. Received: {series[:200]!r}",
+        }
+        for index, series in enumerate(name)
+        if series not in SERIES
+    ]
+    if errors:
+        raise FieldErrors(errors)
+
+
 @router.get(
     "/{job_id}/metrics",
     response_model=MetricsPublic,
@@ -890,10 +909,7 @@ def _metrics_json(job_id: str, revision: int, rows: Iterable[Row]) -> Iterator[b
 def read_job_metrics(
     job: JobDep,
     runtime: RuntimeDep,
-    name: Annotated[
-        list[str],
-        Query(description=f"Only these series (repeat it): {', '.join(SERIES)}"),
-    ] = [],  # noqa: B006
+    name: Annotated[list[str], _SERIES_NAMES] = [],  # noqa: B006
     after_step: Annotated[
         int | None,
         Query(
@@ -923,16 +939,7 @@ def read_job_metrics(
     ] = None,
 ) -> Response:
     """The job's scalar series, from its progress lines."""
-    errors = [
-        {
-            "field": f"query.name.{index}",
-            "message": f"Expected one of {', '.join(SERIES)}. Received: {series[:200]!r}",
-        }
-        for index, series in enumerate(name)
-        if series not in SERIES
-    ]
-    if errors:
-        raise FieldErrors(errors)
+    _known_series(name)
     # A plain def: a long job's series take a while to render, on a worker thread rather
     # than the event loop every other request needs.
     if revision is not None and after_step is None:
@@ -962,6 +969,60 @@ def read_job_metrics(
         ) from e
     thinned = ((p.name, p.step, p.time, p.value) for p in read)
     return Response(b"".join(_metrics_json(job.id, current, thinned)), media_type=_JSON)
+
+
+def _metrics_csv(columns: list[str], rows: MetricRows) -> Iterator[bytes]:
+    """The CSV's header and rows, about _METRICS_CHUNK rows a part, from rows in step order."""
+    yield metricscsv.header(columns).encode()
+    part: list[str] = []
+    for line in metricscsv.stream_rows(rows, columns):
+        part.append(line)
+        if len(part) == _METRICS_CHUNK:
+            yield "".join(part).encode()
+            part = []
+    if part:
+        yield "".join(part).encode()
+
+
+# The CSV has a path of its own, as a checkpoint's and the export's downloads do, rather
+# than a `?format=csv` of /metrics: it is a file to save (`Content-Disposition`), of
+# another media type, and of other parameters (`points` thins for a chart, and `after_step`
+# reads on, neither of which a spreadsheet's file wants), each documented as what it is.
+@router.get(
+    "/{job_id}/metrics.csv",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {"text/csv": {}},
+            "description": "`step`, then a column per series; a row per step, in step order, "
+            "each value as Python's repr (exact), empty where a series has no point",
+        },
+        **_NOT_FOUND,
+        422: {"model": ErrorPublic, "description": "An unknown series"},
+    },
+)
+def download_job_metrics_csv(
+    job: JobDep,
+    runtime: RuntimeDep,
+    name: Annotated[list[str], _SERIES_NAMES] = [],  # noqa: B006
+) -> Response:
+    """The job's scalar series as a CSV file, as `towerboard metrics ID` prints it (the
+    same bytes for the same `name`s): the columns `step` and each series named, in their
+    order, or without `name` each series that has points, by name. Every point, as an
+    exact read of /metrics gives them: the newest step of a job that has not ended is left
+    out while its eval may still come. Sent as read: the service holds one step's values,
+    however long the job. Saved as `<job name>-<id>-metrics.csv`."""
+    _known_series(name)
+    rows = runtime.store.stream_metrics(job.id, names=name, by_step=True)
+    columns = metricscsv.columns_of(name, rows.series or [])
+    filename = job_file_name(job.name, job.id, "metrics.csv")
+    # Closed once the answer is over, however it ended, as /metrics' stream is.
+    return StreamingResponse(
+        _metrics_csv(columns, rows),
+        media_type=_CSV,
+        headers={"Content-Disposition": attachment(filename)},
+        background=BackgroundTask(rows.close),
+    )
 
 
 def _rewound(e: Rewound) -> JSONResponse:

@@ -245,6 +245,28 @@ def test_metrics_as_csv_and_json(service: Service, watched: dict[str, Any]) -> N
     assert first.returncode == 0 and list(csv.reader(io.StringIO(first.stdout))) == rows
 
 
+def test_metrics_csv_download_is_the_clis_csv(service: Service, watched: dict[str, Any]) -> None:
+    """`GET /metrics.csv` of the real tiny job (train reports, evals at 20 and 40): the
+    bytes `towerboard metrics` prints for the same names, saved under the job's name."""
+    job_id = watched["id"]
+    for names in [(), ("loss", "eval_accuracy"), ("eval_loss", "accuracy", "learning_rate")]:
+        options = [word for name in names for word in ("--name", name)]
+        printed = towerboard("metrics", job_id, *options, url=service.base_url)
+        assert printed.returncode == 0, printed.stderr
+        response = service.client.get(
+            f"/api/v1/jobs/{job_id}/metrics.csv", params={"name": list(names)}
+        )
+        assert response.status_code == 200, response.text
+        assert response.content == printed.stdout.encode()
+        assert response.headers["content-disposition"] == (
+            f'attachment; filename="cli-tiny-{job_id}-metrics.csv"'
+        )
+    rows = list(csv.reader(io.StringIO(response.text)))
+    assert rows[0] == ["step", "eval_loss", "accuracy", "learning_rate"]
+    assert [row[0] for row in rows[1:] if row[1]] == ["20", "40"]  # the evals' steps
+    assert rows[-1][0] == "40" and all(rows[-1][1:])
+
+
 def test_profile_and_devices(make_service: Callable[..., Service], tmp_path: Path) -> None:
     service = make_service(env=stepping_worker_env(tmp_path))
     service.start()

@@ -154,6 +154,12 @@ export function mountJob(view, jobId) {
     stat("ETA", "eta"), stat("Learning rate", "learning_rate"), stat("Devices", "devices"),
     stat("Data", "data", true));
   const chartGrid = h("div", { class: "charts" });
+  // The charted series as a CSV file (GET /metrics.csv: every point, as `towerboard metrics
+  // ID --name ...` prints them), saved under the name the service gives it. A plain link,
+  // as the checkpoints' downloads are: the browser sends the token cookie along (api.js).
+  const csvLink = h("a", { class: "small", id: "download-metrics", download: true,
+    href: `${base}/metrics.csv?${SERIES.map((key) => `name=${key}`).join("&")}`,
+    "aria-label": "Download CSV of the charted metrics" }, "Download CSV");
   const towers = h("div", { class: "towers", id: "towers" });
   // Each tower's GPU's peak memory: what the column beside each tower's time is, or each
   // tower's where there are no times; hidden where the worker said none (towers on CPUs).
@@ -198,7 +204,8 @@ export function mountJob(view, jobId) {
         deleteButton)),
     exitingHint, resume.form, actionStatus, tensorBoard.status, tensorBoard.notice, notice.el, meta, bar,
     barText, queuePlace.el, errorBox, stats,
-    h("section", { class: "section" }, h("h2", {}, "Metrics"), chartGrid),
+    h("section", { class: "section" },
+      h("div", { class: "section-head" }, h("h2", {}, "Metrics"), csvLink), chartGrid),
     h("section", { class: "section" },
       h("div", { class: "section-head" }, towersHeading, profile.button),
       profile.status, towers, towerMemory),

@@ -222,6 +222,7 @@ def test_read_openapi_lists_every_route(service: Service) -> None:
         "/api/v1/jobs/{job_id}/events",
         "/api/v1/jobs/{job_id}/logs",
         "/api/v1/jobs/{job_id}/metrics",
+        "/api/v1/jobs/{job_id}/metrics.csv",
         "/api/v1/jobs/{job_id}/profile",
         "/api/v1/jobs/{job_id}/checkpoints",
         "/api/v1/jobs/{job_id}/checkpoints/{step}",

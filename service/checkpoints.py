@@ -17,15 +17,12 @@ from pathlib import Path
 
 from service.archives import Archive, ArchiveHead, archive, describe
 from service.runfiles import inside
-from trainer.rundir import RunDir
+from trainer.rundir import INDEX_END, RunDir
 
 _FILE = re.compile(r"^ckpt-(\d+)\.(index|data-(\d+)-of-(\d+))$")
-# The last 8 bytes of a whole index: it is a table in LevelDB's format, whose footer ends
-# with this magic number (TensorFlow's `kTableMagicNumber`, little-endian). TensorFlow
-# renames a save's data shards into place whole, but writes its index in place, under its
-# final name: a read during that write saw an index of 0 bytes, or a part of one, beside
-# whole data, and listed (and served, as `latest`) a checkpoint that does not restore.
-INDEX_END = (0xDB4775248B80FB57).to_bytes(8, "little")
+# A whole index's last bytes (`trainer.rundir.INDEX_END`): a read while TensorFlow wrote an
+# index saw 0 bytes of it, or a part, beside whole data, and listed (and served, as
+# `latest`) a checkpoint that does not restore.
 
 
 @dataclass(frozen=True)

@@ -261,9 +261,10 @@ def _cluster_refused(error: ClusterError) -> ExitCode:
 
 
 def _past_the_end_already(spec: JobSpec, rundir: RunDir, cluster: Cluster) -> PastTheEnd | None:
-    """A run whose `steps` its run directory's newest checkpoint has passed, told from the
-    checkpoints' names before anything is written (`epochs` are steps only once the data
-    is loaded: `_train` tells those). A cluster's workers resume from the newest step
+    """A run whose `steps` its run directory's newest whole checkpoint has passed, told from
+    the checkpoints' files before anything is written (`epochs` are steps only once the
+    data is loaded: `_train` tells those; a torn newest save is set aside on restore, the
+    run resuming from the one before, which may lie within `steps`). A cluster's workers resume from the newest step
     they all keep, which they agree on once it has formed."""
     if cluster.is_multi_worker or spec.steps is None:
         return None

@@ -43,8 +43,14 @@ PROFILE_STEPS_DEFAULT = 3
 PROFILE_STEPS_MAX = 100
 
 
-# A checkpoint's index file, as tf.train.CheckpointManager names it (`checkpoints/`).
-_CHECKPOINT_INDEX = re.compile(r"ckpt-([0-9]+)\.index")
+# A checkpoint's files, as tf.train.CheckpointManager names them (`checkpoints/`): its
+# index, and each of its data shards, which say how many there are.
+_CHECKPOINT_FILE = re.compile(r"ckpt-([0-9]+)\.(?:index|data-[0-9]+-of-([0-9]+))")
+# The last 8 bytes of a whole index: it is a table in LevelDB's format, whose footer ends
+# with this magic number (TensorFlow's `kTableMagicNumber`, little-endian). TensorFlow
+# renames a save's data shards into place whole, but writes its index in place, under its
+# final name: a save cut short leaves an index of 0 bytes, or a part of one.
+INDEX_END = (0xDB4775248B80FB57).to_bytes(8, "little")
 
 
 class ExitCode(enum.IntEnum):
@@ -113,14 +119,32 @@ class RunDir:
         return self.root / "checkpoints"
 
     def latest_checkpoint_step(self) -> int | None:
-        """The step of the newest checkpoint in `checkpoints/` (`ckpt-<step>.index`) by its
-        name alone, whole or not, without TensorFlow; None when there is none."""
+        """The step of the newest checkpoint in `checkpoints/` that looks whole (its index
+        ends as a whole one does, `INDEX_END`, and every data shard is there), without
+        TensorFlow; None when there is none. A save cut short is no resume's: the
+        Checkpointer sets it aside, and the run resumes from the one before."""
         try:
             names = os.listdir(self.checkpoints)
         except OSError:  # none yet (or no folder there)
             return None
-        steps = (_CHECKPOINT_INDEX.fullmatch(name) for name in names)
-        return max((int(match[1]) for match in steps if match), default=None)
+        indexes: set[int] = set()
+        shards: dict[int, list[int]] = {}
+        for name in names:
+            if (match := _CHECKPOINT_FILE.fullmatch(name)) is None:
+                continue
+            if match[2] is None:
+                indexes.add(int(match[1]))
+            else:
+                shards.setdefault(int(match[1]), []).append(int(match[2]))
+        for step in sorted(indexes, reverse=True):
+            counts = shards.get(step, [])
+            if (
+                counts
+                and len(counts) == counts[0]
+                and _whole_index(self.checkpoints / f"ckpt-{step}.index")
+            ):
+                return step
+        return None
 
     @property
     def export(self) -> Path:
@@ -323,3 +347,15 @@ def evaluated_at(path: Path, step: int, through: int | None = None) -> bool:
     except FileNotFoundError:
         pass
     return False
+
+
+def _whole_index(path: Path) -> bool:
+    """Whether the checkpoint index at `path` was written whole (it ends with INDEX_END)."""
+    try:
+        with open(path, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            return os.pread(file.fileno(), len(INDEX_END), max(0, size - len(INDEX_END))) == (
+                INDEX_END
+            )
+    except OSError:
+        return False

@@ -4,6 +4,7 @@ eval step whose eval never ended, it evaluates first."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -142,3 +143,22 @@ def test_finish_at_a_checkpoint_carries_the_loss_reported_of_its_step(finished, 
     assert (result["outcome"], result["step"]) == ("succeeded", 20)
     assert result["metrics"]["loss"] == reported[20]["loss"]
     assert result["metrics"]["accuracy"] == reported[20]["accuracy"]
+
+
+def test_a_torn_newest_checkpoint_past_the_total_is_set_aside_not_refused(finished, tmp_path):  # noqa: F811
+    # A save of step 30 cut short (its index written in place, torn by a kill): the service
+    # lists no such checkpoint, and resumes the job to step 25, past its whole step 20. Its
+    # worker refused that run by the torn one's name (exit 2, and with nothing written, no
+    # result.json for the service); it sets the torn one aside and trains from step 20.
+    job_dir = tmp_path / "job"
+    shutil.copytree(finished, job_dir)
+    (job_dir / "result.json").unlink()
+    shutil.rmtree(job_dir / "export")
+    index = job_dir / "checkpoints" / "ckpt-30.index"
+    os.truncate(index, index.stat().st_size // 2)
+
+    code, result, log = run_worker(job_dir, with_(BASE, steps=25))
+
+    assert code == 0, log
+    assert (result["outcome"], result["step"]) == ("succeeded", 25)
+    assert (job_dir / "checkpoints" / "damaged" / "ckpt-30.index").exists()

@@ -66,7 +66,9 @@ class ProgressPublic(BaseModel):
         None,
         description="What the worker is doing: `preparing` (from its start until its `start` "
         "line: TensorFlow's import, the data, the model, the checkpoint; `stage` says which), "
-        "`starting` (its first step), `training`, `eval`, `checkpoint`, `exporting`, `done`.",
+        "`starting` (its first step), `training`, `eval`, `checkpoint`, `exporting`; once it "
+        "has ended, how: `done` (it trained every step), `stopped` (by SIGTERM, after a "
+        "checkpoint) or `failed` (workers before these said `done` of every end).",
     )
     phase_done: int | None = Field(
         None, description="How much of the phase is done (eval: batches)."

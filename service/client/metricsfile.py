@@ -43,8 +43,9 @@ _TAIL_BYTES = 64 * 1024  # a row is a few hundred bytes at most: its last line i
 
 
 def revision_path(path: Path) -> Path:
-    """Where the revision of the CSV at `path` is kept."""
-    return path.with_name(path.name + _REVISION)
+    """Where the revision of the CSV at `path` is kept (`MetricsFile` refuses a `path`
+    that names no file, `.` or `/`, which has no name to add to)."""
+    return path.with_name(path.name + _REVISION) if path.name else path / f"FILE{_REVISION}"
 
 
 @contextlib.contextmanager
@@ -98,6 +99,8 @@ class MetricsFile:
         self.given, self.job_id = given, job_id
         self.names = list(dict.fromkeys(names)) if names else None
         path = Path(given)
+        if path.name in ("", ".."):  # ".", "/", "..": a folder, whose name says no file
+            raise self._folder()
         # A link is followed: the file it names is the one kept, and its revision beside it.
         self.path = Path(os.path.realpath(path)) if path.is_symlink() else path
         self.revision_path = revision_path(self.path)
@@ -126,10 +129,7 @@ class MetricsFile:
         except OSError as error:
             raise ClientError(f"cannot read {self.given}: {error.strerror or error}") from error
         if stat.S_ISDIR(info.st_mode):
-            raise ClientError(
-                f"{self.given} is a folder; give --into a CSV file's path (in it, say "
-                f"{os.path.join(self.given, self.job_id + '.csv')})"
-            )
+            raise self._folder()
         if not stat.S_ISREG(info.st_mode):
             raise ClientError(f"{self.given} is not a plain file; give --into a CSV file's path")
         if info.st_size == 0:
@@ -153,6 +153,12 @@ class MetricsFile:
             )
         self.last_step = self._last_step(tail, info.st_size, first)
         return True
+
+    def _folder(self) -> ClientError:
+        return ClientError(
+            f"{self.given} is a folder; give --into a CSV file's path (in it, say "
+            f"{os.path.join(self.given, self.job_id + '.csv')})"
+        )
 
     def _header(self, first: bytes) -> list[str]:
         """FILE's first line as its header's fields: `step`, then known series."""

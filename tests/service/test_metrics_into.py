@@ -358,3 +358,15 @@ def test_bad_places_and_options_for_into_are_refused(tmp_path: Path) -> None:
     if os.geteuid() != 0:  # root writes anything
         path.chmod(0o444)
         assert error("--into", str(path)).startswith(f"cannot write {path}: Permission denied")
+
+
+@pytest.mark.parametrize("given", [".", "..", "/"])
+def test_into_a_folder_named_without_a_file_name_is_refused(given: str) -> None:
+    # `.` has no name to add `.revision` to: a traceback (ValueError), not the folder's
+    # refusal, with or without an option to refuse.
+    for extra in ([], ["--after-step", "5"]):
+        result = towerboard("metrics", "abc", "--into", given, *extra, url="http://127.0.0.1:9")
+        assert result.returncode == (2 if extra else 1), result.stderr
+        assert "Traceback" not in result.stderr
+        said = result.stderr.removeprefix("towerboard: error: ")
+        assert said.startswith("--after-step goes with" if extra else f"{given} is a folder;")

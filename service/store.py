@@ -114,8 +114,9 @@ class JobRecord:
     # for a cancel to put back.
     resumed_from: dict[str, Any] | None = None
     # The devices its latest attempt was given as it started, kept once it ends and as it
-    # waits for its next attempt (`devices` holds them only while it runs). None: no
-    # attempt has started (or it ended before this column was kept).
+    # waits for its next attempt (`devices` holds them only while it runs; an attempt
+    # started before this column was kept has them kept as it ends). None: no attempt has
+    # started (or it ended before this column was kept).
     ran_on: list[str] | None = None
     # The job's rewinds (`_rewound_after`): each the step after which a later attempt
     # replaced points a read may have given, or added to them; the series' revision is
@@ -970,7 +971,8 @@ class JobStore:
     ) -> bool:
         """Set `fields` on the job if it is in `where_state` (one state or any of several)
         and meets `extra_where`; `increment`: a column to add 1 to as well; `extra_set`: one
-        more assignment, as SQL (a change to a JSON column computed from its value)."""
+        more assignment (or several, comma-separated), as SQL (a change to a JSON column
+        computed from its value)."""
         fields["updated_at"] = time.time()
         for column in _JSON_COLUMNS:
             if column in fields:
@@ -1058,12 +1060,15 @@ class JobStore:
         A job that ends other than succeeded has no ETA: its worker's `end` line says so
         (`fold_progress`), but a worker killed (the OOM killer, a cancel past its grace)
         writes none, and its last estimate would go on promising an end."""
+        # A job started before `ran_on` was kept (its worker adopted across the upgrade)
+        # has its devices kept there as they are freed.
+        extra = ["ran_on = COALESCE(ran_on, devices)"]
+        if JobState(state) is not JobState.SUCCEEDED:
+            extra.append("progress = json_set(progress, '$.eta_seconds', NULL)")
         return self._update(
             job_id,
             JobState.RUNNING,
-            extra_set=None
-            if JobState(state) is JobState.SUCCEEDED
-            else "progress = json_set(progress, '$.eta_seconds', NULL)",
+            extra_set=", ".join(extra),
             state=state,
             result=result,
             error=error,
@@ -1138,6 +1143,7 @@ class JobStore:
             return (
                 conn.execute(
                     "UPDATE jobs SET state = 'queued', devices = '[]', pid = NULL,"
+                    " ran_on = COALESCE(ran_on, devices),"  # as `finish` keeps them
                     " pid_started = NULL, started_at = NULL, attempts = attempts + 1, crashes = crashes + ?,"
                     f" progress = json_remove(progress, {_ATTEMPT_PATHS}),"
                     " updated_at = ?, version = version + 1"

@@ -268,6 +268,25 @@ def test_store_from_before_added_columns_gains_them(tmp_path: Path) -> None:
     assert reopened.get(job.id).ran_on == ["cpu:0"]  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("end", ["finish", "requeue"])
+def test_a_job_running_as_its_store_gained_ran_on_keeps_its_devices_as_it_ends(
+    store: JobStore, tmp_path: Path, end: str
+) -> None:
+    # Started before `ran_on` was kept (the column added empty, its worker adopted across
+    # the upgrade): its end freed `devices` and left `ran_on` None, so its page and
+    # `status ID` said "-", not what it ran on.
+    job = store.create(SPEC)
+    store.mark_running(job.id, devices=["gpu:0", "gpu:1"])
+    with contextlib.closing(sqlite3.connect(tmp_path / "jobs.db")) as conn, conn:
+        conn.execute("UPDATE jobs SET ran_on = NULL WHERE id = ?", (job.id,))
+    if end == "finish":
+        assert store.finish(job.id, JobState.SUCCEEDED, result=None, error=None)
+    else:
+        assert store.requeue(job.id, crashed=True)
+    ended = store.get(job.id)
+    assert ended is not None and ended.devices == [] and ended.ran_on == ["gpu:0", "gpu:1"]
+
+
 def test_exiting_worker_kept_until_it_has_exited(store: JobStore) -> None:
     job = store.create(SPEC)
     store.mark_running(job.id, devices=["cpu:0"])

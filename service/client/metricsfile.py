@@ -72,6 +72,12 @@ def _signals_held() -> Iterator[None]:
             signal.raise_signal(number)
 
 
+def _last_part(given: str) -> str:
+    """What `given` has after its last path separator: "" where it ends with one."""
+    separators = os.sep + (os.altsep or "")
+    return given[max(given.rfind(separator) for separator in separators) + 1 :]
+
+
 def _is_row(fields: list[str], width: int) -> bool:
     """Whether `fields` are a row of a CSV of `width` fields: a step, then a number or
     nothing in each column, as `metrics` writes them."""
@@ -99,7 +105,9 @@ class MetricsFile:
         self.given, self.job_id = given, job_id
         self.names = list(dict.fromkeys(names)) if names else None
         path = Path(given)
-        if path.name in ("", ".."):  # ".", "/", "..": a folder, whose name says no file
+        # ".", "/", "..", "new/", "new/.": a folder's name, whether or not it is there.
+        # Path drops a trailing separator or `.`, and took "new/" as a file named "new".
+        if _last_part(given) in ("", ".", ".."):
             raise self._folder()
         # A link is followed: the file it names is the one kept, and its revision beside it.
         self.path = Path(os.path.realpath(path)) if path.is_symlink() else path
@@ -155,8 +163,9 @@ class MetricsFile:
         return True
 
     def _folder(self) -> ClientError:
+        what = "is a folder" if os.path.isdir(self.given) else "names a folder"
         return ClientError(
-            f"{self.given} is a folder; give --into a CSV file's path (in it, say "
+            f"{self.given} {what}; give --into a CSV file's path (in it, say "
             f"{os.path.join(self.given, self.job_id + '.csv')})"
         )
 

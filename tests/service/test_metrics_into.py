@@ -370,3 +370,25 @@ def test_into_a_folder_named_without_a_file_name_is_refused(given: str) -> None:
         assert "Traceback" not in result.stderr
         said = result.stderr.removeprefix("towerboard: error: ")
         assert said.startswith("--after-step goes with" if extra else f"{given} is a folder;")
+
+
+@pytest.mark.parametrize("made", [False, True])
+@pytest.mark.parametrize("end", ["/", "/."])
+def test_into_a_name_ending_in_a_separator_is_a_folder_not_a_file(
+    tmp_path: Path, made: bool, end: str
+) -> None:
+    """`--into newdir/` names a folder, there or not; Path drops the trailing separator,
+    and an absent newdir was made as a CSV file named `newdir`."""
+    folder = tmp_path / "newdir"
+    if made:
+        folder.mkdir()
+    given = f"{folder}{end}"
+    result = towerboard("metrics", "abc", "--into", given, url="http://127.0.0.1:9")
+    assert (result.returncode, result.stdout) == (1, ""), result.stderr
+    what = "is a folder" if made else "names a folder"
+    assert result.stderr == (
+        f"towerboard: error: {given} {what}; give --into a CSV file's path (in it, say "
+        f"{os.path.join(given, 'abc.csv')})\n"
+    )
+    assert folder.is_dir() if made else not folder.exists()
+    assert sorted(tmp_path.iterdir()) == ([folder] if made else [])

@@ -8,8 +8,11 @@ from __future__ import annotations
 import csv
 import io
 import json
+import socket
+import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -252,3 +255,37 @@ def test_a_long_jobs_csv_is_sent_without_holding_its_rows(
     assert rows[-1][1:] == [repr(1.0 / reports)] * 5
     assert grown < 60, f"the service grew by {grown:.0f} MB to send {5 * reports} points"
     assert response.text.startswith(header(rows[0][1:]))
+
+
+def test_a_csv_its_client_leaves_stalled_lets_go_of_the_store(
+    make_service: Callable[..., Service],
+) -> None:
+    """As /metrics' stream (test_volume): a download stopped mid-file and then dropped
+    closes the CSV's read of the store, its cursor a series and their connection, so
+    SQLite can checkpoint its WAL past it."""
+    service = make_service()
+    store = JobStore(service.data_dir / "towerboard.db")
+    job = store.create(JobSpec.model_validate(job_spec(name="long")).model_dump(mode="json"))
+    for name in ("loss", "eval_loss"):
+        points = [MetricPoint(name, k, float(k), 1.0 / k) for k in range(1, 150_001)]
+        store.record_progress(job.id, offset=0, progress=None, eval=None, points=points)
+    store.cancel_queued(job.id)
+    store.close()
+    service.start()
+    with socket.socket() as client:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.connect(("127.0.0.1", service.port))
+        client.sendall(
+            f"GET /api/v1/jobs/{job.id}/metrics.csv HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
+        )
+        assert client.recv(4096).startswith(b"HTTP/1.1 200 ")
+        time.sleep(1.0)  # the service fills the socket's buffers and waits for the client
+    # A write after the download's read began, which a checkpoint must get past.
+    assert service.client.post(f"/api/v1/jobs/{job.id}/resume").status_code == 200
+    deadline = time.monotonic() + 10
+    with sqlite3.connect(service.data_dir / "towerboard.db", timeout=1) as db:
+        while (busy := db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]) != 0:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    assert busy == 0, "the CSV's read of the store stayed open after its client had gone"

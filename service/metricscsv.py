@@ -11,6 +11,7 @@ and neither imports TensorFlow.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -34,6 +35,14 @@ def row(step: int, values: Mapping[str, float], columns: Sequence[str]) -> str:
     return ",".join([str(step), *fields]) + "\n"
 
 
+def _finite(value: float | None) -> bool:
+    """Whether a point's value goes in the CSV. An infinity stored before the service took
+    one as no value (`service.progress`) is read by the store as it is, but the API's JSON
+    gives it as null: left out of both, as no point, the two CSVs stay the same bytes (the
+    CLI wrote `None`, which `metrics --into` then refused to read on after)."""
+    return value is not None and math.isfinite(value)
+
+
 def csv_rows(
     series: Mapping[str, list[dict[str, Any]]], columns: Sequence[str]
 ) -> tuple[str, int | None]:
@@ -42,7 +51,8 @@ def csv_rows(
     rows: dict[int, dict[str, float]] = {}
     for name in columns:
         for point in series.get(name) or []:
-            rows.setdefault(point["step"], {})[name] = point["value"]
+            if _finite(point["value"]):
+                rows.setdefault(point["step"], {})[name] = point["value"]
     text = [row(step, rows[step], columns) for step in sorted(rows)]
     return "".join(text), max(rows, default=None)
 
@@ -58,7 +68,7 @@ def stream_rows(
     step: int | None = None
     values: dict[str, float] = {}
     for name, at, _, value in points:
-        if name not in wanted:
+        if name not in wanted or not _finite(value):
             continue
         if at != step:
             if step is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import socket
 import sqlite3
 import subprocess
@@ -289,3 +290,33 @@ def test_a_csv_its_client_leaves_stalled_lets_go_of_the_store(
                 break
             time.sleep(0.2)
     assert busy == 0, "the CSV's read of the store stayed open after its client had gone"
+
+
+def test_an_infinity_stored_by_an_older_service_is_no_point_in_either_csv(
+    make_service: Callable[..., Service],
+) -> None:
+    """Before the service took a non-finite number in a progress line as no value it stored
+    infinities. The store reads them back, the API's JSON gives them as null: the CSV said
+    `inf` where the CLI said `None` (a row `metrics --into` then refused to read on after).
+    Each leaves them out, as no point; a step of nothing else has no row."""
+    service = make_service()
+    store = JobStore(service.data_dir / "towerboard.db")
+    job = store.create(JobSpec.model_validate(job_spec(name="inf")).model_dump(mode="json"))
+    loss = [(1, math.inf), (3, -math.inf), (5, 1e-300), (6, 0.5)]
+    points = [MetricPoint("loss", step, float(step), value) for step, value in loss]
+    points += [MetricPoint("accuracy", step, float(step), step / 10) for step in (2, 3, 7)]
+    store.record_progress(job.id, offset=0, progress=None, eval=None, points=points)
+    store.cancel_queued(job.id)
+    store.close()
+    service.start()
+    expected = "step,accuracy,loss\n2,0.2,\n3,0.3,\n5,,1e-300\n6,,0.5\n7,0.7,\n"
+    assert service_csv(service, job.id, ()).decode() == expected
+    assert cli_csv(service, job.id, ()) == expected
+    for names in (("loss",), ("loss", "accuracy")):
+        assert service_csv(service, job.id, names).decode() == cli_csv(service, job.id, names)
+    into = service.data_dir.parent / "run.csv"
+    for _ in range(2):  # made, then read on after its last row
+        options = ("--name", "accuracy", "--name", "loss")
+        result = towerboard("metrics", job.id, *options, "--into", str(into), url=service.base_url)
+        assert result.returncode == 0, result.stderr
+    assert into.read_text() == expected

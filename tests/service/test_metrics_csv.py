@@ -9,11 +9,8 @@ import csv
 import io
 import json
 import math
-import socket
-import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,7 +25,7 @@ from service.store import JobStore, MetricPoint
 from tests.service.harness import ROOT, Service, job_spec, stand_in_service
 from tests.service.test_client import towerboard
 from tests.service.test_metrics_read_on import EVALUATING_WORKER
-from tests.service.test_volume import _peak_rss_mb
+from tests.service.test_volume import _peak_rss_mb, stalled_read_lets_go, stored_long_job
 from trainer.spec import JobSpec
 
 # Name lists a person would give: none (every series with points), two in another order
@@ -265,31 +262,12 @@ def test_a_csv_its_client_leaves_stalled_lets_go_of_the_store(
     closes the CSV's read of the store, its cursor a series and their connection, so
     SQLite can checkpoint its WAL past it."""
     service = make_service()
-    store = JobStore(service.data_dir / "towerboard.db")
-    job = store.create(JobSpec.model_validate(job_spec(name="long")).model_dump(mode="json"))
-    for name in ("loss", "eval_loss"):
-        points = [MetricPoint(name, k, float(k), 1.0 / k) for k in range(1, 150_001)]
-        store.record_progress(job.id, offset=0, progress=None, eval=None, points=points)
-    store.cancel_queued(job.id)
-    store.close()
+    job_id = stored_long_job(service, ("loss", "eval_loss"), 150_000)
     service.start()
-    with socket.socket() as client:
-        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        client.connect(("127.0.0.1", service.port))
-        client.sendall(
-            f"GET /api/v1/jobs/{job.id}/metrics.csv HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
-        )
-        assert client.recv(4096).startswith(b"HTTP/1.1 200 ")
-        time.sleep(1.0)  # the service fills the socket's buffers and waits for the client
-    # A write after the download's read began, which a checkpoint must get past.
-    assert service.client.post(f"/api/v1/jobs/{job.id}/resume").status_code == 200
-    deadline = time.monotonic() + 10
-    with sqlite3.connect(service.data_dir / "towerboard.db", timeout=1) as db:
-        while (busy := db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]) != 0:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-    assert busy == 0, "the CSV's read of the store stayed open after its client had gone"
+    path = f"/api/v1/jobs/{job_id}/metrics.csv"
+    assert stalled_read_lets_go(service, job_id, path), (
+        "the CSV's read stayed open after its client"
+    )
 
 
 def test_an_infinity_stored_by_an_older_service_is_no_point_in_either_csv(

@@ -242,6 +242,39 @@ def test_every_metric_point_is_sent_without_holding_them_all(
     assert grown < 60, f"the service grew by {grown:.0f} MB to send {5 * reports} points"
 
 
+def stored_long_job(service: Service, names: tuple[str, ...], count: int) -> str:
+    """A cancelled job of `count` points a series, stored before `service` starts."""
+    store = JobStore(service.data_dir / "towerboard.db")
+    job = store.create(JobSpec.model_validate(job_spec(name="long")).model_dump(mode="json"))
+    for name in names:
+        points = [MetricPoint(name, k, float(k), 1.0 / k) for k in range(1, count + 1)]
+        store.record_progress(job.id, offset=0, progress=None, eval=None, points=points)
+    store.cancel_queued(job.id)
+    store.close()
+    return job.id
+
+
+def stalled_read_lets_go(service: Service, job_id: str, path: str) -> bool:
+    """Whether SQLite can checkpoint its WAL past a write made after a client began a GET
+    of `path`, read its first 4 KB, left the rest in the service's socket buffers and
+    went away: the answer's read of the store must be closed by then."""
+    with socket.socket() as client:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.connect(("127.0.0.1", service.port))
+        client.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        assert client.recv(4096).startswith(b"HTTP/1.1 200 ")
+        time.sleep(1.0)  # the service fills the socket's buffers and waits for the client
+    # A write after the answer's read began, which a checkpoint must get past.
+    assert service.client.post(f"/api/v1/jobs/{job_id}/resume").status_code == 200
+    deadline = time.monotonic() + 10
+    with sqlite3.connect(service.data_dir / "towerboard.db", timeout=1) as db:
+        while db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] != 0:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+    return True
+
+
 def test_a_metrics_stream_its_client_leaves_stalled_lets_go_of_the_store(
     make_service: Callable[..., Service],
 ) -> None:
@@ -251,30 +284,10 @@ def test_a_metrics_stream_its_client_leaves_stalled_lets_go_of_the_store(
     collector came by, which a quiet service may not do for hours. Meanwhile SQLite
     could not checkpoint its WAL past that read, and the WAL grew with every write."""
     service = make_service()
-    store = JobStore(service.data_dir / "towerboard.db")
-    job = store.create(JobSpec.model_validate(job_spec(name="long")).model_dump(mode="json"))
-    points = [MetricPoint("loss", k, float(k), 1.0 / k) for k in range(1, 300_001)]
-    store.record_progress(job.id, offset=0, progress=None, eval=None, points=points)
-    store.cancel_queued(job.id)
-    store.close()
+    job_id = stored_long_job(service, ("loss",), 300_000)
     service.start()
-    with socket.socket() as client:
-        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        client.connect(("127.0.0.1", service.port))
-        client.sendall(
-            f"GET /api/v1/jobs/{job.id}/metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
-        )
-        assert client.recv(4096).startswith(b"HTTP/1.1 200 ")
-        time.sleep(1.0)  # the service fills the socket's buffers and waits for the client
-    # A write after the stream's read began, which a checkpoint must get past.
-    assert service.client.post(f"/api/v1/jobs/{job.id}/resume").status_code == 200
-    deadline = time.monotonic() + 10
-    with sqlite3.connect(service.data_dir / "towerboard.db", timeout=1) as db:
-        while (busy := db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]) != 0:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-    assert busy == 0, "a read of the store stayed open after its client had gone"
+    path = f"/api/v1/jobs/{job_id}/metrics"
+    assert stalled_read_lets_go(service, job_id, path), "the read stayed open after its client"
 
 
 def test_the_queue_a_pass_reads_comes_from_one_index_in_its_order(tmp_path: Path) -> None:

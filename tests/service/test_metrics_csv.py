@@ -231,17 +231,12 @@ def test_a_long_jobs_csv_is_sent_without_holding_its_rows(
     """Every point of 5 series of 100,000 steps, a row a step: sent as read, a step at a
     time, what the service holds does not grow with the job (the JSON route's bound)."""
     service = make_service()
-    store = JobStore(service.data_dir / "towerboard.db")
-    job = store.create(JobSpec.model_validate(job_spec(name="long")).model_dump(mode="json"))
     reports = 100_000
-    for name in ("loss", "accuracy", "examples_per_sec", "learning_rate", "eval_loss"):
-        points = [MetricPoint(name, k, float(k), 1.0 / k) for k in range(1, reports + 1)]
-        store.record_progress(job.id, offset=0, progress=None, eval=None, points=points)
-    store.cancel_queued(job.id)
-    store.close()
+    names = ("loss", "accuracy", "examples_per_sec", "learning_rate", "eval_loss")
+    job_id = stored_long_job(service, names, reports)
     service.start()
     assert service.process is not None
-    url = f"/api/v1/jobs/{job.id}/metrics.csv"
+    url = f"/api/v1/jobs/{job_id}/metrics.csv"
     service.client.get(url, params={"name": "loss"})  # warm
     before = _peak_rss_mb(service.process.pid)
     response = service.client.get(url)

@@ -1,7 +1,8 @@
-// A job page's "Open in TensorBoard": asks the service's one, shared TensorBoard to show
-// the job (adding it to what it shows, never taking other users' jobs away), then follows
-// its status: starting, running, why it failed, and whether another start replaced it
-// with one that no longer shows this job.
+// A job page's "Open in TensorBoard", and the jobs list's "Compare in TensorBoard (N)":
+// asks the service's one, shared TensorBoard to show the jobs (adding them to what it
+// shows, never taking other users' jobs away), opens it filtered to those jobs' runs, then
+// follows its status: starting, running, why it failed, and whether another start
+// replaced it with one that no longer shows them.
 
 import { api, getJSON, mayPass } from "./api.js";
 import { h } from "./format.js";
@@ -10,8 +11,9 @@ const STARTING_POLL_MS = 1000; // until it answers (it imports TensorFlow: secon
 const RUNNING_POLL_MS = 5000; // then: has it stopped, or been replaced?
 const SHOWN_IDS = 5; // a notice names this many of the jobs it shows now
 
-function shows(tb, jobId) {
-  return tb.job_ids === null || tb.job_ids.includes(jobId);
+/** The jobs of `ids` that TensorBoard's status `tb` does not show. */
+function missing(tb, ids) {
+  return tb.job_ids === null ? [] : ids.filter((id) => !tb.job_ids.includes(id));
 }
 
 function jobList(ids) {
@@ -20,22 +22,46 @@ function jobList(ids) {
   return `${ids.length === 1 ? "job" : "jobs"} ${named}${more}`;
 }
 
+/** TensorBoard's address, its run filter set to the runs of `ids` alone. TensorBoard
+ *  names a job's runs `<name> · <id>/train` (service/tensorboard.py), and its run filter
+ *  is a regular expression: the id then `/` or the end matches that job's runs alone, not
+ *  those of another job whose name holds the id ("finetune of <id>"). Ids are lower-case
+ *  letters and digits: nothing in them to escape. */
+export function tensorBoardUrl(ids) {
+  const either = ids.length === 1 ? ids[0] : `(${ids.join("|")})`;
+  return `/tensorboard/?runFilter=${encodeURIComponent(`${either}(/|$)`)}#timeseries`;
+}
+
 /** The button, its status line and its notice, for `jobId`'s page; `destroy()` stops
  *  following the status, and closes a tab still waiting for the service's answer. */
 export function tensorBoardControl(jobId) {
-  // TensorBoard names a job's runs `<name> · <id>/train` (service/tensorboard.py), and its
-  // run filter is a regular expression: the id then `/` or the end matches this job's runs
-  // alone, not those of another job whose name holds this id ("finetune of <id>").
-  const runFilter = `${jobId}(/|$)`;
-  const url = `/tensorboard/?runFilter=${encodeURIComponent(runFilter)}#timeseries`;
-  const button = h("button", { type: "button", id: "open-tensorboard", onclick: open },
-    "Open in TensorBoard");
-  const status = h("p", { class: "action-status small", id: "tensorboard-status", role: "status" });
+  return tensorBoardOpener({
+    jobIds: () => [jobId],
+    button: { id: "open-tensorboard" },
+    label: "Open in TensorBoard",
+    statusId: "tensorboard-status",
+    noticeId: "tensorboard-notice",
+    again: "Show this job again",
+    lost: () => "this job",
+  });
+}
+
+/** A button that opens TensorBoard over the jobs `jobIds()` names as it is pressed, the
+ *  line that follows it (with the ids `statusId`, `noticeId`), and the notice shown when
+ *  another start leaves some out (`lost(ids)` names them; the notice's `again` button
+ *  opens those jobs again). `refused(error, ids)` is told of a start refused. */
+export function tensorBoardOpener({
+  jobIds, button: attrs, label, statusId, noticeId, again: againText,
+  lost = jobList, refused = () => {},
+}) {
+  let ids = []; // the jobs of the last press: what the line follows
+  const button = h("button", { type: "button", ...attrs, onclick: () => open(jobIds()) }, label);
+  const status = h("p", { class: "action-status small", id: statusId, role: "status" });
   const noticeText = h("span", {});
-  const again = h("button", { type: "button", class: "link", onclick: open }, "Show this job again");
-  const notice = h("div", { class: "tb-notice", id: "tensorboard-notice", role: "alert", hidden: true },
+  const again = h("button", { type: "button", class: "link", onclick: () => open(ids) }, againText);
+  const notice = h("div", { class: "tb-notice", id: noticeId, role: "alert", hidden: true },
     noticeText, " ", again);
-  let pid = null; // the TensorBoard this page asked to show the job
+  let pid = null; // the TensorBoard asked to show the jobs
   let wasRunning = false;
   let timer = null;
   let gone = false;
@@ -66,7 +92,7 @@ export function tensorBoardControl(jobId) {
   }
 
   function link() {
-    return h("a", { href: url, target: "_blank", rel: "noopener" }, "open it");
+    return h("a", { href: tensorBoardUrl(ids), target: "_blank", rel: "noopener" }, "open it");
   }
 
   /** Show what the service says of its TensorBoard; follow it while it may change. */
@@ -84,12 +110,13 @@ export function tensorBoardControl(jobId) {
       return;
     }
     if (tb.pid !== pid) {
-      // Another start restarted it. Still showing this job: carry on with the new one.
-      if (!shows(tb, jobId)) {
+      // Another start restarted it. Still showing these jobs: carry on with the new one.
+      const left = missing(tb, ids);
+      if (left.length) {
         pid = null;
         say("replaced", "");
         noticeText.textContent = `TensorBoard was restarted by another start over ` +
-          `${jobList(tb.job_ids)}, and no longer shows this job.`;
+          `${jobList(tb.job_ids)}, and no longer shows ${lost(left)}.`;
         notice.hidden = false;
         return;
       }
@@ -113,8 +140,8 @@ export function tensorBoardControl(jobId) {
   let asks = 0; // starts asked from this page: a check of an older one's outcome is dropped
 
   /** A start that got no answer (or a 5xx) may have reached the service all the same:
-   *  if its TensorBoard shows this job, the line says so, with the link, and follows it.
-   *  It said "Could not start TensorBoard" beside a TensorBoard running for this job. */
+   *  if its TensorBoard shows these jobs, the line says so, with the link, and follows it.
+   *  It said "Could not start TensorBoard" beside a TensorBoard running for the job. */
   async function checkStarted(ask) {
     let tb;
     try {
@@ -122,16 +149,19 @@ export function tensorBoardControl(jobId) {
     } catch {
       return; // the line keeps the failure
     }
-    if (gone || ask !== asks || tb.state === "stopped" || !shows(tb, jobId)) return;
+    if (gone || ask !== asks || tb.state === "stopped" || missing(tb, ids).length) return;
     pid = tb.pid;
     wasRunning = false;
     show(tb);
   }
 
-  async function open() {
+  async function open(jobs) {
+    if (!jobs.length) return;
     const ask = ++asks;
+    ids = [...jobs];
+    const url = tensorBoardUrl(ids);
     // Opened now, inside the click, so a popup blocker lets it through; pointed at
-    // TensorBoard once it shows this job. The proxy holds the first request until
+    // TensorBoard once it shows these jobs. The proxy holds the first request until
     // TensorBoard has loaded.
     const tab = window.open("", "_blank");
     if (tab) waiting.add(tab);
@@ -139,9 +169,9 @@ export function tensorBoardControl(jobId) {
     notice.hidden = true;
     say("asking", "Starting TensorBoard…");
     try {
-      // merge: it is shared; the jobs it shows for others stay, this one is added.
+      // merge: it is shared; the jobs it shows for others stay, these are added.
       const { data } = await api("/api/v1/tensorboard", {
-        method: "POST", body: { job_ids: [jobId], merge: true } });
+        method: "POST", body: { job_ids: ids, merge: true } });
       waiting.delete(tab);
       if (gone) return; // its tab was closed
       pid = data.pid;
@@ -157,6 +187,7 @@ export function tensorBoardControl(jobId) {
       if (gone || ask !== asks) return;
       say("failed", `Could not start TensorBoard: ${error.message}`);
       if (mayPass(error)) checkStarted(ask);
+      else refused(error, ids);
     }
   }
 

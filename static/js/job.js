@@ -10,7 +10,7 @@
 
 import { RETRY_MS, TERMINAL, api, followAllJobs, followJob, getJSON, mayPass } from "./api.js";
 import { LineChart, thinPoints } from "./charts.js";
-import { applyProgressEvent, fresher, jobsListHash, mark, noticeOnJobs } from "./jobs.js";
+import { applyProgressEvent, fresher, jobsListHash, mark, noticeOnJobs, unselect } from "./jobs.js";
 import { profileControl } from "./profile.js";
 import { queuePlaceControl } from "./queue.js";
 import { resumeControl } from "./resume.js";
@@ -759,6 +759,7 @@ export function mountJob(view, jobId) {
   /** Deleted by this page: back to the jobs list, which says so. */
   function leaveDeleted() {
     const name = job && job.name !== jobId ? `${job.name} (${jobId})` : jobId;
+    unselect(jobId); // no longer one to compare in the list
     noticeOnJobs(`Job ${name} deleted.`);
     location.hash = jobsListHash();
   }
@@ -874,6 +875,7 @@ export function mountJob(view, jobId) {
   function showDeleted() {
     if (stopped || gone) return;
     gone = true;
+    unselect(jobId); // no longer one to compare in the list
     const focused = view.contains(document.activeElement);
     halt();
     showOnly("This job was deleted.");

@@ -11,6 +11,11 @@
 // CLI: the stream's `deleted`) leaves the table at once, and no read still out brings it back.
 // Who holds a device changes at a job's start or end and, for an end that left its worker
 // exiting, at the stream's `exited`: the devices panel (app.js) is told each time.
+// Each row's checkbox picks the job for "Compare in TensorBoard (N)", which adds the jobs
+// picked to the shared TensorBoard as a job page's "Open in TensorBoard" adds its job
+// (tensorboard.js), and opens it filtered to their runs. What is picked is kept while the
+// dashboard is open (re-reads, live updates, Show more, other filters and searches, a job's
+// page and back), and a deleted job leaves it.
 // The name search asks the API (`?name=`) and keeps the stream's new jobs to those whose
 // names hold the text as the API matches them (SQLite's LIKE: any case, ASCII only).
 // The Queued filter lists the jobs in the order they start, as the API lists the queued
@@ -25,6 +30,7 @@ import {
 } from "./format.js";
 import { arrangeInPlace } from "./inplace.js";
 import { ordinal } from "./queue.js";
+import { tensorBoardOpener } from "./tensorboard.js";
 
 const POLL_MS = 15000;
 const PAGE = 50;
@@ -121,6 +127,14 @@ export function applyProgressEvent(job, event) {
 let moment = 0;
 let listHash = "#/"; // the list last shown, filters and all: where a job page goes back to
 let pendingNotice = ""; // said atop the list the next time it is shown
+// The jobs picked to compare in TensorBoard, id -> name, in the order picked: here, not in
+// a mount of the list, so a filter (which mounts the list anew) or a job's page keeps them.
+const picked = new Map();
+
+/** The job is no longer one to compare (deleted: a job page that saw it go says so). */
+export function unselect(id) {
+  picked.delete(id);
+}
 
 /** The jobs list as last shown (its filter kept), for a job page to go back to. */
 export function jobsListHash() {
@@ -274,7 +288,8 @@ export function mountJobs(view, query) {
   // Hidden until the first read answers: a bare header said nothing (and, refused for
   // want of a token, looked like an empty list).
   const table = h("table", { class: "jobs", id: "jobs-table", hidden: true },
-    h("thead", {}, h("tr", {}, COLUMNS.map(([key, label]) => h("th", { class: `col-${key}` }, label)))),
+    h("thead", {}, h("tr", {}, h("th", { class: "col-pick" }, h("span", { class: "visually-hidden" }, "Compare")),
+      COLUMNS.map(([key, label]) => h("th", { class: `col-${key}` }, label)))),
     tbody);
   const emptyText = h("p");
   const empty = h("div", { class: "empty", hidden: true },
@@ -290,10 +305,41 @@ export function mountJobs(view, query) {
     closeStream();
     closeStream = follow();
   });
+  // Compare in TensorBoard: the jobs picked, added to what the shared TensorBoard shows
+  // (`merge`, as a job page's Open in TensorBoard: other users' jobs stay) and opened in a
+  // new tab filtered to theirs. Always there, dimmed (still focusable) with none picked:
+  // shown as the first box was ticked, it would move the rows under the pointer.
+  const compare = tensorBoardOpener({
+    jobIds: () => [...picked.keys()],
+    button: { id: "compare-tensorboard", "aria-disabled": "true",
+      title: "Add the jobs picked to the shared TensorBoard (the jobs it shows already stay) " +
+        "and open it in a new tab, filtered to their runs" },
+    label: "Compare in TensorBoard",
+    statusId: "compare-status",
+    noticeId: "compare-notice",
+    again: "Show these jobs again",
+    // Refused: a job deleted meanwhile (`job_ids.N: Unknown job`) leaves the picked ones.
+    refused: (e, ids) => {
+      for (const { field } of e.errors || []) {
+        const index = /^job_ids\.(\d+)$/.exec(field || "");
+        if (index) picked.delete(ids[Number(index[1])]);
+      }
+      showPicked();
+    },
+  });
+  // Unseen with none picked, its room kept (shown, it would move what is beside it).
+  const clearPicked = h("button", { type: "button", id: "compare-clear", class: "link",
+    onclick: () => {
+      picked.clear();
+      showPicked();
+      compare.button.focus(); // this button is hidden now: the keyboard stays beside it
+    } }, "Clear selection");
 
   view.append(
     h("div", { class: "view-head" }, h("h1", {}, "Jobs"),
-      h("a", { class: "button primary", href: "#/submit" }, "New job")),
+      h("div", { class: "actions" }, clearPicked, compare.button,
+        h("a", { class: "button primary", href: "#/submit" }, "New job"))),
+    compare.status, compare.notice,
     flash, h("div", { class: "filters" }, chips, searchBox), error, notice.el, h("div", { class: "table-wrap" }, table), empty, summary,
     more,
   );
@@ -320,11 +366,21 @@ export function mountJobs(view, query) {
       cells.progress.append(bar, h("span", { class: "step" }));
       // Its place in the queue, under the Queued filter (`render` writes it).
       cells.state.append(h("span", { class: "queue-place", hidden: true }));
-      const tr = h("tr", { dataset: { job: job.id } }, Object.values(cells));
-      entry = { tr, cells, bar };
+      // Named by its job, by name and id (two jobs may share a name).
+      const box = h("input", { type: "checkbox", class: "pick",
+        "aria-label": `Compare ${job.name} (${job.id})`,
+        onchange: () => {
+          if (box.checked) picked.set(job.id, job.name);
+          else picked.delete(job.id);
+          showPicked();
+        } });
+      const pick = h("td", { class: "col-pick" }, h("label", { class: "pick-target" }, box));
+      const tr = h("tr", { dataset: { job: job.id } }, pick, Object.values(cells));
+      entry = { tr, cells, bar, box };
       rows.set(job.id, entry);
     }
-    const { cells, bar } = entry;
+    const { cells, bar, box } = entry;
+    if (box.checked !== picked.has(job.id)) box.checked = picked.has(job.id);
     const p = job.progress || {};
     entry.tr.dataset.state = job.state;
     const [name, id, why] = cells.name.children;
@@ -379,16 +435,36 @@ export function mountJobs(view, query) {
     emptyText.textContent = search ? `No ${filter ? `${filter} ` : ""}jobs match “${search}”.`
       : filter ? `No ${filter} jobs.` : "No jobs here yet.";
     clearSearch.hidden = !search;
-    const shown = order.length;
-    const matching = search ? ` matching “${search}”` : "";
-    summary.textContent =
-      `${shown} of ${count} job${count === 1 ? "" : "s"}${filter ? ` ${filter}` : ""}${matching}` +
-      (runOrder && shown ? ", in the order they start" : "");
+    writeSummary();
     more.hidden = !nextCursor;
     for (const button of chips.children) {
       button.setAttribute("aria-pressed", String(button.dataset.state === filter));
     }
   }
+
+  /** The line under the rows: how many of how many, and how many are picked to compare
+   *  (those not in the list as filtered too: the button counts them). */
+  function writeSummary() {
+    const shown = jobs.size;
+    const matching = search ? ` matching “${search}”` : "";
+    const elsewhere = [...picked.keys()].filter((id) => !jobs.has(id)).length;
+    const note = !picked.size ? ""
+      : `; ${picked.size} picked to compare${elsewhere ? ` (${elsewhere} not in this list)` : ""}`;
+    summary.textContent =
+      `${shown} of ${count} job${count === 1 ? "" : "s"}${filter ? ` ${filter}` : ""}${matching}` +
+      (runOrder && shown ? ", in the order they start" : "") + note;
+  }
+
+  /** The jobs picked, as the boxes, the button and the summary say them. */
+  function showPicked() {
+    for (const [id, { box }] of rows) if (box.checked !== picked.has(id)) box.checked = picked.has(id);
+    const n = picked.size;
+    setText(compare.button, `Compare in TensorBoard (${n})`); // "(0)": one width
+    dim(compare.button, n === 0);
+    clearPicked.classList.toggle("unseen", n === 0);
+    if (loaded) writeSummary();
+  }
+  showPicked();
 
   /** Whether the list as filtered holds `job` (its name never changes; its state may). */
   function shows(job) {
@@ -503,6 +579,7 @@ export function mountJobs(view, query) {
    *  be counted (further down the list, or in the filter): a re-read says. */
   function forget(id) {
     deleted.add(id);
+    if (picked.delete(id)) showPicked();
     streamed.delete(id);
     arrived.delete(id);
     if (!jobs.has(id)) {
@@ -700,5 +777,6 @@ export function mountJobs(view, query) {
     clearTimeout(typing);
     clearInterval(ticker);
     closeStream();
+    compare.destroy();
   };
 }

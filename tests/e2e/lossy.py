@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from playwright.sync_api import Page, Route
@@ -45,3 +45,15 @@ def answers_lost(page: Page, url: str | re.Pattern[str]) -> Iterator[list[int]]:
         while pending and time.monotonic() < deadline:
             page.wait_for_timeout(50)
         page.unroute(url)
+
+
+def pump_until(
+    page: Page, ready: Callable[[], bool], *, tries: int = 100, every_ms: int = 100
+) -> None:
+    """Wait, at most `tries` times `every_ms`, until `ready()`: the test's own check of what
+    its route or response handlers have seen. It waits in the page, as Playwright's sync API
+    runs those handlers only inside one of its calls; the caller asserts what it waited for."""
+    for _ in range(tries):
+        if ready():
+            return
+        page.wait_for_timeout(every_ms)

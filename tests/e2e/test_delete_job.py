@@ -15,6 +15,7 @@ import pytest
 from playwright.sync_api import Browser, Page, Request, Route, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
+from tests.e2e.lossy import pump_until
 from tests.e2e.test_dashboard import (
     LIST_READ,
     LOG_POLL_MS,
@@ -421,10 +422,7 @@ def test_deleted_jobs_keep_paging_whole(session: Session, service: Service) -> N
     # The table reads the list as it opens and again as its stream opens (up to 1 s on):
     # both answered before the delete, so that only the stream says it below. A read the
     # service answered after the delete fills the page back to 50 rows, as true.
-    for _ in range(100):
-        if len(answered) >= 2:
-            break
-        page.wait_for_timeout(100)
+    pump_until(page, lambda: len(answered) >= 2)
     page.remove_listener("requestfinished", on_finished)
     assert len(answered) >= 2, answered
 

@@ -15,7 +15,7 @@ import pytest
 from playwright.sync_api import Response, Route, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
-from tests.e2e.lossy import answers_lost
+from tests.e2e.lossy import answers_lost, pump_until
 from tests.e2e.test_dashboard import Session
 from tests.service.harness import Service, long_job, stepping_worker_env
 
@@ -124,18 +124,12 @@ def test_late_log_read_does_not_replace_a_later_one(session: Session, service: S
 
     page.on("response", on_response)
     try:
-        for _ in range(100):  # the next poll (every 3 s), held
-            if held:
-                break
-            page.wait_for_timeout(100)
+        pump_until(page, lambda: bool(held))  # the next poll (every 3 s), held
         assert held, "no poll of the log came to hold"
         assert service.client.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 202
         expect(page.locator(".job-heading .state")).to_have_text("cancelled")
         # The ended job's own read, answered (it is not held): the log as it ended.
-        for _ in range(100):
-            if answered:
-                break
-            page.wait_for_timeout(100)
+        pump_until(page, lambda: bool(answered))
         assert answered, "the ended job's log was not read"
         page.wait_for_timeout(500)  # past the page's handling of it
         expect(page.locator("#log")).to_contain_text(banner)
@@ -171,10 +165,7 @@ def test_a_late_submit_answer_leaves_the_user_where_they_went(
     page.route(submits, hold_post)
     try:
         page.click("#submit-job")
-        for _ in range(100):
-            if held:
-                break
-            page.wait_for_timeout(100)
+        pump_until(page, lambda: bool(held))
         assert held, "the submit was not held"
         page.click('a[data-nav="jobs"]')
         expect(page.locator("#jobs-summary")).not_to_have_text("Loading…")
@@ -213,10 +204,8 @@ def test_jobs_list_reads_again_what_got_no_answer(session: Session, service: Ser
         error = page.locator("#view p.error[role=alert]")
         expect(error).to_contain_text("Could not load jobs")
         expect(error).to_contain_text("Trying again")
-        for _ in range(100):  # the stream's re-read at its opening, lost too
-            if len(lost) >= 2:
-                break
-            page.wait_for_timeout(50)
+        # The stream's re-read at its opening, lost too.
+        pump_until(page, lambda: len(lost) >= 2, every_ms=50)
         assert len(lost) >= 2, lost
         losing[0] = False
         # Within a retry (3 s) and a slow host's margin; the poll would come 15 s on.
@@ -345,10 +334,7 @@ def test_a_delete_whose_answer_is_lost_goes_back_to_the_list(
         page.click("#delete-job")
         expect(page.locator("#delete-job")).to_have_text("Confirm delete")
         page.click("#delete-job")
-        for _ in range(100):
-            if held:
-                break
-            page.wait_for_timeout(100)
+        pump_until(page, lambda: bool(held))
         assert held, "the delete was not held"
         assert service.client.get(f"/api/v1/jobs/{job_id}").status_code == 404
         # The stream's `deleted`, had by the page (late on a slow network), then the loss.
@@ -387,10 +373,7 @@ def test_a_cancel_confirmed_says_so_while_its_answer_is_out(
     try:
         page.click("#cancel-job")
         page.click("#cancel-job")
-        for _ in range(100):
-            if held:
-                break
-            page.wait_for_timeout(100)
+        pump_until(page, lambda: bool(held))
         assert held, "the cancel was not held"
         expect(page.locator("#action-status")).to_have_text("Cancelling…")
         held[0].continue_()

@@ -18,7 +18,7 @@ from playwright.sync_api import Browser, Locator, Page, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import PHONE, Session, list_read_now, no_overflow, open_session
-from tests.service.harness import Service, job_spec, stand_in_service
+from tests.service.harness import Service, job_spec, stand_in_head, stand_in_service
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
 
@@ -26,22 +26,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason
 # saying so, until SIGTERM cancels it (as the trainer stops). Any other writes a loss at
 # steps 100 and 300 to `tb/train` (an event file framed as TensorFlow's, by TensorBoard's
 # own writer: no TensorFlow to import), reports them, and succeeds.
-COMPARE_WORKER = """\
-import json, signal, sys, time
-from pathlib import Path
-
-from tensorboard.compat.proto import event_pb2, summary_pb2
-from tensorboard.summary.writer.record_writer import RecordWriter
-
-job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1])
-name = json.loads((job_dir / "spec.json").read_text())["name"]
-stopped = []
-signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
-
-
-def progress(**line):
-    with open(job_dir / "progress.jsonl", "a") as f:
-        f.write(json.dumps({"time": time.time(), "total": 1000, **line}) + "\\n")
+COMPARE_WORKER = (
+    stand_in_head(
+        1000,
+        "\nfrom tensorboard.compat.proto import event_pb2, summary_pb2\n"
+        "from tensorboard.summary.writer.record_writer import RecordWriter\n",
+    )
+    + """\
 
 
 progress(event="start", step=0, phase="starting", towers=1)
@@ -69,6 +60,7 @@ with open(folder / f"events.out.tfevents.{int(time.time())}.stand-in", "wb") as 
     writer.flush()
 (job_dir / "result.json").write_text(json.dumps({"outcome": "succeeded", "message": name}))
 """
+)
 STARTING = re.compile(r"^(Starting TensorBoard…|TensorBoard is starting: open it\.)$")
 RUNNING = "TensorBoard is running: open it."
 

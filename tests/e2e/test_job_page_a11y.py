@@ -12,7 +12,7 @@ from playwright.sync_api import expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import TERMINAL, Session
-from tests.service.harness import Service, job_spec, stand_in_service
+from tests.service.harness import Service, job_spec, stand_in_head, stand_in_service
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
 
@@ -26,21 +26,9 @@ pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
 # million examples a second, then succeeds; "bad-tower" runs as "checkpoints" does and at
 # step 3 writes a trace line whose tower times hold a null (the trainer never does; the
 # service keeps no such list).
-READER_WORKER = """\
-import json, signal, sys, time
-from pathlib import Path
-
-from service.checkpoints import INDEX_END
-
-job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1])
-name = json.loads((job_dir / "spec.json").read_text())["name"]
-stopped = []
-signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
-
-
-def progress(**line):
-    with open(job_dir / "progress.jsonl", "a") as f:
-        f.write(json.dumps({"time": time.time(), "total": 1000, **line}) + "\\n")
+READER_WORKER = (
+    stand_in_head(1000, "\nfrom service.checkpoints import INDEX_END\n")
+    + """\
 
 
 def end(outcome, code, message=name):
@@ -84,6 +72,7 @@ while not stopped:
                 part.unlink()
 end("cancelled", 3)
 """
+)
 
 # The newest checkpoint's step on the page (0 before any).
 NEWEST_STEP = """() => Math.max(0, ...[...document.querySelectorAll("#checkpoints a.download")]

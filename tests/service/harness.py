@@ -166,6 +166,26 @@ end("cancelled", 3)
 """
 
 
+def stand_in_head(total: int, imports: str = "") -> str:
+    """The opening of a stand-in worker's source: `job_dir` and its spec's `name` from its
+    command line, `stopped` set by a SIGTERM (the worker decides when to stop, as the
+    trainer does), and `progress(**line)`, a line of progress.jsonl of `total` steps;
+    `imports`: its own import lines, after the shared ones."""
+    return (
+        "import json, signal, sys, time\n"
+        "from pathlib import Path\n"
+        f"{imports}\n"
+        'job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1])\n'
+        'name = json.loads((job_dir / "spec.json").read_text())["name"]\n'
+        "stopped = []\n"
+        "signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))\n"
+        "\n\n"
+        "def progress(**line):\n"
+        '    with open(job_dir / "progress.jsonl", "a") as f:\n'
+        f'        f.write(json.dumps({{"time": time.time(), "total": {total}, **line}}) + "\\n")\n'
+    )
+
+
 def worker_env(directory: Path, module: str, source: str) -> dict[str, str]:
     """Service settings that run `source` (written into `directory` as `module`) as the
     worker: a stand-in that writes what a test needs the trainer to have written."""

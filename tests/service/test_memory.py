@@ -14,7 +14,7 @@ from service.client.display import fold_event
 from service.progress import fold_progress
 from service.schemas import JobPublic
 from service.store import JobStore
-from tests.service.harness import Service, job_spec, stand_in_service
+from tests.service.harness import Service, job_spec, stand_in_head, stand_in_service
 from tests.service.test_client import towerboard
 
 # `python -m memory_worker run --job-dir DIR`: progress lines with the peak memory its
@@ -22,19 +22,9 @@ from tests.service.test_client import towerboard
 # and a later line with a bad list; "cpus" none, as the trainer writes for towers on CPUs
 # (and an older one for any). "live" reports a peak, and a higher one once a `go` file is
 # in its run directory, until SIGTERM stops it (exit 3, as the trainer stops).
-MEMORY_WORKER = """\
-import json, signal, sys, time
-from pathlib import Path
-
-job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1])
-name = json.loads((job_dir / "spec.json").read_text())["name"]
-stopped = []
-signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
-
-
-def progress(**line):
-    with open(job_dir / "progress.jsonl", "a") as f:
-        f.write(json.dumps({"time": time.time(), "total": 100, **line}) + "\\n")
+MEMORY_WORKER = (
+    stand_in_head(100)
+    + """\
 
 
 def end(outcome, code):
@@ -62,6 +52,7 @@ while not stopped:
     time.sleep(0.1)
 end("cancelled", 3)
 """
+)
 
 
 @pytest.fixture(scope="module")

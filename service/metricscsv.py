@@ -37,9 +37,9 @@ def row(step: int, values: Mapping[str, float], columns: Sequence[str]) -> str:
 
 def _finite(value: float | None) -> bool:
     """Whether a point's value goes in the CSV. An infinity stored before the service took
-    one as no value (`service.progress`) is read by the store as it is, but the API's JSON
-    gives it as null: left out of both, as no point, the two CSVs stay the same bytes (the
-    CLI wrote `None`, which `metrics --into` then refused to read on after)."""
+    one as no value (`service.progress`) is read by the store as it is: left out, as no
+    point, as the API's JSON leaves it out, so the two CSVs stay the same bytes (the CLI
+    wrote `None` for the JSON's null, which `metrics --into` then refused to read on after)."""
     return value is not None and math.isfinite(value)
 
 

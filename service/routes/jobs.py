@@ -850,7 +850,10 @@ def _metrics_json(job_id: str, revision: int, rows: Iterable[Row]) -> Iterator[b
     """`MetricsPublic(job_id, series).model_dump_json()`, byte for byte, in parts of
     _METRICS_CHUNK points, from rows in series and step order: a long job has millions of
     points, pydantic holds the GIL for a whole call, and a part at a time the service
-    never holds them all (nor their JSON) at once."""
+    never holds them all (nor their JSON) at once. A point whose value is not finite is
+    left out, as no point: the store holds none since it took one as no value
+    (`service.progress`), but an older service stored infinities, which JSON has no number
+    for (pydantic wrote null, against the schema's number)."""
 
     def points(batch: list[Row], more: bool) -> bytes:
         values = [{"step": step, "time": time, "value": value} for _, step, time, value in batch]
@@ -862,6 +865,8 @@ def _metrics_json(job_id: str, revision: int, rows: Iterable[Row]) -> Iterator[b
     batch: list[Row] = []
     sent = False  # whether the open series has sent points already
     for row in rows:
+        if not math.isfinite(row[3]):
+            continue
         if row[0] != series:
             if batch:
                 yield points(batch, sent)

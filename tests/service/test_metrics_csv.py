@@ -271,7 +271,8 @@ def test_an_infinity_stored_by_an_older_service_is_no_point_in_either_csv(
     """Before the service took a non-finite number in a progress line as no value it stored
     infinities. The store reads them back, the API's JSON gives them as null: the CSV said
     `inf` where the CLI said `None` (a row `metrics --into` then refused to read on after).
-    Each leaves them out, as no point; a step of nothing else has no row."""
+    Each leaves them out, as no point; a step of nothing else has no row. So does the
+    JSON, read whole or thinned for a chart: it sent them as null, against its schema."""
     service = make_service()
     store = JobStore(service.data_dir / "towerboard.db")
     job = store.create(JobSpec.model_validate(job_spec(name="inf")).model_dump(mode="json"))
@@ -282,6 +283,11 @@ def test_an_infinity_stored_by_an_older_service_is_no_point_in_either_csv(
     store.cancel_queued(job.id)
     store.close()
     service.start()
+    for params in ({}, {"points": 2}, {"after_step": 0}):
+        response = service.client.get(f"/api/v1/jobs/{job.id}/metrics", params=params)
+        assert response.status_code == 200, response.text
+        loss = [(p["step"], p["value"]) for p in response.json()["series"]["loss"]]
+        assert loss == [(5, 1e-300), (6, 0.5)], params
     expected = "step,accuracy,loss\n2,0.2,\n3,0.3,\n5,,1e-300\n6,,0.5\n7,0.7,\n"
     assert service_csv(service, job.id, ()).decode() == expected
     assert cli_csv(service, job.id, ()) == expected

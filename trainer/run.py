@@ -535,9 +535,11 @@ def _train(
             spec.checkpoint,
             reading=lambda total: preparation.reads(RESTORING, total),
         )
-        if checkpointer.steps():  # none to restore, no stage
-            preparation.stage(RESTORING)
         if cluster_trainer is not None:
+            if checkpointer.steps():  # none to restore, no stage
+                # Said as the workers agree on the checkpoint, before its restore's amounts:
+                # a worker alone goes straight to them (a bare line before them said nothing).
+                preparation.stage(RESTORING)
             # The same checkpoint restored on every worker (`same_job` checked the job).
             resumed = start_together(cluster_trainer.gather, cluster, checkpointer)
         else:

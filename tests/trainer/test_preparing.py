@@ -372,10 +372,11 @@ def test_a_worker_says_each_stage_of_its_preparation_and_how_far_its_load_is(
         if line.get("stage") == RESTORING
     ]
     if read_bytes() is not None:  # Linux: the process's count of bytes read
-        assert restoring[0] == (None, None)  # the stage, before the restore's total is known
-        assert restoring[1] == (0, ckpt_bytes)
+        # The stage's first line has its total: no bare line before it (a cluster's alone
+        # says the stage as its workers agree on the checkpoint).
+        assert restoring[0] == (0, ckpt_bytes)
         assert restoring[-1] == (ckpt_bytes, ckpt_bytes)
-        assert all(total == ckpt_bytes for _, total in restoring[1:])
+        assert all(total == ckpt_bytes for _, total in restoring)
 
 
 def test_a_join_of_files_of_two_dtypes_counts_the_float_images_it_copies(tmp_path: Path) -> None:

@@ -74,6 +74,17 @@ def run_worker(job_dir: Path, spec: dict | None = None, **kw) -> tuple[int, dict
     return proc.returncode, json.loads((job_dir / "result.json").read_text()), log
 
 
+def ended_preparing(job_dir: Path) -> list[str]:
+    """`stages_reached` of a job refused while preparing, whose folder holds only what such
+    a job writes: its spec, the preparation's lines and its result."""
+    assert sorted(p.name for p in job_dir.iterdir()) == [
+        "progress.jsonl",
+        "result.json",
+        "spec.json",
+    ]
+    return stages_reached(job_dir)
+
+
 def stages_reached(job_dir: Path) -> list[str]:
     """The stages of a job that ended while preparing, in the order its progress.jsonl
     names them: it holds nothing else (no `start`, nothing trained)."""
@@ -874,12 +885,7 @@ def test_run_job_crop_padding_larger_than_the_images_exits_2(tmp_path):
             "about 15% of the training images blank",
         }
     ]
-    assert sorted(p.name for p in job_dir.iterdir()) == [
-        "progress.jsonl",
-        "result.json",
-        "spec.json",
-    ]
-    assert stages_reached(job_dir) == ["importing TensorFlow", "loading data"]
+    assert ended_preparing(job_dir) == ["importing TensorFlow", "loading data"]
 
 
 def test_run_job_on_data_larger_than_memory_fails_before_reading_it(tmp_path):
@@ -893,12 +899,7 @@ def test_run_job_on_data_larger_than_memory_fails_before_reading_it(tmp_path):
         "Not enough memory for the data: Expected room in memory for 1024.0 GiB more: "
         f"{data / 'train-images-idx3-ubyte'} (dims (1048576, 1024, 1024)) holds that much to read."
     ), result["message"]
-    assert sorted(p.name for p in job_dir.iterdir()) == [
-        "progress.jsonl",
-        "result.json",
-        "spec.json",
-    ]
-    assert stages_reached(job_dir) == ["importing TensorFlow", "loading data"]
+    assert ended_preparing(job_dir) == ["importing TensorFlow", "loading data"]
 
 
 # --- runs started beside each other ----------------------------------------------------
@@ -1311,12 +1312,7 @@ def test_run_job_custom_model_with_integer_output_exits_2(run):
     assert result["message"] == (
         "Expected model 'intout:build' to output floating-point logits. Received: int32"
     )
-    assert sorted(p.name for p in (folder / "job").iterdir()) == [
-        "progress.jsonl",
-        "result.json",
-        "spec.json",
-    ]
-    assert stages_reached(folder / "job") == STAGES
+    assert ended_preparing(folder / "job") == STAGES
 
 
 @beside_run("test_run_job_custom_model_that_cannot_run_exits_2")
@@ -1335,12 +1331,7 @@ def test_run_job_custom_model_that_cannot_run_exits_2(run):
     code, result, log, folder = run
     assert code == 2, log
     assert result["message"].startswith("Model 'broken:build' failed on a batch of shape (1, ")
-    assert sorted(p.name for p in (folder / "job").iterdir()) == [
-        "progress.jsonl",
-        "result.json",
-        "spec.json",
-    ]
-    assert stages_reached(folder / "job") == STAGES
+    assert ended_preparing(folder / "job") == STAGES
 
 
 USER_BUGS = {
@@ -1367,12 +1358,7 @@ def test_run_job_custom_model_errors_exit_2_with_a_result(run, case):
     assert code == 2, log
     assert result["outcome"] == "invalid_spec"
     assert result["message"].startswith(message), result["message"]
-    assert sorted(p.name for p in (folder / "job").iterdir()) == [
-        "progress.jsonl",
-        "result.json",
-        "spec.json",
-    ]
-    assert stages_reached(folder / "job") == STAGES
+    assert ended_preparing(folder / "job") == STAGES
 
 
 @beside_run("test_run_job_crash_in_training_reports_its_step")

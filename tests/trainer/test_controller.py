@@ -731,3 +731,49 @@ def test_a_trace_whose_times_cannot_be_read_still_answers_its_request(
     after = [e for e in lines[at:] if e["event"] == "progress"]
     assert before and all(e["tower_ms"] == timed["tower_ms"] for e in before), before
     assert after and not [e for e in after if "tower_ms" in e], after
+
+
+def test_a_cadence_of_0_turns_its_kind_off(tmp_path) -> None:
+    # JOB_SPEC.md: "`summaries.*_every`: 0 turns that kind off". Each kind is also written
+    # at the job's first and last steps, but not a kind that is off; nor is the graph
+    # without `graph`. The progress reports (the service's charts) go on.
+    off = {"scalars_every": 0, "histograms_every": 0, "images_every": 0}
+    controller, _ = run_loop(
+        tmp_path, 3, batches(), summaries={**off, "trace_steps": [], "graph": False}
+    )
+
+    assert controller.run().step == 3
+    controller.summaries.close()
+
+    # Every event of the train run (its folder is made by the first one written).
+    events = [
+        event
+        for path in sorted((controller.rundir.tensorboard / "train").glob("events.*"))
+        for event in tf.compat.v1.train.summary_iterator(str(path))
+    ]
+    assert [v.tag for e in events for v in e.summary.value] == []
+    assert not any(e.graph_def for e in events)
+    reports = [e for e in progress_lines(controller.rundir.progress) if e["event"] == "progress"]
+    assert reports[-1]["step"] == 3
+
+
+def test_checkpoints_every_so_many_steps_keep_the_newest_few(tmp_path) -> None:
+    # `checkpoint.every_steps` 2 over 7 steps saves at 2, 4 and 6 and at the end; `keep` 2
+    # leaves the newest two of them on disk.
+    off = {"scalars_every": 0, "histograms_every": 0, "images_every": 0}
+    controller, _ = run_loop(
+        tmp_path,
+        7,
+        batches(),
+        summaries={**off, "trace_steps": [], "graph": False},
+        checkpoint={"every_steps": 2, "every_seconds": 0, "keep": 2},
+    )
+
+    controller.run()
+
+    lines = progress_lines(controller.rundir.progress)
+    saved = [e["checkpoint"] for e in lines if e["event"] == "checkpoint"]
+    assert saved == [f"checkpoints/ckpt-{step}" for step in (2, 4, 6, 7)]
+    assert controller.checkpointer.steps() == [6, 7]
+    kept = sorted(p.name for p in controller.rundir.checkpoints.glob("ckpt-*.index"))
+    assert kept == ["ckpt-6.index", "ckpt-7.index"]

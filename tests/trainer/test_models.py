@@ -58,6 +58,33 @@ def test_parameter_count_from_the_spec_is_what_keras_builds(name, params, shape)
     assert parameter_count(name, spec.params, shape, classes) == model.count_params()
 
 
+def test_built_in_models_are_built_as_the_contract_and_their_params_say():
+    # JOB_SPEC.md: `mlp` a 784-500-10 perceptron, `cnn` conv3x3x32, pool, conv3x3x64,
+    # pool, dense 512 with dropout (0.4), logits. A rate or momentum a builder dropped
+    # leaves the parameter count as it was: each is read off its layers.
+    def layers(model: keras.Model, kind: type) -> list:
+        return [layer for layer in model.layers if isinstance(layer, kind)]
+
+    mlp = build_model(ModelSpec(name="mlp"), (28, 28, 1), 10).model
+    assert [layer.units for layer in layers(mlp, keras.layers.Dense)] == [500, 10]
+    assert layers(mlp, keras.layers.Dropout) == []  # dropout 0 by default
+    cnn = build_model(ModelSpec(name="cnn"), (28, 28, 1), 10).model
+    convs = layers(cnn, keras.layers.Conv2D)
+    assert [(c.filters, c.kernel_size) for c in convs] == [(32, (3, 3)), (64, (3, 3))]
+    assert [layer.units for layer in layers(cnn, keras.layers.Dense)] == [512, 10]
+    assert [layer.rate for layer in layers(cnn, keras.layers.Dropout)] == [0.4]
+
+    mlp = build_model(
+        ModelSpec(name="mlp", params={"hidden": [6, 5], "dropout": 0.3}), (4, 4, 1), 3
+    )
+    assert [layer.rate for layer in layers(mlp.model, keras.layers.Dropout)] == [0.3, 0.3]
+    cnn = build_model(ModelSpec(name="cnn", params={"dropout": 0.25}), (4, 4, 1), 3)
+    assert [layer.rate for layer in layers(cnn.model, keras.layers.Dropout)] == [0.25]
+    resnet = build_model(ModelSpec(name="resnet", params={"bn_momentum": 0.7}), (4, 4, 1), 3)
+    momenta = {layer.momentum for layer in layers(resnet.model, keras.layers.BatchNormalization)}
+    assert momenta == {0.7}
+
+
 def test_model_too_large_for_its_images_is_refused_before_it_is_built():
     # Under the cap on the smallest images (the service's check), over it on these: the
     # worker counts before allocating 12 GB of first-layer kernel.

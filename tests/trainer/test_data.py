@@ -1211,6 +1211,22 @@ def test_load_arrays_generates_synthetic_from_seed() -> None:
     assert not np.array_equal(load_arrays(data, seed=2).x_train, arrays.x_train)
 
 
+def test_load_arrays_synthetic_noise_is_the_spread_about_each_class() -> None:
+    # `data.params.noise`: Gaussian noise about each class's prototype (then clipped to
+    # [0, 1]). With none, every example of a class is its prototype.
+    def examples(noise: float) -> list[np.ndarray]:
+        params = {"shape": [6, 6], "classes": 2, "size": 400, "noise": noise}
+        arrays = load_arrays(DataSpec(format="synthetic", params=params), seed=0)
+        return [arrays.x_train[arrays.y_train == label] for label in (0, 1)]
+
+    def spread(noise: float) -> float:
+        return max(float(x.std(axis=0, dtype=np.float64).mean()) for x in examples(noise))
+
+    assert all((x == x[0]).all() for x in examples(0.0))
+    assert 0.03 < spread(0.05) < 0.06
+    assert spread(0.3) > 4 * spread(0.05)
+
+
 def test_train_mlp_on_synthetic_data_to_full_accuracy() -> None:
     import keras
 

@@ -1064,6 +1064,52 @@ def test_run_job_logistic_on_many_classes_exits_2(run):
     )
 
 
+@beside_run("test_run_job_applies_the_specs_weight_decay_and_clip_norm")
+def _decayed_and_clipped(folder: Path) -> Run:
+    # Blank images: the first layer's kernel gets no gradient from the loss, so its update
+    # is weight decay's alone. Plain SGD at rate 1, a checkpoint after each step.
+    data = folder / "blank.npz"
+    np.savez(data, x=np.zeros((32, 4, 4), np.float32), y=np.arange(32) % 2)
+    spec = with_(
+        TINY,
+        model={"name": "mlp", "params": {"hidden": [8], "dropout": 0.0}},
+        data={"format": "npz", "path": str(data), "eval_fraction": 0.0},
+        towers=1,
+        batch_size=16,
+        steps=2,
+        optimizer={"name": "sgd", "learning_rate": 1.0},
+        weight_decay=0.5,
+        clip_norm=0.01,
+        eval={"every_steps": 0},
+        summaries={"scalars_every": 1, "histograms_every": 0, "images_every": 0, "trace_steps": []},
+        checkpoint={"every_steps": 1, "every_seconds": 0, "keep": 5},
+    )
+    return run_in(folder, spec)
+
+
+def test_run_job_applies_the_specs_weight_decay_and_clip_norm(run):
+    # The trainer's own tests hold what `weight_decay` and `clip_norm` do to a step; this,
+    # that a worker gives its trainer the spec's (dropped, the job trained without them).
+    code, _, log, folder = run
+    assert code == 0, log
+
+    def weights(step: int) -> list[np.ndarray]:
+        reader = tf.train.load_checkpoint(str(folder / "job" / "checkpoints" / f"ckpt-{step}"))
+        key = "optimizer/_trainable_variables/{}/.ATTRIBUTES/VARIABLE_VALUE"
+        return [reader.get_tensor(key.format(i)) for i in range(4)]  # kernel, bias, x2
+
+    before, after = weights(1), weights(2)
+    update = [b - a for a, b in zip(before, after, strict=True)]
+    # Step 2's update is clipped to the global norm clip_norm (times the rate, 1).
+    norm = np.sqrt(sum(float(np.sum(np.square(u, dtype=np.float64))) for u in update))
+    assert norm == pytest.approx(0.01, rel=1e-4)
+    # The first kernel moved by decay alone: toward 0, along itself.
+    kernel, moved = before[0], after[0]
+    shrink = float(np.sum(moved * kernel) / np.sum(kernel * kernel))
+    assert 0 < shrink < 1
+    np.testing.assert_allclose(moved, shrink * kernel, rtol=1e-5, atol=1e-8)
+
+
 def run_custom_model(tmp_path: Path, module: str, source: str, **changes) -> tuple[int, dict, str]:
     """Run TINY with the `module:build` model whose source is given, importable by the worker."""
     (tmp_path / f"{module}.py").write_text(source)

@@ -777,3 +777,24 @@ def test_checkpoints_every_so_many_steps_keep_the_newest_few(tmp_path) -> None:
     assert controller.checkpointer.steps() == [6, 7]
     kept = sorted(p.name for p in controller.rundir.checkpoints.glob("ckpt-*.index"))
     assert kept == ["ckpt-6.index", "ckpt-7.index"]
+
+
+def test_eval_every_0_steps_evaluates_at_no_step_not_even_the_last(tmp_path) -> None:
+    # As a summaries cadence of 0 turns its kind off: with eval data there, no eval at all
+    # (the final one after the last step included), and the result has none.
+    off = {"scalars_every": 0, "histograms_every": 0, "images_every": 0}
+    controller, _ = run_loop(
+        tmp_path,
+        4,
+        batches(),
+        eval_data=eval_set(),
+        eval={"every_steps": 0, "batches": 1},
+        summaries={**off, "trace_steps": [], "graph": False},
+    )
+
+    summary = controller.run()
+
+    assert (summary.step, summary.eval) == (4, None)
+    lines = progress_lines(controller.rundir.progress)
+    assert not [e for e in lines if e["event"] == "eval" or e.get("phase") == "eval"]
+    assert not (controller.rundir.tensorboard / "eval").exists()

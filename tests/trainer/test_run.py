@@ -1110,6 +1110,36 @@ def test_run_job_applies_the_specs_weight_decay_and_clip_norm(run):
     np.testing.assert_allclose(moved, shrink * kernel, rtol=1e-5, atol=1e-8)
 
 
+@beside_run("test_run_job_draws_the_models_initial_weights_from_its_seed")
+def _two_seeds(folder: Path) -> Run:
+    # One step on the whole training set (in an order of the seed's, which the loss does
+    # not depend on): the loss is the initial weights'. Two seeds, two runs.
+    data = folder / "fixed.npz"
+    rng = np.random.default_rng(0)
+    np.savez(data, x=rng.random((24, 4, 4), dtype=np.float32), y=np.arange(24) % 3)
+    spec = with_(
+        TINY,
+        model={"name": "mlp", "params": {"hidden": [8], "dropout": 0.0}},
+        data={"format": "npz", "path": str(data), "eval_fraction": 0.0},
+        towers=1,
+        batch_size=24,
+        steps=1,
+        eval={"every_steps": 0},
+        summaries={"trace_steps": []},
+    )
+    run_worker(folder / "seed-1", with_(spec, seed=1))  # read by the test from its folder
+    return (*run_worker(folder / "seed-2", with_(spec, seed=2)), folder)
+
+
+def test_run_job_draws_the_models_initial_weights_from_its_seed(run):
+    code, second, log, folder = run
+    assert code == 0, log
+    first = json.loads((folder / "seed-1" / "result.json").read_text())
+    assert first["outcome"] == "succeeded", first
+    losses = first["metrics"]["loss"], second["metrics"]["loss"]
+    assert abs(losses[0] - losses[1]) > 1e-3, losses
+
+
 def run_custom_model(tmp_path: Path, module: str, source: str, **changes) -> tuple[int, dict, str]:
     """Run TINY with the `module:build` model whose source is given, importable by the worker."""
     (tmp_path / f"{module}.py").write_text(source)

@@ -1230,6 +1230,38 @@ def test_run_job_saves_no_checkpoint_of_non_finite_weights(run):
     assert not list((folder / "job" / "checkpoints").glob("ckpt-*")), "a NaN checkpoint was saved"
 
 
+@beside_run("test_run_job_deterministic_turns_on_tensorflows_op_determinism")
+def _deterministic(folder: Path) -> Run:
+    # Its effect shows on GPUs (most CPU kernels are deterministic as they are): here, as
+    # TensorFlow's flag, which a custom model's builder reads (the flag is set before).
+    (folder / "determinism.py").write_text(
+        "import keras\n"
+        "from tensorflow.python.framework import config  # no public reader of the flag\n"
+        "def build(input_shape, num_classes, note):\n"
+        "    with open(note, 'w') as f:\n"
+        "        f.write(str(config.is_op_determinism_enabled()))\n"
+        "    inputs = keras.Input(input_shape)\n"
+        "    x = keras.layers.Flatten()(inputs)\n"
+        "    return keras.Model(inputs, keras.layers.Dense(num_classes)(x))\n"
+    )
+    spec = with_(
+        TINY,
+        model={"name": "determinism:build", "params": {"note": str(folder / "note.txt")}},
+        deterministic=True,
+        towers=1,
+        steps=1,
+        eval={"every_steps": 0},
+        summaries={"trace_steps": []},
+    )
+    return run_in(folder, spec, env={"PYTHONPATH": f"{folder}:{REPO}"})
+
+
+def test_run_job_deterministic_turns_on_tensorflows_op_determinism(run):
+    code, _, log, folder = run
+    assert code == 0, log
+    assert (folder / "note.txt").read_text() == "True"
+
+
 @beside_run("test_run_job_trains_and_exports_a_subclassed_custom_model")
 def _subclassed(folder: Path) -> Run:
     # A `module:function` model written as a keras.Model subclass: no input_shape or

@@ -15,7 +15,7 @@
 // picked to the shared TensorBoard as a job page's "Open in TensorBoard" adds its job
 // (tensorboard.js), and opens it filtered to their runs. What is picked is kept while the
 // dashboard is open (re-reads, live updates, Show more, other filters and searches, a job's
-// page and back), and a deleted job leaves it.
+// page and back) and through a reload of its tab, and a deleted job leaves it.
 // The name search asks the API (`?name=`) and keeps the stream's new jobs to those whose
 // names hold the text as the API matches them (SQLite's LIKE: any case, ASCII only).
 // The Queued filter lists the jobs in the order they start, as the API lists the queued
@@ -128,12 +128,45 @@ let moment = 0;
 let listHash = "#/"; // the list last shown, filters and all: where a job page goes back to
 let pendingNotice = ""; // said atop the list the next time it is shown
 // The jobs picked to compare in TensorBoard, id -> name, in the order picked: here, not in
-// a mount of the list, so a filter (which mounts the list anew) or a job's page keeps them.
-const picked = new Map();
+// a mount of the list, so a filter (which mounts the list anew) or a job's page keeps them,
+// and in the tab's sessionStorage (PICKED_KEY), so a reload of the tab keeps them too.
+const PICKED_KEY = "towerboard.compare";
+const picked = new Map(restoredPicks());
+// Picks restored from a reload whose jobs are still to be checked: one deleted meanwhile,
+// while no page of this tab was open to see it go, drops out at the list's first mount.
+let unchecked = [...picked.keys()];
+
+/** The picks sessionStorage holds ([id, name] pairs), none where it holds nothing usable. */
+function restoredPicks() {
+  try {
+    const pairs = JSON.parse(sessionStorage.getItem(PICKED_KEY) || "[]");
+    return Array.isArray(pairs) ? pairs.filter((pair) => Array.isArray(pair) && pair.length === 2
+      && typeof pair[0] === "string" && typeof pair[1] === "string") : [];
+  } catch {
+    return []; // not JSON, or no storage (a browser that refuses it)
+  }
+}
+
+/** Keep the picks for a reload of this tab. */
+function savePicked() {
+  try {
+    if (picked.size) sessionStorage.setItem(PICKED_KEY, JSON.stringify([...picked]));
+    else sessionStorage.removeItem(PICKED_KEY);
+  } catch {
+    // No storage (full, or refused): they are kept while the page is open, as before.
+  }
+}
+
+/** Take `id` out of the picks; whether it was picked. */
+function unpick(id) {
+  if (!picked.delete(id)) return false;
+  savePicked();
+  return true;
+}
 
 /** The job is no longer one to compare (deleted: a job page that saw it go says so). */
 export function unselect(id) {
-  picked.delete(id);
+  unpick(id);
 }
 
 /** The jobs list as last shown (its filter kept), for a job page to go back to. */
@@ -322,7 +355,7 @@ export function mountJobs(view, query) {
     refused: (e, ids) => {
       for (const { field } of e.errors || []) {
         const index = /^job_ids\.(\d+)$/.exec(field || "");
-        if (index) picked.delete(ids[Number(index[1])]);
+        if (index) unpick(ids[Number(index[1])]);
       }
       showPicked();
     },
@@ -331,6 +364,7 @@ export function mountJobs(view, query) {
   const clearPicked = h("button", { type: "button", id: "compare-clear", class: "link",
     onclick: () => {
       picked.clear();
+      savePicked();
       showPicked();
       compare.button.focus(); // this button is hidden now: the keyboard stays beside it
     } }, "Clear selection");
@@ -372,6 +406,7 @@ export function mountJobs(view, query) {
         onchange: () => {
           if (box.checked) picked.set(job.id, job.name);
           else picked.delete(job.id);
+          savePicked();
           showPicked();
         } });
       const pick = h("td", { class: "col-pick" }, h("label", { class: "pick-target" }, box));
@@ -465,6 +500,16 @@ export function mountJobs(view, query) {
     if (loaded) writeSummary();
   }
   showPicked();
+
+  // Picks restored by a reload: a job deleted while no page of this tab was open leaves
+  // them quietly (its job answers 404). One not read (no answer) stays, to be refused, and
+  // then said, if it is gone.
+  for (const id of unchecked) {
+    getJSON(`/api/v1/jobs/${encodeURIComponent(id)}`).catch((e) => {
+      if (e.status === 404 && unpick(id) && !stopped) showPicked();
+    });
+  }
+  unchecked = [];
 
   /** Whether the list as filtered holds `job` (its name never changes; its state may). */
   function shows(job) {
@@ -579,7 +624,7 @@ export function mountJobs(view, query) {
    *  be counted (further down the list, or in the filter): a re-read says. */
   function forget(id) {
     deleted.add(id);
-    if (picked.delete(id)) showPicked();
+    if (unpick(id)) showPicked();
     streamed.delete(id);
     arrived.delete(id);
     if (!jobs.has(id)) {

@@ -301,3 +301,59 @@ def test_a_picked_job_deleted_unseen_is_refused_and_leaves_the_pick(
     expect(button).to_have_text("Compare in TensorBoard (1)")
     expect(page.locator("#jobs-summary")).not_to_contain_text("not in this list")
     assert session.errors == []
+
+
+def test_picked_jobs_stay_through_a_reload_and_a_deleted_one_drops_out(
+    session: Session, service: Service
+) -> None:
+    """The jobs picked stay picked through a reload of the tab (kept in its
+    sessionStorage). One deleted while the tab was elsewhere, and an id no service knows,
+    drop out quietly at the next load: no box, no count, no error said."""
+    kept, gone = finished(service, "reload-kept"), finished(service, "reload-gone")
+    page = session.page
+    page.goto("/#/")
+    kept_box, gone_box = pick_box(page, "reload-kept", kept), pick_box(page, "reload-gone", gone)
+    kept_box.click()
+    gone_box.click()
+    button = compare_button(page)
+    expect(button).to_have_text("Compare in TensorBoard (2)")
+
+    page.reload()
+    expect(kept_box).to_be_checked()
+    expect(gone_box).to_be_checked()
+    expect(button).to_have_text("Compare in TensorBoard (2)")
+    expect(page.locator("#jobs-summary")).to_contain_text("; 2 picked to compare")
+    expect(page.locator("#compare-clear")).to_be_visible()
+
+    # An id of no job, as a tab kept from another service's data dir would hold.
+    page.evaluate(
+        """() => {
+        const key = "towerboard.compare";
+        const picks = JSON.parse(sessionStorage.getItem(key));
+        sessionStorage.setItem(key, JSON.stringify([...picks, ["nosuchjob0", "ghost"]]));
+    }"""
+    )
+    # The tab elsewhere while one picked job is deleted: no list sees it go.
+    page.goto("about:blank")
+    service.wait_exited(gone)
+    deleted = service.client.delete(f"/api/v1/jobs/{gone}")
+    assert deleted.status_code in (200, 204), deleted.text
+    page.goto("/#/")
+    expect(kept_box).to_be_checked()
+    expect(page.locator(f'tr[data-job="{gone}"]')).to_have_count(0)
+    expect(button).to_have_text("Compare in TensorBoard (1)")
+    summary = page.locator("#jobs-summary")
+    expect(summary).to_contain_text("; 1 picked to compare")
+    expect(summary).not_to_contain_text("not in this list")
+    expect(page.locator(".error")).to_be_hidden()
+    expect(page.locator("#compare-status")).to_have_text("")
+    # And so the next reload holds the one left.
+    page.reload()
+    expect(kept_box).to_be_checked()
+    expect(button).to_have_text("Compare in TensorBoard (1)")
+    assert page.evaluate("() => sessionStorage.getItem('towerboard.compare')") == (
+        f'[["{kept}","reload-kept"]]'
+    )
+    page.locator("#compare-clear").click()
+    assert page.evaluate("() => sessionStorage.getItem('towerboard.compare')") is None
+    assert session.errors == []

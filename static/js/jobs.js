@@ -351,12 +351,11 @@ export function mountJobs(view, query) {
     statusId: "compare-status",
     noticeId: "compare-notice",
     again: "Show these jobs again",
-    // Refused: a job deleted meanwhile (`job_ids.N: Unknown job`) leaves the picked ones.
-    refused: (e, ids) => {
-      for (const { field } of e.errors || []) {
-        const index = /^job_ids\.(\d+)$/.exec(field || "");
-        if (index) unpick(ids[Number(index[1])]);
-      }
+    // A job deleted meanwhile, unseen (the service refused it as unknown): named as it was
+    // picked, it leaves the picks, and the opener compares the rest.
+    named: (id) => picked.get(id),
+    deleted: (ids) => {
+      for (const id of ids) unpick(id);
       showPicked();
     },
   });

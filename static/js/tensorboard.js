@@ -46,19 +46,44 @@ export function tensorBoardControl(jobId) {
   });
 }
 
+/** The jobs of `ids` that a refusal of a start (`error`) says are unknown to the service
+ *  (each of its field errors `job_ids.N: Unknown job…`: deleted since they were picked);
+ *  null for a refusal of anything else, or of none of them. */
+export function unknownJobs(error, ids) {
+  const errors = error.status === 422 && Array.isArray(error.errors) ? error.errors : [];
+  const unknown = errors.map(({ field, message }) => {
+    const index = /^job_ids\.(\d+)$/.exec(field || "");
+    return index && /^Unknown job\b/.test(message || "") ? ids[Number(index[1])] : undefined;
+  });
+  return unknown.length && unknown.every((id) => id !== undefined) ? [...new Set(unknown)] : null;
+}
+
+/** "Job mnist (3fkkyci9jr) was deleted" or "Jobs a (…), b (…) were deleted", of `jobs`
+ *  (id -> name, undefined where it is not known). */
+function deletedText(jobs) {
+  const ids = [...jobs.keys()];
+  const each = ids.map((id) => (jobs.get(id) ? `${jobs.get(id)} (${id})` : id));
+  const shown = each.slice(0, SHOWN_IDS).join(", ");
+  const more = each.length > SHOWN_IDS ? ` and ${each.length - SHOWN_IDS} more` : "";
+  return ids.length === 1 ? `Job ${shown} was deleted` : `Jobs ${shown}${more} were deleted`;
+}
+
 /** A button that opens TensorBoard over the jobs `jobIds()` names as it is pressed, the
  *  line that follows it (with the ids `statusId`, `noticeId`), and the notice shown when
  *  another start leaves some out (`lost(ids)` names them; the notice's `again` button
- *  opens those jobs again). `refused(error, ids)` is told of a start refused. */
+ *  opens those jobs again). A start refused because some of the jobs are gone (deleted
+ *  while nothing on the page saw it) says which, by name where `named(id)` knows it, tells
+ *  `deleted(ids)`, and opens TensorBoard over the rest, if any. */
 export function tensorBoardOpener({
   jobIds, button: attrs, label, statusId, noticeId, again: againText,
-  lost = jobList, refused = () => {},
+  lost = jobList, named = () => undefined, deleted = () => {},
 }) {
   let ids = []; // the jobs of the last press: what the line follows
-  const button = h("button", { type: "button", ...attrs, onclick: () => open(jobIds()) }, label);
+  const leftOut = new Map(); // the last press's jobs found deleted, id -> name: said first
+  const button = h("button", { type: "button", ...attrs, onclick: () => press(jobIds()) }, label);
   const status = h("p", { class: "action-status small", id: statusId, role: "status" });
   const noticeText = h("span", {});
-  const again = h("button", { type: "button", class: "link", onclick: () => open(ids) }, againText);
+  const again = h("button", { type: "button", class: "link", onclick: () => press(ids) }, againText);
   const notice = h("div", { class: "tb-notice", id: noticeId, role: "alert", hidden: true },
     noticeText, " ", again);
   let pid = null; // the TensorBoard asked to show the jobs
@@ -80,8 +105,10 @@ export function tensorBoardOpener({
 
   /** Write the line, unless it says that already: it is a live region (role=status), and
    *  rewritten at each 5 s poll with the same words, a screen reader read them out again
-   *  every 5 s for as long as TensorBoard ran. */
-  function say(state, ...parts) {
+   *  every 5 s for as long as TensorBoard ran. The jobs of the press found deleted are
+   *  said first. */
+  function say(state, ...words) {
+    const parts = leftOut.size ? [`${deletedText(leftOut)}.`, " ", ...words] : words;
     const key = JSON.stringify([state, ...parts.map((part) =>
       (part instanceof Node ? part.outerHTML : String(part)))]);
     if (key === said) return;
@@ -155,7 +182,14 @@ export function tensorBoardOpener({
     show(tb);
   }
 
-  async function open(jobs) {
+  function press(jobs) {
+    leftOut.clear();
+    open(jobs);
+  }
+
+  /** Start TensorBoard over `jobs` and point a tab at it: `reuse`, one opened for a start
+   *  refused a moment ago, or a new one. */
+  async function open(jobs, reuse) {
     if (!jobs.length) return;
     const ask = ++asks;
     ids = [...jobs];
@@ -163,7 +197,7 @@ export function tensorBoardOpener({
     // Opened now, inside the click, so a popup blocker lets it through; pointed at
     // TensorBoard once it shows these jobs. The proxy holds the first request until
     // TensorBoard has loaded.
-    const tab = window.open("", "_blank");
+    const tab = reuse === undefined ? window.open("", "_blank") : reuse;
     if (tab) waiting.add(tab);
     clearTimeout(timer);
     notice.hidden = true;
@@ -183,11 +217,24 @@ export function tensorBoardOpener({
       show(data);
     } catch (error) {
       waiting.delete(tab);
+      const unknown = gone || ask !== asks ? null : unknownJobs(error, ids);
+      if (unknown) {
+        // Deleted since they were picked, unseen: said in plain words (not the service's
+        // `job_ids.0: Unknown job`), taken out, and the rest shown in the same tab.
+        for (const id of unknown) leftOut.set(id, named(id));
+        deleted(unknown);
+        const rest = ids.filter((id) => !unknown.includes(id));
+        if (rest.length) {
+          open(rest, tab);
+          return;
+        }
+        ids = rest;
+      }
       if (tab) tab.close();
       if (gone || ask !== asks) return;
-      say("failed", `Could not start TensorBoard: ${error.message}`);
+      if (unknown) say("failed", "Nothing left to open in TensorBoard.");
+      else say("failed", `Could not start TensorBoard: ${error.message}`);
       if (mayPass(error)) checkStarted(ask);
-      else refused(error, ids);
     }
   }
 

@@ -2,8 +2,9 @@
 worker is a stand-in (it writes a TensorBoard event file and its progress lines at once)
 and a real TensorBoard: a box per row picks a job, by keyboard or by mouse, and "Compare
 in TensorBoard (N)" adds the picked jobs to the shared TensorBoard and opens it filtered
-to them; what is picked stays through the list's live updates, re-reads and filters, and a
-deleted job leaves it."""
+to them; what is picked stays through the list's live updates, re-reads, filters and a
+reload, and a deleted job leaves it (one deleted unseen is said as such when pressed, and
+the rest compared)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-from playwright.sync_api import Browser, Locator, Page, expect
+from playwright.sync_api import Browser, Locator, Page, Request, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import PHONE, Session, list_read_now, no_overflow, open_session
@@ -265,12 +266,31 @@ def test_phone_cards_have_the_box(browser: Browser, service: Service, screenshot
         phone.context.close()
 
 
-def test_a_picked_job_deleted_unseen_is_refused_and_leaves_the_pick(
+def delete_unseen(page: Page, service: Service, job_id: str) -> None:
+    """Delete a job while the page shows the submit form, which follows no job: the jobs
+    list is mounted again, unaware, by the browser's Back."""
+    page.get_by_role("link", name="New job").click()
+    expect(page.locator("#spec")).to_be_visible()
+    service.wait_exited(job_id)
+    deleted = service.client.delete(f"/api/v1/jobs/{job_id}")
+    assert deleted.status_code in (200, 204), deleted.text
+    page.go_back()
+
+
+def closed(page: Page, tab: Page) -> None:
+    deadline = time.monotonic() + 20
+    while not tab.is_closed():
+        assert time.monotonic() < deadline, tab.url
+        page.wait_for_timeout(100)
+
+
+def test_a_picked_job_deleted_unseen_is_said_and_the_rest_compared(
     session: Session, service: Service
 ) -> None:
     """A picked job deleted while no list was open to see it (the submit page was): the
-    list says it is not in this list, and a start over it is refused (422, naming it), as
-    the job page's is, its tab closed; it then leaves the pick."""
+    list says it is not in this list; pressed, the service refuses it (422, an unknown
+    job), and the line says so in plain words, by the job's name, takes it out of the pick
+    and compares the rest in the tab it opened. With none left, the tab is closed."""
     gone, kept = finished(service, "deleted-unseen"), finished(service, "kept-unseen")
     page = session.page
     page.goto("/#/")
@@ -278,28 +298,48 @@ def test_a_picked_job_deleted_unseen_is_refused_and_leaves_the_pick(
     pick_box(page, "kept-unseen", kept).click()
     button = compare_button(page)
     expect(button).to_have_text("Compare in TensorBoard (2)")
-    page.get_by_role("link", name="New job").click()
-    expect(page.locator("#spec")).to_be_visible()
-    service.wait_exited(gone)
-    deleted = service.client.delete(f"/api/v1/jobs/{gone}")
-    assert deleted.status_code in (200, 204), deleted.text
-    page.go_back()
+    delete_unseen(page, service, gone)
     expect(pick_box(page, "kept-unseen", kept)).to_be_checked()
     expect(button).to_have_text("Compare in TensorBoard (2)")
     expect(page.locator("#jobs-summary")).to_contain_text(
         "; 2 picked to compare (1 not in this list)"
     )
+    asked: list[list[str]] = []  # the job_ids of each start the page asks for
+
+    def on_request(request: Request) -> None:
+        if request.method == "POST" and request.url.endswith("/api/v1/tensorboard"):
+            body = request.post_data_json
+            assert isinstance(body, dict), request.post_data
+            asked.append(body["job_ids"])
+
+    page.on("request", on_request)
     status = page.locator("#compare-status")
     with session.context.expect_page() as popup:
         button.click()
-    expect(status).to_have_text(re.compile(rf"^Could not start TensorBoard: .*Unknown job.*{gone}"))
-    expect(status).to_have_attribute("data-state", "failed")
-    tab, deadline = popup.value, time.monotonic() + 20
-    while not tab.is_closed():  # the tab it opened, blank, is closed
-        assert time.monotonic() < deadline, tab.url
-        page.wait_for_timeout(100)
+    said = rf"^Job deleted-unseen \({gone}\) was deleted\. "
+    expect(status).to_have_text(
+        re.compile(said + r"(Starting TensorBoard…|TensorBoard is (starting|running): open it\.)$")
+    )
+    expect(status).not_to_contain_text("Unknown job")
+    # The rest, in the tab the press opened: its run filter the kept job's runs alone.
+    board = popup.value
+    board.wait_for_url(re.compile(r"/tensorboard/\?runFilter="), timeout=60_000)
+    assert parse_qs(urlparse(board.url).query)["runFilter"] == [f"{kept}(/|$)"], board.url
+    assert asked == [[gone, kept], [kept]], asked
     expect(button).to_have_text("Compare in TensorBoard (1)")
     expect(page.locator("#jobs-summary")).not_to_contain_text("not in this list")
+    board.close()
+
+    # The one left deleted unseen too: nothing to compare, said, and the tab closed.
+    delete_unseen(page, service, kept)
+    with session.context.expect_page() as popup:
+        button.click()
+    expect(status).to_have_text(
+        f"Job kept-unseen ({kept}) was deleted. Nothing left to open in TensorBoard."
+    )
+    expect(status).to_have_attribute("data-state", "failed")
+    closed(page, popup.value)
+    expect(button).to_have_text("Compare in TensorBoard (0)")
     assert session.errors == []
 
 

@@ -435,8 +435,11 @@ export function mountJob(view, jobId) {
     }
     // The service's reasons may already say it ("Cancelled: the worker was stopped…").
     const label = job.state === "cancelled" ? "Cancelled" : "Failed";
+    // Named, as the Log section's is: it takes the keyboard's focus (to scroll it), and a
+    // screen reader said no more of it than its text.
     const tail = job.error.log_tail && job.error.log_tail.length
-      ? h("pre", { class: "log", tabindex: "0" }, job.error.log_tail.join("\n")) : "";
+      ? h("pre", { class: "log", tabindex: "0", "aria-label": "Last lines of the worker's log" },
+        job.error.log_tail.join("\n")) : "";
     errorBox.hidden = false;
     errorBox.replaceChildren(
       h("strong", {}, `${label}: `),

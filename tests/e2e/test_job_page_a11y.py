@@ -195,4 +195,8 @@ def test_failure_reason_shows_quoted_names_as_code(session: Session, service: Se
     )
     expect(box.locator("code")).to_have_text("x")
     assert "`" not in box.inner_text()
+    # The log's last lines under it, focusable to scroll, named as the Log section's is.
+    tail = box.get_by_label("Last lines of the worker's log", exact=True)
+    expect(tail).to_contain_text(f"attempt 1 of job {job['id']}")
+    expect(tail).to_have_attribute("tabindex", "0")
     assert session.errors == []

@@ -411,7 +411,11 @@ class Controller:
             self._write_summaries(loop, step, images, scalars_due, last)
             # A checkpoint's step is always reported: a job finished at that checkpoint
             # later ("finish here") carries that report's loss and accuracy as its result.
-            self._report_if_due(loop, step, step, force=checkpoint_due)
+            # So is a worker's first step: its loss is the job's initial one (a wrong scale
+            # shows at once), or where a resume starts; left to the clock, a step function
+            # traced in under 2 s went unreported, and the charts began a hundredth in.
+            first = step == loop.first_step
+            self._report_if_due(loop, step, step, force=checkpoint_due or first)
             # A stop carried by the last step ends the job as one process's does: trained
             # (its final checkpoint and export), not cancelled at N of N with neither.
             if in_cluster and stop_asked and step < self.total_steps:

@@ -169,6 +169,24 @@ def test_steps_with_only_their_loss_due_are_read_with_the_next_that_has_more(tmp
     assert ends[-1]["loss"] == pytest.approx(summary.metrics["loss"], rel=1e-5)
 
 
+def test_the_first_step_is_reported_whatever_the_clock_says(tmp_path) -> None:
+    # Reports fall due by the clock alone here (never, until the last step): the first
+    # step's is made all the same, so the charts begin at the job's initial loss. Left to
+    # the clock, a step function traced in under 2 s went unreported, and a fast job's
+    # loss chart began a hundredth of the job in, its initial descent never drawn.
+    off = {"scalars_every": 0, "histograms_every": 0, "images_every": 0}
+    controller, _ = run_loop(
+        tmp_path, 12, batches(), summaries={**off, "trace_steps": [], "graph": False}
+    )
+
+    controller.run()
+
+    lines = progress_lines(controller.rundir.progress)
+    reports = [e for e in lines if e["event"] == "progress"]
+    assert [e["step"] for e in reports] == [1, 12]
+    assert reports[0]["loss"] > 0 and reports[0]["examples_per_sec"] is None  # traced
+
+
 def test_with_nothing_else_due_the_loop_reads_every_so_many_steps(tmp_path) -> None:
     off = {"scalars_every": 0, "histograms_every": 0, "images_every": 0}
     steps = 2 * UNREAD_STEPS_MAX + 3

@@ -234,6 +234,10 @@ def test_run_job_short_job_reports_enough_points_for_a_chart(tmp_path):
     assert code == 0, log
     events = progress_lines(tmp_path / "job" / "progress.jsonl")
     reports = [e for e in events if e["event"] == "progress"]
+    # The first step always, however quickly its step function was traced: the charts
+    # start at the job's initial loss, not a fiftieth of the job in.
+    assert reports[0]["step"] == 1, reports[0]
+    assert reports[0]["examples_per_sec"] is None  # it traced the step function
     # At every 50th step (a hundredth of the job), at most 4 a second; another step only
     # for the report that is due every 2 s anyway (steps slowed down by a busy machine).
     pairs = zip([None, *reports], reports, strict=False)

@@ -22,6 +22,9 @@ import {
 } from "./format.js";
 import { arrangeInPlace } from "./inplace.js";
 
+// How the trainer says a run diverged (trainer/divergence.py): a loss, gradient norm or
+// weight that became NaN or infinite, at a step.
+const DIVERGED = /^(Loss|Gradients|Weights) became non-finite /;
 const LOG_LINES = 200;
 // Points a series is read with (GET /metrics?points=): a chart draws about 1,200 at most
 // (charts.js), and a job of 200k steps has some 100k a series, 32 MB to read whole.
@@ -424,6 +427,15 @@ export function mountJob(view, jobId) {
 
   let shownError = null; // the job.error the box shows, as JSON
 
+  /** What to do about a run that diverged: Resume, beside it, would train the same steps
+   *  from the checkpoint before, at the same rate, and most likely diverge again. */
+  function divergedHint() {
+    return h("p", { class: "job-error-hint", id: "diverged-hint" },
+      "The run diverged: resumed as it is, it would most likely diverge again. Lower ",
+      h("code", {}, "optimizer.learning_rate"), " or set ", h("code", {}, "clip_norm"), ", then ",
+      h("a", { href: `#/submit?from=${encodeURIComponent(jobId)}` }, "Edit & resubmit"), ".");
+  }
+
   function renderError() {
     const key = JSON.stringify(job.error || null);
     if (key === shownError) return; // redrawn, it would lose its scroll position
@@ -447,6 +459,7 @@ export function mountJob(view, jobId) {
       ...withCode(endReason(job)),
       job.error.exit_code !== null && job.error.exit_code !== undefined
         ? ` (exit code ${job.error.exit_code})` : "",
+      job.state === "failed" && DIVERGED.test(endReason(job)) ? divergedHint() : "",
       tail);
     // The cause is in the last lines (TensorFlow's start-up chatter comes first).
     if (tail) tail.scrollTop = tail.scrollHeight;

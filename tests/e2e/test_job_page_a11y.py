@@ -5,6 +5,7 @@ names shown as code. No model is trained here, so none of it is marked slow."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -21,7 +22,8 @@ pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
 # service lists, and the progress line) until SIGTERM, and once a `drop` file is in its
 # run directory deletes its two oldest checkpoints at once (retention); "points" reports loss 1, 0.5, 0.25
 # at steps 1, 2, 4 and eval loss 0.75 at step 2, then succeeds; "quoted" fails with a
-# reason that quotes a name, as the trainer's data checks do. For test_live_values:
+# reason that quotes a name, as the trainer's data checks do; "diverged" fails as the
+# trainer's divergence check does. For test_live_values:
 # "millions" reports steps 9,000,000 to 9,800,000 with a loss falling from 1e-5 and a
 # million examples a second, then succeeds; "bad-tower" runs as "checkpoints" does and at
 # step 3 writes a trace line whose tower times hold a null (the trainer never does; the
@@ -46,6 +48,9 @@ if name == "points":
 if name == "quoted":
     end("failed", 1, "The worker rejected the spec: data: Expected float pixels `x` in [0, 1]. "
         "Received: 1 NaN.")
+if name == "diverged":
+    progress(event="progress", step=1, loss=2.3)
+    end("failed", 1, "Loss became non-finite (nan) at step 3.")
 if name == "millions":
     for k in range(9):
         progress(event="progress", step=9_000_000 + 100_000 * k, total=10_000_000,
@@ -199,4 +204,27 @@ def test_failure_reason_shows_quoted_names_as_code(session: Session, service: Se
     tail = box.get_by_label("Last lines of the worker's log", exact=True)
     expect(tail).to_contain_text(f"attempt 1 of job {job['id']}")
     expect(tail).to_have_attribute("tabindex", "0")
+    expect(page.locator("#diverged-hint")).to_have_count(0)  # not a run that diverged
+    assert session.errors == []
+
+
+def test_a_diverged_run_says_what_to_change(session: Session, service: Service) -> None:
+    """A run whose loss became NaN: the box says that Resume, as it is, would most likely
+    diverge again, what to change, and links to Edit & resubmit."""
+    job = service.submit(job_spec(name="diverged"))
+    ended = service.wait_state(job["id"], *TERMINAL)
+    assert ended["state"] == "failed", ended
+    page = session.page
+    page.goto(f"/#/jobs/{job['id']}")
+    box = page.locator(".job-error")
+    expect(box).to_contain_text("Failed: Loss became non-finite (nan) at step 3. (exit code 1)")
+    hint = box.locator("#diverged-hint")
+    expect(hint).to_have_text(
+        "The run diverged: resumed as it is, it would most likely diverge again. Lower "
+        "optimizer.learning_rate or set clip_norm, then Edit & resubmit."
+    )
+    expect(hint.locator("code")).to_have_text(["optimizer.learning_rate", "clip_norm"])
+    hint.get_by_role("link", name="Edit & resubmit").click()
+    expect(page).to_have_url(f"{service.base_url}/#/submit?from={job['id']}")
+    expect(page.locator("#spec")).to_have_value(re.compile(r'"name": "diverged"'))
     assert session.errors == []

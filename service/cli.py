@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from service.client.commands import add_client_commands, parse_url
-from service.settings import Settings, unknown_variables
+from service.settings import Settings, missing_data_roots, unknown_variables
 
 EXIT_CANNOT_START = 1
 EXIT_BAD_SETTING = 2
@@ -134,6 +134,8 @@ def _serve(args: argparse.Namespace) -> int:
             settings.host,
         )
     for line in unknown_variables(os.environ):
+        log.warning("%s", line)
+    for line in missing_data_roots(settings):
         log.warning("%s", line)
     app = create_app(settings)
 

@@ -21,6 +21,7 @@ and, when `data_roots` is empty, the data jobs may read, which the service never
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import shutil
 import sys
@@ -211,6 +212,26 @@ OTHER_VARIABLES = {
     "TOWERBOARD_CHROMIUM": "the dashboard tests: the browser they drive",
     "TOWERBOARD_SLOW_BROWSER": "the dashboard tests: a slowed browser, to bring out races",
 }
+
+
+def missing_data_roots(settings: Settings) -> list[str]:
+    """A line for each folder `TOWERBOARD_DATA_ROOTS` names that is no folder here (a
+    misspelt root, a share not mounted): every job naming its data there would be refused
+    at submit, long after the start. Said, not refused, as a mount may come later; the
+    default root (the data dir's `datasets/`, absent on a fresh install) is not said."""
+    if not settings.data_roots:
+        return []
+    lines = []
+    for given, root in zip(settings.data_roots, settings.allowed_data_roots, strict=True):
+        if os.path.isdir(root):  # os.path's: an unreadable parent is no error here
+            continue
+        what = "is no folder" if os.path.exists(root) else "does not exist"
+        where = "" if str(given) == str(root) else f" ({root})"  # a relative one, found
+        lines.append(
+            f"TOWERBOARD_DATA_ROOTS names {str(given)!r}, which {what}{where}: a job's "
+            "data.path under it is refused until it is a folder"
+        )
+    return lines
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:

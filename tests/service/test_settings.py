@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from service.settings import Settings, unknown_variables
+from service.settings import Settings, missing_data_roots, unknown_variables
 
 VARIABLE = re.compile(r"TOWERBOARD_[A-Z][A-Z_]*[A-Z]")
 
@@ -107,3 +107,30 @@ def test_every_towerboard_variable_the_code_reads_is_known() -> None:
     read = {name for path in files for name in VARIABLE.findall(path.read_text())}
     assert "TOWERBOARD_TOKEN" in read and "TOWERBOARD_SPLIT_GPU_MB" in read
     assert unknown_variables(dict.fromkeys(read, "")) == []
+
+
+def test_a_data_root_that_is_no_folder_is_named_at_start(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A misspelt root, or a share not mounted yet: every job naming data there would be
+    # refused at submit. Said at start; the default root, absent on a fresh install, not.
+    monkeypatch.delenv("TOWERBOARD_DATA_ROOTS", raising=False)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "a-file").write_text("not a folder")
+    tmp_path = tmp_path.resolve()  # as the roots are, so each line names one as given
+    settings = Settings(
+        data_dir=tmp_path / "svc",
+        data_roots=[tmp_path / "data", tmp_path / "dtaa", tmp_path / "a-file"],
+    )
+    end = "a job's data.path under it is refused until it is a folder"
+    assert missing_data_roots(settings) == [
+        f"TOWERBOARD_DATA_ROOTS names {str(tmp_path / 'dtaa')!r}, which does not exist: {end}",
+        f"TOWERBOARD_DATA_ROOTS names {str(tmp_path / 'a-file')!r}, which is no folder: {end}",
+    ]
+    # A relative root is said as given, and where it was looked for.
+    relative = Settings(data_dir=tmp_path / "svc", data_roots=[Path("no-such-root")])
+    assert missing_data_roots(relative) == [
+        f"TOWERBOARD_DATA_ROOTS names 'no-such-root', which does not exist "
+        f"({Path('no-such-root').resolve()}): {end}"
+    ]
+    assert missing_data_roots(Settings(data_dir=tmp_path / "svc")) == []

@@ -401,12 +401,22 @@ def _logs(client: Client, args: argparse.Namespace) -> int:
     path = f"/api/v1/jobs/{args.id}/logs"
     response = client.request("GET", path, params={"tail": args.tail})
     _out(response.text)
-    if not response.text and client.job(args.id)["state"] == "queued":
-        # Nothing printed, and nothing said: it read as a worker that had logged nothing.
+    # Followed, through a service restart as the reads below are (one may come now).
+    read_job = partial(client.job, args.id)
+    job = client.patiently(read_job, _note) if args.follow else read_job()
+    if job["state"] == "queued":
         following = "; following it from when it starts" if args.follow else ""
-        sys.stderr.write(
-            f"job {args.id} is queued: it has not started, so it has no log yet{following}\n"
-        )
+        if not response.text:
+            # Nothing printed, and nothing said: it read as a worker that had logged nothing.
+            said = "it has not started, so it has no log yet"
+        else:
+            # A resumed or requeued job: its log ended with the last attempt's end ("...
+            # Trained 20000 steps."), and --follow then waited without a word.
+            said = (
+                f"it waits to start attempt {job['attempts']}, so the log above is of its "
+                "earlier attempts"
+            )
+        sys.stderr.write(f"job {args.id} is queued: {said}{following}\n")
     if not args.follow:
         return EXIT_OK
     # Read on from where the last read ended (the service says where), so every line

@@ -489,6 +489,49 @@ def test_cancel_queued_and_running_jobs(
     assert waited.stderr == f"job {running['id']} had already ended (cancelled)\n"
 
 
+def test_logs_of_a_job_queued_again_say_they_are_of_its_earlier_attempts(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # A resumed job waiting for the one job slot: its log ends with its last attempt's
+    # end, and `logs --follow` then waited without a word, as if on a job that had hung.
+    service = make_service(env=stepping_worker_env(tmp_path))
+    service.start()
+    first = service.submit(long_job())
+    service.wait_checkpoint(first["id"])
+    assert towerboard("cancel", first["id"], "--wait", url=service.base_url).returncode == 0
+    holder = service.submit(long_job(name="holds the slot"))
+    service.wait_state(holder["id"], "running")
+    resumed = towerboard("resume", first["id"], url=service.base_url)
+    assert resumed.returncode == 0, resumed.stderr
+    assert service.job(first["id"])["state"] == "queued"
+
+    log = towerboard("logs", first["id"], url=service.base_url)
+    assert log.returncode == 0, log.stderr
+    assert f"--- towerboard: attempt 1 of job {first['id']} starting" in log.stdout
+    assert log.stderr == (
+        f"job {first['id']} is queued: it waits to start attempt 2, so the log above is of "
+        "its earlier attempts\n"
+    )
+    # Followed, it says so and waits for the attempt; its first line comes once it starts.
+    following = towerboard_in_background("logs", first["id"], "--follow", url=service.base_url)
+    try:
+        assert following.stderr is not None
+        said = following.stderr.readline()  # said before the slot is freed, so still queued
+        assert said == (
+            f"job {first['id']} is queued: it waits to start attempt 2, so the log above is "
+            "of its earlier attempts; following it from when it starts\n"
+        )
+        assert towerboard("cancel", holder["id"], "--wait", url=service.base_url).returncode == 0
+        service.wait_state(first["id"], "running")
+        assert towerboard("cancel", first["id"], url=service.base_url).returncode == 0
+        out, err = following.communicate(timeout=60)
+    finally:
+        following.kill()
+    assert following.returncode == 0, err
+    assert err == ""
+    assert f"--- towerboard: attempt 2 of job {first['id']} starting" in out
+
+
 def test_cancel_several_jobs_each_in_turn(
     make_service: Callable[..., Service], tmp_path: Path
 ) -> None:

@@ -969,9 +969,11 @@ def read_job_metrics(
     except Rewound as e:
         return _rewound(e)
     except UnknownRevision as e:
-        raise FieldErrors(
-            [{"field": "query.revision", "message": f"Expected at most {e.revision}"}]
-        ) from e
+        message = (
+            f"Expected at most {e.revision}, the latest revision of the job's series (each "
+            f"resume that changed steps already given made one). Received: {revision}"
+        )
+        raise FieldErrors([{"field": "query.revision", "message": message}]) from e
     thinned = ((p.name, p.step, p.time, p.value) for p in read)
     return Response(b"".join(_metrics_json(job.id, current, thinned)), media_type=_JSON)
 

@@ -529,6 +529,16 @@ def test_reading_on_between_a_steps_line_and_its_eval(tmp_path: Path) -> None:
         assert got == csv_rows()  # read on, line by line, as the whole read now
         answer = json.loads(towerboard("metrics", job_id, "--json", url=service.base_url).stdout)
         assert [p["step"] for p in answer["series"]["eval_loss"]] == [20, 40]
+        # A revision to come (a typo, another job's) is refused saying the job's latest:
+        # "Expected at most 0" alone, with no word of what it was the most of.
+        ahead = towerboard("metrics", job_id, "--after-step", "30", "--revision", "3",
+                           url=service.base_url)  # fmt: skip
+        assert ahead.returncode == 2
+        assert ahead.stderr == (
+            "towerboard: error: Invalid request: 1 error: --revision: Expected at most 0, "
+            "the latest revision of the job's series (each resume that changed steps already "
+            "given made one). Received: 3\n"
+        )
 
 
 # A stand-in worker whose second attempt changes steps its first gave (its job's name

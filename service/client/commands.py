@@ -50,6 +50,16 @@ def parse_url(value: str) -> str:
         raise argparse.ArgumentTypeError(
             f"expected the service's URL, like {DEFAULT_URL}. Received: {value!r}"
         )
+    # The API's own prefix, as the README's curl lines show it: every verb then asked
+    # /api/v1/api/v1/... and got "No such resource". A path before it (a reverse proxy's
+    # prefix) is the service's.
+    path = url.path.rstrip("/")
+    if path == "/api/v1" or path.endswith("/api/v1"):
+        root = str(url.copy_with(path=path.removesuffix("/api/v1") or "/", query=None))
+        raise argparse.ArgumentTypeError(
+            f"expected the service's URL, without the API's /api/v1 (the verbs add it), "
+            f"like {root}. Received: {value!r}"
+        )
     return value
 
 

@@ -1073,6 +1073,18 @@ def test_bad_url_from_the_environment_names_the_variable() -> None:
         "towerboard: error: TOWERBOARD_URL: expected the service's URL, like "
         "http://127.0.0.1:8000. Received: 'localhost:8000'"
     )
+    # The API's prefix, as the README's curl lines show it: every verb asked
+    # /api/v1/api/v1/... and got "No such resource".
+    for given, root in (
+        ("http://localhost:8000/api/v1", "http://localhost:8000/"),
+        ("https://host/towerboard/api/v1/", "https://host/towerboard"),
+    ):
+        api = towerboard("status", url=given)
+        assert api.returncode == 2, api.stderr
+        assert one_error_line(api) == (
+            "towerboard: error: TOWERBOARD_URL: expected the service's URL, without the "
+            f"API's /api/v1 (the verbs add it), like {root}. Received: {given!r}"
+        )
     # --url wins over it, bad or not.
     down = towerboard("status", "--url", "http://127.0.0.1:1", url="localhost:8000")
     assert down.returncode == 3, down.stderr

@@ -73,7 +73,7 @@ def admit(
                 }
             )
         elif (unfit := _function_problem(spec, worker_path)) is not None:
-            errors.append({"field": "model.name", "message": unfit})
+            errors.append({"field": unfit[0], "message": unfit[1]})
     if spec.towers > pool.max_towers:
         errors.append(
             {
@@ -188,18 +188,22 @@ def _holds(candidate: Path) -> bool:
         return False
 
 
-def _function_problem(spec: JobSpec, worker_path: list[str]) -> str | None:
-    """Why the custom model's function (`module:function`) cannot be called as the worker
-    calls it: its module defines no such function, or it cannot take `input_shape`,
-    `num_classes` and the spec's `model.params` by keyword. None when it can, or its
-    source cannot say (`service.modulesource`): read, not imported."""
+def _function_problem(spec: JobSpec, worker_path: list[str]) -> tuple[str, str] | None:
+    """The field and the message of why the custom model's function (`module:function`)
+    cannot be called as the worker calls it: its module defines no such function, or it
+    cannot take `input_shape`, `num_classes` and the spec's `model.params` by keyword.
+    None when it can, or its source cannot say (`service.modulesource`): read, not
+    imported. The field is where the spec would change: `model.params.width` for a param
+    the function does not take, `model.params` for an argument it requires that no param
+    gives, else `model.name` (a function that does not take the worker's own arguments,
+    `input_shape` and `num_classes`, by those names)."""
     model = spec.model.name
     module, _, function = model.partition(":")
     source = module_source(module, worker_path)
     if source is None:
         return None
     if defines(source, function) is False:
-        return (
+        return "model.name", (
             f"Expected 'module:function' with a function the module defines. Received: "
             f"{model!r}, but {source} defines no {function!r} at its top level"
         )
@@ -207,10 +211,18 @@ def _function_problem(spec: JobSpec, worker_path: list[str]) -> str | None:
     refused = call_refusal(source, function, keywords)
     if refused is None:
         return None
+    if {"input_shape", "num_classes"} & set(refused.unexpected):
+        field = "model.name"  # not a builder of the worker's: other params would not do
+    elif refused.argument in spec.model.params:
+        field = f"model.params.{refused.argument}"
+    elif refused.missing and refused.argument not in ("input_shape", "num_classes"):
+        field = "model.params"
+    else:
+        field = "model.name"
     # As the worker says it (`trainer.models`), where it found this at the job's turn.
-    return (
+    return field, (
         f"Expected model {model!r} to take the keyword arguments {', '.join(keywords)}. "
-        f"Received: {refused}"
+        f"Received: {refused.text}"
     )
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+from dataclasses import dataclass
 from importlib.machinery import ModuleSpec, PathFinder, SourceFileLoader
 from pathlib import Path
 
@@ -63,7 +64,21 @@ def defines(source: Path, name: str) -> bool | None:
     return name in _top_level_names(tree)
 
 
-def call_refusal(source: Path, name: str, keywords: list[str]) -> str | None:
+@dataclass(frozen=True)
+class Refusal:
+    """Why a call would not bind: `text`, as `inspect.Signature.bind` says it with the
+    function as its source shows it, and the `argument` it names (missing, unexpected or
+    positional only)."""
+
+    text: str
+    argument: str
+    missing: bool  # the function requires `argument` and the call does not give it
+    # Every keyword of the call the function takes by no name of its own (where it has no
+    # `**kwargs`), the first complaint's or not.
+    unexpected: tuple[str, ...]
+
+
+def call_refusal(source: Path, name: str, keywords: list[str]) -> Refusal | None:
     """Why calling the module's function `name` with `keywords` (by keyword) would raise
     a TypeError, as `inspect.Signature.bind` says it ("missing a required argument:
     'depth'"), with the function as its source shows it; or None when the call binds, or
@@ -81,10 +96,12 @@ def call_refusal(source: Path, name: str, keywords: list[str]) -> str | None:
     if len(defs) != 1 or defs[0].decorator_list or _bindings(tree, name) != 1:
         return None
     function = defs[0]
-    reason = _unbound_keywords(function.args, keywords)
-    if reason is None:
+    unbound = _unbound_keywords(function.args, keywords)
+    if unbound is None:
         return None
-    return f"a function {name}({ast.unparse(function.args)}) ({reason})"
+    reason, argument, missing = unbound
+    text = f"a function {name}({ast.unparse(function.args)}) ({reason})"
+    return Refusal(text, argument, missing, _unexpected(function.args, keywords))
 
 
 def _readable_tree(source: Path) -> ast.Module | None:
@@ -102,25 +119,34 @@ def _bindings(tree: ast.Module, name: str) -> int:
     return sum(1 for node in tree.body if name in _top_level_names(ast.Module([node], [])))
 
 
-def _unbound_keywords(args: ast.arguments, keywords: list[str]) -> str | None:
+def _unbound_keywords(args: ast.arguments, keywords: list[str]) -> tuple[str, str, bool] | None:
     """What `inspect.Signature.bind(**{k: ... for k in keywords})` would raise for a
-    function of `args` (its first complaint, in its order), or None when it binds."""
+    function of `args` (its first complaint, in its order), the argument it names and
+    whether that is missing; or None when it binds."""
     positional = [*args.posonlyargs, *args.args]
     first_defaulted = len(positional) - len(args.defaults)
     for index, arg in enumerate(positional):
         if arg in args.posonlyargs and arg.arg in keywords and args.kwarg is None:
-            return f"{arg.arg!r} parameter is positional only, but was passed as a keyword"
+            reason = f"{arg.arg!r} parameter is positional only, but was passed as a keyword"
+            return reason, arg.arg, False
         given = arg.arg in keywords and arg not in args.posonlyargs
         if not given and index < first_defaulted:
-            return f"missing a required argument: {arg.arg!r}"
+            return f"missing a required argument: {arg.arg!r}", arg.arg, True
     for arg, default in zip(args.kwonlyargs, args.kw_defaults, strict=True):
         if arg.arg not in keywords and default is None:
-            return f"missing a required argument: {arg.arg!r}"
-    by_keyword = {arg.arg for arg in [*args.args, *args.kwonlyargs]}
-    unexpected = [keyword for keyword in keywords if keyword not in by_keyword]
-    if unexpected and args.kwarg is None:
-        return f"got an unexpected keyword argument {unexpected[0]!r}"
+            return f"missing a required argument: {arg.arg!r}", arg.arg, True
+    if unexpected := _unexpected(args, keywords):
+        return f"got an unexpected keyword argument {unexpected[0]!r}", unexpected[0], False
     return None
+
+
+def _unexpected(args: ast.arguments, keywords: list[str]) -> tuple[str, ...]:
+    """The `keywords` a function of `args` takes by no name of its own: none where it has
+    `**kwargs`."""
+    if args.kwarg is not None:
+        return ()
+    by_keyword = {arg.arg for arg in [*args.args, *args.kwonlyargs]}
+    return tuple(keyword for keyword in keywords if keyword not in by_keyword)
 
 
 def _binds_unseen(tree: ast.Module) -> bool:

@@ -810,6 +810,8 @@ def test_create_job_custom_model_whose_function_takes_other_arguments(
         "def deep(input_shape, num_classes, *, depth):\n    ...\n"
     )
     service.start()
+    # Each said under the field where the spec would change: the function's own
+    # arguments under the model's name, a param under its own, one it lacks under params.
     cases = {
         ("team_models:build", None): "Expected model 'team_models:build' to take the keyword "
         "arguments input_shape, num_classes. Received: a function build(input_shape, "
@@ -822,11 +824,12 @@ def test_create_job_custom_model_whose_function_takes_other_arguments(
         "function deep(input_shape, num_classes, *, depth) (got an unexpected keyword "
         "argument 'width')",
     }
-    for (name, params), message in cases.items():
+    fields = ["model.name", "model.params", "model.params.width"]
+    for ((name, params), message), field in zip(cases.items(), fields, strict=True):
         model = {"name": name, **({"params": json.loads(params)} if params else {})}
-        assert _errors(service, job_spec(model=model)) == [
-            {"field": "model.name", "message": message}
-        ], name
+        assert _errors(service, job_spec(model=model)) == [{"field": field, "message": message}], (
+            name
+        )
     accepted = job_spec(name="quick", model={"name": "team_models:deep", "params": {"depth": 3}})
     assert service.client.post("/api/v1/jobs", json=accepted).status_code == 201
 

@@ -136,7 +136,16 @@ def test_call_refusal_says_what_inspect_bind_says(
         expected = None
     except TypeError as error:
         expected = f"a function build({signature}) ({error})"
-    assert call_refusal(_module(tmp_path, "m", source), "build", keywords) == expected
+    refusal = call_refusal(_module(tmp_path, "m", source), "build", keywords)
+    assert (refusal and refusal.text) == expected
+    if refusal is not None:  # the argument it names, as `bind` names it
+        assert repr(refusal.argument) in refusal.text
+        assert refusal.missing == ("missing a required argument" in refusal.text)
+        takes = inspect.signature(namespace["build"]).parameters
+        has_kwargs = any(p.kind is p.VAR_KEYWORD for p in takes.values())
+        named = {n for n, p in takes.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        expected_unexpected = () if has_kwargs else tuple(k for k in keywords if k not in named)
+        assert refusal.unexpected == expected_unexpected
 
 
 @pytest.mark.parametrize(

@@ -85,14 +85,16 @@ def interrupted(
     if cancel_requested:
         return None
     if exit.code == ExitCode.CANCELLED:
-        return "its worker was stopped by a SIGTERM nobody asked for (exit 3, after a checkpoint)"
+        return "its worker was stopped by a SIGTERM that no cancel asked for (exit 3, after a checkpoint)"
     if (
         exit.code is None
         and exit.signal is None
         and result is not None
         and result.get("outcome") == Outcome.CANCELLED.value
     ):  # adopted, or ended while no service watched: result.json says how
-        return "its worker was stopped by a SIGTERM nobody asked for (result.json: cancelled)"
+        return (
+            "its worker was stopped by a SIGTERM that no cancel asked for (result.json: cancelled)"
+        )
     return None
 
 

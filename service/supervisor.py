@@ -17,8 +17,8 @@ On start it recovers from a previous service: a living worker is adopted, a job 
 worker is gone is requeued (it resumes from its latest checkpoint), or finished from its
 result.json when the worker ended while nobody watched (not one between the attempt's
 start and end lines, where the trainer writes none: `_not_the_trainers`). A worker that checkpointed and
-stopped on a SIGTERM nobody asked for (no cancel request: a service manager stopping the
-whole control group, say) is requeued the same way, whether it ends while watched or not;
+stopped on a SIGTERM that no cancel asked for (a service manager stopping the whole
+control group, say) is requeued the same way, whether it ends while watched or not;
 so is one killed by a signal (the OOM killer), up to `crash_retries` times a job.
 
 One job's trouble never stops the pass: each job (its tail, cancel and reaping, and the

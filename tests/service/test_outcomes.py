@@ -155,13 +155,15 @@ def test_interrupted_exit_3_without_cancel_request_requeues() -> None:
     # checkpointed and exited 3, but nobody asked to cancel, so the job is not over.
     why = interrupted(WorkerExit(code=3), {"outcome": "cancelled"}, cancel_requested=False)
     assert why == (
-        "its worker was stopped by a SIGTERM nobody asked for (exit 3, after a checkpoint)"
+        "its worker was stopped by a SIGTERM that no cancel asked for (exit 3, after a checkpoint)"
     )
 
 
 def test_interrupted_adopted_result_cancelled_without_cancel_request_requeues() -> None:
     why = interrupted(WorkerExit(), {"outcome": "cancelled"}, cancel_requested=False)
-    assert why == ("its worker was stopped by a SIGTERM nobody asked for (result.json: cancelled)")
+    assert why == (
+        "its worker was stopped by a SIGTERM that no cancel asked for (result.json: cancelled)"
+    )
 
 
 @pytest.mark.parametrize(

@@ -954,7 +954,8 @@ def test_stop_workers_on_exit_logs_what_it_does(
     make_service: Callable[..., Service], tmp_path: Path
 ) -> None:
     # With TOWERBOARD_STOP_WORKERS_ON_EXIT the stop said "running ones are left to the next
-    # service" and then warned of "a SIGTERM nobody asked for": the service's own.
+    # service" and then warned of "a SIGTERM nobody asked for" (now "that no cancel asked
+    # for"): the service's own.
     env = {**fake_worker_env(tmp_path), "TOWERBOARD_STOP_WORKERS_ON_EXIT": "true"}
     service = make_service(env=env)
     service.start()
@@ -963,7 +964,7 @@ def test_stop_workers_on_exit_logs_what_it_does(
     service.stop()
     log = service.log.read_text()
     assert "running ones are left to the next service" not in log
-    assert "nobody asked for" not in log
+    assert "no cancel asked for" not in log
     assert (
         "Shutting down: no more workers will be started; running ones are stopped at a "
         "checkpoint (TOWERBOARD_STOP_WORKERS_ON_EXIT), to resume on the next start"

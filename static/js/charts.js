@@ -28,6 +28,19 @@ const LOG_LABEL_SPACE = 18;
 // Where a chart's scale ("log" or "linear") is remembered, per chart (data-chart: "loss").
 const SCALE_KEY = "towerboard.chart-scale.";
 
+// The charts on the page, drawn again in the other scheme's colours when the browser's
+// changes (the canvas keeps the colours it was drawn in; app.css sets --chart-* per scheme).
+const shown = new Set();
+window.matchMedia?.("(prefers-color-scheme: dark)").addEventListener("change", () => {
+  for (const chart of shown) chart.restyle();
+});
+
+/** The colour app.css gives custom property `name` ("--chart-grid") in the scheme the page
+ *  is in now. */
+export function themeColour(name) {
+  return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+}
+
 /** Whether chart `kind` was last set to a log scale (false where storage is refused). */
 function storedLog(kind) {
   try {
@@ -253,7 +266,8 @@ function valueText(v) {
 }
 
 export class LineChart {
-  /** `series`: [{key, label, stroke, dash?}] read from the map given to update().
+  /** `series`: [{key, label, stroke, dash?}] read from the map given to update(); `stroke`
+   *  names the CSS custom property of its colour ("--chart-train"), so it follows the scheme.
    *  `logScale`: it has a Log scale switch (a chart of a value that falls by decades, as a
    *  loss does: on a linear axis a loss from 2 to 5e-7 lay on the floor after its first few
    *  hundred steps), remembered per chart in localStorage; `yRange` is for its linear scale. */
@@ -296,6 +310,7 @@ export class LineChart {
       if (this.plot) this.plot.setSize({ width: this.width(), height: HEIGHT });
     });
     this.resizer.observe(this.root);
+    shown.add(this);
   }
 
   /** uPlot's options for the scale the chart is on now (a plot's scale is fixed when it is
@@ -320,6 +335,11 @@ export class LineChart {
         };
     const y = this.log ? { distr: 3, log: 10, range: logRange }
       : this.yRange ? { range: this.yRange } : {};
+    // The scheme's colours, as the plot is made (restyle() makes it again when they change).
+    const axis = themeColour("--chart-axis");
+    const grid = themeColour("--chart-grid");
+    const tick = themeColour("--chart-tick");
+    const dotFill = themeColour("--panel");
     return {
       width: this.width(),
       height: HEIGHT,
@@ -333,15 +353,15 @@ export class LineChart {
         Math.ceil(widestStep(u, u.scales.x.min, u.scales.x.max) / 2) + 2), null, null],
       axes: [
         {
-          stroke: "#667",
-          grid: { stroke: "#e7e9ee" },
-          ticks: { stroke: "#d7dae0" },
+          stroke: axis,
+          grid: { stroke: grid },
+          ticks: { stroke: tick },
           incrs: STEP_INCRS,
           values: (u, ticks) => ticks.map(STEP_LABEL),
           space: (u, axisIdx, min, max) => widestStep(u, min, max) + LABEL_GAP,
         },
         {
-          stroke: "#667",
+          stroke: axis,
           // As wide as its widest label (uPlot sizes its axes again until they settle).
           size: (u, values, axisIdx, cycle) => {
             const axis = u.axes[axisIdx];
@@ -349,8 +369,8 @@ export class LineChart {
             const widest = Math.max(0, ...(values || []).map((v) => (v ? labelWidth(u, axisIdx, v) : 0)));
             return Math.max(VALUE_AXIS_MIN, Math.ceil(axis.ticks.size + axis.gap + widest + 2));
           },
-          grid: { stroke: "#e7e9ee", ...(this.log ? { filter: logLabelled } : {}) },
-          ticks: { stroke: "#d7dae0", ...(this.log ? { filter: logLabelled } : {}) },
+          grid: { stroke: grid, ...(this.log ? { filter: logLabelled } : {}) },
+          ticks: { stroke: tick, ...(this.log ? { filter: logLabelled } : {}) },
           ...valueAxis,
         },
       ],
@@ -365,11 +385,12 @@ export class LineChart {
         { label: "step" },
         ...this.series.map((s) => ({
           label: s.label,
-          stroke: s.stroke,
+          stroke: themeColour(s.stroke),
           width: 2,
           dash: s.dash,
           spanGaps: true,
-          points: { show: (u, si, i0, i1) => i1 - i0 < MAX_DOTS, size: 5 },
+          // Dots filled with the panel's colour (uPlot's own white glared on the dark one).
+          points: { show: (u, si, i0, i1) => i1 - i0 < MAX_DOTS, size: 5, fill: dotFill },
           value: (u, v) => valueText(v),
         })),
       ],
@@ -389,6 +410,12 @@ export class LineChart {
     storeLog(this.kind, log);
     this.root.dataset.scale = log ? "log" : "linear";
     if (this.logBox) this.logBox.checked = log;
+    this.restyle();
+  }
+
+  /** Make the plot again, from the options and colours in force now: a new scale, or the
+   *  browser's scheme changed. */
+  restyle() {
     if (this.plot) {
       this.plot.destroy();
       this.plot = null;
@@ -476,6 +503,7 @@ export class LineChart {
   }
 
   destroy() {
+    shown.delete(this);
     this.resizer.disconnect();
     if (this.plot) this.plot.destroy();
     this.root.remove();

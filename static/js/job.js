@@ -225,13 +225,13 @@ export function mountJob(view, jobId) {
 
   const charts = [
     new LineChart(chartGrid, { title: "Loss", logScale: true, series: [
-      { key: "loss", label: "train", stroke: "#2f6fdb" },
-      { key: "eval_loss", label: "eval", stroke: "#e06c1f", dash: [6, 4] }] }),
+      { key: "loss", label: "train", stroke: "--chart-train" },
+      { key: "eval_loss", label: "eval", stroke: "--chart-eval", dash: [6, 4] }] }),
     new LineChart(chartGrid, { title: "Accuracy", yRange: [0, 1], series: [
-      { key: "accuracy", label: "train", stroke: "#2f6fdb" },
-      { key: "eval_accuracy", label: "eval", stroke: "#e06c1f", dash: [6, 4] }] }),
+      { key: "accuracy", label: "train", stroke: "--chart-train" },
+      { key: "eval_accuracy", label: "eval", stroke: "--chart-eval", dash: [6, 4] }] }),
     new LineChart(chartGrid, { title: "Examples/s", yDigits: 5, series: [
-      { key: "examples_per_sec", label: "examples/s", stroke: "#1c9a6c" }] }),
+      { key: "examples_per_sec", label: "examples/s", stroke: "--chart-rate" }] }),
   ];
 
   function drawCharts() {

@@ -82,7 +82,8 @@ LOW_CONTRAST = """() => {
 }"""
 
 
-def assert_contrast(page: Page, where: str) -> None:
-    """Every visible text on `page` (and every field's edge) reads at WCAG AA."""
+def assert_contrast(page: Page, where: str = "") -> None:
+    """Every visible text on `page` (and every field's edge) reads at WCAG AA; `where`
+    names the page in the failure."""
     low = page.evaluate(LOW_CONTRAST)
-    assert low == [], f"{where}:\n" + "\n".join(low)
+    assert low == [], f"{where or page.url}:\n" + "\n".join(low)

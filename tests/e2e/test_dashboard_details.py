@@ -20,6 +20,7 @@ import pytest
 from playwright.sync_api import Browser, Page, Request, Route, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
+from tests.e2e.contrast import assert_contrast
 from tests.e2e.lossy import answers_lost
 from tests.e2e.test_dashboard import LAPTOP, LOG_POLL_MS, PHONE, Session, open_session
 from tests.service.harness import (
@@ -411,39 +412,6 @@ def test_log_stays_while_the_service_restarts(browser: Browser, tmp_path: Path) 
         restarting.close()
 
 
-# Every visible text's contrast with the background it sits on, against WCAG 2's AA
-# minimum (4.5:1; 3:1 for large text): the failures, described.
-LOW_CONTRAST = """() => {
-  const channel = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
-  const luminance = (css) => {
-    const [r, g, b] = css.match(/[\\d.]+/g).map(Number);
-    return 0.2126 * channel(r) + 0.7152 * channel(g) + 0.0722 * channel(b);
-  };
-  const background = (el) => {
-    for (; el; el = el.parentElement) {
-      const css = getComputedStyle(el).backgroundColor;
-      if (css !== "rgba(0, 0, 0, 0)" && css !== "transparent") return css;
-    }
-    return "rgb(255, 255, 255)";
-  };
-  const low = [];
-  for (const el of document.querySelectorAll("body *")) {
-    const text = [...el.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim());
-    if (!text || !el.getClientRects().length) continue;
-    const style = getComputedStyle(el);
-    const [a, b] = [luminance(style.color), luminance(background(el))];
-    const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
-    const size = parseFloat(style.fontSize);
-    const large = size >= 24 || (Number(style.fontWeight) >= 700 && size >= 18.66);
-    if (ratio < (large ? 3 : 4.5)) {
-      low.push(`${el.className || el.tagName} "${el.textContent.trim().slice(0, 30)}": ` +
-        `${ratio.toFixed(2)}:1, ${style.color} on ${background(el)}`);
-    }
-  }
-  return [...new Set(low)];
-}"""
-
-
 def test_text_contrast_meets_wcag_aa(session: Session, service: Service) -> None:
     """Every state badge, link and error line reads at 4.5:1 at least: white on the
     succeeded, cancelled and queued badges was 3.6, 3.6 and 3.1:1, and links and errors on
@@ -459,8 +427,7 @@ def test_text_contrast_meets_wcag_aa(session: Session, service: Service) -> None
       document.getElementById("token-message").textContent = "That token was refused.";
     }""")
     expect(page.locator("#badges .state")).to_have_count(5)
-    low = page.evaluate(LOW_CONTRAST)
-    assert low == [], "\n".join(low)
+    assert_contrast(page)
     assert session.errors == []
 
 

@@ -15,6 +15,7 @@ import pytest
 from playwright.sync_api import Browser, Page, Request, Route, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
+from tests.e2e.contrast import assert_contrast
 from tests.e2e.lossy import pump_until
 from tests.e2e.test_dashboard import (
     LIST_READ,
@@ -27,7 +28,6 @@ from tests.e2e.test_dashboard import (
     open_session,
     record_list_reads,
 )
-from tests.e2e.test_dashboard_details import LOW_CONTRAST
 from tests.service.harness import Service, job_spec, stand_in_service
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
@@ -225,8 +225,7 @@ def test_delete_waits_while_the_worker_exits(session: Session, service: Service)
     expect(button).to_be_focused()
     expect(button).to_have_text("Delete job")  # not armed
     expect(line).to_have_text("")
-    low = page.evaluate(LOW_CONTRAST)
-    assert low == [], "\n".join(low)
+    assert_contrast(page)
     page.evaluate("() => { window.notReloaded = true; }")
     page.wait_for_timeout(2_000)
     # The page reads the list no more while it waits: its 0.5 s poll read it 4 times in
@@ -300,8 +299,7 @@ def test_refused_delete_says_why_and_changes_nothing(session: Session, service: 
     expect(page.locator("#spec")).to_be_visible()
     expect(page.locator("#job-load-error")).to_be_hidden()
     # The refusal's red line reads as well as the rest, and so does the armed button.
-    low = page.evaluate(LOW_CONTRAST)
-    assert low == [], "\n".join(low)
+    assert_contrast(page)
 
     service.release(job["id"])
     service.wait_exited(job["id"])
@@ -309,8 +307,7 @@ def test_refused_delete_says_why_and_changes_nothing(session: Session, service: 
     button.click()
     expect(line).to_have_text(ARMED)
     expect(line).not_to_have_class(re.compile(r"\berror\b"))
-    low = page.evaluate(LOW_CONTRAST)
-    assert low == [], "\n".join(low)
+    assert_contrast(page)
     button.click()
     expect(page.locator("#jobs-notice")).to_have_text(f"Job linger ({job['id']}) deleted.")
     assert service.client.get(f"/api/v1/jobs/{job['id']}").status_code == 404
@@ -359,8 +356,7 @@ def test_job_page_says_its_job_was_deleted_elsewhere(session: Session, service: 
         expect(page.locator(stale)).to_be_hidden()
     expect(page.get_by_role("link", name="← Jobs")).to_be_visible()  # the way back
     assert "deleted" in page.title()
-    low = page.evaluate(LOW_CONTRAST)
-    assert low == [], "\n".join(low)
+    assert_contrast(page)
     seen = len(asked)
     # Longer than the page's log poll, on its clock: any poll still set fires, and its
     # request would be out well within the real 300 ms after.
@@ -470,8 +466,7 @@ def test_delete_at_phone_width(browser: Browser, service: Service) -> None:
         notice = page.locator("#jobs-notice")
         expect(notice).to_have_text(f"Job quick ({job['id']}) deleted.")
         assert no_overflow(page)
-        low = page.evaluate(LOW_CONTRAST)
-        assert low == [], "\n".join(low)
+        assert_contrast(page)
         assert phone.errors == []
     finally:
         phone.context.close()

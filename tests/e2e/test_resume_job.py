@@ -24,8 +24,8 @@ import pytest
 from playwright.sync_api import Browser, Page, Route, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
+from tests.e2e.contrast import assert_contrast
 from tests.e2e.test_dashboard import LAPTOP, PHONE, TERMINAL, Session, no_overflow, open_session
-from tests.e2e.test_dashboard_details import LOW_CONTRAST
 from tests.e2e.test_delete_job import DEVICES, EXITING, STILL_EXITING, ended, open_exiting_job
 from tests.service.harness import Service, fake_index, job_spec, stand_in_service
 
@@ -150,8 +150,7 @@ def no_resume_controls(page: Page) -> None:
 
 
 def low_contrast(page: Page) -> None:
-    low = page.evaluate(LOW_CONTRAST)
-    assert low == [], "\n".join(low)
+    assert_contrast(page)
 
 
 def test_resume_a_cancelled_job_by_keyboard(session: Session, service: Service) -> None:

@@ -200,6 +200,8 @@ class _Loop:
     last_report: float  # `time.monotonic()` of the last progress line
     loss: float = math.nan
     out: dict[str, Any] | None = None  # the outputs of the last step whose loss is read
+    read_step: int = 0  # that step: the last read whose loss was finite
+    reported_step: int | None = None  # the step of the last progress line
     # Steps with nothing due after them but their losses, launched up to UNREAD_STEPS_MAX
     # at a time before the loop reads them: on a GPU a call returns as its step is queued,
     # and the loop runs ahead of the device (see there). A CPU runs a call to its end, so
@@ -536,9 +538,10 @@ class Controller:
         order."""
         losses = _read_losses([each.out["loss"] for each in launched])
         for each, value in zip(launched, losses, strict=True):
-            loop.loss, loop.out = value, each.out
             if not math.isfinite(value):
+                self._report_last_finite(loop)
                 raise NonFiniteLoss(each.step, value)
+            loop.loss, loop.out, loop.read_step = value, each.out, each.step
 
     def _read_pending(self, loop: _Loop) -> None:
         """Read the steps launched and not yet read, timed as steps."""
@@ -568,7 +571,35 @@ class Controller:
             float(loop.out["learning_rate"]),
         )
         loop.last_report = now
+        loop.reported_step = at
         self._take_profile_request(launched)
+
+    def _report_last_finite(self, loop: _Loop) -> None:
+        """Before the job fails for a non-finite loss: a progress line for the last step
+        whose loss was finite, unless one was written. A run that blew up within seconds
+        of its start had reported its first step alone (reports fall due every 2 s or a
+        hundredth of the job), so the dashboard's charts, which the progress lines make,
+        held that one point, and not the climb TensorBoard's scalars showed. The failure
+        path only: the step's outputs were read with its loss, so this costs the loop no
+        sync; no ETA (the job ends here). A line that cannot be written (a full disk) is
+        logged, and the job fails for its loss all the same."""
+        if loop.out is None or loop.read_step == loop.reported_step:
+            return
+        timed = loop.report_clock.take()
+        if timed is not None:
+            loop.examples_per_sec = timed[1]
+        try:
+            self._report(
+                loop.read_step,
+                _metrics(loop.loss, loop.out),
+                loop.examples_per_sec,
+                None,
+                float(loop.out["learning_rate"]),
+            )
+        except Exception as e:  # noqa: BLE001 - the loss's failure is what the job ends with
+            log.warning("could not report step %d before the failure: %s", loop.read_step, e)
+            return
+        loop.reported_step = loop.read_step
 
     def _write_summaries(
         self, loop: _Loop, step: int, images: tf.Tensor, scalars_due: bool, last: bool

@@ -260,6 +260,43 @@ def test_a_non_finite_loss_read_steps_late_names_its_own_step(tmp_path) -> None:
     assert trainer.log[-len(tail) :] == tail
 
 
+@pytest.mark.parametrize(
+    ("nan_at", "reported"),
+    [
+        (7, [1, 6]),  # 6 read with 7, in the same copy
+        (12, [1, 11]),  # 11 read with the steps before it, 12 in the next copy
+        (2, [1]),  # 1, the last finite, reported already: not again
+        (1, []),  # no step was finite
+    ],
+)
+def test_a_non_finite_loss_reports_the_last_finite_step_first(
+    tmp_path, nan_at: int, reported: list[int]
+) -> None:
+    # A run that blew up within seconds had reported its first step alone (reports fall
+    # due by the clock, never here): the dashboard's charts, made of the progress lines,
+    # held that one point, not the climb to the step before the failure.
+    off = {"scalars_every": 0, "histograms_every": 0, "images_every": 0}
+    controller, trainer = run_loop(
+        tmp_path, 40, batches(), summaries={**off, "trace_steps": [], "graph": False}
+    )
+    trainer.nan_at = nan_at
+
+    with pytest.raises(NonFiniteLoss):
+        controller.run()
+
+    lines = progress_lines(controller.rundir.progress)
+    reports = [e for e in lines if e["event"] == "progress"]
+    assert [e["step"] for e in reports] == reported
+    if len(reported) == 2:
+        last = reports[-1]
+        assert last["loss"] > 0 and 0 <= last["accuracy"] <= 1
+        assert last["learning_rate"] == 0.1 and last["eta_seconds"] is None
+    # The losses read as before the failure: each once, in the copies the loop makes.
+    reads = [e for e in trainer.log if e.startswith("read")]
+    launches = [e for e in trainer.log if e.startswith("launch")]
+    assert [e.split()[1] for e in reads] == [e.split()[1] for e in launches]
+
+
 def test_a_stop_reads_the_steps_in_flight_and_checkpoints_after_them(tmp_path) -> None:
     off = {"scalars_every": 0, "histograms_every": 0, "images_every": 0}
     controller, trainer = run_loop(

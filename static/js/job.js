@@ -373,10 +373,14 @@ export function mountJob(view, jobId) {
     // "attempt 2" read as this one's.
     const started = job.started_at && job.state !== "queued"
       ? ` · started ${localTime(job.started_at)}` : "";
+    // When its latest attempt ended, as its start is said (a job cancelled while queued
+    // ended without starting).
+    const ended = job.finished_at && TERMINAL.has(job.state)
+      ? ` · ended ${localTime(job.finished_at)}` : "";
     const ran = job.started_at && job.finished_at
       ? ` · ran ${duration((Date.parse(job.finished_at) - Date.parse(job.started_at)) / 1000)}` : "";
     setText(metaId, job.id);
-    metaRest.textContent = ` · submitted ${age(job.created_at)} ago${started}${ran}` +
+    metaRest.textContent = ` · submitted ${age(job.created_at)} ago${started}${ended}${ran}` +
       ` · priority ${job.priority} · attempt ${job.attempts}` +
       (job.cancel_requested && !TERMINAL.has(job.state) ? " · cancel requested" : "");
   }

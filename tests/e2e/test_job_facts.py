@@ -1,0 +1,102 @@
+"""What the dashboard says of a job beyond its numbers, in headless Chromium against a real
+service whose workers are stand-ins (they write what the trainer writes, at once): when an
+ended job ended, where a cancelled job stopped and what Resume would do, and which job,
+by name, holds a device."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
+from tests.e2e.test_dashboard import Session
+from tests.service.harness import Service, job_spec, worker_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
+
+# `python -m facts_worker run --job-dir DIR`, by the first word of its spec's name:
+# "quick" reports steps 1-3 of 3 and succeeds; "stops" reports steps 1-8 of 100, saves a
+# checkpoint of step 8 (files the service lists), and then, as the trainer does on a
+# cancel's SIGTERM, ends cancelled at step 8 with the trainer's result (exit 3); "holds"
+# reports step 1 and holds its device until cancelled, ending so too.
+FACTS_WORKER = """\
+import json, signal, sys, time
+from pathlib import Path
+
+job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1])
+behaviour = json.loads((job_dir / "spec.json").read_text())["name"].split("-")[0]
+stopped = []
+signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
+total = 3 if behaviour == "quick" else 100
+
+
+def progress(**line):
+    with open(job_dir / "progress.jsonl", "a") as f:
+        f.write(json.dumps({"time": time.time(), "total": total, **line}) + "\\n")
+
+
+def result(outcome, message, step, code):
+    progress(event="end", step=step, outcome=outcome,
+             phase={"succeeded": "done", "cancelled": "stopped"}[outcome])
+    (job_dir / "result.json").write_text(json.dumps({
+        "outcome": outcome, "message": message, "step": step, "total": total,
+        "metrics": {"loss": 0.5}, "eval": None,
+        "checkpoint": f"checkpoints/ckpt-{step}" if outcome == "cancelled" else None,
+        "export": None}))
+    sys.exit(code)
+
+
+progress(event="start", step=0, phase="starting", towers=1)
+last = {"quick": 3, "stops": 8, "holds": 1}[behaviour]
+for step in range(1, last + 1):
+    progress(event="progress", step=step, loss=1 / step, accuracy=0.5, phase="training")
+if behaviour == "quick":
+    result("succeeded", "Trained 3 steps.", 3, 0)
+if behaviour == "stops":
+    folder = job_dir / "checkpoints"
+    folder.mkdir(exist_ok=True)
+    (folder / "ckpt-8.data-00000-of-00001").write_bytes(b"d" * 64)
+    end = (0xDB4775248B80FB57).to_bytes(8, "little")  # a whole index's end (INDEX_END)
+    (folder / "ckpt-8.index").write_bytes(b"i" * 92 + end)
+    progress(event="checkpoint", step=8, checkpoint="checkpoints/ckpt-8", phase="training")
+while not stopped:
+    time.sleep(0.05)
+result("cancelled", f"Stopped by SIGTERM at step {last}, after a checkpoint.", last, 3)
+"""
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    folder = tmp_path_factory.mktemp("facts")
+    svc = Service(
+        folder / "data",
+        {"TOWERBOARD_CPU_JOBS": "2", **worker_env(folder, "facts_worker", FACTS_WORKER)},
+    )
+    svc.start()
+    yield svc
+    svc.close()
+
+
+def local_time(page: Page, iso: str) -> str:
+    """`iso` as the page writes a time (format.js's localTime), in its locale and zone."""
+    return str(page.evaluate("iso => new Date(iso).toLocaleString()", iso))
+
+
+def test_an_ended_jobs_header_says_when_it_ended(session: Session, service: Service) -> None:
+    """The header, "submitted 3d 5h ago · started … · ran 20s", said when the job began
+    and how long it ran, never when it ended."""
+    job = service.submit(job_spec(name="quick"))
+    done = service.wait_state(job["id"], "succeeded", "failed", "cancelled")
+    assert done["state"] == "succeeded" and done["finished_at"], done
+    page = session.page
+    page.goto(f"/#/jobs/{job['id']}")
+    expect(page.locator(".job-heading .state")).to_have_text("succeeded")
+    started = local_time(page, done["started_at"])
+    ended = local_time(page, done["finished_at"])
+    expect(page.locator("p.meta")).to_contain_text(
+        re.compile(rf" · started {re.escape(started)} · ended {re.escape(ended)} · ran \d+s · ")
+    )
+    assert session.errors == []

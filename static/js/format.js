@@ -285,6 +285,24 @@ export function endReason(job) {
   return reason.replace(/^(cancelled|failed):\s*/i, "");
 }
 
+/** How a cancelled job stopped, in plain words, from its result (the worker's
+ *  result.json): "Stopped at step 8000 of 10000, after a checkpoint." (the trainer's
+ *  "Stopped by SIGTERM at step 8000, after a checkpoint."), the worker's message where it
+ *  gives no step, or "Cancelled while queued: it never started." "" for any other job,
+ *  and for one whose error says how its cancel ended (a kill: `endReason` says it). */
+export function stoppedText(job) {
+  if (job.state !== "cancelled" || job.error) return "";
+  const result = job.result || {};
+  if (result.outcome === "cancelled" && Number.isInteger(result.step)) {
+    const of = Number.isInteger(result.total) ? ` of ${result.total}` : "";
+    const saved = typeof result.checkpoint === "string" && result.checkpoint
+      ? ", after a checkpoint" : "";
+    return `Stopped at step ${result.step}${of}${saved}.`;
+  }
+  if (typeof result.message === "string" && result.message.trim()) return sentence(result.message);
+  return job.result || job.started_at ? "" : "Cancelled while queued: it never started.";
+}
+
 /** `text` as a sentence, ending in one full stop: a worker's reason may end in none, and
  *  another sentence follows it. */
 export function sentence(text) {

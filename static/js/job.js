@@ -18,7 +18,7 @@ import { tensorBoardControl } from "./tensorboard.js";
 import {
   age, bytes, dataText, devicesText, dim, dimmed, duration, endReason, eta, h, liveNotice, localTime,
   num, percent, phaseText, progressBar, rate, sentence, setProgress, setText, stateBadge, stepText,
-  withCode,
+  stoppedText, withCode,
 } from "./format.js";
 import { arrangeInPlace } from "./inplace.js";
 
@@ -151,6 +151,10 @@ export function mountJob(view, jobId) {
   const metaRest = h("span");
   const meta = h("p", { class: "meta muted small" }, metaId, metaRest);
   const errorBox = h("div", { class: "job-error", role: "alert", hidden: true });
+  // Where a job cancelled as asked stopped (it has no error: its result says), and what
+  // Resume would do. In the failure box's place, but no alert and no red: nothing failed.
+  const outcomeBox = h("div", { class: "job-outcome", id: "job-outcome", hidden: true });
+  let latestCheckpoint; // its step, null when none was saved, undefined until read
   const stats = h("div", { class: "stats" },
     stat("Loss", "loss"), stat("Accuracy", "accuracy"), stat("Eval loss", "eval_loss"),
     stat("Eval accuracy", "eval_accuracy"), stat("Examples/s", "examples_per_sec"),
@@ -206,7 +210,7 @@ export function mountJob(view, jobId) {
       h("div", { class: "actions" }, modelLink, tensorBoard.button, cancelButton, ...resume.buttons,
         deleteButton)),
     exitingHint, resume.form, actionStatus, tensorBoard.status, tensorBoard.notice, notice.el, meta, bar,
-    barText, queuePlace.el, errorBox, stats,
+    barText, queuePlace.el, errorBox, outcomeBox, stats,
     h("section", { class: "section" },
       h("div", { class: "section-head" }, h("h2", {}, "Metrics"), csvLink), chartGrid),
     h("section", { class: "section" },
@@ -352,6 +356,7 @@ export function mountJob(view, jobId) {
     if (TERMINAL.has(job.state)) notice.clear(); // no more live updates to miss
     dim(cancelButton, cancelling || Boolean(job.cancel_requested));
     renderError();
+    renderOutcome();
     renderCancelTook();
     renderCancelled();
     if (cancelFocused && ended) {
@@ -469,6 +474,21 @@ export function mountJob(view, jobId) {
     if (tail) tail.scrollTop = tail.scrollHeight;
   }
 
+  /** A job cancelled as asked: where it stopped (`stoppedText`) and what Resume would do,
+   *  by the latest checkpoint the page has read (the one a resume restores). */
+  function renderOutcome() {
+    const stopped = job ? stoppedText(job) : "";
+    outcomeBox.hidden = !stopped;
+    if (!stopped) return;
+    const resumes = latestCheckpoint === undefined ? "Resume trains on from its latest checkpoint."
+      : latestCheckpoint === null ? "Resume trains again from step 0, as no checkpoint was saved."
+        : `Resume trains on from step ${latestCheckpoint}'s checkpoint.`;
+    const text = `Cancelled: ${stopped} ${resumes}`;
+    if (outcomeBox.textContent === text) return; // rewritten, a selection in it would go
+    outcomeBox.replaceChildren(h("strong", {}, "Cancelled: "), ...withCode(stopped), " ",
+      h("span", { id: "job-outcome-resume" }, resumes));
+  }
+
   // Reads of the log and of the checkpoints may overlap (a poll's, and the one made as the
   // job ends) and, on a slow network, be answered out of order: an answer older than one
   // shown is dropped. Shown last, a poll's answer from before the end hid the log's last
@@ -582,7 +602,9 @@ export function mountJob(view, jobId) {
       if (stopped || ask < checkpointShown) return;
       checkpointShown = ask;
       // Where a resume trains on from: Train longer's hint and least step.
-      resume.checkpoint(list.data.length ? Math.max(...list.data.map((c) => c.step)) : null);
+      latestCheckpoint = list.data.length ? Math.max(...list.data.map((c) => c.step)) : null;
+      resume.checkpoint(latestCheckpoint);
+      if (job) renderOutcome();
       showCheckpoints(list.data);
       noteCheckpoints(list.data.length ? ""
         : job && TERMINAL.has(job.state) ? "No checkpoint was saved." : "No checkpoint yet.");

@@ -26,7 +26,7 @@
 import { RETRY_MS, STATES, TERMINAL, followAllJobs, getJSON, mayPass } from "./api.js";
 import {
   age, devicesText, dim, dimmed, endReason, eta, h, jobLink, liveNotice, num, percent,
-  progressBar, rate, setProgress, setText, stateBadge, stepText, withCode,
+  progressBar, rate, setProgress, setText, stateBadge, stepText, stoppedText, withCode,
 } from "./format.js";
 import { arrangeInPlace } from "./inplace.js";
 import { ordinal } from "./queue.js";
@@ -423,10 +423,11 @@ export function mountJobs(view, query) {
     setText(name, job.name);
     setText(id, job.id);
     // Why it failed or was cancelled, so the table answers that without opening the job;
-    // two lines at most here, the whole reason on hover and on the job's page.
+    // two lines at most here, the whole reason on hover and on the job's page. A job
+    // cancelled as asked has no error: where it stopped, from its result, in grey.
     // Its `quoted` names (keys, paths) as <code>, as the job's page and the submit form
     // show them: they read with literal backticks here.
-    const reason = endReason(job);
+    const reason = endReason(job) || stoppedText(job);
     if (entry.reason !== reason) {
       entry.reason = reason;
       why.replaceChildren(...withCode(reason));

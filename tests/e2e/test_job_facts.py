@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from playwright.sync_api import Page, expect
@@ -85,6 +86,17 @@ def local_time(page: Page, iso: str) -> str:
     return str(page.evaluate("iso => new Date(iso).toLocaleString()", iso))
 
 
+def cancelled_at_its_checkpoint(service: Service, name: str) -> dict[str, Any]:
+    """A "stops" job, cancelled once its checkpoint of step 8 is saved."""
+    job = service.submit(job_spec(name=name))
+    service.wait_checkpoint(job["id"])
+    assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+    ended = service.wait_state(job["id"], "cancelled", "failed", "succeeded")
+    assert ended["state"] == "cancelled" and ended["error"] is None, ended
+    assert ended["result"]["message"] == "Stopped by SIGTERM at step 8, after a checkpoint."
+    return ended
+
+
 def test_an_ended_jobs_header_says_when_it_ended(session: Session, service: Service) -> None:
     """The header, "submitted 3d 5h ago · started … · ran 20s", said when the job began
     and how long it ran, never when it ended."""
@@ -99,4 +111,31 @@ def test_an_ended_jobs_header_says_when_it_ended(session: Session, service: Serv
     expect(page.locator("p.meta")).to_contain_text(
         re.compile(rf" · started {re.escape(started)} · ended {re.escape(ended)} · ran \d+s · ")
     )
+    assert session.errors == []
+
+
+def test_a_cancelled_job_says_where_it_stopped_and_what_resume_does(
+    session: Session, service: Service
+) -> None:
+    """A failed job's row and page say why; a job cancelled as asked said nothing of
+    where it stopped (its result does) or of what Resume, beside it, would do."""
+    job = cancelled_at_its_checkpoint(service, "stops")
+    page = session.page
+    page.goto("/#/")
+    why = page.locator(f'tr[data-job="{job["id"]}"] .job-reason')
+    expect(why).to_have_text("Stopped at step 8 of 100, after a checkpoint.")
+    # In grey (--muted, #667085), as any note; a failed job's is red: nothing failed.
+    assert why.evaluate("el => getComputedStyle(el).color") == "rgb(102, 112, 133)"
+
+    page.locator(f'tr[data-job="{job["id"]}"] a.job-name').click()
+    outcome = page.locator("#job-outcome")
+    expect(outcome).to_have_text(
+        "Cancelled: Stopped at step 8 of 100, after a checkpoint. "
+        "Resume trains on from step 8's checkpoint."
+    )
+    expect(page.locator(".job-error")).to_be_hidden()
+    # No alert, no red: a screen reader is not interrupted for it.
+    assert outcome.get_attribute("role") is None
+    assert outcome.evaluate("el => getComputedStyle(el).backgroundColor") == "rgb(255, 255, 255)"
+    expect(page.locator("#resume-job")).to_be_visible()
     assert session.errors == []

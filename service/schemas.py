@@ -288,6 +288,9 @@ class DevicePublic(BaseModel):
     id: str
     kind: str
     job_id: str | None
+    job_name: str | None = Field(
+        None, description="The name of the job holding it (null where none holds it)."
+    )
     exiting: bool = Field(
         False,
         description="True while the job holding it has ended and its worker process is "

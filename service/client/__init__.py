@@ -16,7 +16,7 @@
     towerboard metrics ID [--name SERIES] --into FILE [--follow]
                                                    a CSV file kept in sync with the job
     towerboard profile ID [--steps N]              a device trace of a running job's next steps
-    towerboard devices                             each device and the job holding it
+    towerboard devices                             each device and the job holding it (id, name)
     towerboard queue [--limit N]                   queued jobs in run order; what the first waits for
 
 Every verb takes `--url` (default `$TOWERBOARD_URL`, else http://127.0.0.1:8000) and sends

@@ -1065,14 +1065,18 @@ def devices(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         _out(json.dumps(answer, indent=2) + "\n")
         return EXIT_OK
-    rows = [["DEVICE", "JOB"]]
+    rows = [["DEVICE", "JOB", "NAME"]]
     for device in answer["data"]:
-        held = device["job_id"] or "free"
+        # The job's name beside its id, cut as `status` and `queue` cut it; a service from
+        # before the name was given says none.
+        name = device.get("job_name")
+        held = show.printable(name)[:32] if device["job_id"] and name is not None else ""
+        notes = []
         if device.get("exiting"):
-            held += " (ended: its worker is exiting)"
+            notes.append("(ended: its worker is exiting)")
         if not device.get("configured", True):
-            held += " (not configured: not given out again)"
-        rows.append([device["id"], held])
+            notes.append("(not configured: not given out again)")
+        rows.append([device["id"], device["job_id"] or "free", " ".join([held, *notes]).strip()])
     _table(rows)
     sys.stderr.write(f"up to {answer['max_towers']} towers a job\n")
     return EXIT_OK

@@ -112,9 +112,10 @@ const EXITING_TITLE =
 const NOT_CONFIGURED_TITLE =
   "Held by a job started before the service's settings named fewer devices; not given out again.";
 
-/** Show who holds a device in its `holder` span: its job's link (with "exiting" once the
- *  job has ended), or "free". A link to the same job is kept, not made anew, so the
- *  keyboard's focus on it stays through every poll. */
+/** Show who holds a device in its `holder` span: its job's link, named by the job's name
+ *  with its id beside it (two jobs may share a name; `towerboard status ID` takes the
+ *  id), and "exiting" once the job has ended; or "free". A link to the same job is kept,
+ *  not made anew, so the keyboard's focus on it stays through every poll. */
 function showHolder(holder, device) {
   if (!device.job_id) {
     holder.removeAttribute("title");
@@ -125,12 +126,18 @@ function showHolder(holder, device) {
   }
   let link = holder.querySelector("a");
   if (!link) {
-    link = h("a");
-    holder.replaceChildren(link);
+    link = h("a", { class: "device-job-name" });
+    holder.replaceChildren(link, h("span", { class: "muted device-job-id" }));
   }
   const href = jobLink({ id: device.job_id });
   if (link.getAttribute("href") !== href) link.setAttribute("href", href);
-  if (link.textContent !== device.job_id) link.textContent = device.job_id;
+  // A service from before the devices said their jobs' names gives none: the id alone.
+  const named = typeof device.job_name === "string" && device.job_name !== "";
+  const name = named ? device.job_name : device.job_id;
+  if (link.textContent !== name) link.textContent = name;
+  const id = holder.querySelector(".device-job-id");
+  const idText = named ? ` ${device.job_id}` : "";
+  if (id.textContent !== idText) id.textContent = idText;
   const exiting = holder.querySelector(".device-exiting");
   if (device.exiting && !exiting) {
     holder.title = EXITING_TITLE;

@@ -455,7 +455,7 @@ def test_job_without_metrics_and_cancel(
     row = page.locator(f'tr[data-job="{running["id"]}"]')
     expect(row.locator(".state")).to_have_text("running", timeout=180_000)
     expect(page.locator(f'tr[data-job="{queued["id"]}"] .state')).to_have_text("cancelled")
-    expect(page.locator('.device[data-device="cpu:0"] a')).to_have_text(running["id"])
+    expect(page.locator('.device[data-device="cpu:0"] .device-job-id')).to_have_text(running["id"])
     expect(row.locator(".col-devices")).to_have_text("cpu:0")
     step = row.locator(".step")
     # Past its first step (the start line says step 0): the next report comes within 2 s,

@@ -139,3 +139,27 @@ def test_a_cancelled_job_says_where_it_stopped_and_what_resume_does(
     assert outcome.evaluate("el => getComputedStyle(el).backgroundColor") == "rgb(255, 255, 255)"
     expect(page.locator("#resume-job")).to_be_visible()
     assert session.errors == []
+
+
+def test_the_devices_panel_names_the_job_holding_a_device(
+    session: Session, service: Service
+) -> None:
+    """The panel named a device's job by its id alone, which said nothing to someone
+    looking for their job: its name is the link now, the id beside it."""
+    job = service.submit(job_spec(name="holds-mnist-sweep"))
+    service.wait_reported(job["id"])
+    devices = service.client.get("/api/v1/devices").json()["data"]
+    held = [d for d in devices if d["job_id"] == job["id"]]
+    assert [d["job_name"] for d in held] == ["holds-mnist-sweep"], devices
+    page = session.page
+    page.goto("/#/")
+    item = page.locator(f'.device[data-device="{held[0]["id"]}"]')
+    link = item.locator("a")
+    expect(link).to_have_text("holds-mnist-sweep")
+    expect(link).to_have_attribute("href", f"#/jobs/{job['id']}")
+    expect(item.locator(".device-job-id")).to_have_text(job["id"])
+    assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+    service.wait_state(job["id"], "cancelled")
+    expect(item).to_contain_text("free")
+    expect(item.locator(".device-job-id")).to_have_count(0)
+    assert session.errors == []

@@ -127,7 +127,7 @@ def test_the_page_comes_before_the_devices_panel(
     try:
         page.goto("/#/")
         expect(page.locator(f'tr[data-job="{jobs["queued"]["id"]}"]')).to_be_visible()
-        expect(page.locator('.device[data-device="cpu:0"] a')).to_have_text(running)
+        expect(page.locator('.device[data-device="cpu:0"] .device-job-id')).to_have_text(running)
         order_agrees(page, stacked)
         page.screenshot(path=screenshots / f"order-{name}-jobs.png", full_page=True)
 

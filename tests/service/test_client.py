@@ -275,7 +275,8 @@ def test_profile_and_devices(make_service: Callable[..., Service], tmp_path: Pat
 
     devices = towerboard("devices", url=service.base_url)
     assert devices.returncode == 0, devices.stderr
-    assert devices.stdout.split() == ["DEVICE", "JOB", "cpu:0", job_id]
+    # The job by its name too (its id alone said nothing to whoever looked for theirs).
+    assert devices.stdout.split() == ["DEVICE", "JOB", "NAME", "cpu:0", job_id, "traced"]
     asked = towerboard("profile", job_id, "--steps", "7", url=service.base_url)
     assert asked.returncode == 0, asked.stderr
     assert asked.stdout == f"{job_id} 7\n"
@@ -301,14 +302,15 @@ def test_devices_says_which_are_held_by_an_exiting_worker(
     service.wait_state(job_id, "succeeded")
     devices = towerboard("devices", url=service.base_url)
     assert devices.returncode == 0, devices.stderr
-    assert devices.stdout.splitlines()[1].split(None, 1) == [
+    assert devices.stdout.splitlines()[1].split(None, 2) == [
         "cpu:0",
-        f"{job_id} (ended: its worker is exiting)",
+        job_id,
+        "linger (ended: its worker is exiting)",
     ]
     service.release(job_id)
     service.wait_exited(job_id)
     devices = towerboard("devices", url=service.base_url)
-    assert devices.stdout.split() == ["DEVICE", "JOB", "cpu:0", "free"]
+    assert devices.stdout.split() == ["DEVICE", "JOB", "NAME", "cpu:0", "free"]
 
 
 def test_status_table_shows_a_preparing_jobs_phase_as_its_step(

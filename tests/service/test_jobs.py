@@ -504,7 +504,7 @@ def test_cancel_job_queued_and_running(service: Service) -> None:
 
     devices = service.client.get("/api/v1/devices").json()
     assert devices == {"data": [{"id": "cpu:0", "kind": "cpu", "job_id": running["id"],
-                                 "exiting": False, "configured": True}],
+                                 "job_name": "long", "exiting": False, "configured": True}],
                        "max_towers": 8}  # fmt: skip
     metrics = service.client.get("/metrics").text
     assert 'towerboard_jobs{state="running"} 1' in metrics

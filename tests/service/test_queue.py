@@ -173,8 +173,9 @@ def test_a_worker_still_exiting_holds_its_device_and_a_job_past_the_page(
         service.wait_state(head.id, "succeeded")
         devices = service.client.get("/api/v1/devices").json()["data"]
         assert devices == [
-            {"id": "gpu:0", "kind": "gpu", "job_id": head.id, "exiting": True, "configured": True}
-        ]
+            {"id": "gpu:0", "kind": "gpu", "job_id": head.id, "job_name": "linger",
+             "exiting": True, "configured": True}
+        ]  # fmt: skip
         answer = _queue(service)
         assert answer["count"] == 1001 and len(answer["data"]) == 100  # the default page
         assert answer["data"][0]["id"] == "q000000000"

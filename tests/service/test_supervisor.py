@@ -237,6 +237,7 @@ def test_job_ends_at_its_result_and_its_device_waits_for_the_worker_to_exit(
     assert done["state"] == "succeeded" and done["result"]["message"] == "done", done
     assert done["progress"]["phase"] == "done"
     assert [device["job_id"] for device in devices] == [first["id"]]
+    assert [device["job_name"] for device in devices] == ["linger"]  # ended: from the store
     assert [device["exiting"] for device in devices] == [True]  # said, so a page can say it
     assert service.job(second["id"])["state"] == "queued"
 
@@ -555,9 +556,11 @@ def test_restart_with_fewer_devices_still_shows_the_one_an_adopted_job_holds(
 
     devices = service.client.get("/api/v1/devices").json()["data"]
     assert devices == [
-        {"id": "cpu:0", "kind": "cpu", "job_id": first, "exiting": False, "configured": True},
-        {"id": "cpu:1", "kind": "cpu", "job_id": second, "exiting": False, "configured": False},
-    ]
+        {"id": "cpu:0", "kind": "cpu", "job_id": first, "job_name": "first", "exiting": False,
+         "configured": True},
+        {"id": "cpu:1", "kind": "cpu", "job_id": second, "job_name": "second", "exiting": False,
+         "configured": False},
+    ]  # fmt: skip
     third = service.submit(long_job(name="third"))["id"]
     service.client.post(f"/api/v1/jobs/{second}/cancel")
     assert service.wait_state(second, "cancelled", "failed")["state"] == "cancelled"

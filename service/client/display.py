@@ -225,6 +225,38 @@ def end_reason(job: dict[str, Any]) -> str:
     return printable(re.sub(r"^(cancelled|failed):\s*", "", first, flags=re.I))
 
 
+def stopped(job: dict[str, Any]) -> str:
+    """How a cancelled job stopped, in plain words, from its result, as the dashboard says
+    it (`stoppedText`): "Stopped at step 8000 of 10000, after a checkpoint." (the trainer's
+    "Stopped by SIGTERM at step 8000, after a checkpoint."), the worker's message where it
+    gives no step, or "Cancelled while queued: it never started."; "" for any other job,
+    and for one whose error says how its cancel ended (a kill: `end_reason` says it)."""
+    if job.get("state") != "cancelled" or job.get("error"):
+        return ""
+    result = job.get("result") or {}
+    step, total = result.get("step"), result.get("total")
+    if result.get("outcome") == "cancelled" and _whole(step):
+        of = f" of {total}" if _whole(total) else ""
+        saved = (
+            ", after a checkpoint"
+            if isinstance(result.get("checkpoint"), str) and result["checkpoint"]
+            else ""
+        )
+        return f"Stopped at step {step}{of}{saved}."
+    message = result.get("message")
+    if isinstance(message, str) and message.strip():
+        return printable(message.strip().splitlines()[0]).rstrip(".") + "."
+    return (
+        ""
+        if job.get("result") or job.get("started_at")
+        else "Cancelled while queued: it never started."
+    )
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def fold_event(job: dict[str, Any], name: str, data: dict[str, Any]) -> dict[str, Any]:
     """The job with one SSE event applied (as the service folds progress lines)."""
     if name == "state":

@@ -294,6 +294,8 @@ def _status_of_job(client: Client, args: argparse.Namespace) -> int:
         ["finished", job.get("finished_at") or "-"],
         ["checkpoint", str(p.get("checkpoint") or "-")],
     ]  # fmt: skip
+    if stopped := show.stopped(job):  # a cancelled job's end, as its page says it
+        rows.append(["stopped", stopped])
     if job.get("error"):
         error = job["error"]
         rows.append(["error", str(error.get("reason"))])
@@ -366,10 +368,11 @@ def _status_table(client: Client, args: argparse.Namespace) -> int:
     # The whole queue from its head, in its order: each row's place is its line's.
     if set(args.state or []) == {"queued"} and not args.name:
         rows = [["POS", *rows[0]]] + [[str(n), *row] for n, row in enumerate(rows[1:], 1)]
-    # Why a job failed or was cancelled, so the table answers that as the dashboard's does
-    # (`status ID` gives the whole reason and the log's end): a last column where a job on
-    # this page has one, cut to the terminal's width on one (whole down a pipe).
-    reasons = [show.end_reason(job) for job in page["data"]]
+    # Why a job failed or was cancelled (where a cancelled one stopped), so the table
+    # answers that as the dashboard's does (`status ID` gives the whole reason and the
+    # log's end): a last column where a job on this page has one, cut to the terminal's
+    # width on one (whole down a pipe).
+    reasons = [show.end_reason(job) or show.stopped(job) for job in page["data"]]
     if any(reasons):
         rows[0].append("WHY")
         for row, reason in zip(rows[1:], reasons, strict=True):

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from service.client import display
 from service.store import JobStore
 from tests.service.harness import (
     ROOT,
@@ -335,6 +336,32 @@ def test_status_table_shows_a_preparing_jobs_phase_as_its_step(
     assert re.search(r"^phase\s{2,}-$", one.stdout, re.M), one.stdout  # none now
 
 
+@pytest.mark.parametrize(
+    ("job", "said"),
+    [
+        (  # the trainer's result of a cancel
+            {
+                "outcome": "cancelled",
+                "step": 8000,
+                "total": 10000,
+                "checkpoint": "checkpoints/ckpt-8000",
+            },
+            "Stopped at step 8000 of 10000, after a checkpoint.",
+        ),
+        (
+            {"outcome": "cancelled", "message": "Stopped before training"},
+            "Stopped before training.",
+        ),
+        (None, "Cancelled while queued: it never started."),
+    ],
+)
+def test_a_cancelled_jobs_stop_is_said_as_its_page_says_it(job: Any, said: str) -> None:
+    assert display.stopped({"state": "cancelled", "result": job, "started_at": None}) == said
+    assert display.stopped({"state": "failed", "result": job}) == ""
+    killed = {"state": "cancelled", "result": job, "error": {"reason": "killed"}}
+    assert display.stopped(killed) == ""  # its error says how the cancel ended
+
+
 def test_status_table_says_why_a_job_failed(
     make_service: Callable[..., Service], tmp_path: Path
 ) -> None:
@@ -468,6 +495,11 @@ def test_cancel_queued_and_running_jobs(
     cancelled = towerboard("cancel", queued["id"], url=service.base_url)
     assert cancelled.returncode == 0, cancelled.stderr
     assert cancelled.stdout == f"{queued['id']} cancelled\n"
+    # Where a cancelled job stopped, as its page says it (it has no error to say).
+    never = towerboard("status", queued["id"], url=service.base_url)
+    assert re.search(
+        r"^stopped\s{2,}Cancelled while queued: it never started\.$", never.stdout, re.M
+    )
 
     service.wait_checkpoint(running["id"])
     holding = towerboard("status", running["id"], url=service.base_url)
@@ -477,6 +509,15 @@ def test_cancel_queued_and_running_jobs(
     assert f"cancel requested: job {running['id']} checkpoints and stops" in stopped.stderr
     assert stopped.stdout == f"{running['id']} cancelled\n"
     assert service.job(running["id"])["state"] == "cancelled"
+    step = service.job(running["id"])["result"]["step"]  # the stand-in's: no total, no path
+    said = towerboard("status", running["id"], url=service.base_url)
+    assert re.search(rf"^stopped\s{{2,}}Stopped at step {step}\.$", said.stdout, re.M), said.stdout
+    listed = towerboard("status", url=service.base_url)
+    header, *rows = listed.stdout.splitlines()
+    assert header.split()[-1] == "WHY"
+    by_id = {row.split()[0]: row[header.index("WHY") :] for row in rows}
+    assert by_id[running["id"]] == f"Stopped at step {step}."
+    assert by_id[queued["id"]] == "Cancelled while queued: it never started."
 
     again = towerboard("cancel", running["id"], url=service.base_url)
     assert again.returncode == 1

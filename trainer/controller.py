@@ -575,8 +575,9 @@ class Controller:
         self._take_profile_request(launched)
 
     def _report_last_finite(self, loop: _Loop) -> None:
-        """Before the job fails for a non-finite loss: a progress line for the last step
-        whose loss was finite, unless one was written. A run that blew up within seconds
+        """Before the job fails for a non-finite loss (or gradient norm, under the step's
+        finite loss): a progress line for the last step whose loss was finite, unless one
+        was written. A run that blew up within seconds
         of its start had reported its first step alone (reports fall due every 2 s or a
         hundredth of the job), so the dashboard's charts, which the progress lines make,
         held that one point, and not the climb TensorBoard's scalars showed. The failure
@@ -740,6 +741,7 @@ class Controller:
             loop.norm_checked_at = step
             return
         every = self.spec.summaries.scalars_every
+        self._report_last_finite(loop)  # this step's loss and accuracy: finite, read
         raise non_finite_gradients(step, norm, values["loss"], every, loop.norm_checked_at)
 
     def _write_histograms(self, step: int, grads: list[tf.Tensor], images: tf.Tensor) -> None:

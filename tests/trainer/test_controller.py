@@ -9,6 +9,7 @@ the order it comes from is what these tests hold."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,7 +29,7 @@ from trainer.checkpoints import Checkpointer
 from trainer.cluster import Cluster
 from trainer.controller import UNREAD_STEPS_MAX, Controller
 from trainer.devicememory import TowerMemory
-from trainer.divergence import NonFiniteLoss
+from trainer.divergence import Diverged, NonFiniteLoss
 from trainer.models import build_model
 from trainer.optim import make_optimizer
 from trainer.rundir import ProgressWriter, RunDir
@@ -71,6 +72,7 @@ class RecordingTrainer(TowerTrainer):
         self.log: list[str] = []
         self.stop_after: tuple[int, threading.Event] | None = None  # set it as that step launches
         self.nan_at: int | None = None  # that step's loss reads as NaN
+        self.nan_norm_at: int | None = None  # that step's gradient norm reads as NaN
 
     def train_step(self, *args: Any, **kw: Any) -> dict[str, Any]:
         out = dict(super().train_step(*args, **kw))
@@ -78,6 +80,9 @@ class RecordingTrainer(TowerTrainer):
         self.log.append(f"launch {step}")
         loss = tf.constant(np.nan) if step == self.nan_at else out["loss"]
         out["loss"] = _Loss(loss, step, self.log)
+        if step == self.nan_norm_at:  # in the scalars the step packs, which the loop reads
+            at = self.scalar_names.index("grad_norm")
+            out["scalars"] = tf.tensor_scatter_nd_update(out["scalars"], [[at]], [np.nan])
         if self.stop_after is not None and self.stop_after[0] == step:
             self.stop_after[1].set()
         return out
@@ -295,6 +300,24 @@ def test_a_non_finite_loss_reports_the_last_finite_step_first(
     reads = [e for e in trainer.log if e.startswith("read")]
     launches = [e for e in trainer.log if e.startswith("launch")]
     assert [e.split()[1] for e in reads] == [e.split()[1] for e in launches]
+
+
+def test_non_finite_gradients_report_their_step_first(tmp_path) -> None:
+    # Under a finite loss the step's own loss and accuracy are the last finite ones: they
+    # are reported before the job fails, as the step before a non-finite loss is.
+    off = {"histograms_every": 0, "images_every": 0, "trace_steps": [], "graph": False}
+    controller, trainer = run_loop(tmp_path, 40, batches(), summaries={**off, "scalars_every": 5})
+    trainer.nan_norm_at = 10
+
+    with pytest.raises(
+        Diverged, match=r"^Gradients became non-finite \(global norm nan\) at step 10"
+    ):
+        controller.run()
+
+    lines = progress_lines(controller.rundir.progress)
+    reports = [e for e in lines if e["event"] == "progress"]
+    assert [e["step"] for e in reports] == [1, 10]
+    assert math.isfinite(reports[-1]["loss"]) and reports[-1]["eta_seconds"] is None
 
 
 def test_a_stop_reads_the_steps_in_flight_and_checkpoints_after_them(tmp_path) -> None:

@@ -27,7 +27,8 @@ pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
 # "millions" reports steps 9,000,000 to 9,800,000 with a loss falling from 1e-5 and a
 # million examples a second, then succeeds; "bad-tower" runs as "checkpoints" does and at
 # step 3 writes a trace line whose tower times hold a null (the trainer never does; the
-# service keeps no such list).
+# service keeps no such list). For test_keyboard_stays: "stops-when-released" runs as
+# "checkpoints" does, and after SIGTERM ends cancelled only once released (Service.release).
 READER_WORKER = (
     stand_in_head(1000, "\nfrom service.checkpoints import INDEX_END\n")
     + """\
@@ -75,6 +76,10 @@ while not stopped:
         for old in kept[:2]:
             for part in checkpoints.glob(f"ckpt-{old}.*"):
                 part.unlink()
+if name == "stops-when-released":  # as a trainer slow to checkpoint; 120 s at most
+    until = time.time() + 120
+    while time.time() < until and not (job_dir / "release").exists():
+        time.sleep(0.05)
 end("cancelled", 3)
 """
 )

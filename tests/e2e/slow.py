@@ -21,6 +21,13 @@ true outcome: a test asserts what holds whatever the order (either true outcome,
 state that must come last), or waits until the page has had what must come first (a page
 init script can tell when its listeners have: tests/e2e/test_lossy_network.py's
 HANDED_EVENTS).
+
+Under `cpu` (4x) too, tests/e2e passes (two whole runs, a file batch at a time, on a busy
+2-core host): none of its tests has a fixed time budget that a 4x slower page misses.
+Under `cpu=8`, two tests polled in vain for a line the page showed only for a moment, as
+a stand-in job ended at once: test_keyboard_stays.py's cancel now holds its job until it
+has looked, test_resume_job.py's Train longer records each text the line is given. A
+whole run under `cpu=8` then passed.
 """
 
 from __future__ import annotations

@@ -66,6 +66,34 @@ function stat(label, key, wide = false) {
     h("span", { class: "stat-value", dataset: { stat: key } }, "—"));
 }
 
+/** Keep box `pre` (a log) at its newest lines: until the reader scrolls up from its end,
+ *  and again once they scroll back down to it; a resize that wraps its lines again (a phone
+ *  turned) keeps it at the end. Judged at each read from where the box stood, such a
+ *  resize left it mid-log, and it stopped following for good. The window's resize is
+ *  heard too, as it comes before the scroll its layout made: Chromium's full-page
+ *  screenshot lays the page out at 1×1 for a moment, and the scroll that clamped the box
+ *  there, heard once the page was back, read as the reader's and left it a line short of
+ *  its end. keep(): to its end now, if it follows (its text changed); stop(): no more. */
+function followEnd(pre) {
+  let follow = true;
+  const toEnd = () => {
+    if (follow) pre.scrollTop = pre.scrollHeight;
+  };
+  pre.addEventListener("scroll", () => {
+    follow = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 8;
+  });
+  const resized = new ResizeObserver(toEnd);
+  resized.observe(pre);
+  window.addEventListener("resize", toEnd);
+  return {
+    keep: toEnd,
+    stop: () => {
+      resized.disconnect();
+      window.removeEventListener("resize", toEnd);
+    },
+  };
+}
+
 export function mountJob(view, jobId) {
   const base = `/api/v1/jobs/${encodeURIComponent(jobId)}`;
   let job = null;
@@ -175,18 +203,7 @@ export function mountJob(view, jobId) {
   const towersHeading = h("h2", {}, "Per-tower step time");
   const checkpoints = h("div", { id: "checkpoints" });
   const logs = h("pre", { class: "log", id: "log", tabindex: "0", "aria-label": "Worker log" }, "");
-  // Whether the log box follows its newest lines: until the reader scrolls up from its end,
-  // and again once they scroll back down to it. Judged at each read from where the box
-  // stood, a resize that rewrapped the lines (a phone turned) left it mid-log, and it
-  // stopped following for good; a resize now keeps it at the end.
-  let followLog = true;
-  logs.addEventListener("scroll", () => {
-    followLog = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 8;
-  });
-  const logResized = new ResizeObserver(() => {
-    if (followLog) logs.scrollTop = logs.scrollHeight;
-  });
-  logResized.observe(logs);
+  const logFollow = followEnd(logs);
   // A failed read is said here, and the lines already read stay below it.
   const logError = h("p", { class: "error small log-error", id: "log-error", role: "status",
     hidden: true });
@@ -435,6 +452,7 @@ export function mountJob(view, jobId) {
   }
 
   let shownError = null; // the job.error the box shows, as JSON
+  let tailFollow = null; // its log tail's followEnd()
 
   /** What to do about a run that diverged: Resume, beside it, would train the same steps
    *  from the checkpoint before, at the same rate, and most likely diverge again. */
@@ -449,6 +467,8 @@ export function mountJob(view, jobId) {
     const key = JSON.stringify(job.error || null);
     if (key === shownError) return; // redrawn, it would lose its scroll position
     shownError = key;
+    tailFollow?.stop();
+    tailFollow = null;
     if (!job.error) {
       errorBox.hidden = true;
       errorBox.replaceChildren();
@@ -470,8 +490,14 @@ export function mountJob(view, jobId) {
         ? ` (exit code ${job.error.exit_code})` : "",
       job.state === "failed" && DIVERGED.test(endReason(job)) ? divergedHint() : "",
       tail);
-    // The cause is in the last lines (TensorFlow's start-up chatter comes first).
-    if (tail) tail.scrollTop = tail.scrollHeight;
+    // The cause is in the last lines (TensorFlow's start-up chatter comes first): opened at
+    // its end, and kept there through a resize, as the Log section's box is. Scrolled there
+    // once alone, a resize that wrapped its lines again (a phone turned, a window narrowed)
+    // left its last lines out of sight, and Chromium's full-page screenshot cut the last one.
+    if (tail) {
+      tailFollow = followEnd(tail);
+      tailFollow.keep();
+    }
   }
 
   /** A job cancelled as asked: where it stopped (`stoppedText`) and what Resume would do,
@@ -509,7 +535,7 @@ export function mountJob(view, jobId) {
       const next = text || (job && TERMINAL.has(job.state) ? "(no output)" : "(no output yet)");
       // Unchanged, it is left alone: rewriting it would drop a selection being copied.
       if (logs.textContent !== next) logs.textContent = next;
-      if (followLog) logs.scrollTop = logs.scrollHeight;
+      logFollow.keep();
       if (!logError.hidden) logError.hidden = true;
     } catch (error) {
       if (stopped || ask < logShown) return;
@@ -1131,7 +1157,8 @@ export function mountJob(view, jobId) {
     deletePresses.stop();
     clearInterval(ticker);
     window.removeEventListener("towerboard:host", hostKnown);
-    logResized.disconnect();
+    logFollow.stop();
+    tailFollow?.stop();
     tensorBoard.destroy();
     profile.destroy();
     resume.destroy();

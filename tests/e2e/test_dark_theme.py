@@ -20,6 +20,7 @@ from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.contrast import assert_contrast
 from tests.e2e.test_dashboard import LAPTOP, Session, open_session
 from tests.e2e.test_dashboard_details import tab_through
+from tests.e2e.test_error_tail import assert_at_end
 from tests.service.harness import Service, job_spec, stand_in_head, stand_in_service
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
@@ -154,6 +155,9 @@ def test_every_text_reads_in_each_scheme(
     expect(page.locator("#diverged-hint")).to_be_visible()
     assert_contrast(page, f"failed job, {tag}")
     page.screenshot(path=screenshots / f"theme-{tag}-job-failed.png", full_page=True)
+    # Its log tail's last line whole, after the screenshot as in it: it was cut in half (the
+    # screenshot's layout of the page at 1×1 had clamped the box's scroll).
+    assert_at_end(page.locator(".job-error pre"), f"failed job, {tag}", "step 40: loss")
 
     page.goto("/#/submit")
     bad = {"data": {"format": "synthetic"}, "towers": 0, "batch_size": 32, "tower": 1}

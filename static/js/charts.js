@@ -1,8 +1,10 @@
 // Line charts of metric series over steps, drawn with the vendored uPlot (static/vendor/).
 //
 // To assistive technology a chart is a figure named by its caption, holding a line of text
-// that says each series' latest value (and its first): the canvas says nothing, and
-// uPlot's legend, a table of series names with no values, is hidden from it.
+// that says each series' latest value (and its first); its plot is an image named by its
+// caption too, reached by Tab to zoom and pan its steps from the keyboard (zoomKey). Its
+// legend is a row of toggle buttons, one a series (uPlot's own, a table that a click
+// alone toggled, is not made), and "Reset zoom" shows beside it while the steps are zoomed.
 
 import { h } from "./format.js";
 
@@ -27,6 +29,10 @@ const RIGHT_PAD_MIN = 25; // px: uPlot's own, past the plot's right edge
 const LOG_LABEL_SPACE = 18;
 // Where a chart's scale ("log" or "linear") is remembered, per chart (data-chart: "loss").
 const SCALE_KEY = "towerboard.chart-scale.";
+// The keys' zoom: a press of + halves the span of steps shown (− doubles it), never to
+// fewer than MIN_ZOOM_STEPS; ← and → move it by PAN_FRACTION of itself.
+const MIN_ZOOM_STEPS = 4;
+const PAN_FRACTION = 0.25;
 
 // The charts on the page, drawn again in the other scheme's colours when the browser's
 // changes (the canvas keeps the colours it was drawn in; app.css sets --chart-* per scheme).
@@ -198,13 +204,14 @@ function keptIndices(data, buckets) {
 
 /** What the pointer at step index `idx` of `data` (aligned) is over, a line each: "step
  *  1,500", then each series at its nearest point `idxs[k + 1]` (uPlot's cursor), with that
- *  point's step where it is not `idx`'s ("eval 0.019 at 1,000"); none with no index (the
- *  pointer has left the plot). */
-export function readoutLines(series, data, idx, idxs) {
+ *  point's step where it is not `idx`'s ("eval 0.019 at 1,000"), but those whose keys are
+ *  in `hidden` (toggled off in the legend); none with no index (the pointer has left). */
+export function readoutLines(series, data, idx, idxs, hidden = new Set()) {
   if (idx === null || idx === undefined || !data[0] || data[0][idx] === undefined) return [];
   const steps = data[0];
   const lines = [`step ${STEP_LABEL(steps[idx])}`];
   series.forEach((s, k) => {
+    if (hidden.has(s.key)) return;
     const i = idxs ? idxs[k + 1] : idx;
     const v = i === null || i === undefined ? null : data[k + 1][i];
     if (v === null || v === undefined) return;
@@ -265,13 +272,38 @@ function valueText(v) {
   return v === null || v === undefined ? "—" : Number(v.toPrecision(5)).toString();
 }
 
+/** Where key `key` takes the span of steps shown, [min, max], within the data's [lo, hi]:
+ *  "+" ("=" unshifted) halves it about its middle, "-" doubles it, ← and → move it by a
+ *  quarter of itself, Home and End to the data's first and last step, "0" shows every step;
+ *  each kept within [lo, hi], and at least MIN_ZOOM_STEPS wide. null: not a key of the
+ *  zoom's, or one that would change nothing (← at the first step, say). */
+export function zoomKey(key, [min, max], [lo, hi]) {
+  const span = max - min;
+  const fit = (a, b) => {
+    const width = Math.min(hi - lo, Math.max(MIN_ZOOM_STEPS, b - a));
+    const start = Math.min(Math.max(lo, a), hi - width);
+    return [start, start + width];
+  };
+  let next = null;
+  if (key === "+" || key === "=") next = fit(min + span / 4, max - span / 4);
+  else if (key === "-") next = fit(min - span / 2, max + span / 2);
+  else if (key === "ArrowLeft") next = fit(min - span * PAN_FRACTION, max - span * PAN_FRACTION);
+  else if (key === "ArrowRight") next = fit(min + span * PAN_FRACTION, max + span * PAN_FRACTION);
+  else if (key === "Home") next = fit(lo, lo + span);
+  else if (key === "End") next = fit(hi - span, hi);
+  else if (key === "0") next = [lo, hi];
+  return next && (next[0] !== min || next[1] !== max) ? next : null;
+}
+
 export class LineChart {
   /** `series`: [{key, label, stroke, dash?}] read from the map given to update(); `stroke`
    *  names the CSS custom property of its colour ("--chart-train"), so it follows the scheme.
    *  `logScale`: it has a Log scale switch (a chart of a value that falls by decades, as a
    *  loss does: on a linear axis a loss from 2 to 5e-7 lay on the floor after its first few
    *  hundred steps), remembered per chart in localStorage; `yRange` is for its linear scale. */
-  constructor(container, { title, series, yDigits = 4, yRange = null, logScale = false }) {
+  constructor(container, {
+    title, series, yDigits = 4, yRange = null, logScale = false, describedBy = null,
+  }) {
     this.series = series;
     this.yDigits = yDigits;
     this.yRange = yRange;
@@ -280,6 +312,8 @@ export class LineChart {
     this.plot = null;
     this.points = 0;
     this.drawn = null; // the data drawn (thinned), every value as reported
+    this.hidden = new Set(); // the keys of the series toggled off in the legend
+    this.zoom = null; // {min, max}: the steps shown, while zoomed in on them
     // Named by its caption (a figure is); the plot, canvas and legend, is for the eye only:
     // the summary says it in words, changed only when a value it says changes (not a live
     // region: a running job's charts change every report).
@@ -293,8 +327,35 @@ export class LineChart {
       this.root.append(h("label", { class: "chart-scale small muted" }, this.logBox, "Log scale"));
     }
     this.root.dataset.scale = this.log ? "log" : "linear";
+    // The plot: an image to assistive technology (its canvas says nothing), named by the
+    // caption and described by the page's line on the keys (describedBy); reached by Tab
+    // for them (the keys move nothing else: Tab leaves it as it came).
+    this.canvas = h("div", { class: "chart-plot", role: "img", tabindex: "0",
+      "aria-label": `${title} plot`, "aria-describedby": describedBy,
+      "aria-keyshortcuts": "+ - ArrowLeft ArrowRight Home End 0" });
+    this.canvas.addEventListener("keydown", (event) => this.zoomKeyDown(event));
+    // The legend: a toggle button a series, its line's colour and dash beside its name.
+    this.keys = this.series.map((s) => {
+      const key = h("button", { type: "button", class: "chart-key", "aria-pressed": "true",
+        dataset: { series: s.key } },
+      h("span", { class: "chart-key-line", "aria-hidden": "true",
+        style: `border-top-color: var(${s.stroke}); border-top-style: ${s.dash ? "dashed" : "solid"}` }),
+      s.label);
+      key.addEventListener("click", () => this.toggle(s.key));
+      return key;
+    });
+    // While zoomed: which steps are shown (said as it changes: a key press, a drag) and
+    // the button that shows them all again (as a double-click on the plot does).
+    this.zoomText = h("span", { class: "chart-zoom-text", role: "status" });
+    this.resetButton = h("button", { type: "button", class: "chart-reset link", hidden: true },
+      "Reset zoom");
+    this.resetButton.addEventListener("click", () => this.resetZoom());
+    this.legend = h("div", { class: "chart-legend", hidden: true },
+      h("span", { class: "chart-keys" }, this.keys),
+      h("span", { class: "chart-zoom small" }, this.zoomText, this.resetButton));
     this.root.append(
-      (this.canvas = h("div", { class: "chart-plot", "aria-hidden": "true" })),
+      this.canvas,
+      this.legend,
       (this.summary = h("p", { class: "chart-summary visually-hidden" })),
       (this.empty = h("p", { class: "chart-empty muted" }, "No data yet")),
       (this.single = h("p", { class: "chart-note muted small", hidden: true })),
@@ -343,7 +404,7 @@ export class LineChart {
     return {
       width: this.width(),
       height: HEIGHT,
-      legend: { show: true, live: false },
+      legend: { show: false }, // the chart's own, of buttons (the constructor)
       // The pointer finds each series' nearest point, past the steps where it has none (an
       // eval series has a point every `eval.every_steps` alone).
       cursor: { drag: { x: true, y: false }, hover: { skip: [null, undefined] } },
@@ -374,10 +435,12 @@ export class LineChart {
           ...valueAxis,
         },
       ],
-      // data-x-range: the step axis's span, as drawn.
+      // data-x-range: the step axis's span, as drawn; and whether it is zoomed (noteZoom).
       hooks: {
         setScale: [(u, key) => {
-          if (key === "x") this.root.dataset.xRange = `${u.scales.x.min}..${u.scales.x.max}`;
+          if (key !== "x") return;
+          this.root.dataset.xRange = `${u.scales.x.min}..${u.scales.x.max}`;
+          this.noteZoom(u);
         }],
         setCursor: [(u) => this.showReadout(u)],
       },
@@ -385,6 +448,7 @@ export class LineChart {
         { label: "step" },
         ...this.series.map((s) => ({
           label: s.label,
+          show: !this.hidden.has(s.key),
           stroke: themeColour(s.stroke),
           width: 2,
           dash: s.dash,
@@ -414,13 +478,72 @@ export class LineChart {
   }
 
   /** Make the plot again, from the options and colours in force now: a new scale, or the
-   *  browser's scheme changed. */
+   *  browser's scheme changed. The steps it was zoomed to stay so. */
   restyle() {
+    const zoom = this.zoom;
     if (this.plot) {
       this.plot.destroy();
       this.plot = null;
     }
     this.draw();
+    // Drawn with the new plot's first data (uPlot draws in a microtask): its hooks see the
+    // zoom alone, and the status line is not said again.
+    if (zoom && this.plot) this.plot.setScale("x", zoom);
+  }
+
+  /** Show series `key` or hide it (its legend button), as uPlot's legend did on a click. */
+  toggle(key) {
+    const index = this.series.findIndex((s) => s.key === key);
+    const show = this.hidden.has(key);
+    if (show) this.hidden.delete(key);
+    else this.hidden.add(key);
+    this.keys[index].setAttribute("aria-pressed", String(show));
+    if (this.plot) this.plot.setSeries(index + 1, { show });
+  }
+
+  /** The steps of the data drawn, first and last; null with fewer than two (no zoom). */
+  stepSpan(u = this.plot) {
+    const steps = u && u.data[0];
+    return steps && steps.length > 1 ? [steps[0], steps[steps.length - 1]] : null;
+  }
+
+  /** After the step axis's span changed (a drag, a double-click, a key, new data): zoomed
+   *  while it shows less than every step. Says which steps, and shows Reset zoom. */
+  noteZoom(u) {
+    const all = this.stepSpan(u);
+    const { min, max } = u.scales.x;
+    const slack = all ? (all[1] - all[0]) * 1e-9 : 0;
+    this.zoom = all && (min > all[0] + slack || max < all[1] - slack) ? { min, max } : null;
+    const text = this.zoom
+      ? `Steps ${STEP_LABEL(Math.ceil(min))}–${STEP_LABEL(Math.floor(max))} shown` : "";
+    if (this.zoomText.textContent !== text) this.zoomText.textContent = text;
+    if (this.zoom) this.root.dataset.zoom = `${min}..${max}`;
+    else delete this.root.dataset.zoom;
+    if (this.resetButton.hidden === Boolean(this.zoom)) {
+      // Hidden with the keyboard's focus on it (it was pressed), the focus goes to the plot,
+      // not to the page's top.
+      if (!this.zoom && document.activeElement === this.resetButton) this.canvas.focus();
+      this.resetButton.hidden = !this.zoom;
+    }
+  }
+
+  /** Every step shown again. */
+  resetZoom() {
+    const all = this.stepSpan();
+    if (all) this.plot.setScale("x", { min: all[0], max: all[1] });
+  }
+
+  /** A key on the focused plot (zoomKey's); others, and any with Ctrl, Alt or Meta (the
+   *  browser's own zoom is Ctrl and +), are left to the page. */
+  zoomKeyDown(event) {
+    if (event.ctrlKey || event.altKey || event.metaKey || !this.plot) return;
+    const all = this.stepSpan();
+    if (!all) return;
+    const { min, max } = this.plot.scales.x;
+    const next = zoomKey(event.key, [min, max], all);
+    if (!next) return;
+    event.preventDefault();
+    this.plot.setScale("x", { min: next[0], max: next[1] });
   }
 
   /** Show what the pointer is over (readoutLines) beside it, on the side with room; hide
@@ -432,7 +555,7 @@ export class LineChart {
     const idxs = u.cursor.idxs && this.log && idx !== null && idx !== undefined
       ? u.cursor.idxs.map((i, k) => (k > 0 && data[k][idx] !== null ? idx : i))
       : u.cursor.idxs;
-    const lines = readoutLines(this.series, data, idx, idxs);
+    const lines = readoutLines(this.series, data, idx, idxs, this.hidden);
     const tip = this.readout;
     if (lines.length === 0 || u.cursor.left < 0) {
       if (!tip.hidden) tip.hidden = true;
@@ -469,6 +592,7 @@ export class LineChart {
     this.root.dataset.points = String(this.points);
     this.empty.hidden = this.points > 0;
     this.canvas.hidden = this.points === 0;
+    this.legend.hidden = this.points === 0;
     // One step so far (a job's first report): the lone dot is easy to miss, so say it.
     const steps = data[0];
     this.single.hidden = steps.length !== 1;
@@ -497,6 +621,14 @@ export class LineChart {
     if (!this.plot) {
       this.plot = new uPlot(this.plotOptions(), data, this.canvas); // eslint-disable-line no-undef
       this.plot.over.append(this.readout);
+    } else if (this.zoom) {
+      // New points keep the steps zoomed to: setData alone showed every step again (a
+      // running job's chart unzoomed itself at its next report).
+      const zoom = this.zoom;
+      this.plot.batch(() => {
+        this.plot.setData(data);
+        this.plot.setScale("x", zoom);
+      });
     } else {
       this.plot.setData(data);
     }

@@ -189,6 +189,10 @@ export function mountJob(view, jobId) {
     stat("ETA", "eta"), stat("Learning rate", "learning_rate"), stat("Devices", "devices"),
     stat("Data", "data", true));
   const chartGrid = h("div", { class: "charts" });
+  // How to zoom a chart's steps, by mouse and by keys: the plots are described by it.
+  const chartKeys = h("p", { class: "chart-hint muted small", id: "chart-keys" },
+    "Drag across a chart to zoom in on its steps; double-click it or press Reset zoom to see " +
+    "them all. With a chart focused (Tab): + and − zoom, ← and → move, 0 shows every step.");
   // The charted series as a CSV file (GET /metrics.csv: every point, as `towerboard metrics
   // ID --name ...` prints them), saved under the name the service gives it. A plain link,
   // as the checkpoints' downloads are: the browser sends the token cookie along (api.js).
@@ -229,7 +233,7 @@ export function mountJob(view, jobId) {
     exitingHint, resume.form, actionStatus, tensorBoard.status, tensorBoard.notice, notice.el, meta, bar,
     barText, queuePlace.el, errorBox, outcomeBox, stats,
     h("section", { class: "section" },
-      h("div", { class: "section-head" }, h("h2", {}, "Metrics"), csvLink), chartGrid),
+      h("div", { class: "section-head" }, h("h2", {}, "Metrics"), csvLink), chartKeys, chartGrid),
     h("section", { class: "section" },
       h("div", { class: "section-head" }, towersHeading, profile.button),
       profile.status, towers, towerMemory),
@@ -245,13 +249,13 @@ export function mountJob(view, jobId) {
   );
 
   const charts = [
-    new LineChart(chartGrid, { title: "Loss", logScale: true, series: [
+    new LineChart(chartGrid, { title: "Loss", logScale: true, describedBy: "chart-keys", series: [
       { key: "loss", label: "train", stroke: "--chart-train" },
       { key: "eval_loss", label: "eval", stroke: "--chart-eval", dash: [6, 4] }] }),
-    new LineChart(chartGrid, { title: "Accuracy", yRange: [0, 1], series: [
+    new LineChart(chartGrid, { title: "Accuracy", yRange: [0, 1], describedBy: "chart-keys", series: [
       { key: "accuracy", label: "train", stroke: "--chart-train" },
       { key: "eval_accuracy", label: "eval", stroke: "--chart-eval", dash: [6, 4] }] }),
-    new LineChart(chartGrid, { title: "Examples/s", yDigits: 5, series: [
+    new LineChart(chartGrid, { title: "Examples/s", yDigits: 5, describedBy: "chart-keys", series: [
       { key: "examples_per_sec", label: "examples/s", stroke: "--chart-rate" }] }),
   ];
 

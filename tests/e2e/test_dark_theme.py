@@ -238,6 +238,6 @@ def test_charts_follow_the_scheme_as_it_changes(
         )
         drawn = page.evaluate(CANVAS, [own])
         assert drawn["axis"] >= 4.5, (scheme, drawn)
-        marker = page.locator('.chart[data-chart="loss"] .u-legend .u-marker').first
+        marker = page.locator('.chart[data-chart="loss"] .chart-key-line').first
         expect(marker).to_have_css("border-top-color", own[1])
     assert session.errors == []

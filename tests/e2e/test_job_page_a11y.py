@@ -168,7 +168,8 @@ def test_focus_goes_to_the_nearest_row_that_stays_when_retention_drops_rows(
 def test_charts_say_their_latest_values_in_words(session: Session, service: Service) -> None:
     """Each chart is a figure named by its caption that says each series' latest value and
     its first, with their steps. A screen reader got only the legend's table of series
-    names (no values); the legend and canvas are hidden from it now."""
+    names (no values); the canvas is an image named by the caption now, and the legend
+    a row of toggle buttons."""
     job = service.submit(job_spec(name="points"))
     assert service.wait_state(job["id"], *TERMINAL)["state"] == "succeeded"
     page = session.page
@@ -178,8 +179,12 @@ def test_charts_say_their_latest_values_in_words(session: Session, service: Serv
     expect(loss.get_by_text("train 0.25 at step 4", exact=False)).to_have_text(
         "train 0.25 at step 4 (first 1 at step 1); eval 0.75 at step 2."
     )
-    # The legend (a table of names) and the plot are for the eye only.
-    expect(loss.locator(".u-legend")).to_be_visible()
+    # The plot is an image named by the caption, the legend a toggle button a series (not
+    # uPlot's table of names).
+    expect(loss.get_by_role("img", name="Loss plot", exact=True)).to_be_visible()
+    expect(loss.get_by_role("button", name="train", exact=True)).to_have_attribute(
+        "aria-pressed", "true"
+    )
     expect(loss.get_by_role("table")).to_have_count(0)
     expect(loss.get_by_role("columnheader")).to_have_count(0)
     # A chart with no point says so, and no summary.

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.store import JobRecord, JobState, QueueEntry
 from trainer.rundir import PROFILE_STEPS_DEFAULT, PROFILE_STEPS_MAX
-from trainer.spec import JobSpec, JsonInt, without_unread
+from trainer.spec import PRIORITY_MAX, PRIORITY_MIN, JobSpec, JsonInt, without_unread
 
 # Body of POST /jobs: exactly the trainer's job spec, validated by the same code.
 JobCreate = JobSpec
@@ -382,6 +382,28 @@ class ResumeCreate(BaseModel):
     )
     epochs: JsonInt | None = Field(
         None, description="The job's new total epochs (replaces `steps`)."
+    )
+    priority: JsonInt | None = Field(
+        None,
+        ge=PRIORITY_MIN,
+        le=PRIORITY_MAX,
+        description="The job's new priority (its spec's `priority`): it goes back in the "
+        "queue behind the jobs already waiting at that priority.",
+    )
+
+
+class PriorityUpdate(BaseModel):
+    """Body of PATCH /jobs/{id}: a queued or running job's new priority."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    priority: JsonInt = Field(
+        ge=PRIORITY_MIN,
+        le=PRIORITY_MAX,
+        description="The job's new priority, as its spec's `priority` (kept there too). A "
+        "queued job moves in the queue at once, keeping the time it joined it: it goes where "
+        "it would be had it been submitted (or resumed) at this priority. A running job's "
+        "takes effect if it is requeued or resumed.",
     )
 
 

@@ -296,6 +296,9 @@ _PUT_BACK = (
     "queued_at = CAST(json_extract(resumed_from, '$.queued_at') AS REAL), "
     "cancel_requested_at = CAST(json_extract(resumed_from, '$.cancel_requested_at') AS REAL), "
     "crashes = json_extract(resumed_from, '$.crashes'), "
+    # Its priority as its spec put back has it (a resume, or a change while it waited for
+    # its attempt, may have set another): the column and the spec always agree.
+    "priority = COALESCE(json_extract(resumed_from, '$.spec.priority'), priority), "
     "attempts = attempts - 1, resumed_from = NULL"
 )
 
@@ -967,12 +970,13 @@ class JobStore:
         extra_where: str | None = None,
         increment: str | None = None,
         extra_set: str | None = None,
+        extra_args: Sequence[Any] = (),
         **fields: Any,
     ) -> bool:
         """Set `fields` on the job if it is in `where_state` (one state or any of several)
         and meets `extra_where`; `increment`: a column to add 1 to as well; `extra_set`: one
         more assignment (or several, comma-separated), as SQL (a change to a JSON column
-        computed from its value)."""
+        computed from its value), its `?` bound to `extra_args`."""
         fields["updated_at"] = time.time()
         for column in _JSON_COLUMNS:
             if column in fields:
@@ -986,7 +990,7 @@ class JobStore:
         if extra_set is not None:
             assignments.append(extra_set)
         sql = f"UPDATE jobs SET {', '.join(assignments)} WHERE id = ?"
-        params = [*fields.values(), job_id]
+        params = [*fields.values(), *extra_args, job_id]
         if where_state is not None:
             states = [where_state] if isinstance(where_state, JobState) else list(where_state)
             sql += f" AND state IN ({', '.join('?' * len(states))})"
@@ -1163,13 +1167,15 @@ class JobStore:
         """Ended (cancelled or failed, or succeeded with a new `spec` that trains longer),
         its worker gone -> queued for another attempt, at the back of its priority's
         queue; attempts += 1 and its crash count starts again. `spec`, `progress`: the
-        job's from now on, when given. False when the job is not (or no longer) such a job."""
+        job's from now on, when given (its priority, the column, is `spec`'s). False when
+        the job is not (or no longer) such a job."""
         ended = [JobState.FAILED, JobState.CANCELLED]
         if spec is not None:
             ended.append(JobState.SUCCEEDED)
         changes: dict[str, Any] = {}
         if spec is not None:
             changes["spec"] = spec
+            changes["priority"] = spec["priority"]  # a resume may give a new one
         if progress is not None:
             changes["progress"] = progress
         # An ended job's reads have given every step it has: a later attempt's points
@@ -1193,6 +1199,21 @@ class JobStore:
             crashes=0,
             queued_at=time.time(),
             **changes,
+        )
+
+    def set_priority(self, job_id: str, priority: int) -> bool:
+        """A queued or running job's priority, in its column (the queue's order) and in its
+        stored spec (shown, and written to the spec.json of its next attempt), in one
+        commit. Nothing else changes: a queued job keeps the time it joined the queue, so
+        it stands where it would had it been submitted (or resumed) at this priority; a
+        running one's is read when it is requeued or resumed. False when the job is not
+        (or no longer) queued or running."""
+        return self._update(
+            job_id,
+            (JobState.QUEUED, JobState.RUNNING),
+            extra_set="spec = json_set(spec, '$.priority', ?)",
+            priority=priority,
+            extra_args=(priority,),
         )
 
     def record_progress(

@@ -531,12 +531,16 @@ class CheckpointSpec(_Strict):
 
 # --- the job -------------------------------------------------------------------------
 
+# A job's `priority`, at submission, on a resume or changed later (`PATCH
+# /api/v1/jobs/{id}`): one range for all three.
+PRIORITY_MIN, PRIORITY_MAX = -1000, 1000
+
 
 class JobSpec(_Strict):
     """A whole training job: the body of `POST /api/v1/jobs` and the worker's spec.json."""
 
     name: str = Field("job", min_length=1, max_length=200)
-    priority: JsonInt = Field(0, ge=-1000, le=1000)
+    priority: JsonInt = Field(0, ge=PRIORITY_MIN, le=PRIORITY_MAX)
     model: ModelSpec = Field(default_factory=ModelSpec)
     data: DataSpec
     towers: JsonInt = Field(1, ge=1, le=64)

@@ -58,6 +58,7 @@ from service.schemas import (
     JobPublic,
     JobsPublic,
     MetricsPublic,
+    PriorityUpdate,
     ProfileCreate,
     ProfilePublic,
     ResumeCreate,
@@ -303,6 +304,63 @@ def cancel_job(job: JobDep, runtime: RuntimeDep) -> Response:
     return Response(render_job(updated), status_code=status, media_type=_JSON)
 
 
+@router.patch(
+    "/{job_id}",
+    response_model=JobPublic,
+    responses={
+        **_NOT_FOUND,
+        409: {"model": ErrorPublic, "description": "The job has ended: resume it with a "
+              "`priority` instead"},
+        422: {"model": ErrorPublic, "description": "No body, a key other than `priority`, or "
+              "a priority out of its range"},
+        **NOT_JSON,
+    },
+)  # fmt: skip
+def update_job(job_id: str, runtime: RuntimeDep, update: PriorityUpdate | None = None) -> Response:
+    """Change a queued or running job's `priority` (the one change a job takes): in the
+    queue's order at once and in its stored spec (so its next attempt's spec.json, its
+    `spec` here and Edit & resubmit say it), committed before the answer. A queued job keeps
+    the time it joined the queue: it goes where it would be had it been submitted (or
+    resumed) at the new priority, behind the jobs of that priority that were waiting before
+    it and ahead of those that came after. A running job's new priority takes effect if it
+    is requeued (its worker dies, the service restarts) or resumed. An ended job is
+    refused (409): `POST /resume` takes a `priority`."""
+    # The path's job is looked up after the body, so a bad body is a 422 for any id.
+    if update is None:
+        raise FieldErrors(
+            [
+                {
+                    "field": "(body)",
+                    "message": 'Expected a JSON body: {"priority": N}, the job\'s new '
+                    "priority. Received: no body",
+                }
+            ]
+        )
+    store = runtime.store
+    if not store.set_priority(job_id, update.priority):
+        current = store.get(job_id)
+        if current is None:
+            raise HTTPException(404, job_not_found(job_id))
+        then = (
+            'with a larger total too, e.g. {"steps": N, "priority": P}'
+            if current.state is JobState.SUCCEEDED
+            else 'with {"priority": P}'
+        )
+        raise HTTPException(
+            409,
+            f"Job {job_id!r} {_is_in(current.state)}; only a queued or running job's priority "
+            f"can be changed. To run it again at another priority, resume it {then} "
+            f"(POST /api/v1/jobs/{job_id}/resume).",
+        )
+    updated = store.get(job_id)
+    if updated is None:  # ended and deleted by others since the change
+        raise HTTPException(404, job_not_found(job_id))
+    # Followers of the job and of every job (the queue's place, the Queued list) see it move.
+    runtime.broker.publish(JobEvent.state(updated))
+    runtime.supervisor.wake()  # a job moved ahead of one that does not fit may start now
+    return Response(render_job(updated), media_type=_JSON)
+
+
 # One delete or resume of an ended job at a time: a second delete of a job must not put
 # back the directory of a job the first one has deleted, nor a resume queue a job whose
 # directory a delete has moved aside.
@@ -462,8 +520,8 @@ def _delete(job_id: str, runtime: Runtime) -> Response:
 async def resume_job(
     job: JobDep, runtime: RuntimeDep, resume_in: ResumeCreate | None = None
 ) -> Response:
-    """Put an ended job back in the queue, behind the jobs already waiting at its priority.
-    Its next worker restores its latest checkpoint and trains on from there (from step 0
+    """Put an ended job back in the queue, behind the jobs already waiting at its priority
+    (a `priority` given is its new one, in its spec too). Its next worker restores its latest checkpoint and trains on from there (from step 0
     when it has none). A cancelled or failed job resumes as it is; a succeeded one needs
     a new `steps` or `epochs` to train longer. A cancelled or failed job given `steps`
     equal to its latest checkpoint's step is finished there: its worker restores that
@@ -563,7 +621,13 @@ def _resumed_progress(
 
 
 def _resume(job_id: str, resume_in: ResumeCreate, runtime: Runtime) -> Response:
-    job = _ended_job(job_id, runtime, "resumed")
+    # A queued or running job's priority is changed in place: said where one was given.
+    then = (
+        f'To change its priority, PATCH /api/v1/jobs/{job_id} with {{"priority": P}}.'
+        if resume_in.priority is not None
+        else ""
+    )
+    job = _ended_job(job_id, runtime, "resumed", then=then)
     longer = resume_in.steps is not None or resume_in.epochs is not None
     if job.state is JobState.SUCCEEDED and not longer:
         raise HTTPException(
@@ -574,6 +638,8 @@ def _resume(job_id: str, resume_in: ResumeCreate, runtime: Runtime) -> Response:
     spec = dict(job.spec)
     if longer:
         spec.update(steps=resume_in.steps, epochs=resume_in.epochs)
+    if resume_in.priority is not None:
+        spec.update(priority=resume_in.priority)
     try:
         admitted = JobCreate.model_validate(spec)
     except ValidationError as error:
@@ -598,7 +664,8 @@ def _resume(job_id: str, resume_in: ResumeCreate, runtime: Runtime) -> Response:
         )
     new_spec = without_unread(admitted.model_dump(mode="json"))
     changed = new_spec != without_unread(job.spec)  # a job stored before kept every option
-    progress = _resumed_progress(job, resume_in, changed, last)
+    # Of a new length: a new priority alone leaves the total as it was.
+    progress = _resumed_progress(job, resume_in, longer and changed, last)
     if not runtime.store.resume(job.id, spec=new_spec if changed else None, progress=progress):
         current = runtime.store.get(job.id)
         state = current.state.value if current else "deleted"

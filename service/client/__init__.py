@@ -7,6 +7,8 @@
     towerboard resume ID [--steps N | --epochs N | --finish] [--watch]
                                                    train an ended job on, or finish it
                                                    at its latest checkpoint (--finish)
+    towerboard resume ID ... --priority N          ... at another priority
+    towerboard priority ID N                       a queued or running job's new priority
     towerboard delete ID [ID ...]                  delete ended jobs and their files
     towerboard checkpoints ID [--download STEP]    list checkpoints, or fetch one (.tar.gz)
     towerboard export ID [-o PATH]                 fetch the exported SavedModel (.tar.gz)

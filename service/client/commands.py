@@ -10,7 +10,15 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from service.client.common import DEFAULT_LIMIT, DEFAULT_URL, QUEUE_DEFAULT, QUEUE_MOST, STATES
+from service.client.common import (
+    DEFAULT_LIMIT,
+    DEFAULT_URL,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    QUEUE_DEFAULT,
+    QUEUE_MOST,
+    STATES,
+)
 
 
 def _handler(name: str) -> Callable[[argparse.Namespace], int]:
@@ -76,7 +84,7 @@ def _job_id(value: str) -> str:
 
 
 def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register submit, status, logs, cancel, resume, delete, checkpoints, export,
+    """Register submit, status, logs, cancel, resume, priority, delete, checkpoints, export,
     tensorboard, metrics, profile, devices and queue on `verbs`."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -166,6 +174,12 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
     length.add_argument(
         "--epochs", type=_count(1_000_000), metavar="N", help="the job's new total epochs"
     )
+    p.add_argument(
+        "--priority",
+        type=_count(PRIORITY_MAX, least=PRIORITY_MIN),
+        metavar="N",
+        help="the job's new priority (default: its own)",
+    )
     length.add_argument(
         "--finish",
         action="store_true",
@@ -173,6 +187,20 @@ def add_client_commands(verbs: argparse._SubParsersAction[argparse.ArgumentParse
         "its final eval and export (--steps of that checkpoint's step)",
     )
     add_watch(p)
+
+    p = verb(
+        "priority",
+        "change a queued or running job's priority: a queued one moves in the queue at once "
+        "(where it would be had it been submitted at that priority), a running one's counts "
+        "if it is requeued or resumed",
+    )
+    p.add_argument("id", type=_job_id, metavar="ID")
+    p.add_argument(
+        "priority",
+        type=_count(PRIORITY_MAX, least=PRIORITY_MIN),
+        metavar="N",
+        help=f"the new priority, from {PRIORITY_MIN} to {PRIORITY_MAX} (higher runs first)",
+    )
 
     p = verb("delete", "delete ended jobs for good: record, log, checkpoints and export")
     p.add_argument("ids", nargs="+", type=_job_id, metavar="ID")

@@ -10,6 +10,8 @@ STATES = ("queued", "running", *TERMINAL)
 DEFAULT_LIMIT = 50  # the jobs `status` lists without --limit
 QUEUE_DEFAULT = 100  # the jobs `queue` lists without --limit: the API's default
 QUEUE_MOST = 1000  # the API's largest page of the queue
+# A job's priority, as the spec bounds it (trainer.spec's; the client imports no pydantic).
+PRIORITY_MIN, PRIORITY_MAX = -1000, 1000
 
 EXIT_OK = 0
 EXIT_FAILED = 1

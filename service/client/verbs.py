@@ -556,18 +556,24 @@ def resume(client: Client, args: argparse.Namespace) -> int:
     finish = _latest_checkpoint_step(client, args) if args.finish else None
     steps = args.steps if finish is None else finish
     body = {key: value for key, value in (("steps", steps), ("epochs", args.epochs)) if value}
+    if args.priority is not None:
+        body["priority"] = args.priority
     try:
         job = client.request_json(
             "POST",
             f"/api/v1/jobs/{args.id}/resume",
             json=body,
             check_with=_command(args, "status", args.id),
-            options={"steps": "--steps", "epochs": "--epochs"},
+            options={"steps": "--steps", "epochs": "--epochs", "priority": "--priority"},
         )[1]
     except ClientError as error:
         # The service's hints name the API's body ({"steps": N}); here they are options.
         for key in ("steps", "epochs"):
             error.message = error.message.replace(f'{{"{key}": N}}', f"--{key} N")
+        patch = f'PATCH /api/v1/jobs/{args.id} with {{"priority": P}}'
+        error.message = error.message.replace(
+            patch, f"use `{_command(args, 'priority', args.id, 'P')}`"
+        )
         error.message = _how_to_wait(error.message, args, args.id)
         raise
     _result(f"{job['id']}\n", echo=False)  # the lines below say it
@@ -593,6 +599,41 @@ def resume(client: Client, args: argparse.Namespace) -> int:
         f"resumed job {job['id']} as attempt {job['attempts']} ({job['state']}): {does}\n"
     )
     return _watch_if_asked(client, job, args)
+
+
+def priority(client: Client, args: argparse.Namespace) -> int:
+    """A queued or running job's new priority; stdout says `ID N`, stderr what it did (a
+    queued job's place in the queue now)."""
+    try:
+        job = client.request_json(
+            "PATCH",
+            f"/api/v1/jobs/{args.id}",
+            json={"priority": args.priority},
+            check_with=_command(args, "status", args.id),
+            options={"priority": "N"},
+        )[1]
+    except ClientError as error:
+        # An ended job's refusal names the API's resume; here it is a verb.
+        route = f"(POST /api/v1/jobs/{args.id}/resume)"
+        for body, options in (
+            ('{"priority": P}', ["--priority", "P"]),
+            ('{"steps": N, "priority": P}', ["--steps", "N", "--priority", "P"]),
+        ):
+            resume = _command(args, "resume", args.id, *options)
+            error.message = error.message.replace(f"{body} {route}", f"`{resume}`")
+        raise
+    _result(f"{job['id']} {job['priority']}\n", echo=False)  # the line below says it
+    if job["state"] == "queued":
+        place = _place_in_queue(client, job["id"])
+        does = place if place.startswith("no longer") else f"its place in the queue: {place}"
+    elif job["state"] == "running":
+        does = "it runs on; the new priority counts if it is requeued or resumed"
+    else:  # ended since the change: it had none to use
+        does = f"it has ended since ({job['state']})"
+    sys.stderr.write(
+        f"job {job['id']} ({job['state']}) now has priority {job['priority']}: {does}\n"
+    )
+    return EXIT_OK
 
 
 def _latest_checkpoint_step(client: Client, args: argparse.Namespace) -> int:
@@ -1204,6 +1245,7 @@ VERBS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "logs": logs,
     "cancel": cancel,
     "resume": resume,
+    "priority": priority,
     "delete": delete,
     "checkpoints": checkpoints,
     "export": export,

@@ -1,4 +1,5 @@
-// One job: live progress and charts, its place in the queue while it is queued (queue.js),
+// One job: live progress and charts, its place in the queue while it is queued (queue.js)
+// and its priority while it is queued or running (priority.js),
 // per-tower step time, spec, log tail, checkpoints, Cancel, Resume, Finish at step N and
 // Train longer (resume.js) and Delete job (once it has ended) and "Open in TensorBoard" (tensorboard.js).
 //
@@ -11,6 +12,7 @@
 import { RETRY_MS, TERMINAL, api, followAllJobs, followJob, getJSON, mayPass } from "./api.js";
 import { LineChart, thinPoints } from "./charts.js";
 import { applyProgressEvent, fresher, jobsListHash, mark, noticeOnJobs, unselect } from "./jobs.js";
+import { priorityControl } from "./priority.js";
 import { profileControl } from "./profile.js";
 import { queuePlaceControl } from "./queue.js";
 import { resumeControl } from "./resume.js";
@@ -126,6 +128,11 @@ export function mountJob(view, jobId) {
   bar.classList.add("bar-large");
   const barText = h("p", { class: "bar-text", id: "job-progress-text" });
   const queuePlace = queuePlaceControl(jobId);
+  // Its priority, changed here while it is queued or running, beside its place.
+  const priority = priorityControl(jobId, {
+    changed: (data, asked) => take(fresher(job, streamedAt, data, asked)),
+    missing: () => showDeleted(),
+  });
   const tensorBoard = tensorBoardControl(jobId);
   const profile = profileControl(jobId);
   let traceStep = null; // the step a trace seen on the stream ended at
@@ -231,7 +238,8 @@ export function mountJob(view, jobId) {
       h("div", { class: "actions" }, modelLink, tensorBoard.button, cancelButton, ...resume.buttons,
         deleteButton)),
     exitingHint, resume.form, actionStatus, tensorBoard.status, tensorBoard.notice, notice.el, meta, bar,
-    barText, queuePlace.el, errorBox, outcomeBox, stats,
+    barText, h("div", { class: "queue-row" }, queuePlace.el, priority.form), priority.status,
+    errorBox, outcomeBox, stats,
     h("section", { class: "section" },
       h("div", { class: "section-head" }, h("h2", {}, "Metrics"), csvLink), chartKeys, chartGrid),
     h("section", { class: "section" },
@@ -344,6 +352,7 @@ export function mountJob(view, jobId) {
     if (p.phase && Number.isInteger(p.step) && !TERMINAL.has(job.state)) parts.push(phaseText(p));
     setText(barText, parts.join(" · "));
     queuePlace.render(job);
+    priority.render(job);
     const set = (key, text) => setText(stats.querySelector(`[data-stat="${key}"]`), text);
     set("loss", num(p.loss));
     set("accuracy", percent(p.accuracy));
@@ -1167,6 +1176,7 @@ export function mountJob(view, jobId) {
     profile.destroy();
     resume.destroy();
     queuePlace.destroy();
+    priority.destroy();
   }
 
   drawCharts();

@@ -21,7 +21,7 @@
 // The Queued filter lists the jobs in the order they start, as the API lists the queued
 // jobs alone, each (with no search) with its place: 1st, 2nd, ... A job entering the queue
 // goes where the next read puts it (a resumed one behind those of its priority, one of a
-// higher priority ahead of them), not on top.
+// higher priority ahead of them), not on top, and so does one whose priority is changed.
 
 import { RETRY_MS, STATES, TERMINAL, followAllJobs, getJSON, mayPass } from "./api.js";
 import {
@@ -573,6 +573,9 @@ export function mountJobs(view, query) {
         // row shows its new state, and under the Queued filter those still queued their
         // places: one that started read "running 1st" and the rows below it a place too far.
         if (filter && job.state !== filter) refreshSoon();
+        // Its priority changed (PATCH /jobs/{id}): in the queue's order it has moved, to
+        // where the list says (among the jobs of its new priority, by when it joined).
+        else if (runOrder && known.priority !== job.priority) refreshSoon();
         if (runOrder) render();
         else row(job);
         return;

@@ -432,7 +432,7 @@ def test_readme_spec_field_paths_exist() -> None:
         for s in named
         if re.fullmatch(r"[a-z_]+(\.[a-z_]+)+", s)
         and s.split(".")[0] in top
-        and s.rsplit(".")[-1] not in ("py", "json", "jsonl", "md", "npz")  # `data.py`: a file
+        and s.rsplit(".")[-1] not in ("py", "js", "json", "jsonl", "md", "npz")  # `data.py`: a file
     ]
     assert "data.path" in dotted and "summaries.trace_steps" in dotted  # the parser still works
     for name in dotted:

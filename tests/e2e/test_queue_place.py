@@ -10,6 +10,7 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, Page, expect
@@ -31,12 +32,19 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
         yield svc
 
 
+def slot_held(service: Service) -> dict[str, Any]:
+    """A job that holds the stand-in service's one job slot, running until cancelled, so
+    the jobs submitted next wait in the queue."""
+    running = service.submit(job_spec(name="holds-the-slot"))
+    service.wait_state(running["id"], "running")
+    return running
+
+
 def test_queued_job_page_says_its_place_until_it_starts(session: Session, service: Service) -> None:
     """The page of a queued job said only "queued". It says where the job stands, changes
     that as the job ahead is cancelled (no reload), and says nothing of the queue, and
     reads it no more, once the job has started."""
-    running = service.submit(job_spec(name="holds-the-slot"))  # runs until cancelled
-    service.wait_state(running["id"], "running")
+    running = slot_held(service)
     ahead = service.submit(job_spec(name="first-in-line"))
     mine = service.submit(job_spec(name="second-in-line"))
     page = session.page
@@ -69,8 +77,7 @@ def test_queued_job_page_says_its_place_until_it_starts(session: Session, servic
 def test_a_failed_queue_read_hides_the_place(session: Session, service: Service) -> None:
     """A read of the queue that fails hides the line (a place from before may be wrong by
     now) and says nothing else; the next read that succeeds shows it again."""
-    running = service.submit(job_spec(name="holds-the-slot"))
-    service.wait_state(running["id"], "running")
+    running = slot_held(service)
     mine = service.submit(job_spec(name="waits"))
     page = session.page
     try:
@@ -154,8 +161,7 @@ def test_the_queued_filter_lists_jobs_in_the_order_they_start(
     """The Queued filter listed the queued jobs newest first: its top row was the last to
     start. Its rows are in the order they start, each with its place, and stay so as jobs
     join the queue (at its end, or ahead of those of a lower priority), leave it and start."""
-    running = service.submit(job_spec(name="holds-the-slot"))  # runs until cancelled
-    service.wait_state(running["id"], "running")
+    running = slot_held(service)
     first = service.submit(job_spec(name="first-in"))
     urgent = service.submit(job_spec(name="urgent", priority=5))
     second = service.submit(job_spec(name="second-in"))
@@ -223,8 +229,7 @@ def test_a_job_that_starts_loses_its_place_before_the_list_is_read(
     reads fail (a lossy network): its row says it runs, with no place, and the one behind
     it is 1st, from the stream alone. It read "running 1st", the next "queued 2nd", until a
     read got through (the next poll, 15 s on)."""
-    running = service.submit(job_spec(name="holds-the-slot"))  # runs until cancelled
-    service.wait_state(running["id"], "running")
+    running = slot_held(service)
     first = service.submit(job_spec(name="first-in"))
     second = service.submit(job_spec(name="second-in"))
     page = session.page

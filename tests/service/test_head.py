@@ -137,7 +137,7 @@ def _read_head(sock: socket.socket) -> bytes:
     ("method", "path", "allow"),
     [
         ("DELETE", "/api/v1/jobs", "GET, HEAD, POST"),
-        ("PUT", "/api/v1/jobs/{id}", "GET, HEAD, DELETE"),
+        ("PUT", "/api/v1/jobs/{id}", "GET, HEAD, PATCH, DELETE"),
         ("POST", "/api/v1/jobs/{id}/logs", "GET, HEAD"),
         ("POST", "/api/v1/jobs/{id}/checkpoints/20", "GET, HEAD"),
         ("GET", "/api/v1/jobs/{id}/cancel", "POST"),

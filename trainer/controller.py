@@ -562,7 +562,14 @@ class Controller:
         if timed is not None:
             step_seconds, loop.examples_per_sec = timed
         loop.pace.mark(now, at)
-        wall_per_step = loop.pace.seconds_per_step() or step_seconds
+        self._report_read(loop, at, loop.pace.seconds_per_step() or step_seconds)
+        loop.last_report = now
+        self._take_profile_request(launched)
+
+    def _report_read(self, loop: _Loop, at: int, wall_per_step: float | None) -> None:
+        """The progress line of step `at`, the last read (`loop.loss`, `loop.out`), with its
+        ETA from `wall_per_step` (None: none)."""
+        assert loop.out is not None
         self._report(
             at,
             _metrics(loop.loss, loop.out),
@@ -570,16 +577,13 @@ class Controller:
             wall_per_step,
             float(loop.out["learning_rate"]),
         )
-        loop.last_report = now
         loop.reported_step = at
-        self._take_profile_request(launched)
 
     def _report_last_finite(self, loop: _Loop) -> None:
         """Before the job fails for a non-finite loss (or gradient norm, under the step's
         finite loss): a progress line for the last step whose loss was finite, unless one
-        was written. A run that blew up within seconds
-        of its start had reported its first step alone (reports fall due every 2 s or a
-        hundredth of the job), so the dashboard's charts, which the progress lines make,
+        was written. A run that blew up within seconds of its start had reported its first
+        step alone (reports fall due every 2 s or a hundredth of the job), so the dashboard's charts, which the progress lines make,
         held that one point, and not the climb TensorBoard's scalars showed. The failure
         path only: the step's outputs were read with its loss, so this costs the loop no
         sync; no ETA (the job ends here). A line that cannot be written (a full disk) is
@@ -590,17 +594,9 @@ class Controller:
         if timed is not None:
             loop.examples_per_sec = timed[1]
         try:
-            self._report(
-                loop.read_step,
-                _metrics(loop.loss, loop.out),
-                loop.examples_per_sec,
-                None,
-                float(loop.out["learning_rate"]),
-            )
+            self._report_read(loop, loop.read_step, None)
         except Exception as e:  # noqa: BLE001 - the loss's failure is what the job ends with
             log.warning("could not report step %d before the failure: %s", loop.read_step, e)
-            return
-        loop.reported_step = loop.read_step
 
     def _write_summaries(
         self, loop: _Loop, step: int, images: tf.Tensor, scalars_due: bool, last: bool

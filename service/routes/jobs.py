@@ -521,8 +521,8 @@ async def resume_job(
     job: JobDep, runtime: RuntimeDep, resume_in: ResumeCreate | None = None
 ) -> Response:
     """Put an ended job back in the queue, behind the jobs already waiting at its priority
-    (a `priority` given is its new one, in its spec too). Its next worker restores its latest checkpoint and trains on from there (from step 0
-    when it has none). A cancelled or failed job resumes as it is; a succeeded one needs
+    (a `priority` given is its new one, in its spec too). Its next worker restores its
+    latest checkpoint and trains on from there (from step 0 when it has none). A cancelled or failed job resumes as it is; a succeeded one needs
     a new `steps` or `epochs` to train longer. A cancelled or failed job given `steps`
     equal to its latest checkpoint's step is finished there: its worker restores that
     checkpoint, trains no step, runs the final eval and exports the model, and the job

@@ -94,6 +94,14 @@ def setup_devices(
             cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(towers)]
         )
         kind = "CPU"
+        if not given:
+            # A CUDA build of TensorFlow probes for a driver at import and logs an error
+            # line (`failed call to cuInit`) on every host without one: said here to be the
+            # expected probe, so a CPU job's log does not read as a failed one.
+            log.info(
+                "no GPU visible: training on the CPU (an 'E ... failed call to cuInit' line "
+                "above, if any, is TensorFlow's probe for a CUDA driver, expected here)"
+            )
 
     tower_devices = tuple(f"/{kind}:{i}" for i in range(towers))
     if parameter_device == "gpu0" and kind == "GPU":

@@ -168,6 +168,17 @@ def test_run_job_log_has_no_line_per_checkpoint_save(tiny_run):
     assert "succeeded (exit 0)" in log and "Sharding callback duration" not in log
 
 
+def test_run_job_log_explains_the_cuda_probe_on_a_cpu_host(tiny_run):
+    # A CUDA build of TensorFlow logs `E ... failed call to cuInit` on every host without a
+    # driver; the worker says after it that this is the expected probe and where it trains.
+    job_dir, _, _ = tiny_run
+    log = (job_dir / "worker.log").read_text()
+    said = log.index("no GPU visible: training on the CPU")
+    assert "is TensorFlow's probe for a CUDA driver, expected here" in log[said:]
+    if "failed call to cuInit" in log:
+        assert log.index("failed call to cuInit") < said
+
+
 def test_run_job_reports_progress(tiny_run):
     job_dir, _, _ = tiny_run
     events = progress_lines(job_dir / "progress.jsonl")

@@ -49,7 +49,7 @@ def _serve(args: argparse.Namespace) -> int:
     from service.browsers import listens_on_loopback
     from service.headtimeout import head_timeout_protocol
     from service.main import DataDirInUse, create_app, lock_data_dir
-    from service.workers import worker_command_problems
+    from service.workers import check_worker_command
 
     log = logging.getLogger("towerboard")
 
@@ -78,8 +78,9 @@ def _serve(args: argparse.Namespace) -> int:
             received = f". Received: {item['input']!r}" if shown else ""
             log.error("Invalid %s: %s%s", name, message, received)
         return EXIT_BAD_SETTING
-    if problems := worker_command_problems(settings.python, settings.worker_module):
-        for name, problem in problems:
+    worker_command = check_worker_command(settings.python, settings.worker_module)
+    if worker_command.problems:
+        for name, problem in worker_command.problems:
             log.error("Invalid setting %s: %s", name, problem)
         return EXIT_BAD_SETTING
     # The port and the data dir's lock are checked before the app starts: its start-up
@@ -137,7 +138,7 @@ def _serve(args: argparse.Namespace) -> int:
         log.warning("%s", line)
     for line in missing_data_roots(settings):
         log.warning("%s", line)
-    app = create_app(settings)
+    app = create_app(settings, worker_python=worker_command.python)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:

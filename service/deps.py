@@ -18,6 +18,7 @@ from service.store import JobRecord, JobStore
 from service.supervisor import Supervisor
 from service.tensorboard import TensorBoardLauncher
 from service.upstream import Upstream
+from service.workers import PythonVersion
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,9 @@ class Runtime:
     launcher: TensorBoardLauncher
     upstream: Upstream
     job_json: JobJson
+    # Which Python runs workers (None: not known, as under `uvicorn --factory` with a
+    # TOWERBOARD_PYTHON): admission compiles a custom model's module only when it is this one's.
+    worker_python: PythonVersion | None
 
 
 # Dependencies are async: FastAPI runs a plain `def` dependency in the thread pool, a hop

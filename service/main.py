@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import sys
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -44,6 +45,7 @@ from service.store import JobStore
 from service.supervisor import Supervisor
 from service.tensorboard import PATH_PREFIX, TensorBoardLauncher
 from service.upstream import Upstream
+from service.workers import PythonVersion, this_python
 
 DOCS_ASSETS = "/static/api-docs"  # Swagger UI's and ReDoc's scripts, styles and icon
 
@@ -85,7 +87,9 @@ def lock_data_dir(data_dir: Path) -> int:
 
 
 @contextlib.asynccontextmanager
-async def _running(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
+async def _running(
+    app: FastAPI, settings: Settings, worker_python: PythonVersion | None
+) -> AsyncIterator[None]:
     """The service's long-lived parts, from start to stop (the data dir lock is held).
 
     Each part is stopped by an exit stack, in the reverse of the order it started, whatever
@@ -140,13 +144,21 @@ async def _running(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
             launcher=launcher,
             upstream=upstream,
             job_json=JobJson(store),
+            worker_python=worker_python,
         )
         log.info("Towerboard serving with data dir %s, %s", settings.data_dir, pool.describe())
         yield
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, *, worker_python: PythonVersion | None = None
+) -> FastAPI:
+    """The app. `worker_python`: which Python `settings.python` is, as the check of it at
+    start found (`workers.check_worker_command`); not given, it is known only when workers
+    run on this interpreter (`uvicorn --factory` checks no TOWERBOARD_PYTHON)."""
     settings = (settings or Settings()).resolved()
+    if worker_python is None and settings.python == sys.executable:
+        worker_python = this_python()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -156,7 +168,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             log.error("%s", error)
             raise
         try:
-            async with _running(app, settings):
+            async with _running(app, settings, worker_python):
                 yield
         finally:
             os.close(lock)  # let go of the data dir only once everything has stopped

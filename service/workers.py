@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,10 @@ from trainer import datafiles
 from trainer.rundir import RunDir, write_json_atomic
 
 log = logging.getLogger(__name__)
+
+# An interpreter as far as a module's syntax goes: its implementation ("cpython") and its
+# major and minor version. Two of the same compile the same source alike.
+PythonVersion = tuple[str, int, int]
 
 # The project root, so `python -m trainer` imports this checkout's trainer from anywhere.
 _PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -146,25 +151,37 @@ spec = spec_of(module)
 runnable = spec is not None and (
     spec.submodule_search_locations is None or spec_of(module + ".__main__") is not None)
 print(json.dumps({"version": list(sys.version_info[:2]), "runnable": runnable,
+                  "implementation": sys.implementation.name,
                   "missing": [n for n in ("tensorflow", "tensorboard") if spec_of(n) is None]}))
 """
 
 
-def worker_command_problems(python: str, module: str) -> list[tuple[str, str]]:
-    """(setting, problem) for each reason `python -m module` could not run a job here.
+def this_python() -> PythonVersion:
+    """The service's own interpreter, as the check of TOWERBOARD_PYTHON says that one."""
+    return (sys.implementation.name, sys.version_info.major, sys.version_info.minor)
+
+
+@dataclass(frozen=True)
+class WorkerCommand:
+    """What the check of the worker command at start found: the interpreter's `python`
+    (None when it did not run the check), and (setting, problem) for each reason it could
+    not run a job here."""
+
+    python: PythonVersion | None
+    problems: list[tuple[str, str]]
+
+
+def check_worker_command(python: str, module: str) -> WorkerCommand:
+    """Whether `python -m module` can run a job here, and which Python `python` is.
 
     Checked at start: otherwise every job failed long after ("exited with code 1", a
     ModuleNotFoundError in its log) and every TensorBoard start with it. About 0.04 s.
     """
     env = child_environment()
 
-    def not_python(why: str) -> list[tuple[str, str]]:
-        return [
-            (
-                "TOWERBOARD_PYTHON",
-                f"Expected a Python 3.11+ interpreter. Received: {python!r}, {why}",
-            )
-        ]
+    def not_python(why: str) -> WorkerCommand:
+        problem = f"Expected a Python 3.11+ interpreter. Received: {python!r}, {why}"
+        return WorkerCommand(None, [("TOWERBOARD_PYTHON", problem)])
 
     try:
         probe = subprocess.run(
@@ -175,17 +192,17 @@ def worker_command_problems(python: str, module: str) -> list[tuple[str, str]]:
         return not_python(f"which could not be run ({error})")
     try:
         answer = json.loads(probe.stdout.strip().splitlines()[-1])
-        version = tuple(answer["version"])
+        major, minor = answer["version"]
+        found: PythonVersion = (str(answer["implementation"]), int(major), int(minor))
     except (ValueError, IndexError, KeyError, TypeError):
         said = (probe.stderr or probe.stdout).strip().splitlines()[-1:]
         return not_python(f"which did not run Python's check (exit {probe.returncode}"
                           f"{': ' + said[0] if said else ''})")  # fmt: skip
     problems = []
-    if version < (3, 11):
+    if found[1:] < (3, 11):
         problems.append((
             "TOWERBOARD_PYTHON",
-            f"Expected Python 3.11 or newer. Received: {python!r}, Python "
-            f"{'.'.join(map(str, version))}",
+            f"Expected Python 3.11 or newer. Received: {python!r}, Python {found[1]}.{found[2]}",
         ))  # fmt: skip
     if answer["missing"]:
         problems.append((
@@ -199,7 +216,7 @@ def worker_command_problems(python: str, module: str) -> list[tuple[str, str]]:
             f"Expected a module that TOWERBOARD_PYTHON can run as `python -m MODULE` (found "
             f"on its sys.path or PYTHONPATH). Received: {module!r}, not found",
         ))  # fmt: skip
-    return problems
+    return WorkerCommand(found, problems)
 
 
 def spawn_worker(

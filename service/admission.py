@@ -13,10 +13,14 @@ have been checked here.
 
 A custom model's module is looked for, never imported (its import may need TensorFlow,
 or run anything): on the worker's path (the project, PYTHONPATH, the installed packages)
-when workers run on the service's own interpreter; otherwise the worker alone checks it.
-Its top-level package is looked for, and its function in its source, read with `ast`
-where the worker would import it from (`service.modulesource`): a module whose source
-cannot say (an extension, a star import, a module `__getattr__`) is left to the worker.
+when workers run on the service's own interpreter; on their PYTHONPATH alone when they run
+on another of the same Python version; otherwise the worker alone checks it. Its
+top-level package is looked for, its source compiled as the worker's import would compile
+it (not run: a syntax error is refused with its line, where the worker found it only at
+the job's turn; only where the worker's Python is this one's version, as another's
+grammar differs), and its function read in that source with `ast`
+(`service.modulesource`): a module whose source cannot say (an extension, a star import,
+a module `__getattr__`) is left to the worker.
 
 A relative data path is taken relative to the data roots (the first root where it exists),
 and the job is stored with the absolute path, since the worker runs in its run directory.
@@ -26,10 +30,17 @@ from __future__ import annotations
 
 import glob
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from service.devices import DevicePool
-from service.modulesource import call_refusal, defines, module_source, top_level_spec
+from service.modulesource import (
+    call_refusal,
+    defines,
+    module_source,
+    syntax_error,
+    top_level_spec,
+)
 from trainer import modelmodules
 from trainer.datafiles import (
     DataFilesError,
@@ -44,36 +55,38 @@ from trainer.modelsize import too_large
 from trainer.spec import PATH_CHARS, JobSpec, shown_value
 
 
+@dataclass(frozen=True)
+class WorkerImports:
+    """Where a worker imports a custom model's module from, as far as the service knows."""
+
+    path: list[str]  # the worker's PYTHONPATH: first on its sys.path, whatever its interpreter
+    # Its interpreter is this one: its installed packages are the service's, so a module
+    # found nowhere is missing, and one found is the one it imports.
+    installed: bool
+    # Its Python is this one's version (`workers.this_python`): a module that does not
+    # compile here does not import there. Another version's grammar differs (a `match` or
+    # `except*` is a SyntaxError before 3.10 and 3.11), so there the worker alone checks.
+    compiles: bool
+
+
 def admit(
     spec: JobSpec,
     *,
     pool: DevicePool,
     data_roots: list[Path],
-    worker_path: list[str] | None = None,
+    worker: WorkerImports | None = None,
     model_modules: tuple[str, ...] | None = None,
 ) -> tuple[JobSpec, list[dict[str, str]]]:
     """The spec as it will be stored, and every reason this service cannot run it as
-    `{"field", "message"}` (none when it can). `worker_path`: the worker's PYTHONPATH when
-    workers run on this interpreter, so a custom model's module can be looked for;
-    `model_modules`: the modules custom models may come from (None: any)."""
+    `{"field", "message"}` (none when it can). `worker`: where workers import from, so a
+    custom model's module can be looked for (None: nowhere); `model_modules`: the modules
+    custom models may come from (None: any)."""
     errors = []
     refused = spec.model.is_custom and modelmodules.refusal(spec.model.name, model_modules)
     if refused:
         errors.append({"field": "model.name", "message": refused})
-    elif spec.model.is_custom and worker_path is not None:
-        missing = _missing_module(spec.model.name.partition(":")[0], worker_path)
-        if missing is not None:
-            errors.append(
-                {
-                    "field": "model.name",
-                    "message": f"Expected 'module:function' with a module the worker can "
-                    f"import. Received: {shown_value(spec.model.name)}, but {missing} (looked for on "
-                    f"the worker's path: {os.pathsep.join(worker_path)}, then the installed "
-                    "packages)",
-                }
-            )
-        elif (unfit := _function_problem(spec, worker_path)) is not None:
-            errors.append({"field": unfit[0], "message": unfit[1]})
+    elif spec.model.is_custom and worker and (problem := _module_problem(spec, worker)):
+        errors.append({"field": problem[0], "message": problem[1]})
     if spec.towers > pool.max_towers:
         errors.append(
             {
@@ -188,7 +201,39 @@ def _holds(candidate: Path) -> bool:
         return False
 
 
-def _function_problem(spec: JobSpec, worker_path: list[str]) -> tuple[str, str] | None:
+def _module_problem(spec: JobSpec, worker: WorkerImports) -> tuple[str, str] | None:
+    """The field and the message of why the worker could not use the custom model's
+    module: it is not there, does not compile, or its function does not fit
+    (`_function_problem`). None when it can, or the service cannot tell. Only the module
+    named is read (not its package's `__init__`, nor what it imports): one file a job."""
+    if not (worker.installed or worker.compiles):
+        return None  # another Python, of its own packages and grammar: the worker checks
+    name = spec.model.name
+    module = name.partition(":")[0]
+    if worker.installed and (missing := _missing_module(module, worker.path)) is not None:
+        return "model.name", (
+            f"Expected 'module:function' with a module the worker can import. Received: "
+            f"{shown_value(name)}, but {missing} (looked for on the worker's path: "
+            f"{os.pathsep.join(worker.path)}, then the installed packages)"
+        )
+    source = module_source(module, worker.path, installed=worker.installed)
+    if source is None:
+        return None
+    if worker.compiles and (error := syntax_error(source)) is not None:
+        # The worker found this only at the job's turn, after TensorFlow's import (exit 2).
+        where = "".join(
+            f", {label} {value}"
+            for label, value in (("line", error.lineno), ("column", error.offset))
+            if value
+        )
+        return "model.name", (
+            f"Expected 'module:function' with a module that compiles. Received: "
+            f"{shown_value(name)}, but {source}{where}: {error.msg}"
+        )
+    return _function_problem(spec, source)
+
+
+def _function_problem(spec: JobSpec, source: Path) -> tuple[str, str] | None:
     """The field and the message of why the custom model's function (`module:function`)
     cannot be called as the worker calls it: its module defines no such function, or it
     cannot take `input_shape`, `num_classes` and the spec's `model.params` by keyword.
@@ -198,10 +243,7 @@ def _function_problem(spec: JobSpec, worker_path: list[str]) -> tuple[str, str] 
     gives, else `model.name` (a function that does not take the worker's own arguments,
     `input_shape` and `num_classes`, by those names)."""
     model = spec.model.name
-    module, _, function = model.partition(":")
-    source = module_source(module, worker_path)
-    if source is None:
-        return None
+    function = model.partition(":")[2]
     if defines(source, function) is False:
         return "model.name", (
             f"Expected 'module:function' with a function the module defines. Received: "

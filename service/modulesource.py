@@ -1,5 +1,5 @@
-"""Whether a custom model's module defines its function, and whether the function takes
-the worker's arguments, told from the module's source.
+"""Whether a custom model's module compiles, whether it defines its function, and whether
+the function takes the worker's arguments, told from the module's source.
 
 The service never imports a job's module: it may import TensorFlow (which the service
 never loads), and its top level is code the worker, not the service, is there to run. So
@@ -17,7 +17,13 @@ from __future__ import annotations
 import ast
 import importlib.util
 from dataclasses import dataclass
-from importlib.machinery import ModuleSpec, PathFinder, SourceFileLoader
+from importlib.machinery import (
+    BuiltinImporter,
+    FrozenImporter,
+    ModuleSpec,
+    PathFinder,
+    SourceFileLoader,
+)
 from pathlib import Path
 
 # Names whose use lets a module bind top-level names that no reading of its source sees.
@@ -33,13 +39,20 @@ def top_level_spec(module: str, path: list[str]) -> ModuleSpec | None:
     return PathFinder.find_spec(top, path) or importlib.util.find_spec(top)
 
 
-def module_source(module: str, path: list[str]) -> Path | None:
+def module_source(module: str, path: list[str], *, installed: bool = True) -> Path | None:
     """The `.py` file the worker would import as `module` (dotted), looked for on `path`
-    then the service's own `sys.path`, or None when that cannot be told without running a
-    package's code (the module is not there either: the worker says so)."""
+    then (where `installed`: the worker runs on the service's interpreter) the service's
+    own `sys.path`, or None when that cannot be told without running a package's code
+    (the module is not there either: the worker says so)."""
     parts = module.split(".")
+    top = parts[0]
     try:
-        spec = top_level_spec(module, path)
+        if installed:
+            spec = top_level_spec(module, path)
+        elif BuiltinImporter.find_spec(top) or FrozenImporter.find_spec(top):
+            return None  # another interpreter takes its own before any file on its path
+        else:
+            spec = PathFinder.find_spec(top, path)
         for depth in range(1, len(parts)):
             locations = spec.submodule_search_locations if spec is not None else None
             if not locations:
@@ -62,6 +75,20 @@ def defines(source: Path, name: str) -> bool | None:
     if source.name == "__init__.py" and _submodule(source.parent, name):
         return None  # a submodule: the package has it as an attribute once it is imported
     return name in _top_level_names(tree)
+
+
+def syntax_error(source: Path) -> SyntaxError | None:
+    """The SyntaxError the worker's import of `source` would raise (an IndentationError, a
+    bad encoding, `return` outside a function: what its compiler says, not only its
+    parser), or None when it compiles. Compiled as import compiles it, never run: only
+    valid for a worker of this interpreter's version. Some 15 ms a 1,000 lines."""
+    try:
+        compile(source.read_bytes(), str(source), "exec", dont_inherit=True)
+    except SyntaxError as error:
+        return error
+    except (OSError, ValueError):  # unreadable, or NUL bytes: the worker says what it finds
+        return None
+    return None
 
 
 @dataclass(frozen=True)

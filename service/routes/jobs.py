@@ -23,7 +23,7 @@ from starlette.background import BackgroundTask, BackgroundTasks
 from typing_extensions import TypedDict  # pydantic needs it, not typing's, before 3.12
 
 from service import deletion, metricscsv
-from service.admission import admit
+from service.admission import WorkerImports, admit
 from service.archives import ArchiveHead
 from service.checkpoints import (
     Checkpoint,
@@ -76,7 +76,7 @@ from service.store import (
     UnknownRevision,
     in_run_order,
 )
-from service.workers import worker_pythonpath
+from service.workers import this_python, worker_pythonpath
 from trainer.rundir import RunDir, json_object, write_json_atomic
 from trainer.spec import field_errors, options_not_read, shown_value, without_unread
 
@@ -169,12 +169,18 @@ def include(app: FastAPI, prefix: str) -> None:
 def _admit(spec: JobCreate, runtime: Runtime) -> tuple[JobCreate, list[dict[str, str]]]:
     """`admission.admit` on this service's devices, data roots and worker path."""
     settings = runtime.settings
+    worker = WorkerImports(
+        path=worker_pythonpath(),
+        # Workers on another interpreter have other packages: a module that is on none of
+        # this one's paths may be there.
+        installed=settings.python == sys.executable,
+        compiles=runtime.worker_python == this_python(),
+    )
     return admit(
         spec,
         pool=runtime.pool,
         data_roots=settings.allowed_data_roots,
-        # Workers on another interpreter have another path: they check the module alone.
-        worker_path=worker_pythonpath() if settings.python == sys.executable else None,
+        worker=worker,
         model_modules=settings.model_modules,
     )
 

@@ -9,6 +9,7 @@ import os
 import re
 import socket
 import sqlite3
+import sys
 import tarfile
 import threading
 import time
@@ -832,6 +833,91 @@ def test_create_job_custom_model_whose_function_takes_other_arguments(
         )
     accepted = job_spec(name="quick", model={"name": "team_models:deep", "params": {"depth": 3}})
     assert service.client.post("/api/v1/jobs", json=accepted).status_code == 201
+
+
+# Modules that do not compile, each with what Python says and where: the parser's error,
+# an indentation, and one only the compiler finds (`ast.parse` takes it).
+UNCOMPILABLE = {
+    "colon": ("def build(input_shape, num_classes)\n    return None\n", 1, 36, "expected ':'"),
+    "indent": (
+        "def build(input_shape, num_classes):\nreturn None\n",
+        2,
+        1,
+        "expected an indented block after function definition on line 1",
+    ),
+    "compiler": (
+        "def build(input_shape, num_classes):\n    ...\nreturn build\n",
+        3,
+        1,
+        "'return' outside function",
+    ),
+}
+
+
+def _refused_uncompilable(service: Service, folder: Path) -> None:
+    """Each of UNCOMPILABLE, written into `folder` (on the service's PYTHONPATH), refused
+    at submit under `model.name` with its file, line, column and Python's message; and a
+    module that compiles still accepted."""
+    for module, (source, line, column, said) in UNCOMPILABLE.items():
+        (folder / f"{module}.py").write_text(source)
+        assert _errors(service, job_spec(model={"name": f"{module}:build"})) == [
+            {
+                "field": "model.name",
+                "message": "Expected 'module:function' with a module that compiles. "
+                f"Received: '{module}:build', but {folder / module}.py, line {line}, "
+                f"column {column}: {said}",
+            }
+        ], module
+    (folder / "fine.py").write_text("def build(input_shape, num_classes):\n    return None\n")
+    accepted = job_spec(name="quick", model={"name": "fine:build"})
+    assert service.client.post("/api/v1/jobs", json=accepted).status_code == 201
+
+
+def test_create_job_custom_model_module_that_does_not_compile(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # Compiled, not imported or run: the worker found this only at the job's turn, after
+    # TensorFlow's import (exit 2), and its line only in worker.log.
+    service = make_service(env=fake_worker_env(tmp_path))
+    service.start()
+    _refused_uncompilable(service, tmp_path)
+
+
+def test_create_job_custom_model_compiled_for_another_interpreter_of_this_version(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # TOWERBOARD_PYTHON another path to a Python of this version (a wrapper, as a second
+    # virtual environment would be): its PYTHONPATH is looked in, and what does not compile
+    # here does not compile there.
+    python = tmp_path / "python.sh"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    service = make_service(env={**fake_worker_env(tmp_path), "TOWERBOARD_PYTHON": str(python)})
+    service.start()
+    _refused_uncompilable(service, tmp_path)
+
+
+def test_create_job_custom_model_left_to_a_worker_of_another_python_version(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # No second Python with TensorFlow exists here: a wrapper of this one answers the
+    # start's check as Python 3.99 would. Its grammar is not this one's (a `match` is a
+    # SyntaxError before 3.10), so its worker, not the service, says what does not compile.
+    python = tmp_path / "python.sh"
+    python.write_text(
+        r"""#!/bin/sh
+case "$1" in -c) PYTHON "$@" | sed 's/"version": \[3, [0-9]*\]/"version": [3, 99]/'; exit 0;; esac
+exec PYTHON "$@"
+""".replace("PYTHON", sys.executable)
+    )
+    python.chmod(0o755)
+    service = make_service(env={**fake_worker_env(tmp_path), "TOWERBOARD_PYTHON": str(python)})
+    service.start()
+    source = UNCOMPILABLE["colon"][0]
+    (tmp_path / "colon.py").write_text(source)
+    spec = job_spec(name="quick", model={"name": "colon:build"})
+    taken = service.client.post("/api/v1/jobs", json=spec)
+    assert taken.status_code == 201, taken.text
 
 
 def test_create_job_custom_model_only_from_the_modules_the_service_allows(

@@ -11,6 +11,8 @@ where it was raised. No TensorFlow here: it reads messages only.
 from __future__ import annotations
 
 import re
+import traceback
+from collections.abc import Callable
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _KERAS_CALL = re.compile(
@@ -79,3 +81,14 @@ def _graph_error(text: str) -> tuple[str, str]:
     if frame is not None:
         where += f", {frame.group(1)} line {frame.group(2)}, in {frame.group(3)}"
     return "\n".join(kept), f" ({where})"
+
+
+def innermost_frame(
+    error: BaseException, in_file: Callable[[str], bool]
+) -> traceback.FrameSummary | None:
+    """The innermost frame of `error`'s traceback whose file `in_file` takes, so a failure
+    in a library that file's code called gives the line that called it; None when none."""
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        if in_file(frame.filename):
+            return frame
+    return None

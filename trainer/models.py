@@ -10,7 +10,9 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import os
 import re
+import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 from keras.src.models.functional import Functional  # a functional model's class (no public name)
 
-from trainer.errors import one_line
+from trainer.errors import innermost_frame, one_line
 from trainer.modelsize import too_large
 from trainer.spec import ModelSpec
 
@@ -170,12 +172,35 @@ BUILDERS: dict[str, Callable[..., keras.Model]] = {
 _USER_CODE_ERRORS = (Exception, SystemExit)
 
 
-def _user_code_failed(message: str, error: BaseException) -> ModelError:
-    """The refusal `message` for a failure of the model's own code, whose traceback goes
-    to the log first: the job's message is one line, and without this no file held the
-    line of the builder (or of a module it imports) that raised."""
+def _user_code_failed(message: str, error: BaseException, name: str) -> ModelError:
+    """The refusal `message` for a failure of the code of model `name` (`module:function`),
+    with the line of its module's file that raised (`_where`); the whole traceback goes to
+    the log first, as the job's message is one line."""
     log.error("the model's code raised:\n%s", "".join(traceback.format_exception(error)).rstrip())
-    return ModelError(message)
+    where = _where(error, name.partition(":")[0])
+    return ModelError(f"{message} ({where})" if where else message)
+
+
+def _where(error: BaseException, module_name: str) -> str | None:
+    """The innermost line of `error`'s traceback in the custom model's module file, as
+    "mymod.py, line 12, in build": a job's error (result.json, the API, the dashboard) named
+    only the exception, and its line was in worker.log alone. The file is the module's
+    `__file__` (one that failed to import is gone from `sys.modules`: the file its dotted
+    name places), shown as that name places it (`team/models.py`); None when no frame is
+    in it (a module it imports raised as it was imported)."""
+    tail = module_name.replace(".", "/")
+    ends = (f"/{tail}.py", f"/{tail}/__init__.py")
+    path = getattr(sys.modules.get(module_name), "__file__", None)
+    if isinstance(path, str):
+        wanted = os.path.abspath(path)
+        frame = innermost_frame(error, lambda name: os.path.abspath(name) == wanted)
+    else:
+        frame = innermost_frame(error, lambda name: name.replace(os.sep, "/").endswith(ends))
+    if frame is None:
+        return None
+    filename = frame.filename.replace(os.sep, "/")
+    shown = next((end[1:] for end in ends if filename.endswith(end)), filename.rsplit("/", 1)[-1])
+    return f"{shown}, line {frame.lineno}, in {frame.name}"
 
 
 def _custom_builder(name: str) -> Callable[..., Any]:
@@ -186,7 +211,7 @@ def _custom_builder(name: str) -> Callable[..., Any]:
         message = f"Cannot import module {module_name!r} of model {name!r}: {one_line(e)}"
         if isinstance(e, ModuleNotFoundError) and e.name == module_name:
             raise ModelError(message) from e  # no code of its own ran: importlib's frames
-        raise _user_code_failed(message, e) from e
+        raise _user_code_failed(message, e, name) from e
     builder = getattr(module, function_name, None)
     if not callable(builder):
         raise ModelError(
@@ -227,7 +252,9 @@ def _output_shape(name: str, model: keras.Model, input_shape: tuple[int, ...]) -
         output = model(np.zeros((1, *input_shape), np.float32), training=False)
     except _USER_CODE_ERRORS as e:
         raise _user_code_failed(
-            f"Model {name!r} failed on a batch of shape {(1, *input_shape)}: {one_line(e)}", e
+            f"Model {name!r} failed on a batch of shape {(1, *input_shape)}: {one_line(e)}",
+            e,
+            name,
         ) from e
     if isinstance(output, (list, tuple, dict)):
         raise ModelError(
@@ -379,7 +406,8 @@ def build_model(
         try:
             model = builder(**kwargs, **spec.params)
         except _USER_CODE_ERRORS as e:  # any failure of user code is the model's fault
-            raise _user_code_failed(f"Model {spec.name!r} failed to build: {one_line(e)}", e) from e
+            message = f"Model {spec.name!r} failed to build: {one_line(e)}"
+            raise _user_code_failed(message, e, spec.name) from e
         if not isinstance(model, keras.Model):
             raise ModelError(
                 f"Expected {spec.name!r} to return a keras.Model. Received: {type(model).__name__}"

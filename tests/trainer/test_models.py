@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.trainer.test_run import run_custom_model
+from tests.trainer.test_run import TINY, run_custom_model, run_worker, with_
 from trainer.errors import one_line
 from trainer.models import ModelError, build_model
 from trainer.modelsize import parameter_count
@@ -401,7 +401,9 @@ def test_worker_with_a_softmax_model_exits_2_naming_the_layer(tmp_path):
 
 
 def test_custom_builder_that_calls_sys_exit_is_a_model_error(custom):
-    assert refusal("exits") == "Model 'qa_custom:exits' failed to build: SystemExit: 5"
+    assert refusal("exits") == (
+        "Model 'qa_custom:exits' failed to build: SystemExit: 5 (qa_custom.py, line 19, in exits)"
+    )
 
 
 def test_custom_builder_with_other_argument_names_is_told_the_names(custom):
@@ -431,11 +433,11 @@ def test_custom_layer_that_raises_is_one_line_naming_the_layer(custom):
     # and the arguments the layer received) was the job's message as it was.
     assert refusal("picky_layer") == (
         "Model 'qa_custom:picky_layer' failed to build: ValueError: wants colour images only "
-        "(in Picky.call())"
+        "(in Picky.call()) (qa_custom.py, line 32, in call)"
     )
     assert refusal("picky_model") == (
         "Model 'qa_custom:picky_model' failed on a batch of shape (1, 4, 4, 1): "
-        "ValueError: subclassed says no (in PickyModel.call())"
+        "ValueError: subclassed says no (in PickyModel.call()) (qa_custom.py, line 40, in call)"
     )
 
 
@@ -463,7 +465,9 @@ def test_worker_with_a_builder_that_exits_ends_with_exit_2_and_a_result(tmp_path
         tmp_path, "quitter", "import sys\ndef build(input_shape, num_classes):\n    sys.exit(5)\n"
     )
     assert code == 2, log
-    assert result["message"] == "Model 'quitter:build' failed to build: SystemExit: 5"
+    assert result["message"] == (
+        "Model 'quitter:build' failed to build: SystemExit: 5 (quitter.py, line 3, in build)"
+    )
     assert sorted(p.name for p in (tmp_path / "job").iterdir()) == [
         "progress.jsonl",  # its preparation's lines (tests/trainer/test_run.py)
         "result.json",
@@ -483,11 +487,69 @@ def test_worker_log_has_the_traceback_of_a_builder_that_raises(tmp_path):
         "    return _layers(3)\n",
     )
     assert code == 2, log
-    assert (
-        result["message"] == "Model 'broken:build' failed to build: ValueError: no layer of width 3"
+    # The job's error names the innermost line of the module that raised, worker.log all.
+    assert result["message"] == (
+        "Model 'broken:build' failed to build: ValueError: no layer of width 3 "
+        "(broken.py, line 2, in _layers)"
     )
     assert "Traceback (most recent call last):" in log
     assert 'broken.py", line 4, in build' in log and 'broken.py", line 2, in _layers' in log
+
+
+def test_worker_names_the_line_of_a_builder_that_raises_in_the_jobs_error(tmp_path):
+    # The job's error (result.json, the API's `error`, which the dashboard shows) named
+    # the exception alone: which line of the user's module raised it was in worker.log.
+    code, result, log = run_custom_model(
+        tmp_path,
+        "mymod",
+        "import keras\n"
+        "\n"
+        "def build(input_shape, num_classes):\n"
+        "    inputs = keras.Input(input_shape)\n"
+        "    x = keras.layers.Flatten()(inputs)\n"
+        "    return keras.Model(inputs, keras.layers.Dense(num_clases)(x))\n",
+    )
+    assert code == 2, log
+    message = (
+        "Model 'mymod:build' failed to build: NameError: name 'num_clases' is not defined "
+        "(mymod.py, line 6, in build)"
+    )
+    assert result["message"] == message
+    assert result["errors"] == [{"field": "model", "message": message}]
+
+
+def test_worker_names_the_line_of_a_packaged_builder_whose_shapes_do_not_fit(tmp_path):
+    # A shape mistake raises inside Keras: the innermost line in the user's module is the
+    # call that made it, named as the module's dotted name places its file.
+    (tmp_path / "team").mkdir()
+    (tmp_path / "team" / "__init__.py").write_text("")
+    (tmp_path / "team" / "models.py").write_text(
+        "import keras\n"
+        "\n"
+        "def _head(x, num_classes):\n"
+        "    return keras.layers.Add()([keras.layers.Dense(7)(x), keras.layers.Dense(num_classes)(x)])\n"
+        "\n"
+        "def build(input_shape, num_classes):\n"
+        "    inputs = keras.Input(input_shape)\n"
+        "    return keras.Model(inputs, _head(keras.layers.Flatten()(inputs), num_classes))\n"
+    )
+    spec = with_(TINY, model={"name": "team.models:build"})
+    code, result, log = run_worker(tmp_path / "job", spec, env={"PYTHONPATH": f"{tmp_path}:{REPO}"})
+    assert code == 2, log
+    assert result["message"].startswith("Model 'team.models:build' failed to build: ValueError: ")
+    assert result["message"].endswith(" (team/models.py, line 4, in _head)"), result["message"]
+
+
+def test_a_module_whose_top_level_raises_names_its_line(tmp_path, monkeypatch):
+    # Gone from sys.modules once its import failed: its file is the one its name places.
+    (tmp_path / "top_fails.py").write_text("import math\nRATE = math.log(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModelError) as error:
+        build_model(ModelSpec(name="top_fails:build"), (4, 4, 1), 3)
+    assert str(error.value) == (
+        "Cannot import module 'top_fails' of model 'top_fails:build': ValueError: math domain "
+        "error (top_fails.py, line 2, in <module>)"
+    )
 
 
 ODD_BATCH_STEP = """

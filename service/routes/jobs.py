@@ -972,15 +972,45 @@ def _known_series(name: list[str]) -> None:
         raise FieldErrors(errors)
 
 
+# A read on, as /metrics and /metrics.csv both take it.
+_AFTER_STEP = Query(
+    ge=0,
+    le=2**63 - 1,
+    description="Only points after this step: the last step already read, to read on",
+)
+_REVISION = Query(
+    ge=0,
+    le=2**63 - 1,
+    description="With `after_step`: the `revision` of the answer the points up to it "
+    "came in (0 if not given): a 409 says where to read again from if they changed",
+)
+_REWOUND = {
+    "model": RewoundPublic,
+    "description": "Reading on: the points up to `after_step` changed since `revision`",
+}
+
+
+def _revision_beside(after_step: int | None, revision: int | None) -> None:
+    """A 422 for a `revision` without the `after_step` it is the revision of."""
+    if revision is not None and after_step is None:
+        raise FieldErrors([{"field": "query.revision", "message": "Expected after_step beside it"}])
+
+
+def _unknown_revision(e: UnknownRevision, revision: int | None) -> FieldErrors:
+    """The 422 of a `revision` past the job's."""
+    message = (
+        f"Expected at most {e.revision}, the latest revision of the job's series (each "
+        f"resume that changed steps already given made one). Received: {revision}"
+    )
+    return FieldErrors([{"field": "query.revision", "message": message}])
+
+
 @router.get(
     "/{job_id}/metrics",
     response_model=MetricsPublic,
     responses={
         **_NOT_FOUND,
-        409: {
-            "model": RewoundPublic,
-            "description": "Reading on: the points up to `after_step` changed since `revision`",
-        },
+        409: _REWOUND,
         422: {"model": ErrorPublic, "description": "An unknown series, or a revision to come"},
     },
 )
@@ -988,14 +1018,7 @@ def read_job_metrics(
     job: JobDep,
     runtime: RuntimeDep,
     name: Annotated[list[str], _SERIES_NAMES] = [],  # noqa: B006
-    after_step: Annotated[
-        int | None,
-        Query(
-            ge=0,
-            le=2**63 - 1,
-            description="Only points after this step: the last step already read, to read on",
-        ),
-    ] = None,
+    after_step: Annotated[int | None, _AFTER_STEP] = None,
     points: Annotated[
         int | None,
         Query(
@@ -1006,22 +1029,13 @@ def read_job_metrics(
             "series' first and last point (a series of no more points comes whole)",
         ),
     ] = None,
-    revision: Annotated[
-        int | None,
-        Query(
-            ge=0,
-            le=2**63 - 1,
-            description="With `after_step`: the `revision` of the answer the points up to it "
-            "came in (0 if not given): a 409 says where to read again from if they changed",
-        ),
-    ] = None,
+    revision: Annotated[int | None, _REVISION] = None,
 ) -> Response:
     """The job's scalar series, from its progress lines."""
     _known_series(name)
     # A plain def: a long job's series take a while to render, on a worker thread rather
     # than the event loop every other request needs.
-    if revision is not None and after_step is None:
-        raise FieldErrors([{"field": "query.revision", "message": "Expected after_step beside it"}])
+    _revision_beside(after_step, revision)
     try:
         if points is None:  # every point: sent as read, never held whole
             rows = runtime.store.stream_metrics(
@@ -1042,11 +1056,7 @@ def read_job_metrics(
     except Rewound as e:
         return _rewound(e)
     except UnknownRevision as e:
-        message = (
-            f"Expected at most {e.revision}, the latest revision of the job's series (each "
-            f"resume that changed steps already given made one). Received: {revision}"
-        )
-        raise FieldErrors([{"field": "query.revision", "message": message}]) from e
+        raise _unknown_revision(e, revision) from e
     thinned = ((p.name, p.step, p.time, p.value) for p in read)
     return Response(b"".join(_metrics_json(job.id, current, thinned)), media_type=_JSON)
 
@@ -1066,8 +1076,12 @@ def _metrics_csv(columns: list[str], rows: MetricRows) -> Iterator[bytes]:
 
 # The CSV has a path of its own, as a checkpoint's and the export's downloads do, rather
 # than a `?format=csv` of /metrics: it is a file to save (`Content-Disposition`), of
-# another media type, and of other parameters (`points` thins for a chart, and `after_step`
-# reads on, neither of which a spreadsheet's file wants), each documented as what it is.
+# another media type, and of other parameters (`points` thins for a chart, which a
+# spreadsheet's file does not want), each documented as what it is. `after_step` reads on
+# as /metrics does, so a script can fetch the rows a CSV it keeps lacks with curl.
+METRICS_REVISION_HEADER = "X-Metrics-Revision"
+
+
 @router.get(
     "/{job_id}/metrics.csv",
     response_class=StreamingResponse,
@@ -1076,31 +1090,54 @@ def _metrics_csv(columns: list[str], rows: MetricRows) -> Iterator[bytes]:
             "content": {"text/csv": {}},
             "description": "`step`, then a column per series; a row per step, in step order, "
             "each value as Python's repr (exact), empty where a series has no point",
+            "headers": {
+                METRICS_REVISION_HEADER: {
+                    "description": "The series' `revision`: pass it beside `after_step` to "
+                    "read on, as /metrics' answer's `revision`"
+                }
+            },
         },
         **_NOT_FOUND,
-        422: {"model": ErrorPublic, "description": "An unknown series"},
+        409: _REWOUND,
+        422: {"model": ErrorPublic, "description": "An unknown series, or a revision to come"},
     },
 )
 def download_job_metrics_csv(
     job: JobDep,
     runtime: RuntimeDep,
     name: Annotated[list[str], _SERIES_NAMES] = [],  # noqa: B006
+    after_step: Annotated[int | None, _AFTER_STEP] = None,
+    revision: Annotated[int | None, _REVISION] = None,
 ) -> Response:
     """The job's scalar series as a CSV file, as `towerboard metrics ID` prints it (the
-    same bytes for the same `name`s): the columns `step` and each series named, in their
-    order, or without `name` each series that has points, by name. Every point, as an
-    exact read of /metrics gives them: the newest step of a job that has not ended is left
-    out while its eval may still come. Sent as read: the service holds one step's values,
-    however long the job. Saved as `<job name>-<id>-metrics.csv`."""
+    same bytes for the same `name`s and `after_step`): the columns `step` and each series
+    named, in their order, or without `name` each series that has points (after
+    `after_step`), by name. Every point, as an exact read of /metrics gives them: the
+    newest step of a job that has not ended is left out while its eval may still come.
+    With `after_step`, only the rows after it, under the header, refused as /metrics
+    refuses a read on (409) where the points up to it changed since `revision`. Sent as
+    read: the service holds one step's values, however long the job. Saved as `<job
+    name>-<id>-metrics.csv`."""
     _known_series(name)
-    rows = runtime.store.stream_metrics(job.id, names=name, by_step=True)
+    _revision_beside(after_step, revision)
+    try:
+        rows = runtime.store.stream_metrics(
+            job.id, names=name, after_step=after_step, revision=revision, by_step=True
+        )
+    except Rewound as e:
+        return _rewound(e)
+    except UnknownRevision as e:
+        raise _unknown_revision(e, revision) from e
     columns = metricscsv.columns_of(name, rows.series or [])
     filename = job_file_name(job.name, job.id, "metrics.csv")
     # Closed once the answer is over, however it ended, as /metrics' stream is.
     return StreamingResponse(
         _metrics_csv(columns, rows),
         media_type=_CSV,
-        headers={"Content-Disposition": attachment(filename)},
+        headers={
+            "Content-Disposition": attachment(filename),
+            METRICS_REVISION_HEADER: str(rows.revision),
+        },
         background=BackgroundTask(rows.close),
     )
 

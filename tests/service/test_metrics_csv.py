@@ -21,10 +21,10 @@ from service.downloads import attachment, job_file_name
 from service.metricscsv import csv_rows, header, stream_rows
 from service.progress import SERIES
 from service.series import Row
-from service.store import JobStore, MetricPoint
+from service.store import JobState, JobStore, MetricPoint
 from tests.service.harness import ROOT, Service, job_spec, stand_in_service
 from tests.service.test_client import towerboard
-from tests.service.test_metrics_read_on import EVALUATING_WORKER
+from tests.service.test_metrics_read_on import EVALUATING_WORKER, running
 from tests.service.test_volume import _peak_rss_mb, stalled_read_lets_go, stored_long_job
 from trainer.spec import JobSpec
 
@@ -100,7 +100,7 @@ def test_the_csv_is_the_clis_byte_for_byte_before_and_after_the_eval(tmp_path: P
         gone = service.client.get("/api/v1/jobs/nosuchjob0/metrics.csv")
         assert gone.status_code == 404
         assert gone.json() == service.client.get("/api/v1/jobs/nosuchjob0/metrics").json()
-        # Points thin a chart and after_step reads on: a file takes neither.
+        # Points thin a chart: a file does not take them.
         thinned = service.client.get(f"{url}/metrics.csv", params={"points": 100})
         assert thinned.status_code == 422 and thinned.json()["errors"][0]["field"] == (
             "query.points"
@@ -121,6 +121,80 @@ def test_a_job_without_points_gives_the_header_alone(make_service: Callable[...,
     result = towerboard("metrics", job.id, url=service.base_url)
     assert (result.returncode, result.stdout) == (0, "")
     assert result.stderr == f"job {job.id} has no metrics yet\n"
+
+
+def test_the_csv_reads_on_after_a_step_as_the_json_route_does(
+    make_service: Callable[..., Service],
+) -> None:
+    """`after_step` (and `revision`) on the CSV: the rows after the step under the header,
+    the CLI's `--after-step` rows byte for byte, and refused as /metrics refuses, with its
+    answers: a bad step, a revision alone or to come, and a read on past a step a resume
+    changed (a 409 saying where to read again from). The revision comes in a header."""
+    service = make_service()
+    store = JobStore(service.data_dir / "towerboard.db")
+    job_id, worker = running(
+        store, JobSpec.model_validate(job_spec(name="on")).model_dump(mode="json")
+    )
+    for step in (10, 20, 30):
+        worker.report(step)
+        if step == 20:
+            worker.evaluate(20)
+    assert store.requeue(job_id, crashed=True)  # died at 30; its checkpoint is of 20
+    worker.restart(20)
+    worker.write("progress", 30, loss=0.125, accuracy=0.5)
+    worker.report(40)
+    worker.evaluate(40)
+    assert store.finish(job_id, JobState.SUCCEEDED, result={}, error=None)
+    store.close()
+    service.start()
+    url = f"/api/v1/jobs/{job_id}"
+    names = {"name": ["loss", "eval_loss"]}
+
+    def both(params: dict[str, Any]) -> tuple[Any, Any]:
+        return (
+            service.client.get(f"{url}/metrics.csv", params={**names, **params}),
+            service.client.get(f"{url}/metrics", params={**names, **params}),
+        )
+
+    csv_answer, json_answer = both({"after_step": 20, "revision": 1})
+    assert csv_answer.status_code == 200, csv_answer.text
+    assert csv_answer.content == b"step,loss,eval_loss\n30,0.125,\n40,0.025,0.05\n"
+    assert csv_answer.headers["x-metrics-revision"] == "1" == str(json_answer.json()["revision"])
+    cli = towerboard(
+        "metrics", job_id, "--name", "loss", "--name", "eval_loss", "--after-step", "20",
+        "--revision", "1", url=service.base_url,
+    )  # fmt: skip
+    assert (cli.returncode, cli.stdout) == (0, csv_answer.text), cli.stderr
+    # Nothing after the last step: the header alone.
+    assert both({"after_step": 40, "revision": 1})[0].content == b"step,loss,eval_loss\n"
+    # Without names: the series with points after the step, as the CLI's columns are.
+    every = service.client.get(f"{url}/metrics.csv", params={"after_step": 30, "revision": 1})
+    assert every.text.splitlines()[0] == "step,accuracy,eval_accuracy,eval_loss,loss"
+    assert service.client.get(f"{url}/metrics.csv").headers["x-metrics-revision"] == "1"
+
+    # Read on past 20 from revision 0 (or none given): 30 changed since.
+    for read_on in ({"after_step": 30}, {"after_step": 30, "revision": 0}):
+        csv_answer, json_answer = both(read_on)
+        assert csv_answer.status_code == json_answer.status_code == 409, csv_answer.text
+        assert csv_answer.json() == json_answer.json()
+        assert (csv_answer.json()["read_again_after"], csv_answer.json()["revision"]) == (20, 1)
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({"after_step": -1}, "query.after_step"),
+        ({"after_step": "ten"}, "query.after_step"),
+        ({"after_step": 2**63}, "query.after_step"),
+        ({"revision": 1}, "query.revision"),  # without after_step
+        ({"after_step": 20, "revision": 2}, "query.revision"),  # past the job's
+        ({"after_step": 20, "revision": -1}, "query.revision"),
+    ]
+    for params, field in bad:
+        csv_answer, json_answer = both(params)
+        assert csv_answer.status_code == json_answer.status_code == 422, (params, csv_answer.text)
+        assert csv_answer.json() == json_answer.json()
+        assert csv_answer.json()["errors"][0]["field"] == field, csv_answer.text
+    assert "Expected after_step beside it" in both({"revision": 0})[0].text
+    assert (
+        "Expected at most 1, the latest revision" in both({"after_step": 0, "revision": 5})[0].text
+    )
 
 
 @pytest.mark.parametrize(

@@ -105,6 +105,7 @@ def test_head_on_health_and_dashboard(service: Service, path: str) -> None:
         ("/api/v1/jobs/{id}/logs", "lines=5", "tail, offset, limit"),
         ("/api/v1/jobs/{id}/metrics", "names=loss", "name, after_step, points, revision"),
         ("/api/v1/jobs/{id}/metrics", "name=loss&since=3", "name, after_step, points, revision"),
+        ("/api/v1/jobs/{id}/metrics.csv", "points=5", "name, after_step, revision"),
         ("/api/v1/jobs/{id}", "verbose=1", None),
         ("/api/v1/jobs/{id}/checkpoints", "limit=1", None),
         ("/api/v1/devices", "kind=gpu", None),

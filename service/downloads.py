@@ -31,26 +31,56 @@ _HUGE = 10**30  # any position past every archive: the end of the list of digits
 # replaces), and in the ASCII `filename` a `%`, which some clients decode.
 _NOT_IN_FILE_NAMES = re.compile(r'[<>:"|?*]')
 _NOT_IN_ASCII_NAME = re.compile(r"[^\x20-\x7e]|%")
+_UNDERSCORES = re.compile(r"_{2,}")
+# Not at either end of the name's part: `-` and ` ` would run into the `-` before the id,
+# `.` would hide the file, and `_` is what was left of characters replaced.
+_NAME_ENDS = "_-. "
 
 
-def job_file_name(name: str | None, job_id: str, what: str) -> str:
+def _name_part(name: str | None, *, ascii_only: bool) -> str:
+    """The job's name as the first part of a download's file name: made safe as its
+    TensorBoard runs' folder is (`safe_name`: no `/`, controls or bidi controls, at most 60
+    characters), without what a Windows file name cannot hold (and, `ascii_only`, without
+    any other character than printable ASCII but `%`), each as `_`; runs of `_` as one, and
+    no `_`, `-`, `.` or space at either end. Empty where nothing else is left: "???" gave
+    `___-<id>-metrics.csv`, a name of another script in the ASCII `filename` likewise."""
+    if not name:
+        return ""
+    safe = _NOT_IN_FILE_NAMES.sub("_", safe_name(name))
+    if ascii_only:
+        safe = _NOT_IN_ASCII_NAME.sub("_", safe)
+    return _UNDERSCORES.sub("_", safe).strip(_NAME_ENDS)
+
+
+def job_file_name(name: str | None, job_id: str, what: str, *, ascii_only: bool = False) -> str:
     """The name a download of a job's `what` is saved as: `<name>-<id>-<what>`, the job's
-    name made safe as its TensorBoard runs' folder is (`safe_name`: no `/`, controls or
-    bidi controls, at most 60 characters) and without what a Windows file name cannot
-    hold; the id alone before `what` where nothing of the name is left."""
-    safe = _NOT_IN_FILE_NAMES.sub("_", safe_name(name)) if name else ""
+    name as `_name_part` makes it; the id alone before `what` where nothing of the name is
+    left. `ascii_only`: of the name's printable ASCII alone, for the `filename` of a
+    Content-Disposition (`job_attachment`)."""
+    safe = _name_part(name, ascii_only=ascii_only)
     return f"{safe}-{job_id}-{what}" if safe else f"{job_id}-{what}"
 
 
-def attachment(filename: str) -> str:
+def attachment(filename: str, plain: str | None = None) -> str:
     """A Content-Disposition saving the answer as `filename` (RFC 6266): its `filename` in
-    printable ASCII, any other character and `"`, `\\` and `%` as `_` (a header is sent as
-    Latin-1, and a name of another script cannot be), and where that changed it,
-    `filename*` too, the name whole in UTF-8 %-encoded, which browsers take instead."""
-    plain = _NOT_IN_ASCII_NAME.sub("_", filename).replace('"', "_").replace("\\", "_")
+    printable ASCII (`plain`, or where not given `filename` with any other character and
+    `"`, `\\` and `%` as `_`: a header is sent as Latin-1, and a name of another script
+    cannot be), and where that is not `filename`, `filename*` too, the name whole in UTF-8
+    %-encoded (RFC 5987), which browsers take instead."""
+    if plain is None:
+        plain = _NOT_IN_ASCII_NAME.sub("_", filename).replace('"', "_").replace("\\", "_")
     if plain == filename:
         return f'attachment; filename="{filename}"'
     return f"attachment; filename=\"{plain}\"; filename*=UTF-8''{quote(filename, safe='')}"
+
+
+def job_attachment(name: str | None, job_id: str, what: str) -> str:
+    """The Content-Disposition of a download of a job's `what`: saved as `job_file_name`
+    says, and, by a client that takes no `filename*`, as it says of the name's ASCII alone
+    (`日本` is `<id>-metrics.csv` there, not `__-<id>-metrics.csv`)."""
+    return attachment(
+        job_file_name(name, job_id, what), job_file_name(name, job_id, what, ascii_only=True)
+    )
 
 
 class Unsatisfiable(Exception):

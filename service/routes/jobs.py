@@ -40,7 +40,7 @@ from service.deps import (
     job_not_found,
     known_query,
 )
-from service.downloads import MEDIA_TYPE, archive_response, attachment, job_file_name
+from service.downloads import MEDIA_TYPE, archive_response, job_attachment
 from service.errors import FieldErrors
 from service.events import JobEvent, next_event, ready_events, sse_response
 from service.exports import describe_export, open_export
@@ -1129,13 +1129,12 @@ def download_job_metrics_csv(
     except UnknownRevision as e:
         raise _unknown_revision(e, revision) from e
     columns = metricscsv.columns_of(name, rows.series or [])
-    filename = job_file_name(job.name, job.id, "metrics.csv")
     # Closed once the answer is over, however it ended, as /metrics' stream is.
     return StreamingResponse(
         _metrics_csv(columns, rows),
         media_type=_CSV,
         headers={
-            "Content-Disposition": attachment(filename),
+            "Content-Disposition": job_attachment(job.name, job.id, "metrics.csv"),
             METRICS_REVISION_HEADER: str(rows.revision),
         },
         background=BackgroundTask(rows.close),

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from service.downloads import attachment, job_file_name
+from service.downloads import attachment, job_attachment, job_file_name
 from service.metricscsv import csv_rows, header, stream_rows
 from service.progress import SERIES
 from service.series import Row
@@ -210,48 +210,74 @@ def test_the_csv_reads_on_after_a_step_as_the_json_route_does(
             "two words-ID-metrics.csv",
             'attachment; filename="two words-ID-metrics.csv"',
         ),
-        (
+        (  # each run of what was replaced as one `_`, none at the ends
             'a/b\\c "q" <x>:y|z?*',
-            "a_b_c _q_ _x__y_z__-ID-metrics.csv",
-            'attachment; filename="a_b_c _q_ _x__y_z__-ID-metrics.csv"',
+            "a_b_c _q_ _x_y_z-ID-metrics.csv",
+            'attachment; filename="a_b_c _q_ _x_y_z-ID-metrics.csv"',
         ),
+        ("my__run_", "my_run-ID-metrics.csv", 'attachment; filename="my_run-ID-metrics.csv"'),
+        ("-run-.", "run-ID-metrics.csv", 'attachment; filename="run-ID-metrics.csv"'),
         ("..hidden", "hidden-ID-metrics.csv", 'attachment; filename="hidden-ID-metrics.csv"'),
         ("..", "ID-metrics.csv", 'attachment; filename="ID-metrics.csv"'),  # nothing left
         (None, "ID-metrics.csv", 'attachment; filename="ID-metrics.csv"'),
+        # Nothing safe left: the id alone, not `___-ID-metrics.csv`.
+        ("???", "ID-metrics.csv", 'attachment; filename="ID-metrics.csv"'),
+        ('<"|"> _ . -', "ID-metrics.csv", 'attachment; filename="ID-metrics.csv"'),
+        (
+            "日本",  # saved whole by a browser (filename*); the id alone in the ASCII name
+            "日本-ID-metrics.csv",
+            'attachment; filename="ID-metrics.csv"; '
+            "filename*=UTF-8''%E6%97%A5%E6%9C%AC-ID-metrics.csv",
+        ),
         (
             "naïve 100% 日本",
             "naïve 100% 日本-ID-metrics.csv",
-            'attachment; filename="na_ve 100_ __-ID-metrics.csv"; '
+            'attachment; filename="na_ve 100-ID-metrics.csv"; '
             "filename*=UTF-8''na%C3%AFve%20100%25%20%E6%97%A5%E6%9C%AC-ID-metrics.csv",
         ),
-        ("x" * 200, "x" * 59 + "…-ID-metrics.csv", None),  # cut as a TensorBoard run's name
+        (  # cut as a TensorBoard run's name; the ellipsis not in the ASCII name
+            "x" * 200,
+            "x" * 59 + "…-ID-metrics.csv",
+            f'attachment; filename="{"x" * 59}-ID-metrics.csv"; '
+            f"filename*=UTF-8''{'x' * 59}%E2%80%A6-ID-metrics.csv",
+        ),
         ("a\u202eb\u2066c", "abc-ID-metrics.csv", 'attachment; filename="abc-ID-metrics.csv"'),
     ],
 )
 def test_the_file_name_is_the_jobs_name_made_safe_then_its_id(
-    name: str | None, saved: str, disposition: str | None
+    name: str | None, saved: str, disposition: str
 ) -> None:
     assert job_file_name(name, "ID", "metrics.csv") == saved
-    header_value = attachment(saved)
+    header_value = job_attachment(name, "ID", "metrics.csv")
     header_value.encode("latin-1")  # a header Starlette can send
-    if disposition is not None:
-        assert header_value == disposition
+    assert header_value == disposition
+    # A file name of no job (an archive's) is sent as it is, or made ASCII where it is not.
+    assert attachment("ID-export.tar.gz") == 'attachment; filename="ID-export.tar.gz"'
+    assert attachment("日本.csv") == (
+        "attachment; filename=\"__.csv\"; filename*=UTF-8''%E6%97%A5%E6%9C%AC.csv"
+    )
 
 
 def test_the_service_names_the_file_by_the_job(make_service: Callable[..., Service]) -> None:
     service = make_service()
     store = JobStore(service.data_dir / "towerboard.db")
-    spec = JobSpec.model_validate(job_spec(name='cifar "v2"/ü')).model_dump(mode="json")
-    job = store.create(spec)
-    store.cancel_queued(job.id)
+    jobs = []
+    for name in ('cifar "v2"/ü', "???"):
+        spec = JobSpec.model_validate(job_spec(name=name)).model_dump(mode="json")
+        jobs.append(store.create(spec))
+        store.cancel_queued(jobs[-1].id)
     store.close()
     service.start()
-    response = service.client.get(f"/api/v1/jobs/{job.id}/metrics.csv")
-    assert response.status_code == 200, response.text
-    assert response.headers["content-disposition"] == (
-        f'attachment; filename="cifar _v2___-{job.id}-metrics.csv"; '
-        f"filename*=UTF-8''cifar%20_v2__%C3%BC-{job.id}-metrics.csv"
-    )
+    dispositions = []
+    for job in jobs:
+        response = service.client.get(f"/api/v1/jobs/{job.id}/metrics.csv")
+        assert response.status_code == 200, response.text
+        dispositions.append(response.headers["content-disposition"])
+    assert dispositions == [
+        f'attachment; filename="cifar _v2-{jobs[0].id}-metrics.csv"; '
+        f"filename*=UTF-8''cifar%20_v2_%C3%BC-{jobs[0].id}-metrics.csv",
+        f'attachment; filename="{jobs[1].id}-metrics.csv"',
+    ]
 
 
 def test_rows_in_step_order_are_the_csv_of_the_json_read(tmp_path: Path) -> None:

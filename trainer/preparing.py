@@ -113,12 +113,16 @@ class Preparation:
     def reads(self, name: str, total: int, *, io: Path = PROC_IO) -> Iterator[None]:
         """Stage `name` while the body runs, said in `total` bytes the body is to read, as
         far as this process's count of bytes read (`read_bytes`) has gone since it began:
-        at its start, then from a thread every `EVERY_SECONDS` (`min(read, total)`), and
-        `total` once the body has returned (not where it raised). For a read done by code
-        that says nothing of its way (TensorFlow's restore of a checkpoint): the count is
-        every read of every thread of the process, whatever it reads, so it is the body's
-        only where nothing else reads much meanwhile. Where the count is unreadable (no
-        Linux), or `total` is 0, the stage is said without amounts.
+        at its start, then from a thread every `EVERY_SECONDS` (`min(read, total - 1)`),
+        and `total` once the body has returned (not where it raised). For a read done by
+        code that says nothing of its way (TensorFlow's restore of a checkpoint): the count
+        is every read of every thread of the process, whatever it reads, so it is the
+        body's only where nothing else reads much meanwhile, and it runs ahead of the
+        body's own by what else is read (a restore reads its checkpoint's index, a few
+        times, besides the data files its total counts; the samples read /proc): held
+        under `total` until the body has returned, the stage is never said through before
+        it is. Where the count is unreadable (no Linux), or `total` is 0, the stage is said
+        without amounts.
 
         The body must write no line of its own: the thread writes them meanwhile."""
         start = read_bytes(io)
@@ -135,8 +139,9 @@ class Preparation:
                 now = read_bytes(io)
                 if now is None:
                     return
-                # Every `EVERY_SECONDS` already: not held back by `amount`'s clock.
-                if (done := min(now - start, total), total) != self._said:
+                # Every `EVERY_SECONDS` already: not held back by `amount`'s clock. Under
+                # `total` while the body runs, as the count can reach it first.
+                if (done := min(now - start, total - 1), total) != self._said:
                     self._write(done, total)
 
         sampler = threading.Thread(target=sample, name="preparation-reads", daemon=True)

@@ -527,7 +527,8 @@ def _train(
         # is about the restore's alone: the data was loaded (`_prepare`) before the model
         # was built, the input pipelines feed from those arrays in memory, the summaries'
         # writer writes, and nothing else of the worker reads meanwhile but a cluster's
-        # gathers (between restores) and the kilobytes of the checkpoint's index.
+        # gathers (between restores) and the kilobytes of the checkpoint's index (which
+        # the total leaves out: the stage is held under its total until the restore ends).
         checkpointer = Checkpointer(
             rundir.checkpoints,
             trainer,

@@ -4,6 +4,7 @@ most a line a second, and a real worker's lines."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -11,6 +12,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -290,6 +292,53 @@ def test_a_restore_says_its_checkpoints_bytes_read_and_starts_again_for_an_older
     assert amounts[-1] == (older, older)
     done = [d or 0 for d, _ in amounts[again:]]
     assert done == sorted(done)
+
+
+def test_a_restore_is_said_through_only_once_it_has_returned(tmp_path: Path) -> None:
+    """A real restore reads more than its checkpoint's data files (their total): its index
+    too, more than once. The count reached the total before the restore was through, and
+    the stage said 100% early; it is held under the total until the restore returns."""
+    if read_bytes() is None:
+        pytest.skip("no /proc/self/io here")
+    import tensorflow as tf
+
+    from tests.trainer.test_towers import batch, make_trainer
+    from trainer.checkpoints import Checkpointer, data_bytes
+    from trainer.spec import CheckpointSpec
+
+    def checkpointer(reading=None) -> Checkpointer:
+        trainer = make_trainer(1)
+        trainer.train_step(*batch(16))
+        data = iter(tf.data.Dataset.range(1))
+        spec = CheckpointSpec(every_steps=1, keep=5)
+        return Checkpointer(tmp_path / "ckpt", trainer, data, spec, reading=reading)
+
+    checkpointer().save(1)
+    total = data_bytes(str(tmp_path / "ckpt" / "ckpt-1"))
+    run = tmp_path / "run"
+    preparation = Preparation(RunDir(run), every=0.001)
+    read: list[int] = []
+    during: list[tuple[str, int | None, int | None]] = []
+
+    @contextlib.contextmanager
+    def reading(total: int) -> Iterator[None]:
+        before = read_bytes()
+        with preparation.reads(RESTORING, total):
+            yield  # the restore
+            after = read_bytes()
+            assert before is not None and after is not None
+            read.append(after - before)
+            # The restore's reads are done; its stage is not: samples are taken meanwhile.
+            time.sleep(0.1)
+            during.extend(lines_of(run))
+
+    assert checkpointer(reading).restore_latest() == 1
+    assert read[0] > total  # the premise: the count runs past the data files' bytes
+    amounts = [(done, of) for stage, done, of in lines_of(run) if stage == RESTORING]
+    said = [(done, of) for stage, done, of in during if stage == RESTORING]
+    assert said[0] == (0, total) and len(said) > 1, said  # sampled while it ran
+    assert all(done is not None and done < total for done, _ in said), said
+    assert amounts == [*said, (total, total)]  # through once the restore has returned
 
 
 def test_synthetic_data_is_a_stage_without_amounts(tmp_path: Path) -> None:

@@ -10,7 +10,9 @@ revision change, and delivered once both have. The revision is written after FIL
 and cleared before FILE is replaced whole: where the two disagree it is older than the
 rows, and an older revision is never wrong, only slower (the service may refuse a read on
 from it, and the rows after the step it names are then read again). While a command keeps
-FILE it holds a lock on FILE.revision, so two cannot interleave their rows.
+FILE it holds a lock on FILE.revision, so two cannot interleave their rows. Only SIGKILL
+(or a power cut) cannot be held off: one during an append can leave FILE's last row cut
+short, and the next command cuts that row off, says so, and reads on after the row before.
 
 Standard library only: the client never imports more than httpx. Its CSV, header and
 rows, is `service.metricscsv`'s, which the service's `metrics.csv` writes too.
@@ -92,6 +94,19 @@ def _is_row(fields: list[str], width: int) -> bool:
     return True
 
 
+def _is_row_start(line: bytes, width: int) -> bool:
+    """Whether `line`, with no line end, is the start of a row of a CSV of `width`
+    fields as `metrics` writes them: a step's digits, then at most the rest of the fields,
+    each of what a float's repr is made of. Anything else is not a cut-short row of ours,
+    and is not cut off."""
+    fields = line.split(b",")
+    return (
+        len(fields) <= width
+        and fields[0].isdigit()
+        and all(not field.strip(b"0123456789.e+-") for field in fields[1:])
+    )
+
+
 class MetricsFile:
     """FILE (`given`, as the person named it: said in every message) for job `job_id`, of
     the columns `names` (None: FILE's own, or for a new FILE every series)."""
@@ -117,6 +132,9 @@ class MetricsFile:
         self.revision = 0  # of the rows in FILE, as FILE.revision says (none: 0)
         self._lock: int | None = None  # FILE.revision, open and locked
         self._made_revision = False
+        # Where FILE's last line is a row cut short (an append killed part way): the size
+        # of FILE without it, and the line; cut off once FILE.revision is locked.
+        self._cut_short: tuple[int, bytes] | None = None
 
     # --- reading FILE ------------------------------------------------------------------
 
@@ -124,7 +142,10 @@ class MetricsFile:
         """Check FILE against the columns, setting `columns` and `last_step`: False where
         it is absent or empty, to be made whole; True where it is a CSV of these columns,
         to be read on after its last row. A FILE that is not (a folder, another CSV, a last
-        line that is no row of it) is a ClientError, nothing changed."""
+        line that is no row of it) is a ClientError, nothing changed. A last line that is
+        the start of a row, cut short (a SIGKILL in an append, which nothing can hold off),
+        is left out, and cut off where FILE.revision is locked (`open` checks again)."""
+        self._cut_short = None
         try:
             info = os.stat(self.path)
         except FileNotFoundError:
@@ -160,6 +181,8 @@ class MetricsFile:
                 f"series it was made with, or give --into another file"
             )
         self.last_step = self._last_step(tail, info.st_size, first)
+        if self._cut_short is not None and self._lock is not None:
+            self._cut_off_row_cut_short()
         return True
 
     def _folder(self) -> ClientError:
@@ -191,9 +214,14 @@ class MetricsFile:
         return fields
 
     def _last_step(self, tail: bytes, size: int, first: bytes) -> int | None:
-        """The step of FILE's last row (None: it has only its header), from its `tail`."""
+        """The step of FILE's last row (None: it has only its header), from its `tail`,
+        less a last line that is a row cut short (`_cut_short`)."""
         if not tail.endswith(b"\n"):
-            raise self._not_a_row("its last line is cut short (no line end after it)")
+            start = tail.rfind(b"\n") + 1
+            if start == 0 or not _is_row_start(tail[start:], len(self.columns) + 1):
+                raise self._not_a_row("its last line is cut short (no line end after it)")
+            self._cut_short = (size - (len(tail) - start), tail[start:])
+            size, tail = self._cut_short[0], tail[:start]
         lines = tail[:-1].split(b"\n")
         if len(lines) == 1 and size > len(tail):
             raise self._not_a_row(f"its last line is over {_TAIL_BYTES} bytes long")
@@ -245,6 +273,26 @@ class MetricsFile:
                 f"job {self.job_id}: give --into another file"
             )
         self.revision = revision
+        if existing and self._cut_short is not None:
+            self.check()  # again, now that no other command can be appending: it cuts
+
+    def _cut_off_row_cut_short(self) -> None:
+        """FILE cut back to its last line end, where its last line is a row cut short: an
+        append killed part way (SIGKILL, a power cut) left it, and the rows after FILE's
+        last whole one are read again. Only with FILE.revision locked (`check`): no other
+        command is appending to it."""
+        assert self._cut_short is not None
+        size, line = self._cut_short
+        try:
+            os.truncate(self.path, size)
+        except OSError as error:
+            raise self._cannot_write(error) from error
+        self._cut_short = None
+        after = "its header" if self.last_step is None else f"step {self.last_step}"
+        sys.stderr.write(
+            f"{self.given} ended in a row cut short, {line[:80].decode('utf-8', 'replace')!r}"
+            f" (an earlier append stopped part way): cut it off, to read on after {after}\n"
+        )
 
     def _check_writable(self, existing: bool) -> None:
         """Refuse, before any request, a FILE that could not be appended to, or a folder

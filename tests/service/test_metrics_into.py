@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from service.progress import SERIES
+from service.store import JobState, JobStore
 from tests.service.harness import (
     Service,
     free_port,
@@ -28,7 +29,7 @@ from tests.service.harness import (
     stepping_worker_env,
 )
 from tests.service.test_client import towerboard, towerboard_in_background
-from tests.service.test_metrics_read_on import EVALUATING_WORKER, RESUMING_WORKER
+from tests.service.test_metrics_read_on import EVALUATING_WORKER, RESUMING_WORKER, running
 
 NAMES = ("--name", "loss", "--name", "eval_loss")
 
@@ -278,9 +279,13 @@ def test_a_full_disk_leaves_no_half_row(
         (b"\x89PNG\r\n\x1a\n\0\0", "{path} is not a CSV of a job's metrics: its first line is "
          "'\ufffdPNG\\r', not a header like 'step,loss,eval_accuracy' (give --into another "
          "file, or remove it to write it whole)"),
-        ("step,loss,eval_loss\n10,0.1,\n20,0.0", "{path} does not end with a whole row of its "
+        # Cut short, but no row of a towerboard CSV (a row cut short is cut off: below).
+        ("step,loss,eval_loss\n10,0.1,\ndone", "{path} does not end with a whole row of its "
          "CSV: its last line is cut short (no line end after it). Remove that line (or the "
          "file, to write it whole) and run the command again"),
+        ("step,loss,eval_loss\n10,0.1,\n20,0.05,0.1,3", "{path} does not end with a whole row "
+         "of its CSV: its last line is cut short (no line end after it). Remove that line (or "
+         "the file, to write it whole) and run the command again"),
         ("step,loss,eval_loss\n10,0.1,\n20,0.05\n", "{path} does not end with a whole row of "
          "its CSV: its last line, '20,0.05', is not a row of it. Remove that line (or the "
          "file, to write it whole) and run the command again"),
@@ -302,6 +307,53 @@ def test_a_file_that_is_not_one_to_read_on_is_refused_unchanged(
     assert result.stderr == f"towerboard: error: {error.format(path=path)}\n"
     assert path.read_bytes() == data
     assert not Path(f"{path}.revision").exists()
+
+
+@pytest.mark.parametrize(
+    ("held", "after"),
+    [
+        ("step,loss,eval_loss\n10,0.1,\n20,0.0", "step 10"),  # in a value
+        ("step,loss,eval_loss\n10,0.1,\n20,0.05,", "step 10"),  # before the last field
+        ("step,loss,eval_loss\n2", "its header"),  # in the first row
+    ],
+)
+def test_a_row_an_append_killed_part_way_left_is_cut_off_and_read_again(
+    make_service: Callable[..., Service], held: str, after: str
+) -> None:
+    """A SIGKILL during an append (nothing holds it off) can leave FILE's last row cut
+    short: the next command cuts it off, says so, and reads on after the row before it."""
+    service = make_service()
+    store = JobStore(service.data_dir / "towerboard.db")
+    job_id, worker = running(store)
+    for step in (10, 20, 30, 40):
+        worker.report(step)
+        if step in (20, 40):
+            worker.evaluate(step)
+    assert store.finish(job_id, JobState.SUCCEEDED, result={}, error=None)
+    store.close()
+    service.start()
+    path = service.data_dir.parent / "run.csv"
+    path.write_text(held)
+    # As the killed append left it: FILE.revision is written after the rows.
+    Path(f"{path}.revision").write_text(json.dumps({"job_id": job_id, "revision": 0}) + "\n")
+    # Not while another command keeps FILE: that row may be its append, under way.
+    import fcntl
+
+    with open(f"{path}.revision") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        refused = into(service, job_id, path, *NAMES, code=1)
+    assert "is being kept by another towerboard command" in refused
+    assert path.read_text() == held
+    said = into(service, job_id, path, *NAMES)
+    cut = held.rpartition("\n")[2]
+    # A file of its header alone is written to, as it says of one never killed.
+    done = "wrote 4" if after == "its header" else "appended 3"
+    assert said == (
+        f"{path} ended in a row cut short, {cut!r} (an earlier append stopped part way): cut "
+        f"it off, to read on after {after}\n{done} rows to {path} (to step 40)\n"
+    )
+    assert path.read_text() == fresh(service, job_id, *NAMES)
+    assert path.read_text().startswith(held.rpartition("\n")[0] + "\n")
 
 
 def test_bad_places_and_options_for_into_are_refused(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
 // arrow keys step it. A queued job moves in the queue at once (keeping when it joined it:
 // where it would be had it been submitted at that priority); a running one's counts if
 // it is requeued or resumed. The line under it says what came of it, or why it was
-// refused. Hidden once the job has ended (a resume takes a priority instead).
+// refused. Hidden once the job has ended: a resume takes a priority instead (the Priority
+// field of the form Train longer opens, resume.js, built and read by the helpers here).
 
 import { TERMINAL, api } from "./api.js";
 import { dim, dimmed, h, setText } from "./format.js";
@@ -12,6 +13,25 @@ import { mark } from "./jobs.js";
 // The spec's range (trainer/spec.py PRIORITY_MIN, PRIORITY_MAX).
 const LEAST = -1000;
 const MOST = 1000;
+/** What a priority field takes, as a refusal of one says it. */
+export const PRIORITY_EXPECTED = `a whole number from ${LEAST} to ${MOST}`;
+
+/** A number field for a priority, `id` and any other `attrs`: the spec's range, whole
+ *  steps (the arrow keys step it), the numeric keypad on a phone. Here and in the resume
+ *  form (resume.js), which queues an ended job again at one. */
+export function priorityInput(id, attrs = {}) {
+  return h("input", { type: "number", id, name: "priority", min: String(LEAST), max: String(MOST),
+    step: "1", inputmode: "numeric", autocomplete: "off", ...attrs });
+}
+
+/** The whole number typed into priority field `input`; null where there is none (a letter
+ *  typed into a number field reads as "" too). One out of the range is the service's to
+ *  refuse: its message names the range and what it received. */
+export function typedPriority(input) {
+  const text = input.value.trim();
+  const value = Number(text);
+  return text === "" || !Number.isInteger(value) ? null : value;
+}
 
 /** The control for `jobId`'s page: `form` (beside the queue place) and `status` (the
  *  line under it). `changed(job, asked)` takes the service's answer (the
@@ -20,9 +40,7 @@ const MOST = 1000;
  *  being typed) and hides the control once the job has ended. */
 export function priorityControl(jobId, { changed, missing }) {
   const base = `/api/v1/jobs/${encodeURIComponent(jobId)}`;
-  const input = h("input", { type: "number", id: "job-priority", name: "priority",
-    min: String(LEAST), max: String(MOST), step: "1", inputmode: "numeric", autocomplete: "off",
-    "aria-describedby": "priority-status" });
+  const input = priorityInput("job-priority", { "aria-describedby": "priority-status" });
   const button = h("button", { type: "submit", id: "set-priority" }, "Set priority");
   const status = h("p", { class: "small priority-status", id: "priority-status", role: "status" });
   const form = h("form", { class: "priority-form", id: "priority-form", novalidate: true,
@@ -61,11 +79,9 @@ export function priorityControl(jobId, { changed, missing }) {
 
   async function send() {
     if (busy || !job || dimmed(button)) return;
-    const text = input.value.trim();
-    const value = Number(text);
-    // A letter typed into a number field reads as "" too.
-    if (text === "" || !Number.isInteger(value)) {
-      refuse(`Not changed: enter a whole number from ${LEAST} to ${MOST}.`);
+    const value = typedPriority(input);
+    if (value === null) {
+      refuse(`Not changed: enter ${PRIORITY_EXPECTED}.`);
       return;
     }
     if (value === job.priority) {

@@ -6,6 +6,11 @@
 // total of steps. Its next worker trains on from the job's latest checkpoint. All are
 // hidden while the job is queued or running.
 //
+// The form Train longer opens has the job's priority too, to queue it again at another
+// (sent only when changed): while the form is open, Resume and Finish at step N take it
+// as well, and its hint says so. Each field's refusal is said under the form, beside the
+// other's, and the form keeps what was typed.
+//
 // Nothing is lost by a resume, so none asks for a second press (as Cancel and Delete do).
 // While the ended job's worker is still exiting (the service would refuse: 409), they are
 // dimmed and say why (waitForExit).
@@ -13,6 +18,7 @@
 import { TERMINAL, api } from "./api.js";
 import { h } from "./format.js";
 import { mark } from "./jobs.js";
+import { PRIORITY_EXPECTED, priorityInput, typedPriority } from "./priority.js";
 
 /** What a resume does, by the latest checkpoint's step (null: none was saved), the new
  *  total `to` (" to step 80", or ""). */
@@ -44,15 +50,25 @@ export function resumeControl(jobId, { say, resumed, missing, refused = () => {}
   const input = h("input", { type: "number", id: "resume-steps", name: "steps", min: "1", step: "1",
     inputmode: "numeric", required: true, autocomplete: "off",
     "aria-describedby": "resume-steps-error resume-steps-hint" });
+  // The job's own priority when the form opens: a resume sends one only where it differs.
+  const priorityField = priorityInput("resume-priority", {
+    "aria-describedby": "resume-priority-error resume-priority-hint" });
   const submit = h("button", { type: "submit", class: "primary", id: "resume-submit" }, "Train on");
   const hint = h("p", { class: "muted small resume-hint", id: "resume-steps-hint" });
+  const priorityHint = h("p", { class: "muted small resume-hint", id: "resume-priority-hint" });
   const fieldError = h("p", { class: "error small resume-error", id: "resume-steps-error",
     hidden: true });
+  const priorityError = h("p", { class: "error small resume-error", id: "resume-priority-error",
+    hidden: true });
+  // Each field with the line its refusal goes in, by the service's field name.
+  const fields = { steps: [input, fieldError], priority: [priorityField, priorityError] };
   // Named by its button, so a screen reader says "Train longer, form" on entering it.
   const form = h("form", { class: "resume-form", id: "resume-form", hidden: true, novalidate: true,
     "aria-labelledby": "train-longer" },
   h("div", { class: "resume-field" }, h("label", { for: "resume-steps" }, "To step"), input),
-  submit, hint, fieldError);
+  h("div", { class: "resume-field" }, h("label", { for: "resume-priority" }, "Priority"),
+    priorityField),
+  submit, hint, priorityHint, fieldError, priorityError);
   form.addEventListener("submit", (event) => {
     event.preventDefault();
     trainLonger();
@@ -82,6 +98,9 @@ export function resumeControl(jobId, { say, resumed, missing, refused = () => {}
       : latest === null ? "No checkpoint was saved: it trains again from step 0."
         : `It trains on from step ${latest}, its latest checkpoint: give a step past it.`;
     if (Number.isInteger(latest)) input.min = String(latest + 1);
+    // Resume and Finish are beside Train longer, not in the form: said, as they take it too.
+    priorityHint.textContent = "The highest priority starts first" + (stoppedShort()
+      ? "; while this form is open, Resume and Finish take this priority too." : ".");
   }
 
   /** Twice the job's current total (the one its last worker reported, or its spec's),
@@ -96,16 +115,25 @@ export function resumeControl(jobId, { say, resumed, missing, refused = () => {}
   }
 
   function clearFieldError() {
-    fieldError.hidden = true;
-    fieldError.textContent = "";
-    input.removeAttribute("aria-invalid");
+    for (const [field, error] of Object.values(fields)) {
+      error.hidden = true;
+      error.textContent = "";
+      field.removeAttribute("aria-invalid");
+    }
   }
 
-  function showFieldError(text) {
-    fieldError.textContent = text;
-    fieldError.hidden = false;
-    input.setAttribute("aria-invalid", "true");
-    input.focus(); // read out with its description: the error
+  /** Say `texts` ({steps, priority}: a refusal each) beside their fields; the first field
+   *  refused takes the focus, read out with its description: the refusal. */
+  function showFieldErrors(texts) {
+    let first = null;
+    for (const [name, [field, error]] of Object.entries(fields)) {
+      if (!texts[name]) continue;
+      error.textContent = texts[name];
+      error.hidden = false;
+      field.setAttribute("aria-invalid", "true");
+      first = first || field;
+    }
+    if (first) first.focus();
   }
 
   function open() {
@@ -114,6 +142,7 @@ export function resumeControl(jobId, { say, resumed, missing, refused = () => {}
     clearFieldError();
     showHint();
     input.value = suggestion();
+    priorityField.value = String(job.priority);
     input.focus();
     input.select();
   }
@@ -151,34 +180,45 @@ export function resumeControl(jobId, { say, resumed, missing, refused = () => {}
     if (busy || waiting) return;
     const text = input.value.trim();
     if (text === "") {
+      clearFieldError();
       // A letter typed into a number field reads as "" too.
-      showFieldError(input.validity.badInput ? "Enter a whole number of steps."
-        : "Enter the step to train it to.");
+      showFieldErrors({ steps: input.validity.badInput ? "Enter a whole number of steps."
+        : "Enter the step to train it to." });
       return;
     }
     await send({ steps: Number(text) });
   }
 
-  /** POST /resume, with `body` ({steps}) or none (a cancelled or failed job, as it is). */
-  async function send(body) {
+  /** POST /resume, with `stepsBody` ({steps}) or none (a cancelled or failed job, as it
+   *  is), and the form's priority where the form is open and it differs from the job's. */
+  async function send(stepsBody) {
     if (busy || waiting) return;
+    clearFieldError();
+    const priority = form.hidden ? job.priority : typedPriority(priorityField);
+    if (priority === null) {
+      say("resume", "", false);
+      showFieldErrors({ priority: `Enter ${PRIORITY_EXPECTED}.` });
+      return;
+    }
+    const reprioritised = priority !== job.priority;
+    const body = reprioritised ? { ...stepsBody, priority } : stepsBody;
     // Where the keyboard was: the stream may hide these controls before the answer comes.
     const focused = hasFocus();
     setBusy(true);
-    clearFieldError();
     say("resume", "Resuming…", false);
     // The Finish button's step, or the same typed into To step: the service ends a
     // cancelled or failed job there. Read before the answer, which the stream may beat
     // (the job queued again).
-    const finishes = body && body.steps === latest && stoppedShort();
+    const finishes = Boolean(stepsBody) && stepsBody.steps === latest && stoppedShort();
     const attempt = job.attempts; // a later one seen after a failure: the resume took
     const asked = mark();
     try {
       const { data } = await api(`${base}/resume`, { method: "POST", body });
       if (gone) return;
-      const to = body ? ` to step ${body.steps}` : "";
-      say("resume", `Resumed as attempt ${data.attempts}: ${finishes
-        ? `it finishes at step ${body.steps}, its latest checkpoint, with its final eval and export`
+      const to = stepsBody ? ` to step ${stepsBody.steps}` : "";
+      const at = reprioritised ? ` at priority ${data.priority}` : "";
+      say("resume", `Resumed as attempt ${data.attempts}${at}: ${finishes
+        ? `it finishes at step ${stepsBody.steps}, its latest checkpoint, with its final eval and export`
         : trainsOn(latest, to)}.`, false);
       resumed(data, asked, focused);
       close();
@@ -189,11 +229,13 @@ export function resumeControl(jobId, { say, resumed, missing, refused = () => {}
         return;
       }
       const errors = error.errors || [];
-      // The step's refusal goes beside the field (where the form is open to show it);
-      // anything else (a spec that no longer passes admission, a 409's detail) in the line.
-      const mine = form.hidden ? [] : errors.filter((e) => e.field === "steps");
+      // A field's refusal goes beside it (where the form is open to show it); anything
+      // else (a spec that no longer passes admission, a 409's detail) in the line.
+      const mine = form.hidden ? [] : errors.filter((e) => Object.hasOwn(fields, e.field));
       const others = errors.filter((e) => !mine.includes(e));
-      if (mine.length) showFieldError(mine.map((e) => e.message).join(" "));
+      const texts = {};
+      for (const e of mine) texts[e.field] = [texts[e.field], e.message].filter(Boolean).join(" ");
+      showFieldErrors(texts);
       if (others.length) {
         say("resume", `Could not resume: ${others.map((e) => `${e.field}: ${e.message}`)
           .join("; ")}`, true);

@@ -654,3 +654,93 @@ def test_resume_at_phone_width(browser: Browser, service: Service, screenshots: 
         assert phone.errors == []
     finally:
         phone.context.close()
+
+
+def in_both_schemes(page: Page) -> None:
+    """Every text on the page reads at AA in the light scheme and in the dark one."""
+    for scheme in ("dark", "light"):
+        page.emulate_media(color_scheme=scheme)
+        assert_contrast(page, f"{page.url} ({scheme})")
+
+
+def test_resume_at_another_priority(session: Session, service: Service) -> None:
+    """The Train longer form has a labelled Priority field holding the job's own, reached
+    by Tab; a value the service refuses is said beside it, the field marked and focused,
+    nothing typed lost and the job as it was; one it takes is the job's stored priority,
+    said in the line. While the form is open, a plain Resume takes its priority too; with
+    it closed, none is sent (the job keeps its own)."""
+    job = cancelled(service)
+    fake_checkpoint(service, job["id"], 10)
+    page = session.page
+    open_job(page, job["id"], "cancelled")
+    page.locator("#train-longer").focus()
+    page.keyboard.press("Enter")
+    steps = page.get_by_label("To step", exact=True)
+    expect(steps).to_be_focused()
+    page.keyboard.press("Tab")
+    # The form's: the one beside a queued or running job's place is hidden (ended).
+    priority = page.get_by_role("form", name="Train longer").get_by_label("Priority", exact=True)
+    expect(priority).to_be_focused()
+    expect(priority).to_have_value("0")
+    expect(priority).to_have_attribute("min", "-1000")
+    expect(priority).to_have_attribute("max", "1000")
+    expect(priority).to_have_accessible_description(
+        "The highest priority starts first; while this form is open, Resume and Finish take "
+        "this priority too."
+    )
+
+    steps.fill("40")
+    priority.fill("1001")
+    page.keyboard.press("Enter")
+    error = page.locator("#resume-priority-error")
+    expect(error).to_have_text("Input should be less than or equal to 1000. Received: 1001")
+    expect(priority).to_have_attribute("aria-invalid", "true")
+    expect(priority).to_be_focused()
+    assert (priority.get_attribute("aria-describedby") or "").split()[0] == error.get_attribute(
+        "id"
+    )
+    expect(page.locator("#resume-steps-error")).to_be_hidden()
+    expect(steps).to_have_value("40")  # nothing typed is lost
+    expect(priority).to_have_value("1001")
+    expect(page.locator("#action-status")).to_have_text("")
+    refused = service.job(job["id"])
+    assert (refused["state"], refused["priority"], refused["attempts"]) == ("cancelled", 0, 1)
+    in_both_schemes(page)
+
+    priority.fill("7")
+    page.keyboard.press("Enter")
+    line = page.locator("#action-status")
+    expect(line).to_have_text(
+        "Resumed as attempt 2 at priority 7: it trains on to step 40 from its latest checkpoint."
+    )
+    resumed = service.job(job["id"])
+    assert (resumed["priority"], resumed["spec"]["priority"]) == (7, 7), resumed
+    assert resumed["spec"]["steps"] == 40
+    expect(page.locator(".meta")).to_contain_text("priority 7")
+
+    # Cancelled again: Resume, with the form open at another priority, takes it.
+    expect(badge(page)).to_have_text("running")
+    assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+    expect(badge(page)).to_have_text("cancelled")
+    service.wait_exited(job["id"])
+    page.locator("#train-longer").click()
+    expect(priority).to_have_value("7")
+    priority.fill("-5")
+    page.get_by_role("button", name="Resume", exact=True).click()
+    expect(line).to_have_text(
+        "Resumed as attempt 3 at priority -5: it trains on from its latest checkpoint."
+    )
+    again = service.job(job["id"])
+    assert (again["priority"], again["spec"]["steps"]) == (-5, 40), again
+
+    # With the form closed, a Resume keeps the job's own priority.
+    assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+    expect(badge(page)).to_have_text("cancelled")
+    service.wait_exited(job["id"])
+    expect(page.locator("#resume-form")).to_be_hidden()
+    page.get_by_role("button", name="Resume", exact=True).click()
+    expect(line).to_have_text("Resumed as attempt 4: it trains on from its latest checkpoint.")
+    assert service.job(job["id"])["priority"] == -5
+    service.client.post(f"/api/v1/jobs/{job['id']}/cancel")
+    service.wait_state(job["id"], *TERMINAL)
+    assert session.errors == []

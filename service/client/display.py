@@ -229,10 +229,13 @@ def stopped(job: dict[str, Any]) -> str:
     """How a cancelled job stopped, in plain words, from its result, as the dashboard says
     it (`stoppedText`): "Stopped at step 8000 of 10000, after a checkpoint." (the trainer's
     "Stopped by SIGTERM at step 8000, after a checkpoint."), the worker's message where it
-    gives no step, or "Cancelled while queued: it never started."; "" for any other job,
-    and for one whose error says how its cancel ended (a kill: `end_reason` says it)."""
-    if job.get("state") != "cancelled" or job.get("error"):
+    gives no step, or "Cancelled while queued: it never started."; for one whose cancel
+    ended otherwise (its error says how: a worker killed after the grace), `_cut_short`.
+    "" for any other job."""
+    if job.get("state") != "cancelled":
         return ""
+    if job.get("error"):
+        return _cut_short(job)
     result = job.get("result") or {}
     step, total = result.get("step"), result.get("total")
     if result.get("outcome") == "cancelled" and _whole(step):
@@ -251,6 +254,23 @@ def stopped(job: dict[str, Any]) -> str:
         if job.get("result") or job.get("started_at")
         else "Cancelled while queued: it never started."
     )
+
+
+def _cut_short(job: dict[str, Any]) -> str:
+    """A cancel that did not end in its worker's own checkpoint and exit (killed, as it had
+    not exited within the grace after SIGTERM, or stopped by a signal first), as the
+    dashboard says it (`cutShortText`): the service's reason, and the step the worker last
+    reported, which is no checkpoint's. "The worker did not exit within 10 s of SIGTERM and
+    was killed with SIGKILL. Its last report was at step 12 of 100." """
+    reason = end_reason(job).strip().rstrip(".")
+    p = job.get("progress") or {}
+    step, total = p.get("step"), p.get("total")
+    of = f" of {total}" if _whole(total) else ""
+    said = [
+        reason[:1].upper() + reason[1:] + "." if reason else "",
+        f"Its last report was at step {step}{of}." if _whole(step) else "",
+    ]
+    return " ".join(part for part in said if part)
 
 
 def _whole(value: Any) -> bool:

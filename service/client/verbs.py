@@ -296,7 +296,9 @@ def _status_of_job(client: Client, args: argparse.Namespace) -> int:
     ]  # fmt: skip
     if stopped := show.stopped(job):  # a cancelled job's end, as its page says it
         rows.append(["stopped", stopped])
-    if job.get("error"):
+    # A cancel's error (its worker killed after the grace) is said in `stopped`, as the
+    # page says it: a cancel, not a failure. Its log tail is printed all the same.
+    if job.get("error") and job["state"] != "cancelled":
         error = job["error"]
         rows.append(["error", str(error.get("reason"))])
         if error.get("exit_code") is not None:

@@ -288,10 +288,12 @@ export function endReason(job) {
 /** How a cancelled job stopped, in plain words, from its result (the worker's
  *  result.json): "Stopped at step 8000 of 10000, after a checkpoint." (the trainer's
  *  "Stopped by SIGTERM at step 8000, after a checkpoint."), the worker's message where it
- *  gives no step, or "Cancelled while queued: it never started." "" for any other job,
- *  and for one whose error says how its cancel ended (a kill: `endReason` says it). */
+ *  gives no step, or "Cancelled while queued: it never started."; for one whose cancel
+ *  ended otherwise (its error says how: a worker killed after the grace), `cutShortText`.
+ *  "" for any other job. */
 export function stoppedText(job) {
-  if (job.state !== "cancelled" || job.error) return "";
+  if (job.state !== "cancelled") return "";
+  if (job.error) return cutShortText(job);
   const result = job.result || {};
   if (result.outcome === "cancelled" && Number.isInteger(result.step)) {
     const of = Number.isInteger(result.total) ? ` of ${result.total}` : "";
@@ -301,6 +303,22 @@ export function stoppedText(job) {
   }
   if (typeof result.message === "string" && result.message.trim()) return sentence(result.message);
   return job.result || job.started_at ? "" : "Cancelled while queued: it never started.";
+}
+
+/** A cancel that did not end in its worker's own checkpoint and exit: killed, as it had
+ *  not exited within the grace after SIGTERM, or stopped by a signal first. It is still a
+ *  cancel (nothing failed): the service's reason, and the step the worker last reported,
+ *  which is no checkpoint's (steps past its latest checkpoint are trained again on a
+ *  resume). "The worker did not exit within 10 s of SIGTERM and was killed with SIGKILL.
+ *  Its last report was at step 12 of 100." The CLI's `display.stopped` says the same. */
+function cutShortText(job) {
+  const reason = endReason(job).trim();
+  const p = job.progress || {};
+  const of = Number.isInteger(p.total) ? ` of ${p.total}` : "";
+  return [
+    reason ? sentence(reason.charAt(0).toUpperCase() + reason.slice(1)) : "",
+    Number.isInteger(p.step) ? `Its last report was at step ${p.step}${of}.` : "",
+  ].filter(Boolean).join(" ");
 }
 
 /** `text` as a sentence, ending in one full stop: a worker's reason may end in none, and

@@ -186,8 +186,9 @@ export function mountJob(view, jobId) {
   const metaRest = h("span");
   const meta = h("p", { class: "meta muted small" }, metaId, metaRest);
   const errorBox = h("div", { class: "job-error", role: "alert", hidden: true });
-  // Where a job cancelled as asked stopped (it has no error: its result says), and what
-  // Resume would do. In the failure box's place, but no alert and no red: nothing failed.
+  // Where a cancelled job stopped (its result says; or its error, where its worker was
+  // killed after the grace), and what Resume would do. In the failure box's place, but no
+  // alert and no red: nothing failed.
   const outcomeBox = h("div", { class: "job-outcome", id: "job-outcome", hidden: true });
   let latestCheckpoint; // its step, null when none was saved, undefined until read
   const stats = h("div", { class: "stats" },
@@ -477,18 +478,19 @@ export function mountJob(view, jobId) {
   }
 
   function renderError() {
-    const key = JSON.stringify(job.error || null);
+    // A cancel's error says how it ended (its worker killed after the grace, say): said in
+    // the outcome's box, as a cancel, since nothing failed (renderOutcome).
+    const failure = job.state === "cancelled" ? null : job.error;
+    const key = JSON.stringify(failure || null);
     if (key === shownError) return; // redrawn, it would lose its scroll position
     shownError = key;
     tailFollow?.stop();
     tailFollow = null;
-    if (!job.error) {
+    if (!failure) {
       errorBox.hidden = true;
       errorBox.replaceChildren();
       return;
     }
-    // The service's reasons may already say it ("Cancelled: the worker was stopped…").
-    const label = job.state === "cancelled" ? "Cancelled" : "Failed";
     // Named, as the Log section's is: it takes the keyboard's focus (to scroll it), and a
     // screen reader said no more of it than its text.
     const tail = job.error.log_tail && job.error.log_tail.length
@@ -496,7 +498,7 @@ export function mountJob(view, jobId) {
         job.error.log_tail.join("\n")) : "";
     errorBox.hidden = false;
     errorBox.replaceChildren(
-      h("strong", {}, `${label}: `),
+      h("strong", {}, "Failed: "),
       // Its `quoted` names (a key, an array's name) as code, as the submit form shows them.
       ...withCode(endReason(job)),
       job.error.exit_code !== null && job.error.exit_code !== undefined
@@ -513,8 +515,9 @@ export function mountJob(view, jobId) {
     }
   }
 
-  /** A job cancelled as asked: where it stopped (`stoppedText`) and what Resume would do,
-   *  by the latest checkpoint the page has read (the one a resume restores). */
+  /** A cancelled job: where it stopped, or how its cancel ended where its worker did not
+   *  checkpoint and exit in time (`stoppedText`), and what Resume would do, by the latest
+   *  checkpoint the page has read (the one a resume restores). */
   function renderOutcome() {
     const stopped = job ? stoppedText(job) : "";
     outcomeBox.hidden = !stopped;

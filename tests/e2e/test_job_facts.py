@@ -13,6 +13,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
+from tests.e2e.contrast import assert_contrast
 from tests.e2e.test_dashboard import Session
 from tests.service.harness import Service, job_spec, worker_env
 
@@ -22,7 +23,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason
 # "quick" reports steps 1-3 of 3 and succeeds; "stops" reports steps 1-8 of 100, saves a
 # checkpoint of step 8 (files the service lists), and then, as the trainer does on a
 # cancel's SIGTERM, ends cancelled at step 8 with the trainer's result (exit 3); "holds"
-# reports step 1 and holds its device until cancelled, ending so too.
+# reports step 1 and holds its device until cancelled, ending so too; "deaf" saves the same
+# checkpoint of step 8, reports steps on to 12 and ignores SIGTERM: a cancel kills it once
+# the service's grace (GRACE_S) is past.
 FACTS_WORKER = """\
 import json, signal, sys, time
 from pathlib import Path
@@ -30,7 +33,8 @@ from pathlib import Path
 job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1])
 behaviour = json.loads((job_dir / "spec.json").read_text())["name"].split("-")[0]
 stopped = []
-signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
+signal.signal(signal.SIGTERM,
+              signal.SIG_IGN if behaviour == "deaf" else lambda *_: stopped.append(True))
 total = 3 if behaviour == "quick" else 100
 
 
@@ -51,22 +55,27 @@ def result(outcome, message, step, code):
 
 
 progress(event="start", step=0, phase="starting", towers=1)
-last = {"quick": 3, "stops": 8, "holds": 1}[behaviour]
+last = {"quick": 3, "stops": 8, "holds": 1, "deaf": 12}[behaviour]
 for step in range(1, last + 1):
     progress(event="progress", step=step, loss=1 / step, accuracy=0.5, phase="training")
+    if step == 8 and behaviour in ("stops", "deaf"):
+        folder = job_dir / "checkpoints"
+        folder.mkdir(exist_ok=True)
+        (folder / "ckpt-8.data-00000-of-00001").write_bytes(b"d" * 64)
+        end = (0xDB4775248B80FB57).to_bytes(8, "little")  # a whole index's end (INDEX_END)
+        (folder / "ckpt-8.index").write_bytes(b"i" * 92 + end)
+        progress(event="checkpoint", step=8, checkpoint="checkpoints/ckpt-8", phase="training")
 if behaviour == "quick":
     result("succeeded", "Trained 3 steps.", 3, 0)
-if behaviour == "stops":
-    folder = job_dir / "checkpoints"
-    folder.mkdir(exist_ok=True)
-    (folder / "ckpt-8.data-00000-of-00001").write_bytes(b"d" * 64)
-    end = (0xDB4775248B80FB57).to_bytes(8, "little")  # a whole index's end (INDEX_END)
-    (folder / "ckpt-8.index").write_bytes(b"i" * 92 + end)
-    progress(event="checkpoint", step=8, checkpoint="checkpoints/ckpt-8", phase="training")
 while not stopped:
     time.sleep(0.05)
 result("cancelled", f"Stopped by SIGTERM at step {last}, after a checkpoint.", last, 3)
 """
+
+
+# The cancel's grace before SIGKILL: long enough for the stand-ins that stop on SIGTERM
+# (50 ms, niced on a busy host), short for the test that waits it out.
+GRACE_S = 5
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +83,11 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     folder = tmp_path_factory.mktemp("facts")
     svc = Service(
         folder / "data",
-        {"TOWERBOARD_CPU_JOBS": "2", **worker_env(folder, "facts_worker", FACTS_WORKER)},
+        {
+            "TOWERBOARD_CPU_JOBS": "2",
+            "TOWERBOARD_CANCEL_GRACE_SECONDS": str(GRACE_S),
+            **worker_env(folder, "facts_worker", FACTS_WORKER),
+        },
     )
     svc.start()
     yield svc
@@ -138,6 +151,46 @@ def test_a_cancelled_job_says_where_it_stopped_and_what_resume_does(
     assert outcome.get_attribute("role") is None
     assert outcome.evaluate("el => getComputedStyle(el).backgroundColor") == "rgb(255, 255, 255)"
     expect(page.locator("#resume-job")).to_be_visible()
+    assert session.errors == []
+
+
+def test_a_cancel_that_ended_in_a_kill_says_so_as_a_cancel(
+    session: Session, service: Service
+) -> None:
+    """A worker that did not checkpoint and exit within the grace after a cancel's SIGTERM
+    is killed. Its page showed the service's reason in the red failure box, an alert, and
+    said nothing of where Resume would train on from. It is a cancel, said as one: in the
+    outcome's box, with the step the worker last reported and the checkpoint Resume
+    restores; `towerboard status ID` says the same (tests/service/test_client.py)."""
+    job = service.submit(job_spec(name="deaf"))
+    service.wait_for(
+        job["id"], lambda job: (job["progress"] or {}).get("step") == 12, what="step 12"
+    )
+    assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+    ended = service.wait_state(job["id"], "cancelled", "failed", "succeeded")
+    assert ended["state"] == "cancelled" and ended["error"]["signal"] == "SIGKILL", ended
+    killed = f"the worker did not exit within {GRACE_S} s of SIGTERM and was killed with SIGKILL."
+    assert ended["error"]["reason"] == f"Cancelled: {killed}"
+    page = session.page
+    page.goto("/#/")
+    why = page.locator(f'tr[data-job="{job["id"]}"] .job-reason')
+    expect(why).to_have_text(killed)
+    assert why.evaluate("el => getComputedStyle(el).color") == "rgb(102, 112, 133)"  # grey
+
+    page.locator(f'tr[data-job="{job["id"]}"] a.job-name').click()
+    outcome = page.locator("#job-outcome")
+    expect(outcome).to_have_text(
+        f"Cancelled: T{killed[1:]} Its last report was at step 12 of 100. "
+        "Resume trains on from step 8's checkpoint."
+    )
+    expect(page.locator(".job-error")).to_be_hidden()
+    assert outcome.get_attribute("role") is None
+    assert outcome.evaluate("el => getComputedStyle(el).backgroundColor") == "rgb(255, 255, 255)"
+    expect(page.locator("#resume-job")).to_be_visible()
+    expect(page.locator("#finish-job")).to_have_text("Finish at step 8")
+    for scheme in ("dark", "light"):
+        page.emulate_media(color_scheme=scheme)
+        assert_contrast(page, f"a killed cancel's page ({scheme})")
     assert session.errors == []
 
 

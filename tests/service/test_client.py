@@ -358,8 +358,55 @@ def test_status_table_shows_a_preparing_jobs_phase_as_its_step(
 def test_a_cancelled_jobs_stop_is_said_as_its_page_says_it(job: Any, said: str) -> None:
     assert display.stopped({"state": "cancelled", "result": job, "started_at": None}) == said
     assert display.stopped({"state": "failed", "result": job}) == ""
-    killed = {"state": "cancelled", "result": job, "error": {"reason": "killed"}}
-    assert display.stopped(killed) == ""  # its error says how the cancel ended
+
+
+def test_a_cancel_that_ended_in_a_kill_is_said_as_its_page_says_it() -> None:
+    # Its error says how it ended, and its progress the step the worker last reported: a
+    # cancel still (the page says it as one), so `stopped` says both, as the page does.
+    killed = {
+        "state": "cancelled",
+        "result": None,
+        "progress": {"step": 12, "total": 100, "checkpoint": "checkpoints/ckpt-10"},
+        "error": {
+            "reason": "Cancelled: the worker did not exit within 10 s of SIGTERM and was "
+            "killed with SIGKILL."
+        },
+    }
+    assert display.stopped(killed) == (
+        "The worker did not exit within 10 s of SIGTERM and was killed with SIGKILL. "
+        "Its last report was at step 12 of 100."
+    )
+    assert display.stopped({**killed, "progress": None}) == (
+        "The worker did not exit within 10 s of SIGTERM and was killed with SIGKILL."
+    )
+    assert display.stopped({**killed, "state": "failed"}) == ""  # a failure's error is its own
+
+
+def test_status_says_a_cancel_that_ended_in_a_kill_as_a_cancel(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # A worker that ignores SIGTERM is killed after the grace: `status ID` said it in an
+    # `error` row, as a failure; its page says it as a cancel, where it stopped, and so
+    # does `stopped` now, with the log's last lines under it still.
+    service = make_service(
+        env={"TOWERBOARD_CANCEL_GRACE_SECONDS": "0.05", **fake_worker_env(tmp_path)}
+    )
+    service.start()
+    job = service.submit(job_spec(name="deaf"))  # ignores SIGTERM
+    service.wait_reported(job["id"])
+    assert service.client.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+    ended = service.wait_state(job["id"], "cancelled", "failed", "succeeded")
+    assert ended["state"] == "cancelled" and ended["error"]["signal"] == "SIGKILL", ended
+    said = towerboard("status", job["id"], url=service.base_url)
+    assert said.returncode == 0, said.stderr
+    stopped = re.search(r"^stopped\s{2,}(.*)$", said.stdout, re.M)
+    assert stopped, said.stdout
+    assert stopped[1] == (
+        "The worker did not exit within 0.05 s of SIGTERM and was killed with SIGKILL. "
+        "Its last report was at step 0 of 10."
+    )
+    assert not re.search(r"^error\s", said.stdout, re.M), said.stdout
+    assert f"log tail:\n  --- towerboard: attempt 1 of job {job['id']} " in said.stdout
 
 
 def test_status_table_says_why_a_job_failed(

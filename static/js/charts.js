@@ -5,6 +5,8 @@
 // caption too, reached by Tab to zoom and pan its steps from the keyboard (zoomKey). Its
 // legend is a row of toggle buttons, one a series (uPlot's own, a table that a click
 // alone toggled, is not made), and "Reset zoom" shows beside it while the steps are zoomed.
+// A finger's (or a pen's) drag across the plot zooms its steps as the mouse's does
+// (touchDown).
 
 import { h } from "./format.js";
 
@@ -33,6 +35,8 @@ const SCALE_KEY = "towerboard.chart-scale.";
 // fewer than MIN_ZOOM_STEPS; ← and → move it by PAN_FRACTION of itself.
 const MIN_ZOOM_STEPS = 4;
 const PAN_FRACTION = 0.25;
+// A finger's drag narrower than this zooms nothing: a tap wobbles by a pixel or two.
+const MIN_TOUCH_DRAG_PX = 10;
 
 // The charts on the page, drawn again in the other scheme's colours when the browser's
 // changes (the canvas keeps the colours it was drawn in; app.css sets --chart-* per scheme).
@@ -334,6 +338,15 @@ export class LineChart {
       "aria-label": `${title} plot`, "aria-describedby": describedBy,
       "aria-keyshortcuts": "+ - ArrowLeft ArrowRight Home End 0" });
     this.canvas.addEventListener("keydown", (event) => this.zoomKeyDown(event));
+    // uPlot's drag answers the mouse alone: a finger on a phone selected nothing. Its
+    // plot area's `touch-action: pan-y pinch-zoom` (app.css) leaves an up-or-down swipe to
+    // the page, which scrolls (and cancels the pointer), and gives a sideways one here.
+    this.touch = null; // {id, from}: the pointer dragging, and where it went down (px)
+    this.canvas.addEventListener("pointerdown", (event) => this.touchDown(event));
+    this.canvas.addEventListener("pointermove", (event) => this.touchMove(event));
+    for (const type of ["pointerup", "pointercancel"]) {
+      this.canvas.addEventListener(type, (event) => this.touchUp(event));
+    }
     // The legend: a toggle button a series, its line's colour and dash beside its name.
     this.keys = this.series.map((s) => {
       const key = h("button", { type: "button", class: "chart-key", "aria-pressed": "true",
@@ -531,6 +544,52 @@ export class LineChart {
   resetZoom() {
     const all = this.stepSpan();
     if (all) this.plot.setScale("x", { min: all[0], max: all[1] });
+  }
+
+  /** Where pointer `event` is across the plot area, in CSS px from its left edge, within
+   *  it; null where it is not over the plot area (its axes, say) and `within` is false. */
+  plotX(event, within = false) {
+    const over = this.plot.over.getBoundingClientRect();
+    const x = event.clientX - over.left;
+    const inside = x >= 0 && x <= over.width && event.clientY >= over.top
+      && event.clientY <= over.bottom;
+    if (!inside && !within) return null;
+    return Math.min(over.width, Math.max(0, x));
+  }
+
+  /** A finger (or a pen) down on the plot area: a sideways drag from here selects steps,
+   *  shown as the mouse's selection is. The mouse's own is uPlot's. */
+  touchDown(event) {
+    if (event.pointerType === "mouse" || !event.isPrimary || !this.plot || !this.stepSpan()) return;
+    const from = this.plotX(event);
+    if (from === null) return;
+    this.touch = { id: event.pointerId, from };
+    // Its moves and its end come here even once the finger has left the plot.
+    this.canvas.setPointerCapture(event.pointerId);
+  }
+
+  touchMove(event) {
+    if (!this.touch || event.pointerId !== this.touch.id || !this.plot) return;
+    const x = this.plotX(event, true);
+    const { from } = this.touch;
+    this.plot.setSelect({ left: Math.min(from, x), width: Math.abs(x - from), top: 0,
+      height: this.plot.over.clientHeight }, false);
+  }
+
+  /** The finger lifted: the steps it spanned are shown, as a mouse drag's are. Cancelled
+   *  (the page took the swipe to scroll), or barely moved (a tap), nothing changes. */
+  touchUp(event) {
+    if (!this.touch || event.pointerId !== this.touch.id) return;
+    const { from } = this.touch;
+    this.touch = null;
+    if (!this.plot) return;
+    this.plot.setSelect({ left: 0, width: 0, top: 0, height: 0 }, false);
+    if (event.type === "pointercancel") return;
+    const x = this.plotX(event, true);
+    if (Math.abs(x - from) < MIN_TOUCH_DRAG_PX) return;
+    const min = this.plot.posToVal(Math.min(from, x), "x");
+    const max = this.plot.posToVal(Math.max(from, x), "x");
+    this.plot.setScale("x", { min, max });
   }
 
   /** A key on the focused plot (zoomKey's); others, and any with Ctrl, Alt or Meta (the

@@ -13,11 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Locator, Page, expect
+from playwright.sync_api import Browser, CDPSession, Locator, Page, expect
 
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dark_theme import CANVAS, CHART_COLOURS
-from tests.e2e.test_dashboard import TERMINAL, Session
+from tests.e2e.test_dashboard import PHONE, TERMINAL, Session, open_session
 from tests.service.harness import Service, job_spec, stand_in_head, stand_in_service
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
@@ -260,3 +260,70 @@ def test_keys_left_to_the_page_when_they_zoom_nothing(session: Session, running:
     assert prevented == [False, False, False, False]
     expect(loss).not_to_have_attribute("data-zoom", re.compile("."))
     assert session.errors == []
+
+
+def swipe(cdp: CDPSession, start: tuple[float, float], end: tuple[float, float]) -> None:
+    """A finger down at `start`, moved to `end` in 10 steps, and lifted: touch events as a
+    touch screen sends them (CDP `Input.dispatchTouchEvent`), through Chromium's own
+    handling of them (pointer events, `touch-action`, a scroll)."""
+    cdp.send("Input.dispatchTouchEvent", {"type": "touchStart", "touchPoints": [
+        {"x": start[0], "y": start[1]}]})  # fmt: skip
+    for i in range(1, 11):
+        x = start[0] + (end[0] - start[0]) * i / 10
+        y = start[1] + (end[1] - start[1]) * i / 10
+        cdp.send("Input.dispatchTouchEvent", {"type": "touchMove", "touchPoints": [
+            {"x": x, "y": y}]})  # fmt: skip
+    cdp.send("Input.dispatchTouchEvent", {"type": "touchEnd", "touchPoints": []})
+
+
+def test_a_finger_drag_zooms_and_an_upward_swipe_scrolls(
+    browser: Browser, service: Service, running: str
+) -> None:
+    """On a phone a finger's drag across a chart did nothing (uPlot's drag is the
+    mouse's): a sideways one zooms its steps as a mouse drag does, Reset zoom shows, and an
+    upward swipe on the plot still scrolls the page, zooming nothing."""
+    phone = open_session(browser, service, PHONE, touch=True)
+    try:
+        page = phone.page
+        loss = open_loss(page, running)
+        over = loss.locator(".u-over")
+        assert over.evaluate("el => getComputedStyle(el).touchAction") == "pan-y pinch-zoom"
+        over.scroll_into_view_if_needed()
+        cdp = page.context.new_cdp_session(page)
+        box = over.bounding_box()
+        assert box is not None
+        middle = box["y"] + box["height"] / 2
+
+        # Up the screen: the page scrolls, the chart is as it was.
+        scrolled = page.evaluate("window.scrollY")
+        swipe(
+            cdp,
+            (box["x"] + box["width"] * 0.5, middle + 60),
+            (box["x"] + box["width"] * 0.5, middle - 60),
+        )
+        page.wait_for_function(f"window.scrollY > {scrolled}")
+        expect(loss).not_to_have_attribute("data-zoom", re.compile("."))
+
+        box = over.bounding_box()
+        assert box is not None
+        middle = box["y"] + box["height"] / 2
+        before = x_range(loss)
+        swipe(cdp, (box["x"] + box["width"] * 0.2, middle), (box["x"] + box["width"] * 0.6, middle))
+        reset = loss.get_by_role("button", name="Reset zoom")
+        expect(reset).to_be_visible()
+        expect(loss).to_have_attribute("data-zoom", re.compile("."))
+        low, high = x_range(loss)
+        assert before[0] < low < high < before[1], (before, low, high)
+        # About the 20% to 60% of the steps it spanned.
+        span = before[1] - before[0]
+        assert abs((low - before[0]) / span - 0.2) < 0.05, (before, low)
+        assert abs((high - before[0]) / span - 0.6) < 0.05, (before, high)
+        expect(loss.locator(".chart-zoom-text")).to_have_text(re.compile(r"^Steps \d+–\d+ shown$"))
+        expect(loss.locator(".u-select")).to_have_css("width", "0px")  # the selection gone
+        # Clicked, not tapped: a tap soon after a swipe may only stop the page's fling.
+        reset.click()
+        expect(reset).to_be_hidden()
+        expect(loss).not_to_have_attribute("data-zoom", re.compile("."))
+        assert phone.errors == []
+    finally:
+        phone.context.close()

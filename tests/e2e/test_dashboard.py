@@ -58,9 +58,12 @@ class Session:
     errors: list[str] = field(default_factory=list)
 
 
-def open_session(browser: Browser, service: Service, viewport: ViewportSize) -> Session:
+def open_session(
+    browser: Browser, service: Service, viewport: ViewportSize, *, touch: bool = False
+) -> Session:
+    """A page of its own at `viewport`; with `touch`, a touch screen's (`has_touch`)."""
     context = browser.new_context(
-        viewport=viewport, base_url=service.base_url, accept_downloads=True
+        viewport=viewport, base_url=service.base_url, accept_downloads=True, has_touch=touch
     )
     context.set_default_timeout(30_000)
     slow_down(context)  # TOWERBOARD_SLOW_BROWSER: off unless asked for

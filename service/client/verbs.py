@@ -296,6 +296,7 @@ def _status_of_job(client: Client, args: argparse.Namespace) -> int:
     ]  # fmt: skip
     if stopped := show.stopped(job):  # a cancelled job's end, as its page says it
         rows.append(["stopped", stopped])
+        rows.append(["resume", _resumes_from(client, args, job["id"])])
     # A cancel's error (its worker killed after the grace) is said in `stopped`, as the
     # page says it: a cancel, not a failure. Its log tail is printed all the same.
     if job.get("error") and job["state"] != "cancelled":
@@ -310,6 +311,17 @@ def _status_of_job(client: Client, args: argparse.Namespace) -> int:
         lines += [f"  {log_line}\n" for log_line in job["error"]["log_tail"]]
     _out("".join(lines))
     return EXIT_OK
+
+
+def _resumes_from(client: Client, args: argparse.Namespace, job_id: str) -> str:
+    """Where a resume of a cancelled job trains on from, as its page says it: the latest
+    checkpoint it keeps (one more read, made for cancelled jobs alone)."""
+    listing = client.get(f"/api/v1/jobs/{job_id}/checkpoints")["data"]
+    command = _command(args, "resume", job_id)
+    if not listing:
+        return f"`{command}` trains again from step 0, as no checkpoint was saved"
+    latest = max(int(c["step"]) for c in listing)
+    return f"`{command}` trains on from step {latest}'s checkpoint"
 
 
 def _ordinal(n: int) -> str:

@@ -53,6 +53,15 @@ def fake_index(size: int = 100) -> bytes:
     return b"i" * (size - len(INDEX_END)) + INDEX_END
 
 
+def stand_in_checkpoint(service: Service, job_id: str, step: int) -> None:
+    """The files a CheckpointManager writes for `step`, in the job's run directory, for a
+    stand-in worker that reports checkpoints but writes none (the service only lists them)."""
+    checkpoints = service.data_dir / "runs" / job_id / "checkpoints"
+    checkpoints.mkdir(exist_ok=True)
+    (checkpoints / f"ckpt-{step}.index").write_bytes(fake_index())
+    (checkpoints / f"ckpt-{step}.data-00000-of-00001").write_bytes(b"d")
+
+
 def long_job(**changes: Any) -> dict[str, Any]:
     """A job that trains until cancelled or killed, checkpointing often."""
     spec = job_spec(

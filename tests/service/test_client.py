@@ -33,6 +33,7 @@ from tests.service.harness import (
     kill_processes_under,
     long_job,
     processes_under,
+    stand_in_checkpoint,
     stepping_worker_env,
 )
 from trainer.spec import JobSpec
@@ -406,6 +407,7 @@ def test_status_says_a_cancel_that_ended_in_a_kill_as_a_cancel(
         "Its last report was at step 0 of 10."
     )
     assert not re.search(r"^error\s", said.stdout, re.M), said.stdout
+    assert re.search(r"^resume\s{2,}`towerboard resume .*` trains ", said.stdout, re.M)
     assert f"log tail:\n  --- towerboard: attempt 1 of job {job['id']} " in said.stdout
 
 
@@ -547,6 +549,13 @@ def test_cancel_queued_and_running_jobs(
     assert re.search(
         r"^stopped\s{2,}Cancelled while queued: it never started\.$", never.stdout, re.M
     )
+    # And where a resume trains on from, as the page says it, with the command that does it.
+    assert re.search(
+        rf"^resume\s{{2,}}`towerboard resume {queued['id']}( --url \S+)?` trains again from "
+        r"step 0, as no checkpoint was saved$",
+        never.stdout,
+        re.M,
+    ), never.stdout
 
     service.wait_checkpoint(running["id"])
     holding = towerboard("status", running["id"], url=service.base_url)
@@ -559,6 +568,18 @@ def test_cancel_queued_and_running_jobs(
     step = service.job(running["id"])["result"]["step"]  # the stand-in's: no total, no path
     said = towerboard("status", running["id"], url=service.base_url)
     assert re.search(rf"^stopped\s{{2,}}Stopped at step {step}\.$", said.stdout, re.M), said.stdout
+    # The stand-in reports checkpoints and writes none: the service lists none, and so
+    # `resume` says a resume trains again; with two kept, from the later one.
+    assert re.search(r"^resume\s{2,}.* trains again from step 0, as no", said.stdout, re.M)
+    stand_in_checkpoint(service, running["id"], 5)
+    stand_in_checkpoint(service, running["id"], 10)
+    said = towerboard("status", running["id"], url=service.base_url)
+    assert re.search(
+        rf"^resume\s{{2,}}`towerboard resume {running['id']}( --url \S+)?` trains on from "
+        r"step 10's checkpoint$",
+        said.stdout,
+        re.M,
+    ), said.stdout
     listed = towerboard("status", url=service.base_url)
     header, *rows = listed.stdout.splitlines()
     assert header.split()[-1] == "WHY"

@@ -14,7 +14,13 @@ import numpy as np
 import pytest
 
 from service.store import JobStore
-from tests.service.harness import Service, fake_index, fake_worker_env, job_spec, long_job
+from tests.service.harness import (
+    Service,
+    fake_worker_env,
+    job_spec,
+    long_job,
+    stand_in_checkpoint,
+)
 from tests.service.test_client import one_error_line, towerboard
 from tests.service.test_supervisor import checkpoint_step, progress_lines
 
@@ -52,14 +58,6 @@ def _refused(service: Service, job_id: str, body: dict[str, Any]) -> list[dict[s
     assert response.status_code == 422, response.text
     errors: list[dict[str, str]] = response.json()["errors"]
     return errors
-
-
-def _checkpoint(service: Service, job_id: str, step: int) -> None:
-    """The files a CheckpointManager writes for `step` (the service only lists them)."""
-    checkpoints = service.data_dir / "runs" / job_id / "checkpoints"
-    checkpoints.mkdir(exist_ok=True)
-    (checkpoints / f"ckpt-{step}.index").write_bytes(fake_index())
-    (checkpoints / f"ckpt-{step}.data-00000-of-00001").write_bytes(b"d")
 
 
 def test_resume_cancelled_job_runs_it_again_as_the_next_attempt(service: Service) -> None:
@@ -136,7 +134,7 @@ def test_resume_checks_the_new_length_and_the_body(service: Service) -> None:
     job = _cancelled(service)
     # A checkpoint at step 20 (the files a CheckpointManager writes; the service only
     # lists them): a total at or below it would leave nothing to train.
-    _checkpoint(service, job["id"], 20)
+    stand_in_checkpoint(service, job["id"], 20)
     cases = {
         json.dumps({"steps": 19}): [
             {
@@ -184,10 +182,10 @@ def test_resume_checks_the_new_length_and_the_body(service: Service) -> None:
 def test_resume_by_epochs_must_reach_the_latest_checkpoint(service: Service) -> None:
     # The stand-in reports a total of 10 steps: for 2 epochs, 5 steps an epoch.
     job = _cancelled(service, job_spec(name="wait", steps=None, epochs=2))
-    _checkpoint(service, job["id"], 20)
+    stand_in_checkpoint(service, job["id"], 20)
     # A checkpoint between two epochs' ends: no number of epochs ends there.
     between = _cancelled(service, job_spec(name="wait", steps=None, epochs=2))
-    _checkpoint(service, between["id"], 22)
+    stand_in_checkpoint(service, between["id"], 22)
 
     assert _refused(service, job["id"], {"epochs": 3}) == [
         {
@@ -214,12 +212,12 @@ def test_resume_to_the_latest_checkpoint_finishes_a_cancelled_or_failed_job(
     # "Finish here": `steps` equal to the latest checkpoint's step queues the job as any
     # resume, to end at that step (its worker trains no step, evaluates and exports).
     cancelled = _cancelled(service)
-    _checkpoint(service, cancelled["id"], 20)
+    stand_in_checkpoint(service, cancelled["id"], 20)
     failed = _worker_gone(
         service, service.wait_state(service.submit(job_spec(name="fail"))["id"], "failed")
     )
-    _checkpoint(service, failed["id"], 10)
-    _checkpoint(service, failed["id"], 20)
+    stand_in_checkpoint(service, failed["id"], 10)
+    stand_in_checkpoint(service, failed["id"], 20)
     # As a real worker leaves a job that failed at step 25 (a non-finite loss), 5 steps
     # past its checkpoint: its last report is of step 24.
     store = JobStore(service.data_dir / "towerboard.db")
@@ -255,7 +253,7 @@ def test_resume_of_a_succeeded_job_to_its_latest_checkpoint_is_refused(service: 
     done = _worker_gone(
         service, service.wait_state(service.submit(job_spec(name="quick"))["id"], "succeeded")
     )
-    _checkpoint(service, done["id"], 10)
+    stand_in_checkpoint(service, done["id"], 10)
 
     assert _refused(service, done["id"], {"steps": 10}) == [
         {
@@ -273,7 +271,7 @@ def test_resume_as_it_is_refuses_a_job_whose_checkpoint_passed_its_total(
     # The stand-in reports a total of 10 steps for 2 epochs; a checkpoint at step 20 is
     # what a job resumed with fewer epochs than it had trained is left with.
     job = _cancelled(service, job_spec(name="wait", steps=None, epochs=2))
-    _checkpoint(service, job["id"], 20)
+    stand_in_checkpoint(service, job["id"], 20)
 
     refused = _resume(service, job["id"])
 
@@ -458,7 +456,7 @@ def test_cli_resume_finish(service: Service) -> None:
     assert usage.returncode == 2 and "not allowed with argument" in usage.stderr
     # A job cancelled as it started, before its first step, has ckpt-0: nothing to finish
     # at. It was sent no steps, resumed as it is to train in full, "finishing at step None".
-    _checkpoint(service, job["id"], 0)
+    stand_in_checkpoint(service, job["id"], 0)
     start = towerboard("resume", job["id"], "--finish", url=url)
     assert start.returncode == 1
     assert one_error_line(start) == (
@@ -466,8 +464,8 @@ def test_cli_resume_finish(service: Service) -> None:
         f"`towerboard resume {job['id']}` trains it again from step 0"
     )
     assert service.job(job["id"])["state"] == "cancelled"  # nothing changed
-    _checkpoint(service, job["id"], 10)
-    _checkpoint(service, job["id"], 20)
+    stand_in_checkpoint(service, job["id"], 10)
+    stand_in_checkpoint(service, job["id"], 20)
 
     result = towerboard("resume", job["id"], "--finish", url=url)
 

@@ -581,7 +581,13 @@ def _train(
             fields["cluster"] = {"workers": cluster.workers, "task": cluster.name}
         if summary.outcome is Outcome.SUCCEEDED and cluster.is_chief:
             progress.write("phase", step=step, total=total, phase="exporting")
-            export_model(trainer, arrays.image_shape, rundir.export)
+            export_model(
+                trainer,
+                arrays.image_shape,
+                rundir.export,
+                classes=arrays.num_classes,
+                uint8_pixels=arrays.x_train.dtype.name == "uint8",  # as `trainer.data` scales
+            )
             fields["export"] = "export"
         # With the numbers of its last step, as result.json has them: a cancelled run's last
         # report, up to 2 s before, was of an earlier step, and the job showed those; a job

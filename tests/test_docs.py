@@ -524,7 +524,9 @@ def _readme_towerboard_commands() -> list[list[str]]:
     for _lang, block in _fenced(text):
         for line in block.splitlines():
             code = line.split(" #")[0]
-            commands += [shlex.split(c) for c in re.findall(r"towerboard (\w[^)]*)", code)]
+            # A command ends at a shell operator: `towerboard status ID --json > job.json`.
+            found = re.findall(r"towerboard (\w[^)&|;>]*)", code)
+            commands += [shlex.split(c) for c in found]
     for span in _spans(_prose(text)):
         if span.startswith("towerboard ") and "VERB" not in span:
             commands.append(shlex.split(span)[1:])

@@ -5,7 +5,9 @@ plus `ckpt-<step>.data-<i>-of-<n>` per checkpoint, and a `checkpoint` state file
 complete checkpoints (every data shard, and an index written whole) of plain files inside
 the run directory are listed or served. The archive holds the checkpoint's files, a
 `checkpoint` state file naming it (so `tf.train.latest_checkpoint` finds it after
-extraction) and the job's spec.json.
+extraction), the job's spec.json and, once a worker of the job has loaded its data,
+data.json: the image shape and class count its model was built for, which the spec does
+not say for data files and which building the model again to restore into needs.
 """
 
 from __future__ import annotations
@@ -111,20 +113,25 @@ def _state_file(step: int) -> bytes:
 
 
 def _sources(
-    checkpoint: Checkpoint, spec_json: bytes
+    checkpoint: Checkpoint, spec_json: bytes, data_json: bytes | None
 ) -> tuple[list[tuple[str, Path]], list[tuple[str, bytes]]]:
-    return (
-        [(path.name, path) for path in checkpoint.files],
-        [("checkpoint", _state_file(checkpoint.step)), ("spec.json", spec_json)],
-    )
+    extras = [("checkpoint", _state_file(checkpoint.step)), ("spec.json", spec_json)]
+    if data_json is not None:
+        extras.append(("data.json", data_json))
+    return [(path.name, path) for path in checkpoint.files], extras
 
 
-def open_archive(checkpoint: Checkpoint, spec_json: bytes) -> Archive | None:
-    """A .tar.gz of `checkpoint`'s files, a `checkpoint` state file naming it and the
-    job's spec.json; None when the worker deleted it meanwhile."""
-    return archive(*_sources(checkpoint, spec_json))
+def open_archive(
+    checkpoint: Checkpoint, spec_json: bytes, data_json: bytes | None = None
+) -> Archive | None:
+    """A .tar.gz of `checkpoint`'s files, a `checkpoint` state file naming it, the
+    job's spec.json and its data.json (where given); None when the worker deleted it
+    meanwhile."""
+    return archive(*_sources(checkpoint, spec_json, data_json))
 
 
-def describe_archive(checkpoint: Checkpoint, spec_json: bytes) -> ArchiveHead | None:
+def describe_archive(
+    checkpoint: Checkpoint, spec_json: bytes, data_json: bytes | None = None
+) -> ArchiveHead | None:
     """`open_archive`'s size and ETag from the files' stat alone (for HEAD)."""
-    return describe(*_sources(checkpoint, spec_json))
+    return describe(*_sources(checkpoint, spec_json, data_json))

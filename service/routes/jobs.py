@@ -1222,11 +1222,20 @@ def _spec_json(job: JobRecord) -> bytes:
     return (json.dumps(without_unread(job.spec), indent=2, sort_keys=True) + "\n").encode()
 
 
+def _data_json(job: JobRecord) -> bytes | None:
+    """The job's `progress.data` (image shape, classes, example counts) as a checkpoint
+    archive's data.json; None until a worker of the job has loaded its data."""
+    data = (job.progress or {}).get("data")
+    if data is None:
+        return None
+    return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
+
+
 def _checkpoint_archive(
     job: JobRecord,
     settings: Settings,
     step: str,
-    build: Callable[[Checkpoint, bytes], _A | None],
+    build: Callable[[Checkpoint, bytes, bytes | None], _A | None],
 ) -> tuple[Checkpoint, _A]:
     """The checkpoint `step` names, and `build` of it (an open archive, or its head)."""
     if step != _LATEST and not _STEP.fullmatch(step):
@@ -1241,7 +1250,7 @@ def _checkpoint_archive(
             ]
         )
     run = _run(settings, job)
-    spec = _spec_json(job)
+    spec, data = _spec_json(job), _data_json(job)
     checkpoint, archive = None, None
     for _ in range(_LATEST_TRIES if step == _LATEST else 1):
         retained = list_checkpoints(run)
@@ -1249,7 +1258,7 @@ def _checkpoint_archive(
             checkpoint = retained[-1] if retained else None
         else:
             checkpoint = next((c for c in retained if c.step == int(step)), None)
-        archive = build(checkpoint, spec) if checkpoint is not None else None
+        archive = build(checkpoint, spec, data) if checkpoint is not None else None
         if archive is not None or checkpoint is None:
             break
     if checkpoint is None or archive is None:
@@ -1284,8 +1293,8 @@ def download_checkpoint(
     request: Request,
 ) -> Response:
     """One checkpoint (`latest`: the newest retained one) as a streamed .tar.gz with its
-    spec.json, restorable by `tf.train.Checkpoint` (extract it, then
-    `tf.train.latest_checkpoint(dir)`). Resumable: `Range: bytes=N-` with `If-Range: ETAG`
+    spec.json and data.json (the image shape and class count to build its model for),
+    restorable by `tf.train.Checkpoint` (extract it, then `tf.train.latest_checkpoint(dir)`). Resumable: `Range: bytes=N-` with `If-Range: ETAG`
     sends the rest (206), or the whole (200) if the files have changed since."""
     checkpoint, archive = _checkpoint_archive(job, settings, step, open_archive)
     return archive_response(request, archive, f"{job.id}-ckpt-{checkpoint.step}.tar.gz")

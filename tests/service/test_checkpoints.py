@@ -165,6 +165,25 @@ def test_open_archive_survives_deletion_mid_download(tmp_path: Path) -> None:
     assert members["spec.json"] == b'{"name": "j"}\n'
 
 
+def test_open_archive_adds_data_json_where_given_and_its_etag_follows_it(tmp_path: Path) -> None:
+    # A job whose worker has not loaded its data yet (a ckpt-0 of a stop during start-up)
+    # has no data.json; once it has, the same checkpoint's archive is another download.
+    run = RunDir(tmp_path / "run")
+    _checkpoint(run, 10)
+    checkpoint = find_checkpoint(run, 10)
+    assert checkpoint is not None
+    data = b'{"classes": 10, "image_shape": [28, 28, 1]}\n'
+    without = describe_archive(checkpoint, b"{}")
+    archive = open_archive(checkpoint, b"{}", data)
+    assert archive is not None and without is not None
+    head = describe_archive(checkpoint, b"{}", data)
+    assert head is not None and (head.size, head.etag) == (archive.size, archive.etag)
+    assert head.etag != without.etag
+    with tarfile.open(fileobj=io.BytesIO(b"".join(archive.stream())), mode="r:gz") as tar:
+        assert tar.getnames()[-2:] == ["spec.json", "data.json"]
+        assert tar.extractfile("data.json").read() == data  # type: ignore[union-attr]
+
+
 def test_list_checkpoints_leaves_out_an_index_it_cannot_read(tmp_path: Path) -> None:
     # A file the service cannot open (root opens a chmod-000 one, so a folder in its
     # place stands in): it could not be served, and a job's status lists the checkpoints.

@@ -216,9 +216,13 @@ def test_download_checkpoint_restores_with_tensorflow(
         names = sorted(archive.getnames())
         archive.extractall(tmp_path, filter="data")
     assert names == [
-        "checkpoint", "ckpt-20.data-00000-of-00001", "ckpt-20.index", "spec.json",
+        "checkpoint", "ckpt-20.data-00000-of-00001", "ckpt-20.index", "data.json", "spec.json",
     ]  # fmt: skip
     assert json.loads((tmp_path / "spec.json").read_text()) == finished["job"]["spec"]
+    # What the spec of data files does not say, and building the model again needs.
+    data = json.loads((tmp_path / "data.json").read_text())
+    assert data == finished["job"]["progress"]["data"]
+    assert {"image_shape", "classes"} <= set(data)
 
     import tensorflow as tf
 

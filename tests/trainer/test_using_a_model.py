@@ -69,17 +69,18 @@ def test_readme_snippets_predict_from_the_export_and_restore_the_checkpoint(tmp_
     assert code == 0, log
     assert result["eval"]["examples"] == 64
 
-    # The archives as the service serves them (`GET .../export`, `.../checkpoints/latest`),
-    # extracted as the README's bash block does, and the job's JSON as `status --json` has it.
+    # The archives as the service serves them (`GET .../export`, `.../checkpoints/latest`,
+    # data.json from the job's progress.data: its worker's start line), extracted as the
+    # README's bash block does.
     user = tmp_path / "user"
     user.mkdir()
     run = RunDir(job_dir)
     spec_json = (job_dir / "spec.json").read_bytes()
     _extract(_read_archive(open_export(run, spec_json)), user / "model")
-    _extract(_read_archive(open_archive(list_checkpoints(run)[-1], spec_json)), user / "ck")
     lines = [json.loads(line) for line in (job_dir / "progress.jsonl").read_text().splitlines()]
-    data = next(line["data"] for line in lines if line["event"] == "start")
-    (user / "job.json").write_text(json.dumps({"progress": {"data": data}}))
+    data = json.dumps(next(line["data"] for line in lines if line["event"] == "start"))
+    latest = list_checkpoints(run)[-1]
+    _extract(_read_archive(open_archive(latest, spec_json, data.encode())), user / "ck")
 
     section = _section(_text(README), "### Using a trained model")
     blocks = [body for language, body in _fenced(section) if language == "python"]

@@ -745,13 +745,13 @@ def _save_archive(
     what: str,
     *,
     saved: str | None = None,
-    then: str = "",
+    then: Callable[[Path], str] | None = None,
     resume: Callable[[str], str] | None = None,
 ) -> int:
     """Download the archive at `route`: with `-o -` to stdout, else to a file (`-o`'s path,
     or `name`) whose path goes to stdout. Stderr says where it went and its size: "wrote
     `what` to stdout (SIZE)", or "saved `saved` (default: `what`) to PATH (SIZE)" and
-    `then`. `resume`: how a download that stopped resumes (see `download`)."""
+    `then` of PATH (what to do with it). `resume`: how a download that stopped resumes (see `download`)."""
     if args.output == "-" and sys.stdout.isatty():
         # Its bytes would fill the screen with gzip, and leave the terminal in a mess.
         raise ClientError(
@@ -765,7 +765,7 @@ def _save_archive(
         return EXIT_OK
     path = download(client, route, name, args.output, force=args.force, resume=resume)
     size = show.data_size(path.stat().st_size)
-    sys.stderr.write(f"saved {saved or what} to {path} ({size}){then}\n")
+    sys.stderr.write(f"saved {saved or what} to {path} ({size}){then(path) if then else ''}\n")
     _result(f"{path}\n", echo=False)  # the line above says it
     return EXIT_OK
 
@@ -803,6 +803,11 @@ def checkpoints(client: Client, args: argparse.Namespace) -> int:
             args,
             "the checkpoint",
             saved="checkpoint",
+            then=lambda path: (
+                f"; extract it into a folder of its own ({_extract_command(path, own=True)}), "
+                "where tf.train.latest_checkpoint finds it; its spec.json and data.json say "
+                "the model to build and restore it into"
+            ),
             resume=_resume_by_step(args) if which == "latest" else None,
         )
     answer = client.get(f"/api/v1/jobs/{args.id}/checkpoints")
@@ -828,8 +833,22 @@ def export(client: Client, args: argparse.Namespace) -> int:
         name,
         args,
         "the exported model",
-        then="; extract it and tf.saved_model.load the folder",
+        then=lambda path: (
+            f"; extract it ({_extract_command(path, own=False)}) and tf.saved_model.load "
+            "that folder; its model.json says what the model takes and answers"
+        ),
     )
+
+
+def _extract_command(archive: Path, *, own: bool) -> str:
+    """The shell command that extracts a downloaded archive: into the folder it was saved
+    in (`model/ID-export.tar.gz` into `model/`, as the README does), or, `own`, into one
+    named after it beside it: checkpoints of one job downloaded to one folder would
+    otherwise mix, the last one's `checkpoint` file naming the one restored."""
+    if not own:
+        return f"tar xzf {shlex.quote(str(archive))} -C {shlex.quote(str(archive.parent))}"
+    folder = shlex.quote(str(archive.with_name(archive.name.removesuffix(".tar.gz"))))
+    return f"mkdir -p {folder} && tar xzf {shlex.quote(str(archive))} -C {folder}"
 
 
 def tensorboard(client: Client, args: argparse.Namespace) -> int:

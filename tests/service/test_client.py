@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -173,6 +174,17 @@ def test_checkpoints_list_and_download(
         assert {"ckpt-20.index", "checkpoint", "spec.json"} <= set(tar.getnames())
     assert oct(path.stat().st_mode & 0o777) != "0o600"  # an ordinary file, not a temp file's
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp file left
+    # It says how to extract it, into a folder of its own (two downloads to one folder
+    # would mix): the command, as given, works.
+    said = re.search(r"extract it into a folder of its own \((.*?)\), where", got.stderr)
+    assert said, got.stderr
+    assert "its spec.json and data.json say the model to build" in got.stderr
+    subprocess.run(said.group(1), shell=True, check=True)
+    extracted = tmp_path / f"{job_id}-ckpt-20"
+    assert {"ckpt-20.index", "checkpoint", "spec.json", "data.json"} <= {
+        p.name for p in extracted.iterdir()
+    }
+    shutil.rmtree(extracted)
 
     latest = towerboard(
         "checkpoints", job_id, "--download", "latest", "-o", str(tmp_path / "latest.tar.gz"),
@@ -448,6 +460,11 @@ def test_export_downloads_the_saved_model(
     assert got.stderr.startswith(f"saved the exported model to {path} (")
     with tarfile.open(path) as tar:
         assert {"saved_model.pb", "spec.json", "result.json"} <= set(tar.getnames())
+    said = re.search(r"; extract it \((.*?)\) and tf.saved_model.load that folder", got.stderr)
+    assert said, got.stderr
+    assert "its model.json says what the model takes and answers" in got.stderr
+    subprocess.run(said.group(1), shell=True, check=True)
+    assert {"saved_model.pb", "model.json"} <= {p.name for p in path.parent.iterdir()}
 
     # A running job has none yet. It runs on a stand-in worker (until cancelled): a real
     # one spent seconds of TensorFlow's start-up on what only the job's state decides.

@@ -2,10 +2,10 @@
 streamed .tar.gz (`service.archives`).
 
 The archive holds the SavedModel's files at its top (`saved_model.pb`, `fingerprint.pb`,
-`variables/`, and `assets/` where it holds a file: a tar of files alone has no empty
-folder, which loading does not need), so `tf.saved_model.load` takes the folder it is
-extracted into, and beside them the job's spec.json and result.json (the metrics it ended
-with), which loading ignores. Only plain files inside the run directory are served.
+`variables/`, the worker's `model.json` that says what it takes and answers, and `assets/`
+where it holds a file: a tar of files alone has no empty folder, which loading does not
+need), so `tf.saved_model.load` takes the folder it is extracted into, and beside them the
+job's spec.json and result.json (the metrics it ended with), which loading ignores. Only plain files inside the run directory are served.
 """
 
 from __future__ import annotations

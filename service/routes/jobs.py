@@ -1340,8 +1340,9 @@ def _export_archive(
 )
 def download_export(job: JobDep, settings: SettingsDep, request: Request) -> Response:
     """The model a succeeded job exported, as a streamed .tar.gz: the SavedModel's files at
-    its top (extract it, then `tf.saved_model.load(dir)`), with the job's spec.json and
-    result.json. Resumable as a checkpoint's download is."""
+    its top (extract it, then `tf.saved_model.load(dir)`) with its model.json (the input's
+    shape, range and pixel scaling, each output, the class ids, whose weights), and the
+    job's spec.json and result.json. Resumable as a checkpoint's download is."""
     archive = _export_archive(job, settings, open_export)
     return archive_response(request, archive, f"{job.id}-export.tar.gz")
 

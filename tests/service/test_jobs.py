@@ -251,10 +251,17 @@ def test_download_export_loads_with_tensorflow(
     with downloaded(response, f"{job_id}-export.tar.gz") as archive:
         names = set(archive.getnames())
         archive.extractall(tmp_path, filter="data")
-    assert {"saved_model.pb", "spec.json", "result.json"} <= names
+    assert {"saved_model.pb", "model.json", "spec.json", "result.json"} <= names
     assert any(name.startswith("variables/variables.data-") for name in names)
     assert json.loads((tmp_path / "spec.json").read_text()) == finished["job"]["spec"]
-    assert json.loads((tmp_path / "result.json").read_text())["outcome"] == "succeeded"
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["outcome"] == "succeeded"
+    # The export's own description: of the model at the job's last step, on its data.
+    about = json.loads((tmp_path / "model.json").read_text())
+    data = finished["job"]["progress"]["data"]
+    assert about["step"] == result["step"]
+    assert about["inputs"]["images"]["shape"] == [None, *data["image_shape"]]
+    assert about["classes"] == data["classes"]
 
     import numpy as np
     import tensorflow as tf

@@ -416,14 +416,17 @@ class Controller:
             # So is a worker's first step: its loss is the job's initial one (a wrong scale
             # shows at once), or where a resume starts; left to the clock, a step function
             # traced in under 2 s went unreported, and the charts began a hundredth in.
+            # And an eval's step, so its eval has the train loss beside it (a CSV row, a
+            # chart's point): one line an eval, which costs far more than it.
             first = step == loop.first_step
-            self._report_if_due(loop, step, step, force=checkpoint_due or first)
+            e = self.spec.eval
+            eval_due = _due(e.every_steps, step) and step < self.total_steps
+            self._report_if_due(loop, step, step, force=checkpoint_due or first or eval_due)
             # A stop carried by the last step ends the job as one process's does: trained
             # (its final checkpoint and export), not cancelled at N of N with neither.
             if in_cluster and stop_asked and step < self.total_steps:
                 return self._finish_cancelled(step, _metrics(loop.loss, loop.out))
-            e = self.spec.eval
-            if _due(e.every_steps, step) and step < self.total_steps and not self.stop.is_set():
+            if eval_due and not self.stop.is_set():
                 self._evaluate(step)
             if checkpoint_due:
                 self._save(step)

@@ -192,6 +192,30 @@ def test_the_first_step_is_reported_whatever_the_clock_says(tmp_path) -> None:
     assert reports[0]["loss"] > 0 and reports[0]["examples_per_sec"] is None  # traced
 
 
+def test_each_evals_step_is_reported_whatever_the_clock_says(tmp_path) -> None:
+    # Reports fall due by the clock alone here (never, until the last step): an eval's
+    # step is reported all the same, so its eval has the train loss beside it. Left to
+    # the clock, a fast job's CSV held eval rows with no loss, and its charts an eval
+    # point with no train point of its step.
+    off = {"scalars_every": 0, "histograms_every": 0, "images_every": 0}
+    controller, _ = run_loop(
+        tmp_path,
+        12,
+        batches(),
+        eval_data=eval_set(),
+        eval={"every_steps": 4, "batches": 1},
+        summaries={**off, "trace_steps": [], "graph": False},
+    )
+
+    controller.run()
+
+    lines = progress_lines(controller.rundir.progress)
+    reports = [e["step"] for e in lines if e["event"] == "progress"]
+    evals = [e["step"] for e in lines if e["event"] == "eval"]
+    assert reports == [1, 4, 8, 12]
+    assert evals == [4, 8, 12]
+
+
 def test_with_nothing_else_due_the_loop_reads_every_so_many_steps(tmp_path) -> None:
     off = {"scalars_every": 0, "histograms_every": 0, "images_every": 0}
     steps = 2 * UNREAD_STEPS_MAX + 3

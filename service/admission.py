@@ -93,7 +93,7 @@ def admit(
                 "field": "towers",
                 "message": f"Expected at most {pool.max_towers} "
                 f"tower{'s' if pool.max_towers != 1 else ''}, the devices this "
-                f"service can give ({pool.describe()}). Received: {spec.towers}",
+                f"service can give on {pool.describe()}. Received: {spec.towers}",
             }
         )
     if spec.parameter_device == "gpu0" and not pool.gpu:
@@ -102,8 +102,8 @@ def admit(
         errors.append(
             {
                 "field": "parameter_device",
-                "message": f"Expected 'cpu' on this host, whose jobs get no GPU "
-                f"({pool.describe()}). Received: 'gpu0'",
+                "message": "Expected 'cpu' on this host, whose jobs get no GPU "
+                "(TOWERBOARD_GPUS is empty). Received: 'gpu0'",
             }
         )
     if (given := spec.data.path) is not None:

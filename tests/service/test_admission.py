@@ -88,7 +88,7 @@ def test_admit_counts_one_device_in_the_singular(tmp_path: Path) -> None:
         {
             "field": "towers",
             "message": "Expected at most 1 tower, the devices this service can give "
-            "(1 GPU (TOWERBOARD_GPUS=3)). Received: 2",
+            "on 1 GPU (TOWERBOARD_GPUS=3). Received: 2",
         }
     ]
 
@@ -101,8 +101,10 @@ def test_admit_keeps_variables_on_a_gpu_only_where_jobs_get_one(tmp_path: Path) 
     assert errors == [
         {
             "field": "parameter_device",
-            "message": "Expected 'cpu' on this host, whose jobs get no GPU (a CPU-only host "
-            "(TOWERBOARD_CPU_MAX_TOWERS=8)). Received: 'gpu0'",
+            # The host's tower limit has nothing to do with it, and nested brackets
+            # read badly: said as what the setting is.
+            "message": "Expected 'cpu' on this host, whose jobs get no GPU "
+            "(TOWERBOARD_GPUS is empty). Received: 'gpu0'",
         }
     ]
     one_gpu = DevicePool(devices=("gpu:3",), gpu=True, max_towers=1)

@@ -975,7 +975,7 @@ def test_create_job_too_many_towers(service: Service) -> None:
         {
             "field": "towers",
             "message": "Expected at most 8 towers, the devices this service can give "
-            "(a CPU-only host (TOWERBOARD_CPU_MAX_TOWERS=8)). Received: 9",
+            "on a CPU-only host (TOWERBOARD_CPU_MAX_TOWERS=8). Received: 9",
         }
     ]
 

@@ -568,6 +568,7 @@ def _train(
             data=arrays.summary(),
         )
         summary = controller.run()
+        trained = summary.step > step  # none: finished at the checkpoint it restored
         step = summary.step
         fields = {
             "step": summary.step,
@@ -610,7 +611,13 @@ def _train(
                 f"Stopped by SIGTERM at step {step}, after a checkpoint.",
                 **fields,
             )
-        message = f"Trained {step} steps."
+        # A run resumed at its total ("finish here") trains no step: "Trained N steps." read
+        # as if this attempt had trained them all.
+        message = (
+            f"Trained {step} steps."
+            if trained or not step
+            else f"Finished at step {step}, its checkpoint: no step trained."
+        )
         if not cluster.is_chief:
             # Its `eval` and `export` are null: whose they are, and whose result is the job's.
             message += " The chief evaluates, exports and writes the job's result."

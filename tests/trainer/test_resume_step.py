@@ -141,6 +141,8 @@ def test_finish_at_a_checkpoint_carries_the_loss_reported_of_its_step(finished, 
 
     assert code == 0, log
     assert (result["outcome"], result["step"]) == ("succeeded", 20)
+    # Said as what this run did: "Trained 20 steps." read as if it had trained them.
+    assert result["message"] == "Finished at step 20, its checkpoint: no step trained."
     assert result["metrics"]["loss"] == reported[20]["loss"]
     assert result["metrics"]["accuracy"] == reported[20]["accuracy"]
 

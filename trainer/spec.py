@@ -672,6 +672,9 @@ def field_errors(error: ValidationError, model: Any = None) -> list[dict[str, st
             message = unknown.message(loc, item.get("input")) if unknown else UNKNOWN
         elif item["type"] == "unknown_key":
             pass  # said where the keys were known (`_validate_nested`)
+        elif item["type"] == "missing" and loc and isinstance(loc[-1], str):
+            # Pydantic's "Field required" said neither what to give nor what came.
+            message = f"Expected `{loc[-1]}`, which is required. Received: no `{loc[-1]}`"
         elif "input" in item and item["type"] not in ("missing",) and "Received" not in message:
             message = f"{message}. Received: {shown_value(item['input'])}"
         errors.append({"field": field, "message": message})

@@ -604,7 +604,12 @@ def test_create_job_unknown_key(service: Service) -> None:
 def test_create_job_missing_data(service: Service) -> None:
     spec = job_spec()
     del spec["data"]
-    assert _errors(service, spec) == [{"field": "data", "message": "Field required"}]
+    assert _errors(service, spec) == [
+        {
+            "field": "data",
+            "message": "Expected `data`, which is required. Received: no `data`",
+        }
+    ]
 
 
 def test_create_job_every_error_listed(service: Service) -> None:

@@ -207,10 +207,10 @@ def test_bad_changes_are_refused_saying_why(tmp_path: Path) -> None:
                 )
             ],
             json.dumps({"priorty": 1}): [
-                ("priority", "Field required"),
+                ("priority", "Expected `priority`, which is required. Received: no `priority`"),
                 ("priorty", "Unknown key. Did you mean `priority`?"),
             ],
-            "{}": [("priority", "Field required")],
+            "{}": [("priority", "Expected `priority`, which is required. Received: no `priority`")],
             "": [
                 (
                     "(body)",

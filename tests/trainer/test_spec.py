@@ -196,7 +196,7 @@ def test_thousands_of_unknown_keys_are_matched_only_so_far():
 
 
 def test_parse_spec_missing_data():
-    assert errors_of({}) == {"data": "Field required"}
+    assert errors_of({}) == {"data": "Expected `data`, which is required. Received: no `data`"}
 
 
 def test_parse_spec_bad_ranges_lists_every_field():

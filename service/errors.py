@@ -220,7 +220,11 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 404 and detail == "Not Found":  # no route matched
             detail = f"No such resource: {request.method} {request.url.path}. See /docs."
         elif exc.status_code == 405:
-            detail = f"{request.method} is not allowed on {request.url.path}. See /docs."
             headers = _with_allow(request, exc.headers)
+            # The methods it takes said in the body too: `Allow` is a header no one reads.
+            takes = (headers or {}).get("Allow")
+            detail = f"{request.method} is not allowed on {request.url.path}" + (
+                f"; it takes {takes}. See /docs." if takes else ". See /docs."
+            )
             return JSONResponse(error_body(detail), status_code=405, headers=headers)
         return JSONResponse(error_body(detail), status_code=exc.status_code, headers=exc.headers)

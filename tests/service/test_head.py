@@ -153,7 +153,7 @@ def test_405_allows_every_method_of_its_path(
     served: tuple[Service, str], method: str, path: str, allow: str
 ) -> None:
     # A route's own 405 named its own methods alone (DELETE /jobs said `allow: GET`, not
-    # POST), in no fixed order, and never HEAD.
+    # POST), in no fixed order, and never HEAD; its body named none.
     service, job_id = served
     response = service.client.request(method, path.format(id=job_id))
     assert response.status_code == 405, response.text
@@ -162,7 +162,7 @@ def test_405_allows_every_method_of_its_path(
         assert response.content == b""
     else:
         assert response.json()["detail"] == (
-            f"{method} is not allowed on {path.format(id=job_id)}. See /docs."
+            f"{method} is not allowed on {path.format(id=job_id)}; it takes {allow}. See /docs."
         )
 
 

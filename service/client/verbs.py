@@ -573,12 +573,17 @@ def resume(client: Client, args: argparse.Namespace) -> int:
     if args.priority is not None:
         body["priority"] = args.priority
     try:
-        job = client.request_json(
-            "POST",
-            f"/api/v1/jobs/{args.id}/resume",
-            json=body,
-            check_with=_command(args, "status", args.id),
-            options={"steps": "--steps", "epochs": "--epochs", "priority": "--priority"},
+        job = _once_exited(
+            client,
+            args.id,
+            partial(
+                client.request_json,
+                "POST",
+                f"/api/v1/jobs/{args.id}/resume",
+                json=body,
+                check_with=_command(args, "status", args.id),
+                options={"steps": "--steps", "epochs": "--epochs", "priority": "--priority"},
+            ),
         )[1]
     except ClientError as error:
         # The service's hints name the API's body ({"steps": N}); here they are options.
@@ -690,14 +695,55 @@ def _how_to_wait(message: str, args: argparse.Namespace, job_id: str) -> str:
     return message.replace(stopping, f"{stopping[:-1]} (`{wait}` returns then).")
 
 
+# How long a delete or resume refused because the job's worker is still exiting waits for
+# it to go before asking again: the service waits 5 s itself, and TensorFlow's teardown
+# took 8 s on a loaded 2-core host; a worker still there after this is stuck, said then.
+EXIT_WAIT_SECONDS = 120.0
+
+
+def _exiting(client: Client, job_id: str) -> bool:
+    """Whether the job's worker has ended it and not yet exited (`/devices` marks what it
+    held `exiting`)."""
+    held = client.get("/api/v1/devices")["data"]
+    return any(d["job_id"] == job_id and d.get("exiting") for d in held)
+
+
+def _once_exited(client: Client, job_id: str, send: Callable[[], Any]) -> Any:
+    """`send()`, asked again once if the service refused it (409) for an ended job: after
+    its worker has exited, where it was still exiting (said on stderr, and waited for).
+    `cancel --wait` returns at the job's end, so a delete or resume straight after it
+    met the service's refusal in the second or so TensorFlow's teardown takes. A second
+    refusal (one for another reason) is the caller's."""
+    try:
+        return send()
+    except ClientError as error:
+        if error.status != 409 or client.job(job_id)["state"] not in TERMINAL:
+            raise
+    deadline = time.monotonic() + EXIT_WAIT_SECONDS
+    said = False
+    while _exiting(client, job_id) and time.monotonic() < deadline:
+        if not said:
+            sys.stderr.write(f"job {job_id} has ended; waiting for its worker process to exit\n")
+            said = True
+        time.sleep(0.5)
+    return send()
+
+
 def delete(client: Client, args: argparse.Namespace) -> int:
     """Each job in turn; one that cannot be deleted is said and skipped (exit 1 at the end)."""
     refused = False
     ids = list(dict.fromkeys(args.ids))  # each once, in the order given
     for index, job_id in enumerate(ids):
         try:
-            client.request(
-                "DELETE", f"/api/v1/jobs/{job_id}", check_with=_command(args, "status", job_id)
+            _once_exited(
+                client,
+                job_id,
+                partial(
+                    client.request,
+                    "DELETE",
+                    f"/api/v1/jobs/{job_id}",
+                    check_with=_command(args, "status", job_id),
+                ),
             )
         except Interrupted as interrupted:
             if rest := ids[index + 1 :]:

@@ -327,6 +327,36 @@ def test_devices_says_which_are_held_by_an_exiting_worker(
     assert devices.stdout.split() == ["DEVICE", "JOB", "NAME", "cpu:0", "free"]
 
 
+def test_delete_and_resume_wait_for_a_worker_slower_to_exit_than_the_service_waits(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # The service waits 5 s for an ended job's worker to exit, then refuses (409); on a
+    # loaded host TensorFlow's teardown took 8 s, and `cancel --wait` then `resume` failed.
+    # The CLI waits for the exit (the devices' `exiting`) and asks again, saying so.
+    service = make_service(env={"TOWERBOARD_CPU_JOBS": "1", **fake_worker_env(tmp_path)})
+    service.start()
+    for verb in ("resume", "delete"):
+        job_id = service.submit(job_spec(name="linger"))["id"]  # exits once released
+        service.wait_state(job_id, "succeeded")
+        release = threading.Timer(7.0, service.release, (job_id,))
+        release.start()
+        began = time.monotonic()
+        extra = ["--steps", "20"] if verb == "resume" else []
+        said = towerboard(verb, job_id, *extra, url=service.base_url)
+        release.join()
+        assert said.returncode == 0, said.stderr
+        assert time.monotonic() - began > 6.5  # refused once, then through after the exit
+        assert f"job {job_id} has ended; waiting for its worker process to exit\n" in said.stderr
+        if verb == "resume":
+            assert service.job(job_id)["attempts"] == 2
+            service.wait_state(job_id, "succeeded")  # the stand-in's second attempt
+            service.release(job_id)
+            service.wait_exited(job_id)
+        else:
+            assert said.stdout == f"{job_id} deleted\n"
+            assert service.client.get(f"/api/v1/jobs/{job_id}").status_code == 404
+
+
 def test_status_table_shows_a_preparing_jobs_phase_as_its_step(
     make_service: Callable[..., Service], tmp_path: Path
 ) -> None:

@@ -3,8 +3,9 @@
     towerboard serve [--host H] [--port P] [--data-dir D] [--log-level L] [--no-access-log]
 
 Everything else comes from `TOWERBOARD_*` environment variables (see service/settings.py).
-`serve` exits 2 on an invalid setting and 1 when it cannot start (its port is taken, or
-another service holds the data dir), saying why in one line.
+`serve` exits 2 on an invalid setting and 1 when it cannot start (its port is taken,
+another service holds the data dir, or its job store cannot be opened), saying why in one
+line.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import logging
 import os
 import socket
+import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,12 +45,28 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _store_refusal(db_path: Path, error: sqlite3.DatabaseError) -> str:
+    """The one line `serve` ends with when its job store cannot be opened."""
+    said = f"Cannot open the job store {db_path} ({error})."
+    if "locked" in str(error):
+        return (
+            f"{said} Another process holds a transaction on it (a backup, a sqlite3 shell): "
+            "start again once it has let go."
+        )
+    return (
+        f"{said} Expected Towerboard's SQLite job store, or no file there: restore it from a "
+        "backup, or move it aside to start with an empty store (its jobs' folders stay "
+        "under runs/), then start again."
+    )
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from service.browsers import listens_on_loopback
     from service.headtimeout import head_timeout_protocol
     from service.main import DataDirInUse, create_app, lock_data_dir
+    from service.store import JobStore
     from service.workers import check_worker_command
 
     log = logging.getLogger("towerboard")
@@ -122,6 +140,16 @@ def _serve(args: argparse.Namespace) -> int:
             settings.resolved().data_dir,
             error.strerror or error,
         )
+        return EXIT_CANNOT_START
+    try:
+        # Opened once before the app starts, as the lock is taken above: a towerboard.db
+        # that is no SQLite database (a damaged disk, a copy cut short, a data dir of other
+        # files) failed the app's start-up with a traceback and uvicorn's exit 3, after
+        # "Listening on".
+        JobStore(settings.resolved().db_path).close()
+    except sqlite3.DatabaseError as error:
+        sock.close()
+        log.error("%s", _store_refusal(settings.resolved().db_path, error))
         return EXIT_CANNOT_START
     host, port = sock.getsockname()[:2]
     log.info("Listening on http://%s:%d (Ctrl-C stops)", f"[{host}]" if ":" in host else host, port)

@@ -212,6 +212,29 @@ def test_serve_data_dir_that_cannot_be_made_exits_1_in_one_line(tmp_path: Path) 
     ), line
 
 
+def test_serve_with_a_store_that_is_no_database_exits_1_in_one_line(tmp_path: Path) -> None:
+    # A towerboard.db of other bytes (a damaged disk, a copy cut short): the app's start-up
+    # raised "file is not a database" as a traceback, after "Listening on", and exited 3.
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    store = data_dir / "towerboard.db"
+    damaged = b"SQLite? no: " + bytes(range(256)) * 16
+    store.write_bytes(damaged)
+    result = subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve", "--port", "0", "--data-dir", str(data_dir)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert result.returncode == 1
+    [line] = result.stderr.strip().splitlines()
+    assert line.endswith(
+        f"ERROR towerboard: Cannot open the job store {store} (file is not a database). "
+        "Expected Towerboard's SQLite job store, or no file there: restore it from a backup, "
+        "or move it aside to start with an empty store (its jobs' folders stay under runs/), "
+        "then start again."
+    ), line
+    assert store.read_bytes() == damaged  # left as it was, for whoever restores it
+
+
 def test_read_openapi_lists_every_route(service: Service) -> None:
     paths = httpx.get(f"{service.base_url}/openapi.json").json()["paths"]
     assert set(paths) == {

@@ -117,11 +117,19 @@ def _missing_body(exc: RequestValidationError) -> bool:
 _NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 
 
+def store_is_full(exc: BaseException) -> bool:
+    """Whether the job store refused a write for want of disk space."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code == sqlite3.SQLITE_FULL or "database or disk is full" in str(exc)
+
+
 def _storage_detail(exc: Exception) -> tuple[str, int] | None:
     """The detail and status for an error of the data dir's disk, or None for any other."""
     if isinstance(exc, sqlite3.OperationalError):
         code = getattr(exc, "sqlite_errorcode", None)
-        if code == sqlite3.SQLITE_FULL or "database or disk is full" in str(exc):
+        if store_is_full(exc):
             return (
                 "The service's data dir has no space left (its job store could not be "
                 "written): free space on its disk, then try again.",

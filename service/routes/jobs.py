@@ -41,7 +41,7 @@ from service.deps import (
     known_query,
 )
 from service.downloads import MEDIA_TYPE, archive_response, job_attachment
-from service.errors import FieldErrors
+from service.errors import FieldErrors, store_is_full
 from service.events import JobEvent, next_event, ready_events, sse_response
 from service.exports import describe_export, open_export
 from service.jobjson import render_job
@@ -491,9 +491,20 @@ def _delete(job_id: str, runtime: Runtime) -> Response:
         ) from error
     try:
         deleted = runtime.store.delete(job.id)
-    except BaseException:
+    except BaseException as error:
         if aside is not None:
             deletion.put_back(aside, runs_dir, job.id)
+        if store_is_full(error):
+            # The one change that frees space needs some to be recorded: the generic 507
+            # ("free space on its disk") left an operator with a full disk no way through
+            # the API, and no word of where this job's own files are.
+            raise HTTPException(
+                507,
+                f"Job {job.id!r} was not deleted: the service's data dir has no space left, "
+                f"and recording a delete needs some. Its files are kept, in "
+                f"{runs_dir / job.id}: remove its checkpoints/ there (or other files on that "
+                "disk) to make room, then delete it again.",
+            ) from error
         raise
     if not deleted:  # not ended, or still exiting, after all: nothing else changes it
         if aside is not None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import sqlite3
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -350,3 +352,66 @@ def test_deletes_waiting_for_an_exit_hold_up_no_other_request(
     # on a slow host, gave up first, saying the worker was still exiting).
     assert statuses.count(204) == 1, statuses
     assert set(statuses) <= {204, 404, 409}, statuses
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs of its own, to fill: a full disk, for real, without filling the host's."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"a tmpfs cannot be mounted here (needs root): {mounted.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def _fill(disk: Path) -> Path:
+    """Take every free block of `disk`; the file that holds them."""
+    filler = disk / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError as error:
+            assert error.errno == errno.ENOSPC, error
+    return filler
+
+
+def test_delete_on_a_full_disk_says_where_the_jobs_files_are_and_loses_nothing(
+    make_service: Callable[..., Service], tmp_path: Path, small_disk: Path
+) -> None:
+    # On a full disk the delete that would free space cannot be recorded: the generic 507
+    # said "free space on its disk" and nothing of where this job's files are.
+    service = make_service(env=fake_worker_env(tmp_path), data_dir=small_disk / "data")
+    service.start()
+    try:
+        job = service.submit(job_spec(name="quick"))
+        _exited(service, job)
+        # An empty WAL: a write then needs new blocks, not ones it has written before.
+        with sqlite3.connect(service.data_dir / "towerboard.db") as conn:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        filler = _fill(small_disk)
+        run_dir = service.data_dir / "runs" / job["id"]
+        refused = service.client.delete(f"/api/v1/jobs/{job['id']}")
+        assert refused.status_code == 507, refused.text
+        assert refused.json()["detail"] == (
+            f"Job {job['id']!r} was not deleted: the service's data dir has no space left, "
+            f"and recording a delete needs some. Its files are kept, in {run_dir}: remove "
+            "its checkpoints/ there (or other files on that disk) to make room, then delete "
+            "it again."
+        )
+        assert (run_dir / "result.json").is_file()  # put back where it said
+        assert service.job(job["id"])["state"] == "succeeded"
+
+        filler.unlink()
+        assert service.client.delete(f"/api/v1/jobs/{job['id']}").status_code == 204
+        assert service.client.get(f"/api/v1/jobs/{job['id']}").status_code == 404
+    finally:
+        service.stop()  # before the disk goes

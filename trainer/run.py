@@ -236,9 +236,12 @@ def _disk_problem(error: BaseException, rundir: RunDir) -> str | None:
         with contextlib.suppress(ValueError):
             path = str(Path(path).relative_to(rundir.root))
         where = f" writing {path}"
+    # A job of the service is resumed by its Resume (a worker started by hand again in the
+    # same folder does the same); either trains on from the latest checkpoint it keeps.
+    again = "resume the job" if os.environ.get("TOWERBOARD_JOB_ID") else "run the job again"
     return (
-        f"{problem}{where}: {_DISK_PROBLEMS[problem]}, then run the job again to resume "
-        "from its last checkpoint."
+        f"{problem}{where}: {_DISK_PROBLEMS[problem]}, then {again}: it trains on from its "
+        "latest checkpoint (from step 0 where it has none)."
     )
 
 

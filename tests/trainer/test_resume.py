@@ -81,7 +81,8 @@ def test_a_full_disk_fails_the_job_in_one_line_naming_the_file(small_disk):
     last = log.rstrip().splitlines()[-1]
     assert " INFO trainer: failed (exit 1): No space left on device writing " in last, log[-3000:]
     assert last.endswith(
-        ": free space on its disk, then run the job again to resume from its last checkpoint."
+        ": free space on its disk, then run the job again: it trains on from its latest "
+        "checkpoint (from step 0 where it has none)."
     ), last
     if "could not write result.json: [Errno 28] No space left on device" not in log:
         # The space a failed write had taken came back (a checkpoint's partial file,
@@ -112,6 +113,25 @@ def _remount_read_only(mount: Path) -> None:
         time.sleep(0.005)
 
 
+def test_a_disk_problem_of_a_service_job_says_to_resume_it(tmp_path, monkeypatch):
+    # A worker started by the service is no command the user runs again: its job is
+    # resumed (Resume, `towerboard resume`), and says so.
+    from trainer.run import _disk_problem
+    from trainer.rundir import RunDir
+
+    full = OSError(28, "No space left on device", str(tmp_path / "checkpoints" / "ckpt-5.index"))
+    monkeypatch.delenv("TOWERBOARD_JOB_ID", raising=False)
+    assert _disk_problem(full, RunDir(tmp_path)) == (
+        "No space left on device writing checkpoints/ckpt-5.index: free space on its disk, "
+        "then run the job again: it trains on from its latest checkpoint (from step 0 where "
+        "it has none)."
+    )
+    monkeypatch.setenv("TOWERBOARD_JOB_ID", "abc")
+    assert ", then resume the job: it trains on from " in (
+        _disk_problem(full, RunDir(tmp_path)) or ""
+    )
+
+
 def test_a_run_dir_made_read_only_fails_the_job_in_one_line(small_disk):
     # The run dir goes read-only mid-run (a remount after disk errors): here a read-only
     # bind mount over it, so files the worker holds open stay writable and the next
@@ -138,7 +158,8 @@ def test_a_run_dir_made_read_only_fails_the_job_in_one_line(small_disk):
         last,
     ), last
     assert last.endswith(
-        ": make it writable, then run the job again to resume from its last checkpoint."
+        ": make it writable, then run the job again: it trains on from its latest checkpoint "
+        "(from step 0 where it has none)."
     ), last
 
 

@@ -39,7 +39,7 @@ from service.headmethod import HeadAsGet
 from service.jobjson import JobJson
 from service.proxy import proxy_tensorboard
 from service.routes import devices, events, health, jobs, queue, tensorboard
-from service.schemas import UNKNOWN_QUERY
+from service.schemas import API_PREFIX, UNKNOWN_QUERY
 from service.settings import Settings
 from service.store import JobStore
 from service.supervisor import Supervisor
@@ -51,7 +51,6 @@ DOCS_ASSETS = "/static/api-docs"  # Swagger UI's and ReDoc's scripts, styles and
 
 log = logging.getLogger(__name__)
 
-API_PREFIX = "/api/v1"
 # The dashboard: plain files, no build step (see static/index.html).
 STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
 _PROXY_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]

@@ -15,6 +15,9 @@ from trainer.spec import PRIORITY_MAX, PRIORITY_MIN, JobSpec, JsonInt, without_u
 # Body of POST /jobs: exactly the trainer's job spec, validated by the same code.
 JobCreate = JobSpec
 
+# Where the API is served; here, as a job's JSON names a download by its path on it.
+API_PREFIX = "/api/v1"
+
 
 def _time(value: float | None) -> datetime | None:
     return None if value is None else datetime.fromtimestamp(value, UTC)
@@ -188,6 +191,12 @@ class JobPublic(BaseModel):
         description="The worker's result.json once it ends, its `finished_at` as ISO-8601 "
         "text, as every time here (the file holds Unix seconds)."
     )
+    export_url: str | None = Field(
+        description="The path on this service of its exported model's download (a .tar.gz "
+        "of the SavedModel, GET or HEAD), once it has succeeded with one; null before, and "
+        "while a resumed job trains on. A path, not a whole URL: the JSON is the same for "
+        "every reader and every address the service is reached at."
+    )
     error: JobErrorPublic | None
 
     @classmethod
@@ -215,8 +224,21 @@ class JobPublic(BaseModel):
             progress=ProgressPublic.model_validate(progress) if progress else None,
             eval=EvalPublic.model_validate(eval) if eval else None,
             result=_result(job.result),
+            export_url=_export_url(job),
             error=JobErrorPublic.model_validate(job.error) if job.error else None,
         )
+
+
+def _export_url(job: JobRecord) -> str | None:
+    """Where `GET /jobs/{id}/export` serves the job's model, where it serves one: a
+    succeeded job whose worker says it exported (result.json's `export`, set once the
+    SavedModel is written). Read from the record alone, as the JSON is rendered once per
+    change of the job, not per read; a resumed job keeps its old export on disk, which
+    the route refuses, so its URL goes with its `succeeded`."""
+    exported = job.result is not None and job.result.get("export") is not None
+    if job.state is not JobState.SUCCEEDED or not exported:
+        return None
+    return f"{API_PREFIX}/jobs/{job.id}/export"
 
 
 def _result(result: dict[str, Any] | None) -> dict[str, Any] | None:

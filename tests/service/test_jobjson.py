@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from service import jobjson
 from service.jobjson import JobJson
 from service.schemas import JobCreate
-from service.store import JobRecord, JobStore
+from service.store import JobRecord, JobState, JobStore
 from tests.service.harness import job_spec
 
 
@@ -49,5 +51,31 @@ def test_the_cache_holds_at_most_its_bytes_whatever_the_jobs_size(tmp_path: Path
         store.record_progress(small.id, offset=1, progress={"step": 1}, eval=None, points=[])
         assert json.loads(cache.get(small.id) or b"{}")["progress"]["step"] == 1
         assert cache._bytes == _held(cache) == len(cache.get(small.id) or b"")
+    finally:
+        store.close()
+
+
+def test_export_url_only_while_a_succeeded_job_has_exported(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "jobs.db")
+    try:
+        job = _create(store, name="exports")
+        exported = {"outcome": "succeeded", "export": "export"}
+        url = f"/api/v1/jobs/{job.id}/export"
+
+        def export_url(
+            state: JobState = JobState.QUEUED, result: dict[str, Any] | None = None
+        ) -> object:
+            rendered = jobjson.render_job(replace(job, state=state, result=result))
+            return json.loads(rendered)["export_url"]
+
+        assert export_url() is None  # queued, never run
+        assert export_url(state=JobState.RUNNING, result=None) is None
+        assert export_url(state=JobState.SUCCEEDED, result=exported) == url
+        # Its worker said it wrote none (a worker of a cluster other than its chief).
+        assert export_url(state=JobState.SUCCEEDED, result={**exported, "export": None}) is None
+        # Resumed to train on: its result and export on disk are the last run's, which the
+        # export route refuses, so no URL leads there.
+        assert export_url(state=JobState.QUEUED, result=exported) is None
+        assert export_url(state=JobState.CANCELLED, result=exported) is None
     finally:
         store.close()

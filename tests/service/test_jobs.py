@@ -247,7 +247,11 @@ def test_download_export_loads_with_tensorflow(
     service: Service, finished: dict[str, Any], tmp_path: Path
 ) -> None:
     job_id = finished["job"]["id"]
-    response = service.client.get(f"/api/v1/jobs/{job_id}/export")
+    # From the URL the job's JSON gives, as a client that never read the README takes it.
+    url = finished["job"]["export_url"]
+    assert url == f"/api/v1/jobs/{job_id}/export"
+    assert service.job(job_id)["export_url"] == url
+    response = service.client.get(url)
     with downloaded(response, f"{job_id}-export.tar.gz") as archive:
         names = set(archive.getnames())
         archive.extractall(tmp_path, filter="data")
@@ -276,7 +280,7 @@ def test_download_export_none_yet_404(make_service: Callable[..., Service], tmp_
     service = make_service(env=fake_worker_env(tmp_path))  # runs until cancelled, exports nothing
     service.start()
     job = service.submit(job_spec(name="waits"))
-    service.wait_state(job["id"], "running")
+    assert service.wait_state(job["id"], "running")["export_url"] is None
     response = service.client.get(f"/api/v1/jobs/{job['id']}/export")
     assert response.status_code == 404
     assert response.json() == {
@@ -285,7 +289,7 @@ def test_download_export_none_yet_404(make_service: Callable[..., Service], tmp_
         "errors": [],
     }
     service.client.post(f"/api/v1/jobs/{job['id']}/cancel")
-    service.wait_state(job["id"], "cancelled")
+    assert service.wait_state(job["id"], "cancelled")["export_url"] is None
     response = service.client.get(f"/api/v1/jobs/{job['id']}/export")
     assert response.status_code == 404
     assert response.json()["detail"] == (

@@ -108,10 +108,13 @@ def test_status_lists_and_shows_job(service: Service, watched: dict[str, Any]) -
     assert listing.returncode == 0, listing.stderr
     header, *rows = listing.stdout.splitlines()
     assert header.split() == [
-        "ID", "NAME", "STATE", "PROGRESS", "STEP", "LOSS", "ACC", "EX/S", "ETA", "DEVICES", "AGE",
+        "ID", "NAME", "STATE", "PROGRESS", "STEP", "LOSS", "EVAL", "EX/S", "ETA", "DEVICES", "AGE",
     ]  # fmt: skip
     row = next(line for line in rows if line.startswith(job_id))
     assert row.split()[1:5] == ["cli-tiny", "succeeded", "100%", "40/40"]
+    # EVAL is its held-out accuracy, not its last training batch's.
+    job = watched["job"]
+    assert row.split()[6] == f"{100 * job['eval']['accuracy']:.1f}%", (row, job["eval"])
 
     only_failed = towerboard("status", "--state", "failed", url=service.base_url)
     assert only_failed.stdout == "no jobs failed\n"
@@ -370,6 +373,7 @@ def test_status_table_shows_a_preparing_jobs_phase_as_its_step(
     assert listed.returncode == 0, listed.stderr
     header, row = listed.stdout.splitlines()
     assert row.split()[:5] == [job_id, "preparing", "running", "-", "preparing"], listed.stdout
+    assert row.split()[5:7] == ["-", "-"], listed.stdout  # no loss, and no eval yet
     assert service.client.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 202
     service.wait_state(job_id, "cancelled")
     listed = towerboard("status", url=service.base_url)

@@ -44,6 +44,15 @@ const COLUMNS = [
   ["accuracy", "Accuracy"], ["speed", "Examples/s"], ["eta", "ETA"], ["devices", "Devices"],
   ["age", "Age"],
 ];
+// Which loss and accuracy a row shows, on its header and under each number ("train",
+// "eval"): the last training batch's accuracy, shown alone here, read as the model's
+// (98.4% for a job whose eval said 94.9%). A word under the number, not a column of its
+// own: the nine columns only just fit from 820px on.
+const HEADER_TITLES = {
+  loss: "The loss of the last training batch the worker reported",
+  accuracy: "The accuracy of the job's latest eval, on held-out examples; before its first "
+    + "eval, the last training batch's (which runs higher)",
+};
 
 /** Merge a progress.jsonl event into the job as the service folds it (service/progress.py). */
 export function applyProgressEvent(job, event) {
@@ -322,7 +331,7 @@ export function mountJobs(view, query) {
   // want of a token, looked like an empty list).
   const table = h("table", { class: "jobs", id: "jobs-table", hidden: true },
     h("thead", {}, h("tr", {}, h("th", { class: "col-pick" }, h("span", { class: "visually-hidden" }, "Compare")),
-      COLUMNS.map(([key, label]) => h("th", { class: `col-${key}` }, label)))),
+      COLUMNS.map(([key, label]) => h("th", { class: `col-${key}`, title: HEADER_TITLES[key] }, label)))),
     tbody);
   const emptyText = h("p");
   const empty = h("div", { class: "empty", hidden: true },
@@ -397,6 +406,9 @@ export function mountJobs(view, query) {
       // "Progress" for every row. (A job's name never changes.)
       bar.setAttribute("aria-label", `Progress of ${job.name}`);
       cells.progress.append(bar, h("span", { class: "step" }));
+      for (const key of ["loss", "accuracy"]) {
+        cells[key].append(h("span", { class: "value" }), h("span", { class: "kind" }));
+      }
       // Its place in the queue, under the Queued filter (`render` writes it).
       cells.state.append(h("span", { class: "queue-place", hidden: true }));
       // Named by its job, by name and id (two jobs may share a name).
@@ -439,13 +451,36 @@ export function mountJobs(view, query) {
     else if (badge.textContent !== job.state) badge.replaceWith(stateBadge(job.state));
     setProgress(bar, job);
     setText(cells.progress.lastChild, stepText(job));
-    setText(cells.loss, num(p.loss));
-    setText(cells.accuracy, percent(p.accuracy));
+    setMetric(cells.loss, num(p.loss), typeof p.loss === "number" ? "train" : "");
+    const evaluated = job.eval && typeof job.eval.accuracy === "number";
+    setMetric(cells.accuracy, percent(evaluated ? job.eval.accuracy : p.accuracy),
+      evaluated ? "eval" : typeof p.accuracy === "number" ? "train" : "");
+    const accuracyTitle = evaluated ? evalTitle(job.eval, p.accuracy) : "";
+    if (cells.accuracy.title !== accuracyTitle) cells.accuracy.title = accuracyTitle;
     setText(cells.speed, rate(p.examples_per_sec));
     setText(cells.eta, eta(job));
     setText(cells.devices, devicesText(job));
     setText(cells.age, age(job.created_at));
     return entry.tr;
+  }
+
+  /** A loss or accuracy cell: its number, and under it which one it is. */
+  function setMetric(cell, value, kind) {
+    const [number, which] = cell.children;
+    setText(number, value);
+    setText(which, kind);
+  }
+
+  /** An eval's accuracy cell, on hover: of which step, on how many examples, and the
+   *  last training batch's beside it. */
+  function evalTitle(e, trainAccuracy) {
+    const over = Number.isInteger(e.examples)
+      ? ` on ${e.examples.toLocaleString("en-US")} held-out example${e.examples === 1 ? "" : "s"}`
+      : "";
+    const step = Number.isInteger(e.step) ? ` at step ${e.step}` : "";
+    const train = typeof trainAccuracy === "number"
+      ? `; the last training batch's: ${percent(trainAccuracy)}` : "";
+    return `Eval accuracy${step}${over}${train}`;
   }
 
   function render() {

@@ -329,8 +329,18 @@ def test_jobs_table_shows_job_and_filters(
     expect(row.locator(".state")).to_have_text("succeeded")
     expect(row.locator('[role="progressbar"]')).to_have_attribute("aria-valuenow", "100.0")
     expect(row.locator(".col-progress")).to_contain_text("1500 / 1500")
-    expect(row.locator(".col-loss")).to_have_text(re.compile(r"^\d"))
-    expect(row.locator(".col-accuracy")).to_have_text(re.compile(r"%$"))
+    expect(row.locator(".col-loss .value")).to_have_text(re.compile(r"^\d"))
+    expect(row.locator(".col-loss .kind")).to_have_text("train")
+    # Its eval's accuracy, said as that: the last training batch's read as the model's.
+    evaluation, progress = submitted["job"]["eval"], submitted["job"]["progress"]
+    expect(row.locator(".col-accuracy .value")).to_have_text(f"{100 * evaluation['accuracy']:.1f}%")
+    expect(row.locator(".col-accuracy .kind")).to_have_text("eval")
+    expect(row.locator(".col-accuracy")).to_have_attribute(
+        "title",
+        f"Eval accuracy at step {evaluation['step']} on {evaluation['examples']:,} held-out "
+        f"examples; the last training batch's: {100 * progress['accuracy']:.1f}%",
+    )
+    expect(page.locator("th.col-accuracy")).to_have_attribute("title", re.compile(r"latest eval"))
     expect(page.locator('.device[data-device="cpu:0"]')).to_contain_text("free")
 
     page.locator('.chip[data-state="failed"]').click()

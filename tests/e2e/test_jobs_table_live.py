@@ -323,3 +323,37 @@ def test_each_progress_bar_is_named_by_its_job(session: Session, service: Servic
         assert session.errors == []
     finally:
         cancel(service, *jobs)
+
+
+def test_a_rows_accuracy_is_its_evals_once_it_has_one(session: Session, service: Service) -> None:
+    """A row's accuracy was its last training batch's, which read as the model's (98.4% for
+    a job whose eval said 94.9%): it is the latest eval's once the job has one, marked
+    "eval", live and on a fresh read alike; before that the batch's, marked "train"."""
+    job = service.submit(job_spec(name="evaluates"))
+    try:
+        page = session.page
+        page.goto("/#/")
+        row = page.locator(f'tr[data-job="{job["id"]}"]')
+        accuracy = row.locator(".col-accuracy")
+        expect(accuracy.locator(".value")).to_have_text("98.4%")
+        expect(accuracy.locator(".kind")).to_have_text("train")
+        expect(row.locator(".col-loss .value")).to_have_text("0.05")
+        expect(row.locator(".col-loss .kind")).to_have_text("train")
+        service.release(job["id"])
+        said = (
+            "Eval accuracy at step 2 on 1,280 held-out examples; the last training batch's: 98.4%"
+        )
+        for shown in ("live", "read anew"):
+            if shown == "read anew":
+                page.reload()
+            expect(accuracy.locator(".value")).to_have_text("94.9%")
+            expect(accuracy.locator(".kind")).to_have_text("eval")
+            expect(accuracy).to_have_attribute("title", said)
+            expect(row.locator(".col-loss .kind")).to_have_text("train")
+        header = page.locator("th.col-accuracy")
+        expect(header).to_have_attribute(
+            "title", re.compile(r"^The accuracy of the job's latest eval")
+        )
+        assert session.errors == []
+    finally:
+        cancel(service, job)

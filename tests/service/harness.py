@@ -151,6 +151,12 @@ elif behaviour == "points":  # a few metric points, then done
     for step in (1, 2, 3):
         progress(event="progress", step=step, total=3, loss=1 / step)
     end("succeeded", 0)
+elif behaviour == "evaluates":  # a training batch's numbers; its eval once released
+    progress(event="progress", step=1, total=10, loss=0.05, accuracy=0.984)
+    while not stopped and not (job_dir / "release").exists():  # Service.release
+        time.sleep(0.05)
+    if not stopped:
+        progress(event="eval", step=2, eval_loss=0.2, eval_accuracy=0.949, eval_examples=1280)
 elif behaviour == "poison":  # a step too large for a SQLite integer
     progress(event="progress", step=1, total=10, loss=0.5)
     progress(event="progress", step=2**70, total=10, loss=0.25)
@@ -439,7 +445,8 @@ class Service:
         )
 
     def release(self, job_id: str) -> None:
-        """Let the job's "linger" stand-in exit, or its "loading" one load on."""
+        """Let the job's "linger" stand-in exit, its "loading" one load on, or its
+        "evaluates" one write its eval."""
         (self.data_dir / "runs" / job_id / "release").touch()
 
     def wait_exited(self, job_id: str, timeout: float = 60.0) -> None:

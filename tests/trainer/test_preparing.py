@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -250,6 +251,22 @@ def test_a_stages_reads_where_the_count_is_unreadable_say_no_amounts(tmp_path: P
     assert lines_of(run) == [(RESTORING, None, None)]
 
 
+def checkpointer(folder: Path, reading: Any = None) -> Any:
+    """A `trainer.checkpoints.Checkpointer` of a small model trained one step, saving to
+    `folder / "ckpt"` (TensorFlow imported here: the other tests need none)."""
+    import tensorflow as tf
+
+    from tests.trainer.test_towers import batch, make_trainer
+    from trainer.checkpoints import Checkpointer
+    from trainer.spec import CheckpointSpec
+
+    trainer = make_trainer(1)
+    trainer.train_step(*batch(16))
+    data = iter(tf.data.Dataset.range(1))
+    spec = CheckpointSpec(every_steps=1, keep=5)
+    return Checkpointer(folder / "ckpt", trainer, data, spec, reading=reading)
+
+
 def test_a_restore_says_its_checkpoints_bytes_read_and_starts_again_for_an_older_one(
     tmp_path: Path,
 ) -> None:
@@ -258,20 +275,7 @@ def test_a_restore_says_its_checkpoints_bytes_read_and_starts_again_for_an_older
     without its total, and the one before it is said from 0 of its own."""
     if read_bytes() is None:
         pytest.skip("no /proc/self/io here")
-    import tensorflow as tf
-
-    from tests.trainer.test_towers import batch, make_trainer
-    from trainer.checkpoints import Checkpointer
-    from trainer.spec import CheckpointSpec
-
-    def checkpointer(reading=None) -> Checkpointer:
-        trainer = make_trainer(1)
-        trainer.train_step(*batch(16))
-        data = iter(tf.data.Dataset.range(1))
-        spec = CheckpointSpec(every_steps=1, keep=5)
-        return Checkpointer(tmp_path / "ckpt", trainer, data, spec, reading=reading)
-
-    saving = checkpointer()
+    saving = checkpointer(tmp_path)
     saving.save(1)
     saving.save(2)
     sizes = {
@@ -281,7 +285,7 @@ def test_a_restore_says_its_checkpoints_bytes_read_and_starts_again_for_an_older
     os.truncate(tmp_path / "ckpt" / "ckpt-2.data-00000-of-00001", sizes[2] // 2)
     run = tmp_path / "run"
     preparation = Preparation(RunDir(run), every=0.001)
-    restoring = checkpointer(lambda total: preparation.reads(RESTORING, total))
+    restoring = checkpointer(tmp_path, lambda total: preparation.reads(RESTORING, total))
     assert restoring.restore_latest() == 1
     amounts = [(done, total) for stage, done, total in lines_of(run) if stage == RESTORING]
     newest, older = sizes[2] // 2, sizes[1]
@@ -300,20 +304,9 @@ def test_a_restore_is_said_through_only_once_it_has_returned(tmp_path: Path) -> 
     the stage said 100% early; it is held under the total until the restore returns."""
     if read_bytes() is None:
         pytest.skip("no /proc/self/io here")
-    import tensorflow as tf
+    from trainer.checkpoints import data_bytes
 
-    from tests.trainer.test_towers import batch, make_trainer
-    from trainer.checkpoints import Checkpointer, data_bytes
-    from trainer.spec import CheckpointSpec
-
-    def checkpointer(reading=None) -> Checkpointer:
-        trainer = make_trainer(1)
-        trainer.train_step(*batch(16))
-        data = iter(tf.data.Dataset.range(1))
-        spec = CheckpointSpec(every_steps=1, keep=5)
-        return Checkpointer(tmp_path / "ckpt", trainer, data, spec, reading=reading)
-
-    checkpointer().save(1)
+    checkpointer(tmp_path).save(1)
     total = data_bytes(str(tmp_path / "ckpt" / "ckpt-1"))
     run = tmp_path / "run"
     preparation = Preparation(RunDir(run), every=0.001)
@@ -332,7 +325,7 @@ def test_a_restore_is_said_through_only_once_it_has_returned(tmp_path: Path) -> 
             time.sleep(0.1)
             during.extend(lines_of(run))
 
-    assert checkpointer(reading).restore_latest() == 1
+    assert checkpointer(tmp_path, reading).restore_latest() == 1
     assert read[0] > total  # the premise: the count runs past the data files' bytes
     amounts = [(done, of) for stage, done, of in lines_of(run) if stage == RESTORING]
     said = [(done, of) for stage, done, of in during if stage == RESTORING]

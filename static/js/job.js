@@ -192,10 +192,12 @@ export function mountJob(view, jobId) {
   const outcomeBox = h("div", { class: "job-outcome", id: "job-outcome", hidden: true });
   let latestCheckpoint; // its step, null when none was saved, undefined until read
   const stats = h("div", { class: "stats" },
-    stat("Loss", "loss"), stat("Accuracy", "accuracy"), stat("Eval loss", "eval_loss"),
-    stat("Eval accuracy", "eval_accuracy"), stat("Examples/s", "examples_per_sec"),
-    stat("ETA", "eta"), stat("Learning rate", "learning_rate"), stat("Devices", "devices"),
-    stat("Data", "data", true));
+    // The last training batch's, marked train as the jobs table marks them: a bare
+    // "Accuracy" beside "Eval accuracy" read as the model's.
+    stat("Train loss", "loss"), stat("Train accuracy", "accuracy"),
+    stat("Eval loss", "eval_loss"), stat("Eval accuracy", "eval_accuracy"),
+    stat("Examples/s", "examples_per_sec"), stat("ETA", "eta"),
+    stat("Learning rate", "learning_rate"), stat("Devices", "devices"), stat("Data", "data", true));
   const chartGrid = h("div", { class: "charts" });
   // How to zoom a chart's steps, by mouse and by keys: the plots are described by it.
   const chartKeys = h("p", { class: "chart-hint muted small", id: "chart-keys" },

@@ -169,6 +169,23 @@ def test_data_card_is_two_cards_wide(session: Session, service: Service) -> None
     assert session.errors == []
 
 
+def test_stat_labels_say_train_or_eval(session: Session, service: Service) -> None:
+    """The training batch's loss and accuracy are marked train, as the jobs table marks
+    them: a bare "Accuracy" beside "Eval accuracy" read as the model's."""
+    page = session.page
+    open_job(page, finished(service, "steps-100"))
+    expect(page.locator('[data-stat="loss"]')).to_have_text("0.5")
+    for key, label in (
+        ("loss", "Train loss"),
+        ("accuracy", "Train accuracy"),
+        ("eval_loss", "Eval loss"),
+        ("eval_accuracy", "Eval accuracy"),
+    ):
+        box = page.locator(".stat", has=page.locator(f'[data-stat="{key}"]'))
+        expect(box.locator(".stat-label")).to_have_text(label)
+    assert session.errors == []
+
+
 def test_tensorboard_line_says_when_it_runs(session: Session, service: Service) -> None:
     """The line says TensorBoard starts, then runs, with a link to it; then it is left
     alone while that stays so. It is a live region, and was rewritten with the same words

@@ -464,10 +464,12 @@ def summary(job: dict[str, Any]) -> str:
     p, evaluation = job.get("progress") or {}, job.get("eval") or {}
     # A job that ended before its first step has none to say ("step -" read as a glitch).
     facts = [f"step {steps(job)}"] if steps(job) != "-" else []
+    # The progress's loss and accuracy are the last training batch's, marked train: a bare
+    # "accuracy" beside "eval accuracy" read as the model's (and ran higher).
     if p.get("loss") is not None:
-        facts.append(f"loss {number(p['loss'])}")
+        facts.append(f"train loss {number(p['loss'])}")
     if p.get("accuracy") is not None:
-        facts.append(f"accuracy {percent(p['accuracy'])}")
+        facts.append(f"train accuracy {percent(p['accuracy'])}")
     if evaluation.get("accuracy") is not None:
         facts.append(f"eval accuracy {percent(evaluation['accuracy'])}")
     if job.get("error"):

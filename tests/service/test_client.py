@@ -96,8 +96,8 @@ def test_submit_watch_until_succeeded(watched: dict[str, Any]) -> None:
     last = result.stderr.strip().splitlines()[-1]
     assert re.fullmatch(
         # The duration reads 42s, or 1m02s on a loaded machine.
-        rf"{watched['id']} succeeded in (\d+m)?\d+s: step 40/40, loss [\d.e-]+, accuracy [\d.]+%, "
-        r"eval accuracy [\d.]+%",
+        rf"{watched['id']} succeeded in (\d+m)?\d+s: step 40/40, train loss [\d.e-]+, "
+        r"train accuracy [\d.]+%, eval accuracy [\d.]+%",
         last,
     ), last
 

@@ -61,3 +61,16 @@ def test_a_summary_leaves_out_the_step_of_a_job_that_took_none() -> None:
     assert summary({"id": "abc", "state": "cancelled"}) == "abc cancelled"
     ran = {"id": "abc", "state": "succeeded", "progress": {"step": 40, "total": 40}}
     assert summary(ran) == "abc succeeded: step 40/40"
+
+
+def test_a_summary_marks_the_training_batch_figures_train() -> None:
+    # "loss X, accuracy 98.4%, eval accuracy 94.9%" read the batch's accuracy as the model's.
+    job = {
+        "id": "abc",
+        "state": "succeeded",
+        "progress": {"step": 40, "total": 40, "loss": 0.25, "accuracy": 0.984},
+        "eval": {"accuracy": 0.949},
+    }
+    assert summary(job) == (
+        "abc succeeded: step 40/40, train loss 0.25, train accuracy 98.4%, eval accuracy 94.9%"
+    )

@@ -294,6 +294,12 @@ def _status_of_job(client: Client, args: argparse.Namespace) -> int:
         ["finished", job.get("finished_at") or "-"],
         ["checkpoint", str(p.get("checkpoint") or "-")],
     ]  # fmt: skip
+    # A succeeded job's export, by the command that downloads it; export_url is null
+    # where there is none to download (before the job succeeds, or while it trains on).
+    if job.get("export_url"):
+        rows.append(
+            ["export", f"`{_command(args, 'export', job['id'])}` downloads the exported model"]
+        )
     if stopped := show.stopped(job):  # a cancelled job's end, as its page says it
         rows.append(["stopped", stopped])
         rows.append(["resume", _resumes_from(client, args, job["id"])])

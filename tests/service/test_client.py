@@ -130,6 +130,13 @@ def test_status_lists_and_shows_job(service: Service, watched: dict[str, Any]) -
     assert fields["phase"] == "-"  # nor is it in one (its progress says "done")
     # 256 synthetic examples of 8x8, a fifth held out: it was in worker.log alone.
     assert fields["data"] == "205 train, 51 eval examples, 4 classes, 8x8x1"
+    # Its export named, by the command that downloads it (its export_url is set).
+    assert job["export_url"] == f"/api/v1/jobs/{job_id}/export"
+    assert fields["export"] == f"`towerboard export {job_id}` downloads the exported model"
+    # A --url given is kept in the command, as in every hint: without it, it asks another.
+    given = towerboard("status", job_id, "--url", service.base_url, url=None)
+    assert given.returncode == 0, given.stderr
+    assert f"`towerboard export {job_id} --url {service.base_url}` downloads" in given.stdout
 
     as_json = towerboard("status", job_id, "--json", url=service.base_url)
     assert json.loads(as_json.stdout)["id"] == job_id
@@ -807,6 +814,12 @@ def test_submit_watch_failed_job_exits_1(service: Service, tmp_path: Path) -> No
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"{job_id} failed in "), last
     assert "error: The worker rejected the spec: " in last
+    # It exported nothing (its export_url is null): `status` names no export.
+    one = towerboard("status", job_id, url=service.base_url)
+    assert one.returncode == 0, one.stderr
+    assert service.job(job_id)["export_url"] is None
+    assert [line for line in one.stdout.splitlines() if line.startswith("export")] == []
+    assert any(line.startswith("error ") for line in one.stdout.splitlines()), one.stdout
 
 
 def test_followers_outlive_a_service_restart(

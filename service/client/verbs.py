@@ -698,11 +698,14 @@ def _latest_checkpoint_step(client: Client, args: argparse.Namespace) -> int:
 
 
 def _how_to_wait(message: str, args: argparse.Namespace, job_id: str) -> str:
-    """The service's refusal of a job that is stopping (its cancel asked for, as a user
-    who cancels and at once deletes or resumes has done), with the command that waits."""
+    """The service's refusal of a delete or resume of a job that has not ended, with the
+    command that waits for its end: of one that is stopping (its cancel asked for, as a
+    user who cancels and at once deletes or resumes has done), and in place of the route
+    its hint names for one that is not ("Cancel it first (POST /api/v1/jobs/ID/cancel)")."""
     stopping = "try again once it has ended."
     wait = _command(args, "cancel", job_id, "--wait")
-    return message.replace(stopping, f"{stopping[:-1]} (`{wait}` returns then).")
+    message = message.replace(stopping, f"{stopping[:-1]} (`{wait}` returns then).")
+    return message.replace(f"(POST /api/v1/jobs/{job_id}/cancel)", f"({wait})")
 
 
 # How long a delete or resume refused because the job's worker is still exiting waits for
@@ -766,10 +769,7 @@ def delete(client: Client, args: argparse.Namespace) -> int:
                     error.message += f" (not tried: {' '.join(rest)})"
                 raise
             # The service's hint names the API's route; here it is a verb.
-            message = _how_to_wait(error.message, args, job_id).replace(
-                f"(POST /api/v1/jobs/{job_id}/cancel)",
-                f"({_command(args, 'cancel', job_id, '--wait')})",
-            )
+            message = _how_to_wait(error.message, args, job_id)
             sys.stderr.write(f"towerboard: error: {message}\n")
             refused = True
             continue

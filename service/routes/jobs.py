@@ -639,10 +639,12 @@ def _resumed_progress(
 
 def _resume(job_id: str, resume_in: ResumeCreate, runtime: Runtime) -> Response:
     # A queued or running job's priority is changed in place: said where one was given.
+    # Else what a delete's refusal says: it left the user to guess how to get to a resume.
     then = (
         f'To change its priority, PATCH /api/v1/jobs/{job_id} with {{"priority": P}}.'
         if resume_in.priority is not None
-        else ""
+        else f"Cancel it first (POST /api/v1/jobs/{job_id}/cancel), then resume it once it "
+        "has ended."
     )
     job = _ended_job(job_id, runtime, "resumed", then=then)
     longer = resume_in.steps is not None or resume_in.epochs is not None

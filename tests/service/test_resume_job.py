@@ -96,8 +96,10 @@ def test_resume_refuses_jobs_that_have_not_ended(service: Service) -> None:
     for job, state in ((running, "running"), (queued, "queued")):
         response = _resume(service, job["id"])
         assert response.status_code == 409, response.text
+        # What to do, as a delete's refusal says it: it left the user to guess.
         assert response.json()["detail"] == (
-            f"Job {job['id']!r} is {state}; only an ended job can be resumed."
+            f"Job {job['id']!r} is {state}; only an ended job can be resumed. Cancel it first "
+            f"(POST /api/v1/jobs/{job['id']}/cancel), then resume it once it has ended."
         )
     missing = _resume(service, "nosuchjob2")
     assert missing.status_code == 404
@@ -426,7 +428,11 @@ def test_cli_resume(service: Service) -> None:
     )
     refused = towerboard("resume", job["id"], "--steps", "9", url=url)
     assert refused.returncode == 1
-    assert one_error_line(refused).endswith("only an ended job can be resumed.")
+    # The service's route said as the verb that cancels it and waits for its end.
+    assert one_error_line(refused).endswith(
+        f"only an ended job can be resumed. Cancel it first (towerboard cancel {job['id']} "
+        "--wait), then resume it once it has ended."
+    )
     usage = towerboard("resume", job["id"], "--steps", "9", "--epochs", "2", url=url)
     assert usage.returncode == 2 and "not allowed with argument" in usage.stderr
 

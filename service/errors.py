@@ -88,6 +88,12 @@ def _request_field_errors(
             item["loc"] = ("(body)",)
         elif loc[:1] == ("body",):
             item["loc"] = loc[1:]  # the body itself: "(spec)", as trainer.spec names it
+        elif loc[:1] == ("query",) and len(loc) == 3 and isinstance(loc[2], int):
+            # One value of a repeated parameter (`?state=queued&state=bogus`): named as
+            # the parameter sent, its value refused said by `field_errors` ("Received:
+            # 'bogus'"); `query.state.1`, the index into FastAPI's list, is no name a
+            # query string has.
+            item["loc"] = loc[:2]
         items.append(item)
     return field_errors(_RequestErrors(items), model)  # type: ignore[arg-type]
 

@@ -85,7 +85,7 @@ def _error_message(
 
 def _as_option(field: str, options: Mapping[str, str]) -> str:
     """A field's error as the option that sent it (the API's names read as internals to a
-    CLI user): a query parameter's by its name, `query.name.0` is `--name` and
+    CLI user): a query parameter's by its name, `query.name` is `--name` and
     `query.after_step` is `--after-step`; a body's by `options`, which maps a body field
     to its option (`{"job_ids": "--jobs"}`: `job_ids.0` is `--jobs`). Other fields (a
     spec's) are said as they are."""

@@ -972,13 +972,14 @@ _SERIES_NAMES = Query(description=f"Only these series (repeat it): {', '.join(SE
 
 
 def _known_series(name: list[str]) -> None:
-    """A 422 naming each series in `name` that is none of SERIES."""
+    """A 422 for each series in `name` that is none of SERIES: each named `query.name`, as
+    a repeated parameter's values are (`service.errors`), its value saying which."""
     errors = [
         {
-            "field": f"query.name.{index}",
+            "field": "query.name",
             "message": f"Expected one of {', '.join(SERIES)}. Received: {series[:200]!r}",
         }
-        for index, series in enumerate(name)
+        for series in name
         if series not in SERIES
     ]
     if errors:

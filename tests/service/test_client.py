@@ -249,7 +249,7 @@ def test_metrics_as_csv_and_json(service: Service, watched: dict[str, Any]) -> N
     assert steps and min(steps) > 20
     wrong = towerboard("metrics", job_id, "--name", "los", url=service.base_url)
     assert wrong.returncode == 2 and "loss" in one_error_line(wrong)  # the names there are
-    # Said as the option the user gave, not as the API's `query.name.0`.
+    # Said as the option the user gave, not as the API's `query.name`.
     assert one_error_line(wrong).startswith("towerboard: error: Invalid request: 1 error: --name: ")
 
     # Read on: the rows after step 20, no header, the same columns: appended to the rows

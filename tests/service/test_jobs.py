@@ -421,7 +421,7 @@ def test_read_job_metrics_by_series_and_after_step(
     [
         (
             {"name": ["loss", "los"]},
-            "query.name.1",
+            "query.name",
             "Expected one of loss, accuracy, examples_per_sec, learning_rate, eval_loss, "
             "eval_accuracy. Received: 'los'",
         ),
@@ -502,15 +502,23 @@ def test_read_jobs_cursor_at_the_bound(service: Service) -> None:
 
 
 def test_read_jobs_bad_state(service: Service) -> None:
-    response = service.client.get("/api/v1/jobs", params={"state": "done"})
+    # Named as the parameter sent, not `query.state.1`, the index of FastAPI's list; the
+    # value refused says which one it was.
+    response = service.client.get("/api/v1/jobs", params={"state": ["queued", "done"]})
     assert response.status_code == 422
     assert response.json()["errors"] == [
         {
-            "field": "query.state.0",
+            "field": "query.state",
             "message": "Input should be 'queued', 'running', 'succeeded', 'failed' or "
             "'cancelled'. Received: 'done'",
         }
     ]
+    # A single parameter's is named and echoed alike.
+    too_long = service.client.get("/api/v1/jobs", params={"name": "x" * 201})
+    assert too_long.status_code == 422
+    (error,) = too_long.json()["errors"]
+    assert error["field"] == "query.name"
+    assert error["message"].startswith("String should have at most 200 characters. Received: 'xx")
 
 
 def test_cancel_job_queued_and_running(service: Service) -> None:

@@ -277,8 +277,9 @@ def _status_of_job(client: Client, args: argparse.Namespace) -> int:
         # An ended job's last phase ("preparing", where it failed before its first
         # line) read as one it was in; over, it is in none, as the dashboard says.
         ["phase", "-" if job["state"] in TERMINAL else show.phase(p) or "-"],
-        ["loss", show.number(p.get("loss"))],
-        ["accuracy", show.percent(p.get("accuracy"))],
+        # The last training batch's, named so beside the eval's (the model's score).
+        ["train loss", show.number(p.get("loss"))],
+        ["train accuracy", show.percent(p.get("accuracy"))],
         ["eval loss", show.number(evaluation.get("loss"))],
         ["eval accuracy", show.percent(evaluation.get("accuracy"))],
         ["examples/s", show.rate(p.get("examples_per_sec"))],

@@ -124,6 +124,9 @@ def test_status_lists_and_shows_job(service: Service, watched: dict[str, Any]) -
     fields = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in one.stdout.splitlines())
     assert fields["state"] == "succeeded"
     assert fields["progress"] == "40/40 (100.0%)"
+    # The last training batch's, named so beside the eval's.
+    assert fields["train accuracy"].endswith("%") and "accuracy" not in fields
+    assert fields["eval accuracy"] == f"{watched['job']['eval']['accuracy'] * 100:.1f}%"
     assert fields["checkpoint"] == "checkpoints/ckpt-40"
     # An ended job holds none; what it ran on is still said.
     assert fields["devices"] == "ran on cpu:0 (1 tower)"

@@ -157,7 +157,9 @@ def include(app: FastAPI, prefix: str) -> None:
         read_job,
         methods=["GET"],
         response_model=JobPublic,
-        responses=_NOT_FOUND,
+        # Its own 422 (`check_query`'s), documented as the router's: FastAPI's default,
+        # HTTPValidationError, is a shape the service never sends.
+        responses={**_NOT_FOUND, **UNKNOWN_QUERY},
         tags=["jobs"],
         route_class_override=DirectRoute,
     )

@@ -820,11 +820,13 @@ _LOG_TAIL = 200  # lines, unless `tail` says
 
 @router.get(
     "/{job_id}/logs",
-    response_class=PlainTextResponse,
+    # Not PlainTextResponse: FastAPI documents every error's ErrorPublic under the route
+    # class's media type, and they are sent as JSON. The 200 says its own.
+    response_class=Response,
     responses={
         **_NOT_FOUND,
         200: {
-            "content": {"text/plain": {}},
+            "content": {"text/plain": {"schema": {"type": "string"}}},
             "headers": {
                 LOG_OFFSET_HEADER: {"description": "Pass as `offset` to read on from here"}
             },

@@ -37,9 +37,11 @@ class ErrorPublic(BaseModel):
     errors: list[FieldError] = Field(default_factory=list)
 
 
-# OpenAPI entries shared by many routes.
-NOT_JSON: dict[int | str, dict[str, Any]] = {
-    415: {"model": ErrorPublic, "description": "The body was not sent as JSON"}
+# OpenAPI entries shared by many routes. Every route that takes a body can refuse it
+# before it reads it: past 1 MiB (`service.bodylimit`, for any POST or PATCH) or not JSON.
+BODY_REFUSED: dict[int | str, dict[str, Any]] = {
+    413: {"model": ErrorPublic, "description": "The body is larger than 1 MiB"},
+    415: {"model": ErrorPublic, "description": "The body was not sent as JSON"},
 }
 UNKNOWN_QUERY: dict[int | str, dict[str, Any]] = {
     422: {"model": ErrorPublic, "description": "An unknown or invalid parameter"}

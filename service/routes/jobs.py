@@ -49,7 +49,7 @@ from service.jsonbody import JSONBodyRoute
 from service.progress import SERIES, percent_done
 from service.runfiles import OffsetPastEnd, inside, read_lines_from, tail_with_end
 from service.schemas import (
-    NOT_JSON,
+    BODY_REFUSED,
     UNKNOWN_QUERY,
     CheckpointPublic,
     CheckpointsPublic,
@@ -192,7 +192,7 @@ def _admit(spec: JobCreate, runtime: Runtime) -> tuple[JobCreate, list[dict[str,
     status_code=201,
     response_model=JobPublic,
     responses={
-        **NOT_JSON,
+        **BODY_REFUSED,
         422: {"model": ErrorPublic, "description": "Every problem with the spec"},
     },
 )
@@ -321,7 +321,7 @@ def cancel_job(job: JobDep, runtime: RuntimeDep) -> Response:
               "`priority` instead"},
         422: {"model": ErrorPublic, "description": "No body, a key other than `priority`, or "
               "a priority out of its range"},
-        **NOT_JSON,
+        **BODY_REFUSED,
     },
 )  # fmt: skip
 def update_job(job_id: str, runtime: RuntimeDep, update: PriorityUpdate | None = None) -> Response:
@@ -533,7 +533,7 @@ def _delete(job_id: str, runtime: Runtime) -> Response:
               "no new total was given"},
         422: {"model": ErrorPublic, "description": "The new length, or the job's spec on "
               "this service now, is refused"},
-        **NOT_JSON,
+        **BODY_REFUSED,
     },
 )  # fmt: skip
 async def resume_job(
@@ -722,7 +722,7 @@ def _pending_trace_steps(run: RunDir) -> int | None:
     responses={
         **_NOT_FOUND,
         409: {"model": ErrorPublic, "description": "The job is not running, or is stopping"},
-        **NOT_JSON,
+        **BODY_REFUSED,
     },
 )
 def profile_job(

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request, Response
 from service.deps import RuntimeDep
 from service.errors import FieldErrors
 from service.jsonbody import JSONBodyRoute
-from service.schemas import NOT_JSON, ErrorPublic, TensorBoardCreate, TensorBoardPublic
+from service.schemas import BODY_REFUSED, ErrorPublic, TensorBoardCreate, TensorBoardPublic
 from service.tensorboard import PATH_PREFIX, StartOutcome, TensorBoardLauncher
 from trainer.spec import shown_value
 
@@ -52,7 +52,7 @@ def _public(launcher: TensorBoardLauncher, request: Request) -> TensorBoardPubli
             "description": "Reused: already up over these jobs, or they were added to it",
         },
         422: {"model": ErrorPublic, "description": "Unknown job ids"},
-        **NOT_JSON,
+        **BODY_REFUSED,
     },
 )
 async def start_tensorboard(

@@ -85,6 +85,14 @@ class BearerAuth:
         await send_error(send, 401, detail, ((b"www-authenticate", b'Bearer realm="towerboard"'),))
 
 
+# A secured operation's answer without the token: the service's error shape, ErrorPublic
+# (every app has it: the routes' 404s and 422s are of it).
+_UNAUTHORIZED = {
+    "description": "No bearer token, or not the service's (TOWERBOARD_TOKEN)",
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorPublic"}}},
+}
+
+
 def document_bearer_auth(app: FastAPI) -> None:
     """Declare the token in the OpenAPI schema, so /docs shows it and offers Authorize."""
     build = app.openapi
@@ -100,9 +108,12 @@ def document_bearer_auth(app: FastAPI) -> None:
                 }
             }
             schema["security"] = [{"bearer": []}]
-            for path in OPEN_PATHS & schema["paths"].keys():
-                for operation in schema["paths"][path].values():
-                    operation["security"] = []
+            for path, operations in schema["paths"].items():
+                for operation in operations.values():
+                    if path in OPEN_PATHS:
+                        operation["security"] = []
+                    else:  # what BearerAuth answers, before any route runs
+                        operation["responses"].setdefault("401", _UNAUTHORIZED)
             return schema
         return app.openapi_schema
 

@@ -15,6 +15,7 @@ import copy
 import json
 from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -449,6 +450,22 @@ def test_cancel_of_a_queued_job_matches_the_schema(
     cancel = service.client.post(f"{_API}/jobs/{queued}/cancel")
     assert cancel.status_code == 200, cancel.text
     assert contract.check(cancel, "POST", f"{_API}/jobs/{{job_id}}/cancel")["state"] == "cancelled"
+
+
+def test_refusal_without_the_token_matches_the_schema(tmp_path: Path) -> None:
+    """With TOWERBOARD_TOKEN set, a request without it gets the 401 every secured
+    operation declares."""
+    service = Service(tmp_path / "data", {"TOWERBOARD_TOKEN": "contract-token"})
+    service.start()
+    try:
+        contract = Contract(service.client.get("/openapi.json").json())
+        for method, path in [("GET", f"{_API}/jobs"), ("POST", f"{_API}/jobs/{{job_id}}/cancel")]:
+            url = path.replace("{job_id}", "nosuchjob")
+            response = httpx.request(method, service.base_url + url)
+            assert response.status_code == 401, response.text
+            assert "Missing bearer token" in contract.check(response, method, path)["detail"]
+    finally:
+        service.close()
 
 
 # The successful answers with a body not checked above, and why.

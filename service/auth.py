@@ -29,6 +29,7 @@ from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.browsers import cross_origin_detail, cross_origin_write, send_error, send_forbidden
+from service.schemas import error_answer
 
 OPEN_PATHS = frozenset({"/healthz", "/"})
 OPEN_PREFIXES = ("/static/",)
@@ -87,10 +88,7 @@ class BearerAuth:
 
 # A secured operation's answer without the token: the service's error shape, ErrorPublic
 # (every app has it: the routes' 404s and 422s are of it).
-_UNAUTHORIZED = {
-    "description": "No bearer token, or not the service's (TOWERBOARD_TOKEN)",
-    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorPublic"}}},
-}
+_UNAUTHORIZED = error_answer("No bearer token, or not the service's (TOWERBOARD_TOKEN)")
 
 
 def document_bearer_auth(app: FastAPI) -> None:

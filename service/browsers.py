@@ -36,7 +36,7 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # (a typed address, a bookmark), `same-origin` the service's own pages.
 _TRUSTED_FETCH_SITES = frozenset({b"same-origin", b"none"})
 # Answered whatever the Host: monitors probe it by any name, and it tells nothing.
-_ANY_HOST_PATHS = frozenset({"/healthz"})
+ANY_HOST_PATHS = frozenset({"/healthz"})
 SECURITY_HEADERS: list[tuple[bytes, bytes]] = [
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"same-origin"),
@@ -99,7 +99,7 @@ def cross_origin_write(scope: Scope) -> str | None:
 def unsafe_host(scope: Scope) -> str | None:
     """The `Host` a token-less service must not answer (a name that could be any site's,
     as a DNS rebinding page sends); None for an IP address, localhost, or no Host."""
-    if scope["path"] in _ANY_HOST_PATHS:
+    if scope["path"] in ANY_HOST_PATHS:
         return None
     raw = _header(scope, b"host")
     if raw is None:

@@ -28,6 +28,7 @@ from fastapi_offline import FastAPIOffline
 from starlette.responses import RedirectResponse, Response
 
 from service import deletion
+from service.apidoc import document_answers
 from service.auth import BearerAuth, document_bearer_auth
 from service.bodylimit import BodyLimit
 from service.browsers import BrowserGuard, listens_on_loopback
@@ -232,4 +233,6 @@ def create_app(
     # Outside even that: a HEAD no route takes is a GET to all the rest, auth included,
     # and its answer (BrowserGuard's headers and all) ends with its head.
     app.add_middleware(HeadAsGet, routes=app.router.routes)
+    # Last, over the 401's: the middlewares' answers in /openapi.json, HEAD's without bodies.
+    document_answers(app, check_host=check_host)
     return app

@@ -48,6 +48,16 @@ UNKNOWN_QUERY: dict[int | str, dict[str, Any]] = {
 }
 
 
+def error_answer(description: str) -> dict[str, Any]:
+    """An answer whose body is ErrorPublic, as /openapi.json writes one: for the statuses
+    added to the built schema (`service.apidoc`, `service.auth`), those of the middlewares
+    and app-wide handlers, which no route's `responses` names."""
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorPublic"}}},
+    }
+
+
 class DataPublic(BaseModel):
     """What a job trains and evaluates on, as its worker loaded it."""
 

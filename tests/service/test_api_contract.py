@@ -425,6 +425,60 @@ def test_error_bodies_match_the_schema(
         assert body["detail"], (method, path)
 
 
+def test_refusals_before_any_route_match_the_schema(
+    every_state: tuple[Service, Contract], jobs: dict[str, str]
+) -> None:
+    """What the middlewares answer before a route runs, declared by `service.apidoc` on
+    the operations they reach: BrowserGuard's 403 (a browser's cross-origin write; without
+    a token on loopback, a Host that is no address). (A store's 503 and 507 are declared too but not met here: a
+    locked store answers only past SQLite's busy timeout, 30 s and no setting; the
+    handler's body is checked in test_storage_errors.py.)"""
+    service, contract = every_state
+    client = service.client
+    job_path = f"{_API}/jobs/{{job_id}}"
+    evil = {"origin": "http://evil.example"}
+    cross_site = {"sec-fetch-site": "cross-site"}
+    refused = [
+        (client.post(f"{_API}/jobs/nosuchjob/cancel", headers=evil), "POST",
+         f"{job_path}/cancel", 403, "Cross-origin POST refused"),
+        (client.post(f"{_API}/jobs", json=job_spec(name="evil"), headers=cross_site), "POST",
+         f"{_API}/jobs", 403, "Cross-origin POST refused"),
+        (client.patch(f"{_API}/jobs/{jobs['queued']}", json={"priority": 9}, headers=evil),
+         "PATCH", job_path, 403, "Cross-origin PATCH refused"),
+        (client.get(f"{_API}/jobs", headers={"host": "evil.example"}), "GET", f"{_API}/jobs",
+         403, "Host 'evil.example' refused"),
+    ]  # fmt: skip
+    for response, method, path, status, words in refused:
+        assert response.status_code == status, (method, path, response.text)
+        assert words in contract.check(response, method, path)["detail"], (method, path)
+    assert _read(service, contract, jobs["queued"])["priority"] != 9  # nothing was changed
+    # Monitors probe /healthz by any name, and it declares no 403.
+    health = client.get("/healthz", headers={"host": "evil.example"})
+    assert contract.check(health, "GET", "/healthz") == {"status": "ok"}
+
+
+def test_a_method_no_operation_declares_is_refused_naming_those_declared(
+    every_state: tuple[Service, Contract], jobs: dict[str, str]
+) -> None:
+    """A 405 answers a method that no operation of its path declares, so no operation can
+    declare it; its body is ErrorPublic as every error's, and its `Allow` names the
+    methods /openapi.json declares there (HEAD with GET: `service.headmethod`), so a
+    client generated from it never sends one that gets a 405."""
+    service, contract = every_state
+    for path, operations in contract.paths.items():
+        url = path.replace("{job_id}", jobs["succeeded"]).replace("{step}", "latest")
+        response = service.client.put(url, json={})
+        assert response.status_code == 405, (path, response.status_code, response.text)
+        assert "content" not in operations.get("put", {}), path
+        contract.validate(response.json(), {"$ref": "#/components/schemas/ErrorPublic"}, path)
+        declared = {method.upper() for method in operations} | (
+            {"HEAD"} if "get" in operations else set()
+        )
+        allowed = set(response.headers["allow"].split(", "))
+        assert allowed == declared, f"{path}: Allow {sorted(allowed)}, declared {sorted(declared)}"
+        assert response.headers["allow"] in response.json()["detail"], path
+
+
 def test_metrics_rewound_matches_the_schema(
     every_state: tuple[Service, Contract], jobs: dict[str, str]
 ) -> None:
@@ -464,6 +518,9 @@ def test_refusal_without_the_token_matches_the_schema(tmp_path: Path) -> None:
             response = httpx.request(method, service.base_url + url)
             assert response.status_code == 401, response.text
             assert "Missing bearer token" in contract.check(response, method, path)["detail"]
+        # With a token any Host is answered: only a browser's cross-origin write gets a 403.
+        assert "403" not in contract.paths[f"{_API}/jobs"]["get"]["responses"]
+        assert "403" in contract.paths[f"{_API}/jobs"]["post"]["responses"]
     finally:
         service.close()
 

@@ -2,10 +2,11 @@
 and of the app-wide error handlers, on every operation they can reach.
 
 FastAPI documents what each route's `responses` names. A client generated from the
-schema was not told of the 403 `BrowserGuard` answers, or the 503 and 507 of a locked,
-read-only or full store, all sent as ErrorPublic before or around any route. Each status
-is declared here by the same rule its middleware or handler applies (the method, the
-path, the service's settings), so a route added later gets them without naming them. A 405
+schema was not told of the 403 `BrowserGuard` answers, the 413 `BodyLimit` answers a
+POST that reads no body (a cancel), or the 503 and 507 of a locked, read-only or full
+store, all sent as ErrorPublic before or around any route. Each status is declared here
+by the same rule its middleware or handler applies (the method, the path, the service's
+settings), so a route added later gets them without naming them. A 405
 is the answer to a method no operation declares, so no operation can declare it; its
 `Allow` names the methods that are (`service.headmethod.allowed_methods`).
 """
@@ -16,9 +17,14 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from service.bodylimit import MAX_BODY_BYTES, WITH_BODY
 from service.browsers import ANY_HOST_PATHS, SAFE_METHODS
 from service.schemas import error_answer
 
+_TOO_LARGE = error_answer(
+    f"The body is larger than {MAX_BODY_BYTES // (1024 * 1024)} MiB: refused before the "
+    "operation runs, whether it reads a body or not"
+)
 _CROSS_ORIGIN = "a browser sent it from a page of another origin (`Sec-Fetch-Site`, `Origin`)"
 _HOST = "its `Host` is neither an IP address nor localhost (a DNS-rebinding page's name)"
 # A change writes the job store, and some the disk (a run directory, TensorBoard's logdir):
@@ -50,6 +56,8 @@ def _document(schema: dict[str, Any], *, check_host: bool) -> None:
             responses: dict[str, Any] = operation["responses"]
             if (why := _refused(method, path, check_host=check_host)) is not None:
                 responses.setdefault("403", error_answer(why))
+            if method in WITH_BODY:
+                responses.setdefault("413", _TOO_LARGE)
             if method not in SAFE_METHODS:
                 for status, answer in _STORE_REFUSED.items():
                     responses.setdefault(status, answer)

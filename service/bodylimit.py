@@ -24,7 +24,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 MAX_BODY_BYTES = 1024 * 1024
 DRAIN_BYTES = 16 * 1024 * 1024  # read at memory speed: a few milliseconds
-_WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
+# The methods whose bodies are capped, read or not (`service.apidoc` declares their 413).
+WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
 
 
 class BodyLimit:
@@ -33,7 +34,7 @@ class BodyLimit:
         self._max = max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in _WITH_BODY:
+        if scope["type"] != "http" or scope["method"] not in WITH_BODY:
             await self._app(scope, receive, send)
             return
         declared = _content_length(scope)

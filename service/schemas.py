@@ -37,10 +37,10 @@ class ErrorPublic(BaseModel):
     errors: list[FieldError] = Field(default_factory=list)
 
 
-# OpenAPI entries shared by many routes. Every route that takes a body can refuse it
-# before it reads it: past 1 MiB (`service.bodylimit`, for any POST or PATCH) or not JSON.
+# OpenAPI entries shared by many routes. Every route that takes a body refuses one not
+# sent as JSON; the 413 of one past 1 MiB is every POST's and PATCH's, whether it reads a
+# body or not (`service.bodylimit`), declared on them all by `service.apidoc`.
 BODY_REFUSED: dict[int | str, dict[str, Any]] = {
-    413: {"model": ErrorPublic, "description": "The body is larger than 1 MiB"},
     415: {"model": ErrorPublic, "description": "The body was not sent as JSON"},
 }
 UNKNOWN_QUERY: dict[int | str, dict[str, Any]] = {

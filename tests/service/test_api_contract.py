@@ -430,7 +430,8 @@ def test_refusals_before_any_route_match_the_schema(
 ) -> None:
     """What the middlewares answer before a route runs, declared by `service.apidoc` on
     the operations they reach: BrowserGuard's 403 (a browser's cross-origin write; without
-    a token on loopback, a Host that is no address). (A store's 503 and 507 are declared too but not met here: a
+    a token on loopback, a Host that is no address) and BodyLimit's 413, a POST's even
+    where it reads no body. (A store's 503 and 507 are declared too but not met here: a
     locked store answers only past SQLite's busy timeout, 30 s and no setting; the
     handler's body is checked in test_storage_errors.py.)"""
     service, contract = every_state
@@ -447,6 +448,8 @@ def test_refusals_before_any_route_match_the_schema(
          "PATCH", job_path, 403, "Cross-origin PATCH refused"),
         (client.get(f"{_API}/jobs", headers={"host": "evil.example"}), "GET", f"{_API}/jobs",
          403, "Host 'evil.example' refused"),
+        (client.post(f"{_API}/jobs/nosuchjob/cancel", content=b"x" * (1024 * 1024 + 1)), "POST",
+         f"{job_path}/cancel", 413, "Request body too large"),
     ]  # fmt: skip
     for response, method, path, status, words in refused:
         assert response.status_code == status, (method, path, response.text)

@@ -1,12 +1,15 @@
 """What /openapi.json declares that no route says of itself: the answers of the middlewares
-and of the app-wide error handlers, on every operation they can reach.
+and of the app-wide error handlers, on every operation they can reach, and no body for a
+HEAD answer.
 
 FastAPI documents what each route's `responses` names. A client generated from the
 schema was not told of the 403 `BrowserGuard` answers, the 413 `BodyLimit` answers a
 POST that reads no body (a cancel), or the 503 and 507 of a locked, read-only or full
-store, all sent as ErrorPublic before or around any route. Each status is declared here
-by the same rule its middleware or handler applies (the method, the path, the service's
-settings), so a route added later gets them without naming them. A 405
+store, all sent as ErrorPublic before or around any route; and it was told that
+`HEAD /healthz` sends a HealthPublic, which no HEAD answer carries. Each status is
+declared here by the same rule its middleware or handler applies (the method, the path,
+the service's settings), so a route added later gets them without naming them; a HEAD's
+answers, this module's and the routes' own, are declared without a body. A 405
 is the answer to a method no operation declares, so no operation can declare it; its
 `Allow` names the methods that are (`service.headmethod.allowed_methods`).
 """
@@ -61,11 +64,17 @@ def _document(schema: dict[str, Any], *, check_host: bool) -> None:
             if method not in SAFE_METHODS:
                 for status, answer in _STORE_REFUSED.items():
                     responses.setdefault(status, answer)
+            if method == "HEAD":
+                # The head of what a GET would answer: its status and headers, no body.
+                for status, answer in responses.items():
+                    responses[status] = {k: v for k, v in answer.items() if k != "content"}
 
 
 def document_answers(app: FastAPI, *, check_host: bool) -> None:
     """Declare the middlewares' and handlers' answers in `app`'s /openapi.json (see the
-    module's docstring). `check_host`: whether `BrowserGuard` refuses Host names."""
+    module's docstring). `check_host`: whether `BrowserGuard` refuses Host names. Called
+    once every other change of the schema is made (`service.auth`'s 401), so a HEAD's
+    answers lose their bodies last."""
     build = app.openapi
 
     def openapi() -> dict[str, Any]:

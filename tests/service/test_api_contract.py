@@ -482,6 +482,34 @@ def test_a_method_no_operation_declares_is_refused_naming_those_declared(
         assert response.headers["allow"] in response.json()["detail"], path
 
 
+def test_head_answers_are_declared_without_a_body(
+    every_state: tuple[Service, Contract], jobs: dict[str, str]
+) -> None:
+    """A HEAD answer is a GET's head, with no body: no HEAD operation declares one, and
+    each status a HEAD gets is declared."""
+    service, contract = every_state
+    with_body = [
+        f"HEAD {path} {status}"
+        for path, operations in contract.paths.items()
+        for status, answer in operations.get("head", {}).get("responses", {}).items()
+        if answer.get("content")
+    ]
+    assert not with_body, f"HEAD answers declared with a body: {with_body}"
+    job_path = f"{_API}/jobs/{{job_id}}"
+    heads = [
+        ("/healthz", "/healthz", 200),
+        (f"{_API}/jobs/{jobs['running']}/checkpoints/5", f"{job_path}/checkpoints/{{step}}", 200),
+        (f"{_API}/jobs/{jobs['cancelled']}/export", f"{job_path}/export", 404),
+        (f"{_API}/jobs/nosuchjob/checkpoints/latest", f"{job_path}/checkpoints/{{step}}", 404),
+    ]
+    for url, path, status in heads:
+        response = service.client.head(url)
+        assert response.status_code == status, (url, response.status_code)
+        assert response.content == b"", url
+        responses = contract.paths[path]["head"]["responses"]
+        assert str(status) in responses, f"HEAD {path} answered {status}; declared {responses}"
+
+
 def test_metrics_rewound_matches_the_schema(
     every_state: tuple[Service, Contract], jobs: dict[str, str]
 ) -> None:

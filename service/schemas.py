@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import core_schema
 
 from service.store import JobRecord, JobState, QueueEntry
 from trainer.rundir import PROFILE_STEPS_DEFAULT, PROFILE_STEPS_MAX
@@ -173,6 +175,28 @@ class JobErrorPublic(BaseModel):
     log_tail: list[str] = Field(default_factory=list)
 
 
+class _DeclaredAs:
+    """A field's value kept as it is given, declared in the JSON schema as `model`'s (by a
+    $ref to its component): for a stored dict that is a dump of `model`, which validating
+    again would change (defaults filled in) and could refuse (a bound tightened since)."""
+
+    def __init__(self, model: type[BaseModel]) -> None:
+        self._model = model
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        model = self._model.__pydantic_core_schema__
+        ref = model.get("ref")
+        if not isinstance(ref, str):
+            raise TypeError(f"Expected a model with a core schema ref. Received: {self._model}")
+        # As a definition and a reference to it: the model's schema handed over alone is
+        # written out in place, a copy of the component beside it, not a $ref to it.
+        return handler(
+            core_schema.definitions_schema(core_schema.definition_reference_schema(ref), [model])
+        )
+
+
 class JobPublic(BaseModel):
     """A job as the API shows it."""
 
@@ -180,7 +204,12 @@ class JobPublic(BaseModel):
     name: str
     state: JobState
     priority: int
-    spec: dict[str, Any]
+    spec: Annotated[dict[str, Any], _DeclaredAs(JobSpec)] = Field(
+        description="The job spec as it was submitted and stored: a JobSpec with every "
+        "default filled in, less the options its optimizer and schedule ignore, so that it "
+        "can be submitted again as it is. A job stored by an earlier version lacks the "
+        "fields added since, which have their defaults."
+    )
     devices: list[str] = Field(description="The devices it holds: only while it runs.")
     ran_on: list[str] | None = Field(
         description="The devices its latest attempt was given, kept after it ends and while "

@@ -3,11 +3,13 @@ snapshot and metric series."""
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
 import pytest
 
+from service import progress as progress_module
 from service.progress import PROGRESS_READ_BYTES, fold_progress, read_progress_chunk
 from service.schemas import JobPublic, ProgressPublic
 from service.store import JobStore, MetricPoint
@@ -422,3 +424,99 @@ def test_fold_progress_trace_without_times_says_why_in_their_place(tmp_path: Pat
     progress, _, _ = fold_progress(progress, None, timed)
     assert progress is not None and "tower_ms_error" not in progress
     assert (progress["tower_ms"], progress["trace_step"]) == ([3.0, 4.0], 30)
+
+
+# A worker's lines in the order a job writes them, each with every field its event
+# carries (`trainer.preparing`, `trainer.controller`): a preparation's stage, the start,
+# a report, an eval phase and its eval, a checkpoint, a trace with times and one without,
+# the end.
+_A_JOBS_LINES = [
+    {"time": 1.0, "event": "phase", "phase": "preparing", "stage": "loading data",
+     "stage_done": 5, "stage_total": 20},
+    {"time": 2.0, "event": "start", "step": 0, "total": 40, "phase": "starting", "towers": 2,
+     "steps_per_epoch": 7, "data": {"train_examples": 200, "eval_examples": 56,
+                                    "classes": 4, "image_shape": [8, 8, 1]}},
+    {"time": 3.0, "event": "progress", "step": 10, "total": 40, "phase": "training",
+     "loss": 1.5, "accuracy": 0.5, "examples_per_sec": 100.0, "eta_seconds": 6.0,
+     "learning_rate": 0.01, "memory_mb": [12.5, 12.5], "tower_ms": [3.0, 4.0]},
+    {"time": 4.0, "event": "phase", "step": 20, "total": 40, "phase": "eval", "phase_done": 1,
+     "phase_total": 2},
+    {"time": 5.0, "event": "eval", "step": 20, "total": 40, "eval_loss": 1.2,
+     "eval_accuracy": 0.6, "eval_examples": 56},
+    {"time": 6.0, "event": "checkpoint", "step": 20, "total": 40,
+     "checkpoint": "checkpoints/ckpt-20", "phase": "checkpoint"},
+    {"time": 7.0, "event": "trace", "step": 21, "tower_ms": [3.0, 4.0]},
+    {"time": 8.0, "event": "trace", "step": 22, "tower_ms_error": "no kernels recorded"},
+    {"time": 9.0, "event": "end", "step": 40, "total": 40, "outcome": "succeeded",
+     "phase": "done", "loss": 1.0, "accuracy": 0.7},
+]  # fmt: skip
+
+
+def test_every_key_a_jobs_progress_keeps_is_declared() -> None:
+    """ProgressPublic ignores a key it does not declare, as it must: a store from before
+    `memory_shared` went still holds it in jobs' progress, which forbidden would make
+    those jobs unreadable. So a key `fold_progress` comes to keep without a field of its
+    own would vanish from the API unseen: every key kept after any line of a job's is
+    declared, and every declared one is kept after some line (a field added to both gets
+    its line above)."""
+    declared = set(ProgressPublic.model_fields)
+    kept: set[str] = set()
+    progress = None
+    for line in _A_JOBS_LINES:
+        progress, _, _ = fold_progress(progress, None, [line])
+        assert progress is not None
+        kept |= progress.keys()
+    assert kept - declared == set(), "kept in a job's progress, but not in ProgressPublic"
+    assert declared - kept == set(), "declared, but no line of _A_JOBS_LINES sets it"
+
+
+def _snapshot_key(node: ast.AST) -> ast.expr | None:
+    """The key of `snapshot[key] = ...` (or `folded.snapshot[key] = ...`); else None."""
+    if not isinstance(node, ast.Subscript) or not isinstance(node.ctx, ast.Store):
+        return None
+    named = node.value.id if isinstance(node.value, ast.Name) else None
+    named = node.value.attr if isinstance(node.value, ast.Attribute) else named
+    return node.slice if named == "snapshot" else None
+
+
+def _strings(node: ast.AST | None) -> set[str]:
+    """The strings of a tuple of them (`("loss", "accuracy")`)."""
+    items = node.elts if isinstance(node, ast.Tuple) else []
+    return {
+        item.value
+        for item in items
+        if isinstance(item, ast.Constant) and isinstance(item.value, str)
+    }
+
+
+def _names_stored(tree: ast.Module) -> set[str]:
+    """The keys service/progress.py stores into a snapshot by name, or by a loop over a
+    tuple of names (written there, or a module constant: `_SNAPSHOT_FIELDS`)."""
+    constants = {
+        target.id: node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    names = set()
+    for node in ast.walk(tree):
+        key = _snapshot_key(node)
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            names.add(key.value)
+        if isinstance(node, ast.For) and isinstance(node.target, ast.Name):
+            keys = [_snapshot_key(inner) for inner in ast.walk(node)]
+            if any(isinstance(key, ast.Name) and key.id == node.target.id for key in keys):
+                loop = node.iter
+                names |= _strings(constants.get(loop.id) if isinstance(loop, ast.Name) else loop)
+    return names
+
+
+def test_every_key_progress_py_stores_by_name_is_declared() -> None:
+    """What no line above sets is still caught where it is written: every key the fold
+    stores into a job's progress by name (a new `snapshot["grad_norm"] = ...`) is declared
+    by ProgressPublic, whatever line would set it."""
+    tree = ast.parse(Path(progress_module.__file__).read_text(encoding="utf-8"))
+    stored = _names_stored(tree)
+    assert len(stored) >= 20, f"the scan found only {sorted(stored)}: has the code moved?"
+    assert stored - set(ProgressPublic.model_fields) == set()

@@ -20,6 +20,9 @@ import { h } from "./format.js";
 import { mark } from "./jobs.js";
 import { PRIORITY_EXPECTED, priorityInput, typedPriority } from "./priority.js";
 
+// The resume form's own refusal of what its Priority field holds.
+const PRIORITY_REFUSAL = `Enter ${PRIORITY_EXPECTED}.`;
+
 /** What a resume does, by the latest checkpoint's step (null: none was saved), the new
  *  total `to` (" to step 80", or ""). */
 function trainsOn(latest, to) {
@@ -181,9 +184,13 @@ export function resumeControl(jobId, { say, resumed, missing, refused = () => {}
     const text = input.value.trim();
     if (text === "") {
       clearFieldError();
-      // A letter typed into a number field reads as "" too.
-      showFieldErrors({ steps: input.validity.badInput ? "Enter a whole number of steps."
-        : "Enter the step to train it to." });
+      // A letter typed into a number field reads as "" too. The priority's refusal is said
+      // beside it now, not once the step is fixed.
+      showFieldErrors({
+        steps: input.validity.badInput ? "Enter a whole number of steps."
+          : "Enter the step to train it to.",
+        priority: typedPriority(priorityField) === null ? PRIORITY_REFUSAL : "",
+      });
       return;
     }
     await send({ steps: Number(text) });
@@ -197,7 +204,7 @@ export function resumeControl(jobId, { say, resumed, missing, refused = () => {}
     const priority = form.hidden ? job.priority : typedPriority(priorityField);
     if (priority === null) {
       say("resume", "", false);
-      showFieldErrors({ priority: `Enter ${PRIORITY_EXPECTED}.` });
+      showFieldErrors({ priority: PRIORITY_REFUSAL });
       return;
     }
     const reprioritised = priority !== job.priority;

@@ -689,6 +689,17 @@ def test_resume_at_another_priority(session: Session, service: Service) -> None:
         "this priority too."
     )
 
+    # Neither field holds a number: both refusals are said at once, the first focused.
+    steps.fill("")
+    priority.fill("")
+    page.keyboard.press("Enter")
+    expect(page.locator("#resume-steps-error")).to_have_text("Enter the step to train it to.")
+    expect(page.locator("#resume-priority-error")).to_have_text(
+        "Enter a whole number from -1000 to 1000."
+    )
+    expect(priority).to_have_attribute("aria-invalid", "true")
+    expect(steps).to_be_focused()
+
     steps.fill("40")
     priority.fill("1001")
     page.keyboard.press("Enter")

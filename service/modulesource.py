@@ -86,7 +86,9 @@ def syntax_error(source: Path) -> SyntaxError | None:
         compile(source.read_bytes(), str(source), "exec", dont_inherit=True)
     except SyntaxError as error:
         return error
-    except (OSError, ValueError):  # unreadable, or NUL bytes: the worker says what it finds
+    # Unreadable, NUL bytes, or nested past what the parser (MemoryError) or the compiler
+    # (RecursionError) takes: no SyntaxError to say, and the worker says what it finds.
+    except (OSError, ValueError, MemoryError, RecursionError):
         return None
     return None
 
@@ -136,7 +138,7 @@ def _readable_tree(source: Path) -> ast.Module | None:
     statements do not show (`_binds_unseen`)."""
     try:
         tree = ast.parse(source.read_bytes(), filename=str(source))
-    except (OSError, SyntaxError, ValueError):
+    except (OSError, SyntaxError, ValueError, MemoryError, RecursionError):  # `syntax_error`
         return None
     return None if _binds_unseen(tree) else tree
 

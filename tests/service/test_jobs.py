@@ -911,6 +911,23 @@ def test_create_job_custom_model_module_that_does_not_compile(
     _refused_uncompilable(service, tmp_path)
 
 
+def test_create_job_custom_model_module_too_deep_to_compile_is_left_to_the_worker(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # Python's compiler gives up on code nested this deep with a MemoryError (the parser)
+    # or a RecursionError (the compiler), neither a SyntaxError: the submit answered a 500.
+    # The worker's import says what it finds; the service accepts the job.
+    service = make_service(env=fake_worker_env(tmp_path))
+    service.start()
+    build = "def build(input_shape, num_classes):\n    return None\n"
+    deep = {"unary": "x = " + "-" * 100_000 + "1\n", "sum": "x = 1" + "+1" * 200_000 + "\n"}
+    for module, line in deep.items():
+        (tmp_path / f"{module}.py").write_text(build + line)
+        spec = job_spec(name="quick", model={"name": f"{module}:build"})
+        taken = service.client.post("/api/v1/jobs", json=spec)
+        assert taken.status_code == 201, (module, taken.text)
+
+
 def test_create_job_custom_model_compiled_for_another_interpreter_of_this_version(
     make_service: Callable[..., Service], tmp_path: Path
 ) -> None:

@@ -345,21 +345,24 @@ def test_delete_and_resume_wait_for_a_worker_slower_to_exit_than_the_service_wai
 ) -> None:
     # The service waits 5 s for an ended job's worker to exit, then refuses (409); on a
     # loaded host TensorFlow's teardown took 8 s, and `cancel --wait` then `resume` failed.
-    # The CLI waits for the exit (the devices' `exiting`) and asks again, saying so.
+    # The CLI waits for the exit (the devices' `exiting`) and asks again, saying so. The
+    # worker is let go once the CLI says it waits, not after a fixed time: a CLI slower to
+    # start than the time left of the service's own wait was let through without a 409.
     service = make_service(env={"TOWERBOARD_CPU_JOBS": "1", **fake_worker_env(tmp_path)})
     service.start()
     for verb in ("resume", "delete"):
         job_id = service.submit(job_spec(name="linger"))["id"]  # exits once released
         service.wait_state(job_id, "succeeded")
-        release = threading.Timer(7.0, service.release, (job_id,))
-        release.start()
-        began = time.monotonic()
         extra = ["--steps", "20"] if verb == "resume" else []
-        said = towerboard(verb, job_id, *extra, url=service.base_url)
-        release.join()
+        cli = towerboard_in_background(verb, job_id, *extra, url=service.base_url)
+        assert cli.stderr is not None
+        # Only after the service's refusal (409), with the worker not yet let go.
+        waiting = cli.stderr.readline()
+        service.release(job_id)
+        out, rest = cli.communicate(timeout=120)
+        said = subprocess.CompletedProcess(cli.args, cli.returncode, out, waiting + rest)
         assert said.returncode == 0, said.stderr
-        assert time.monotonic() - began > 6.5  # refused once, then through after the exit
-        assert f"job {job_id} has ended; waiting for its worker process to exit\n" in said.stderr
+        assert waiting == f"job {job_id} has ended; waiting for its worker process to exit\n"
         if verb == "resume":
             assert service.job(job_id)["attempts"] == 2
             service.wait_state(job_id, "succeeded")  # the stand-in's second attempt

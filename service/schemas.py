@@ -40,8 +40,8 @@ class ErrorPublic(BaseModel):
 
 
 # OpenAPI entries shared by many routes. Every route that takes a body refuses one not
-# sent as JSON; the 413 of one past 1 MiB is every POST's and PATCH's, whether it reads a
-# body or not (`service.bodylimit`), declared on them all by `service.apidoc`.
+# sent as JSON; the 413 of one past 1 MiB is every POST's, PUT's and PATCH's, whether it
+# reads a body or not (`service.bodylimit`), declared on them all by `service.apidoc`.
 BODY_REFUSED: dict[int | str, dict[str, Any]] = {
     415: {"model": ErrorPublic, "description": "The body was not sent as JSON"},
 }

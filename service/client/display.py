@@ -225,6 +225,38 @@ def end_reason(job: dict[str, Any]) -> str:
     return printable(re.sub(r"^(cancelled|failed):\s*", "", first, flags=re.I))
 
 
+def capitalised(text: str) -> str:
+    """`text` with its first character upper-cased where it is a lower-case ASCII letter,
+    as the dashboard's jobs table does (`capitalised`): a killed cancel's reason, its
+    "Cancelled: " taken off, began in lower case among capitalised ones. Only ASCII: a name
+    or path that starts a reason keeps its own first character."""
+    return text[0].upper() + text[1:] if text[:1].isascii() and text[:1].islower() else text
+
+
+# The trainer's message of an attempt resumed at its latest checkpoint's step ("finish
+# here"): "Finished at step N, its checkpoint: no step trained." (trainer/run.py). Its
+# result carries no other sign that the attempt trained nothing.
+_NO_STEP_TRAINED = re.compile(r": no step trained\.?$")
+
+
+def no_step(job: dict[str, Any]) -> str:
+    """A succeeded job whose last attempt trained no step (finished at its latest
+    checkpoint, evaluated and exported), as its page says it beside the attempt
+    (`noStepText`): "trained no step: finished at step 20's checkpoint"; "" for any other
+    job. Its "20/20" alone read as steps that attempt trained."""
+    result = job.get("result") or {}
+    message = result.get("message")
+    if job.get("state") != "succeeded" or not isinstance(message, str):
+        return ""
+    if not _NO_STEP_TRAINED.search(message.strip()):
+        return ""
+    step = result.get("step")
+    if not _whole(step):
+        step = (job.get("progress") or {}).get("step")
+    at = f"step {step}'s" if _whole(step) else "its"
+    return f"trained no step: finished at {at} checkpoint"
+
+
 def stopped(job: dict[str, Any]) -> str:
     """How a cancelled job stopped, in plain words, from its result, as the dashboard says
     it (`stoppedText`): "Stopped at step 8000 of 10000, after a checkpoint." (the trainer's

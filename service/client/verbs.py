@@ -268,6 +268,9 @@ def _status_of_job(client: Client, args: argparse.Namespace) -> int:
         _out(json.dumps(job, indent=2) + "\n")
         return EXIT_OK
     p, evaluation = job.get("progress") or {}, job.get("eval") or {}
+    # Beside its attempts, as its page's meta line says it: finished at its checkpoint,
+    # that attempt trained no step, which its "20/20" alone did not say.
+    no_step = show.no_step(job)
     rows = [
         ["id", job["id"]],
         ["name", show.printable(job["name"])],
@@ -289,7 +292,7 @@ def _status_of_job(client: Client, args: argparse.Namespace) -> int:
         ["devices", show.devices_and_towers(job, _host_gpus(client) if job["state"] == "queued" else None)],
         ["data", show.data(p)],
         ["priority", str(job["priority"])],
-        ["attempts", str(job["attempts"])],
+        ["attempts", str(job["attempts"]) + (f" ({no_step})" if no_step else "")],
         ["created", f"{job['created_at']} ({show.age(job['created_at'])} ago)"],
         ["started", job.get("started_at") or "-"],
         ["finished", job.get("finished_at") or "-"],
@@ -397,7 +400,8 @@ def _status_table(client: Client, args: argparse.Namespace) -> int:
     # answers that as the dashboard's does (`status ID` gives the whole reason and the
     # log's end): a last column where a job on this page has one, cut to the terminal's
     # width on one (whole down a pipe).
-    reasons = [show.end_reason(job) or show.stopped(job) for job in page["data"]]
+    # Its first letter a capital, as the dashboard's (a killed cancel's began in lower case).
+    reasons = [show.capitalised(show.end_reason(job) or show.stopped(job)) for job in page["data"]]
     if any(reasons):
         rows[0].append("WHY")
         for row, reason in zip(rows[1:], reasons, strict=True):

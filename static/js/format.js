@@ -321,6 +321,33 @@ function cutShortText(job) {
   ].filter(Boolean).join(" ");
 }
 
+/** `text` with its first character upper-cased where it is a lower-case ASCII letter: a
+ *  reason the service gives after "Cancelled: " ("the worker did not exit within …") read,
+ *  stripped of that, in lower case among the capitalised ones of the jobs table's WHY.
+ *  Only ASCII: a name or a path that starts a reason keeps its own first character. */
+export function capitalised(text) {
+  return /^[a-z]/.test(text) ? text.charAt(0).toUpperCase() + text.slice(1) : text;
+}
+
+// The trainer's message of an attempt resumed at its latest checkpoint's step ("Finish at
+// step N"): "Finished at step N, its checkpoint: no step trained." (trainer/run.py). Its
+// result carries no other sign that the attempt trained nothing.
+const NO_STEP_TRAINED = /: no step trained\.?$/;
+
+/** A succeeded job whose last attempt trained no step (finished at its latest
+ *  checkpoint, restored, evaluated and exported): "trained no step: finished at step 20's
+ *  checkpoint"; "" for any other job. The job's page says it beside its attempt, as
+ *  `towerboard status ID` does (`display.finished_here`): its "20 / 20" alone read as
+ *  steps that attempt trained. */
+export function noStepText(job) {
+  const result = job.result || {};
+  if (job.state !== "succeeded" || typeof result.message !== "string") return "";
+  if (!NO_STEP_TRAINED.test(result.message.trim())) return "";
+  const step = Number.isInteger(result.step) ? result.step
+    : job.progress && Number.isInteger(job.progress.step) ? job.progress.step : null;
+  return `trained no step: finished at ${step === null ? "its" : `step ${step}'s`} checkpoint`;
+}
+
 /** `text` as a sentence, ending in one full stop: a worker's reason may end in none, and
  *  another sentence follows it. */
 export function sentence(text) {

@@ -19,8 +19,8 @@ import { resumeControl } from "./resume.js";
 import { tensorBoardControl } from "./tensorboard.js";
 import {
   age, bytes, dataText, devicesText, dim, dimmed, duration, endReason, eta, h, liveNotice, localTime,
-  num, percent, phaseText, progressBar, rate, sentence, setProgress, setText, stateBadge, stepText,
-  stoppedText, withCode,
+  noStepText, num, percent, phaseText, progressBar, rate, sentence, setProgress, setText, stateBadge,
+  stepText, stoppedText, withCode,
 } from "./format.js";
 import { arrangeInPlace } from "./inplace.js";
 
@@ -417,9 +417,12 @@ export function mountJob(view, jobId) {
       ? ` · ended ${localTime(job.finished_at)}` : "";
     const ran = job.started_at && job.finished_at
       ? ` · ran ${duration((Date.parse(job.finished_at) - Date.parse(job.started_at)) / 1000)}` : "";
+    const noStep = noStepText(job);
     setText(metaId, job.id);
     metaRest.textContent = ` · submitted ${age(job.created_at)} ago${started}${ended}${ran}` +
       ` · priority ${job.priority} · attempt ${job.attempts}` +
+      // Finished at its checkpoint ("Finish at step N"): its "20 / 20" read as trained.
+      (noStep ? ` (${noStep})` : "") +
       (job.cancel_requested && !TERMINAL.has(job.state) ? " · cancel requested" : "");
   }
 

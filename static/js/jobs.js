@@ -25,7 +25,7 @@
 
 import { RETRY_MS, STATES, TERMINAL, followAllJobs, getJSON, mayPass } from "./api.js";
 import {
-  age, devicesText, dim, dimmed, endReason, eta, h, jobLink, liveNotice, num, percent,
+  age, capitalised, devicesText, dim, dimmed, endReason, eta, h, jobLink, liveNotice, num, percent,
   progressBar, rate, setProgress, setText, stateBadge, stepText, stoppedText, withCode,
 } from "./format.js";
 import { arrangeInPlace } from "./inplace.js";
@@ -438,8 +438,9 @@ export function mountJobs(view, query) {
     // two lines at most here, the whole reason on hover and on the job's page. A job
     // cancelled as asked has no error: where it stopped, from its result, in grey.
     // Its `quoted` names (keys, paths) as <code>, as the job's page and the submit form
-    // show them: they read with literal backticks here.
-    const reason = endReason(job) || stoppedText(job);
+    // show them: they read with literal backticks here. Its first letter a capital, as
+    // every reason's is: a killed cancel's, "Cancelled: " taken off, began in lower case.
+    const reason = capitalised(endReason(job) || stoppedText(job));
     if (entry.reason !== reason) {
       entry.reason = reason;
       why.replaceChildren(...withCode(reason));

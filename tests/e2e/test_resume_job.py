@@ -59,12 +59,13 @@ def progress(**line):
         f.write(json.dumps({"time": time.time(), "step": step, "total": total, **line}) + "\\n")
 
 
-def end(outcome, code):
-    (job_dir / "result.json").write_text(json.dumps({"outcome": outcome, "message": name}))
+def end(outcome, code, message=name):
+    (job_dir / "result.json").write_text(json.dumps({"outcome": outcome, "message": message}))
     sys.exit(code)
 
 
 fail_at = int(name[8:]) if name.startswith("fail-at-") and step == 0 else None
+started_at = step
 progress(event="start", phase="starting")
 if step:
     time.sleep(5)
@@ -82,7 +83,9 @@ while step < total:
         progress(event="checkpoint", checkpoint=str(checkpoints / f"ckpt-{step}"))
 # As the trainer's end line, with its last step's numbers (the charts keep one point a step).
 progress(event="end", outcome="succeeded", loss=1 / step, accuracy=step / (step + 1))
-end("succeeded", 0)
+# Resumed at its total ("Finish at step N"), as the trainer says it: no step trained.
+finished = f"Finished at step {step}, its checkpoint: no step trained."
+end("succeeded", 0, finished if step == started_at else name)
 """
 
 # Records, in the page, each text the action status line is given from now on (the page
@@ -491,6 +494,7 @@ def test_resumed_attempt_charts_and_progress_go_on(browser: Browser, stepping: S
         expect(badge(page)).to_have_text("succeeded", timeout=30_000)
         expect(loss).to_have_attribute("data-points-loss", "30")
         expect(page.locator("#action-status")).to_have_text("Attempt 2 succeeded at step 30.")
+        expect(page.locator(".meta")).not_to_contain_text("trained no step")  # it trained 21-30
         counts = page.evaluate("window.lossCounts")
         # The start at step 20 took the lost 21-25 away before 21-30 came again.
         assert 20 in counts and counts.index(20) < counts.index(30), counts
@@ -545,6 +549,10 @@ def test_finish_a_failed_job_at_its_latest_checkpoint(browser: Browser, stepping
         expect(badge(page)).to_have_text("succeeded", timeout=30_000)
         expect(line).to_have_text("Attempt 2 succeeded at step 20.")
         expect(page.locator("#job-progress-text")).to_have_text("20 / 20 · 100.0%")
+        # Its "20 / 20" alone read as trained by this attempt: the meta line says it was not.
+        expect(page.locator(".meta")).to_contain_text(
+            " · attempt 2 (trained no step: finished at step 20's checkpoint)"
+        )
         expect(page.locator('figure[data-chart="loss"]')).to_have_attribute(
             "data-points-loss", "20"
         )

@@ -147,6 +147,12 @@ elif behaviour == "fail":  # the trainer's failure: exit 1, outcome failed
 elif behaviour == "chatty":  # a log of 200 long lines (its worker.log), then runs on
     for i in range(200):
         print(f"line {i:03d}: " + "words that wrap on a narrow screen " * 3, flush=True)
+elif behaviour == "finish":  # as the trainer ends an attempt resumed at its checkpoint's step
+    progress(event="end", step=10, total=10, outcome="succeeded", phase="done")
+    message = "Finished at step 10, its checkpoint: no step trained."
+    result = {"outcome": "succeeded", "step": 10, "total": 10, "message": message}
+    (job_dir / "result.json").write_text(json.dumps(result))
+    sys.exit(0)
 elif behaviour == "points":  # a few metric points, then done
     for step in (1, 2, 3):
         progress(event="progress", step=step, total=3, loss=1 / step)

@@ -468,6 +468,11 @@ def test_status_says_a_cancel_that_ended_in_a_kill_as_a_cancel(
     assert not re.search(r"^error\s", said.stdout, re.M), said.stdout
     assert re.search(r"^resume\s{2,}`towerboard resume .*` trains ", said.stdout, re.M)
     assert f"log tail:\n  --- towerboard: attempt 1 of job {job['id']} " in said.stdout
+    # The table's WHY: the service's reason, "Cancelled: " taken off, from a capital.
+    listed = towerboard("status", url=service.base_url)
+    header, *rows = listed.stdout.splitlines()
+    why = {row.split()[0]: row[header.index("WHY") :] for row in rows}[job["id"]]
+    assert why == "The worker did not exit within 0.05 s of SIGTERM and was killed with SIGKILL."
 
 
 def test_status_table_says_why_a_job_failed(
@@ -489,8 +494,71 @@ def test_status_table_says_why_a_job_failed(
     header, *rows = listed.stdout.splitlines()
     assert header.split()[-2:] == ["AGE", "WHY"]
     by_id = {row.split()[0]: row for row in rows}
-    assert by_id[failed][header.index("WHY") :] == "fail", rows  # in its column
+    # Its first letter a capital, as every reason there (the dashboard's too).
+    assert by_id[failed][header.index("WHY") :] == "Fail", rows  # in its column
     assert by_id[quick].split()[-1] == "-"
+
+
+@pytest.mark.parametrize(
+    ("reason", "said"),
+    [
+        ("the worker did not exit", "The worker did not exit"),  # a killed cancel's
+        ("Expected labels", "Expected labels"),
+        ("évalué", "évalué"),  # not an ASCII letter: left as it is
+        ("`data.path`: missing", "`data.path`: missing"),
+        ("x", "X"),
+        ("", ""),
+    ],
+)
+def test_a_reason_in_the_table_starts_with_a_capital(reason: str, said: str) -> None:
+    assert display.capitalised(reason) == said
+
+
+def test_status_says_an_attempt_that_finished_at_its_checkpoint_trained_no_step(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    # Finished at its latest checkpoint ("Finish at step N"), an attempt trains no step:
+    # its result says so, `status ID` said "10/10" and nothing of it. Said beside its
+    # attempts, as its page's meta line says it.
+    service = make_service(env=fake_worker_env(tmp_path))
+    service.start()
+    finished = service.submit(job_spec(name="finish"))["id"]  # the trainer's message
+    service.wait_state(finished, "succeeded")
+    said = towerboard("status", finished, url=service.base_url)
+    assert said.returncode == 0, said.stderr
+    assert re.search(
+        r"^attempts\s{2,}1 \(trained no step: finished at step 10's checkpoint\)$",
+        said.stdout,
+        re.M,
+    ), said.stdout
+    quick = service.submit(job_spec(name="quick"))["id"]  # trained: nothing more said
+    service.wait_state(quick, "succeeded")
+    said = towerboard("status", quick, url=service.base_url)
+    assert re.search(r"^attempts\s{2,}1$", said.stdout, re.M), said.stdout
+
+
+@pytest.mark.parametrize(
+    ("job", "said"),
+    [
+        (
+            {"state": "succeeded", "result": {"step": 20, "message": "Finished at step 20, "
+             "its checkpoint: no step trained."}},
+            "trained no step: finished at step 20's checkpoint",
+        ),
+        (  # no step in its result: the one it reported
+            {"state": "succeeded", "progress": {"step": 7}, "result": {"message": "Finished at "
+             "step 7, its checkpoint: no step trained."}},
+            "trained no step: finished at step 7's checkpoint",
+        ),
+        ({"state": "succeeded", "result": {"step": 20, "message": "Trained 20 steps."}}, ""),
+        ({"state": "failed", "result": {"message": "x: no step trained."}}, ""),
+        ({"state": "succeeded", "result": None}, ""),
+    ],
+)  # fmt: skip
+def test_an_attempt_that_trained_no_step_is_said_as_its_page_says_it(
+    job: dict[str, Any], said: str
+) -> None:
+    assert display.no_step(job) == said
 
 
 def test_export_downloads_the_saved_model(

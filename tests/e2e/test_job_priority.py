@@ -14,8 +14,8 @@ from playwright.sync_api import expect
 from tests.e2e.chromium import CHROMIUM, NO_CHROMIUM
 from tests.e2e.test_dashboard import Session
 from tests.e2e.test_jobs_table_live import cancel
-from tests.e2e.test_queue_place import rows_become, slot_held
-from tests.service.harness import Service, job_spec, stand_in_service
+from tests.e2e.test_queue_place import rows_become, two_in_line
+from tests.service.harness import Service, stand_in_service
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
 
@@ -29,9 +29,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
 def test_a_jobs_priority_is_changed_on_its_page_and_the_queue_follows(
     session: Session, service: Service
 ) -> None:
-    running = slot_held(service)
-    ahead = service.submit(job_spec(name="first-in-line"))
-    mine = service.submit(job_spec(name="second-in-line"))
+    running, ahead, mine = two_in_line(service)
     page = session.page
     try:
         page.goto(f"/#/jobs/{mine['id']}")

@@ -40,13 +40,20 @@ def slot_held(service: Service) -> dict[str, Any]:
     return running
 
 
+def two_in_line(service: Service) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The job holding the slot (`slot_held`), then two queued behind it: "first-in-line"
+    and "second-in-line", whose page shows a place behind another job."""
+    running = slot_held(service)
+    ahead = service.submit(job_spec(name="first-in-line"))
+    mine = service.submit(job_spec(name="second-in-line"))
+    return running, ahead, mine
+
+
 def test_queued_job_page_says_its_place_until_it_starts(session: Session, service: Service) -> None:
     """The page of a queued job said only "queued". It says where the job stands, changes
     that as the job ahead is cancelled (no reload), and says nothing of the queue, and
     reads it no more, once the job has started."""
-    running = slot_held(service)
-    ahead = service.submit(job_spec(name="first-in-line"))
-    mine = service.submit(job_spec(name="second-in-line"))
+    running, ahead, mine = two_in_line(service)
     page = session.page
     try:
         page.goto(f"/#/jobs/{mine['id']}")
